@@ -1,0 +1,49 @@
+# disque-mp: `make run` and `make test` are all a fresh machine needs.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+VENV5 := .venv-redis5
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: run test lint typecheck unit bench sysdeps clean
+
+# The node's own virtualenv; re-installed when pyproject.toml changes.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,spark]'
+	touch $@
+
+# pydisque is also tested on redis-py 5, which cannot share a venv with redis-py 8.
+$(VENV5)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV5)
+	$(VENV5)/bin/python -m pip install -q 'redis>=5,<6' 'pydisque==0.1.5'
+	touch $@
+
+# System packages the tests use: redis-server/redis-cli/redis-benchmark (reference
+# side of the benchmarks, redis-cli transcripts) and a Java 17 runtime for PySpark.
+sysdeps:
+	@if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null || ! command -v redis-benchmark >/dev/null; then \
+		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null; \
+		$(SUDO) systemctl disable --now redis-server >/dev/null 2>&1 || true; \
+		$(SUDO) service redis-server stop >/dev/null 2>&1 || true; \
+	fi
+	@if ! command -v java >/dev/null || ! java -version 2>&1 | grep -qE 'version "(17|21)'; then \
+		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null; \
+	fi
+
+run: $(VENV)/.installed
+	$(VENV)/bin/disque-mp --bind 127.0.0.1 --port 7711
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+test: sysdeps $(VENV)/.installed $(VENV5)/.installed lint
+	$(PY) -m pytest -q
+
+bench: sysdeps $(VENV)/.installed
+	$(PY) -m bench.run_all
+
+clean:
+	rm -rf $(VENV) $(VENV5) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,95 @@
+"""Frames between processes: the local mesh and the cluster bus use one format.
+
+    frame := header meta bodies
+    header := magic "DQ" | version u8 | kind u8 | meta_len u32 | nbodies u16 | body_len u32 * nbodies
+    meta   := orjson object (meta_len bytes)
+    bodies := raw bytes, one after the other (never base64)
+
+All integers big endian. ``FrameReader.feed()`` then ``next()``: a frame or None
+("need more data"); bad magic, version, kind or a length over its bound raises
+``FrameError`` and the connection must be dropped.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import orjson
+
+MAGIC = b"DQ"
+VERSION = 1
+_HEAD = struct.Struct(">2sBBIH")
+_LEN = struct.Struct(">I")
+frame_meta_bytes_max = 16 << 20  # metadata is small: IDs, node lists, counters
+frame_bodies_max = 65535  # fits the u16 count; YOURJOBS batches stay well below
+frame_bytes_max = 1 << 32  # one job body may be up to 4 GB as in Disque
+reader_buffer_bytes_max = 1 << 33  # one maximal frame plus a partial next one
+
+
+class FrameError(Exception):
+    """Malformed frame: drop the connection."""
+
+
+def encode(kind: int, meta: dict[str, Any], bodies: list[bytes] | tuple[bytes, ...] = ()) -> bytes:
+    m = orjson.dumps(meta)
+    n = len(bodies)
+    if n > frame_bodies_max:
+        raise FrameError(f"too many bodies in one frame: {n}")
+    parts = [_HEAD.pack(MAGIC, VERSION, kind, len(m), n)]
+    parts.extend(_LEN.pack(len(b)) for b in bodies)
+    parts.append(m)
+    parts.extend(bodies)
+    return b"".join(parts)
+
+
+class FrameReader:
+    __slots__ = ("_buf", "_pos", "kinds")
+
+    def __init__(self, kinds: frozenset[int] | None = None) -> None:
+        self._buf = bytearray()
+        self._pos = 0
+        self.kinds = kinds
+
+    def feed(self, data: bytes) -> None:
+        if len(self._buf) - self._pos + len(data) > reader_buffer_bytes_max:
+            raise FrameError("frame reader buffer over its bound")
+        self._buf += data
+
+    def next(self) -> tuple[int, dict[str, Any], list[bytes]] | None:
+        buf, pos = self._buf, self._pos
+        if len(buf) - pos < _HEAD.size:
+            return None
+        magic, version, kind, meta_len, n = _HEAD.unpack_from(buf, pos)
+        if magic != MAGIC:
+            raise FrameError("bad frame magic")
+        if version != VERSION:
+            raise FrameError(f"unsupported frame version {version}")
+        if self.kinds is not None and kind not in self.kinds:
+            raise FrameError(f"unknown frame kind {kind}")
+        if meta_len > frame_meta_bytes_max:
+            raise FrameError("frame metadata over its bound")
+        lens_at = pos + _HEAD.size
+        if len(buf) - lens_at < 4 * n:
+            return None
+        lens = struct.unpack_from(f">{n}I", buf, lens_at) if n else ()
+        total = _HEAD.size + 4 * n + meta_len + sum(lens)
+        if total > frame_bytes_max:
+            raise FrameError("frame over its bound")
+        if len(buf) - pos < total:
+            return None
+        at = lens_at + 4 * n
+        try:
+            meta = orjson.loads(bytes(buf[at : at + meta_len])) if meta_len else {}
+        except orjson.JSONDecodeError as exc:
+            raise FrameError(f"bad frame metadata: {exc}") from None
+        at += meta_len
+        bodies = []
+        for ln in lens:
+            bodies.append(bytes(buf[at : at + ln]))
+            at += ln
+        self._pos = pos + total
+        if self._pos > 65536 and self._pos * 2 > len(buf):
+            del buf[: self._pos]
+            self._pos = 0
+        return kind, meta, bodies

@@ -1,0 +1,145 @@
+"""Start real disque-mp node processes for tests: free ports, clean teardown.
+
+    with NodeProc(tmp_path, workers=2) as node:
+        r = node.client()           # redis-py 8, default handshake (HELLO 3)
+        r.execute_command("ADDJOB", "q", "x", 0)
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+REPO = Path(__file__).resolve().parent.parent
+start_timeout_s = 20.0  # a cold start imports uvloop/hiredis in every worker
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """A client port whose bus port (port + 10000) is free too."""
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    for _ in range(1000):
+        port = rng.randrange(20000, 55000)
+        if _port_free(port) and _port_free(port + 10000):
+            return port
+    raise RuntimeError("no free port pair found")
+
+
+class NodeProc:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        workers: int = 2,
+        port: int | None = None,
+        conf: dict[str, Any] | None = None,
+        args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.dir = Path(workdir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.workers = workers
+        self.conf = dict(conf or {})
+        self.extra_args = list(args or [])
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.conf_path = self.dir / "disque.conf"
+
+    def write_conf(self) -> None:
+        lines = [f"port {self.port}", "bind 127.0.0.1", f"dir {self.dir}", f"workers {self.workers}",
+                 "logfile disque.log", "loglevel verbose"]
+        lines += [f"{k} {v}" for k, v in self.conf.items()]
+        self.conf_path.write_text("\n".join(lines) + "\n")
+
+    def start(self, wait: bool = True) -> NodeProc:
+        self.write_conf()
+        env = dict(os.environ)
+        env.update(self.env or {})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "disque_mp", str(self.conf_path), *self.extra_args],
+            cwd=str(self.dir), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout_s: float = start_timeout_s) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"node exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                r = redis.Redis(port=self.port, protocol=2, socket_timeout=1)
+                if r.ping():
+                    r.close()
+                    return
+            except (redis.ConnectionError, redis.TimeoutError, OSError):
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"node on port {self.port} not ready:\n{self.output()}")
+
+    def output(self) -> str:
+        log = self.dir / "disque.log"
+        return log.read_text(errors="replace")[-4000:] if log.exists() else ""
+
+    def client(self, **kw: Any) -> redis.Redis:
+        kw.setdefault("socket_timeout", 10)
+        return redis.Redis(host="127.0.0.1", port=self.port, **kw)
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def kill_group(self) -> None:
+        """SIGKILL the supervisor and every worker (test teardown)."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=10)
+
+    def stop(self, timeout_s: float = 15.0) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill_group()
+        rc = self.proc.returncode
+        try:  # workers must be gone too
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if self.proc.stdout:
+            self.proc.stdout.close()
+        return rc
+
+    def __enter__(self) -> NodeProc:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
