@@ -1,0 +1,1 @@
+"""Benchmarks: load generator, pytest-benchmark suites, run_all (make bench)."""
