@@ -3,23 +3,108 @@
 CONTRACT (shared by the supervisor, the workers and CONFIG GET/SET/REWRITE):
 ``Config`` holds every directive under its directive name with ``-`` turned into
 ``_``. Parsing, validation and rewriting live here (owner: supervisor work).
+
+    load(path, overrides) -> Config        # raises ConfigError (report() = Redis' FATAL text)
+    parse_text(text) -> Config             # same, from a string (tests)
+    config_get(cfg, pattern) -> [(name, value)]   # CONFIG GET, reference order, then ours
+    config_set(cfg, name, value) -> None | error text   # CONFIG SET (text without "-ERR ")
+    rewrite(cfg, path)                     # CONFIG REWRITE, keeps comments and unknown lines
+
+The file format is Redis': one directive per line, arguments split like
+``sdssplitargs`` (double quotes with escapes, single quotes), ``#`` comments,
+directive names case-insensitive; a later line overrides an earlier one.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import os
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, fields
+
+# --- Redis' sdssplitargs / sdscatrepr ---
+
+
+class ArgsError(ValueError):
+    """Unbalanced quotes, or a closing quote not followed by a space."""
+
+
+_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "b": "\b", "a": "\a"}
+_HEX = "0123456789abcdefABCDEF"
+
+
+def _quoted(line: str, i: int, q: str) -> tuple[str, int]:
+    """Read a quoted word starting after the opening quote ``q`` at ``i``."""
+    out: list[str] = []
+    n = len(line)
+    while True:
+        if i >= n:
+            raise ArgsError("unterminated quotes")
+        c = line[i]
+        if q == '"' and c == "\\" and i + 3 < n and line[i + 1] == "x" \
+                and line[i + 2] in _HEX and line[i + 3] in _HEX:
+            out.append(chr(int(line[i + 2:i + 4], 16)))
+            i += 4
+        elif q == '"' and c == "\\" and i + 1 < n:
+            out.append(_ESCAPES.get(line[i + 1], line[i + 1]))
+            i += 2
+        elif q == "'" and c == "\\" and i + 1 < n and line[i + 1] == "'":
+            out.append("'")
+            i += 2
+        elif c == q:
+            if i + 1 < n and not line[i + 1].isspace():
+                raise ArgsError("closing quote must be followed by a space")
+            return "".join(out), i + 1
+        else:
+            out.append(c)
+            i += 1
+
+
+def split_args(line: str) -> list[str]:
+    """Split a config line into words the way Redis' sdssplitargs does."""
+    words: list[str] = []
+    i, n = 0, len(line)
+    while True:
+        while i < n and line[i].isspace():
+            i += 1
+        if i >= n:
+            return words
+        cur: list[str] = []
+        while i < n and not line[i].isspace():
+            if line[i] in "\"'":
+                part, i = _quoted(line, i + 1, line[i])
+                cur.append(part)
+                break
+            cur.append(line[i])
+            i += 1
+        words.append("".join(cur))
+
+
+def quote(s: str) -> str:
+    """sdscatrepr: a double-quoted form split_args reads back to ``s``."""
+    out = ['"']
+    for c in s:
+        if c in "\\\"":
+            out.append("\\" + c)
+        elif c in "\n\r\t\a\b":
+            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t", "\a": "\\a", "\b": "\\b"}[c])
+        elif c.isprintable() or ord(c) > 0xFF:
+            out.append(c)
+        else:
+            out.append(f"\\x{ord(c):02x}")
+    out.append('"')
+    return "".join(out)
 
 
 @dataclass(slots=True)
 class Config:
     port: int = 7711
-    bind: str = "127.0.0.1"
-    dir: str = "."
+    bind: str = "127.0.0.1"  # one or more addresses, space separated
+    dir: str = "."  # absolute once the supervisor has changed into it
     logfile: str = ""  # "" = stdout
     loglevel: str = "notice"  # debug | verbose | notice | warning
-    pidfile: str = ""
-    daemonize: bool = False
+    pidfile: str = ""  # "" = no pidfile (Disque's default path needs root)
+    daemonize: bool = False  # only "no": systemd (Type=notify) supervises us
     hz: int = 10
     maxmemory: int = 1 << 30
     maxmemory_policy: str = "acks"
@@ -45,6 +130,14 @@ class Config:
     slowlog_log_slower_than: int = 10000
     slowlog_max_len: int = 128
     latency_monitor_threshold: int = 0
+    # Reported by CONFIG GET as the reference does; accepted in the file.
+    databases: int = 16
+    watchdog_period: int = 0
+    activerehashing: bool = True
+    syslog_enabled: bool = False
+    syslog_ident: str = "disque"
+    syslog_facility: str = "local0"
+    client_output_buffer_limit: str = "normal 0 0 0"
     # Limits on client input (bad input must never hurt other clients).
     client_query_buffer_bytes_max: int = 1 << 30  # Redis' client-query-buffer-limit
     proto_max_bulk_len: int = 512 << 20  # largest bulk argument accepted
@@ -53,3 +146,481 @@ class Config:
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
     # where the config came from (CONFIG REWRITE target, INFO config_file)
     config_file: str = ""
+
+
+class ConfigValueError(ValueError):
+    """A directive's value is not acceptable; the message is the reason."""
+
+
+class ConfigError(Exception):
+    """A configuration line that stops start-up (Redis' FATAL CONFIG FILE ERROR)."""
+
+    def __init__(self, reason: str, line_no: int, line: str, source: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.line_no = line_no
+        self.line = line
+        self.source = source  # file path, or "" for the command line
+
+    def report(self) -> str:
+        where = (
+            f"Reading the configuration file, at line {self.line_no}"
+            if self.source
+            else f"Reading the command line, at option {self.line_no}"
+        )
+        src = f"File: {self.source}\n" if self.source else ""
+        return (
+            f"\n*** FATAL CONFIG FILE ERROR ***\n{src}{where}\n>>> '{self.line}'\n{self.reason}\n"
+        )
+
+
+# --- value parsers: text -> Python value, ConfigValueError(reason) when bad ---
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1024, "m": 1000**2, "mb": 1024**2,
+          "g": 1000**3, "gb": 1024**3}
+_MEM_RE = re.compile(r"^(-?\d+)([a-zA-Z]*)$")
+authpass_len_max = 512  # Disque's REDIS_AUTHPASS_MAX_LEN
+bind_addresses_max = 16  # Disque's REDIS_BINDADDR_MAX
+hz_min, hz_max = 1, 500  # Disque clamps hz into this range
+workers_max = 1024  # one process per core; more would only thrash
+
+
+def parse_memory(text: str) -> int:
+    """Redis' memtoll: 1gb = 1024^3, 1g = 10^9, plain numbers are bytes."""
+    m = _MEM_RE.match(text.strip())
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ConfigValueError(f"Invalid memory value '{text}'")
+    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def format_memory(n: int) -> str:
+    """Bytes as CONFIG REWRITE writes them: the largest exact binary unit."""
+    for unit, size in (("gb", 1 << 30), ("mb", 1 << 20), ("kb", 1 << 10)):
+        if n and n % size == 0:
+            return f"{n // size}{unit}"
+    return str(n)
+
+
+def parse_bool(text: str) -> bool:
+    low = text.lower()
+    if low not in ("yes", "no"):
+        raise ConfigValueError("argument must be 'yes' or 'no'")
+    return low == "yes"
+
+
+def parse_int(text: str, reason: str, lo: int | None = None, hi: int | None = None) -> int:
+    try:
+        n = int(text, 10)
+    except ValueError:
+        raise ConfigValueError(reason) from None
+    if (lo is not None and n < lo) or (hi is not None and n > hi):
+        raise ConfigValueError(reason)
+    return n
+
+
+# --- the directive table ---
+
+
+@dataclass(frozen=True, slots=True)
+class Directive:
+    name: str
+    kind: str  # int | mem | bool | enum | str | special
+    settable: bool  # CONFIG SET may change it while running
+    reason: str = ""  # error text for a bad value
+    lo: int | None = None
+    hi: int | None = None
+    choices: tuple[str, ...] = ()
+    nargs: int = 1  # exact count; 0 = one or more
+
+    @property
+    def attr(self) -> str:
+        return self.name.replace("-", "_")
+
+
+def _d(name: str, kind: str, settable: bool, reason: str = "", **kw: object) -> Directive:
+    return Directive(name, kind, settable, reason, **kw)  # type: ignore[arg-type]
+
+
+# Order = the reference's `CONFIG GET *` (reference/03), then the ones it does
+# not list, then ours. config_get() walks this order.
+DIRECTIVES: tuple[Directive, ...] = (
+    _d("requirepass", "special", True),
+    _d("unixsocket", "str", False),
+    _d("logfile", "str", False),
+    _d("pidfile", "str", False),
+    _d("maxmemory", "mem", True, "Invalid maxmemory value", lo=0),
+    _d("maxmemory-samples", "int", True, "maxmemory-samples must be 1 or greater", lo=1),
+    _d("timeout", "int", True, "Invalid timeout value", lo=0),
+    _d("auto-aof-rewrite-percentage", "int", True,
+       "Invalid negative percentage for AOF auto rewrite", lo=0),
+    _d("auto-aof-rewrite-min-size", "mem", True, "Invalid auto-aof-rewrite-min-size", lo=0),
+    _d("slowlog-log-slower-than", "int", True, "Invalid slowlog-log-slower-than value"),
+    _d("latency-monitor-threshold", "int", True,
+       "The latency threshold can't be negative", lo=0),
+    _d("slowlog-max-len", "int", True, "Invalid slowlog-max-len value", lo=0),
+    _d("port", "int", False, "Invalid port", lo=0, hi=55535),  # bus port = port + 10000
+    _d("tcp-backlog", "int", False, "Invalid backlog value", lo=0),
+    _d("databases", "int", False, "Invalid number of databases", lo=1),
+    _d("maxclients", "int", True, "Invalid max clients limit", lo=1),
+    _d("watchdog-period", "int", True, "Invalid watchdog-period value", lo=0),
+    _d("hz", "special", True, "Invalid hz value"),
+    _d("cluster-node-timeout", "int", True,
+       "cluster node timeout must be 1 or greater", lo=1),
+    _d("tcp-keepalive", "int", True, "Invalid tcp-keepalive value", lo=0),
+    _d("no-appendfsync-on-rewrite", "bool", True),
+    _d("daemonize", "special", False),
+    _d("activerehashing", "bool", True),
+    _d("aof-rewrite-incremental-fsync", "bool", True),
+    _d("aof-load-truncated", "bool", True),
+    _d("aof-enqueue-jobs-once", "bool", True),
+    _d("maxmemory-policy", "enum", True, "Invalid maxmemory policy",
+       choices=("acks", "noeviction")),
+    _d("loglevel", "enum", True,
+       "Invalid log level. Must be one of debug, verbose, notice, warning",
+       choices=("debug", "verbose", "notice", "warning")),
+    _d("appendfsync", "enum", True, "argument must be 'no', 'always' or 'everysec'",
+       choices=("everysec", "always", "no")),
+    _d("syslog-facility", "enum", False, "Invalid log facility. Must be one of USER or between LOCAL0-LOCAL7",
+       choices=("user", *(f"local{i}" for i in range(8)))),
+    _d("appendonly", "bool", True),
+    _d("dir", "special", True),
+    _d("client-output-buffer-limit", "special", True, nargs=4),
+    _d("unixsocketperm", "special", False, "Invalid socket file permissions"),
+    _d("bind", "special", False, nargs=0),
+    # not listed by the reference's CONFIG GET *, but valid in its config file
+    _d("appendfilename", "special", False),
+    _d("cluster-config-file", "str", False),
+    _d("syslog-enabled", "bool", False),
+    _d("syslog-ident", "str", False),
+    # ours: input limits and the process count
+    _d("client-query-buffer-bytes-max", "mem", True,
+       "Invalid client-query-buffer-bytes-max value", lo=1024),
+    _d("proto-max-bulk-len", "mem", True, "Invalid proto-max-bulk-len value", lo=1),
+    _d("proto-max-multibulk-len", "int", True, "Invalid proto-max-multibulk-len value", lo=1),
+    _d("workers", "int", False, f"workers must be between 1 and {workers_max}",
+       lo=1, hi=workers_max),
+)
+BY_NAME: dict[str, Directive] = {d.name: d for d in DIRECTIVES}
+# Names Redis users know for our limit directives (same field, same units).
+ALIASES: dict[str, str] = {"client-query-buffer-limit": "client-query-buffer-bytes-max"}
+
+
+def _special_value(cfg: Config, d: Directive, args: list[str], at_startup: bool) -> object:
+    name, v = d.name, args[0]
+    if name == "requirepass":
+        if len(v) > authpass_len_max:
+            raise ConfigValueError("Password is longer than REDIS_AUTHPASS_MAX_LEN")
+        return v
+    if name == "hz":  # Disque clamps instead of refusing
+        return min(max(parse_int(v, d.reason), hz_min), hz_max)
+    if name == "daemonize":
+        if parse_bool(v):
+            raise ConfigValueError(
+                "daemonize yes is not supported: run disque-mp in the foreground "
+                "and let systemd supervise it (see systemd/disque-mp.service)")
+        return False
+    if name == "dir":
+        return _set_dir(v, at_startup)
+    if name == "client-output-buffer-limit":
+        return _client_output_buffer_limit(args)
+    if name == "unixsocketperm":
+        try:
+            perm = int(v, 8)
+        except ValueError:
+            raise ConfigValueError(d.reason) from None
+        if not 0 <= perm <= 0o777:
+            raise ConfigValueError(d.reason)
+        return perm
+    if name == "bind":
+        if len(args) > bind_addresses_max:
+            raise ConfigValueError("Too many bind addresses specified.")
+        return " ".join(args)
+    if name == "appendfilename":
+        if "/" in v or not v:
+            raise ConfigValueError("appendfilename can't be a path, just a filename")
+        return v
+    raise ConfigValueError(f"no parser for {name}")  # table and code out of step: a bug
+
+
+def _set_dir(path: str, at_startup: bool) -> str:
+    """At start-up the supervisor creates and enters ``dir``; at run time CONFIG
+    SET dir changes into it right away, as Disque does."""
+    if not path:
+        raise ConfigValueError("dir can't be empty")
+    if at_startup:
+        return path
+    try:
+        os.chdir(path)
+    except OSError as e:
+        raise ConfigValueError(f"Can't chdir to '{path}': {e.strerror}") from None
+    return os.getcwd()
+
+
+def _client_output_buffer_limit(args: list[str]) -> str:
+    klass = args[0].lower()
+    if klass != "normal":  # Disque has no replicas and no pub/sub
+        raise ConfigValueError("Invalid client class specified in buffer limit. Must be normal")
+    hard, soft = parse_memory(args[1]), parse_memory(args[2])
+    secs = parse_int(args[3], "Invalid client-output-buffer-limit seconds", lo=0)
+    if hard < 0 or soft < 0:
+        raise ConfigValueError("Error in hard, soft or soft_seconds setting in buffer limit")
+    return f"normal {hard} {soft} {secs}"
+
+
+def parse_value(cfg: Config, d: Directive, args: list[str], at_startup: bool = True) -> object:
+    """Validate ``args`` for directive ``d``; return the value for Config."""
+    if (d.nargs and len(args) != d.nargs) or not args:
+        raise ConfigValueError("Bad directive or wrong number of arguments")
+    if d.kind == "int":
+        return parse_int(args[0], d.reason, d.lo, d.hi)
+    if d.kind == "mem":
+        try:
+            n = parse_memory(args[0])
+        except ConfigValueError:
+            raise ConfigValueError(d.reason) from None
+        if d.lo is not None and n < d.lo:
+            raise ConfigValueError(d.reason)
+        return n
+    if d.kind == "bool":
+        return parse_bool(args[0])
+    if d.kind == "enum":
+        low = args[0].lower()
+        if low not in d.choices:
+            raise ConfigValueError(d.reason)
+        return low
+    if d.kind == "str":
+        return args[0]
+    return _special_value(cfg, d, args, at_startup)
+
+
+def lookup(name: str) -> Directive | None:
+    low = name.lower()
+    return BY_NAME.get(ALIASES.get(low, low))
+
+
+def apply(cfg: Config, name: str, args: list[str], at_startup: bool = True) -> None:
+    """Set directive ``name`` from its arguments, or raise ConfigValueError."""
+    d = lookup(name)
+    if d is None:
+        raise ConfigValueError("Bad directive or wrong number of arguments")
+    setattr(cfg, d.attr, parse_value(cfg, d, args, at_startup))
+
+
+# --- loading ---
+
+
+include_depth_max = 8  # include files may include others; a cycle must not recurse forever
+
+
+def _parse_lines(cfg: Config, lines: list[str], source: str, depth: int = 0) -> None:
+    for no, raw in enumerate(lines, 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            words = split_args(line)
+        except ArgsError:
+            raise ConfigError("Unbalanced quotes in configuration line", no, line, source) from None
+        if not words:
+            continue
+        try:
+            if words[0].lower() == "include":
+                _include(cfg, words[1:], source, depth)
+            else:
+                apply(cfg, words[0], words[1:])
+        except ConfigValueError as e:
+            raise ConfigError(str(e), no, line, source) from None
+
+
+def _include(cfg: Config, args: list[str], source: str, depth: int) -> None:
+    """Redis' ``include FILE``: read another file in place (relative to this one)."""
+    if len(args) != 1:
+        raise ConfigValueError("Bad directive or wrong number of arguments")
+    if depth >= include_depth_max:
+        raise ConfigValueError(f"include nested deeper than {include_depth_max} files")
+    base = os.path.dirname(source) if os.path.isabs(source) else os.getcwd()
+    path = os.path.join(base, args[0])
+    try:
+        with open(path, encoding="utf-8", errors="surrogateescape") as f:
+            text = f.read()
+    except OSError as e:
+        raise ConfigValueError(f"Can't open the included file '{args[0]}': {e.strerror}") from None
+    _parse_lines(cfg, text.splitlines(), os.path.abspath(path), depth + 1)
+
+
+def parse_text(text: str, cfg: Config | None = None, source: str = "<string>") -> Config:
+    cfg = cfg if cfg is not None else Config()
+    _parse_lines(cfg, text.splitlines(), source)
+    return cfg
+
+
+def load(path: str | None, overrides: list[list[str]] | None = None) -> Config:
+    """Read ``path`` (if any), then the command-line overrides (later wins).
+
+    ``overrides`` are directive + args lists, e.g. ``[["port", "7711"]]``.
+    Raises ConfigError; an unreadable file is reported the same way.
+    """
+    cfg = Config()
+    if path:
+        abspath = os.path.abspath(path)
+        try:
+            with open(abspath, encoding="utf-8", errors="surrogateescape") as f:
+                text = f.read()
+        except OSError as e:
+            raise ConfigError(f"Fatal error, can't open config file '{path}': {e.strerror}",
+                              0, "", abspath) from None
+        _parse_lines(cfg, text.splitlines(), abspath)
+        cfg.config_file = abspath
+    for no, words in enumerate(overrides or [], 1):
+        line = "--" + " ".join(quote(w) if " " in w or not w else w for w in words)
+        try:
+            apply(cfg, words[0], words[1:])
+        except ConfigValueError as e:
+            raise ConfigError(str(e), no, line, "") from None
+    return cfg
+
+
+# --- CONFIG GET / SET ---
+
+
+def value_text(cfg: Config, d: Directive) -> str:
+    """The value as CONFIG GET shows it."""
+    v = getattr(cfg, d.attr)
+    if d.name == "tcp-keepalive":
+        # The reference prints this integer as a boolean (reference/03:
+        # tcp-keepalive "no"); clients compare against it, so we do the same.
+        return "yes" if v else "no"
+    if d.name == "unixsocketperm":
+        return f"{v:o}"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    return str(v)
+
+
+def _redis_glob(pattern: str) -> str:
+    return pattern.lower().replace("[^", "[!")
+
+
+def config_get(cfg: Config, pattern: str) -> list[tuple[str, str]]:
+    """(name, value) pairs for every directive matching the glob ``pattern``."""
+    pat = _redis_glob(pattern)
+    return [(d.name, value_text(cfg, d)) for d in DIRECTIVES if fnmatch.fnmatchcase(d.name, pat)]
+
+
+def config_set(cfg: Config, name: str, value: str) -> str | None:
+    """Apply CONFIG SET; None on success, else the error text (no "ERR " prefix)."""
+    d = lookup(name)
+    if d is None or not d.settable:
+        return f"Unsupported CONFIG parameter: {name}"
+    args = split_args(value) if d.nargs != 1 else [value]
+    try:
+        new = parse_value(cfg, d, args, at_startup=False)
+    except (ConfigValueError, ArgsError):
+        return f"Invalid argument '{value}' for CONFIG SET '{name}'"
+    setattr(cfg, d.attr, new)
+    return None
+
+
+# --- CONFIG REWRITE ---
+
+
+def rewrite_line(cfg: Config, d: Directive) -> str:
+    """The directive as CONFIG REWRITE writes it (true values, not GET's quirks)."""
+    v = getattr(cfg, d.attr)
+    if d.kind == "mem":
+        text = format_memory(v)
+    elif isinstance(v, bool):
+        text = "yes" if v else "no"
+    elif d.name == "unixsocketperm":
+        text = f"{v:o}"
+    elif d.name in ("bind", "client-output-buffer-limit"):
+        text = v
+    elif d.kind == "enum":
+        text = v
+    elif isinstance(v, str):
+        text = quote(v)  # Redis quotes every string value it rewrites
+    else:
+        text = str(v)
+    return f"{d.name} {text}"
+
+
+def _is_default(cfg: Config, d: Directive, defaults: Config) -> bool:
+    return bool(getattr(cfg, d.attr) == getattr(defaults, d.attr))
+
+
+REWRITE_MARKER = "# Generated by CONFIG REWRITE"
+
+
+def rewrite_text(cfg: Config, old_text: str) -> str:
+    """Redis' CONFIG REWRITE on a text: update in place, drop repeats, append new."""
+    lines = old_text.splitlines()
+    where: dict[str, list[int]] = {}
+    for i, raw in enumerate(lines):
+        s = raw.strip()
+        if not s or s.startswith("#"):
+            continue
+        try:
+            words = split_args(s)
+        except ArgsError:
+            continue  # keep what we cannot read as it is
+        d = lookup(words[0]) if words else None
+        if d is not None:
+            where.setdefault(d.name, []).append(i)
+    defaults = Config()
+    out: list[str | None] = list(lines)
+    appended: list[str] = []
+    for d in DIRECTIVES:
+        seen = where.get(d.name, [])
+        if not seen and _is_default(cfg, d, defaults):
+            continue
+        text = rewrite_line(cfg, d)
+        if seen:
+            out[seen[0]] = text
+            for i in seen[1:]:
+                out[i] = None  # a later duplicate would override the new value
+        else:
+            appended.append(text)
+    kept = [x for x in out if x is not None]
+    if appended and REWRITE_MARKER not in kept:
+        kept.append(REWRITE_MARKER)
+    return "\n".join(kept + appended) + "\n"
+
+
+def rewrite(cfg: Config, path: str = "") -> None:
+    """CONFIG REWRITE: write ``path`` (default: the file we started from) atomically."""
+    path = path or cfg.config_file
+    if not path:
+        raise OSError("The server is running without a config file")
+    try:
+        with open(path, encoding="utf-8", errors="surrogateescape") as f:
+            old = f.read()
+        mode = os.stat(path).st_mode & 0o7777
+    except FileNotFoundError:
+        old, mode = "", 0o644
+    _write_atomic(path, rewrite_text(cfg, old), mode)
+
+
+def _write_atomic(path: str, text: str, mode: int) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.write(fd, text.encode("utf-8", errors="surrogateescape"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    _fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def field_names() -> list[str]:
+    """Every Config field (tests check each has a directive)."""
+    return [f.name for f in fields(Config)]
+

@@ -1,0 +1,115 @@
+"""Command line: ``disque-mp [CONFIG_FILE] [--directive value ...]``, plus subcommands.
+
+As with ``disque-server``, every config directive can be given on the command
+line as ``--name args...``; these come after the file and override it.
+Subcommands live in other modules, imported only when used:
+
+    disque-mp check-aof FILE ...   -> disque_mp.aof_check.main(rest)
+    disque-mp bench ...            -> bench.loadgen.main(rest)
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from disque_mp import __version__
+
+USAGE = """\
+Usage: disque-mp [CONFIG_FILE] [--directive value ...]
+       disque-mp check-aof FILE ...
+       disque-mp bench ...
+       disque-mp --test-config [CONFIG_FILE] [--directive value ...]
+       disque-mp --version | --help
+
+Starts one Disque node: a supervisor and one worker process per core (or
+--workers N), serving the Disque protocol on --port (default 7711).
+Any directive of disque.conf may be given as --name value and overrides the
+file, for example:
+
+  disque-mp /etc/disque-mp/disque-mp.conf --port 7712 --workers 2
+  disque-mp --port 7711 --bind 127.0.0.1 --dir /var/lib/disque-mp --loglevel verbose
+  disque-mp --appendonly yes --appendfsync everysec
+
+--test-config  read the configuration, report errors, and exit (0 = valid)
+"""
+
+# subcommand -> (module, function); imported lazily so that a node start does
+# not pay for them and a missing one is a clear error, not an ImportError.
+SUBCOMMANDS = {
+    "check-aof": ("disque_mp.aof_check", "main"),
+    "bench": ("bench.loadgen", "main"),
+}
+
+
+class UsageError(Exception):
+    pass
+
+
+def parse_args(argv: list[str]) -> tuple[str | None, list[list[str]], bool]:
+    """(config file, [[directive, args...], ...], test_only) from the arguments."""
+    path: str | None = None
+    overrides: list[list[str]] = []
+    test_only = False
+    i = 0
+    if argv and argv[0] == "--test-config":
+        test_only, i = True, 1
+    if i < len(argv) and not argv[i].startswith("--"):
+        path, i = argv[i], i + 1
+    while i < len(argv):
+        word = argv[i]
+        if not word.startswith("--") or word == "--":
+            raise UsageError(f"unexpected argument {word!r} (options are --name value)")
+        name, eq, value = word[2:].partition("=")
+        args = [value] if eq else []
+        i += 1
+        while not eq and i < len(argv) and not argv[i].startswith("--"):
+            args.append(argv[i])
+            i += 1
+        if not args:
+            raise UsageError(f"option --{name} needs a value")
+        overrides.append([name, *args])
+    return path, overrides, test_only
+
+
+def _subcommand(name: str, rest: list[str]) -> int:
+    module_name, func_name = SUBCOMMANDS[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name is None or not module_name.startswith(e.name):
+            raise  # the module exists but something it imports is missing
+        print(f"disque-mp: the '{name}' subcommand is not available in this "
+              f"installation ({module_name} is missing)", file=sys.stderr)
+        return 2
+    result = getattr(module, func_name)(rest)
+    return int(result or 0)
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] in SUBCOMMANDS:
+        return _subcommand(argv[0], argv[1:])
+    if any(a in ("-h", "--help") for a in argv):
+        print(USAGE, end="")
+        return 0
+    if any(a in ("-v", "--version") for a in argv):
+        print(f"disque-mp {__version__}")
+        return 0
+    try:
+        path, overrides, test_only = parse_args(argv)
+    except UsageError as e:
+        print(f"disque-mp: {e}\n\n{USAGE}", file=sys.stderr, end="")
+        return 2
+    from disque_mp import config
+
+    try:
+        cfg = config.load(path, overrides)
+    except config.ConfigError as e:
+        print(e.report(), file=sys.stderr, end="")
+        return 1
+    if test_only:
+        print(f"disque-mp: configuration {path or '(command line)'} is valid")
+        return 0
+    from disque_mp import supervisor
+
+    return supervisor.run(cfg)

@@ -1,0 +1,419 @@
+"""The supervisor: one process that forks and minds the workers (uvicorn-style).
+
+It holds no job state and no listening socket (so a SIGKILLed supervisor
+leaves nothing bound: its workers exit within a second and a new node can bind
+the port). In order:
+
+1. create and enter ``dir``; open ``logfile`` there; lock ``dir`` (two nodes in
+   one dir would mix their AOF files and node IDs);
+2. load or create the node ID (``bus/nodes_conf.py``), write ``pidfile``;
+3. fork ``workers`` processes with ``multiprocess`` (start method ``fork``,
+   before any thread or event loop exists), each running
+   ``disque_mp.worker.run_worker(cfg, index, node_id, ready)``;
+4. loop: signal handlers only record the signal; the loop stops the node on
+   SIGTERM/SIGINT, restarts a dead worker into its slot after a bounded
+   backoff, and tells systemd READY=1 once every worker's ``ready`` is set.
+
+The directory lock is an flock on ``dir`` that the workers inherit across
+fork, so it is released only when the last process of this node is gone: a
+restart after SIGKILL waits for the old workers instead of racing them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import resource
+import select
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import multiprocess
+
+from bus import nodes_conf
+from disque_mp import __version__, sdnotify
+from disque_mp.config import Config
+from disque_mp.log import VERBOSE, setup_logging
+
+log = logging.getLogger("disque_mp.supervisor")
+
+shutdown_grace_s = 10.0  # SIGTERM -> SIGKILL: time to write in-flight replies and flush the AOF
+restart_backoff_s_min = 0.1  # first restart of a worker that had been running fine
+restart_backoff_s_max = 5.0  # a crash loop retries at most this often, so it cannot spin
+stable_run_s = 10.0  # a worker alive this long has its backoff reset
+startup_attempts_max = 3  # a worker that never got ready this many times in a row: give up
+lock_wait_s = 10.0  # a previous node's workers exit within 1 s of their parent's death
+idle_wake_s = 1.0  # longest sleep of the loop when nothing is pending
+busy_wake_s = 0.05  # poll interval while waiting for readiness or a restart
+fd_headroom = 128  # files beyond maxclients: mesh sockets, AOF files, logs
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StartupError(Exception):
+    """The node cannot start; the message says why."""
+
+
+class Slot:
+    """One worker position: its index survives the processes that fill it."""
+
+    __slots__ = ("index", "proc", "ready", "started_at", "backoff_s", "due_at",
+                 "failed_starts", "was_ready")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.proc: Any = None  # multiprocess.Process while one runs
+        self.ready: Any = None  # its multiprocess.Event
+        self.started_at = 0.0
+        self.backoff_s = 0.0
+        self.due_at: float | None = 0.0  # monotonic time of the next start, None = none
+        self.failed_starts = 0  # consecutive deaths before ever being ready
+        self.was_ready = False
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "exited with an unknown status"
+    if code < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class Supervisor:
+    def __init__(self, cfg: Config, worker_target: Callable[..., None]) -> None:
+        self.cfg = cfg
+        self.worker_target = worker_target
+        self.ctx = multiprocess.get_context("fork")
+        self.slots = [Slot(i) for i in range(cfg.workers)]
+        self.node_id = ""
+        self.signals: list[int] = []
+        self.stopping = False
+        self.notified_ready = False
+        self.all_ready = False
+        self.lock_fd = -1
+        self.wake_r, self.wake_w = -1, -1
+        self.pidfile_written = ""
+
+    # --- start-up ---
+
+    def prepare(self) -> None:
+        """Everything before the fork; raises StartupError with a clear message."""
+        cfg = self.cfg
+        try:
+            os.makedirs(cfg.dir, exist_ok=True)
+            os.chdir(cfg.dir)
+        except OSError as e:
+            raise StartupError(f"Can't chdir to '{cfg.dir}': {e.strerror}") from None
+        cfg.dir = os.getcwd()  # workers and CONFIG GET dir see the absolute path
+        try:
+            setup_logging(cfg, "X")
+        except OSError as e:
+            raise StartupError(f"Can't open the log file: {e.strerror}") from None
+        log.info("disque-mp %s starting: pid %d, port %d, %d workers, dir %s, config %s",
+                 __version__, os.getpid(), cfg.port, cfg.workers, cfg.dir,
+                 cfg.config_file or "(none: defaults and command line)")
+        self._lock_dir()
+        self._load_identity()
+        self._raise_fd_limit()
+        self._write_pidfile()
+
+    def _lock_dir(self) -> None:
+        fd = os.open(".", os.O_RDONLY)
+        deadline = time.monotonic() + lock_wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self.lock_fd = fd
+                return
+            except OSError as e:
+                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    os.close(fd)
+                    raise StartupError(f"Can't lock '{self.cfg.dir}': {e.strerror}") from None
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise StartupError(
+                    f"Sorry, the directory {self.cfg.dir} (and its {self.cfg.cluster_config_file}) "
+                    "is already used by a different disque-mp node. Please make sure that "
+                    "different nodes use different dirs.")
+            time.sleep(0.05)
+
+    def _load_identity(self) -> None:
+        ip = self.cfg.bind.split()[0] if self.cfg.bind else "127.0.0.1"
+        try:
+            nc, created = nodes_conf.load_or_create(self.cfg.cluster_config_file, ip, self.cfg.port)
+        except (nodes_conf.NodesConfError, OSError) as e:
+            raise StartupError(
+                f"Unrecoverable error: {self.cfg.cluster_config_file}: {e}") from None
+        self.node_id = nc.node_id
+        how = "No cluster configuration found, I'm" if created else "Node configuration loaded, I'm"
+        log.info("%s %s", how, self.node_id)
+
+    def _raise_fd_limit(self) -> None:
+        """Like Disque, make room for maxclients (workers inherit the limit)."""
+        want = self.cfg.maxclients + fd_headroom
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+            with contextlib.suppress(ValueError, OSError):
+                resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+            if new < want:
+                log.warning("You requested maxclients of %d requiring at least %d max file "
+                            "descriptors; the hard limit is %d (raise LimitNOFILE).",
+                            self.cfg.maxclients, want, hard)
+
+    def _write_pidfile(self) -> None:
+        path = self.cfg.pidfile
+        if not path:
+            return
+        tmp = f"{path}.tmp-{os.getpid()}"
+        try:
+            with open(tmp, "w") as f:
+                f.write(f"{os.getpid()}\n")
+            os.replace(tmp, path)
+        except OSError as e:
+            raise StartupError(f"Can't write the pidfile {path}: {e.strerror}") from None
+        self.pidfile_written = os.path.abspath(path)
+
+    def _remove_pidfile(self) -> None:
+        path = self.pidfile_written
+        if not path:
+            return
+        try:
+            with open(path) as f:
+                mine = f.read().strip() == str(os.getpid())
+            if mine:  # a newer node may already have replaced it
+                os.unlink(path)
+        except OSError:
+            pass
+
+    # --- signals: handlers only record ---
+
+    def _install_signals(self) -> None:
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        os.set_blocking(self.wake_r, False)
+        signal.set_wakeup_fd(self.wake_w)
+        for sig in (*_STOP_SIGNALS, signal.SIGHUP):
+            signal.signal(sig, self._record_signal)
+
+    def _record_signal(self, signum: int, frame: object) -> None:
+        self.signals.append(signum)
+
+    def _drain_wakeup(self) -> None:
+        with contextlib.suppress(BlockingIOError, InterruptedError):
+            while os.read(self.wake_r, 512):
+                pass
+
+    def _handle_signals(self) -> None:
+        while self.signals:
+            sig = self.signals.pop(0)
+            if sig == signal.SIGHUP:
+                log.info("Received SIGHUP: reopening the log file")
+                with contextlib.suppress(OSError):
+                    setup_logging(self.cfg, "X")
+                continue
+            name = signal.Signals(sig).name
+            if self.stopping:
+                if sig == signal.SIGINT:  # a second Ctrl-C: do not wait any longer
+                    log.warning("Received %s again: killing the workers now", name)
+                    self._kill_all(signal.SIGKILL)
+                continue
+            log.warning("Received %s scheduling shutdown...", name)
+            self.stopping = True
+
+    # --- workers ---
+
+    def _start(self, slot: Slot) -> None:
+        slot.ready = self.ctx.Event()
+        proc = self.ctx.Process(
+            target=_worker_entry, name=f"disque-mp W{slot.index}",
+            args=(self.worker_target, self.cfg, slot.index, self.node_id, slot.ready,
+                  (self.wake_r, self.wake_w)))
+        proc.start()
+        slot.proc, slot.started_at, slot.due_at, slot.was_ready = proc, time.monotonic(), None, False
+        log.log(VERBOSE, "Worker W%d started, pid %d", slot.index, proc.pid)
+
+    def _reap(self) -> None:
+        for slot in self.slots:
+            if slot.proc is None or slot.proc.is_alive():
+                continue
+            slot.proc.join(0)
+            code = slot.proc.exitcode
+            pid = slot.proc.pid
+            slot.proc = None
+            if self.stopping:
+                continue
+            self._schedule_restart(slot, pid, code)
+
+    def _schedule_restart(self, slot: Slot, pid: int, code: int | None) -> None:
+        now = time.monotonic()
+        ran_s = now - slot.started_at
+        if slot.was_ready:
+            slot.failed_starts = 0
+        else:
+            slot.failed_starts += 1
+        if ran_s >= stable_run_s:
+            slot.backoff_s = restart_backoff_s_min
+        else:
+            slot.backoff_s = min(max(slot.backoff_s * 2, restart_backoff_s_min),
+                                 restart_backoff_s_max)
+        slot.due_at = now + slot.backoff_s
+        self.all_ready = False
+        if not self.notified_ready and slot.failed_starts >= startup_attempts_max:
+            raise StartupError(
+                f"Worker W{slot.index} failed to start {slot.failed_starts} times in a row "
+                f"(the last one {_describe_exit(code)}); giving up, see the log above")
+        log.warning("Worker W%d (pid %d) %s after %.1f s; restarting it in %.1f s",
+                    slot.index, pid, _describe_exit(code), ran_s, slot.backoff_s)
+
+    def _restart_due(self) -> None:
+        now = time.monotonic()
+        for slot in self.slots:
+            if slot.proc is None and slot.due_at is not None and slot.due_at <= now:
+                self._start(slot)
+
+    def _check_ready(self) -> None:
+        if self.all_ready:
+            return
+        for slot in self.slots:
+            if slot.proc is None:
+                return
+            if not slot.was_ready:
+                if not slot.ready.is_set():
+                    return
+                slot.was_ready = True
+                slot.failed_starts = 0
+        self.all_ready = True
+        status = (f"STATUS=Ready: node {self.node_id[:8]}, {len(self.slots)} workers, "
+                  f"port {self.cfg.port}")
+        if not self.notified_ready:
+            self.notified_ready = True
+            log.info("Ready to accept connections (%d workers)", len(self.slots))
+            sdnotify.notify(f"READY=1\n{status}\nMAINPID={os.getpid()}")
+        else:
+            log.info("All %d workers are serving again", len(self.slots))
+            sdnotify.notify(status)
+
+    def _kill_all(self, sig: int) -> None:
+        for slot in self.slots:
+            if slot.proc is not None and slot.proc.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(slot.proc.pid, sig)
+
+    def _wait(self, timeout_s: float | None) -> None:
+        fds = [self.wake_r] + [s.proc.sentinel for s in self.slots if s.proc is not None]
+        with contextlib.suppress(InterruptedError):
+            select.select(fds, [], [], timeout_s)
+        self._drain_wakeup()
+
+    def _timeout(self) -> float:
+        pending = any(s.proc is None for s in self.slots)
+        return busy_wake_s if pending or not self.all_ready else idle_wake_s
+
+    # --- the loop ---
+
+    def serve(self) -> None:
+        for slot in self.slots:
+            self._start(slot)
+        while not self.stopping:
+            self._wait(self._timeout())
+            self._handle_signals()
+            self._reap()
+            if self.stopping:
+                break
+            self._restart_due()
+            self._check_ready()
+
+    def shutdown(self) -> None:
+        self.stopping = True
+        sdnotify.notify("STOPPING=1\nSTATUS=Stopping")
+        live = [s for s in self.slots if s.proc is not None]
+        log.info("Stopping %d workers (SIGTERM, up to %.0f s)", len(live), shutdown_grace_s)
+        self._kill_all(signal.SIGTERM)
+        deadline = time.monotonic() + shutdown_grace_s
+        while any(s.proc is not None for s in self.slots):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                log.warning("Workers still running after %.0f s: SIGKILL", shutdown_grace_s)
+                self._kill_all(signal.SIGKILL)
+                deadline = time.monotonic() + shutdown_grace_s
+            self._wait(min(max(left, 0.01), busy_wake_s * 4))
+            self._handle_signals()
+            self._reap_quietly()
+
+    def _reap_quietly(self) -> None:
+        for slot in self.slots:
+            if slot.proc is not None and not slot.proc.is_alive():
+                slot.proc.join(0)
+                code = slot.proc.exitcode
+                if code not in (0, None):
+                    log.warning("Worker W%d %s during shutdown", slot.index,
+                                _describe_exit(code))
+                slot.proc = None
+
+    def run(self) -> int:
+        """The whole life of the node after prepare(); returns the exit code."""
+        self._install_signals()
+        code = 0
+        try:
+            self.serve()
+        except StartupError as e:
+            log.warning("%s", e)
+            code = 1
+        finally:  # also on a bug in the loop: never leave workers behind
+            self.shutdown()
+            self._remove_pidfile()
+        log.info("disque-mp is now ready to exit, bye bye...")
+        return code
+
+
+def _worker_entry(target: Callable[..., None], cfg: Config, index: int, node_id: str,
+                  ready: Any, wake_fds: tuple[int, int]) -> None:
+    """First code in a forked worker: undo the supervisor's process state."""
+    signal.set_wakeup_fd(-1)
+    for fd in wake_fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    # Ctrl-C reaches the whole process group; the supervisor turns it into an
+    # orderly SIGTERM per worker, so the worker itself ignores it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    setup_logging(cfg, f"W{index}")
+    try:
+        target(cfg, index, node_id, ready)
+    except SystemExit:
+        raise
+    except BaseException:
+        logging.getLogger("disque_mp.worker").exception("Worker W%d crashed", index)
+        raise
+
+
+def _load_worker_target() -> Callable[..., None]:
+    try:
+        from disque_mp.worker import run_worker
+    except ImportError as e:
+        raise StartupError(f"the worker code is missing (disque_mp.worker): {e}") from None
+    return run_worker
+
+
+def run(cfg: Config) -> int:
+    """Entry point from the CLI: prepare, fork the workers, serve until stopped."""
+    try:
+        target = _load_worker_target()  # import once, before forking: children share it
+        sup = Supervisor(cfg, target)
+        sup.prepare()
+    except StartupError as e:
+        if logging.getLogger().handlers:
+            log.warning("%s", e)
+        print(f"disque-mp: {e}", file=sys.stderr)
+        return 1
+    return sup.run()
