@@ -659,6 +659,8 @@ def check(s: Settings) -> None:
         raise ValueError("--rate must be between 0 and 1e8 jobs/s")
     if not 0 < s.duration_s <= duration_s_max:
         raise ValueError(f"--duration-s must be in (0, {duration_s_max}]")
+    if s.workload == "consume" and s.jobs:
+        s.prefill = s.jobs  # consume exactly the jobs asked for
     if s.workload == "cycle" and s.body_bytes < ts_digits:
         s.body_bytes = ts_digits  # the add time rides in the body
 
@@ -697,7 +699,7 @@ def parse_args(argv: list[str]) -> tuple[Settings, bool]:
                  producers=a.producers, consumers=a.consumers, pipeline=a.pipeline,
                  count=a.count, body_bytes=a.body_bytes, replicate=a.replicate, queues=a.queues,
                  duration_s=duration, jobs=a.jobs,
-                 prefill=a.jobs if a.workload == "consume" and a.jobs else a.prefill,
+                 prefill=a.prefill,
                  prefix=a.prefix, quiet=a.quiet, backlog=a.backlog, rate=a.rate)
     return s, a.json
 
