@@ -1,0 +1,418 @@
+"""The cluster bus: TCP between hosts, run by worker 0 of each host.
+
+Worker 0 listens on ``bind:port+10000``, keeps one outbound link to every known
+node (PING/MEET out, PONG back on the same link, job messages out), and accepts
+inbound links (PING/MEET in, PONG out, FAIL and job messages in). Membership
+rules live in ``bus/membership.py``; this module only does the I/O and the
+routing. See notes/cluster.md for the protocol.
+
+Frames are ``bus/frames.py`` frames. Bus frame kinds:
+
+    HANDSHAKE  first frame each way: {"proto": BUS_PROTO, "id": node ID, "port": client port}
+    PING/MEET  header + gossip (membership.make_ping)        outbound link
+    PONG       header + gossip, the reply to PING/MEET        same link, back
+    FAIL       {"id": failing node ID}                         outbound link
+    JOB        {"k": kind, "s": slot, "m": meta} + raw bodies  outbound link
+
+A JOB frame is delivered to the worker owning its slot on the receiving host
+(``slot % workers``); other workers hand their ``Send`` effects to worker 0 over
+the local mesh (``mesh_bus_out``) and get incoming ones back (``mesh_bus_in``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bus import frames, nodes_conf
+from bus import membership as mb
+from bus.membership import Broadcast, DropLink, Membership, Node, Ping
+
+log = logging.getLogger("disque.cluster")
+
+BUS_PORT_OFFSET = 10000
+BUS_PROTO = 1  # bus protocol version, checked in the handshake both ways
+
+# Bus frame kinds (u8).
+K_HANDSHAKE, K_PING, K_PONG, K_MEET, K_FAIL, K_JOB = 1, 2, 3, 4, 5, 6
+BUS_KINDS = frozenset({K_HANDSHAKE, K_PING, K_PONG, K_MEET, K_FAIL, K_JOB})
+
+# Mesh frame kinds (u8) for cluster traffic between the workers of one host; kept
+# far from the front end's own kinds (bus/mesh.py) so both can share one reader.
+MESH_BUS_OUT = 0xC0  # worker k -> worker 0: put this Send on the bus
+MESH_BUS_IN = 0xC1  # worker 0 -> owner of the slot: a job message from the bus
+MESH_VIEW = 0xC2  # worker 0 -> every worker: the membership snapshot
+MESH_KINDS = frozenset({MESH_BUS_OUT, MESH_BUS_IN, MESH_VIEW})
+
+peer_output_bytes_max = 256 << 20  # unsent bytes to one peer: over it the link is dropped
+# (a peer that cannot drain that much is stuck; the state machine resends what matters)
+tick_interval_ms_max = 100  # membership tick: PINGs, PFAIL, reconnects, saves
+connect_backoff_ms_min = 50  # reconnect delay after a failed connect, doubling ...
+connect_backoff_ms_max = 1000  # ... up to this: a restarted peer is found within a second
+connect_timeout_s = 2.0  # a connect that hangs longer counts as failed
+read_chunk_bytes = 1 << 16
+
+# deliver(worker_index, sender_node_id, kind, slot, meta, bodies)
+Deliver = Callable[[int, str, str, int, dict[str, Any], list[bytes]], None]
+# publish(view): the membership snapshot changed (see membership.snapshot)
+Publish = Callable[[dict[str, Any]], None]
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def bus_port(client_port: int) -> int:
+    return client_port + BUS_PORT_OFFSET
+
+
+class _Link(asyncio.Protocol):
+    """One TCP connection of the bus, either direction."""
+
+    def __init__(self, bus: ClusterBus, node: Node | None) -> None:
+        self.bus = bus
+        self.node = node  # outbound: the node we dialed; inbound: None
+        self.sender_id = ""  # inbound: who the handshake says is on the other end
+        self.reader = frames.FrameReader(BUS_KINDS)
+        self.transport: asyncio.Transport | None = None
+        self.peer_ip = ""
+        self.local_ip = ""
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        peer = transport.get_extra_info("peername") or ("", 0)
+        local = transport.get_extra_info("sockname") or ("", 0)
+        self.peer_ip, self.local_ip = str(peer[0]), str(local[0])
+        self.write(K_HANDSHAKE, self.bus.handshake_meta())
+        self.bus.link_made(self)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.reader.feed(data)
+            while not self.closed:
+                frame = self.reader.next()
+                if frame is None:
+                    break
+                self.bus.on_frame(self, *frame)
+        except frames.FrameError as exc:
+            log.warning("cluster bus: dropping link to %s: %s", self.peer_ip, exc)
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.bus.link_gone(self)
+
+    def write(self, kind: int, meta: dict[str, Any], bodies: list[bytes] | None = None) -> bool:
+        if self.closed or self.transport is None:
+            return False
+        if self.transport.get_write_buffer_size() > peer_output_bytes_max:
+            log.warning("cluster bus: peer %s does not drain its output, dropping link",
+                        self.peer_ip)
+            self.close()
+            return False
+        self.transport.write(frames.encode(kind, meta, bodies or ()))
+        self.bus.m.stats_sent += 1
+        return True
+
+    def close(self) -> None:
+        if not self.closed and self.transport is not None:
+            self.closed = True
+            self.transport.abort()
+            self.bus.link_gone(self)
+
+
+class ClusterBus:
+    """Membership owner and bus I/O of one host (runs in worker 0)."""
+
+    def __init__(self, cfg: Any, node_id: str, deliver: Deliver, publish: Publish,
+                 workers: int, rng: random.Random | None = None) -> None:
+        self.cfg = cfg  # read live: CONFIG SET cluster-node-timeout takes effect next tick
+        self.deliver = deliver
+        self.publish = publish
+        self.workers = workers
+        self.conf_path = cfg.cluster_config_file
+        self.conf_vars: dict[str, str] = {"currentEpoch": "0"}
+        ip = _first_bind(cfg.bind)
+        self.m = Membership(node_id, ip, cfg.port, rng or random.Random(os.urandom(16)), now_ms(),
+                            cfg.cluster_node_timeout)
+        self.out: dict[Node, _Link] = {}  # outbound link per node (keyed by identity)
+        self.connecting: dict[Node, asyncio.Task[None]] = {}
+        self.retry_at_ms: dict[Node, int] = {}
+        self.backoff_ms: dict[Node, int] = {}
+        self.inbound: set[_Link] = set()
+        self.server: asyncio.AbstractServer | None = None
+        self.ticker: asyncio.Task[None] | None = None
+
+    # ---- lifecycle -------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._load_conf()
+        loop = asyncio.get_running_loop()
+        hosts = self.cfg.bind.split() or ["0.0.0.0"]
+        self.server = await loop.create_server(lambda: _Link(self, None), hosts,
+                                               bus_port(self.cfg.port), reuse_address=True)
+        self._after_change()
+        self.ticker = asyncio.create_task(self._tick_loop())
+
+    async def close(self) -> None:
+        if self.ticker is not None:
+            self.ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.ticker
+        for task in list(self.connecting.values()):
+            task.cancel()
+        for link in list(self.out.values()) + list(self.inbound):
+            link.close()
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+    def _load_conf(self) -> None:
+        try:
+            nc = nodes_conf.load(self.conf_path)
+        except (nodes_conf.NodesConfError, OSError) as exc:
+            log.warning("cluster bus: cannot read %s: %s", self.conf_path, exc)
+            return
+        if nc is None:
+            return
+        if nc.node_id != self.m.my_id:  # a RESET HARD after the supervisor read it
+            del self.m.nodes[self.m.my_id]
+            self.m.myself.node_id = nc.node_id
+            self.m.nodes[nc.node_id] = self.m.myself
+        self.conf_vars = dict(nc.vars)
+        self.m.load_conf(nc, now_ms())
+        self.m.dirty = True  # publish the loaded view
+
+    # ---- API for worker 0 --------------------------------------------------------
+
+    def send(self, node_id: str, kind: str, slot: int, meta: dict[str, Any],
+             bodies: list[bytes] | None = None) -> int:
+        """Send a job message; ``"*"`` = every node with a link. Returns the number
+        of links written (0 = dropped: messages are best effort, the state machine
+        retries what matters)."""
+        frame_meta = {"k": kind, "s": slot, "m": meta}
+        if node_id == "*":
+            return sum(link.write(K_JOB, frame_meta, bodies) for link in list(self.out.values())
+                       if not link.node or not link.node.handshake)
+        node = self.m.nodes.get(node_id)
+        link = self.out.get(node) if node is not None else None
+        if link is None or node is None or node.handshake:
+            return 0
+        return int(link.write(K_JOB, frame_meta, bodies))
+
+    def view(self) -> dict[str, Any]:
+        return mb.snapshot(self.m)
+
+    @property
+    def my_id(self) -> str:
+        return self.m.my_id
+
+    def meet(self, ip: str, port: int) -> None:
+        self.m.meet(ip, port, now_ms())
+        self._after_change()
+
+    def forget(self, node_id: str) -> str | None:
+        err = self.m.forget(node_id, now_ms())
+        self._after_change()
+        return err
+
+    def reset(self, hard: bool) -> None:
+        self.m.reset(hard, now_ms())
+        self._after_change()
+
+    def set_leaving(self, leaving: bool) -> None:
+        self._carry_out(self.m.set_leaving(leaving, now_ms()))
+        self._after_change()
+
+    # ---- mesh side (frames between the workers of this host) ----------------------
+
+    def on_mesh_frame(self, kind: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
+        """A MESH_BUS_OUT frame from another worker: put it on the bus."""
+        if kind == MESH_BUS_OUT:
+            self.send(str(meta.get("n", "")), str(meta.get("k", "")), int(meta.get("s", 0)),
+                      meta.get("m") or {}, bodies)
+
+    # ---- links --------------------------------------------------------------------
+
+    def handshake_meta(self) -> dict[str, Any]:
+        return {"proto": BUS_PROTO, "id": self.m.my_id, "port": self.m.myself.port}
+
+    def link_made(self, link: _Link) -> None:
+        if link.node is None:
+            self.inbound.add(link)
+            return
+        node = link.node
+        self.out[node] = link
+        self.backoff_ms.pop(node, None)
+        t = now_ms()
+        self.m.link_connected(node, t)
+        self._carry_out([self.m.ping(node, t)])
+
+    def link_gone(self, link: _Link) -> None:
+        if link.node is None:
+            self.inbound.discard(link)
+            return
+        if self.out.get(link.node) is link:
+            del self.out[link.node]
+            self.m.link_lost(link.node)
+            self.retry_at_ms[link.node] = now_ms() + connect_backoff_ms_min
+
+    def on_frame(self, link: _Link, kind: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
+        self.m.stats_received += 1
+        if kind == K_HANDSHAKE:
+            self._on_handshake(link, meta)
+        elif link.node is None and not link.sender_id:
+            link.close()  # no handshake first: not one of us
+        elif kind == K_JOB:
+            self._on_job(link, meta, bodies)
+        elif kind in (K_PING, K_MEET):
+            self._on_ping(link, kind, meta)
+        elif kind == K_PONG and link.node is not None:
+            self._carry_out(self.m.on_pong(link.node, meta, now_ms()))
+            self._after_change_if_dirty()
+        elif kind == K_FAIL:
+            self.m.on_fail(link.sender_id, meta, now_ms())
+            self._after_change_if_dirty()
+
+    def _on_handshake(self, link: _Link, meta: dict[str, Any]) -> None:
+        if meta.get("proto") != BUS_PROTO:
+            log.warning("cluster bus: %s speaks bus protocol %r, we speak %d: dropping link",
+                        link.peer_ip, meta.get("proto"), BUS_PROTO)
+            link.close()
+            return
+        sender = meta.get("id")
+        if link.node is None and isinstance(sender, str) and mb.is_node_id(sender):
+            link.sender_id = sender
+
+    def _on_ping(self, link: _Link, kind: int, meta: dict[str, Any]) -> None:
+        if link.node is not None:
+            return  # PINGs travel on the sender's outbound link only
+        pong = self.m.on_ping(meta, kind == K_MEET, link.peer_ip, link.local_ip, now_ms())
+        if pong is not None:
+            link.sender_id = str(meta.get("id"))
+            link.write(K_PONG, pong)
+        self._after_change_if_dirty()
+
+    def _on_job(self, link: _Link, meta: dict[str, Any], bodies: list[bytes]) -> None:
+        kind, slot, inner = meta.get("k"), meta.get("s"), meta.get("m")
+        if not isinstance(kind, str) or not isinstance(slot, int) or not isinstance(inner, dict):
+            log.warning("cluster bus: malformed job frame from %s", link.peer_ip)
+            return
+        sender = link.sender_id if link.node is None else link.node.node_id
+        self.deliver(slot % self.workers, sender, kind, slot, inner, bodies)
+
+    # ---- time -----------------------------------------------------------------------
+
+    async def _tick_loop(self) -> None:
+        while True:
+            try:
+                self.tick()
+            except Exception:  # a bug here must not silence the bus for good
+                log.exception("cluster bus tick failed")
+            interval = min(tick_interval_ms_max, self.m.ping_interval_ms() // 2)
+            await asyncio.sleep(interval / 1000)
+
+    def tick(self) -> None:
+        self.m.set_node_timeout(int(self.cfg.cluster_node_timeout))
+        t = now_ms()
+        self._carry_out(self.m.tick(t))
+        self._reconcile_links(t)
+        self._after_change_if_dirty()
+
+    def _carry_out(self, actions: list[mb.Action]) -> None:
+        for a in actions:
+            if isinstance(a, Ping):
+                link = self.out.get(a.node)
+                if link is not None:
+                    link.write(K_MEET if a.meet else K_PING, self.m.make_ping(a.node))
+            elif isinstance(a, Broadcast):
+                for link in list(self.out.values()):
+                    link.write(K_FAIL, a.meta)
+            elif isinstance(a, DropLink):
+                link = self.out.get(a.node)
+                if link is not None:
+                    link.close()
+
+    def _reconcile_links(self, t: int) -> None:
+        live = {n for n in self.m.others() if not n.noaddr}
+        for node, link in list(self.out.items()):
+            if node not in live:
+                link.close()
+                self.out.pop(node, None)
+        for node in list(self.connecting):
+            if node not in live:
+                self.connecting.pop(node).cancel()
+        for node in list(self.retry_at_ms):
+            if node not in live:
+                del self.retry_at_ms[node]
+                self.backoff_ms.pop(node, None)
+        for node in live:
+            if node not in self.out and node not in self.connecting \
+                    and t >= self.retry_at_ms.get(node, 0):
+                self.connecting[node] = asyncio.create_task(self._connect(node))
+
+    async def _connect(self, node: Node) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.wait_for(
+                loop.create_connection(lambda: _Link(self, node), node.ip, bus_port(node.port)),
+                connect_timeout_s)
+        except (TimeoutError, OSError):
+            backoff = min(self.backoff_ms.get(node, connect_backoff_ms_min // 2) * 2,
+                          connect_backoff_ms_max)
+            self.backoff_ms[node] = backoff
+            self.retry_at_ms[node] = now_ms() + backoff
+        finally:
+            self.connecting.pop(node, None)
+
+    # ---- changes: save nodes.conf, tell the other workers ---------------------------
+
+    def _after_change_if_dirty(self) -> None:
+        if self.m.dirty:
+            self._after_change()
+
+    def _after_change(self) -> None:
+        self.m.dirty = False
+        try:
+            nodes_conf.save(self.conf_path, self.m.to_conf(self.conf_vars))
+        except OSError as exc:
+            log.warning("cluster bus: cannot save %s: %s", self.conf_path, exc)
+        self.publish(self.view())
+
+
+def _first_bind(bind: str) -> str:
+    for addr in bind.split():
+        if addr not in ("0.0.0.0", "::", "*"):
+            return addr
+    return ""
+
+
+# ---- mesh frames (workers other than 0) ---------------------------------------------
+
+def mesh_bus_out(node_id: str, kind: str, slot: int, meta: dict[str, Any],
+                 bodies: list[bytes]) -> bytes:
+    """A worker's ``Send`` effect as a mesh frame for worker 0."""
+    return frames.encode(MESH_BUS_OUT, {"n": node_id, "k": kind, "s": slot, "m": meta}, bodies)
+
+
+def mesh_bus_in(sender: str, kind: str, slot: int, meta: dict[str, Any],
+                bodies: list[bytes]) -> bytes:
+    """A job message from the bus, as a mesh frame for the slot's owner."""
+    return frames.encode(MESH_BUS_IN, {"f": sender, "k": kind, "s": slot, "m": meta}, bodies)
+
+
+def mesh_view(view: dict[str, Any]) -> bytes:
+    return frames.encode(MESH_VIEW, view)
+
+
+def parse_bus_in(meta: dict[str, Any]) -> tuple[str, str, int, dict[str, Any]]:
+    """(sender, kind, slot, meta) of a MESH_BUS_IN frame, for Shard.on_message."""
+    return str(meta["f"]), str(meta["k"]), int(meta["s"]), dict(meta["m"])

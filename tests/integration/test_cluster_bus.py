@@ -1,0 +1,114 @@
+"""The cluster bus over real loopback sockets.
+
+First part: three ``ClusterBus`` instances in one event loop (real TCP, real
+nodes.conf files), which checks the bus on its own. Second part: real disque-mp
+node processes (tests/nodeproc.py) joined with CLUSTER MEET.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bus import membership as mb
+from bus import nodes_conf
+from bus.cluster import ClusterBus
+from disque_mp.config import Config
+from tests.nodeproc import free_port
+
+wait_s = 20.0  # generous: other engineers' tests share the 2 cores
+
+
+async def until(cond: Callable[[], bool], what: str, timeout_s: float = wait_s) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not cond():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+class Host:
+    def __init__(self, tmp: Path, name: str, timeout_ms: int = 1000, workers: int = 3) -> None:
+        self.cfg = Config(port=free_port(), bind="127.0.0.1",
+                          cluster_config_file=str(tmp / f"{name}.conf"),
+                          cluster_node_timeout=timeout_ms)
+        nc, _ = nodes_conf.load_or_create(self.cfg.cluster_config_file, "127.0.0.1", self.cfg.port)
+        self.received: list[tuple[int, str, str, int, dict[str, Any], list[bytes]]] = []
+        self.views: list[dict[str, Any]] = []
+        self.bus = ClusterBus(self.cfg, nc.node_id, self.deliver, self.views.append, workers,
+                              random.Random(name))
+
+    def deliver(self, index: int, sender: str, kind: str, slot: int, meta: dict[str, Any],
+                bodies: list[bytes]) -> None:
+        self.received.append((index, sender, kind, slot, meta, bodies))
+
+    def knows(self, *others: Host) -> bool:
+        m = self.bus.m
+        return all(o.bus.my_id in m.nodes and not m.nodes[o.bus.my_id].handshake
+                   and m.nodes[o.bus.my_id].reachable for o in others)
+
+    def flags(self, other: Host) -> list[str]:
+        return self.bus.m.nodes[other.bus.my_id].flags()
+
+
+def test_bus_mesh_jobs_failure_and_restart(tmp_path: Path) -> None:
+    asyncio.run(_bus_scenario(tmp_path))
+
+
+async def _bus_scenario(tmp: Path) -> None:
+    a, b, c = Host(tmp, "a"), Host(tmp, "b"), Host(tmp, "c")
+    for h in (a, b, c):
+        await h.bus.start()
+    try:
+        a.bus.meet("127.0.0.1", b.cfg.port)
+        c.bus.meet("127.0.0.1", b.cfg.port)  # the other direction for C
+        await until(lambda: a.knows(b, c) and b.knows(a, c) and c.knows(a, b), "full mesh")
+        info = mb.info_text(a.bus.view())
+        assert "cluster_known_nodes:3\r\n" in info and "cluster_reachable_nodes:2\r\n" in info
+        assert a.views[-1]["myid"] == a.bus.my_id and len(a.views[-1]["nodes"]) == 3
+
+        # a job message lands at the owner of its slot, with raw bodies
+        body = bytes(range(256)) * 10
+        assert a.bus.send(c.bus.my_id, "REPLJOB", 7, {"id": "x"}, [body]) == 1
+        await until(lambda: len(c.received) == 1, "REPLJOB at C")
+        assert c.received[0] == (7 % 3, a.bus.my_id, "REPLJOB", 7, {"id": "x"}, [body])
+        assert a.bus.send("*", "PAUSE", 1, {}) == 2
+        await until(lambda: len(b.received) == 1 and len(c.received) == 2, "broadcast")
+        assert a.bus.send("f" * 40, "GOTJOB", 1, {}) == 0  # unknown node: dropped
+
+        # nodes.conf on disk follows the table
+        saved = nodes_conf.load(a.cfg.cluster_config_file)
+        assert saved is not None
+        assert {p.node_id for p in saved.peers} == {b.bus.my_id, c.bus.my_id}
+
+        # C goes away: PFAIL then FAIL (majority of 3) on A and B
+        c_id, c_port = c.bus.my_id, c.cfg.port
+        await c.bus.close()
+        await until(lambda: a.flags(c) == ["fail"] and b.flags(c) == ["fail"], "C failing")
+
+        # C comes back with its nodes.conf: same ID, flags cleared everywhere
+        c2 = Host(tmp, "c")
+        assert c2.cfg.cluster_config_file == c.cfg.cluster_config_file
+        c2.cfg.port = c_port
+        nc, created = nodes_conf.load_or_create(c2.cfg.cluster_config_file, "127.0.0.1", c_port)
+        assert not created and nc.node_id == c_id
+        c2.bus = ClusterBus(c2.cfg, nc.node_id, c2.deliver, c2.views.append, 3)
+        c = c2
+        await c.bus.start()
+        await until(lambda: a.flags(c) == [] and b.flags(c) == [] and c.knows(a, b), "C back")
+
+        # FORGET on A: gone and stays gone although B and C still know A and it
+        assert a.bus.forget(c_id) is None
+        await asyncio.sleep(1.0)
+        assert c_id not in a.bus.m.nodes
+
+        # LEAVING on B reaches the others
+        b.bus.set_leaving(True)
+        await until(lambda: a.flags(b) == ["leaving"] and c.flags(b) == ["leaving"], "leaving")
+    finally:
+        for h in (a, b, c):
+            await h.bus.close()
