@@ -614,6 +614,16 @@ class Disque:
         return ids
 
     def _pipeline(self, commands: list[list[Any]]) -> list[str]:
+        return [_str(x) for x in self.execute_many(commands)]
+
+    def execute_many(self, commands: Sequence[Sequence[Any]], *,
+                     raise_on_error: bool = True) -> list[Any]:
+        """Send commands in one pipeline, read every reply.
+
+        An error reply raises (the first one) or, with ``raise_on_error=False``,
+        stands in the list as a DisqueError. A dropped connection moves to
+        another node and sends the whole batch again.
+        """
         attempt = 0
         while True:
             r = self._client()
@@ -628,10 +638,13 @@ class Disque:
                 attempt += 1
                 self._failover(r)
                 continue
-            for reply in replies:
-                if isinstance(reply, redis.ResponseError):
-                    raise map_redis_error(reply)
-            return [_str(x) for x in replies]
+            out = [map_redis_error(x) if isinstance(x, redis.ResponseError) else x
+                   for x in replies]
+            if raise_on_error:
+                for reply in out:
+                    if isinstance(reply, DisqueError):
+                        raise reply
+            return out
 
     def get_jobs(
         self,

@@ -1,0 +1,587 @@
+"""The ``disque`` data source for PySpark 4 (Python Data Source API).
+
+    from disque_mp.spark import DisqueDataSource
+    spark.dataSource.register(DisqueDataSource)
+
+    df.write.format("disque").option("queue", "events").mode("append").save()
+    spark.read.format("disque").option("queue", "events").load()        # snapshot
+    spark.readStream.format("disque").option("queue", "events").load()  # consume
+
+Batch write: each partition pipelines ADDJOB to a node. The body comes from the
+``body`` column (string or binary; ``body_column`` renames it), the queue from
+option ``queue`` or per row from a string column (``queue_column``, default
+``queue``). A refused ADDJOB fails the task with the server's error text. The
+writer's commit logs the number of jobs added and, with option ``report_file``,
+appends it as a JSON line to that file.
+
+Batch read: a snapshot of the jobs of a queue (JSCAN ... REPLY all) on the
+nodes listed, without consuming them.
+
+Streaming read, at-least-once end to end: the long-lived source process takes
+jobs in ``latestOffset`` with ``GETJOB NOHANG COUNT n``, keeps them in memory
+under a batch sequence number (the offset), ships them to executors inside the
+partitions, keeps them alive with WORKING while they are in flight, and ACKs
+them in ``commit(end)``, which Spark calls after the sink committed the batch.
+Spark calls ``commit(end_N)`` only while it plans batch N+1, so when the queue
+is idle and batch N is not acknowledged yet, ``latestOffset`` offers one empty
+batch. A query that dies before commit leaves its jobs un-acked; Disque
+delivers them again after their RETRY. After a restart, a batch the dead source
+process had taken is re-planned empty (its jobs come back through Disque).
+
+Streaming write: the same as the batch write, per micro-batch.
+
+Rows read carry the job ID and the delivery counters, so sinks can
+de-duplicate. Pitfalls this module minds are in
+``../shared/notes/pyspark-datasource.md`` (connect lazily, picklable partitions,
+RESP2, no CLIENT SETINFO).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import BinaryType, StringType, StructType
+
+from disque_mp.client import (
+    Disque,
+    DisqueError,
+    Job,
+    addjob_args,
+    parse_nodes,
+    pipeline_commands_max,
+)
+
+log = logging.getLogger("disque_mp.spark")
+
+SCHEMA = ("id string, queue string, body binary, state string, ctime long, "
+          "nacks long, additional_deliveries long")
+
+# Jobs one micro-batch takes at most: they sit in the driver-side source process
+# until the batch commits, so memory is the limit (about 100 bytes + body each).
+stream_batch_jobs_max = 1_000_000
+# Heartbeat thread: how often it looks for batches due a WORKING, at most.
+heartbeat_tick_s = 0.25
+# A job in flight gets its first WORKING after this long (half of Disque's
+# smallest RETRY), then again at 80 % of the retry WORKING returned.
+stream_heartbeat_first_s = 0.5
+stream_heartbeat_fraction = 0.8
+# Spark-side option keys that reach data sources and are not ours.
+_FOREIGN_OPTIONS = frozenset({"path", "checkpointlocation", "queryname"})
+
+
+# --------------------------------------------------------------------------- options
+
+
+_INT_OPTIONS = {  # name -> (minimum, what it is)
+    "replicate": (1, "a number of nodes"),
+    "retry": (0, "seconds"),
+    "ttl": (1, "seconds"),
+    "delay": (0, "seconds"),
+    "timeout_ms": (0, "milliseconds"),
+    "maxlen": (1, "a number of jobs"),
+    "count": (1, "jobs per GETJOB"),
+    "max_jobs_per_batch": (1, "jobs"),
+    "num_partitions": (1, "partitions"),
+}
+_BOOL_OPTIONS = ("async", "heartbeat", "fast_ack")
+_STR_OPTIONS = ("nodes", "queue", "queue_column", "body_column", "report_file", "states")
+KNOWN_OPTIONS = frozenset(_INT_OPTIONS) | frozenset(_BOOL_OPTIONS) | frozenset(_STR_OPTIONS)
+
+
+@dataclass(slots=True)
+class Options:
+    """The data source's options, checked. Every failure says what to fix."""
+
+    nodes: list[tuple[str, int]]
+    queues: list[str] = field(default_factory=list)
+    queue_column: str | None = None
+    body_column: str = "body"
+    replicate: int | None = None
+    retry: int | None = None
+    ttl: int | None = None
+    delay: int | None = None
+    maxlen: int | None = None
+    timeout_ms: int = 0
+    async_: bool = False
+    count: int = 1000
+    max_jobs_per_batch: int = 10_000
+    num_partitions: int = 2
+    heartbeat: bool = True
+    fast_ack: bool = False
+    report_file: str | None = None
+    states: list[str] = field(default_factory=list)
+
+    def nodes_text(self) -> str:
+        return ",".join(f"{h}:{p}" for h, p in self.nodes)
+
+    def addjob_options(self) -> dict[str, Any]:
+        return {"replicate": self.replicate, "retry": self.retry, "ttl": self.ttl,
+                "delay": self.delay, "maxlen": self.maxlen, "async_": self.async_}
+
+
+def _parse_int(name: str, text: str) -> int:
+    minimum, unit = _INT_OPTIONS[name]
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise ValueError(f"option {name}={text!r} must be an integer ({unit})") from None
+    if value < minimum:
+        raise ValueError(f"option {name}={text!r} must be >= {minimum} ({unit})")
+    return value
+
+
+def _parse_bool(name: str, text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("true", "1", "yes"):
+        return True
+    if low in ("false", "0", "no"):
+        return False
+    raise ValueError(f"option {name}={text!r} must be true or false")
+
+
+def parse_options(raw: Mapping[str, str]) -> Options:
+    """Spark's case-insensitive option map -> Options (values arrive as strings)."""
+    given = {str(k).lower(): str(v) for k, v in raw.items()}
+    unknown = sorted(k for k in given if k not in KNOWN_OPTIONS and k not in _FOREIGN_OPTIONS
+                     and not k.startswith("spark."))
+    if unknown:
+        raise ValueError(f"unknown option(s) {', '.join(unknown)} for format 'disque'; "
+                         f"valid options: {', '.join(sorted(KNOWN_OPTIONS))}")
+    try:
+        nodes = parse_nodes(given.get("nodes"))
+    except ValueError as exc:
+        raise ValueError(f"option nodes={given.get('nodes')!r}: {exc}; give a comma-separated "
+                         "list such as nodes=127.0.0.1:7711,127.0.0.1:7712") from None
+    opts = Options(nodes=nodes)
+    if "queue" in given:
+        opts.queues = [q.strip() for q in given["queue"].split(",") if q.strip()]
+        if not opts.queues:
+            raise ValueError("option queue is empty: name a queue, e.g. queue=events")
+    opts.queue_column = given.get("queue_column")
+    opts.body_column = given.get("body_column", "body")
+    opts.report_file = given.get("report_file")
+    opts.states = [s.strip() for s in given.get("states", "").split(",") if s.strip()]
+    for name in _INT_OPTIONS:
+        if name in given:
+            setattr(opts, name, _parse_int(name, given[name]))
+    opts.async_ = _parse_bool("async", given["async"]) if "async" in given else False
+    for name in ("heartbeat", "fast_ack"):
+        if name in given:
+            setattr(opts, name, _parse_bool(name, given[name]))
+    return opts
+
+
+def check_reachable(opts: Options) -> None:
+    """Fail planning early, on the driver, when no listed node answers HELLO."""
+    client = Disque(opts.nodes, connect_timeout=3.0, socket_timeout=10.0)
+    try:
+        client.connect()
+    except DisqueError as exc:
+        raise ConnectionError(f"option nodes={opts.nodes_text()}: {exc}; check the addresses "
+                              "and that the Disque nodes are running") from None
+    finally:
+        client.close()
+
+
+def _require_queues(opts: Options, what: str) -> list[str]:
+    if not opts.queues:
+        raise ValueError(f"{what} needs option queue (e.g. .option('queue', 'events'); "
+                         "several queues: queue=a,b)")
+    return opts.queues
+
+
+# --------------------------------------------------------------------------- data source
+
+
+class DisqueDataSource(DataSource):
+    """Format ``disque``: see the module doc for options and guarantees."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "disque"
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def _opts(self) -> Options:
+        return parse_options(self.options)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return DisqueWriter(_write_plan(self._opts(), schema))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return DisqueStreamWriter(_write_plan(self._opts(), schema))
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        opts = self._opts()
+        _require_queues(opts, "reading")
+        check_reachable(opts)
+        return DisqueBatchReader(opts)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        opts = self._opts()
+        _require_queues(opts, "readStream")
+        check_reachable(opts)
+        return DisqueStreamReader(opts)
+
+
+# --------------------------------------------------------------------------- writing
+
+
+@dataclass(slots=True)
+class WritePlan:
+    """What every write task needs: options and the column positions."""
+
+    opts: Options
+    body_index: int
+    queue_index: int | None
+
+
+def _write_plan(opts: Options, schema: StructType) -> WritePlan:
+    names = [f.name for f in schema.fields]
+    if opts.body_column not in names:
+        raise ValueError(f"no body column {opts.body_column!r} in columns {names}; name the "
+                         "job body column 'body' or set option body_column")
+    body_type = schema.fields[names.index(opts.body_column)].dataType
+    if not isinstance(body_type, StringType | BinaryType):
+        raise ValueError(f"body column {opts.body_column!r} is {body_type.simpleString()}; "
+                         "cast it to string or binary (e.g. to_json(struct(*)) for rows)")
+    queue_index = None
+    if opts.queue_column is not None or not opts.queues:
+        column = opts.queue_column or "queue"
+        if column not in names:
+            raise ValueError(f"no queue column {column!r} in columns {names}; set option queue "
+                             "to one queue name, or option queue_column to a string column")
+        queue_index = names.index(column)
+    check_reachable(opts)
+    return WritePlan(opts, names.index(opts.body_column), queue_index)
+
+
+@dataclass
+class WriteReport(WriterCommitMessage):
+    jobs: int
+    partition: int
+
+
+def _write_rows(plan: WritePlan, rows: Iterator[Any]) -> WriteReport:
+    """One task: pipeline ADDJOB for every row; a refused job fails the task."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    opts = plan.opts
+    default_queue = opts.queues[0] if opts.queues else None
+    add_options = opts.addjob_options()
+    client = Disque(opts.nodes)
+    written = 0
+    batch: list[list[Any]] = []
+    try:
+        for row in rows:
+            queue = row[plan.queue_index] if plan.queue_index is not None else default_queue
+            body = row[plan.body_index]
+            if queue is None or body is None:
+                raise ValueError(f"row {written + len(batch)} has a null "
+                                 f"{'queue' if queue is None else 'body'}; filter nulls out")
+            batch.append(addjob_args(queue, bytes(body) if isinstance(body, bytearray) else body,
+                                     opts.timeout_ms, **add_options))
+            if len(batch) >= pipeline_commands_max:
+                written += _send(client, batch, written)
+                batch = []
+        if batch:
+            written += _send(client, batch, written)
+    finally:
+        client.close()
+    return WriteReport(written, ctx.partitionId() if ctx else 0)
+
+
+def _send(client: Disque, batch: list[list[Any]], before: int) -> int:
+    replies = client.execute_many(batch, raise_on_error=False)
+    for i, reply in enumerate(replies):
+        if isinstance(reply, DisqueError):
+            raise RuntimeError(f"ADDJOB refused for row {before + i} (queue "
+                               f"{batch[i][1]!r}): {reply}") from None
+    return len(replies)
+
+
+def _report(opts: Options, messages: Sequence[Any], batch_id: int | None) -> int:
+    jobs = sum(m.jobs for m in messages if isinstance(m, WriteReport))
+    log.info("disque: %d jobs added by %d tasks%s", jobs, len(messages),
+             "" if batch_id is None else f" in batch {batch_id}")
+    if opts.report_file:
+        line = {"jobs_added": jobs, "tasks": len(messages), "batch_id": batch_id,
+                "time": time.time()}
+        with open(opts.report_file, "a", encoding="utf-8") as f:
+            f.write(json.dumps(line) + "\n")
+    return jobs
+
+
+class DisqueWriter(DataSourceWriter):
+    def __init__(self, plan: WritePlan) -> None:
+        self.plan = plan
+
+    def write(self, iterator: Iterator[Any]) -> WriteReport:
+        return _write_rows(self.plan, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        _report(self.plan.opts, [m for m in messages if m is not None], None)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        added = sum(m.jobs for m in messages if isinstance(m, WriteReport))
+        log.warning("disque write aborted; %d jobs were already added by tasks that finished",
+                    added)
+
+
+class DisqueStreamWriter(DataSourceStreamWriter):
+    """At-least-once: a micro-batch Spark runs again adds its jobs again."""
+
+    def __init__(self, plan: WritePlan) -> None:
+        self.plan = plan
+
+    def write(self, iterator: Iterator[Any]) -> WriteReport:
+        return _write_rows(self.plan, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        _report(self.plan.opts, [m for m in messages if m is not None], batchId)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        log.warning("disque stream write of batch %d aborted", batchId)
+
+
+# --------------------------------------------------------------------------- batch read
+
+
+def _snapshot_rows(opts: Options) -> Iterator[tuple[Any, ...]]:
+    """Every job of the queues on every listed node, each ID once (first node wins)."""
+    seen: set[str] = set()
+    for address in opts.nodes:
+        client = Disque([address])
+        try:
+            for queue in opts.queues:
+                for job in client.iter_jobs(queue=queue, states=opts.states, reply_all=True):
+                    if job["id"] in seen:
+                        continue
+                    seen.add(job["id"])
+                    yield (job["id"], job["queue"], job.get("body", b""), job.get("state"),
+                           job.get("ctime"), job.get("nacks", 0),
+                           job.get("additional-deliveries", 0))
+        finally:
+            client.close()
+
+
+class DisqueBatchReader(DataSourceReader):
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        return _snapshot_rows(self.opts)
+
+
+# --------------------------------------------------------------------------- streaming read
+
+
+class JobsPartition(InputPartition):
+    """Jobs taken on the driver, shipped to the executor that turns them into rows."""
+
+    def __init__(self, rows: list[tuple[Any, ...]]) -> None:
+        super().__init__(None)
+        self.rows = rows
+
+
+def _row(job: Job) -> tuple[Any, ...]:
+    return (job.id, job.queue, job.body, "active", None, job.nacks or 0,
+            job.additional_deliveries or 0)
+
+
+@dataclass(slots=True)
+class _Batch:
+    jobs: list[Job]
+    next_beat: float  # monotonic time of the next WORKING round
+
+
+class StreamState:
+    """The source process's memory: jobs taken and not yet acknowledged, per batch.
+
+    Lives only in the long-lived source runner process (never pickled).
+    """
+
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+        self.client = Disque(opts.nodes)
+        self.lock = threading.Lock()
+        self.batches: dict[int, _Batch] = {}
+        self.issued = 0  # highest sequence number latestOffset returned
+        self.available_now_left: int | None = None
+        self.stopping = threading.Event()
+        self.beater: threading.Thread | None = None
+        if opts.heartbeat:
+            self.beater = threading.Thread(target=self._beat_loop, daemon=True,
+                                           name="disque-stream-heartbeat")
+            self.beater.start()
+
+    def take(self, limit: int) -> list[Job]:
+        jobs: list[Job] = []
+        while len(jobs) < limit:
+            want = min(self.opts.count, limit - len(jobs))
+            got = self.client.get_jobs(self.opts.queues, nohang=True, count=want,
+                                       withcounters=True)
+            jobs += got
+            if len(got) < want:
+                break
+        return jobs
+
+    def latest(self, start_seq: int, limit: int) -> int:
+        with self.lock:
+            self.issued = max(self.issued, start_seq)
+            if self.issued > start_seq:  # offered before and not planned yet: offer it again
+                return self.issued
+        if self.available_now_left is not None:
+            limit = min(limit, self.available_now_left)
+        jobs = self.take(limit) if limit > 0 else []
+        with self.lock:
+            if jobs:
+                if self.available_now_left is not None:
+                    self.available_now_left -= len(jobs)
+                self.issued += 1
+                self.batches[self.issued] = _Batch(jobs, time.monotonic()
+                                                   + stream_heartbeat_first_s)
+                return self.issued
+            if any(seq <= start_seq for seq in self.batches):
+                self.issued += 1  # an empty batch, so Spark commits the ones before it
+                return self.issued
+            return start_seq
+
+    def rows(self, start_seq: int, end_seq: int) -> list[tuple[Any, ...]]:
+        with self.lock:
+            return [_row(job) for seq, batch in sorted(self.batches.items())
+                    if start_seq < seq <= end_seq for job in batch.jobs]
+
+    def commit(self, end_seq: int) -> None:
+        with self.lock:
+            done = [seq for seq in self.batches if seq <= end_seq]
+            ids = [job.id for seq in done for job in self.batches[seq].jobs]
+        verb = "FASTACK" if self.opts.fast_ack else "ACKJOB"
+        commands = [[verb, *ids[i:i + pipeline_commands_max]]
+                    for i in range(0, len(ids), pipeline_commands_max)]
+        if commands:
+            self.client.execute_many(commands)
+        with self.lock:
+            for seq in done:
+                self.batches.pop(seq, None)
+        log.info("disque stream: acknowledged %d jobs up to batch %d", len(ids), end_seq)
+
+    def _beat_loop(self) -> None:
+        while not self.stopping.wait(heartbeat_tick_s):
+            now = time.monotonic()
+            with self.lock:
+                due = [(seq, b) for seq, b in self.batches.items() if b.next_beat <= now]
+            for seq, batch in due:
+                retry_s = self._beat(batch.jobs)
+                with self.lock:
+                    if seq in self.batches:
+                        batch.next_beat = (time.monotonic() + retry_s * stream_heartbeat_fraction
+                                           if retry_s > 0 else float("inf"))
+
+    def _beat(self, jobs: list[Job]) -> int:
+        """WORKING for every job of a batch; the smallest retry returned (0: none to keep)."""
+        retries: list[int] = []
+        for i in range(0, len(jobs), pipeline_commands_max):
+            chunk = jobs[i:i + pipeline_commands_max]
+            try:
+                replies = self.client.execute_many([["WORKING", j.id] for j in chunk],
+                                                   raise_on_error=False)
+            except DisqueError as exc:
+                log.warning("disque stream heartbeat failed: %s", exc)
+                return 1  # try again soon
+            retries += [r for r in replies if isinstance(r, int) and r > 0]
+        return min(retries, default=0)
+
+    def close(self) -> None:
+        self.stopping.set()
+        if self.beater is not None:
+            self.beater.join(timeout=5)
+        self.client.close()
+
+
+class DisqueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Offsets are ``{"seq": n}``: batch n holds the jobs latestOffset took for it."""
+
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+        self._state: StreamState | None = None
+
+    # The reader is pickled to executors: ship options only, never threads or sockets.
+    def __getstate__(self) -> dict[str, Any]:
+        return {"opts": self.opts}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.opts = state["opts"]
+        self._state = None
+
+    def _live(self) -> StreamState:
+        if self._state is None:
+            self._state = StreamState(self.opts)
+        return self._state
+
+    def initialOffset(self) -> dict:
+        return {"seq": 0}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.opts.max_jobs_per_batch)
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        if isinstance(limit, ReadMaxRows):
+            most = min(limit.max_rows, stream_batch_jobs_max)
+        elif isinstance(limit, ReadAllAvailable):
+            most = stream_batch_jobs_max
+        else:
+            most = self.opts.max_jobs_per_batch
+        return {"seq": self._live().latest(int(start.get("seq", 0)), most)}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        state = self._live()
+        state.available_now_left = sum(state.client.qlen(q) for q in self.opts.queues)
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        rows = self._live().rows(int(start.get("seq", 0)), int(end.get("seq", 0)))
+        if not rows:
+            return []
+        parts = min(self.opts.num_partitions, len(rows))
+        return [JobsPartition(rows[i::parts]) for i in range(parts)]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, JobsPartition)
+        return iter(partition.rows)
+
+    def commit(self, end: dict) -> None:
+        self._live().commit(int(end.get("seq", 0)))
+
+    def stop(self) -> None:
+        """Query ended (or failed): jobs not committed stay un-acked and come back after RETRY."""
+        if self._state is not None:
+            self._state.close()
+            self._state = None
+
+
+def register(spark: Any) -> None:
+    """``spark.dataSource.register(DisqueDataSource)``."""
+    spark.dataSource.register(DisqueDataSource)
