@@ -48,7 +48,7 @@ restart_backoff_s_min = 0.1  # first restart of a worker that had been running f
 restart_backoff_s_max = 5.0  # a crash loop retries at most this often, so it cannot spin
 stable_run_s = 10.0  # a worker alive this long has its backoff reset
 startup_attempts_max = 3  # a worker that never got ready this many times in a row: give up
-lock_wait_s = 10.0  # a previous node's workers exit within 1 s of their parent's death
+lock_wait_s = 5.0  # a previous node's workers exit within 1 s of their parent's death
 idle_wake_s = 1.0  # longest sleep of the loop when nothing is pending
 busy_wake_s = 0.05  # poll interval while waiting for readiness or a restart
 fd_headroom = 128  # files beyond maxclients: mesh sockets, AOF files, logs
@@ -388,12 +388,14 @@ def _worker_entry(target: Callable[..., None], cfg: Config, index: int, node_id:
     # orderly SIGTERM per worker, so the worker itself ignores it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     setup_logging(cfg, f"W{index}")
+    wlog = logging.getLogger("disque_mp.worker")
+    wlog.log(VERBOSE, "Worker W%d running (pid %d, node %s)", index, os.getpid(), node_id[:8])
     try:
         target(cfg, index, node_id, ready)
     except SystemExit:
         raise
     except BaseException:
-        logging.getLogger("disque_mp.worker").exception("Worker W%d crashed", index)
+        wlog.exception("Worker W%d crashed", index)
         raise
 
 

@@ -3,6 +3,11 @@
     with NodeProc(tmp_path, workers=2) as node:
         r = node.client()           # redis-py 8, default handshake (HELLO 3)
         r.execute_command("ADDJOB", "q", "x", 0)
+
+The node runs in its own process group (so teardown can SIGKILL every worker
+even when the supervisor is gone); its stdout/stderr go to ``node.out`` in the
+node's dir (a pipe nobody reads would block a chatty node), and ``output()``
+shows that file plus the tail of the node's log file.
 """
 
 from __future__ import annotations
@@ -63,6 +68,8 @@ class NodeProc:
         self.env = env
         self.proc: subprocess.Popen[bytes] | None = None
         self.conf_path = self.dir / "disque.conf"
+        self.out_path = self.dir / "node.out"
+        self.pgid: int | None = None  # survives the supervisor, for teardown
 
     def write_conf(self) -> None:
         lines = [f"port {self.port}", "bind 127.0.0.1", f"dir {self.dir}", f"workers {self.workers}",
@@ -74,11 +81,14 @@ class NodeProc:
         self.write_conf()
         env = dict(os.environ)
         env.update(self.env or {})
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "disque_mp", str(self.conf_path), *self.extra_args],
-            cwd=str(self.dir), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        with open(self.out_path, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "disque_mp", str(self.conf_path), *self.extra_args],
+                cwd=str(self.dir), env=env, stdin=subprocess.DEVNULL, stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        self.pgid = self.proc.pid
         if wait:
             self.wait_ready()
         return self
@@ -99,8 +109,52 @@ class NodeProc:
         raise TimeoutError(f"node on port {self.port} not ready:\n{self.output()}")
 
     def output(self) -> str:
+        """What the node printed (stdout/stderr) and the tail of its log file."""
+        parts = []
+        for path in (self.out_path, self.dir / "disque.log"):
+            if path.exists():
+                parts.append(path.read_text(errors="replace")[-6000:])
+        return "\n".join(parts)
+
+    def log_text(self) -> str:
         log = self.dir / "disque.log"
-        return log.read_text(errors="replace")[-4000:] if log.exists() else ""
+        return log.read_text(errors="replace") if log.exists() else ""
+
+    def wait_exit(self, timeout_s: float = 15.0) -> int:
+        """The supervisor's exit code (raises subprocess.TimeoutExpired)."""
+        assert self.proc is not None
+        return self.proc.wait(timeout=timeout_s)
+
+    def group_pids(self) -> list[int]:
+        """Live processes of this node's process group (supervisor and workers)."""
+        if self.pgid is None:
+            return []
+        pids = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            # fields[0] = state, fields[2] = pgrp; zombies hold no ports
+            if int(fields[2]) == self.pgid and fields[0] != "Z":
+                pids.append(int(entry))
+        return pids
+
+    def worker_pids(self) -> list[int]:
+        """Live workers: the group minus the supervisor."""
+        sup = self.proc.pid if self.proc is not None else -1
+        return [p for p in self.group_pids() if p != sup]
+
+    def wait_for(self, cond: Any, timeout_s: float = 15.0, what: str = "condition") -> None:
+        """Poll ``cond()`` until true (never a timed assertion: the bound is generous)."""
+        deadline = time.monotonic() + timeout_s
+        while not cond():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} not reached in {timeout_s} s:\n{self.output()}")
+            time.sleep(0.05)
 
     def client(self, **kw: Any) -> redis.Redis:
         kw.setdefault("socket_timeout", 10)
@@ -112,10 +166,10 @@ class NodeProc:
 
     def kill_group(self) -> None:
         """SIGKILL the supervisor and every worker (test teardown)."""
-        if self.proc is None:
+        if self.proc is None or self.pgid is None:
             return
         try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            os.killpg(self.pgid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         self.proc.wait(timeout=10)
@@ -131,12 +185,15 @@ class NodeProc:
                 self.kill_group()
         rc = self.proc.returncode
         try:  # workers must be gone too
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            os.killpg(self.pgid or self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        if self.proc.stdout:
-            self.proc.stdout.close()
         return rc
+
+    def restart(self, wait: bool = True) -> NodeProc:
+        """Stop (SIGTERM) and start again on the same port and dir."""
+        self.stop()
+        return self.start(wait=wait)
 
     def __enter__(self) -> NodeProc:
         return self.start()

@@ -1,0 +1,279 @@
+"""The supervisor with real processes: start, identity, signals, restarts, sd_notify.
+
+Every test starts a real ``python -m disque_mp`` (tests/nodeproc.py) and talks
+to it with redis-py over loopback. Waits are polls with generous bounds, never
+timing assertions.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+
+from bus import nodes_conf
+from disque_mp import sdnotify
+from tests.nodeproc import REPO, NodeProc, free_port
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "disque_mp", *args], cwd=cwd or REPO,
+                          capture_output=True, text=True, timeout=60)
+
+
+def node_id_in(path: Path) -> str:
+    conf = nodes_conf.load(str(path / "nodes.conf"))
+    assert conf is not None
+    return conf.node_id
+
+
+def port_bindable(port: int) -> bool:
+    """True when a plain listener (no SO_REUSEPORT) can take the port: nobody holds it."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+# --- command line and configuration errors (no workers needed) ---
+
+
+def test_version_and_help() -> None:
+    out = run_cli("--version")
+    assert out.returncode == 0 and out.stdout.startswith("disque-mp ")
+    out = run_cli("--help")
+    assert out.returncode == 0 and "Usage: disque-mp [CONFIG_FILE]" in out.stdout
+
+
+def test_bad_option_is_a_usage_error() -> None:
+    out = run_cli("--port")
+    assert out.returncode == 2 and "option --port needs a value" in out.stderr
+
+
+def test_bad_config_line_stops_startup_with_its_line(tmp_path: Path) -> None:
+    conf = tmp_path / "disque.conf"
+    conf.write_text("# test\nport 7711\nappendfsync sometimes\n")
+    out = run_cli(str(conf), cwd=tmp_path)
+    assert out.returncode == 1
+    assert "*** FATAL CONFIG FILE ERROR ***" in out.stderr
+    assert "Reading the configuration file, at line 3" in out.stderr
+    assert ">>> 'appendfsync sometimes'" in out.stderr
+    assert "argument must be 'no', 'always' or 'everysec'" in out.stderr
+
+
+def test_bad_command_line_value_stops_startup(tmp_path: Path) -> None:
+    out = run_cli("--workers", "none", cwd=tmp_path)
+    assert out.returncode == 1
+    assert ">>> '--workers none'" in out.stderr
+
+
+def test_daemonize_yes_is_refused(tmp_path: Path) -> None:
+    conf = tmp_path / "disque.conf"
+    conf.write_text("daemonize yes\n")
+    out = run_cli(str(conf), cwd=tmp_path)
+    assert out.returncode == 1 and "systemd" in out.stderr
+
+
+def test_test_config(tmp_path: Path) -> None:
+    conf = tmp_path / "disque.conf"
+    conf.write_text("port 7000\n")
+    assert run_cli("--test-config", str(conf)).returncode == 0
+    conf.write_text("port x\n")
+    assert run_cli("--test-config", str(conf)).returncode == 1
+
+
+def test_corrupt_nodes_conf_stops_startup(tmp_path: Path) -> None:
+    (tmp_path / "nodes.conf").write_text("not a node line\n")
+    node = NodeProc(tmp_path, workers=1)
+    node.start(wait=False)
+    assert node.wait_exit() == 1
+    assert "corrupted cluster config file" in node.output()
+    assert (tmp_path / "nodes.conf").read_text() == "not a node line\n"
+
+
+# --- a running node ---
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_start_and_ping(tmp_path: Path, workers: int) -> None:
+    with NodeProc(tmp_path, workers=workers, conf={"pidfile": "disque.pid"}) as node:
+        assert node.client().ping() is True  # redis-py 8 handshake (HELLO 3)
+        assert redis.Redis(port=node.port, protocol=2).ping() is True
+        node.wait_for(lambda: len(node.worker_pids()) == workers, what="workers")
+        assert (tmp_path / "disque.pid").read_text().strip() == str(node.proc.pid)  # type: ignore[union-attr]
+        log = node.log_text()
+        assert ":X " in log and "Ready to accept connections" in log
+        for i in range(workers):  # workers log through the same file, with their role
+            assert f":W{i} " in log
+        assert node.stop() == 0
+    assert not (tmp_path / "disque.pid").exists()
+
+
+def test_command_line_overrides_the_file(tmp_path: Path) -> None:
+    port = free_port()
+    with NodeProc(tmp_path, workers=2, args=["--port", str(port), "--workers", "1"]) as node:
+        node.port = port  # the conf file names another port; the option wins
+        node.wait_ready()
+        assert node.client().ping() is True
+        node.wait_for(lambda: len(node.worker_pids()) == 1, what="one worker")
+
+
+def test_node_id_is_kept_across_restarts(tmp_path: Path) -> None:
+    node = NodeProc(tmp_path, workers=2)
+    with node:
+        first = node_id_in(tmp_path)
+        assert node.client().execute_command("CLUSTER", "MYID") in (first, first.encode())
+    with node:  # same dir, same config
+        assert node_id_in(tmp_path) == first
+        assert node.client().execute_command("CLUSTER", "MYID") in (first, first.encode())
+
+
+def test_sigterm_exits_zero(tmp_path: Path) -> None:
+    node = NodeProc(tmp_path, workers=2).start()
+    try:
+        node.signal(signal.SIGTERM)
+        assert node.wait_exit() == 0
+        node.wait_for(lambda: not node.group_pids(), what="all processes gone")
+        assert "bye bye" in node.log_text()
+    finally:
+        node.stop()
+
+
+def test_ctrl_c_to_the_group_exits_zero(tmp_path: Path) -> None:
+    node = NodeProc(tmp_path, workers=2).start()
+    try:
+        os.killpg(node.pgid or 0, signal.SIGINT)  # what a terminal does on Ctrl-C
+        assert node.wait_exit() == 0
+        node.wait_for(lambda: not node.group_pids(), what="all processes gone")
+    finally:
+        node.stop()
+
+
+def test_shutdown_command_exits_zero(tmp_path: Path) -> None:
+    node = NodeProc(tmp_path, workers=2).start()
+    try:
+        r = node.client()
+        try:
+            r.execute_command("SHUTDOWN")
+        except redis.ConnectionError:
+            pass  # the server may close the connection instead of replying
+        assert node.wait_exit() == 0
+        node.wait_for(lambda: not node.group_pids(), what="all processes gone")
+    finally:
+        node.stop()
+
+
+def test_sigkill_of_the_supervisor_frees_the_port(tmp_path: Path) -> None:
+    node = NodeProc(tmp_path, workers=2).start()
+    try:
+        first = node_id_in(tmp_path)
+        workers = node.worker_pids()
+        assert len(workers) == 2
+        os.kill(node.proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
+        node.wait_exit()
+        # the workers notice their parent's death and exit (contract: within 1 s)
+        node.wait_for(lambda: not node.group_pids(), timeout_s=10, what="workers gone")
+        assert port_bindable(node.port)
+        again = NodeProc(tmp_path, workers=2, port=node.port).start()
+        try:
+            assert again.client().ping() is True
+            assert node_id_in(tmp_path) == first
+        finally:
+            assert again.stop() == 0
+    finally:
+        node.stop()
+
+
+def test_a_killed_worker_is_restarted_into_its_slot(tmp_path: Path) -> None:
+    with NodeProc(tmp_path, workers=2) as node:
+        node.wait_for(lambda: len(node.worker_pids()) == 2, what="two workers")
+        before = set(node.worker_pids())
+        victim = min(before)
+        os.kill(victim, signal.SIGKILL)
+        node.wait_for(lambda: len(set(node.worker_pids()) - before) == 1
+                      and victim not in node.worker_pids(), what="a new worker")
+        node.wait_for(lambda: "serving again" in node.log_text(), what="ready again")
+        log = node.log_text()
+        assert f"(pid {victim}) was killed by signal SIGKILL" in log
+        for _ in range(20):  # both workers answer (the kernel spreads connections)
+            assert redis.Redis(port=node.port, protocol=2).ping() is True
+        assert node.client().ping() is True
+        assert node.stop() == 0
+
+
+def test_workers_that_cannot_start_make_the_node_exit(tmp_path: Path) -> None:
+    port = free_port()
+    with socket.socket() as holder:  # a listener without SO_REUSEPORT: bind must fail
+        holder.bind(("127.0.0.1", port))
+        holder.listen(1)
+        node = NodeProc(tmp_path, workers=1, port=port)
+        node.start(wait=False)
+        try:
+            assert node.wait_exit(timeout_s=60) == 1
+            assert "failed to start 3 times in a row" in node.output()
+        finally:
+            node.stop()
+
+
+def test_second_node_in_the_same_dir_is_refused(tmp_path: Path) -> None:
+    with NodeProc(tmp_path, workers=1):
+        other = NodeProc(tmp_path / "other", workers=1)
+        other.dir = tmp_path  # same dir, another config file and port
+        other.conf_path = tmp_path / "other.conf"
+        other.out_path = tmp_path / "other.out"
+        other.start(wait=False)
+        try:
+            assert other.wait_exit(timeout_s=60) == 1
+            assert "is already used by a different disque-mp node" in other.output()
+        finally:
+            other.stop()
+
+
+# --- sd_notify ---
+
+
+def test_sdnotify_sends_to_path_and_abstract_sockets(tmp_path: Path) -> None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.bind(str(tmp_path / "n.sock"))
+        assert sdnotify.notify("READY=1", {"NOTIFY_SOCKET": str(tmp_path / "n.sock")})
+        assert s.recv(100) == b"READY=1"
+    name = f"disque-mp-test-{os.getpid()}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.bind("\0" + name)
+        assert sdnotify.notify("STOPPING=1", {"NOTIFY_SOCKET": "@" + name})
+        assert s.recv(100) == b"STOPPING=1"
+    assert not sdnotify.notify("READY=1", {})
+    assert not sdnotify.notify("READY=1", {"NOTIFY_SOCKET": str(tmp_path / "nobody")})
+
+
+def test_sd_notify_ready_and_stopping(tmp_path: Path) -> None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        sock_path = str(tmp_path / "notify.sock")
+        s.bind(sock_path)
+        s.settimeout(60)
+        node = NodeProc(tmp_path / "node", workers=2, env={"NOTIFY_SOCKET": sock_path})
+        node.start(wait=False)
+        try:
+            ready = s.recv(4096).decode()
+            assert "READY=1" in ready.split("\n")
+            assert f"MAINPID={node.proc.pid}" in ready  # type: ignore[union-attr]
+            assert any(line.startswith("STATUS=") for line in ready.split("\n"))
+            node.wait_ready()  # READY=1 means every worker accepts
+            assert node.client().ping() is True
+            node.signal(signal.SIGTERM)
+            stopping = s.recv(4096).decode()
+            assert "STOPPING=1" in stopping.split("\n")
+            assert node.wait_exit() == 0
+        finally:
+            node.stop()
