@@ -1,0 +1,431 @@
+"""Argument parsing for the job and queue commands, with the reference's error texts.
+
+``run()`` executes the commands routed ``queue`` and ``ids`` on the owning
+worker's shard; ``parse_getjob``, ``parse_qscan`` and ``parse_jscan`` give the
+coordinator typed values for the commands it spreads over several workers.
+Arity was already checked by the front end; the checks here still guard
+against short argument lists so no input can raise.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from workers.ids import is_valid_job_id
+from workers.job import STATE_BY_NAME
+from workers.replies import (
+    ERR_BADID,
+    ERR_SYNTAX,
+    NULL_ARRAY,
+    PENDING,
+    Error,
+    err_arity,
+)
+from workers.shard import Shard, jscan_count_default, qscan_count_default, ttl_default_s
+
+ERR_TIMEOUT_NOT_INT = Error("ERR timeout is not an integer or out of range")
+ERR_TIMEOUT_NEGATIVE = Error("ERR timeout is negative")
+ERR_NOT_INT = Error("ERR value is not an integer or out of range")
+ERR_REPLICATE = Error("ERR REPLICATE must be between 1 and 65535")
+ERR_TTL = Error("ERR TTL must be a number > 0")
+ERR_RETRY = Error("ERR RETRY time must be a non negative number")
+ERR_DELAY = Error("ERR Delay time must be a non negative number")
+ERR_MAXLEN = Error("ERR MAXLEN must be a positive number")
+ERR_COUNT = Error("ERR COUNT must be a number greater than zero")
+ERR_STATE = Error("ERR Invalid job state name")
+ERR_CURSOR = Error("ERR invalid cursor")
+
+replicate_max = 65535  # Disque's bound (a 16-bit field on the wire)
+
+# Redis' string2ll: optional minus, no leading zeros, no plus, no spaces, 64-bit.
+_INT_RE = re.compile(rb"\A(?:0|-?[1-9][0-9]{0,18})\Z")
+_UINT_RE = re.compile(rb"\A[0-9]{1,20}\Z")
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def parse_int(raw: bytes) -> int | None:
+    """A 64-bit signed integer in Redis' strict form, or None."""
+    if _INT_RE.match(raw) is None:
+        return None
+    v = int(raw)
+    return v if _INT64_MIN <= v <= _INT64_MAX else None
+
+
+def parse_timeout_ms(raw: bytes) -> int | Error:
+    v = parse_int(raw)
+    if v is None:
+        return ERR_TIMEOUT_NOT_INT
+    if v < 0:
+        return ERR_TIMEOUT_NEGATIVE
+    return v
+
+
+def parse_cursor(raw: bytes) -> int | None:
+    """Redis' scan cursor: an unsigned 64-bit decimal."""
+    if _UINT_RE.match(raw) is None:
+        return None
+    v = int(raw)
+    return v if v < (1 << 64) else None
+
+
+def _job_ids(args: list[bytes]) -> list[str] | Error:
+    """Every ID must be well formed before any is acted on (as in Disque)."""
+    for raw in args:
+        if not is_valid_job_id(raw):
+            return ERR_BADID
+    return [raw.decode("ascii") for raw in args]
+
+
+# ------------------------------------------------------------------ ADDJOB
+
+
+@dataclass(slots=True)
+class AddJob:
+    queue: bytes
+    body: bytes
+    timeout_ms: int
+    replicate: int | None = None
+    delay_s: int = 0
+    retry_s: int | None = None
+    ttl_s: int = ttl_default_s
+    maxlen: int = 0
+    async_: bool = False
+
+
+def parse_addjob(args: list[bytes]) -> AddJob | Error:
+    """``queue body ms-timeout [options]``: options first, then the timeout (Disque's order)."""
+    if len(args) < 3:
+        return err_arity("addjob")
+    a = AddJob(args[0], args[1], 0)
+    i, n = 3, len(args)
+    while i < n:
+        opt = args[i].lower()
+        last = i == n - 1
+        if opt == b"async":
+            a.async_ = True
+            i += 1
+            continue
+        if last or opt not in _ADDJOB_OPTS:
+            return ERR_SYNTAX
+        err = _ADDJOB_OPTS[opt](a, parse_int(args[i + 1]))
+        if err is not None:
+            return err
+        i += 2
+    t = parse_timeout_ms(args[2])
+    if isinstance(t, Error):
+        return t
+    a.timeout_ms = t
+    return a
+
+
+def _opt_replicate(a: AddJob, v: int | None) -> Error | None:
+    if v is None or not 1 <= v <= replicate_max:
+        return ERR_REPLICATE
+    a.replicate = v
+    return None
+
+
+def _opt_ttl(a: AddJob, v: int | None) -> Error | None:
+    if v is None or v <= 0:
+        return ERR_TTL
+    a.ttl_s = v
+    return None
+
+
+def _opt_retry(a: AddJob, v: int | None) -> Error | None:
+    if v is None or v < 0:
+        return ERR_RETRY
+    a.retry_s = v
+    return None
+
+
+def _opt_delay(a: AddJob, v: int | None) -> Error | None:
+    if v is None or v < 0:
+        return ERR_DELAY
+    a.delay_s = v
+    return None
+
+
+def _opt_maxlen(a: AddJob, v: int | None) -> Error | None:
+    if v is None or v <= 0:
+        return ERR_MAXLEN
+    a.maxlen = v
+    return None
+
+
+_ADDJOB_OPTS: dict[bytes, Callable[[AddJob, int | None], Error | None]] = {
+    b"replicate": _opt_replicate,
+    b"ttl": _opt_ttl,
+    b"retry": _opt_retry,
+    b"delay": _opt_delay,
+    b"maxlen": _opt_maxlen,
+}
+
+
+def cmd_addjob(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
+    if len(args) == 3:  # the common form: no options, no allocations beyond the job
+        t = parse_timeout_ms(args[2])
+        if isinstance(t, Error):
+            return t
+        return shard.op_addjob(args[0], args[1], timeout_ms=t, replicate=None, delay_s=0,
+                               retry_s=None, ttl_s=ttl_default_s, maxlen=0, async_=False,
+                               token=token, now_ms=now_ms)
+    a = parse_addjob(args)
+    if isinstance(a, Error):
+        return a
+    return shard.op_addjob(a.queue, a.body, timeout_ms=a.timeout_ms, replicate=a.replicate,
+                           delay_s=a.delay_s, retry_s=a.retry_s, ttl_s=a.ttl_s,
+                           maxlen=a.maxlen, async_=a.async_, token=token, now_ms=now_ms)
+
+
+# ------------------------------------------------------------------ GETJOB
+
+
+@dataclass(slots=True)
+class GetJob:
+    nohang: bool
+    timeout_ms: int  # 0 = block forever
+    count: int
+    withcounters: bool
+    queues: list[bytes]
+
+
+def parse_getjob(args: list[bytes]) -> GetJob | Error:
+    """``[NOHANG] [TIMEOUT ms] [COUNT n] [WITHCOUNTERS] FROM q1 ... qN``."""
+    g = GetJob(False, 0, 1, False, [])
+    i, n = 0, len(args)
+    while i < n:
+        opt = args[i].lower()
+        last = i == n - 1
+        if opt == b"nohang":
+            g.nohang = True
+        elif opt == b"withcounters":
+            g.withcounters = True
+        elif opt == b"timeout" and not last:
+            t = parse_timeout_ms(args[i + 1])
+            if isinstance(t, Error):
+                return t
+            g.timeout_ms = t
+            i += 1
+        elif opt == b"count" and not last:
+            c = parse_int(args[i + 1])
+            if c is None or c <= 0:
+                return ERR_COUNT
+            g.count = c
+            i += 1
+        elif opt == b"from":
+            g.queues = args[i + 1 :]
+            break
+        else:
+            return ERR_SYNTAX
+        i += 1
+    if not g.queues:
+        return ERR_SYNTAX
+    return g
+
+
+def run_getjob(shard: Shard, g: GetJob, token: int, now_ms: int) -> Any:
+    """GETJOB when one shard owns every queue named: reply now or PENDING (Wake later)."""
+    entries = shard.op_take(g.queues, g.count, g.withcounters, now_ms)
+    if entries:
+        return entries
+    if g.nohang:
+        return NULL_ARRAY
+    shard.op_block(token, g.queues, g.count, g.withcounters, now_ms)
+    return PENDING
+
+
+# ------------------------------------------------------------------ QSCAN / JSCAN
+
+
+@dataclass(slots=True)
+class QScan:
+    cursor: int
+    count: int
+    busyloop: bool
+    minlen: int
+    maxlen: int  # 0 = no bound
+    importrate: int
+
+
+@dataclass(slots=True)
+class JScan:
+    cursor: int
+    count: int
+    busyloop: bool
+    queue: bytes | None
+    states: set[int] | None
+    reply_all: bool
+
+
+def _scan_value(raw: bytes) -> int | Error:
+    v = parse_int(raw)
+    return ERR_NOT_INT if v is None else v
+
+
+def parse_qscan(args: list[bytes]) -> QScan | Error:
+    """``[cursor] [COUNT n] [BUSYLOOP] [MINLEN n] [MAXLEN n] [IMPORTRATE n]``, cursor anywhere."""
+    s = QScan(0, qscan_count_default, False, 0, 0, 0)
+    cursor_set = False
+    i, n = 0, len(args)
+    while i < n:
+        opt = args[i].lower()
+        last = i == n - 1
+        if opt == b"busyloop":
+            s.busyloop = True
+        elif opt in (b"count", b"minlen", b"maxlen", b"importrate") and not last:
+            v = _scan_value(args[i + 1])
+            if isinstance(v, Error):
+                return v
+            if opt == b"count":
+                if v < 1:
+                    return ERR_SYNTAX
+                s.count = v
+            else:
+                setattr(s, opt.decode(), v)
+            i += 1
+        else:
+            c = parse_cursor(args[i])
+            if cursor_set or c is None:
+                return ERR_SYNTAX if cursor_set else ERR_CURSOR
+            s.cursor, cursor_set = c, True
+        i += 1
+    return s
+
+
+def parse_jscan(args: list[bytes]) -> JScan | Error:
+    """``[cursor] [COUNT n] [BUSYLOOP] [QUEUE q] [STATE s]... [REPLY all|id]``, cursor anywhere."""
+    s = JScan(0, jscan_count_default, False, None, None, False)
+    cursor_set = False
+    i, n = 0, len(args)
+    while i < n:
+        opt = args[i].lower()
+        last = i == n - 1
+        if opt == b"busyloop":
+            s.busyloop = True
+        elif opt == b"count" and not last:
+            v = _scan_value(args[i + 1])
+            if isinstance(v, Error):
+                return v
+            if v < 1:
+                return ERR_SYNTAX
+            s.count = v
+            i += 1
+        elif opt == b"queue" and not last:
+            s.queue = args[i + 1]
+            i += 1
+        elif opt == b"state" and not last:
+            st = STATE_BY_NAME.get(args[i + 1].lower().decode("latin-1"))
+            if st is None:
+                return ERR_STATE
+            s.states = (s.states or set()) | {st}
+            i += 1
+        elif opt == b"reply" and not last:
+            kind = args[i + 1].lower()
+            if kind not in (b"all", b"id"):
+                return ERR_SYNTAX
+            s.reply_all = kind == b"all"
+            i += 1
+        else:
+            c = parse_cursor(args[i])
+            if cursor_set or c is None:
+                return ERR_SYNTAX if cursor_set else ERR_CURSOR
+            s.cursor, cursor_set = c, True
+        i += 1
+    return s
+
+
+# ------------------------------------------------------------------ job-ID commands
+
+
+def _ids_cmd(op: str) -> Callable[[Shard, list[bytes], int, int], Any]:
+    def handler(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
+        ids = _job_ids(args)
+        if isinstance(ids, Error):
+            return ids
+        return getattr(shard, op)(ids, now_ms)
+
+    return handler
+
+
+def cmd_working(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
+    if len(args) != 1:
+        return err_arity("working")
+    ids = _job_ids(args)
+    if isinstance(ids, Error):
+        return ids
+    return shard.op_working(ids[0], now_ms)
+
+
+def cmd_show(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
+    if len(args) != 1:
+        return err_arity("show")
+    ids = _job_ids(args)
+    if isinstance(ids, Error):
+        return ids
+    return shard.op_show(ids[0], now_ms)
+
+
+# ------------------------------------------------------------------ queue commands
+
+
+def cmd_qlen(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
+    if len(args) != 1:
+        return err_arity("qlen")
+    return shard.op_qlen(args[0])
+
+
+def cmd_qpeek(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
+    if len(args) != 2:
+        return err_arity("qpeek")
+    count = parse_int(args[1])
+    if count is None:
+        return ERR_NOT_INT
+    return shard.op_qpeek(args[0], count)
+
+
+def cmd_qstat(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
+    if len(args) != 1:
+        return err_arity("qstat")
+    return shard.op_qstat(args[0], now_ms)
+
+
+_PAUSE_OPTS = frozenset(("in", "out", "all", "none", "state", "bcast"))
+
+
+def cmd_pause(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
+    if len(args) < 2:
+        return err_arity("pause")
+    opts = [a.lower().decode("latin-1") for a in args[1:]]
+    for opt in opts:
+        if opt not in _PAUSE_OPTS:
+            return ERR_SYNTAX
+    return shard.op_pause(args[0], opts, now_ms)
+
+
+_HANDLERS: dict[bytes, Callable[[Shard, list[bytes], int, int], Any]] = {
+    b"addjob": cmd_addjob,
+    b"qlen": cmd_qlen,
+    b"qpeek": cmd_qpeek,
+    b"qstat": cmd_qstat,
+    b"pause": cmd_pause,
+    b"ackjob": _ids_cmd("op_ackjob"),
+    b"fastack": _ids_cmd("op_fastack"),
+    b"nack": _ids_cmd("op_nack"),
+    b"enqueue": _ids_cmd("op_enqueue"),
+    b"dequeue": _ids_cmd("op_dequeue"),
+    b"deljob": _ids_cmd("op_deljob"),
+    b"working": cmd_working,
+    b"show": cmd_show,
+}
+
+
+def run(shard: Shard, name: bytes, args: list[bytes], token: int, now_ms: int) -> Any:
+    """Run a ``queue``- or ``ids``-routed command (``name`` lowercase, args after it)."""
+    handler = _HANDLERS.get(name)
+    if handler is None:
+        return Error(f"ERR unknown command '{name.decode('latin-1')}'")
+    return handler(shard, args, token, now_ms)

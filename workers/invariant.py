@@ -1,0 +1,16 @@
+"""Always-on invariant checks (``assert`` vanishes under ``python -O``).
+
+A broken invariant is a bug in the shard: raise, let the worker crash, and let
+the supervisor restart it (STYLE.md, "Errors").
+"""
+
+from __future__ import annotations
+
+
+class InvariantError(RuntimeError):
+    """The shard's state contradicts itself."""
+
+
+def invariant(cond: object, msg: str) -> None:
+    if not cond:
+        raise InvariantError(msg)

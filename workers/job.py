@@ -1,0 +1,189 @@
+"""The job record and its persisted form.
+
+A job is the unit of work a shard keeps: about a million of them may be
+queued at once, so the record is a plain slotted class whose fields point at
+shared objects wherever possible:
+
+- ``queue`` is the canonical name object of the queue (not the command's copy),
+- ``delivered``/``confirmed`` are tuples shared between jobs (the shard keeps
+  one ``(my_node_id,)`` tuple for every job it created),
+- ``awake_ms`` is the key object of the timer bucket the job sits in,
+- states, counters and flags are small ints (cached by CPython).
+
+The expire time is not stored: it is ``ctime_ms + ttl_s * 1000`` (the creator's
+clock, so every copy of a job expires at the same instant).
+"""
+
+from __future__ import annotations
+
+import struct
+
+# Job states (the spec's state machine). Small ints: compared on hot paths.
+WAIT_REPL = 0
+ACTIVE = 1
+QUEUED = 2
+ACKED = 3
+DELETED = 4  # unregistered: any stale reference to the record must ignore it
+
+STATE_NAMES = ("wait-repl", "active", "queued", "acked", "deleted")
+STATE_BY_NAME = {name: i for i, name in enumerate(STATE_NAMES[:4])}
+
+# Flags
+FLAG_DELIVERED = 1  # served to a client at least once (at-most-once jobs never requeue then)
+FLAG_IN_DEQUE = 2  # the record sits in its queue's deque (possibly as a stale entry)
+
+NS_PER_MS = 1_000_000
+
+
+class Job:
+    __slots__ = (
+        "id",
+        "queue",
+        "body",
+        "state",
+        "repl",
+        "ttl_s",
+        "ctime_ns",
+        "delay_s",
+        "retry_s",
+        "nacks",
+        "additional_deliveries",
+        "qtime_ms",
+        "delivered",
+        "confirmed",
+        "flags",
+        "awake_ms",
+    )
+
+    id: str
+    queue: bytes
+    body: bytes
+    state: int
+    repl: int
+    ttl_s: int
+    ctime_ns: int
+    delay_s: int
+    retry_s: int
+    nacks: int
+    additional_deliveries: int
+    qtime_ms: int  # when an active job is queued again; 0 = never (at-most-once, queued once)
+    delivered: tuple[str, ...]  # node IDs that may have a copy
+    confirmed: tuple[str, ...]  # node IDs that confirmed (GOTJOB / GOTACK)
+    flags: int
+    awake_ms: int  # key of the timer bucket holding this job, 0 = none
+
+    def __init__(
+        self,
+        job_id: str,
+        queue: bytes,
+        body: bytes,
+        state: int,
+        repl: int,
+        ttl_s: int,
+        ctime_ns: int,
+        delay_s: int,
+        retry_s: int,
+        qtime_ms: int,
+        delivered: tuple[str, ...],
+        confirmed: tuple[str, ...] = (),
+    ) -> None:
+        self.id = job_id
+        self.queue = queue
+        self.body = body
+        self.state = state
+        self.repl = repl
+        self.ttl_s = ttl_s
+        self.ctime_ns = ctime_ns
+        self.delay_s = delay_s
+        self.retry_s = retry_s
+        self.nacks = 0
+        self.additional_deliveries = 0
+        self.qtime_ms = qtime_ms
+        self.delivered = delivered
+        self.confirmed = confirmed
+        self.flags = 0
+        self.awake_ms = 0
+
+    @property
+    def etime_ms(self) -> int:
+        return self.ctime_ns // NS_PER_MS + self.ttl_s * 1000
+
+    def __repr__(self) -> str:
+        return f"Job({self.id} {self.queue!r} {STATE_NAMES[self.state]})"
+
+    # --- persisted form (AOF, issue 4; also usable for REPLJOB) ---
+
+    def to_record(self) -> bytes:
+        """Serialize: a version byte, fixed fields, then length-prefixed strings."""
+        jid = self.id.encode()
+        nodes = [n.encode() for n in self.delivered] + [n.encode() for n in self.confirmed]
+        head = _REC_HEAD.pack(
+            RECORD_VERSION,
+            self.state,
+            self.flags & ~FLAG_IN_DEQUE,  # deque membership is not part of the job
+            self.repl,
+            self.ttl_s,
+            self.ctime_ns,
+            self.delay_s,
+            self.retry_s,
+            self.nacks,
+            self.additional_deliveries,
+            self.qtime_ms,
+            len(self.delivered),
+            len(self.confirmed),
+            len(jid),
+            len(self.queue),
+            len(self.body),
+        )
+        parts = [head, jid, self.queue, self.body]
+        for n in nodes:
+            parts.append(_NODE_LEN.pack(len(n)))
+            parts.append(n)
+        return b"".join(parts)
+
+    @classmethod
+    def from_record(cls, rec: bytes) -> Job:
+        """Inverse of ``to_record``; raises ``ValueError`` on a malformed record."""
+        if len(rec) < _REC_HEAD.size:
+            raise ValueError("job record too short")
+        (version, state, flags, repl, ttl_s, ctime_ns, delay_s, retry_s, nacks, add_deliv,
+         qtime_ms, n_deliv, n_conf, id_len, q_len, body_len) = _REC_HEAD.unpack_from(rec)
+        if version != RECORD_VERSION:
+            raise ValueError(f"unsupported job record version {version}")
+        if state > ACKED:
+            raise ValueError(f"bad job state {state}")
+        at = _REC_HEAD.size
+        end = at + id_len + q_len + body_len
+        if end > len(rec):
+            raise ValueError("job record truncated")
+        jid = rec[at : at + id_len].decode()
+        at += id_len
+        queue = rec[at : at + q_len]
+        at += q_len
+        body = rec[at : at + body_len]
+        at += body_len
+        nodes: list[str] = []
+        for _ in range(n_deliv + n_conf):
+            if at + _NODE_LEN.size > len(rec):
+                raise ValueError("job record truncated")
+            (ln,) = _NODE_LEN.unpack_from(rec, at)
+            at += _NODE_LEN.size
+            if at + ln > len(rec):
+                raise ValueError("job record truncated")
+            nodes.append(rec[at : at + ln].decode())
+            at += ln
+        if at != len(rec):
+            raise ValueError("trailing bytes after job record")
+        job = cls(jid, queue, body, state, repl, ttl_s, ctime_ns, delay_s, retry_s, qtime_ms,
+                  tuple(nodes[:n_deliv]), tuple(nodes[n_deliv:]))
+        job.flags = flags & ~FLAG_IN_DEQUE
+        job.nacks = nacks
+        job.additional_deliveries = add_deliv
+        return job
+
+
+RECORD_VERSION = 1
+# version, state, flags, repl, ttl_s, ctime_ns, delay_s, retry_s, nacks, additional
+# deliveries, qtime_ms, #delivered, #confirmed, len(id), len(queue), len(body)
+_REC_HEAD = struct.Struct(">BBBHQQQQQQQHHHII")
+_NODE_LEN = struct.Struct(">H")

@@ -1,0 +1,810 @@
+"""The shard: the jobs and queues one worker owns, as a pure state machine.
+
+Time comes in (``now_ms``, wall clock), effects go out (``take_effects()``),
+replies are ``workers/replies.py`` values. Nothing here reads a clock, touches a
+socket or uses global randomness: the same calls give the same results, which
+is what lets tests run many shards in one process.
+
+Data structures
+- jobs: ``job_buckets`` fixed dicts keyed by job ID; the bucket comes from two
+  random characters of the ID. Fixed buckets give JSCAN a stable cursor (a
+  bucket index): a job never moves, so a scan never skips one that exists for
+  the whole scan.
+- queues: ``dict`` name -> ``Queue`` (``workers/queue.py``) plus a QSCAN table
+  (list with a free list; a queue keeps its position while it exists).
+- timers: ONE heap of due times (ms, rounded up to ``timer_resolution_ms``);
+  each due time has a bucket of targets (jobs and queues). A target records
+  the bucket it sits in (``awake_ms``); moving or deleting it leaves a stale
+  entry, counted and purged when the bucket is half stale. Sharing one int key
+  and one list slot per job keeps ~1M waiting timers cheap.
+
+Timer kinds (a target is re-examined as a whole when its bucket fires):
+- job TTL: any state, the job is deleted at ``ctime + ttl``;
+- job qtime: an active job is queued again (DELAY elapsed, or RETRY elapsed
+  after the last queueing without an ACK: additional-deliveries + 1);
+- queue idle: an empty queue with no waiter and no pause is evicted after
+  ``queue_idle_evict_ms``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from typing import Any
+
+from workers.effects import Effect, Wake
+from workers.ids import JobIdGen, slot_of
+from workers.invariant import invariant
+from workers.job import (
+    ACKED,
+    ACTIVE,
+    DELETED,
+    FLAG_DELIVERED,
+    NS_PER_MS,
+    QUEUED,
+    STATE_NAMES,
+    WAIT_REPL,
+    Job,
+)
+from workers.queue import PAUSE_NAMES, PAUSED_IN, PAUSED_OUT, Queue
+from workers.replies import (
+    ERR_NOJOB,
+    ERR_NOREPL,
+    ERR_PAUSED,
+    Error,
+    Status,
+)
+
+# Defaults and limits of the spec (ADDJOB section).
+ttl_default_s = 24 * 3600
+retry_default_max_s = 300  # default RETRY is TTL/10, at most 5 minutes, at least 1 s
+replicate_default_max = 3  # default REPLICATE: the cluster size, at most 3
+time_error_ms = 500  # Disque's DISQUE_TIME_ERR: requeue jitter; WILLQUEUE fires this early
+
+# Disque evicts idle empty queues from its cron; the spec only says "after some time".
+queue_idle_evict_ms = 30_000
+
+# Timers fire at most this late: due times are rounded up to it so that jobs
+# created in the same few ms share one heap entry and one int key.
+timer_resolution_ms = 10
+# Bound on timer targets handled by one tick(): a tick never stalls the event
+# loop for long (about 10 ms of work); the rest is due again immediately.
+timer_work_per_tick_max = 10_000
+# Purge a timer bucket once it has this many stale entries and they are half of it.
+timer_stale_purge_min = 32
+
+job_buckets = 4096  # JSCAN cursor space; power of two
+_JOB_BUCKET_MASK = job_buckets - 1
+qscan_count_default = 100
+jscan_count_default = 100
+scan_empty_steps_per_count = 10  # a scan call visits at most count*10 empty positions
+
+ERR_RETRY0 = Error(
+    "ERR With RETRY set to 0 please explicitly set  REPLICATE to 1 (at-most-once delivery)"
+)
+ERR_DELAY_TTL = Error(
+    "ERR The specified DELAY is greater than TTL. Job refused since would never be delivered"
+)
+ERR_MAXLEN_REACHED = Error("MAXLEN Queue is already longer than the specified MAXLEN count")
+ERR_TOOLATE = Error(
+    "TOOLATE Half of job TTL already elapsed, you are no longer allowed to postpone "
+    "the next delivery."
+)
+
+_K_NACKS = b"nacks"
+_K_ADD_DELIV = b"additional-deliveries"
+
+
+def job_bucket(job_id: str) -> int:
+    """JSCAN bucket: two characters of the random part of the ID (deterministic)."""
+    return (ord(job_id[14]) * 97 + ord(job_id[15])) & _JOB_BUCKET_MASK
+
+
+class Waiter:
+    """A blocked GETJOB registered on this shard."""
+
+    __slots__ = ("token", "queues", "count", "withcounters")
+
+    def __init__(self, token: int, queues: list[bytes], count: int, withcounters: bool) -> None:
+        self.token = token
+        self.queues = queues
+        self.count = count
+        self.withcounters = withcounters
+
+
+class _TimerBucket:
+    __slots__ = ("key", "items", "stale")
+
+    def __init__(self, key: int) -> None:
+        self.key = key
+        self.items: list[Any] = []  # Job or Queue
+        self.stale = 0
+
+
+class Shard:
+    def __init__(
+        self,
+        node_id: str,
+        index: int,
+        workers: int,
+        seed: bytes,
+        rng: random.Random,
+        now_ms: int,
+        *,
+        queue_idle_ms: int = queue_idle_evict_ms,
+    ) -> None:
+        self.node_id = node_id
+        self.index = index
+        self.workers = workers
+        # Every worker mints IDs from its own stream: mix the index into the seed.
+        self._ids = JobIdGen(node_id, seed + index.to_bytes(4, "big"))
+        self._rng = rng
+        self._queue_idle_ms = queue_idle_ms
+        self._me: tuple[str, ...] = (node_id,)
+        self._peers: tuple[str, ...] = ()
+        self._effects: list[Effect] = []
+        self._last_ctime_ns = 0
+        self._now_ms = now_ms
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        self._jobs: list[dict[str, Job] | None] = [None] * job_buckets
+        self._njobs = 0
+        self._queues: dict[bytes, Queue] = {}
+        self._qscan: list[Queue | None] = []
+        self._qscan_free: list[int] = []
+        self._timers: dict[int, _TimerBucket] = {}
+        self._heap: list[int] = []
+        self._waiters: dict[int, Waiter] = {}
+
+    # ------------------------------------------------------------------ plumbing
+
+    def take_effects(self) -> list[Effect]:
+        eff = self._effects
+        if eff:
+            self._effects = []
+        return eff
+
+    def set_peers(self, reachable_node_ids: list[str] | tuple[str, ...]) -> None:
+        """Other nodes currently reachable (cluster work, issue 3). Empty: single node."""
+        self._peers = tuple(n for n in reachable_node_ids if n != self.node_id)
+
+    def lookup(self, job_id: str) -> Job | None:
+        b = self._jobs[(ord(job_id[14]) * 97 + ord(job_id[15])) & _JOB_BUCKET_MASK]
+        return None if b is None else b.get(job_id)
+
+    def _register(self, job: Job) -> None:
+        i = job_bucket(job.id)
+        b = self._jobs[i]
+        if b is None:
+            b = self._jobs[i] = {}
+        invariant(job.id not in b, f"job {job.id} registered twice")
+        b[job.id] = job
+        self._njobs += 1
+
+    def _unregister(self, job: Job, now_ms: int) -> None:
+        b = self._jobs[job_bucket(job.id)]
+        invariant(b is not None and b.get(job.id) is job, f"unregister of unknown job {job.id}")
+        del b[job.id]  # type: ignore[union-attr]
+        self._njobs -= 1
+        was = job.state
+        job.state = DELETED
+        if was == QUEUED:
+            q = self._queues[job.queue]
+            q.remove(job)
+            self._maybe_idle(q, now_ms)
+        self._unschedule(job)
+
+    def _queue(self, name: bytes, now_ms: int) -> Queue:
+        q = self._queues.get(name)
+        if q is None:
+            q = self._create_queue(name, now_ms)
+        return q
+
+    def _create_queue(self, name: bytes, now_ms: int) -> Queue:
+        name = bytes(name)  # the canonical name object every job of the queue shares
+        q = Queue(name, slot_of(name), now_ms)
+        self._queues[name] = q
+        if self._qscan_free:
+            q.scan_idx = self._qscan_free.pop()
+            self._qscan[q.scan_idx] = q
+        else:
+            q.scan_idx = len(self._qscan)
+            self._qscan.append(q)
+        self._maybe_idle(q, now_ms)
+        return q
+
+    def _maybe_idle(self, q: Queue, now_ms: int) -> None:
+        """Arm the eviction check of a queue that has become empty and unwatched."""
+        if not q.live and q.waiters is None and not q.paused:
+            self._schedule(q, q.atime_ms + self._queue_idle_ms)
+
+    def _evict(self, q: Queue) -> None:
+        del self._queues[q.name]
+        self._qscan[q.scan_idx] = None
+        self._qscan_free.append(q.scan_idx)
+        q.drop_all()
+        self._unschedule(q)
+
+    # ------------------------------------------------------------------ timers
+
+    def _schedule(self, target: Any, due_ms: int) -> None:
+        """Make sure ``target`` is examined at ``due_ms`` or earlier (never before due)."""
+        key = -(-due_ms // timer_resolution_ms) * timer_resolution_ms
+        cur = target.awake_ms
+        if cur:
+            if cur <= key:
+                return
+            self._unschedule(target)
+        b = self._timers.get(key)
+        if b is None:
+            b = self._timers[key] = _TimerBucket(key)
+            heapq.heappush(self._heap, key)
+        target.awake_ms = b.key  # one shared int object for every target in the bucket
+        b.items.append(target)
+
+    def _unschedule(self, target: Any) -> None:
+        key = target.awake_ms
+        if not key:
+            return
+        target.awake_ms = 0
+        b = self._timers.get(key)
+        if b is None:
+            return
+        b.stale += 1
+        if b.stale > timer_stale_purge_min and b.stale * 2 > len(b.items):
+            b.items = [t for t in b.items if t.awake_ms == key]
+            b.stale = 0
+
+    def tick(self, now_ms: int) -> int | None:
+        """Do the timer work due at ``now_ms`` (bounded); return the next due time."""
+        self._now_ms = now_ms
+        heap = self._heap
+        work = 0
+        while heap and heap[0] <= now_ms:
+            key = heap[0]
+            b = self._timers[key]
+            while b.items:
+                if work >= timer_work_per_tick_max:
+                    return now_ms
+                t = b.items.pop()
+                work += 1
+                if t.awake_ms != key:
+                    continue  # stale entry: moved to another bucket or deleted
+                t.awake_ms = 0
+                if type(t) is Job:
+                    self._fire_job(t, now_ms)
+                else:
+                    self._fire_queue(t, now_ms)
+            heapq.heappop(heap)
+            del self._timers[key]
+        return heap[0] if heap else None
+
+    def _due(self, job: Job) -> int:
+        etime = job.ctime_ns // NS_PER_MS + job.ttl_s * 1000
+        if job.state == ACTIVE and job.qtime_ms and job.qtime_ms < etime:
+            return job.qtime_ms
+        return etime
+
+    def _fire_job(self, job: Job, now_ms: int) -> None:
+        if job.ctime_ns // NS_PER_MS + job.ttl_s * 1000 <= now_ms:
+            self._unregister(job, now_ms)
+            return
+        if job.state == ACTIVE and job.qtime_ms and job.qtime_ms <= now_ms:
+            q = self._queue(job.queue, now_ms)
+            if q.paused & PAUSED_IN:
+                # paused in input: never requeue now, try again after another retry period
+                job.qtime_ms = now_ms + max(job.retry_s, 1) * 1000 + self._jitter()
+            else:
+                if job.flags & FLAG_DELIVERED:
+                    job.additional_deliveries += 1
+                self._enqueue(job, q, now_ms)
+        self._schedule(job, self._due(job))
+
+    def _fire_queue(self, q: Queue, now_ms: int) -> None:
+        if self._queues.get(q.name) is not q:
+            return
+        if q.live or q.waiters is not None or q.paused:
+            return  # re-armed when it becomes idle again
+        if q.atime_ms + self._queue_idle_ms <= now_ms:
+            self._evict(q)
+        else:
+            self._schedule(q, q.atime_ms + self._queue_idle_ms)
+
+    def _jitter(self) -> int:
+        return int(self._rng.random() * time_error_ms)
+
+    # ------------------------------------------------------------------ queue moves
+
+    def _enqueue(self, job: Job, q: Queue, now_ms: int) -> None:
+        """Disque's enqueueJob minus its checks: the job becomes QUEUED in ``q``."""
+        job.state = QUEUED
+        if job.retry_s:
+            job.qtime_ms = now_ms + job.retry_s * 1000 + int(self._rng.random() * time_error_ms)
+        else:
+            job.qtime_ms = 0  # at-most-once: never queued again
+        q.push(job)
+        q.atime_ms = now_ms
+        q.jobs_in += 1
+        self._schedule(job, job.ctime_ns // NS_PER_MS + job.ttl_s * 1000)
+        if q.waiters is not None and not q.paused & PAUSED_OUT:
+            self._serve_waiters(q, now_ms)
+
+    def _dequeue(self, job: Job, q: Queue, now_ms: int) -> None:
+        """A QUEUED job goes back to ACTIVE without being delivered."""
+        job.state = ACTIVE
+        q.remove(job)
+        self._maybe_idle(q, now_ms)
+        if job.qtime_ms:
+            self._schedule(job, job.qtime_ms)
+
+    def _deliver(self, job: Job, q: Queue, now_ms: int, withcounters: bool) -> list[Any]:
+        """``job`` was just popped from ``q`` for a client: make it ACTIVE, build its entry."""
+        job.state = ACTIVE
+        job.flags |= FLAG_DELIVERED
+        q.jobs_out += 1
+        q.atime_ms = now_ms
+        if job.qtime_ms:
+            self._schedule(job, job.qtime_ms)
+        if withcounters:
+            return [q.name, job.id, job.body, _K_NACKS, job.nacks,
+                    _K_ADD_DELIV, job.additional_deliveries]
+        return [q.name, job.id, job.body]
+
+    def _serve_waiters(self, q: Queue, now_ms: int) -> None:
+        while q.live and q.waiters:
+            token = next(iter(q.waiters))
+            w = self._waiters[token]
+            self._drop_waiter(w, now_ms)
+            entries: list[list[Any]] = []
+            while len(entries) < w.count:
+                job = q.pop()
+                if job is None:
+                    break
+                entries.append(self._deliver(job, q, now_ms, w.withcounters))
+            self._effects.append(Wake(token, entries))
+        self._maybe_idle(q, now_ms)
+
+    def _drop_waiter(self, w: Waiter, now_ms: int) -> None:
+        del self._waiters[w.token]
+        for name in w.queues:
+            q = self._queues.get(name)
+            if q is not None and q.waiters is not None:
+                q.waiters.pop(w.token, None)
+                if not q.waiters:
+                    q.waiters = None
+                    self._maybe_idle(q, now_ms)
+
+    # ------------------------------------------------------------------ ADDJOB / GETJOB
+
+    def op_addjob(
+        self,
+        queue: bytes,
+        body: bytes,
+        *,
+        timeout_ms: int,
+        replicate: int | None,
+        delay_s: int,
+        retry_s: int | None,
+        ttl_s: int,
+        maxlen: int,
+        async_: bool,
+        token: int,
+        now_ms: int,
+    ) -> Any:
+        """ADDJOB after argument parsing; checks in the reference's order."""
+        if replicate is None:
+            replicate = min(replicate_default_max, 1 + len(self._peers))
+        if replicate > 1 and retry_s == 0:
+            return ERR_RETRY0
+        if delay_s >= ttl_s:
+            return ERR_DELAY_TTL
+        if retry_s is None:
+            retry_s = min(ttl_s // 10, retry_default_max_s) or 1
+        if replicate - 1 > len(self._peers):
+            return ERR_NOREPL
+        q = self._queues.get(queue)
+        if q is None:
+            q = self._create_queue(queue, now_ms)
+        else:
+            if maxlen and q.live >= maxlen:
+                return ERR_MAXLEN_REACHED
+            if q.paused & PAUSED_IN:
+                return ERR_PAUSED
+        invariant(replicate == 1, "replication to peers is cluster work (issue 3)")
+        ctime_ns = now_ms * NS_PER_MS
+        if ctime_ns <= self._last_ctime_ns:
+            ctime_ns = self._last_ctime_ns + 1
+        self._last_ctime_ns = ctime_ns
+        job_id = self._ids.make(q.slot, ttl_s, retry_s)
+        job = Job(job_id, q.name, body, ACTIVE, replicate, ttl_s, ctime_ns, delay_s, retry_s,
+                  0, self._me)
+        self._register(job)
+        if delay_s:
+            job.qtime_ms = now_ms + delay_s * 1000
+            self._schedule(job, job.qtime_ms)
+        else:
+            self._enqueue(job, q, now_ms)
+        return Status(job_id)
+
+    def op_take(
+        self, queues: list[bytes], count: int, withcounters: bool, now_ms: int
+    ) -> list[list[Any]]:
+        """Non-blocking GETJOB on this shard: one job per queue per pass, left to right."""
+        if len(queues) == 1:
+            q = self._queues.get(queues[0])
+            if q is None:
+                q = self._create_queue(queues[0], now_ms)
+            out: list[list[Any]] = []
+            if q.paused & PAUSED_OUT:
+                return out
+            while len(out) < count:
+                job = q.pop()
+                if job is None:
+                    break
+                out.append(self._deliver(job, q, now_ms, withcounters))
+            if not q.live:
+                self._maybe_idle(q, now_ms)
+            return out
+        return self._take_many(queues, count, withcounters, now_ms)
+
+    def _take_many(
+        self, queues: list[bytes], count: int, withcounters: bool, now_ms: int
+    ) -> list[list[Any]]:
+        qs = []
+        for name in queues:
+            q = self._queue(name, now_ms)
+            if not q.paused & PAUSED_OUT:
+                qs.append(q)
+        out: list[list[Any]] = []
+        while len(out) < count:
+            before = len(out)
+            for q in qs:
+                job = q.pop()
+                if job is not None:
+                    out.append(self._deliver(job, q, now_ms, withcounters))
+                    if len(out) >= count:
+                        break
+            if len(out) == before:
+                break
+        for q in qs:
+            if not q.live:
+                self._maybe_idle(q, now_ms)
+        return out
+
+    def op_block(
+        self, token: int, queues: list[bytes], count: int, withcounters: bool, now_ms: int
+    ) -> None:
+        """Register a blocked GETJOB; it is answered later by ``Wake(token, entries)``.
+
+        If a job is already available (it arrived while the coordinator was asking
+        other owners), the waiter is served at once, still through ``Wake``.
+        """
+        if token in self._waiters:
+            self.op_unblock(token, now_ms)
+        entries = self.op_take(queues, count, withcounters, now_ms)
+        if entries:
+            self._effects.append(Wake(token, entries))
+            return
+        w = Waiter(token, list(queues), count, withcounters)
+        self._waiters[token] = w
+        for name in queues:
+            q = self._queue(name, now_ms)
+            if q.waiters is None:
+                q.waiters = {}
+            q.waiters[token] = w
+            self._unschedule(q)  # a watched queue is not evicted
+
+    def op_unblock(self, token: int, now_ms: int | None = None) -> None:
+        w = self._waiters.get(token)
+        if w is not None:
+            self._drop_waiter(w, self._now_ms if now_ms is None else now_ms)
+
+    def op_return(self, job_ids: list[str], now_ms: int) -> None:
+        """Give back jobs a multi-owner GETJOB took but did not send: no delivery counted."""
+        for job_id in job_ids:
+            job = self.lookup(job_id)
+            if job is None or job.state != ACTIVE:
+                continue
+            q = self._queue(job.queue, now_ms)
+            if not job.nacks and not job.additional_deliveries:
+                job.flags &= ~FLAG_DELIVERED  # that take was its only delivery
+            if q.jobs_out:
+                q.jobs_out -= 1
+            job.state = QUEUED
+            q.push(job)
+            self._schedule(job, job.ctime_ns // NS_PER_MS + job.ttl_s * 1000)
+            if q.waiters is not None and not q.paused & PAUSED_OUT:
+                self._serve_waiters(q, now_ms)
+
+    # ------------------------------------------------------------------ job-addressed ops
+
+    def op_ackjob(self, job_ids: list[str], now_ms: int) -> int:
+        known = 0
+        for job_id in job_ids:
+            job = self.lookup(job_id)
+            if job is None:
+                continue  # dummy ACKs only make sense with peers (cluster work)
+            known += 1
+            self._ack(job, now_ms)
+        return known
+
+    def _ack(self, job: Job, now_ms: int) -> None:
+        if job.state == ACKED:
+            return
+        if job.state == QUEUED:
+            self._dequeue(job, self._queues[job.queue], now_ms)
+        job.state = ACKED
+        # Garbage collection: with no other node holding a copy the ACK is final.
+        if all(n == self.node_id for n in job.delivered):
+            self._unregister(job, now_ms)
+
+    def op_fastack(self, job_ids: list[str], now_ms: int) -> int:
+        return self.op_deljob(job_ids, now_ms)
+
+    def op_deljob(self, job_ids: list[str], now_ms: int) -> int:
+        known = 0
+        for job_id in job_ids:
+            job = self.lookup(job_id)
+            if job is not None:
+                known += 1
+                self._unregister(job, now_ms)
+        return known
+
+    def op_nack(self, job_ids: list[str], now_ms: int) -> int:
+        return self._requeue_cmd(job_ids, now_ms, nack=True)
+
+    def op_enqueue(self, job_ids: list[str], now_ms: int) -> int:
+        return self._requeue_cmd(job_ids, now_ms, nack=False)
+
+    def _requeue_cmd(self, job_ids: list[str], now_ms: int, *, nack: bool) -> int:
+        done = 0
+        for job_id in job_ids:
+            job = self.lookup(job_id)
+            # Disque's enqueueJob refuses queued jobs and at-most-once jobs queued once.
+            if job is None or job.state != ACTIVE or not job.qtime_ms:
+                continue
+            q = self._queue(job.queue, now_ms)
+            if nack:
+                job.nacks += 1
+            elif job.flags & FLAG_DELIVERED:
+                job.additional_deliveries += 1
+            self._enqueue(job, q, now_ms)
+            done += 1
+        return done
+
+    def op_dequeue(self, job_ids: list[str], now_ms: int) -> int:
+        done = 0
+        for job_id in job_ids:
+            job = self.lookup(job_id)
+            if job is not None and job.state == QUEUED:
+                self._dequeue(job, self._queues[job.queue], now_ms)
+                done += 1
+        return done
+
+    def op_working(self, job_id: str, now_ms: int) -> Any:
+        job = self.lookup(job_id)
+        if job is None or job.state == ACKED:
+            return ERR_NOJOB
+        if (now_ms - job.ctime_ns // NS_PER_MS) > job.ttl_s * 1000 // 2:
+            return ERR_TOOLATE
+        if job.state == QUEUED:
+            self._dequeue(job, self._queues[job.queue], now_ms)
+        if job.retry_s:
+            job.qtime_ms = now_ms + job.retry_s * 1000 + self._jitter()
+            self._unschedule(job)
+            self._schedule(job, self._due(job))
+        return job.retry_s
+
+    def op_show(self, job_id: str, now_ms: int) -> Any:
+        job = self.lookup(job_id)
+        if job is None:
+            return None
+        return self._show(job, now_ms)
+
+    def _show(self, job: Job, now_ms: int) -> list[Any]:
+        etime = job.ctime_ns // NS_PER_MS + job.ttl_s * 1000
+        qtime = job.qtime_ms
+        requeue_in = max(0, qtime - now_ms) if qtime else 0
+        awake_in = max(0, qtime - time_error_ms - now_ms) if qtime else 0
+        return [
+            b"id", job.id,
+            b"queue", job.queue,
+            b"state", STATE_NAMES[job.state],
+            b"repl", job.repl,
+            b"ttl", max(0, -(-(etime - now_ms) // 1000)),
+            b"ctime", job.ctime_ns,
+            b"delay", job.delay_s,
+            b"retry", job.retry_s,
+            b"nacks", job.nacks,
+            b"additional-deliveries", job.additional_deliveries,
+            b"nodes-delivered", list(job.delivered),
+            b"nodes-confirmed", list(job.confirmed),
+            b"next-requeue-within", requeue_in,
+            b"next-awake-within", awake_in,
+            b"body", job.body,
+        ]  # fmt: skip
+
+    # ------------------------------------------------------------------ queue-addressed ops
+
+    def op_qlen(self, queue: bytes) -> int:
+        q = self._queues.get(queue)
+        return 0 if q is None else q.live
+
+    def op_qpeek(self, queue: bytes, count: int) -> list[list[Any]]:
+        q = self._queues.get(queue)
+        if q is None:
+            return []
+        jobs = q.oldest(count) if count >= 0 else q.newest(-count)
+        return [[q.name, j.id, j.body] for j in jobs]
+
+    def op_qstat(self, queue: bytes, now_ms: int) -> Any:
+        q = self._queues.get(queue)
+        if q is None:
+            return None
+        return [
+            b"name", q.name,
+            b"len", q.live,
+            b"age", max(0, (now_ms - q.ctime_ms) // 1000),
+            b"idle", max(0, (now_ms - q.atime_ms) // 1000),
+            b"blocked", 0 if q.waiters is None else len(q.waiters),
+            b"import-from", [],
+            b"import-rate", 0,
+            b"jobs-in", q.jobs_in,
+            b"jobs-out", q.jobs_out,
+            b"pause", PAUSE_NAMES[q.paused],
+        ]  # fmt: skip
+
+    def op_pause(self, queue: bytes, opts: list[str], now_ms: int) -> Status:
+        """PAUSE with validated lowercase options; replies the resulting state.
+
+        As in Disque the new state is built from the options alone (``in`` then
+        ``out`` in two commands leaves ``out``); ``state`` and ``bcast`` change nothing
+        here (broadcasting is cluster work).
+        """
+        flags = 0
+        update = False
+        for opt in opts:
+            if opt == "none":
+                flags = 0
+                update = True
+            elif opt == "in":
+                flags |= PAUSED_IN
+                update = True
+            elif opt == "out":
+                flags |= PAUSED_OUT
+                update = True
+            elif opt == "all":
+                flags |= PAUSED_IN | PAUSED_OUT
+                update = True
+        q = self._queues.get(queue)
+        if update and (q is not None or flags):
+            q = self._queue(queue, now_ms)
+            was_out = q.paused & PAUSED_OUT
+            q.paused = flags
+            if flags:
+                self._unschedule(q)  # paused queues are never evicted
+            elif not q.live:
+                self._maybe_idle(q, now_ms)
+            if was_out and not flags & PAUSED_OUT and q.waiters is not None:
+                self._serve_waiters(q, now_ms)
+        return Status(PAUSE_NAMES[q.paused if q is not None else 0])
+
+    # ------------------------------------------------------------------ scans
+
+    def op_qscan(
+        self, cursor: int, count: int, minlen: int, maxlen: int, importrate: int
+    ) -> tuple[int, list[bytes]]:
+        """Queues from table position ``cursor``; next cursor 0 means done.
+
+        ``maxlen`` 0 means no upper bound; our import rate is always 0.
+        """
+        table = self._qscan
+        pos = cursor
+        names: list[bytes] = []
+        seen = 0
+        steps_max = max(count, 1) * scan_empty_steps_per_count
+        steps = 0
+        while pos < len(table) and seen < count and steps < steps_max:
+            q = table[pos]
+            pos += 1
+            steps += 1
+            if q is None:
+                continue
+            seen += 1
+            if q.live < minlen or (maxlen and q.live > maxlen) or importrate > 0:
+                continue
+            names.append(q.name)
+        return (pos if pos < len(table) else 0), names
+
+    def op_jscan(
+        self,
+        cursor: int,
+        count: int,
+        queue: bytes | None,
+        states: set[int] | None,
+        reply_all: bool,
+        now_ms: int,
+    ) -> tuple[int, list[Any]]:
+        """Jobs from bucket ``cursor``; items are ``Status(id)`` or SHOW arrays."""
+        pos = cursor
+        items: list[Any] = []
+        seen = 0
+        steps_max = max(count, 1) * scan_empty_steps_per_count
+        steps = 0
+        while pos < job_buckets and seen < count and steps < steps_max:
+            b = self._jobs[pos]
+            pos += 1
+            steps += 1
+            if not b:
+                continue
+            for job in b.values():
+                seen += 1
+                if queue is not None and job.queue != queue:
+                    continue
+                if states is not None and job.state not in states:
+                    continue
+                items.append(self._show(job, now_ms) if reply_all else Status(job.id))
+        return (pos if pos < job_buckets else 0), items
+
+    # ------------------------------------------------------------------ node-wide
+
+    def op_flushall(self) -> None:
+        """DEBUG FLUSHALL: forget every job and queue (blocked clients stay blocked)."""
+        waiters = list(self._waiters.values())
+        for q in self._queues.values():
+            q.drop_all()
+        self._reset_state()
+        for w in waiters:
+            self._waiters[w.token] = w
+            for name in w.queues:
+                q = self._queue(name, self._now_ms)
+                if q.waiters is None:
+                    q.waiters = {}
+                q.waiters[w.token] = w
+                self._unschedule(q)
+
+    def info(self) -> dict[str, int]:
+        return {
+            "registered_jobs": self._njobs,
+            "registered_queues": len(self._queues),
+            "blocked_clients": len(self._waiters),
+        }
+
+    def jobs(self) -> list[Job]:
+        """Every registered job (tests, AOF rewrite)."""
+        return [j for b in self._jobs if b for j in b.values()]
+
+    def queue_names(self) -> list[bytes]:
+        return list(self._queues)
+
+    def check(self) -> None:
+        """Check every cross-structure invariant (tests; O(jobs))."""
+        jobs = self.jobs()
+        invariant(len(jobs) == self._njobs, f"job count {self._njobs} != {len(jobs)}")
+        queued: dict[bytes, int] = {}
+        for job in jobs:
+            invariant(job.state in (WAIT_REPL, ACTIVE, QUEUED, ACKED), f"{job} bad state")
+            if job.state == QUEUED:
+                invariant(job.queue in self._queues, f"{job} queued in a missing queue")
+                queued[job.queue] = queued.get(job.queue, 0) + 1
+            if job.awake_ms:
+                b = self._timers.get(job.awake_ms)
+                invariant(b is not None and job in b.items, f"{job} timer bucket lost")
+            else:
+                invariant(False, f"{job} has no timer (TTL would never fire)")
+        for name, q in self._queues.items():
+            err = q.check()
+            invariant(err is None, str(err))
+            invariant(q.live == queued.get(name, 0), f"queue {name!r} live count wrong")
+            invariant(self._qscan[q.scan_idx] is q, f"queue {name!r} not in scan table")
+            if q.waiters is not None:
+                for token in q.waiters:
+                    invariant(token in self._waiters, f"dangling waiter {token}")
+                invariant(not q.live or q.paused & PAUSED_OUT, f"queue {name!r} has jobs and waiters")
+        for w in self._waiters.values():
+            for name in w.queues:
+                wq = self._queues.get(name)
+                invariant(wq is not None and wq.waiters and w.token in wq.waiters,
+                          f"waiter {w.token} not on queue {name!r}")
+        invariant(len(self._heap) == len(self._timers), "timer heap and buckets differ")
