@@ -16,8 +16,10 @@ from typing import Any
 from bus import membership as mb
 from bus import nodes_conf
 from bus.cluster import ClusterBus
+from disque_mp import cmd_cluster
 from disque_mp.config import Config
 from tests.nodeproc import free_port
+from workers.replies import ERR_SYNTAX, OK, Error, Status
 
 wait_s = 20.0  # generous: other engineers' tests share the 2 cores
 
@@ -112,3 +114,104 @@ async def _bus_scenario(tmp: Path) -> None:
     finally:
         for h in (a, b, c):
             await h.bus.close()
+
+
+class AgentHost:
+    """One host of 2 workers: two ClusterAgents (worker 0 owns the bus) in this loop."""
+
+    def __init__(self, tmp: Path, name: str) -> None:
+        self.cfg = Config(port=free_port(), bind="127.0.0.1", workers=2,
+                          cluster_config_file=str(tmp / f"{name}.conf"),
+                          cluster_node_timeout=1000)
+        nc, _ = nodes_conf.load_or_create(self.cfg.cluster_config_file, "127.0.0.1", self.cfg.port)
+        self.node_id = nc.node_id
+        self.got: list[list[tuple[str, str, int, dict[str, Any], list[bytes]]]] = [[], []]
+        self.agents = [
+            cmd_cluster.make_agent(self.cfg, i, nc.node_id, 2, self._on_message(i))
+            for i in range(2)
+        ]
+
+    def _on_message(self, i: int) -> Callable[..., None]:
+        return lambda *msg: self.got[i].append(msg)
+
+    async def start(self) -> None:
+        for agent in self.agents:
+            await agent.start()
+
+    async def close(self) -> None:
+        for agent in reversed(self.agents):
+            await agent.close()
+
+
+async def run_cluster(agent: Any, *words: str) -> Any:
+    fut = asyncio.get_running_loop().create_future()
+    cmd_cluster.cluster(agent, [w.encode() for w in words], fut.set_result)
+    return await asyncio.wait_for(fut, wait_s)
+
+
+def test_agents_route_commands_views_and_job_messages(tmp_path: Path) -> None:
+    asyncio.run(_agent_scenario(tmp_path))
+
+
+async def _agent_scenario(tmp: Path) -> None:
+    a, b = AgentHost(tmp, "a"), AgentHost(tmp, "b")
+    await a.start()
+    await b.start()
+    try:
+        a1 = a.agents[1]
+        await until(lambda: a1.to_owner is not None, "worker 1 linked to worker 0")
+        assert await run_cluster(a1, "MEET", "127.0.0.1", "notaport") == Error(
+            "ERR Invalid TCP port specified: notaport")
+        assert await run_cluster(a1, "MEET", "localhost", "7711") == Error(
+            "ERR Invalid node address specified: localhost:7711")
+        assert await run_cluster(a1, "BOGUS") == cmd_cluster.ERR_WRONG
+        assert await run_cluster(a1, "NODES", "x") == cmd_cluster.ERR_WRONG
+        assert await run_cluster(a1, "MYID") == a.node_id.encode()
+        assert await run_cluster(a1, "MEET", "127.0.0.1", str(b.cfg.port)) == OK
+
+        def both_know() -> bool:
+            return all(len([n for n in ag.view["nodes"] if "handshake" not in n[3]]) == 2
+                       for h in (a, b) for ag in h.agents)
+
+        await until(both_know, "views on every worker")
+        hello = cmd_cluster.hello(a1)
+        assert hello[:2] == [1, a.node_id.encode()]
+        assert [e[0].decode() for e in hello[2:]] == [a.node_id, b.node_id]
+        assert all(e[3] == b"1" for e in hello[2:])
+        text = (await run_cluster(a1, "NODES")).decode()
+        assert f"{a.node_id} 127.0.0.1:{a.cfg.port} myself 0 0 connected\n" in text
+        info = (await run_cluster(a1, "INFO")).decode()
+        assert "cluster_known_nodes:2\r\ncluster_reachable_nodes:1\r\ncluster_size:2\r\n" in info
+
+        # a Send from worker 1 of A reaches the owner of the slot on B, bodies intact
+        a1.send(b.node_id, "REPLJOB", 3, {"j": 1}, [b"\x00body\xff"])
+        a.agents[0].send(b.node_id, "GOTJOB", 8, {"j": 2})
+        await until(lambda: len(b.got[1]) == 1 and len(b.got[0]) == 1, "job messages at B")
+        assert b.got[1][0] == (a.node_id, "REPLJOB", 3, {"j": 1}, [b"\x00body\xff"])
+        assert b.got[0][0] == (a.node_id, "GOTJOB", 8, {"j": 2}, [])
+
+        # LEAVING set through worker 1 of B: HELLO on every worker of A shows 100
+        assert await run_cluster(b.agents[1], "LEAVING") == Status("no")
+        assert await run_cluster(b.agents[1], "LEAVING", "maybe") == ERR_SYNTAX
+        assert await run_cluster(b.agents[1], "LEAVING", "yes") == OK
+        assert await run_cluster(b.agents[0], "LEAVING") == Status("yes")
+
+        def a_sees_leaving() -> bool:
+            return all({e[0]: e[3] for e in cmd_cluster.hello(ag)[2:]}.get(b.node_id.encode())
+                       == b"100" for ag in a.agents)
+
+        await until(a_sees_leaving, "leaving priority on A")
+        assert await run_cluster(a1, "FORGET", a.node_id) == Error(
+            "ERR I tried hard but I can't forget myself...")
+        assert await run_cluster(a1, "FORGET", "0" * 40) == Error("ERR Unknown node " + "0" * 40)
+        assert await run_cluster(a1, "RESET", "medium") == ERR_SYNTAX
+        assert await run_cluster(a1, "FORGET", b.node_id) == OK
+        await until(lambda: len(a1.view["nodes"]) == 1, "forget seen by worker 1")
+        assert await run_cluster(a1, "RESET", "HARD") == OK
+        new_id = (await run_cluster(a1, "MYID")).decode()
+        assert new_id != a.node_id and mb.is_node_id(new_id)
+        saved = nodes_conf.load(a.cfg.cluster_config_file)
+        assert saved is not None and saved.node_id == new_id
+    finally:
+        await a.close()
+        await b.close()

@@ -1,0 +1,289 @@
+"""Every worker's handle on the cluster.
+
+Worker 0 owns the ``ClusterBus`` (membership, gossip, nodes.conf, all TCP links to
+other hosts). The other workers reach it over a Unix socket of the cluster's own
+(abstract namespace, beside the front end's request/reply mesh in bus/mesh.py, so
+neither has to know the other's frame kinds):
+
+    worker k -> 0   AGENT_HELLO {"w": k}                  first frame
+    worker k -> 0   MESH_BUS_OUT {"n", "k", "s", "m"} + bodies    a Send effect to put on the bus
+    worker k -> 0   AGENT_CMD {"r": rid, "a": [args]}     a CLUSTER command, answered by
+    worker 0 -> k   AGENT_REPLY {"r": rid, "v": packed}
+    worker 0 -> k   MESH_BUS_IN {"f", "k", "s", "m"} + bodies     a job message for k's slots
+    worker 0 -> k   MESH_VIEW snapshot                    after every membership change
+
+So any worker can call ``send()`` with a shard's ``Send`` effect and receives the
+job messages for its slots through ``on_message(sender, kind, slot, meta, bodies)``;
+``view`` is the latest membership snapshot (HELLO, peers for the shard).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from bus import frames
+from bus.cluster import (
+    MESH_BUS_IN,
+    MESH_BUS_OUT,
+    MESH_VIEW,
+    ClusterBus,
+    mesh_bus_in,
+    mesh_bus_out,
+    mesh_view,
+)
+from workers.replies import NULL_ARRAY, Error, Status
+
+log = logging.getLogger("disque.cluster")
+
+AGENT_HELLO, AGENT_CMD, AGENT_REPLY = 0xC3, 0xC4, 0xC5
+AGENT_KINDS = frozenset({MESH_BUS_OUT, MESH_BUS_IN, MESH_VIEW, AGENT_HELLO, AGENT_CMD, AGENT_REPLY})
+
+reconnect_delay_s = 0.05  # worker 0 starts (or restarts) within a few hundred ms
+agent_output_bytes_max = 256 << 20  # unsent bytes on one local link: over it, drop frames
+# (the same bound as a bus peer: what worker 0 cannot pass on, the bus could not either)
+pending_commands_max = 10_000  # CLUSTER commands in flight to worker 0 from one worker
+
+OnMessage = Callable[[str, str, int, dict[str, Any], list[bytes]], None]
+OnView = Callable[[dict[str, Any]], None]
+Reply = Any
+Done = Callable[[Reply], None]
+Executor = Callable[[ClusterBus, list[bytes]], Reply]
+
+ERR_OWNER_DOWN = Error("ERR cluster bus owner (worker 0) is unavailable, try again")
+
+
+def socket_name(port: int, node_id: str) -> str:
+    return f"\0disque-mp.{port}.{node_id[:16]}.cluster"
+
+
+class _Local(asyncio.Protocol):
+    """A connection between worker 0 and worker ``peer`` (either end)."""
+
+    def __init__(self, agent: ClusterAgent, peer: int) -> None:
+        self.agent = agent
+        self.peer = peer  # worker at the other end (-1 until its AGENT_HELLO on worker 0)
+        self.reader = frames.FrameReader(AGENT_KINDS)
+        self.transport: asyncio.Transport | None = None
+        self.lost = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.reader.feed(data)
+            while (frame := self.reader.next()) is not None:
+                self.agent.on_local_frame(self, *frame)
+        except frames.FrameError as exc:
+            log.warning("cluster agent: bad local frame: %s", exc)
+            if self.transport is not None:
+                self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        if not self.lost.done():
+            self.lost.set_result(None)
+        self.agent.local_lost(self)
+
+    def write(self, frame: bytes) -> bool:
+        if self.transport is None:
+            return False
+        if self.transport.get_write_buffer_size() > agent_output_bytes_max:
+            log.warning("cluster agent: worker %d does not drain, dropping a frame", self.peer)
+            return False
+        self.transport.write(frame)
+        return True
+
+
+class ClusterAgent:
+    def __init__(self, cfg: Any, index: int, node_id: str, workers: int, on_message: OnMessage,
+                 executor: Executor, on_view: OnView | None = None) -> None:
+        self.cfg = cfg
+        self.index = index
+        self.node_id = node_id  # as started: names the local socket even after RESET HARD
+        self.workers = workers
+        self.on_message = on_message
+        self.on_view = on_view
+        self.executor = executor
+        self.bus: ClusterBus | None = None
+        self.view: dict[str, Any] = {"myid": node_id, "leaving": False, "size": 1, "sent": 0,
+                                     "received": 0, "nodes": []}
+        self.peers: dict[int, _Local] = {}  # worker 0: worker index -> link
+        self.to_owner: _Local | None = None  # other workers: link to worker 0
+        self.pending: dict[int, Done] = {}
+        self.next_rid = 0
+        self.server: asyncio.AbstractServer | None = None
+        self.connector: asyncio.Task[None] | None = None
+        self.closing = False
+
+    # ---- lifecycle --------------------------------------------------------------
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self.index == 0:
+            self.bus = ClusterBus(self.cfg, self.node_id, self._deliver, self._publish,
+                                  self.workers)
+            self.server = await loop.create_unix_server(
+                lambda: _Local(self, -1), path=socket_name(self.cfg.port, self.node_id))
+            await self.bus.start()
+        else:
+            self.connector = asyncio.create_task(self._connect_loop())
+
+    async def close(self) -> None:
+        self.closing = True
+        if self.connector is not None:
+            self.connector.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.connector
+        if self.bus is not None:
+            await self.bus.close()
+        if self.server is not None:
+            self.server.close()
+        for link in list(self.peers.values()):
+            if link.transport is not None:
+                link.transport.close()
+
+    async def _connect_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        name = socket_name(self.cfg.port, self.node_id)
+        while not self.closing:
+            try:
+                _, link = await loop.create_unix_connection(lambda: _Local(self, 0), path=name)
+            except OSError:
+                await asyncio.sleep(reconnect_delay_s)
+                continue
+            link.write(frames.encode(AGENT_HELLO, {"w": self.index}))
+            self.to_owner = link
+            await link.lost
+            self.to_owner = None
+            await asyncio.sleep(reconnect_delay_s)
+
+    # ---- API for any worker -----------------------------------------------------------
+
+    def send(self, node_id: str, kind: str, slot: int, meta: dict[str, Any],
+             bodies: list[bytes] | None = None) -> None:
+        """Put a job message on the bus (a shard's ``Send`` effect). Best effort:
+        dropped when worker 0 or the peer is not reachable right now."""
+        if self.bus is not None:
+            self.bus.send(node_id, kind, slot, meta, bodies)
+        elif self.to_owner is not None:
+            self.to_owner.write(mesh_bus_out(node_id, kind, slot, meta, bodies or []))
+
+    def command(self, args: list[bytes], done: Done) -> None:
+        """Run a CLUSTER command on worker 0; ``done(reply)`` gets the answer (at
+        once on worker 0, after a round trip elsewhere)."""
+        if self.bus is not None:
+            done(self.executor(self.bus, args))
+            return
+        if self.to_owner is None or len(self.pending) >= pending_commands_max:
+            done(ERR_OWNER_DOWN)
+            return
+        self.next_rid += 1
+        meta = {"r": self.next_rid, "a": [a.decode("utf-8", "surrogateescape") for a in args]}
+        if not self.to_owner.write(frames.encode(AGENT_CMD, meta)):
+            done(ERR_OWNER_DOWN)
+            return
+        self.pending[self.next_rid] = done
+
+    # ---- worker 0 side ---------------------------------------------------------------
+
+    def _deliver(self, index: int, sender: str, kind: str, slot: int, meta: dict[str, Any],
+                 bodies: list[bytes]) -> None:
+        if index == 0:
+            self.on_message(sender, kind, slot, meta, bodies)
+            return
+        link = self.peers.get(index)
+        if link is not None:
+            link.write(mesh_bus_in(sender, kind, slot, meta, bodies))
+
+    def _publish(self, view: dict[str, Any]) -> None:
+        self.view = view
+        if self.on_view is not None:
+            self.on_view(view)
+        frame = mesh_view(view)
+        for link in self.peers.values():
+            link.write(frame)
+
+    # ---- frames between workers -------------------------------------------------------
+
+    def on_local_frame(self, link: _Local, kind: int, meta: dict[str, Any],
+                       bodies: list[bytes]) -> None:
+        if self.bus is not None:
+            self._on_frame_at_owner(link, kind, meta, bodies)
+        elif kind == MESH_BUS_IN:
+            self.on_message(str(meta.get("f")), str(meta.get("k")), int(meta.get("s", 0)),
+                            meta.get("m") or {}, bodies)
+        elif kind == MESH_VIEW:
+            self.view = meta
+            if self.on_view is not None:
+                self.on_view(meta)
+        elif kind == AGENT_REPLY:
+            done = self.pending.pop(int(meta.get("r", 0)), None)
+            if done is not None:
+                done(unpack(meta.get("v"), bodies))
+
+    def _on_frame_at_owner(self, link: _Local, kind: int, meta: dict[str, Any],
+                           bodies: list[bytes]) -> None:
+        assert self.bus is not None
+        if kind == AGENT_HELLO:
+            peer = meta.get("w")
+            if isinstance(peer, int) and 0 < peer < self.workers:
+                link.peer = peer
+                self.peers[peer] = link
+                link.write(mesh_view(self.bus.view()))
+        elif kind == MESH_BUS_OUT:
+            self.bus.on_mesh_frame(kind, meta, bodies)
+        elif kind == AGENT_CMD:
+            args = [str(a).encode("utf-8", "surrogateescape") for a in meta.get("a", [])]
+            out: list[bytes] = []
+            value = pack(self.executor(self.bus, args), out)
+            link.write(frames.encode(AGENT_REPLY, {"r": meta.get("r"), "v": value}, out))
+
+    def local_lost(self, link: _Local) -> None:
+        if self.bus is not None:
+            if self.peers.get(link.peer) is link:
+                del self.peers[link.peer]
+            return
+        pending, self.pending = self.pending, {}
+        for done in pending.values():
+            done(ERR_OWNER_DOWN)
+
+
+# ---- replies over the local socket (the few shapes CLUSTER answers with) -------------
+
+def pack(value: Any, bodies: list[bytes]) -> Any:
+    if isinstance(value, Status):
+        return {"s": str(value)}
+    if isinstance(value, Error):
+        return {"e": str(value)}
+    if isinstance(value, bytes):
+        bodies.append(value)
+        return {"b": len(bodies) - 1}
+    if isinstance(value, str):
+        return {"t": value}
+    if isinstance(value, list | tuple):
+        return [pack(v, bodies) for v in value]
+    if value is NULL_ARRAY:
+        return {"n": 1}
+    return value  # int, None
+
+
+def unpack(value: Any, bodies: list[bytes]) -> Any:
+    if isinstance(value, dict):
+        if "s" in value:
+            return Status(value["s"])
+        if "e" in value:
+            return Error(value["e"])
+        if "b" in value:
+            return bodies[value["b"]]
+        if "t" in value:
+            return value["t"]
+        return NULL_ARRAY
+    if isinstance(value, list):
+        return [unpack(v, bodies) for v in value]
+    return value
