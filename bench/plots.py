@@ -1,0 +1,178 @@
+"""Plots and the markdown summary from the macro run's pytest-benchmark JSON.
+
+    python -m bench.plots bench/results/macro.json   # re-draw without re-running
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+# The targets of issue 5: (name, what is compared, the ratio needed).
+TARGETS = [
+    ("ADDJOB vs LPUSH, -P 1", ">= 1.00x", 1.00),
+    ("GETJOB NOHANG vs RPOP, -P 1", ">= 0.95x", 0.95),
+    ("ADDJOB vs LPUSH, -P 32", ">= 0.35x", 0.35),
+    ("GETJOB NOHANG vs RPOP, -P 32", ">= 0.35x", 0.35),
+]
+
+
+def load(path: Path) -> list[dict[str, Any]]:
+    data = json.loads(path.read_text())
+    return [{"name": b["name"], "group": b.get("group"), **b["extra_info"]}
+            for b in data["benchmarks"]]
+
+
+def by_group(rows: list[dict[str, Any]], group: str) -> list[dict[str, Any]]:
+    return [r for r in rows if r["group"] == group]
+
+
+def plot_pipeline(rows: list[dict[str, Any]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rb = sorted(by_group(rows, "redis-benchmark"), key=lambda r: r["pipeline"])
+    if not rb:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    xs = [r["pipeline"] for r in rb]
+    for key, label, style in [("lpush", "redis LPUSH", "o--"), ("addjob", "disque-mp ADDJOB", "o-"),
+                              ("rpop", "redis RPOP", "s--"), ("getjob", "disque-mp GETJOB NOHANG", "s-")]:
+        ax.plot(xs, [r[key]["rps"] for r in rb], style, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.set_xlabel("pipeline depth (redis-benchmark -P)")
+    ax.set_ylabel("requests/s (-c 50 -n 200000)")
+    ax.set_title("Throughput vs pipeline depth (2 workers)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def plot_workers(rows: list[dict[str, Any]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sw = by_group(rows, "workers sweep")
+    if not sw:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for pipeline in sorted({r["pipeline"] for r in sw}):
+        pts = sorted((r for r in sw if r["pipeline"] == pipeline), key=lambda r: r["workers"])
+        xs = [r["workers"] for r in pts]
+        ax.plot(xs, [r["addjob_many_queues"]["rps"] for r in pts], "o-",
+                label=f"ADDJOB, 10k queues, -P {pipeline}")
+        ax.plot(xs, [r["addjob_one_queue"]["rps"] for r in pts], "s--",
+                label=f"ADDJOB, one queue, -P {pipeline}")
+    ax.set_yscale("log")
+    ax.set_xticks(sorted({r["workers"] for r in sw}))
+    ax.set_xlabel("worker processes")
+    ax.set_ylabel("requests/s (-c 50 -n 200000)")
+    ax.set_title("Throughput vs workers count")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def ratio_rows(rows: list[dict[str, Any]]) -> list[tuple[str, str, float | None, str]]:
+    """(target, needed, measured ratio or None, detail) for every target of issue 5."""
+    rb = {r["pipeline"]: r for r in by_group(rows, "redis-benchmark")}
+    out: list[tuple[str, str, float | None, str]] = []
+    for (name, need, _), (p, key, ref) in zip(TARGETS, [(1, "addjob", "lpush"), (1, "getjob", "rpop"),
+                                                       (32, "addjob", "lpush"), (32, "getjob", "rpop")],
+                                              strict=True):
+        r = rb.get(p)
+        out.append((name, need, r[f"{key}_ratio"] if r else None,
+                    f"{r[key]['rps']:,.0f} vs {r[ref]['rps']:,.0f} req/s" if r else "not run"))
+    cyc = {r["name"]: r for r in by_group(rows, "loadgen cycle")}
+    sat = next((r for n, r in cyc.items() if "saturate-p8" in n), None)
+    rate = next((r for n, r in cyc.items() if "rate5000" in n), None)
+    out.append(("cycle jobs/s vs Redis reliable queue (pipeline 8)", ">= 1.00x",
+                sat["throughput_ratio"] if sat else None,
+                f"{sat['disque']['jobs_per_s']:,.0f} vs {sat['redis']['jobs_per_s']:,.0f} jobs/s"
+                if sat else "not run"))
+    for label, r in (("saturated, pipeline 8", sat), ("at 5,000 jobs/s, pipeline 1", rate)):
+        out.append((f"cycle p99 add-to-ack latency, {label}", "<= 1.00x",
+                    r["p99_ratio"] if r else None,
+                    f"{r['disque']['latency']['p99_us'] / 1000:.2f} vs "
+                    f"{r['redis']['latency']['p99_us'] / 1000:.2f} ms" if r else "not run"))
+    mem = next(iter(by_group(rows, "memory")), None)
+    out.append(("memory per queued 100-byte job", "<= 550 B",
+                mem["bytes_per_job"] if mem else None,
+                f"{mem['jobs']:,} jobs, workers RSS {mem['empty_rss'] / 2**20:.0f} -> "
+                f"{mem['full_rss'] / 2**20:.0f} MiB; redis-server "
+                f"{mem['redis']['bytes_per_job']:.0f} B/item" if mem else "not run"))
+    xw = next(iter(by_group(rows, "cross-worker")), None)
+    out.append(("queue owned by another worker: throughput cost", "<= 15 %",
+                xw["cost_pct"] if xw else None, xw["detail"] if xw else "not run"))
+    return out
+
+
+def met(name: str, need: str, value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    limit = float(need.split()[1].rstrip("x%B"))
+    ok = value >= limit if need.startswith(">=") else value <= limit
+    return "yes" if ok else "**no**"
+
+
+def summary(rows: list[dict[str, Any]], machine: dict[str, Any]) -> str:
+    lines = ["# Benchmark summary (bench/run_all.py)", "",
+             f"Machine: {machine.get('cpus')} CPUs, {machine.get('cpu_model')}, "
+             f"Linux {machine.get('kernel')}, Python {machine.get('python')}, "
+             f"{machine.get('redis')}. Run at {machine.get('date')} (UTC).", "",
+             "| target | needed | measured | met | detail |", "|---|---|---|---|---|"]
+    for name, need, value, detail in ratio_rows(rows):
+        shown = "n/a" if value is None else (
+            f"{value:.0f} B" if need.endswith("B") else
+            f"{value:.1f} %" if need.endswith("%") else f"{value:.2f}x")
+        lines.append(f"| {name} | {need} | {shown} | {met(name, need, value)} | {detail} |")
+    lines += ["", "## All macro figures", ""]
+    for r in rows:
+        lines.append(f"- `{r['name']}`: " + short(r))
+    lines += ["", "Plots: `throughput_vs_pipeline.png`, `throughput_vs_workers.png`.", ""]
+    return "\n".join(lines)
+
+
+def short(r: dict[str, Any]) -> str:
+    parts = []
+    for k, v in r.items():
+        if isinstance(v, dict) and "rps" in v:
+            parts.append(f"{k} {v['rps']:,.0f} req/s (p50 {v['p50_latency_ms']} ms)")
+        elif isinstance(v, dict) and "jobs_per_s" in v:
+            lat = v["latency"]
+            parts.append(f"{k} {v['jobs_per_s']:,.0f} jobs/s (p50 {lat['p50_us'] / 1000:.2f} ms, "
+                         f"p99 {lat['p99_us'] / 1000:.2f} ms, p99.9 {lat['p999_us'] / 1000:.2f} ms)")
+        elif isinstance(v, float):
+            parts.append(f"{k} {v:.3f}")
+        elif isinstance(v, int | str) and k not in ("name", "group"):
+            parts.append(f"{k} {v}")
+    return "; ".join(parts)
+
+
+def render(macro_json: Path, machine: dict[str, Any]) -> Path:
+    rows = load(macro_json)
+    plot_pipeline(rows, RESULTS / "throughput_vs_pipeline.png")
+    plot_workers(rows, RESULTS / "throughput_vs_workers.png")
+    out = RESULTS / "summary.md"
+    out.write_text(summary(rows, machine))
+    return out
+
+
+if __name__ == "__main__":
+    src = Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS / "macro.json"
+    m = RESULTS / "machine.json"
+    print(render(src, json.loads(m.read_text()) if m.exists() else {}))

@@ -1,0 +1,69 @@
+"""``make bench``: run the micro and macro suites, write results, plots and a summary.
+
+    python -m bench.run_all                 # everything (about 10 minutes on 2 cores)
+    python -m bench.run_all --only micro    # or: --only macro
+    python -m bench.run_all -k cycle        # a subset of the macro suite
+
+Writes bench/results/micro.json, macro.json (pytest-benchmark JSON; the macro
+figures are in each benchmark's ``extra_info``), machine.json, summary.md and
+the PNG plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.plots import RESULTS, render
+
+REPO = Path(__file__).resolve().parent.parent
+suite_timeout_s = 3600  # the macro suite takes ~10 min; a hung server must not hang make
+
+
+def machine() -> dict[str, object]:
+    model = ""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    redis_v = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout
+    return {"cpus": os.cpu_count(), "cpu_model": model, "kernel": platform.release(),
+            "python": platform.python_version(), "redis": redis_v.split(" sha=")[0].strip(),
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M")}
+
+
+def run_suite(name: str, extra: list[str]) -> int:
+    out = RESULTS / f"{name}.json"
+    cmd = [sys.executable, "-m", "pytest", f"bench/test_{name}.py", "--benchmark-enable",
+           f"--benchmark-json={out}", "--timeout", str(suite_timeout_s), "-p", "no:cacheprovider",
+           "-q", *extra]
+    print("+", " ".join(cmd), flush=True)
+    return subprocess.run(cmd, cwd=REPO, timeout=suite_timeout_s).returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.run_all")
+    p.add_argument("--only", choices=["micro", "macro"])
+    p.add_argument("-k", dest="select", help="pytest -k expression for the macro suite")
+    a = p.parse_args(argv)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    info = machine()
+    (RESULTS / "machine.json").write_text(json.dumps(info, indent=2) + "\n")
+    rc = 0
+    if a.only in (None, "micro"):
+        rc |= run_suite("micro", [])
+    if a.only in (None, "macro"):
+        rc |= run_suite("macro", ["-k", a.select] if a.select else [])
+        if (RESULTS / "macro.json").exists():
+            print((render(RESULTS / "macro.json", info)).read_text())
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""Macro benchmarks: real disque-mp nodes and a real redis-server, side by side.
+
+    .venv/bin/python -m pytest bench/test_macro.py --benchmark-enable -s
+
+Each test runs its measurement once (``benchmark.pedantic``, one round) and puts
+the figures in ``benchmark.extra_info``; bench/run_all.py turns the JSON into
+bench/results/summary.md and the plots. The throughput figures come from
+redis-benchmark and bench/loadgen.py, not from pytest-benchmark's own timer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import loadgen
+from bench.redisq import RedisServer, redis_benchmark, workers_rss_bytes
+from tests.nodeproc import NodeProc, free_port
+
+CLIENTS = 50  # redis-benchmark -c, as in the targets
+REQUESTS = 200_000  # redis-benchmark -n, as in the targets
+CYCLE_S = 10.0  # seconds per load-generator cycle run
+MEMORY_JOBS = 1_000_000  # the memory target's job count
+MEMORY_BODY = b"x" * 100  # ... and body size
+settle_s = 1.0  # let a fresh node's allocator and imports settle before an RSS baseline
+
+
+def once(benchmark: Any, fn: Any) -> Any:
+    return benchmark.pedantic(fn, rounds=1, iterations=1, warmup_rounds=0)
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    with RedisServer(tmp_path_factory.mktemp("redis"), free_port()) as server:
+        yield server
+
+
+def node(tmp_path: Path, workers: int) -> NodeProc:
+    return NodeProc(tmp_path / f"node{workers}", workers=workers,
+                    conf={"loglevel": "warning"}).start()
+
+
+@pytest.mark.parametrize("pipeline", [1, 32])
+def test_redis_benchmark_addjob_getjob(benchmark: Any, tmp_path: Path, redis_server: RedisServer,
+                                       pipeline: int) -> None:
+    """ADDJOB vs LPUSH, GETJOB NOHANG FROM q (after ADDJOB filled q) vs RPOP."""
+    benchmark.group = "redis-benchmark"
+    n = node(tmp_path, 2)
+    try:
+        def measure() -> dict[str, Any]:
+            kw = {"clients": CLIENTS, "requests": REQUESTS, "pipeline": pipeline}
+            ref = {r["test"]: r for r in redis_benchmark(redis_server.port, "-t", "lpush,rpop", **kw)}
+            add = redis_benchmark(n.port, "ADDJOB", "q", "x", "0", **kw)[0]
+            get = redis_benchmark(n.port, "GETJOB", "NOHANG", "FROM", "q", **kw)[0]
+            return {"pipeline": pipeline, "workers": 2, "lpush": ref["LPUSH"], "rpop": ref["RPOP"],
+                    "addjob": add, "getjob": get,
+                    "addjob_ratio": add["rps"] / ref["LPUSH"]["rps"],
+                    "getjob_ratio": get["rps"] / ref["RPOP"]["rps"]}
+
+        info = once(benchmark, measure)
+        qlen = n.client().execute_command("QLEN", "q")
+    finally:
+        n.stop()
+    benchmark.extra_info.update(info)
+    # every GETJOB took a job: the queue ADDJOB filled is empty again
+    assert qlen == 0, qlen
+
+
+@pytest.mark.parametrize("pipeline", [1, 32])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_workers_sweep(benchmark: Any, tmp_path: Path, workers: int, pipeline: int) -> None:
+    """ADDJOB over 10,000 random queues (spread over every worker) and to one queue."""
+    benchmark.group = "workers sweep"
+    n = node(tmp_path, workers)
+    try:
+        def measure() -> dict[str, Any]:
+            kw = {"clients": CLIENTS, "requests": REQUESTS, "pipeline": pipeline}
+            many = redis_benchmark(n.port, "-r", "10000", "ADDJOB", "q:__rand_int__", "x", "0", **kw)
+            one = redis_benchmark(n.port, "ADDJOB", "q", "x", "0", **kw)
+            return {"workers": workers, "pipeline": pipeline, "addjob_many_queues": many[0],
+                    "addjob_one_queue": one[0]}
+
+        info = once(benchmark, measure)
+    finally:
+        n.stop()
+    benchmark.extra_info.update(info)
+    assert info["addjob_many_queues"]["rps"] > 0
+
+
+def cycle_settings(target: str, port: int, pipeline: int, rate: float) -> loadgen.Settings:
+    return loadgen.Settings(workload="cycle", target=target, port=port, procs=2, producers=2,
+                            consumers=2, pipeline=pipeline, duration_s=CYCLE_S, rate=rate,
+                            quiet=True)
+
+
+@pytest.mark.parametrize("pipeline,rate", [(8, 0.0), (1, 0.0), (1, 5000.0)],
+                         ids=["saturate-p8", "saturate-p1", "rate5000-p1"])
+def test_loadgen_cycle(benchmark: Any, tmp_path: Path, redis_server: RedisServer, pipeline: int,
+                       rate: float) -> None:
+    """ADDJOB -> GETJOB -> ACKJOB vs LPUSH -> BLMOVE -> LREM, same generator, same settings."""
+    benchmark.group = "loadgen cycle"
+    n = node(tmp_path, 2)
+    try:
+        def measure() -> dict[str, Any]:
+            d = loadgen.run(cycle_settings("disque", n.port, pipeline, rate))
+            r = loadgen.run(cycle_settings("redis", redis_server.port, pipeline, rate))
+            return {"pipeline": pipeline, "rate": rate, "disque": d, "redis": r,
+                    "throughput_ratio": d["jobs_per_s"] / max(r["jobs_per_s"], 1e-9),
+                    "p99_ratio": d["latency"]["p99_us"] / max(r["latency"]["p99_us"], 1e-9)}
+
+        info = once(benchmark, measure)
+    finally:
+        n.stop()
+    benchmark.extra_info.update(info)
+    for side in ("disque", "redis"):
+        res = info[side]
+        assert res["fatal"] == [] and res["errors"] == 0, (side, res["first_error"], res["fatal"])
+        assert res["acked"] == res["produced"], (side, res["acked"], res["produced"])
+
+
+def fill(target: str, port: int, jobs: int) -> dict[str, Any]:
+    s = loadgen.Settings(workload="produce", target=target, port=port, procs=2, conns=4,
+                         pipeline=64, body_bytes=len(MEMORY_BODY), queues=16, jobs=jobs,
+                         duration_s=600.0, quiet=True)
+    return loadgen.run(s)
+
+
+def test_memory_1m_jobs(benchmark: Any, tmp_path: Path, redis_server: RedisServer) -> None:
+    """RSS of all workers with 1,000,000 queued 100-byte jobs, over an empty node."""
+    benchmark.group = "memory"
+    n = node(tmp_path, 2)
+    try:
+        c = n.client()
+        time.sleep(settle_s)
+        assert n.proc is not None
+        empty = workers_rss_bytes(n.proc.pid)
+
+        def measure() -> dict[str, Any]:
+            res = fill("disque", n.port, MEMORY_JOBS)
+            full = workers_rss_bytes(n.proc.pid)  # type: ignore[union-attr]
+            prefix = res["settings"]["prefix"]
+            queued = sum(int(c.execute_command("QLEN", f"{prefix}:{k}")) for k in range(16))
+            return {"jobs": queued, "empty_rss": empty, "full_rss": full,
+                    "bytes_per_job": (full - empty) / max(queued, 1), "fill": res}
+
+        info = once(benchmark, measure)
+    finally:
+        n.stop()
+    benchmark.extra_info.update(info)
+    benchmark.extra_info["redis"] = redis_memory(redis_server)
+    assert info["jobs"] == MEMORY_JOBS
+
+
+def redis_memory(server: RedisServer) -> dict[str, Any]:
+    """The same million 100-byte items LPUSHed to redis-server, for context."""
+    from bench.redisq import rss_bytes
+
+    c = server.client()
+    c.flushall()
+    assert server.proc is not None
+    empty = rss_bytes(server.proc.pid)
+    res = fill("redis", server.port, MEMORY_JOBS)
+    full = rss_bytes(server.proc.pid)
+    c.flushall()
+    return {"jobs": res["produced"], "empty_rss": empty, "full_rss": full,
+            "bytes_per_job": (full - empty) / max(res["produced"], 1)}
