@@ -327,3 +327,10 @@ def test_rewrite_without_a_config_file_fails() -> None:
 def test_format_memory() -> None:
     assert [c.format_memory(n) for n in (0, 1, 1024, 1 << 20, 3 << 30, 1500)] == [
         "0", "1", "1kb", "1mb", "3gb", "1500"]
+
+
+def test_the_example_config_is_valid() -> None:
+    path = Path(__file__).resolve().parents[2] / "systemd" / "disque-mp.conf"
+    cfg = c.load(str(path))
+    assert (cfg.port, cfg.bind, cfg.dir) == (7711, "127.0.0.1", "/var/lib/disque-mp")
+    assert cfg.appendonly is True and cfg.logfile == "" and cfg.daemonize is False
