@@ -296,6 +296,9 @@ class Supervisor:
                   f"port {self.cfg.port}")
         if not self.notified_ready:
             self.notified_ready = True
+            # A one-shot of the start-up load (the workers turn it off too): a
+            # worker restarted later must load its AOF the normal way.
+            self.cfg.aof_enqueue_jobs_once = False
             log.info("Ready to accept connections (%d workers)", len(self.slots))
             sdnotify.notify(f"READY=1\n{status}\nMAINPID={os.getpid()}")
         else:
