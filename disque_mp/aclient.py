@@ -90,8 +90,18 @@ class AsyncDisque:
             return await self._connect(avoid)
 
     async def _connect(self, avoid: tuple[str, int] | None) -> Hello:
+        hello = await self._connect_first(self.topology.candidates(avoid))
+        better = self.topology.better_nodes()
+        if better:  # on a leaving node: move to a better one if one answers
+            try:
+                hello = await self._connect_first(better)
+            except DisqueConnectionError:
+                pass
+        return hello
+
+    async def _connect_first(self, candidates: list[tuple[str, int]]) -> Hello:
         tried = []
-        for host, port in self.topology.candidates(avoid):
+        for host, port in candidates:
             r = self._make_redis(host, port)
             try:
                 hello = parse_hello(await r.execute_command("HELLO"), host, port)

@@ -413,6 +413,17 @@ class Topology:
         self.produced.clear()
         self.received = 0
 
+    def better_nodes(self) -> list[tuple[str, int]]:
+        """Nodes advertising a better (lower) priority than the one we are on, best first."""
+        if self.hello is None:
+            return []
+        mine = [n.priority for n in self.hello.nodes if n.id == self.hello.node_id]
+        if not mine:
+            return []
+        better = [(n.priority, self.rng.random(), (n.host, n.port)) for n in self.hello.nodes
+                  if n.priority < mine[0]]
+        return [addr for _, _, addr in sorted(better)]
+
     def note_jobs(self, jobs: Sequence[Job]) -> tuple[str, int] | None:
         """Count producers; after a sample, name the node to move to, if any (spec step 3)."""
         if not self.prefer_producer or not jobs or self.hello is None:
@@ -471,28 +482,42 @@ class Disque:
         )
 
     def connect(self, avoid: tuple[str, int] | None = None) -> Hello:
-        """Connect to the best reachable node (random among the seeds at first), run HELLO."""
+        """Connect to the best reachable node (random among the seeds at first), run HELLO.
+
+        Landing on a node that advertises a worse priority than others (a leaving
+        node says 100) moves on to a better one when one answers.
+        """
         with self._lock:
-            tried = []
-            for host, port in self.topology.candidates(avoid):
-                r = self._make_redis(host, port)
+            hello = self._connect_first(self.topology.candidates(avoid))
+            better = self.topology.better_nodes()
+            if better:
                 try:
-                    hello = parse_hello(r.execute_command("HELLO"), host, port)
-                except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-                    tried.append(f"{host}:{port} ({exc})")
-                    r.close()
-                    continue
-                except redis.ResponseError as exc:
-                    tried.append(f"{host}:{port} ({map_redis_error(exc)})")
-                    r.close()
-                    continue
-                old, self._redis = self._redis, r
-                if old is not None:
-                    old.close()
-                self.topology.learn(hello, (host, port))
-                log.debug("connected to %s:%d (node %s)", host, port, hello.node_id)
-                return hello
-            raise DisqueConnectionError("no Disque node reachable; tried: " + "; ".join(tried))
+                    hello = self._connect_first(better)
+                except DisqueConnectionError:
+                    pass  # stay: a leaving node still serves ACKs and NOHANG GETJOBs
+            return hello
+
+    def _connect_first(self, candidates: list[tuple[str, int]]) -> Hello:
+        tried = []
+        for host, port in candidates:
+            r = self._make_redis(host, port)
+            try:
+                hello = parse_hello(r.execute_command("HELLO"), host, port)
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                tried.append(f"{host}:{port} ({exc})")
+                r.close()
+                continue
+            except redis.ResponseError as exc:
+                tried.append(f"{host}:{port} ({map_redis_error(exc)})")
+                r.close()
+                continue
+            old, self._redis = self._redis, r
+            if old is not None:
+                old.close()
+            self.topology.learn(hello, (host, port))
+            log.debug("connected to %s:%d (node %s)", host, port, hello.node_id)
+            return hello
+        raise DisqueConnectionError("no Disque node reachable; tried: " + "; ".join(tried))
 
     def _client(self) -> redis.Redis:
         r = self._redis
