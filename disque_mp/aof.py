@@ -45,13 +45,17 @@ import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import BinaryIO, Protocol
+from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 import orjson
 
 from disque_mp import config
 from disque_mp.config import Config
-from workers.ids import SLOTS
+from workers.ids import SLOTS, is_valid_job_id, slot_of_job_id
+from workers.job import Job
+
+if TYPE_CHECKING:
+    from workers.shard import Shard
 
 log = logging.getLogger("disque_mp.aof")
 
@@ -957,3 +961,40 @@ def merge_bgrewrite(replies: list[str]) -> str:
 def _fsync_fd(fd: int) -> None:
     _check_fault()
     os.fdatasync(fd)
+
+
+# --- the shard side ---
+
+DEL_RECORD_TAG = 0x80  # first byte of a deletion record (job records start with 1..127)
+
+
+def job_id_of_record(record: bytes) -> str:
+    """The job a record is about (ValueError if it is neither form)."""
+    if record[:1] == bytes([DEL_RECORD_TAG]):
+        job_id = record[1:].decode()
+        if not is_valid_job_id(job_id):
+            raise ValueError("bad job ID in a deletion record")
+        return job_id
+    return Job.from_record(record).id
+
+
+class ShardAdapter:
+    """``ShardPort`` over the worker's ``workers.shard.Shard``."""
+
+    __slots__ = ("shard",)
+
+    def __init__(self, shard: Shard) -> None:
+        self.shard = shard
+
+    def slot_of_record(self, record: bytes) -> int:
+        return slot_of_job_id(job_id_of_record(record))
+
+    def load_record(self, record: bytes, enqueue: bool, now_ms: int) -> None:
+        self.shard.load_record(record, enqueue, now_ms)
+
+    def job_ids(self) -> list[str]:
+        return [j.id for j in self.shard.jobs()]
+
+    def record_of(self, job_id: str) -> bytes | None:
+        job = self.shard.lookup(job_id)
+        return None if job is None else job.to_record()
