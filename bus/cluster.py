@@ -101,8 +101,12 @@ class _Link(asyncio.Protocol):
                 frame = self.reader.next()
                 if frame is None:
                     break
-                self.bus.on_frame(self, *frame)
-        except frames.FrameError as exc:
+                kind, meta, bodies = frame
+                if not isinstance(meta, dict):
+                    raise frames.FrameError("frame metadata is not an object")
+                self.bus.on_frame(self, kind, meta, bodies)
+        except (frames.FrameError, TypeError, ValueError, KeyError) as exc:
+            # A peer that sends garbage loses its link; nothing it sends may hurt us.
             log.warning("cluster bus: dropping link to %s: %s", self.peer_ip, exc)
             self.close()
 

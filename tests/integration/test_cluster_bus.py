@@ -13,9 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bus import frames, nodes_conf
 from bus import membership as mb
-from bus import nodes_conf
-from bus.cluster import ClusterBus
+from bus.cluster import K_HANDSHAKE, K_PING, ClusterBus
 from disque_mp import cmd_cluster
 from disque_mp.config import Config
 from tests.nodeproc import free_port
@@ -215,3 +215,40 @@ async def _agent_scenario(tmp: Path) -> None:
     finally:
         await a.close()
         await b.close()
+
+
+def test_bus_port_survives_garbage(tmp_path: Path) -> None:
+    asyncio.run(_garbage_scenario(tmp_path))
+
+
+async def _closed_after(port: int, data: bytes) -> bool:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(data)
+    await writer.drain()
+    try:
+        while await asyncio.wait_for(reader.read(65536), wait_s):
+            pass  # the handshake frame it sends first, then EOF
+        return True
+    finally:
+        writer.close()
+
+
+async def _garbage_scenario(tmp: Path) -> None:
+    a, b = Host(tmp, "a"), Host(tmp, "b")
+    await a.bus.start()
+    await b.bus.start()
+    try:
+        bus_port = a.cfg.port + 10000
+        assert await _closed_after(bus_port, b"GET / HTTP/1.0\r\n\r\n")
+        assert await _closed_after(bus_port, frames.encode(K_HANDSHAKE, {"proto": 99}))
+        assert await _closed_after(bus_port, frames.encode(K_PING, {"id": "x"}))  # no handshake
+        hs = frames.encode(K_HANDSHAKE, {"proto": 1, "id": "e" * 40, "port": 1})
+        assert await _closed_after(bus_port, hs + b"DQ\x01\x63" + b"\x00" * 6)  # kind 99
+        bad_meta = hs + b"DQ\x01\x02\x00\x00\x00\x02\x00\x00[]"  # meta is a list
+        assert await _closed_after(bus_port, bad_meta)
+        a.bus.meet("127.0.0.1", b.cfg.port)
+        await until(lambda: a.knows(b) and b.knows(a), "bus still works")
+        assert "e" * 40 not in a.bus.m.nodes
+    finally:
+        await a.bus.close()
+        await b.bus.close()
