@@ -51,6 +51,7 @@ from workers.replies import (
     ERR_NOJOB,
     ERR_NOREPL,
     ERR_PAUSED,
+    NULL_ARRAY,
     Error,
     Status,
 )
@@ -641,7 +642,7 @@ class Shard:
     def op_qstat(self, queue: bytes, now_ms: int) -> Any:
         q = self._queues.get(queue)
         if q is None:
-            return None
+            return NULL_ARRAY  # the reference answers *-1 here (SHOW answers $-1)
         return [
             b"name", q.name,
             b"len", q.live,

@@ -10,7 +10,7 @@ import pytest
 from workers import shard as shard_mod
 from workers.effects import Wake
 from workers.job import ACKED, ACTIVE, QUEUED
-from workers.replies import ERR_NOJOB, ERR_NOREPL, ERR_PAUSED, Error, Status
+from workers.replies import ERR_NOJOB, ERR_NOREPL, ERR_PAUSED, NULL_ARRAY, Error, Status
 from workers.shard import Shard
 
 NODE = "739317b21b9046a3454204425426c55a12ccc07a"
@@ -391,7 +391,7 @@ def test_idle_empty_queue_is_evicted(env: Env) -> None:
     assert env.s.info()["registered_queues"] == 1
     env.advance(1_000 + RES)
     assert env.s.info()["registered_queues"] == 0
-    assert env.s.op_qstat(b"q", env.now) is None
+    assert env.s.op_qstat(b"q", env.now) is NULL_ARRAY
 
 
 def test_queue_with_waiter_or_pause_or_jobs_not_evicted(env: Env) -> None:
