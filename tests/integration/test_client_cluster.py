@@ -1,0 +1,147 @@
+"""The client against a real 3-node cluster: discovery, -LEAVING and drop failover,
+following the producer, the consumer helper's WORKING and NACK on replicated jobs."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from disque_mp.client import Disque, Job
+from tests.nodeproc import NodeProc
+
+cluster_form_timeout_s = 60.0  # three cold nodes on 2 busy cores
+leaving_seen_timeout_s = 30.0
+
+
+def _addr(node: NodeProc) -> str:
+    return f"127.0.0.1:{node.port}"
+
+
+def _raw(node: NodeProc) -> redis.Redis:
+    return redis.Redis(host="127.0.0.1", port=node.port, protocol=2, socket_timeout=10)
+
+
+def _wait_for(predicate, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def _hello_sizes(nodes: list[NodeProc]) -> list[int]:
+    sizes = []
+    for n in nodes:
+        with Disque([_addr(n)]) as d:
+            sizes.append(len(d.hello().nodes))
+    return sizes
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[NodeProc]]:
+    base = Path(tmp_path_factory.mktemp("client-cluster"))
+    nodes = [NodeProc(base / f"n{i}", workers=1, conf={"cluster-node-timeout": 3000})
+             for i in range(3)]
+    try:
+        for n in nodes:
+            n.start()
+        first = _raw(nodes[0])
+        for n in nodes[1:]:
+            first.execute_command("CLUSTER", "MEET", "127.0.0.1", n.port)
+        _wait_for(lambda: _hello_sizes(nodes) == [3, 3, 3], cluster_form_timeout_s,
+                  "every node to list 3 nodes in HELLO")
+        yield nodes
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+def _q(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def test_discovery_through_hello(cluster: list[NodeProc]) -> None:
+    with Disque([_addr(cluster[0])]) as d:
+        hello = d.hello()
+        assert {n.port for n in hello.nodes} == {n.port for n in cluster}
+        assert {n.priority for n in hello.nodes} == {1}
+        assert len({n.id for n in hello.nodes}) == 3
+        assert hello.nodes[0].id == hello.node_id  # ourselves first
+
+
+def test_leaving_node_sends_clients_elsewhere(cluster: list[NodeProc]) -> None:
+    leaving = cluster[1]
+    raw = _raw(leaving)
+    with Disque([_addr(leaving)]) as d:
+        assert d.ping() and d.address == ("127.0.0.1", leaving.port)
+        assert raw.execute_command("CLUSTER", "LEAVING", "yes") in (b"OK", True)
+        try:
+            _wait_for(lambda: any(n.priority == 100 for n in d.hello().nodes),
+                      leaving_seen_timeout_s, "HELLO to show the leaving node")
+            # a blocking GETJOB gets -LEAVING: the client moves and retries there
+            assert d.get_jobs(_q("lv"), timeout_ms=200) == []
+            assert d.address is not None and d.address[1] != leaving.port
+            # a new client seeded with the leaving node only moves on after HELLO
+            with Disque([_addr(leaving)]) as fresh:
+                fresh.ping()
+                assert fresh.address is not None and fresh.address[1] != leaving.port
+        finally:
+            raw.execute_command("CLUSTER", "LEAVING", "no")
+
+
+def test_consumer_helper_working_and_nack_on_replicated_jobs(cluster: list[NodeProc]) -> None:
+    q = _q("cw")
+    with Disque([_addr(cluster[0])]) as d, Disque([_addr(cluster[2])]) as other:
+        slow_id = d.add_job(q, "slow", replicate=2, retry=2)
+        seen: list[tuple[str, int | None]] = []
+
+        def handler(job: Job) -> None:
+            seen.append((job.id, job.nacks))
+            if len(seen) == 1:
+                time.sleep(3.5)  # past RETRY: WORKING keeps it active on every copy
+                assert d.show(job.id)["state"] == "active"
+                assert d.qlen(q) == 0
+            elif len(seen) == 2:
+                raise RuntimeError("fail once")
+
+        assert d.consume(q, handler, max_jobs=1) == 1
+        assert d.show(slow_id) is None or d.show(slow_id)["state"] == "acked"
+        assert other.qlen(q) == 0
+
+        flaky_id = d.add_job(q, "flaky", replicate=2, retry=60)
+        assert d.consume(q, handler, max_jobs=2, poll_ms=200) == 2
+        assert seen[1:] == [(flaky_id, 0), (flaky_id, 1)]
+
+
+def test_prefer_producer_moves_to_the_producing_node(cluster: list[NodeProc]) -> None:
+    q = _q("pp")
+    producer, consumer_home = cluster[2], cluster[0]
+    with Disque([_addr(producer)]) as p:
+        p.add_jobs(((q, f"p{i}") for i in range(1200)), retry=60)
+    with Disque([_addr(consumer_home)], prefer_producer=True) as c:
+        c.ping()
+        taken = 0
+        deadline = time.monotonic() + 60
+        while c.address == ("127.0.0.1", consumer_home.port) and time.monotonic() < deadline:
+            jobs = c.get_jobs(q, count=200, timeout_ms=1000)  # federation brings them over
+            if jobs:
+                c.fast_ack(jobs)
+                taken += len(jobs)
+        assert c.address == ("127.0.0.1", producer.port)
+        assert taken >= 1000
+
+
+def test_dropped_node_sends_clients_elsewhere(cluster: list[NodeProc]) -> None:
+    doomed = cluster[1]
+    with Disque([_addr(doomed)]) as d:
+        assert d.ping()
+        assert len(d.topology.hello.nodes) == 3  # type: ignore[union-attr]
+        doomed.stop()
+        job_id = d.add_job(_q("drop"), "after the crash")
+        assert d.address is not None and d.address[1] != doomed.port
+        assert d.show(job_id) is not None
