@@ -209,9 +209,12 @@ class Conn(asyncio.Protocol):
 
 
 async def connect(s: Settings) -> Conn:
+    return await connect_to(s.host, s.port)
+
+
+async def connect_to(host: str, port: int) -> Conn:
     loop = asyncio.get_running_loop()
-    coro = loop.create_connection(Conn, s.host, s.port)
-    _, proto = await asyncio.wait_for(coro, connect_s_max)
+    _, proto = await asyncio.wait_for(loop.create_connection(Conn, host, port), connect_s_max)
     return proto
 
 

@@ -115,9 +115,12 @@ def ratio_rows(rows: list[dict[str, Any]]) -> list[tuple[str, str, float | None,
                 f"{mem['jobs']:,} jobs, workers RSS {mem['empty_rss'] / 2**20:.0f} -> "
                 f"{mem['full_rss'] / 2**20:.0f} MiB; redis-server "
                 f"{mem['redis']['bytes_per_job']:.0f} B/item" if mem else "not run"))
-    xw = next(iter(by_group(rows, "cross-worker")), None)
-    out.append(("queue owned by another worker: throughput cost", "<= 15 %",
-                xw["cost_pct"] if xw else None, xw["detail"] if xw else "not run"))
+    xws = sorted(by_group(rows, "cross-worker"), key=lambda r: r["pipeline"])
+    for xw in xws:
+        out.append((f"queue owned by another worker: throughput cost, -P {xw['pipeline']}",
+                    "<= 15 %", xw["cost_pct"], xw["detail"]))
+    if not xws:
+        out.append(("queue owned by another worker: throughput cost", "<= 15 %", None, "not run"))
     return out
 
 

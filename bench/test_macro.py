@@ -24,6 +24,7 @@ from tests.nodeproc import NodeProc, free_port
 CLIENTS = 50  # redis-benchmark -c, as in the targets
 REQUESTS = 200_000  # redis-benchmark -n, as in the targets
 CYCLE_S = 10.0  # seconds per load-generator cycle run
+CROSS_S = 5.0  # seconds per cross-worker run (local, remote, mixed)
 MEMORY_JOBS = 1_000_000  # the memory target's job count
 MEMORY_BODY = b"x" * 100  # ... and body size
 settle_s = 1.0  # let a fresh node's allocator and imports settle before an RSS baseline
@@ -168,3 +169,20 @@ def redis_memory(server: RedisServer) -> dict[str, Any]:
     c.flushall()
     return {"jobs": res["produced"], "empty_rss": empty, "full_rss": full,
             "bytes_per_job": (full - empty) / max(res["produced"], 1)}
+
+
+@pytest.mark.parametrize("pipeline", [1, 32])
+def test_cross_worker(benchmark: Any, tmp_path: Path, pipeline: int) -> None:
+    """ADDJOB from connections held by the queue's owner vs by the other worker."""
+    from bench import xworker
+
+    benchmark.group = "cross-worker"
+    n = node(tmp_path, 2)
+    try:
+        assert n.proc is not None
+        pid = n.proc.pid
+        info = once(benchmark, lambda: xworker.run(n.port, pid, pipeline, CROSS_S))
+    finally:
+        n.stop()
+    benchmark.extra_info.update(info)
+    assert info["local"] > 0 and info["remote"] > 0
