@@ -12,6 +12,7 @@ from disque_mp import aof
 from disque_mp.aof import AofManager, FileHeader, FrameReader, ShardAdapter
 from disque_mp.config import Config
 from workers.effects import AofAppend
+from workers.ids import owner_of_job_id, owner_of_queue
 from workers.job import Job
 from workers.shard import Shard
 
@@ -207,3 +208,160 @@ def test_header_of_rewritten_file(tmp_path: Path) -> None:
     mgr = open_manager(tmp_path, make_shard())
     assert aof.read_header(mgr.writer.path) == FileHeader(1, 1, 0)
     assert [Job.from_record(r) for r in file_state(mgr.writer.path).values() if r] == []
+
+
+# --- loading ---
+
+
+def queue_of(index: int, workers: int, n: int = 0) -> bytes:
+    """The n-th queue name owned by worker ``index`` of ``workers``."""
+    found = [q for q in (b"q%d" % i for i in range(1000)) if owner_of_queue(q, workers) == index]
+    return found[n]
+
+
+def start(tmp_path: Path, index: int, workers: int, now_ms: int = NOW_MS,
+          **kw: object) -> tuple[Shard, AofManager]:
+    shard = Shard(NODE, index, workers, b"seed%d" % workers, random.Random(index), now_ms)
+    cfg = make_cfg(tmp_path, workers=workers, **kw)
+    mgr = AofManager(cfg, index, ShardAdapter(shard))
+    mgr.load(now_ms)
+    return shard, mgr
+
+
+def add_logged(shard: Shard, mgr: AofManager, queue: bytes, retry_s: int = 60) -> str:
+    reply = shard.op_addjob(queue, b"body", timeout_ms=0, replicate=None, delay_s=0,
+                            retry_s=retry_s, ttl_s=3600, maxlen=0, async_=False, token=0,
+                            now_ms=NOW_MS)
+    drain(shard, mgr)
+    log_state(shard, mgr, str(reply))
+    return str(reply)
+
+
+@pytest.mark.parametrize("before,after", [(2, 1), (1, 2), (2, 3)])
+def test_restart_with_another_worker_count_keeps_every_job(tmp_path: Path, before: int,
+                                                           after: int) -> None:
+    expected: set[str] = set()
+    for i in range(before):
+        shard, mgr = start(tmp_path, i, before)
+        for n in range(3):
+            for _ in range(4):
+                expected.add(add_logged(shard, mgr, queue_of(i, before, n)))
+        assert mgr.shutdown(rewrite=False) == ""
+    got: set[str] = set()
+    for i in range(after):  # workers start one after the other, as a worst case for files
+        shard, mgr = start(tmp_path, i, after)
+        ids = {j.id for j in shard.jobs()}
+        assert all(owner_of_job_id(j, after) == i for j in ids)
+        got |= ids
+        mgr.shutdown(rewrite=False)
+    assert got == expected
+    names = sorted(p.name for p in tmp_path.glob("*.aof"))
+    assert len(names) == after, f"superseded files removed: {names}"
+    got = set()
+    for i in range(after):  # and once more: the files written after the change load alone
+        shard, mgr = start(tmp_path, i, after)
+        got |= {j.id for j in shard.jobs()}
+        mgr.shutdown(rewrite=False)
+    assert got == expected
+
+
+def test_deleted_and_acked_jobs_stay_gone(tmp_path: Path) -> None:
+    shard, mgr = start(tmp_path, 0, 1)
+    q = queue_of(0, 1)
+    keep, deleted, acked = (add_logged(shard, mgr, q) for _ in range(3))
+    shard.op_deljob([deleted], NOW_MS)
+    log_state(shard, mgr, deleted)
+    shard.op_ackjob([acked], NOW_MS)
+    log_state(shard, mgr, acked)
+    mgr.shutdown(rewrite=False)
+    shard, mgr = start(tmp_path, 0, 1)
+    assert {j.id for j in shard.jobs()} == {keep}
+
+
+def test_normal_restart_loads_jobs_active_and_the_retry_timer_queues_them(tmp_path: Path) -> None:
+    shard, mgr = start(tmp_path, 0, 1)
+    q = queue_of(0, 1)
+    ids = [add_logged(shard, mgr, q, retry_s=5) for _ in range(3)]
+    once = add_logged(shard, mgr, q, retry_s=0)  # at-most-once: queued exactly once
+    assert shard.op_qlen(q) == 4
+    mgr.shutdown(rewrite=False)
+    shard, mgr = start(tmp_path, 0, 1)
+    assert shard.op_qlen(q) == 0
+    assert {j.id for j in shard.jobs()} == set(ids) | {once}
+    shard.tick(NOW_MS + 5000 + 1000)
+    assert shard.op_qlen(q) == 3, "requeued by their retry timer; the RETRY 0 job is not"
+    shard.check()
+
+
+def test_controlled_restart_keeps_queues_and_their_order(tmp_path: Path) -> None:
+    shard, mgr = start(tmp_path, 0, 1)
+    q = queue_of(0, 1)
+    ids = [add_logged(shard, mgr, q) for _ in range(20)]
+    taken = shard.op_take([q], 5, False, NOW_MS)  # 5 delivered: active, not queued
+    assert len(taken) == 5
+    order = [str(e[1]) for e in shard.op_qpeek(q, 100)]
+    assert order == ids[5:]
+    mgr.cfg.aof_enqueue_jobs_once = True
+    assert mgr.shutdown(rewrite=True) == ""  # SHUTDOWN REWRITE-AOF
+    shard, mgr = start(tmp_path, 0, 1, aof_enqueue_jobs_once=True)
+    assert [str(e[1]) for e in shard.op_qpeek(q, 100)] == order
+    assert len(shard.jobs()) == 20
+    assert mgr.cfg.aof_enqueue_jobs_once is False, "the option turns itself off"
+    shard.check()
+
+
+def test_enqueue_once_loads_even_with_appendonly_off(tmp_path: Path) -> None:
+    shard, mgr = start(tmp_path, 0, 1, appendonly=False)
+    q = queue_of(0, 1)
+    ids = [str(shard.op_addjob(q, b"b", timeout_ms=0, replicate=None, delay_s=0, retry_s=None,
+                               ttl_s=3600, maxlen=0, async_=False, token=0, now_ms=NOW_MS))
+           for _ in range(3)]
+    assert mgr.shutdown(rewrite=True) == ""  # writes a fresh AOF although appendonly is no
+    shard, mgr = start(tmp_path, 0, 1, appendonly=False, aof_enqueue_jobs_once=True)
+    assert [str(e[1]) for e in shard.op_qpeek(q, 10)] == ids
+    assert mgr.state == "off"
+
+
+def _torn(tmp_path: Path) -> tuple[Path, int, set[str]]:
+    shard, mgr = start(tmp_path, 0, 1)
+    q = queue_of(0, 1)
+    ids = {add_logged(shard, mgr, q) for _ in range(5)}
+    mgr.shutdown(rewrite=False)
+    path = Path(mgr.writer.path)
+    good = path.stat().st_size
+    with open(path, "ab") as f:
+        f.write(aof.frame(b"\x01" * 90)[:50])  # a record torn by a crash
+    return path, good, ids
+
+
+def test_truncated_tail_is_cut_with_a_log_line(tmp_path: Path,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    path, good, ids = _torn(tmp_path)
+    with caplog.at_level("WARNING", logger="disque_mp.aof"):
+        shard, mgr = start(tmp_path, 0, 1)
+    assert {j.id for j in shard.jobs()} == ids
+    assert path.stat().st_size == good
+    assert f"AOF truncated at offset {good}" in caplog.text
+
+
+def test_truncated_tail_refused_with_aof_load_truncated_no(tmp_path: Path) -> None:
+    path, good, _ = _torn(tmp_path)
+    with pytest.raises(aof.AofLoadError) as e:
+        start(tmp_path, 0, 1, aof_load_truncated=False)
+    assert str(path) in str(e.value) and f"offset {good}" in str(e.value)
+    assert "aof-load-truncated" in str(e.value)
+    assert path.stat().st_size > good, "nothing cut"
+
+
+def test_damage_in_the_middle_is_always_refused(tmp_path: Path) -> None:
+    shard, mgr = start(tmp_path, 0, 1)
+    for _ in range(5):
+        add_logged(shard, mgr, queue_of(0, 1))
+    mgr.shutdown(rewrite=False)
+    path = Path(mgr.writer.path)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(aof.AofLoadError) as e:
+        start(tmp_path, 0, 1)
+    assert "check-aof --fix" in str(e.value)
