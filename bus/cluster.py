@@ -28,7 +28,7 @@ import os
 import random
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from bus import frames, nodes_conf
 from bus import membership as mb
@@ -86,8 +86,7 @@ class _Link(asyncio.Protocol):
         self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         peer = transport.get_extra_info("peername") or ("", 0)
         local = transport.get_extra_info("sockname") or ("", 0)
         self.peer_ip, self.local_ip = str(peer[0]), str(local[0])

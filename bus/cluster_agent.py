@@ -22,8 +22,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from bus import frames
 from bus.cluster import (
@@ -71,8 +72,7 @@ class _Local(asyncio.Protocol):
         self.lost = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -153,7 +153,7 @@ class ClusterAgent:
         name = socket_name(self.cfg.port, self.node_id)
         while not self.closing:
             try:
-                _, link = await loop.create_unix_connection(lambda: _Local(self, 0), path=name)
+                link = await _connect_unix(loop, name, lambda: _Local(self, 0))
             except OSError:
                 await asyncio.sleep(reconnect_delay_s)
                 continue
@@ -252,6 +252,21 @@ class ClusterAgent:
         pending, self.pending = self.pending, {}
         for done in pending.values():
             done(ERR_OWNER_DOWN)
+
+
+async def _connect_unix(loop: asyncio.AbstractEventLoop, name: str,
+                        factory: Callable[[], _Local]) -> _Local:
+    """Connect to an abstract-namespace socket. uvloop's create_unix_connection
+    rejects such paths (EINVAL), so connect the socket first and hand it over."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    try:
+        await loop.sock_connect(sock, name)
+    except OSError:
+        sock.close()
+        raise
+    _, link = await loop.create_unix_connection(factory, sock=sock)
+    return link
 
 
 # ---- replies over the local socket (the few shapes CLUSTER answers with) -------------
