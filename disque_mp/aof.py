@@ -499,6 +499,8 @@ class AofManager:
         self.closed = False
         self.last_fsync_s = clock()
         self.loop: asyncio.AbstractEventLoop | None = None  # set by run()
+        # Does the shard emit AofAppend itself? (the worker sets it at the first one)
+        self.shard_logs = False
         self._commit_scheduled = False
         # Replies waiting for the turn's commit (appendfsync always); bounded by
         # what the connections of one loop turn can send (their input is bounded).
@@ -697,6 +699,19 @@ class AofManager:
         self._write_recovered()
         self.durable = self.appended
         return True
+
+    def append_effect(self, record: bytes) -> None:
+        """An ``AofAppend`` effect of the shard: the shard logs its own changes."""
+        self.shard_logs = True
+        self.append(record)
+
+    def after_command(self, shard: Shard, name: bytes, args: list[bytes], reply: object) -> None:
+        """Log the jobs a command changed, for a shard that does not emit
+        ``AofAppend`` itself (stops for good at the first one it sees)."""
+        if self.state == "off" or self.shard_logs:
+            return
+        for record in records_of_command(shard, name, args, reply):
+            self.append(record)
 
     def holds_replies(self) -> bool:
         """With ``appendfsync always`` a reply whose record is not on disk yet must
@@ -1069,3 +1084,32 @@ def _load_into(shard: Shard, record: bytes, enqueue: bool, now_ms: int) -> None:
             job.qtime_ms = now_ms + job.retry_s * 1000
     shard._register(job)
     shard._schedule(job, shard._due(job))
+
+
+# Commands that change jobs named in their arguments (after the command name).
+_ID_COMMANDS = frozenset((b"ackjob", b"fastack", b"deljob", b"nack", b"enqueue", b"dequeue",
+                          b"working"))
+
+
+def del_record(job_id: str) -> bytes:
+    return bytes([DEL_RECORD_TAG]) + job_id.encode()
+
+
+def records_of_command(shard: Shard, name: bytes, args: list[bytes],
+                       reply: object) -> Iterator[bytes]:
+    """The state records a job command leaves behind: the new job of an ADDJOB,
+    the current state (or deletion) of every job an ID command named."""
+    if name == b"addjob":
+        if isinstance(reply, str) and is_valid_job_id(reply):
+            job = shard.lookup(reply)
+            if job is not None:
+                yield job.to_record()
+        return
+    if name not in _ID_COMMANDS or isinstance(reply, Error):
+        return
+    for raw in args:
+        if not is_valid_job_id(raw):
+            continue
+        job_id = raw.decode()
+        job = shard.lookup(job_id)
+        yield del_record(job_id) if job is None else job.to_record()

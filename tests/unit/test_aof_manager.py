@@ -365,3 +365,32 @@ def test_damage_in_the_middle_is_always_refused(tmp_path: Path) -> None:
     with pytest.raises(aof.AofLoadError) as e:
         start(tmp_path, 0, 1)
     assert "check-aof --fix" in str(e.value)
+
+
+def test_records_of_commands_replay_to_the_same_jobs(tmp_path: Path) -> None:
+    """The worker-side log (for a shard that emits no AofAppend) through the real
+    command layer: the file replays to exactly the shard's jobs."""
+    from disque_mp import cmd_jobs
+
+    shard, mgr = start(tmp_path, 0, 1)
+
+    def run(*words: bytes) -> object:
+        reply = cmd_jobs.run(shard, words[0], list(words[1:]), 0, NOW_MS)
+        mgr.after_command(shard, words[0], list(words[1:]), reply)
+        return reply
+
+    ids = [str(run(b"addjob", b"cq", b"body%d" % n, b"0")) for n in range(6)]
+    run(b"ackjob", ids[0].encode())
+    run(b"deljob", ids[3].encode(), b"not-an-id")  # -BADID: nothing deleted, nothing logged
+    run(b"deljob", ids[1].encode())
+    run(b"fastack", ids[2].encode())
+    run(b"nack", ids[3].encode())
+    run(b"addjob", b"cq", b"x", b"0", b"DELAY", b"99999")  # an error: nothing logged
+    mgr.commit()
+    state = {k: v for k, v in file_state(mgr.writer.path).items() if v is not None}
+    assert state == {j.id: j.to_record() for j in shard.jobs()}
+    assert set(state) == set(ids[3:])
+    mgr.append_effect(shard.lookup(ids[4]).to_record())
+    n = mgr.appended
+    run(b"ackjob", ids[4].encode())
+    assert mgr.appended == n, "the shard logs for itself now"
