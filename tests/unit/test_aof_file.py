@@ -250,3 +250,18 @@ def test_check_aof_usage_and_missing_file(tmp_path: Path,
     assert aof_check.main(["a", "b"]) == 2
     assert aof_check.main([str(tmp_path / "nope.aof")]) == 2
     assert "Cannot open" in capsys.readouterr().err
+
+
+def test_check_aof_through_the_cli(tmp_path: Path) -> None:
+    import sys
+
+    recs = job_records(2)
+    path = write_aof(tmp_path, recs)
+    with open(path, "ab") as f:
+        f.write(b"\x00\x00\x01")
+    cmd = [sys.executable, "-m", "disque_mp", "check-aof"]
+    res = subprocess.run([*cmd, str(path)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and "AOF is not valid" in res.stdout
+    res = subprocess.run([*cmd, "--fix", str(path)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and "Successfully truncated AOF" in res.stdout
+    assert read_all(path)[0] == recs
