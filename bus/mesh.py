@@ -1,0 +1,347 @@
+"""The local mesh: frames between the worker processes of one host.
+
+Every worker listens on a Unix socket in the abstract namespace (nothing to
+clean up on disk, gone when the process dies) and opens one connection to every
+other worker. A worker's requests travel on its own outgoing connection and
+their answers come back on it; so an owner never needs to know who is asking,
+it answers on the link the request came from.
+
+Frame kinds (meta is an orjson object, bodies raw bytes, see ``bus/frames.py``):
+
+    CMD      {"r", "n": command}            bodies: args     -> REPLY {"r", "v"}
+    TAKE     {"r", "c": count, "w": withcounters}  bodies: queues -> REPLY (job entries)
+    BLOCK    {"t": token, "c", "w"}        bodies: queues   -> later WAKE {"t", "v"}
+    UNBLOCK  {"t"}
+    RETURN   {}                            bodies: job IDs (surplus of a GETJOB)
+    SCATTER  {"r", "op", "a": JSON arg}    node-wide work    -> REPLY {"r", "v"}
+    REPLY / WAKE carry a packed reply value (``pack``/``unpack``).
+
+Frames for one peer produced during one loop turn leave in one write.
+
+Connections (client sockets) move between workers over a datagram socket
+beside the mesh (``Handoff``): SCM_RIGHTS carries the descriptor, the datagram
+the connection's state.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from bus.frames import FrameError, FrameReader, encode
+from workers.replies import NULL_ARRAY, Error, Status
+
+K_CMD, K_REPLY, K_TAKE, K_BLOCK, K_UNBLOCK, K_WAKE, K_RETURN, K_SCATTER = range(1, 9)
+KINDS = frozenset(range(1, 9))
+
+# Frames queued for a peer that is not connected yet (start-up, restart): past
+# this the requests fail instead of growing memory without end.
+backlog_bytes_max = 64 << 20
+reconnect_delay_s = 0.05  # peers start within a few hundred ms of each other
+handoff_state_bytes_max = 64 * 1024  # one datagram: a connection's small state
+
+
+def socket_name(port: int, node_id: str, index: int, suffix: str = "") -> str:
+    return f"\0disque-mp.{port}.{node_id[:16]}.{index}{suffix}"
+
+
+# ----- reply values over the mesh -------------------------------------------
+
+
+def pack(value: Any, bodies: list[bytes]) -> Any:
+    """A reply value as JSON, bytes moved to ``bodies`` (never base64)."""
+    t = type(value)
+    if t is int or t is float or value is None:
+        return value
+    if t is bytes:
+        bodies.append(value)
+        return {"b": len(bodies) - 1}
+    if t is Status:
+        return {"s": str(value)}
+    if t is Error:
+        return {"e": str(value)}
+    if t is str:
+        return {"t": value}
+    if t is list or t is tuple:
+        return [pack(v, bodies) for v in value]
+    if value is NULL_ARRAY:
+        return {"n": 1}
+    if t is dict:
+        return {"d": [[k, pack(v, bodies)] for k, v in value.items()]}
+    if t is bool:
+        return int(value)
+    raise TypeError(f"cannot pack {t.__name__}")
+
+
+def unpack(value: Any, bodies: list[bytes]) -> Any:
+    if type(value) is dict:
+        if "b" in value:
+            return bodies[value["b"]]
+        if "s" in value:
+            return Status(value["s"])
+        if "e" in value:
+            return Error(value["e"])
+        if "t" in value:
+            return value["t"]
+        if "n" in value:
+            return NULL_ARRAY
+        return {k: unpack(v, bodies) for k, v in value["d"]}
+    if type(value) is list:
+        return [unpack(v, bodies) for v in value]
+    return value
+
+
+# ----- links ----------------------------------------------------------------
+
+ReplyCallback = Callable[[dict[str, Any], list[bytes]], None]
+
+
+class Link(asyncio.Protocol):
+    """One mesh connection. Outgoing links (``peer`` >= 0) carry our requests and
+    survive reconnections; incoming links carry a peer's requests."""
+
+    def __init__(self, mesh: Mesh, peer: int) -> None:
+        self.mesh = mesh
+        self.peer = peer
+        self.transport: asyncio.Transport | None = None
+        self.reader = FrameReader(KINDS)
+        self.outq: list[bytes] = []
+        self.outq_bytes = 0
+        self.pending: dict[int, ReplyCallback] = {}
+        self.dirty = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.reader = FrameReader(KINDS)
+        if self.outq:
+            self.mesh.mark(self)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.reader.feed(data)
+            while (frame := self.reader.next()) is not None:
+                self.mesh.dispatch(self, *frame)
+        except FrameError as exc:
+            self.mesh.log(f"mesh frame error from worker {self.peer}: {exc}")
+            if self.transport is not None:
+                self.transport.abort()
+        self.mesh.after_batch()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self.mesh.lost(self)
+
+    def queue(self, frame: bytes) -> None:
+        if self.transport is None and self.outq_bytes + len(frame) > backlog_bytes_max:
+            raise ConnectionError(f"worker {self.peer} unreachable, mesh backlog full")
+        self.outq.append(frame)
+        self.outq_bytes += len(frame)
+        if self.transport is not None:
+            self.mesh.mark(self)
+
+    def flush(self) -> None:
+        self.dirty = False
+        if self.transport is None or not self.outq:
+            return
+        data = b"".join(self.outq) if len(self.outq) > 1 else self.outq[0]
+        self.outq.clear()
+        self.outq_bytes = 0
+        self.transport.write(data)
+
+    def send(self, kind: int, meta: dict[str, Any], bodies: list[bytes] | tuple[bytes, ...] = ()) -> None:
+        self.queue(encode(kind, meta, bodies))
+
+
+class Mesh:
+    """Links to every other worker of this host.
+
+    ``on_request(link, kind, meta, bodies)`` serves a peer's request (answer with
+    ``link.send``); ``on_wake(peer, meta, bodies)`` receives a WAKE for one of our
+    blocked GETJOBs; ``on_peer_up(peer)`` runs after every (re)connection;
+    ``on_incoming_lost(link)`` lets the owner drop what that peer registered;
+    ``after_batch()`` runs after each read of frames (flush client replies).
+    """
+
+    def __init__(self, port: int, node_id: str, index: int, workers: int, handler: Any) -> None:
+        self.port = port
+        self.node_id = node_id
+        self.index = index
+        self.workers = workers
+        self.handler = handler
+        self.links: list[Link | None] = [
+            None if j == index else Link(self, j) for j in range(workers)
+        ]
+        self.incoming: set[Link] = set()
+        self._dirty: list[Link] = []
+        self._flush_scheduled = False
+        self._next_rid = 0
+        self._server: asyncio.AbstractServer | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.closing = False
+        self.loop = asyncio.get_event_loop()
+
+    def log(self, text: str) -> None:
+        self.handler.log(text)
+
+    async def start(self) -> None:
+        # uvloop rejects abstract names given as ``path`` (EINVAL): pass sockets.
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(socket_name(self.port, self.node_id, self.index))
+        sock.listen(self.workers * 4)
+        sock.setblocking(False)
+        self._server = await self.loop.create_unix_server(self._incoming, sock=sock)
+        for link in self.links:
+            if link is not None:
+                self._tasks.append(self.loop.create_task(self._connect(link)))
+
+    def _incoming(self) -> Link:
+        link = Link(self, -1)
+        self.incoming.add(link)
+        return link
+
+    async def _connect(self, link: Link) -> None:
+        name = socket_name(self.port, self.node_id, link.peer)
+        while not self.closing:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.setblocking(False)
+                sock.connect(name)  # a local connect completes at once or fails
+                await self.loop.create_unix_connection(lambda: link, sock=sock)
+            except OSError:
+                sock.close()
+                await asyncio.sleep(reconnect_delay_s)
+                continue
+            self.handler.on_peer_up(link.peer)
+            return
+
+    def lost(self, link: Link) -> None:
+        if link.peer < 0:
+            self.incoming.discard(link)
+            self.handler.on_incoming_lost(link)
+            return
+        pending, link.pending = link.pending, {}
+        lost = Error(f"ERR worker {link.peer} is unavailable, try again")
+        for callback in pending.values():
+            callback({"v": {"e": str(lost)}}, [])
+        if not self.closing:
+            self._tasks.append(self.loop.create_task(self._connect(link)))
+
+    def close(self) -> None:
+        self.closing = True
+        for task in self._tasks:
+            task.cancel()
+        if self._server is not None:
+            self._server.close()
+        for link in [*self.links, *self.incoming]:
+            if link is not None and link.transport is not None:
+                link.transport.close()
+
+    # --- sending ---
+
+    def mark(self, link: Link) -> None:
+        if not link.dirty:
+            link.dirty = True
+            self._dirty.append(link)
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        dirty, self._dirty = self._dirty, []
+        for link in dirty:
+            link.flush()
+
+    def request(self, peer: int, kind: int, meta: dict[str, Any], bodies: Any, callback: ReplyCallback) -> None:
+        link = self.links[peer]
+        assert link is not None, "no mesh link to ourselves"
+        self._next_rid += 1
+        rid = self._next_rid
+        meta["r"] = rid
+        link.pending[rid] = callback
+        try:
+            link.send(kind, meta, bodies)
+        except ConnectionError as exc:
+            del link.pending[rid]
+            callback({"v": {"e": f"ERR {exc}"}}, [])
+
+    def send(self, peer: int, kind: int, meta: dict[str, Any], bodies: Any = ()) -> None:
+        link = self.links[peer]
+        assert link is not None, "no mesh link to ourselves"
+        try:
+            link.send(kind, meta, bodies)
+        except ConnectionError as exc:
+            self.log(f"mesh: dropped a frame for worker {peer}: {exc}")
+
+    # --- receiving ---
+
+    def dispatch(self, link: Link, kind: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
+        if link.peer < 0:
+            self.handler.on_request(link, kind, meta, bodies)
+        elif kind == K_REPLY:
+            callback = link.pending.pop(meta["r"], None)
+            if callback is not None:
+                callback(meta, bodies)
+        elif kind == K_WAKE:
+            self.handler.on_wake(link.peer, meta, bodies)
+
+    def after_batch(self) -> None:
+        self.handler.after_batch()
+
+
+# ----- connection handoff ---------------------------------------------------
+
+
+class Handoff:
+    """Moves client sockets between workers (SCM_RIGHTS over a datagram socket)."""
+
+    def __init__(self, port: int, node_id: str, index: int, on_socket: Callable[[socket.socket, dict[str, Any]], None]) -> None:
+        self.port = port
+        self.node_id = node_id
+        self.on_socket = on_socket
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(socket_name(port, node_id, index, ".fd"))
+        self.sock.setblocking(False)
+        self.loop = asyncio.get_event_loop()
+        self.loop.add_reader(self.sock.fileno(), self._receive)
+
+    def give(self, peer: int, fd: int, state: dict[str, Any]) -> bool:
+        """Send ``fd`` with ``state`` to worker ``peer``; False if it could not go."""
+        data = orjson.dumps(state)
+        if len(data) > handoff_state_bytes_max:
+            return False
+        fds = array.array("i", [fd])
+        try:
+            self.sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)],
+                              0, socket_name(self.port, self.node_id, peer, ".fd"))
+        except OSError:
+            return False
+        return True
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                data, ancdata, _flags, _addr = self.sock.recvmsg(
+                    handoff_state_bytes_max, socket.CMSG_SPACE(4 * 4))
+            except (BlockingIOError, InterruptedError):
+                return
+            fds: list[int] = []
+            for level, kind, raw in ancdata:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    arr = array.array("i")
+                    arr.frombytes(raw[: len(raw) - len(raw) % arr.itemsize])
+                    fds.extend(arr)
+            for fd in fds[1:]:  # one descriptor per message; never leak extras
+                socket.close(fd)
+            if fds:
+                sock = socket.socket(fileno=fds[0])
+                self.on_socket(sock, orjson.loads(data) if data else {})
+
+    def close(self) -> None:
+        self.loop.remove_reader(self.sock.fileno())
+        self.sock.close()

@@ -1,0 +1,607 @@
+"""Node-wide and connection commands: INFO, CONFIG, CLUSTER, HELLO, CLIENT, ...
+
+Handlers take ``(worker, conn, cmd)`` and return a reply value, or ``PENDING``
+after reserving a reply slot (``gather`` does that for commands that need every
+worker). ``local_op`` is what each worker runs for a gathered command; its
+result crosses the mesh as a packed value, so it is built from JSON-able parts.
+
+Scan cursors over workers: global = local * workers + index (contracts.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from bus import mesh as meshmod
+from bus.mesh import unpack
+from disque_mp import config as configmod
+from disque_mp.commands import TABLE
+from disque_mp.resp import encode
+from workers.replies import ERR_SYNTAX, OK, PENDING, Error, Status
+
+if TYPE_CHECKING:
+    from disque_mp.server import ClientConn
+    from disque_mp.worker import Worker
+
+DISQUE_VERSION = "1.0-rc1"  # the API level we answer for (INFO, HELLO 3)
+ERR_NOPROTO = Error("NOPROTO unsupported protocol version")
+ERR_CLIENT = Error("ERR Syntax error, try CLIENT (LIST | KILL ip:port | GETNAME | SETNAME connection-name)")
+ERR_NAME = Error("ERR Client names cannot contain spaces, newlines or special characters.")
+ERR_CONFIG = Error("ERR CONFIG subcommand must be one of GET, SET, RESETSTAT, REWRITE")
+ERR_DEBUG = Error("ERR Syntax error, try DEBUG [flushall|sleep <seconds>]")
+# A QSCAN/JSCAN call asks shards again while it found fewer than COUNT items (a
+# shard stops after COUNT*10 empty positions), so small node answer in one call
+# like the reference; this bounds the work of one call when filters match little.
+scan_rounds_max = 16
+INFO_DEFAULT = ("server", "clients", "memory", "jobs", "queues", "persistence", "stats", "cpu",
+                "workers")
+INFO_ALL = (*INFO_DEFAULT, "commandstats")
+
+Handler = Callable[["Worker", "ClientConn", list[bytes]], Any]
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")
+
+
+# ------------------------------------------------------------------ gathering
+
+
+def gather(w: Worker, conn: ClientConn, op: str, arg: Any, finish: Callable[[list[Any]], Any]) -> Any:
+    """Run ``local_op(op, arg)`` on every worker; reply ``finish(results by index)``."""
+    slot = conn.defer()
+    results: list[Any] = [None] * w.workers
+    left = [w.workers]
+
+    def put(index: int, value: Any) -> None:
+        results[index] = value
+        left[0] -= 1
+        if left[0] == 0:
+            errors = [r for r in results if isinstance(r, Error)]
+            reply = errors[0] if errors else finish(results)
+            conn.fill(slot, encode(reply, conn.resp3))
+
+    for j in range(w.workers):
+        if j == w.index:
+            put(j, local_op(w, op, arg))
+        else:
+            w.mesh.request(j, meshmod.K_SCATTER, {"op": op, "a": arg}, (), _putter(put, j))
+    return PENDING
+
+
+def _putter(put: Callable[[int, Any], None], j: int) -> Callable[[dict[str, Any], list[bytes]], None]:
+    return lambda meta, bodies: put(j, unpack(meta.get("v"), bodies))
+
+
+def local_op(w: Worker, op: str, arg: Any) -> Any:
+    """This worker's part of a node-wide command."""
+    if op == "info":
+        return w.local_stats()
+    if op == "qscan":
+        cursor, count, minlen, maxlen, importrate = arg
+        nxt, names = w.shard.op_qscan(cursor, count, minlen, maxlen, importrate)
+        return [nxt, names]
+    if op == "jscan":
+        cursor, count, queue, states, reply_all = arg
+        qname = queue.encode("latin-1") if queue is not None else None
+        nxt, items = w.shard.op_jscan(cursor, count, qname, set(states) if states is not None else None,
+                                      reply_all, w.now_ms)
+        return [nxt, items]
+    if op == "flushall":
+        w.shard.op_flushall()
+        w.drain_effects()
+        return OK
+    if op == "config_set":
+        return _apply_config(w, arg[0], arg[1])
+    if op == "resetstat":
+        _reset_stats(w)
+        return OK
+    if op == "clients":
+        return [client_line(w, c) for c in w.conns]
+    if op == "bgrewriteaof":
+        if w.aof is None:
+            return "ERR Append only file persistence is not available in this build"
+        return w.aof.bgrewriteaof()
+    if op == "rewrite_at_exit":
+        w.rewrite_aof_at_exit = True
+        return OK
+    return Error(f"ERR unknown node operation '{op}'")
+
+
+# ------------------------------------------------------------------ connection commands
+
+
+def cmd_ping(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
+    if len(cmd) > 2:
+        return Error("ERR wrong number of arguments for 'ping' command")
+    return cmd[1] if len(cmd) == 2 else Status("PONG")
+
+
+def cmd_time(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
+    now_us = time.time_ns() // 1000
+    return [str(now_us // 1_000_000).encode(), str(now_us % 1_000_000).encode()]
+
+
+def cmd_auth(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
+    if not w.cfg.requirepass:
+        return Error("ERR Client sent AUTH, but no password is set")
+    if _text(cmd[1]) != w.cfg.requirepass:
+        conn.authed = False
+        return Error("ERR invalid password")
+    conn.authed = True
+    return OK
+
+
+def cmd_hello(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
+    if len(cmd) == 1:
+        if not conn.authed:
+            return Error("NOAUTH Authentication required.")
+        return _disque_hello(w)
+    try:
+        proto = int(cmd[1])
+    except ValueError:
+        return Error("ERR Protocol version is not an integer or out of range")
+    if proto not in (2, 3):
+        return ERR_NOPROTO
+    err = _hello_options(w, conn, cmd[2:])
+    if err is not None:
+        return err
+    if not conn.authed:
+        return Error("NOAUTH HELLO must be called with the client already authenticated, otherwise "
+                     "the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the "
+                     "client and select the RESP protocol version at the same time")
+    conn.resp3 = proto == 3
+    return {"server": "disque", "version": DISQUE_VERSION, "proto": proto, "id": conn.id,
+            "mode": "standalone", "role": "master", "modules": []}
+
+
+def _hello_options(w: Worker, conn: ClientConn, opts: list[bytes]) -> Error | None:
+    i = 0
+    while i < len(opts):
+        opt = opts[i].lower()
+        if opt == b"auth" and len(opts) - i >= 3:
+            if not w.cfg.requirepass or _text(opts[i + 2]) != w.cfg.requirepass:
+                return Error("WRONGPASS invalid username-password pair or user is disabled.")
+            conn.authed = True
+            i += 3
+        elif opt == b"setname" and len(opts) - i >= 2:
+            if not _valid_name(opts[i + 1]):
+                return ERR_NAME
+            conn.name = opts[i + 1]
+            i += 2
+        else:
+            return Error(f"ERR Syntax error in HELLO option '{_text(opts[i])}'")
+    return None
+
+
+def _disque_hello(w: Worker) -> Any:
+    if w.agent is not None:
+        from disque_mp import cmd_cluster
+
+        return cmd_cluster.hello(w.agent)
+    me = w.node_id
+    return [1, me, [me, "", str(w.cfg.port), "1"]]
+
+
+def _valid_name(name: bytes) -> bool:
+    return all(33 <= ch <= 126 for ch in name)
+
+
+def cmd_client(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
+    sub = cmd[1].lower()
+    n = len(cmd)
+    if sub == b"setname" and n == 3:
+        if not _valid_name(cmd[2]):
+            return ERR_NAME
+        conn.name = cmd[2]
+        return OK
+    if sub == b"getname" and n == 2:
+        return conn.name or None
+    if sub == b"id" and n == 2:
+        return conn.id
+    if sub == b"setinfo" and n == 4:
+        return _client_setinfo(conn, cmd[2].lower(), cmd[3])
+    if sub == b"info" and n == 2:
+        return client_line(w, conn).encode()
+    if sub == b"list" and n == 2:
+        return gather(w, conn, "clients", None, lambda parts: "".join(
+            line for part in parts for line in part).encode())
+    return ERR_CLIENT
+
+
+def _client_setinfo(conn: ClientConn, attr: bytes, value: bytes) -> Any:
+    if not _valid_name(value) and value:
+        return Error(f"ERR {_text(attr)} cannot contain spaces, newlines or special characters.")
+    if attr == b"lib-name":
+        conn.lib_name = value
+    elif attr == b"lib-ver":
+        conn.lib_ver = value
+    else:
+        return Error(f"ERR Unrecognized option '{_text(attr)}'")
+    return OK
+
+
+def client_line(w: Worker, c: ClientConn) -> str:
+    now = time.time()
+    return (f"id={c.id} addr={c.addr} name={_text(c.name)} age={int(now - c.ctime_s)} "
+            f"idle={int(now - c.last_s)} flags={'b' if c.waiters else 'N'} db=0 sub=0 psub=0 "
+            f"multi=-1 qbuf=0 qbuf-free=0 obl=0 oll=0 omem=0 events=r cmd={c.last_cmd} "
+            f"resp={3 if c.resp3 else 2} lib-name={_text(c.lib_name)} lib-ver={_text(c.lib_ver)} "
+            f"worker={w.index}\n")
+
+
+def cmd_command(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
+    if len(cmd) == 1:
+        return [_command_entry(c.name) for c in TABLE.values()]
+    sub = cmd[1].lower()
+    if sub == b"count" and len(cmd) == 2:
+        return len(TABLE)
+    if sub == b"info":
+        return [_command_entry(_text(n).lower()) if n.lower() in TABLE else None for n in cmd[2:]]
+    if sub == b"docs":
+        return {} if conn.resp3 else []
+    return Error(f"ERR Unknown subcommand or wrong number of arguments for '{_text(cmd[1])}'. "
+                 "Try COMMAND HELP.")
+
+
+def _command_entry(name: str) -> list[Any]:
+    c = TABLE[name.encode()]
+    return [name.encode(), c.arity, [Status(f) for f in c.flags], 0, 0, 0]
+
+
+def cmd_shutdown(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
+    opts = {a.lower() for a in cmd[1:]}
+    if not opts <= {b"nosave", b"save", b"rewrite-aof", b"now", b"force", b"abort"}:
+        return ERR_SYNTAX
+    if b"abort" in opts:
+        return Error("ERR No shutdown in progress.")
+    if b"rewrite-aof" in opts:
+        w.rewrite_aof_at_exit = True
+        for j in range(w.workers):
+            if j != w.index:
+                w.mesh.send(j, meshmod.K_SCATTER, {"r": 0, "op": "rewrite_at_exit"})
+    w.log(f"User requested shutdown (client {conn.addr})")
+    # The supervisor stops every worker (us included) and exits 0. The mesh
+    # frames above leave before its SIGTERM can arrive: they go out this turn.
+    w.loop.call_soon(os.kill, w.parent_pid, signal.SIGTERM)
+    conn.closing = True
+    return PENDING  # Redis sends no reply to a successful SHUTDOWN
+
+
+# ------------------------------------------------------------------ node-wide commands
+
+
+def cmd_info(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
+    if len(cmd) > 2:
+        return ERR_SYNTAX
+    which = cmd[1].lower().decode("latin-1") if len(cmd) == 2 else "default"
+    if which in ("default", "everything"):
+        sections: tuple[str, ...] = INFO_DEFAULT if which == "default" else INFO_ALL
+    elif which == "all":
+        sections = INFO_ALL
+    elif which in INFO_ALL:
+        sections = (which,)
+    else:
+        return b""
+    return gather(w, conn, "info", None, lambda parts: info_text(w, conn, sections, parts).encode())
+
+
+def info_text(w: Worker, conn: ClientConn, sections: tuple[str, ...], parts: list[Any]) -> str:
+    blocks = []
+    for name in sections:
+        fields = _INFO_SECTIONS[name](w, conn, parts)
+        title = "# " + ("CPU" if name == "cpu" else name.capitalize())
+        blocks.append(title + "\r\n" + "".join(f"{k}:{v}\r\n" for k, v in fields))
+    return "\r\n".join(blocks)
+
+
+def _sum(parts: list[Any], key: str) -> int:
+    return sum(int(p[key]) for p in parts)
+
+
+def _run_id(w: Worker) -> str:
+    return hashlib.sha1(f"{w.node_id}:{w.parent_pid}".encode()).hexdigest()
+
+
+def _info_server(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
+    uptime = int(time.time() - w.start_s)
+    uname = platform.uname()
+    return [
+        ("disque_version", DISQUE_VERSION), ("disque_git_sha1", "00000000"),
+        ("disque_git_dirty", 0), ("disque_build_id", _run_id(w)[:16]),
+        ("os", f"{uname.system} {uname.release} {uname.machine}"),
+        ("arch_bits", 64 if sys.maxsize > 2**32 else 32), ("multiplexing_api", "epoll"),
+        ("gcc_version", "0.0.0"), ("process_id", w.parent_pid), ("run_id", _run_id(w)),
+        ("tcp_port", w.cfg.port), ("uptime_in_seconds", uptime),
+        ("uptime_in_days", uptime // 86400), ("hz", w.cfg.hz),
+        ("executable", os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""),
+        ("config_file", w.cfg.config_file),
+    ]
+
+
+def _info_clients(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
+    return [("connected_clients", _sum(parts, "clients")), ("client_longest_output_list", 0),
+            ("client_biggest_input_buf", 0), ("blocked_clients", _sum(parts, "blocked"))]
+
+
+def _human(n: int) -> str:
+    for unit, size in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return f"{n}B"
+
+
+def _info_memory(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
+    rss = _sum(parts, "rss")
+    peak = max(_sum(parts, "peak"), rss)
+    return [("used_memory", rss), ("used_memory_human", _human(rss)), ("used_memory_rss", rss),
+            ("used_memory_peak", peak), ("used_memory_peak_human", _human(peak)),
+            ("mem_fragmentation_ratio", "1.00"), ("mem_allocator", "libc")]
+
+
+def _info_jobs(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
+    return [("registered_jobs", sum(int(p["shard"]["registered_jobs"]) for p in parts))]
+
+
+def _info_queues(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
+    return [("registered_queues", sum(int(p["shard"]["registered_queues"]) for p in parts))]
+
+
+_AOF_OFF = [("loading", 0), ("aof_enabled", 0), ("aof_state", "off"),
+            ("aof_rewrite_in_progress", 0), ("aof_rewrite_scheduled", 0),
+            ("aof_last_rewrite_time_sec", -1), ("aof_current_rewrite_time_sec", -1),
+            ("aof_last_bgrewrite_status", "ok"), ("aof_last_write_status", "ok")]
+
+
+def _info_persistence(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
+    aof_parts = [[tuple(f) for f in p["aof"]] for p in parts if p.get("aof")]
+    if not aof_parts:
+        return list(_AOF_OFF)
+    from disque_mp.aof import merge_info
+
+    return list(merge_info(aof_parts))
+
+
+def _info_stats(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
+    return [("total_connections_received", _sum(parts, "conns_received")),
+            ("total_commands_processed", _sum(parts, "commands")),
+            ("instantaneous_ops_per_sec", 0), ("total_net_input_bytes", _sum(parts, "net_in")),
+            ("total_net_output_bytes", _sum(parts, "net_out")),
+            ("instantaneous_input_kbps", "0.00"), ("instantaneous_output_kbps", "0.00"),
+            ("rejected_connections", _sum(parts, "rejected")), ("latest_fork_usec", 0)]
+
+
+def _info_cpu(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
+    return [("used_cpu_sys", f"{sum(p['cpu_sys'] for p in parts):.2f}"),
+            ("used_cpu_user", f"{sum(p['cpu_user'] for p in parts):.2f}"),
+            ("used_cpu_sys_children", "0.00"), ("used_cpu_user_children", "0.00")]
+
+
+def _info_commandstats(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
+    merged: dict[str, list[int]] = {}
+    for p in parts:
+        for name, (calls, ns) in p["cmdstats"].items():
+            m = merged.setdefault(name, [0, 0])
+            m[0] += calls
+            m[1] += ns
+    out = []
+    for name in TABLE:  # the table's order, like the reference's
+        key = name.decode()
+        if key in merged:
+            calls, ns = merged[key]
+            usec = ns // 1000
+            out.append((f"cmdstat_{key}", f"calls={calls},usec={usec},usec_per_call={usec / calls:.2f}"))
+    return out
+
+
+def _info_workers(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = [("workers", w.workers), ("connection_worker", w.index)]
+    for p in parts:
+        sh = p["shard"]
+        out.append((f"worker{p['index']}",
+                     f"pid={p['pid']},clients={p['clients']},jobs={sh['registered_jobs']},"
+                     f"queues={sh['registered_queues']},commands={p['commands']},"
+                     f"handed_off={p['handed_off']},used_memory_rss={p['rss']}"))
+    return out
+
+
+_INFO_SECTIONS: dict[str, Callable[[Worker, ClientConn, list[Any]], list[tuple[str, Any]]]] = {
+    "server": _info_server, "clients": _info_clients, "memory": _info_memory,
+    "jobs": _info_jobs, "queues": _info_queues, "persistence": _info_persistence,
+    "stats": _info_stats, "cpu": _info_cpu, "commandstats": _info_commandstats,
+    "workers": _info_workers,
+}
+
+
+def cmd_config(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
+    sub = cmd[1].lower()
+    n = len(cmd)
+    if sub == b"get":
+        if n != 3:
+            return Error("ERR Wrong number of arguments for CONFIG get")
+        return [x.encode() for pair in configmod.config_get(w.cfg, _text(cmd[2])) for x in pair]
+    if sub == b"set":
+        if n != 4:
+            return Error("ERR Wrong number of arguments for CONFIG set")
+        name, value = _text(cmd[2]).lower(), _text(cmd[3])
+        err = _apply_config(w, name, value)
+        if err is not OK:
+            return err
+        others = [j for j in range(w.workers) if j != w.index]
+        if not others:
+            return OK
+        return gather(w, conn, "config_set", [name, value], lambda parts: OK)
+    if sub == b"rewrite":
+        if n != 2:
+            return Error("ERR Wrong number of arguments for CONFIG rewrite")
+        try:
+            configmod.rewrite(w.cfg)
+        except OSError as exc:
+            return Error(f"ERR Rewriting config file: {exc.strerror or exc}")
+        return OK
+    if sub == b"resetstat":
+        return gather(w, conn, "resetstat", None, lambda parts: OK)
+    return ERR_CONFIG
+
+
+def _apply_config(w: Worker, name: str, value: str) -> Any:
+    err = configmod.config_set(w.cfg, name, value)
+    if err is not None:
+        return Error("ERR " + err)
+    if name == "loglevel":
+        from disque_mp.log import set_loglevel
+
+        set_loglevel(w.cfg.loglevel)
+    if w.aof is not None and name in ("appendonly", "appendfsync"):
+        w.aof.apply_config()
+    return OK
+
+
+def _reset_stats(w: Worker) -> None:
+    for stat in w.cmdstats.values():
+        stat[0] = stat[1] = 0
+    w.commands_processed = w.connections_received = w.rejected_connections = 0
+    w.net_in_bytes = w.net_out_bytes = 0
+
+
+def cmd_debug(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
+    sub = cmd[1].lower()
+    if sub == b"flushall" and len(cmd) == 2:
+        return gather(w, conn, "flushall", None, lambda parts: OK)
+    if sub == b"sleep" and len(cmd) == 3:
+        try:
+            time.sleep(max(0.0, float(cmd[2])))
+        except ValueError:
+            return ERR_DEBUG
+        return OK
+    return ERR_DEBUG
+
+
+def cmd_bgrewriteaof(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
+    def finish(parts: list[Any]) -> Any:
+        texts = [str(p) for p in parts]
+        for t in texts:
+            if t.startswith("ERR "):
+                return Error(t)
+        return Status(texts[0])
+
+    return gather(w, conn, "bgrewriteaof", None, finish)
+
+
+def cmd_cluster(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
+    """CLUSTER: handed to the cluster work (``cmd_cluster.cluster``, run on worker 0)."""
+    if w.agent is None:
+        return _cluster_single(w, cmd)
+    from disque_mp import cmd_cluster
+
+    slot = conn.defer()
+    cmd_cluster.cluster(w.agent, cmd[1:], lambda reply: conn.fill(slot, encode(reply, conn.resp3)))
+    return PENDING
+
+
+def _cluster_single(w: Worker, cmd: list[bytes]) -> Any:
+    sub = cmd[1].lower()
+    if sub == b"myid" and len(cmd) == 2:
+        return w.node_id.encode()
+    if sub == b"nodes" and len(cmd) == 2:
+        return f"{w.node_id} :{w.cfg.port} myself 0 0 connected\n".encode()
+    if sub == b"info" and len(cmd) == 2:
+        return (b"cluster_state:ok\r\ncluster_known_nodes:1\r\ncluster_reachable_nodes:0\r\n"
+                b"cluster_size:1\r\ncluster_stats_messages_sent:0\r\n"
+                b"cluster_stats_messages_received:0\r\n")
+    return Error("ERR Wrong CLUSTER subcommand or number of arguments")
+
+
+# ------------------------------------------------------------------ scans
+
+
+def cmd_qscan(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
+    from disque_mp import cmd_jobs
+
+    spec = cmd_jobs.parse_qscan(cmd[1:])
+    if isinstance(spec, Error):
+        return spec
+
+    def arg(local: int) -> Any:
+        return [local, spec.count, spec.minlen, spec.maxlen, spec.importrate]
+
+    return _scan(w, conn, "qscan", spec, arg)
+
+
+def cmd_jscan(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
+    from disque_mp import cmd_jobs
+
+    spec = cmd_jobs.parse_jscan(cmd[1:])
+    if isinstance(spec, Error):
+        return spec
+    queue = spec.queue.decode("latin-1") if spec.queue is not None else None
+    states = sorted(spec.states) if spec.states is not None else None
+
+    def arg(local: int) -> Any:
+        return [local, spec.count, queue, states, spec.reply_all]
+
+    return _scan(w, conn, "jscan", spec, arg)
+
+
+def _scan(w: Worker, conn: ClientConn, op: str, spec: Any, arg: Callable[[int], Any]) -> Any:
+    """Walk workers from the cursor's one; move on while a call found fewer than COUNT."""
+    n = w.workers
+    state = {"worker": spec.cursor % n, "local": spec.cursor // n, "rounds": 0}
+    if state["worker"] >= n:
+        return Error("ERR invalid cursor")
+    items: list[Any] = []
+    slot = conn.defer()
+
+    def done(cursor: int) -> None:
+        conn.fill(slot, encode([str(cursor).encode(), items], conn.resp3))
+
+    def got(value: Any) -> None:
+        while True:
+            if isinstance(value, Error):
+                conn.fill(slot, encode(value, conn.resp3))
+                return
+            nxt, part = value
+            items.extend(part)
+            worker = state["worker"]
+            state["rounds"] += 1
+            if nxt:
+                if not spec.busyloop and (len(items) >= spec.count or state["rounds"] >= scan_rounds_max):
+                    return done(nxt * n + worker)
+                state["local"] = nxt
+            else:
+                if worker + 1 >= n:
+                    return done(0)
+                if not spec.busyloop and (len(items) >= spec.count or state["rounds"] >= scan_rounds_max):
+                    return done(worker + 1)
+                state["worker"], state["local"] = worker + 1, 0
+            value = ask()
+            if value is PENDING:
+                return
+
+    def ask() -> Any:
+        worker = state["worker"]
+        if worker == w.index:
+            return local_op(w, op, arg(state["local"]))
+        w.mesh.request(worker, meshmod.K_SCATTER, {"op": op, "a": arg(state["local"])}, (),
+                       lambda m, b: got(unpack(m.get("v"), b)))
+        return PENDING
+
+    first = ask()
+    if first is not PENDING:
+        got(first)
+    return PENDING
+
+
+HANDLERS: dict[str, Handler] = {
+    "ping": cmd_ping, "time": cmd_time, "auth": cmd_auth, "hello": cmd_hello,
+    "client": cmd_client, "command": cmd_command, "shutdown": cmd_shutdown,
+    "info": cmd_info, "config": cmd_config, "debug": cmd_debug, "cluster": cmd_cluster,
+    "bgrewriteaof": cmd_bgrewriteaof, "qscan": cmd_qscan, "jscan": cmd_jscan,
+}

@@ -1,0 +1,224 @@
+"""Client connections of one worker: listener, parsing, replies in request order.
+
+Every worker binds the client port itself with SO_REUSEPORT, so the kernel
+spreads new connections over the workers. A connection is an asyncio Protocol
+(not streams: one callback per read, no per-command coroutine).
+
+Replies: each read is parsed into commands that run in order; a reply that is
+ready goes to ``out``; a reply that will come later (forwarded to another
+worker, blocked GETJOB, node-wide gather) reserves a ``Slot``, and every later
+reply queues behind it in ``slots`` until the slot is filled. Whatever is ready
+when a read has been handled leaves in one ``transport.write``; replies
+completed by other callbacks (mesh, timers) are written once per loop turn by
+the worker's ``flush_dirty``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from disque_mp.resp import RequestParser, encode
+from workers.replies import Error
+
+if TYPE_CHECKING:
+    from disque_mp.worker import Worker
+
+
+class Slot:
+    """A reply that is not known yet; ``data`` is set once it is."""
+
+    __slots__ = ("data",)
+
+    def __init__(self) -> None:
+        self.data: bytes | None = None
+
+
+class ClientConn(asyncio.Protocol):
+    __slots__ = (
+        "node", "transport", "parser", "out", "slots", "resp3", "authed", "name",
+        "lib_name", "lib_ver", "id", "ctime_s", "last_cmd", "last_s", "closing",
+        "waiters", "dirty", "streak_owner", "streak", "handoffs", "addr", "gone",
+        "close_after_write",
+    )
+
+    def __init__(self, node: Worker, state: dict[str, Any] | None = None) -> None:
+        self.node = node
+        self.transport: asyncio.Transport | None = None
+        cfg = node.cfg
+        self.parser = RequestParser(cfg.proto_max_bulk_len, cfg.proto_max_multibulk_len,
+                                    cfg.client_query_buffer_bytes_max)
+        self.out: list[bytes] = []
+        self.slots: deque[bytes | Slot] | None = None
+        self.resp3 = False
+        self.authed = not cfg.requirepass
+        self.name = b""
+        self.lib_name = b""
+        self.lib_ver = b""
+        self.id = node.new_client_id()
+        self.ctime_s = time.time()
+        self.last_cmd = "NULL"
+        self.last_s = self.ctime_s
+        self.closing = False  # no more commands are read (QUIT, protocol error)
+        self.close_after_write = False
+        self.gone = False  # connection lost or handed to another worker
+        self.waiters: set[Any] = set()  # blocked GETJOBs to cancel on disconnect
+        self.dirty = False
+        self.streak_owner = -1  # handoff: the owner the last commands went to
+        self.streak = 0
+        self.handoffs = 0
+        self.addr = ""
+        if state:
+            self._restore(state)
+
+    # --- asyncio callbacks ---
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple):
+            self.addr = f"{peer[0]}:{peer[1]}"
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+        self.node.conn_opened(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.gone = True
+        self.transport = None
+        self.node.conn_closed(self)
+
+    def pause_writing(self) -> None:
+        # The client does not read its replies: stop reading its commands
+        # (backpressure bounds the output buffer instead of letting it grow).
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None and not self.closing:
+            self.transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        node = self.node
+        node.net_in_bytes += len(data)
+        cmds, error = self.parser.feed(data)
+        if cmds:
+            node.begin_batch()
+            execute = node.execute
+            for cmd in cmds:
+                reply = execute(self, cmd)
+                if reply is not None:
+                    if self.slots:
+                        self.slots.append(reply)
+                    else:
+                        self.out.append(reply)
+                if self.closing:
+                    break
+            node.end_batch()
+        if error is not None and not self.closing:
+            self.reply(encode(Error("ERR " + error)))
+            self.closing = True
+            self.close_after_write = True
+            node.log(f"client {self.addr}: {error}, closing")
+        self.write_out()
+        if not self.closing and self.streak >= node.handoff_streak_min:
+            node.maybe_handoff(self)
+
+    # --- replies ---
+
+    def reply(self, data: bytes) -> None:
+        if self.slots:
+            self.slots.append(data)
+        else:
+            self.out.append(data)
+
+    def defer(self) -> Slot:
+        slot = Slot()
+        if self.slots is None:
+            self.slots = deque()
+        self.slots.append(slot)
+        return slot
+
+    def fill(self, slot: Slot, data: bytes) -> None:
+        """Complete a deferred reply; the ready prefix is written this loop turn."""
+        slot.data = data
+        slots = self.slots
+        if slots is None or self.gone:
+            return
+        while slots:
+            head = slots[0]
+            if type(head) is Slot:
+                if head.data is None:
+                    break
+                self.out.append(head.data)
+            else:
+                self.out.append(head)  # type: ignore[arg-type]
+            slots.popleft()
+        if self.out:
+            self.node.mark_dirty(self)
+
+    def write_out(self) -> None:
+        self.dirty = False
+        transport = self.transport
+        if transport is None:
+            self.out.clear()
+            return
+        out = self.out
+        if out:
+            data = out[0] if len(out) == 1 else b"".join(out)
+            out.clear()
+            self.node.net_out_bytes += len(data)
+            transport.write(data)
+        if self.close_after_write and not self.slots:
+            transport.close()
+
+    def pending(self) -> bool:
+        return bool(self.slots) or bool(self.out)
+
+    # --- handoff state ---
+
+    def state(self) -> dict[str, Any]:
+        return {"resp3": self.resp3, "authed": self.authed, "name": self.name.decode("latin-1"),
+                "lib_name": self.lib_name.decode("latin-1"), "lib_ver": self.lib_ver.decode("latin-1"),
+                "id": self.id, "ctime": self.ctime_s, "handoffs": self.handoffs + 1}
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        self.resp3 = bool(state.get("resp3"))
+        self.authed = bool(state.get("authed", self.authed))
+        self.name = str(state.get("name", "")).encode("latin-1")
+        self.lib_name = str(state.get("lib_name", "")).encode("latin-1")
+        self.lib_ver = str(state.get("lib_ver", "")).encode("latin-1")
+        self.id = int(state.get("id", self.id))
+        self.ctime_s = float(state.get("ctime", self.ctime_s))
+        self.handoffs = int(state.get("handoffs", 0))
+
+
+def listen_sockets(bind: str, port: int, backlog: int) -> list[socket.socket]:
+    """One SO_REUSEPORT listening socket per bind address (each worker binds its own)."""
+    socks: list[socket.socket] = []
+    for addr in bind.split() or ["0.0.0.0"]:
+        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind((addr, port))
+            sock.listen(backlog)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            for s in socks:
+                s.close()
+            raise
+        socks.append(sock)
+    return socks

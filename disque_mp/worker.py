@@ -1,0 +1,799 @@
+"""One worker process: the shard it owns, its client connections, its mesh links.
+
+``run_worker(cfg, index, node_id, ready)`` is what the supervisor forks. The
+worker binds the client port (SO_REUSEPORT), serves its connections and routes
+each command by the command table (DESIGN.md, "Request path"):
+
+    queue    owner of the queue's slot: inline when it is us, else a mesh CMD
+    ids      every ID checked first (-BADID), split by owner, ints summed
+    getjob   ``GetJob`` below: owners asked left to right, blocked at all of them
+    scatter  node-wide commands (``cmd_node.py``) gathered from every worker
+    local    answered here (``cmd_node.py``)
+
+Effects of the shard are drained after every batch of calls: ``Wake`` answers a
+pending client (ours or a peer's), ``Send`` goes to the cluster bus, and
+``AofAppend`` to the AOF manager.
+
+A connection whose commands all go to one other worker is handed to it
+(``Handoff``, SCM_RIGHTS) once nothing is buffered or pending on it: forwarding
+costs about a third of the throughput (DESIGN.md), moving the socket nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import functools
+import logging
+import os
+import random
+import resource
+import signal
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bus import mesh as meshmod
+from bus.mesh import Handoff, Link, Mesh, pack, unpack
+from disque_mp import cmd_jobs, cmd_node
+from disque_mp.commands import TABLE, Command
+from disque_mp.config import Config
+from disque_mp.resp import encode
+from disque_mp.server import ClientConn, Slot, listen_sockets
+from workers.effects import AofAppend, Send, Wake
+from workers.ids import is_valid_job_id, owner_of_job_id, owner_of_queue
+from workers.replies import ERR_BADID, NULL_ARRAY, PENDING, Error, err_arity, err_unknown
+
+log = logging.getLogger("disque_mp.worker")
+
+parent_poll_s = 0.5  # PDEATHSIG covers most deaths; the poll covers a parent that forked us from a thread
+shutdown_drain_s = 3.0  # SIGTERM: longest wait for in-flight replies to be written
+owner_cache_max = 65536  # queue name -> owner memo; cleared when full (names are unbounded)
+handoff_streak_min = 16  # consecutive commands for one other worker before moving the socket
+handoff_per_conn_max = 4  # a connection whose traffic keeps changing owner stays put after this
+PR_SET_PDEATHSIG = 1
+NOAUTH_OK = frozenset({"auth", "hello", "quit"})
+ERR_NOAUTH = Error("NOAUTH Authentication required.")
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def run_worker(cfg: Config, index: int, node_id: str, ready: Any) -> None:
+    """Serve as worker ``index`` until SIGTERM (exit 0) or the parent's death."""
+    _die_with_parent()
+    import uvloop
+
+    loop = uvloop.new_event_loop()
+    asyncio.set_event_loop(loop)
+    worker = Worker(cfg, index, node_id)
+    try:
+        loop.run_until_complete(worker.main(ready))
+    finally:
+        loop.close()
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: the getppid poll still catches it
+
+
+class Worker:
+    def __init__(self, cfg: Config, index: int, node_id: str) -> None:
+        self.cfg = cfg
+        self.index = index
+        self.workers = cfg.workers
+        self.node_id = node_id
+        self.parent_pid = os.getppid()
+        self.start_s = time.time()
+        self.now_ms = now_ms()
+        self.conns: set[ClientConn] = set()
+        self.dirty: list[ClientConn] = []
+        self.flush_scheduled = False
+        self.tokens: dict[int, Callable[[Any], None]] = {}  # shard token -> Wake handler
+        self.getjobs: dict[int, GetJob] = {}  # our blocked GETJOBs by token
+        self.next_token = 0
+        self.next_client = 0
+        self.owner_cache: dict[bytes, int] = {}
+        self.handoff_streak_min = handoff_streak_min if self.workers > 1 else 1 << 62
+        # stats (INFO)
+        self.net_in_bytes = 0
+        self.net_out_bytes = 0
+        self.connections_received = 0
+        self.commands_processed = 0
+        self.rejected_connections = 0
+        self.handed_off = 0
+        self.cmdstats: dict[str, list[int]] = {}
+        self.stopping = False
+        self.rewrite_aof_at_exit = False  # SHUTDOWN REWRITE-AOF
+        self.servers: list[asyncio.AbstractServer] = []
+        self.lookup = self._build_lookup()
+        self.send_hook: Callable[[Send], None] = self._drop_send
+        self.aof: Any = None
+        self.agent: Any = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def main(self, ready: Any) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.stopped: asyncio.Future[None] = self.loop.create_future()
+        self.shard = self._make_shard()
+        self._start_aof()
+        self.mesh = Mesh(self.cfg.port, self.node_id, self.index, self.workers, self)
+        await self.mesh.start()
+        self.handoff = Handoff(self.cfg.port, self.node_id, self.index, self.adopt)
+        await self._start_cluster()
+        for sock in listen_sockets(self.cfg.bind, self.cfg.port, self.cfg.tcp_backlog):
+            self.servers.append(await self.loop.create_server(lambda: ClientConn(self), sock=sock))
+        self.loop.add_signal_handler(signal.SIGTERM, self.request_stop)
+        self.loop.call_later(parent_poll_s, self._check_parent)
+        self.tick_handle: asyncio.TimerHandle | None = None
+        self.tick_at = 0
+        self._tick()
+        if ready is not None:
+            ready.set()
+        log.info("Worker %d ready to accept connections on port %d", self.index, self.cfg.port)
+        await self.stopped
+        await self._shutdown(self.rewrite_aof_at_exit)
+
+    def _make_shard(self) -> Any:
+        from workers.shard import Shard
+
+        rng = random.Random(os.urandom(16))
+        return Shard(self.node_id, self.index, self.workers, os.urandom(16), rng, now_ms())
+
+    def _start_aof(self) -> None:
+        try:
+            from disque_mp.aof import AofManager, ShardAdapter
+        except ImportError:
+            return
+        if not hasattr(self.shard, "load_record"):
+            return  # the shard cannot load records yet: no persistence
+        self.aof = AofManager(self.cfg, self.index, ShardAdapter(self.shard))
+        self.aof.load(now_ms())
+        self.aof_task = asyncio.get_running_loop().create_task(self.aof.run())
+
+    async def _start_cluster(self) -> None:
+        try:
+            from disque_mp import cmd_cluster
+        except ImportError:
+            return
+        self.agent = cmd_cluster.make_agent(self.cfg, self.index, self.node_id, self.workers,
+                                            self.on_cluster_message, self.on_view)
+        await self.agent.start()
+        self.send_hook = self._send_to_bus
+
+    def request_stop(self) -> None:
+        if not self.stopped.done():
+            self.stopped.set_result(None)
+
+    def _check_parent(self) -> None:
+        if os.getppid() != self.parent_pid:
+            os._exit(0)  # the supervisor is gone: free the ports at once
+        self.loop.call_later(parent_poll_s, self._check_parent)
+
+    async def _shutdown(self, rewrite_aof: bool = False) -> None:
+        self.stopping = True
+        for server in self.servers:
+            server.close()
+        deadline = time.monotonic() + shutdown_drain_s
+        while time.monotonic() < deadline and any(self._in_flight(c) for c in self.conns):
+            await asyncio.sleep(0.01)
+        if self.aof is not None:
+            self.aof.shutdown(rewrite_aof)
+        for conn in list(self.conns):
+            if conn.transport is not None:
+                conn.transport.close()
+        self.mesh.close()
+        self.handoff.close()
+        if self.agent is not None:
+            await self.agent.close()
+        log.info("Worker %d exiting", self.index)
+
+    def _in_flight(self, conn: ClientConn) -> bool:
+        if conn.transport is None:
+            return False
+        blocked = bool(conn.waiters) and all(type(s) is Slot and s.data is None for s in (conn.slots or ()))
+        return not blocked and (conn.pending() or conn.transport.get_write_buffer_size() > 0)
+
+    def log(self, text: str) -> None:
+        log.warning("%s", text)
+
+    # ------------------------------------------------------------------ connections
+
+    def new_client_id(self) -> int:
+        self.next_client += 1
+        return self.next_client * self.workers + self.index  # unique over the node
+
+    def conn_opened(self, conn: ClientConn) -> None:
+        if len(self.conns) * self.workers >= self.cfg.maxclients:
+            self.rejected_connections += 1
+            assert conn.transport is not None
+            conn.transport.write(b"-ERR max number of clients reached\r\n")
+            conn.transport.close()
+            conn.closing = True
+            return
+        self.conns.add(conn)
+        self.connections_received += 1
+
+    def conn_closed(self, conn: ClientConn) -> None:
+        self.conns.discard(conn)
+        for waiter in list(conn.waiters):
+            waiter.cancel()
+
+    def mark_dirty(self, conn: ClientConn) -> None:
+        if not conn.dirty:
+            conn.dirty = True
+            self.dirty.append(conn)
+            if not self.flush_scheduled:
+                self.flush_scheduled = True
+                self.loop.call_soon(self.flush_dirty)
+
+    def flush_dirty(self) -> None:
+        """Replies completed outside a client's read: one write per connection per turn."""
+        self.flush_scheduled = False
+        dirty, self.dirty = self.dirty, []
+        if self.aof is not None:
+            self.aof.commit()
+        for conn in dirty:
+            conn.write_out()
+
+    # ------------------------------------------------------------------ commands
+
+    def _build_lookup(self) -> dict[bytes, tuple[Command, Callable[..., Any], list[int]]]:
+        routes = {"queue": self.cmd_queue, "ids": self.cmd_ids, "getjob": self.cmd_getjob}
+        out = {}
+        for name, cmd in TABLE.items():
+            handler = routes.get(cmd.route) or functools.partial(cmd_node.HANDLERS[cmd.name], self)
+            stat = self.cmdstats.setdefault(cmd.name, [0, 0])
+            entry = (cmd, handler, stat)
+            out[name] = entry
+            out[name.upper()] = entry
+        return out
+
+    def begin_batch(self) -> None:
+        self.now_ms = now_ms()
+
+    def end_batch(self) -> None:
+        self.drain_effects()
+        if self.aof is not None:
+            self.aof.commit()  # TODO(aof): with `always`, a failed commit should turn replies into errors
+        self._reschedule_tick()
+
+    def execute(self, conn: ClientConn, cmd: list[bytes]) -> bytes | None:
+        """Run one command; its encoded reply, or None when it will come later."""
+        entry = self.lookup.get(cmd[0])
+        if entry is None:
+            entry = self.lookup.get(cmd[0].lower())
+            if entry is None:
+                return self._unknown(conn, cmd)
+        command, handler, stat = entry
+        n = len(cmd)
+        arity = command.arity
+        if (arity > 0 and n != arity) or n < -arity:
+            return encode(err_arity(command.name))
+        if not conn.authed and command.name not in NOAUTH_OK:
+            return encode(ERR_NOAUTH)
+        t0 = time.perf_counter_ns()
+        reply = handler(conn, cmd)
+        stat[0] += 1
+        stat[1] += time.perf_counter_ns() - t0
+        self.commands_processed += 1
+        conn.last_cmd = command.name
+        if reply is PENDING:
+            return None
+        return encode(reply, conn.resp3)
+
+    def _unknown(self, conn: ClientConn, cmd: list[bytes]) -> bytes:
+        if cmd[0].lower() == b"quit":
+            conn.closing = True
+            conn.close_after_write = True
+            return b"+OK\r\n"
+        return encode(err_unknown(cmd[0].decode("utf-8", "replace")))
+
+    def run_local(self, name: bytes, args: list[bytes], token: int) -> Any:
+        return cmd_jobs.run(self.shard, name, args, token, self.now_ms)
+
+    def new_token(self) -> int:
+        self.next_token += 1
+        return self.next_token
+
+    # --- route: queue ---
+
+    def owner_of(self, queue: bytes) -> int:
+        owner = self.owner_cache.get(queue)
+        if owner is None:
+            if len(self.owner_cache) >= owner_cache_max:
+                self.owner_cache.clear()
+            owner = self.owner_cache[queue] = owner_of_queue(queue, self.workers)
+        return owner
+
+    def cmd_queue(self, conn: ClientConn, cmd: list[bytes]) -> Any:
+        owner = self.owner_of(cmd[1]) if self.workers > 1 else self.index
+        return self._run_at(conn, owner, cmd)
+
+    def _run_at(self, conn: ClientConn, owner: int, cmd: list[bytes]) -> Any:
+        name = cmd[0].lower()
+        if owner == self.index:
+            conn.streak = 0
+            token = self.new_token()
+            reply = self.run_local(name, cmd[1:], token)
+            if reply is PENDING:
+                slot = conn.defer()
+                self.tokens[token] = lambda value: conn.fill(slot, encode(value, conn.resp3))
+            return reply
+        self._count_streak(conn, owner)
+        slot = conn.defer()
+        self.forward(owner, name, cmd[1:], lambda value: conn.fill(slot, encode(value, conn.resp3)))
+        return PENDING
+
+    def _count_streak(self, conn: ClientConn, owner: int) -> None:
+        if conn.streak_owner == owner:
+            conn.streak += 1
+        else:
+            conn.streak_owner = owner
+            conn.streak = 1
+
+    def forward(self, owner: int, name: bytes, args: list[bytes], done: Callable[[Any], None]) -> None:
+        """Run a job command on another worker; ``done(reply value)``."""
+        self.mesh.request(owner, meshmod.K_CMD, {"n": name.decode()}, args,
+                          lambda meta, bodies: done(unpack(meta.get("v"), bodies)))
+
+    # --- route: ids ---
+
+    def cmd_ids(self, conn: ClientConn, cmd: list[bytes]) -> Any:
+        ids = cmd[1:]
+        if self.workers == 1 or not ids:
+            return self._run_at(conn, self.index, cmd)
+        for job_id in ids:
+            if not is_valid_job_id(job_id):
+                return ERR_BADID
+        groups: dict[int, list[bytes]] = {}
+        for job_id in ids:
+            groups.setdefault(owner_of_job_id(job_id.decode(), self.workers), []).append(job_id)
+        if len(groups) == 1:
+            (owner,) = groups
+            return self._run_at(conn, owner, cmd)
+        return self._split_ids(conn, cmd[0].lower(), groups)
+
+    def _split_ids(self, conn: ClientConn, name: bytes, groups: dict[int, list[bytes]]) -> Any:
+        conn.streak = 0
+        results: list[Any] = []
+        slot = conn.defer()
+
+        def one(value: Any) -> None:
+            results.append(value)
+            if len(results) == len(groups):
+                conn.fill(slot, encode(_merge_counts(results), conn.resp3))
+
+        for owner, ids in groups.items():
+            if owner == self.index:
+                one(self.run_local(name, ids, self.new_token()))
+            else:
+                self.forward(owner, name, ids, one)
+        return PENDING
+
+    # --- route: getjob ---
+
+    def cmd_getjob(self, conn: ClientConn, cmd: list[bytes]) -> Any:
+        spec = cmd_jobs.parse_getjob(cmd[1:])
+        if isinstance(spec, Error):
+            return spec
+        job = GetJob(self, conn, spec)
+        return job.start()
+
+    # ------------------------------------------------------------------ effects and time
+
+    def drain_effects(self) -> None:
+        effects = self.shard.take_effects()
+        while effects:
+            for eff in effects:
+                if type(eff) is Wake:
+                    handler = self.tokens.pop(eff.token, None)
+                    if handler is not None:
+                        handler(eff.reply)
+                elif type(eff) is Send:
+                    self.send_hook(eff)
+                elif type(eff) is AofAppend:
+                    if self.aof is not None:
+                        self.aof.append(eff.record)
+            effects = self.shard.take_effects()  # handlers may have called the shard
+
+    def _drop_send(self, eff: Send) -> None:
+        pass  # no cluster bus in this build: single node
+
+    def _send_to_bus(self, eff: Send) -> None:
+        self.agent.send(eff.node_id, eff.kind, eff.slot, eff.meta, eff.bodies)
+
+    def on_cluster_message(self, sender: str, kind: str, slot: int, meta: dict[str, Any],
+                           bodies: list[bytes]) -> None:
+        on_message = getattr(self.shard, "on_message", None)
+        if on_message is not None:
+            on_message(sender, kind, meta, bodies, now_ms())
+            self.drain_effects()
+            self._reschedule_tick()
+
+    def on_view(self, view: dict[str, Any]) -> None:
+        from bus import membership as mb
+
+        peers = [p.node_id for p in mb.peers(view) if p.reachable and p.node_id != self.node_id]
+        self.shard.set_peers(peers)
+
+    def _tick(self) -> None:
+        self.tick_handle = None
+        self.now_ms = now_ms()
+        due = self.shard.tick(self.now_ms)
+        self.drain_effects()
+        period_ms = max(1, 1000 // max(self.cfg.hz, 1))
+        at = self.now_ms + period_ms if due is None else min(due, self.now_ms + period_ms)
+        self._schedule_tick(at)
+
+    def _schedule_tick(self, at_ms: int) -> None:
+        if self.tick_handle is not None:
+            self.tick_handle.cancel()
+        self.tick_at = at_ms
+        delay_s = max(0, at_ms - now_ms()) / 1000
+        self.tick_handle = self.loop.call_later(delay_s, self._tick)
+
+    def _reschedule_tick(self) -> None:
+        """An op may have added a timer due before the planned tick (DELAY 0.x, TTL)."""
+        due = getattr(self.shard, "_heap", None)
+        if due and due[0] < self.tick_at:
+            self._schedule_tick(due[0])
+
+    # ------------------------------------------------------------------ mesh: serving peers
+
+    def on_request(self, link: Link, kind: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
+        self.now_ms = now_ms()
+        if kind == meshmod.K_CMD:
+            self._serve_cmd(link, meta, bodies)
+        elif kind == meshmod.K_TAKE:
+            entries = self.shard.op_take(bodies, meta["c"], meta["w"], self.now_ms)
+            self.reply_peer(link, meta["r"], entries)
+        elif kind == meshmod.K_BLOCK:
+            self._serve_block(link, meta, bodies)
+        elif kind == meshmod.K_UNBLOCK:
+            token = _blocked(link).pop(meta["t"], None)
+            if token is not None:
+                self.tokens.pop(token, None)
+                self.shard.op_unblock(token, self.now_ms)
+        elif kind == meshmod.K_RETURN:
+            self.shard.op_return([b.decode() for b in bodies], self.now_ms)
+        elif kind == meshmod.K_SCATTER:
+            reply = cmd_node.local_op(self, meta["op"], meta.get("a"))
+            self.reply_peer(link, meta["r"], reply)
+        self.drain_effects()
+        self._reschedule_tick()
+
+    def _serve_cmd(self, link: Link, meta: dict[str, Any], bodies: list[bytes]) -> None:
+        token = self.new_token()
+        rid = meta["r"]
+        reply = self.run_local(meta["n"].encode(), bodies, token)
+        if reply is PENDING:
+            self.tokens[token] = lambda value: self.reply_peer(link, rid, value)
+        else:
+            self.reply_peer(link, rid, reply)
+
+    def _serve_block(self, link: Link, meta: dict[str, Any], bodies: list[bytes]) -> None:
+        remote = meta["t"]
+        token = self.new_token()
+        blocked = _blocked(link)
+        blocked[remote] = token
+
+        def wake(entries: Any) -> None:
+            blocked.pop(remote, None)
+            out: list[bytes] = []
+            value = pack(entries, out)
+            if link.transport is None:
+                self.shard.op_return([e[1] for e in entries], self.now_ms)  # asker is gone
+                return
+            link.send(meshmod.K_WAKE, {"t": remote, "v": value}, out)
+
+        self.tokens[token] = wake
+        self.shard.op_block(token, bodies, meta["c"], meta["w"], self.now_ms)
+
+    def reply_peer(self, link: Link, rid: int, value: Any) -> None:
+        out: list[bytes] = []
+        packed = pack(value, out)
+        if link.transport is not None:
+            link.send(meshmod.K_REPLY, {"r": rid, "v": packed}, out)
+
+    def on_incoming_lost(self, link: Link) -> None:
+        for token in _blocked(link).values():
+            self.tokens.pop(token, None)
+            self.shard.op_unblock(token, now_ms())
+        self.drain_effects()
+
+    def on_wake(self, peer: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
+        entries = unpack(meta.get("v"), bodies)
+        job = self.getjobs.get(meta["t"])
+        if job is None:
+            self.return_jobs(peer, entries)
+        else:
+            job.woken(peer, entries)
+
+    def on_peer_up(self, peer: int) -> None:
+        for job in list(self.getjobs.values()):
+            job.reblock(peer)
+
+    def after_batch(self) -> None:
+        pass  # client replies filled by mesh callbacks are written by flush_dirty
+
+    def return_jobs(self, owner: int, entries: list[Any]) -> None:
+        """Give back jobs taken for a GETJOB that no longer wants them."""
+        if not entries:
+            return
+        ids = [str(e[1]) for e in entries]
+        if owner == self.index:
+            self.shard.op_return(ids, now_ms())
+            self.drain_effects()
+        else:
+            self.mesh.send(owner, meshmod.K_RETURN, {}, [i.encode() for i in ids])
+
+    # ------------------------------------------------------------------ handoff
+
+    def maybe_handoff(self, conn: ClientConn) -> None:
+        owner = conn.streak_owner
+        transport = conn.transport
+        if (owner < 0 or owner == self.index or transport is None or conn.pending()
+                or conn.waiters or conn.parser.buffered() or conn.handoffs >= handoff_per_conn_max
+                or transport.get_write_buffer_size() or self.stopping):
+            return
+        sock = transport.get_extra_info("socket")
+        if sock is None:
+            return
+        if not self.handoff.give(owner, sock.fileno(), conn.state()):
+            conn.streak = 0
+            return
+        self.handed_off += 1
+        conn.gone = True
+        self.conns.discard(conn)
+        transport.pause_reading()
+        transport.close()  # closes our descriptor only: no FIN while the peer holds it
+
+    def adopt(self, sock: socket.socket, state: dict[str, Any]) -> None:
+        """A connection handed to us by another worker."""
+        if self.stopping:
+            sock.close()
+            return
+        sock.setblocking(False)
+
+        async def connect() -> None:
+            try:
+                await self.loop.connect_accepted_socket(lambda: ClientConn(self, state), sock=sock)
+            except OSError:
+                sock.close()
+
+        self.loop.create_task(connect())
+
+    # ------------------------------------------------------------------ INFO helpers
+
+    def local_stats(self) -> dict[str, Any]:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        blocked = sum(1 for c in self.conns if c.waiters)
+        return {
+            "index": self.index, "pid": os.getpid(), "clients": len(self.conns),
+            "blocked": blocked, "conns_received": self.connections_received,
+            "commands": self.commands_processed, "net_in": self.net_in_bytes,
+            "net_out": self.net_out_bytes, "rejected": self.rejected_connections,
+            "cpu_sys": usage.ru_stime, "cpu_user": usage.ru_utime, "rss": _rss_bytes(),
+            "peak": usage.ru_maxrss * 1024, "handed_off": self.handed_off,
+            "cmdstats": {k: v for k, v in self.cmdstats.items() if v[0]},
+            "shard": self.shard.info(),
+            "aof": self.aof.info() if self.aof is not None else None,
+        }
+
+
+def _blocked(link: Link) -> dict[int, int]:
+    """Waiters a peer registered over ``link``: its token -> our shard token."""
+    blocked = getattr(link, "blocked", None)
+    if blocked is None:
+        blocked = link.blocked = {}  # type: ignore[attr-defined]
+    return blocked
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _merge_counts(results: list[Any]) -> Any:
+    total = 0
+    for value in results:
+        if isinstance(value, Error):
+            return value
+        total += int(value)
+    return total
+
+
+class GetJob:
+    """One GETJOB coordinated by this worker (DESIGN.md, "Blocking GETJOB")."""
+
+    __slots__ = ("w", "conn", "spec", "runs", "i", "got", "token", "slot", "blocked_at",
+                 "timer", "done")
+
+    def __init__(self, w: Worker, conn: ClientConn, spec: Any) -> None:
+        self.w = w
+        self.conn = conn
+        self.spec = spec
+        self.runs = _owner_runs(w, list(spec.queues))
+        self.i = 0
+        self.got: list[Any] = []
+        self.token = 0
+        self.slot: Slot | None = None
+        self.blocked_at: dict[int, list[bytes]] = {}
+        self.timer: asyncio.TimerHandle | None = None
+        self.done = False
+
+    def start(self) -> Any:
+        """Fast path: everything local and answered at once; else PENDING."""
+        reply = self._take_local_prefix()
+        if reply is not None:
+            return reply
+        self.slot = self.conn.defer()
+        self.conn.waiters.add(self)
+        self._step()
+        return PENDING
+
+    def _take_local_prefix(self) -> Any:
+        w, spec = self.w, self.spec
+        while self.i < len(self.runs):
+            owner, queues = self.runs[self.i]
+            if owner != w.index:
+                return None
+            need = spec.count - len(self.got)
+            self.got += w.shard.op_take(queues, need, spec.withcounters, w.now_ms)
+            self.i += 1
+            if len(self.got) >= spec.count:
+                return self.got
+        if self.got:
+            return self.got
+        if spec.nohang:
+            return NULL_ARRAY
+        if all(owner == w.index for owner, _ in self.runs):
+            return self._block_local_only()
+        return None
+
+    def _block_local_only(self) -> Any:
+        self.slot = self.conn.defer()
+        self.conn.waiters.add(self)
+        self._block()
+        return PENDING
+
+    def _step(self) -> None:
+        w, spec = self.w, self.spec
+        while self.i < len(self.runs) and not self.done:
+            owner, queues = self.runs[self.i]
+            need = spec.count - len(self.got)
+            if owner == w.index:
+                self._took(w.shard.op_take(queues, need, spec.withcounters, w.now_ms))
+                continue
+            meta: dict[str, Any] = {"c": need, "w": spec.withcounters}
+            w.mesh.request(owner, meshmod.K_TAKE, meta, queues, self._take_reply(owner))
+            return
+        if self.done:
+            return
+        if self.got:
+            self._finish(self.got)
+        elif spec.nohang:
+            self._finish(NULL_ARRAY)
+        else:
+            self._block()
+
+    def _take_reply(self, owner: int) -> Callable[[dict[str, Any], list[bytes]], None]:
+        return lambda meta, bodies: self._remote_took(owner, unpack(meta.get("v"), bodies))
+
+    def _took(self, entries: list[Any]) -> None:
+        self.got += entries
+        self.i += 1
+        if len(self.got) >= self.spec.count:
+            self._finish(self.got)
+
+    def _remote_took(self, owner: int, entries: Any) -> None:
+        if isinstance(entries, Error):
+            entries = []  # that worker is down: serve from the others
+        if self.done:
+            self.w.return_jobs(owner, entries)
+            return
+        self.w.now_ms = now_ms()
+        self._took(entries)
+        self._step()
+
+    def _block(self) -> None:
+        w = self.w
+        self.token = w.new_token()
+        w.getjobs[self.token] = self
+        for owner, queues in self.runs:
+            self.blocked_at.setdefault(owner, []).extend(queues)
+        for owner, queues in self.blocked_at.items():
+            self._block_at(owner, queues)
+        timeout_ms = self.spec.timeout_ms
+        if timeout_ms and not self.done:
+            self.timer = w.loop.call_later(timeout_ms / 1000, self._timeout)
+
+    def _block_at(self, owner: int, queues: list[bytes]) -> None:
+        w = self.w
+        if owner == w.index:
+            w.tokens[self.token] = lambda entries: self.woken(w.index, entries)
+            w.shard.op_block(self.token, queues, self.spec.count, self.spec.withcounters, w.now_ms)
+        else:
+            meta = {"t": self.token, "c": self.spec.count, "w": self.spec.withcounters}
+            w.mesh.send(owner, meshmod.K_BLOCK, meta, queues)
+
+    def reblock(self, peer: int) -> None:
+        """A peer (re)connected: it lost our waiter if it restarted."""
+        if not self.done and peer in self.blocked_at:
+            self._block_at(peer, self.blocked_at[peer])
+
+    def woken(self, owner: int, entries: list[Any]) -> None:
+        if self.done:
+            self.w.return_jobs(owner, entries)
+            return
+        if not entries:
+            return
+        self._finish(entries, woken_by=owner)
+
+    def _timeout(self) -> None:
+        self.timer = None
+        if not self.done:
+            self._finish(NULL_ARRAY)
+
+    def _finish(self, reply: Any, woken_by: int = -1) -> None:
+        self.done = True
+        self._unblock(skip=woken_by)
+        conn = self.conn
+        conn.waiters.discard(self)
+        if self.slot is not None:
+            conn.fill(self.slot, encode(reply, conn.resp3))
+
+    def cancel(self) -> None:
+        """The client went away: nothing will be delivered to it."""
+        if not self.done:
+            self.done = True
+            self._unblock()
+            by_owner: dict[int, list[Any]] = {}
+            for entry in self.got:
+                by_owner.setdefault(self._owner_of(entry), []).append(entry)
+            for owner, entries in by_owner.items():
+                self.w.return_jobs(owner, entries)
+            self.got = []
+
+    def _owner_of(self, entry: Any) -> int:
+        return owner_of_job_id(str(entry[1]), self.w.workers)
+
+    def _unblock(self, skip: int = -1) -> None:
+        w = self.w
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if not self.token:
+            return
+        w.getjobs.pop(self.token, None)
+        for owner in self.blocked_at:
+            if owner == skip:
+                continue
+            if owner == w.index:
+                w.tokens.pop(self.token, None)
+                w.shard.op_unblock(self.token, now_ms())
+            else:
+                w.mesh.send(owner, meshmod.K_UNBLOCK, {"t": self.token})
+
+
+def _owner_runs(w: Worker, queues: list[bytes]) -> list[tuple[int, list[bytes]]]:
+    """Queues cut into runs of consecutive queues with one owner (left-to-right priority)."""
+    runs: list[tuple[int, list[bytes]]] = []
+    for q in queues:
+        owner = w.owner_of(q) if w.workers > 1 else w.index
+        if runs and runs[-1][0] == owner:
+            runs[-1][1].append(q)
+        else:
+            runs.append((owner, [q]))
+    return runs
