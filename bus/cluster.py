@@ -65,7 +65,14 @@ Publish = Callable[[dict[str, Any]], None]
 
 
 def now_ms() -> int:
-    return int(time.time() * 1000)
+    """Failure detection runs on the monotonic clock: a wall clock step (NTP) must
+    not make every peer look silent at once."""
+    return time.monotonic_ns() // 1_000_000
+
+
+def wall_offset_ms() -> int:
+    """Add to a ``now_ms()`` time to get epoch ms (CLUSTER NODES shows epoch ms)."""
+    return time.time_ns() // 1_000_000 - now_ms()
 
 
 def bus_port(client_port: int) -> int:
@@ -212,7 +219,7 @@ class ClusterBus:
         return int(link.write(K_JOB, frame_meta, bodies))
 
     def view(self) -> dict[str, Any]:
-        return mb.snapshot(self.m)
+        return mb.snapshot(self.m, wall_offset_ms())
 
     @property
     def my_id(self) -> str:

@@ -44,6 +44,7 @@ AGENT_HELLO, AGENT_CMD, AGENT_REPLY = 0xC3, 0xC4, 0xC5
 AGENT_KINDS = frozenset({MESH_BUS_OUT, MESH_BUS_IN, MESH_VIEW, AGENT_HELLO, AGENT_CMD, AGENT_REPLY})
 
 reconnect_delay_s = 0.05  # worker 0 starts (or restarts) within a few hundred ms
+owner_wait_s = 10.0  # at start, wait this long for worker 0 before serving anyway
 agent_output_bytes_max = 256 << 20  # unsent bytes on one local link: over it, drop frames
 # (the same bound as a bus peer: what worker 0 cannot pass on, the bus could not either)
 pending_commands_max = 10_000  # CLUSTER commands in flight to worker 0 from one worker
@@ -133,6 +134,11 @@ class ClusterAgent:
             await self.bus.start()
         else:
             self.connector = asyncio.create_task(self._connect_loop())
+            # Be ready only once CLUSTER and Sends can reach worker 0 (it starts at the
+            # same time); if it does not come, start anyway and keep trying.
+            deadline = loop.time() + owner_wait_s
+            while self.to_owner is None and loop.time() < deadline:
+                await asyncio.sleep(reconnect_delay_s / 5)
 
     async def close(self) -> None:
         self.closing = True

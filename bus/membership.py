@@ -478,17 +478,22 @@ def _gossip_entry(entry: Any) -> tuple[str, str, int, list[str]] | None:
 
 # ---- replies built from a snapshot (any worker can answer from one) -----------
 
-def snapshot(m: Membership) -> dict[str, Any]:
+def snapshot(m: Membership, wall_offset_ms: int = 0) -> dict[str, Any]:
     """The view other workers get over the mesh: enough for HELLO, CLUSTER NODES
-    and INFO, and for the shard's peer list. Plain JSON-able data."""
+    and INFO, and for the shard's peer list. Plain JSON-able data. The table may
+    run on a monotonic clock; ``wall_offset_ms`` turns its times into epoch ms."""
+
+    def wall(t: int) -> int:
+        return t + wall_offset_ms if t else 0
+
     return {
         "myid": m.my_id,
         "leaving": m.myself.leaving,
         "size": m.size(),
         "sent": m.stats_sent,
         "received": m.stats_received,
-        "nodes": [[n.node_id, n.ip, n.port, n.flags(), n.ping_sent_ms, n.pong_received_ms,
-                   n.myself or n.link_up] for n in _ordered(m)],
+        "nodes": [[n.node_id, n.ip, n.port, n.flags(), wall(n.ping_sent_ms),
+                   wall(n.pong_received_ms), n.myself or n.link_up] for n in _ordered(m)],
     }
 
 

@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import pytest
+import uvloop
 
 from bus import frames, nodes_conf
 from bus import membership as mb
 from bus.cluster import K_HANDSHAKE, K_PING, ClusterBus
 from disque_mp import cmd_cluster
 from disque_mp.config import Config
-from tests.nodeproc import free_port
+from tests.nodeproc import NodeProc, free_port
 from workers.replies import ERR_SYNTAX, OK, Error, Status
 
 wait_s = 20.0  # generous: other engineers' tests share the 2 cores
@@ -57,8 +61,19 @@ class Host:
         return self.bus.m.nodes[other.bus.my_id].flags()
 
 
-def test_bus_mesh_jobs_failure_and_restart(tmp_path: Path) -> None:
-    asyncio.run(_bus_scenario(tmp_path))
+LOOPS = ["uvloop", "asyncio"]  # workers run uvloop; plain asyncio keeps us portable
+
+
+def run_in(loop_kind: str, coro: Any) -> None:
+    if loop_kind == "uvloop":
+        uvloop.run(coro)
+    else:
+        asyncio.run(coro)
+
+
+@pytest.mark.parametrize("loop_kind", LOOPS)
+def test_bus_mesh_jobs_failure_and_restart(tmp_path: Path, loop_kind: str) -> None:
+    run_in(loop_kind, _bus_scenario(tmp_path))
 
 
 async def _bus_scenario(tmp: Path) -> None:
@@ -149,8 +164,9 @@ async def run_cluster(agent: Any, *words: str) -> Any:
     return await asyncio.wait_for(fut, wait_s)
 
 
-def test_agents_route_commands_views_and_job_messages(tmp_path: Path) -> None:
-    asyncio.run(_agent_scenario(tmp_path))
+@pytest.mark.parametrize("loop_kind", LOOPS)
+def test_agents_route_commands_views_and_job_messages(tmp_path: Path, loop_kind: str) -> None:
+    run_in(loop_kind, _agent_scenario(tmp_path))
 
 
 async def _agent_scenario(tmp: Path) -> None:
@@ -217,8 +233,9 @@ async def _agent_scenario(tmp: Path) -> None:
         await b.close()
 
 
-def test_bus_port_survives_garbage(tmp_path: Path) -> None:
-    asyncio.run(_garbage_scenario(tmp_path))
+@pytest.mark.parametrize("loop_kind", LOOPS)
+def test_bus_port_survives_garbage(tmp_path: Path, loop_kind: str) -> None:
+    run_in(loop_kind, _garbage_scenario(tmp_path))
 
 
 async def _closed_after(port: int, data: bytes) -> bool:
@@ -252,3 +269,143 @@ async def _garbage_scenario(tmp: Path) -> None:
     finally:
         await a.bus.close()
         await b.bus.close()
+
+
+# ---- real node processes --------------------------------------------------------------
+
+NODE_TIMEOUT_MS = 2000
+real_wait_s = 30.0  # 3 nodes x 2 workers starting on 2 busy cores
+
+
+def cluster(node: NodeProc, *words: str) -> Any:
+    r = node.client(protocol=2)
+    try:
+        return r.execute_command("CLUSTER", *words)
+    finally:
+        r.close()
+
+
+def text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def nodes_table(node: NodeProc) -> dict[str, list[str]]:
+    """CLUSTER NODES as {id: [addr, flags, ping, pong, link]}."""
+    out = {}
+    for line in text(cluster(node, "NODES")).splitlines():
+        words = line.split()
+        assert len(words) == 6, line
+        out[words[0]] = words[1:]
+    return out
+
+
+def info(node: NodeProc) -> dict[str, str]:
+    lines = text(cluster(node, "INFO")).split("\r\n")
+    assert lines[-1] == ""
+    return dict(line.split(":", 1) for line in lines[:-1])
+
+
+def hellos(node: NodeProc, connections: int = 4) -> list[dict[str, str]]:
+    """HELLO on several connections (the kernel spreads them over the workers):
+    {id: priority} per connection."""
+    out = []
+    for _ in range(connections):
+        r = node.client(protocol=2)
+        try:
+            reply = r.execute_command("HELLO")
+        finally:
+            r.close()
+        assert reply[0] == 1 and len(reply[1]) == 40
+        out.append({text(e[0]): text(e[3]) for e in reply[2:]})
+    return out
+
+
+def test_three_real_nodes(tmp_path: Path) -> None:
+    conf = {"cluster-node-timeout": NODE_TIMEOUT_MS}
+    nodes = [NodeProc(tmp_path / name, workers=2, conf=conf) for name in "abc"]
+    try:
+        for n in nodes:
+            n.start()
+        _three_real_nodes(*nodes)
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+def _three_real_nodes(a: NodeProc, b: NodeProc, c: NodeProc) -> None:
+    ids = {n.port: text(cluster(n, "MYID")) for n in (a, b, c)}
+    assert cluster(a, "MEET", "127.0.0.1", str(b.port)) in (b"OK", True, "OK")
+    assert cluster(c, "MEET", "127.0.0.1", str(b.port)) in (b"OK", True, "OK")
+
+    def meshed(n: NodeProc) -> bool:
+        i = info(n)
+        table = nodes_table(n)
+        return (i["cluster_known_nodes"] == "3" and i["cluster_reachable_nodes"] == "2"
+                and all(v[1] in ("myself", "noflags") for v in table.values()))
+
+    for n in (a, b, c):
+        n.wait_for(lambda n=n: meshed(n), real_wait_s, "full mesh")
+        assert set(nodes_table(n)) == set(ids.values())
+        assert info(n)["cluster_size"] == "3" and info(n)["cluster_state"] == "ok"
+        table = nodes_table(n)
+        assert table[ids[n.port]] == [f"127.0.0.1:{n.port}", "myself", "0", "0", "connected"]
+        for node_id, (addr, _flags, _ping, pong, link) in table.items():
+            if node_id != ids[n.port]:  # epoch ms, as the reference shows them
+                assert int(pong) > 1_600_000_000_000 and link == "connected", addr
+        n.wait_for(lambda n=n: all(h == dict.fromkeys(ids.values(), "1") for h in hellos(n)),
+                   real_wait_s, "HELLO on every worker")
+    saved = nodes_conf.load(str(c.dir / "nodes.conf"))
+    assert saved is not None and {p.node_id for p in saved.peers} == {ids[a.port], ids[b.port]}
+
+    # kill -9 C: A and B flag it (fail? then fail: 2 of 3 is a majority)
+    c_id = ids[c.port]
+    c.kill_group()
+    for n in (a, b):
+        n.wait_for(lambda n=n: nodes_table(n)[c_id][1] == "fail", real_wait_s, "C fail")
+        assert info(n)["cluster_reachable_nodes"] == "1"
+        assert all(h[c_id] == "10" for h in hellos(n))
+
+    # restart C with the same dir: same ID, it dials its peers, flags clear
+    c.start()
+    assert text(cluster(c, "MYID")) == c_id
+    for n in (a, b, c):
+        n.wait_for(lambda n=n: meshed(n), real_wait_s, "C rejoined")
+
+    # LEAVING on B: priority 100 in HELLO on every node, every worker
+    assert cluster(b, "LEAVING") in (b"no", "no")
+    assert cluster(b, "LEAVING", "yes") in (b"OK", True, "OK")
+    assert cluster(b, "LEAVING") in (b"yes", "yes")
+    for n in (a, b, c):
+        n.wait_for(lambda n=n: all(h[ids[b.port]] == "100" for h in hellos(n)), real_wait_s,
+                   "leaving in HELLO")
+        assert nodes_table(n)[ids[b.port]][1].endswith("leaving")
+    assert cluster(b, "LEAVING", "no") in (b"OK", True, "OK")
+
+    # FORGET C on A: gone, and gossip from B (which still knows C) keeps it gone
+    assert cluster(a, "FORGET", c_id) in (b"OK", True, "OK")
+    assert c_id not in nodes_table(a)
+    time.sleep(NODE_TIMEOUT_MS / 1000)  # several gossip rounds from B and pings from C
+    assert c_id not in nodes_table(a)
+    assert info(a)["cluster_known_nodes"] == "2"
+
+
+def test_node_timeout_config_set_at_runtime(tmp_path: Path) -> None:
+    conf = {"cluster-node-timeout": 600_000}  # ten minutes: only CONFIG SET can make it fail
+    a = NodeProc(tmp_path / "a", workers=2, conf=conf)
+    b = NodeProc(tmp_path / "b", workers=1, conf=conf)
+    try:
+        a.start()
+        b.start()
+        cluster(a, "MEET", "127.0.0.1", str(b.port))
+        a.wait_for(lambda: info(a)["cluster_reachable_nodes"] == "1", real_wait_s, "meet")
+        b_id = text(cluster(b, "MYID"))
+        r = a.client(protocol=2)
+        for _ in range(4):  # every worker, whichever the connection lands on
+            assert r.execute_command("CONFIG", "SET", "cluster-node-timeout", "1000") in (b"OK", True)
+        r.close()
+        b.kill_group()
+        a.wait_for(lambda: nodes_table(a)[b_id][1] == "fail?", real_wait_s, "B fail?")
+        assert all(h[b_id] == "10" for h in hellos(a))
+    finally:
+        a.stop()
+        b.stop()
