@@ -79,11 +79,13 @@ class AsyncDisque:
         self._lock = asyncio.Lock()
 
     def _make_redis(self, host: str, port: int) -> aredis.Redis:
-        return aredis.Redis(
+        r = aredis.Redis(
             host=host, port=port, protocol=2, driver_info=None, password=self._password,
             socket_timeout=self._socket_timeout, socket_connect_timeout=self._connect_timeout,
             retry=Retry(NoBackoff(), 0), **self._redis_kwargs,
         )
+        r.response_callbacks.pop("INFO", None)  # keep INFO's text
+        return r
 
     async def connect(self, avoid: tuple[str, int] | None = None) -> Hello:
         async with self._lock:
@@ -355,9 +357,14 @@ class AsyncDisque:
 
     async def iterate(self, queues: str | bytes | Iterable[str | bytes], *,
                       count: int = 1, poll_ms: int = consume_poll_ms) -> AsyncIterator[Job]:
-        """Async-iterator form: ``async for job in d.iterate("q")``; ACK when the loop asks
-        for the next job; WORKING while the loop body runs; leaving the loop NACKs the
-        job in hand."""
+        """Async-iterator form; ACK when the loop asks for the next job, WORKING while
+        the loop body runs, leaving the loop NACKs the jobs in hand. Async generators
+        are finalized late, so close it explicitly::
+
+            async with contextlib.aclosing(d.iterate("q")) as jobs:
+                async for job in jobs:
+                    ...
+        """
         names = _queues(queues)
         in_hand: list[Job] = []
         try:

@@ -475,11 +475,13 @@ class Disque:
     # ---- connection management
 
     def _make_redis(self, host: str, port: int) -> redis.Redis:
-        return redis.Redis(
+        r = redis.Redis(
             host=host, port=port, protocol=2, driver_info=None, password=self._password,
             socket_timeout=self._socket_timeout, socket_connect_timeout=self._connect_timeout,
             retry=Retry(NoBackoff(), 0), **self._redis_kwargs,
         )
+        r.response_callbacks.pop("INFO", None)  # keep INFO's text: Disque's own sections
+        return r
 
     def connect(self, avoid: tuple[str, int] | None = None) -> Hello:
         """Connect to the best reachable node (random among the seeds at first), run HELLO.

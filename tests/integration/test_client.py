@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import threading
 import time
@@ -337,10 +338,11 @@ def test_async_client_same_methods(node: NodeProc) -> None:
 
             await a.add_jobs([(q, "c1"), (q, "c2")], retry=60)
             taken = []
-            async for j in a.iterate(q):
-                taken.append(j.id)
-                if len(taken) == 2:
-                    break
+            async with contextlib.aclosing(a.iterate(q)) as jobs:
+                async for j in jobs:
+                    taken.append(j.id)
+                    if len(taken) == 2:
+                        break
             assert await a.qlen(q) == 1  # the second one was NACKed back
             assert (await a.show(taken[0])) is None
 
