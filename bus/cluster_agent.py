@@ -71,6 +71,8 @@ class _Local(asyncio.Protocol):
         self.reader = frames.FrameReader(AGENT_KINDS)
         self.transport: asyncio.Transport | None = None
         self.lost = asyncio.get_running_loop().create_future()
+        self.outq: list[bytes] = []  # frames of this loop turn, flushed in one write
+        self.outq_bytes = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
@@ -94,11 +96,21 @@ class _Local(asyncio.Protocol):
     def write(self, frame: bytes) -> bool:
         if self.transport is None:
             return False
-        if self.transport.get_write_buffer_size() > agent_output_bytes_max:
+        if self.transport.get_write_buffer_size() + self.outq_bytes > agent_output_bytes_max:
             log.warning("cluster agent: worker %d does not drain, dropping a frame", self.peer)
             return False
-        self.transport.write(frame)
+        if not self.outq:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self.outq.append(frame)
+        self.outq_bytes += len(frame)
         return True
+
+    def flush(self) -> None:
+        """Frames of one loop turn leave in one write (as on the bus links)."""
+        if self.transport is not None and self.outq:
+            self.transport.write(b"".join(self.outq) if len(self.outq) > 1 else self.outq[0])
+        self.outq.clear()
+        self.outq_bytes = 0
 
 
 class ClusterAgent:
