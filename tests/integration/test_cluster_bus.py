@@ -8,13 +8,17 @@ node processes (tests/nodeproc.py) joined with CLUSTER MEET.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import re
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import uvloop
 
 from bus import frames, nodes_conf
@@ -406,6 +410,45 @@ def test_node_timeout_config_set_at_runtime(tmp_path: Path) -> None:
         b.kill_group()
         a.wait_for(lambda: nodes_table(a)[b_id][1] == "fail?", real_wait_s, "B fail?")
         assert all(h[b_id] == "10" for h in hellos(a))
+    finally:
+        a.stop()
+        b.stop()
+
+
+def worker_pid(node: NodeProc, index: int) -> int:
+    found = re.findall(rf"Worker W{index} started, pid (\d+)", node.log_text())
+    assert found, node.output()
+    return int(found[-1])
+
+
+def test_worker0_crash_keeps_membership(tmp_path: Path) -> None:
+    """Worker 0 owns the bus: SIGKILL it, the supervisor restarts it, it reloads
+    nodes.conf and the node is back in the cluster with its ID; the other workers
+    reconnect to it and answer CLUSTER again."""
+    conf = {"cluster-node-timeout": NODE_TIMEOUT_MS}
+    a = NodeProc(tmp_path / "a", workers=2, conf=conf)
+    b = NodeProc(tmp_path / "b", workers=2, conf=conf)
+    try:
+        a.start()
+        b.start()
+        a_id, b_id = text(cluster(a, "MYID")), text(cluster(b, "MYID"))
+        cluster(a, "MEET", "127.0.0.1", str(b.port))
+        for n in (a, b):
+            n.wait_for(lambda n=n: info(n)["cluster_reachable_nodes"] == "1", real_wait_s, "meet")
+        old = worker_pid(a, 0)
+        os.kill(old, signal.SIGKILL)
+        a.wait_for(lambda: worker_pid(a, 0) != old, real_wait_s, "worker 0 restarted")
+
+        def back() -> bool:
+            try:
+                return (all(text(cluster(a, "MYID")) == a_id for _ in range(4))
+                        and info(a)["cluster_reachable_nodes"] == "1"
+                        and nodes_table(b)[a_id][1] == "noflags")
+            except redis.ResponseError:
+                return False  # worker 0 still starting: the other worker says so
+
+        a.wait_for(back, real_wait_s, "A back in the cluster")
+        assert b_id in nodes_table(a)
     finally:
         a.stop()
         b.stop()
