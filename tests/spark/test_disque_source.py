@@ -82,8 +82,11 @@ def test_bad_options_say_what_to_fix(spark: Any, node: NodeProc, tmp_path: Path)
         spark.read.format("disque").option("nodes", dead).option("queue", "q").load().collect()
     assert "check the addresses" in _failure_text(unreachable)
 
+    query = (spark.readStream.format("disque").option("nodes", addr).load()
+             .writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ck"))
+             .start())
     with pytest.raises(Exception) as no_read_queue:
-        spark.readStream.format("disque").option("nodes", addr).load()
+        query.awaitTermination(query_timeout_s)
     assert "needs option queue" in _failure_text(no_read_queue)
 
 
