@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import logging
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -125,7 +126,10 @@ class Link(asyncio.Protocol):
         try:
             self.reader.feed(data)
             while (frame := self.reader.next()) is not None:
-                self.mesh.dispatch(self, *frame)
+                try:
+                    self.mesh.dispatch(self, *frame)
+                except Exception:  # a bug in one handler must not cut the link
+                    logging.getLogger("disque_mp.mesh").exception("mesh frame handler failed")
         except FrameError as exc:
             self.mesh.log(f"mesh frame error from worker {self.peer}: {exc}")
             if self.transport is not None:

@@ -164,10 +164,10 @@ class RequestParser:
             if at_boundary and (self._inline or data[0] != 42):  # 42 = '*'
                 data = self._feed_inline(data, cmds)
             else:
-                self._feed_multibulk(data, cmds)
-                return
+                data = self._feed_multibulk(data, cmds)
 
-    def _feed_multibulk(self, data: bytes, cmds: list[list[bytes]]) -> None:
+    def _feed_multibulk(self, data: bytes, cmds: list[list[bytes]]) -> bytes:
+        """Parse with hiredis; return the bytes left for the inline parser, if any."""
         end = 0
         if self._walker is not None:
             end = self._walker.feed(data, 0)
@@ -175,7 +175,7 @@ class RequestParser:
                 self._walker = None
         reader = self._reader
         reader.feed(data)
-        items = []  # every request hiredis returned, to locate a pending one
+        items: list[Any] = []  # every request hiredis returned, to locate a pending one
         try:
             while True:
                 cmd = reader.gets()
@@ -186,9 +186,21 @@ class RequestParser:
                     _check_args(cmd)
                     cmds.append(cmd)
         except hiredis.ProtocolError as exc:
-            raise ProtocolError(_redis_text(str(exc))) from None
+            return self._after_error(data, items, end, str(exc))
         if self._walker is None and reader.has_data():
             self._start_walker(data, items, end)
+        return b""
+
+    def _after_error(self, data: bytes, items: list[Any], end: int, msg: str) -> bytes:
+        """hiredis met a byte that starts no RESP value: an inline command after
+        multibulk ones in the same read (Redis takes it), or garbage."""
+        if end >= 0 and "reply type byte" in msg:
+            start = end + sum(_canonical_len(c) for c in items[1 if end else 0 :])
+            if start < len(data) and data[start] != 42:
+                self._reader = hiredis.Reader()
+                self._walker = None
+                return data[start:]
+        raise ProtocolError(_redis_text(msg))
 
     def _start_walker(self, data: bytes, items: list[Any], end: int) -> None:
         start = end
@@ -222,6 +234,8 @@ class RequestParser:
 
 
 def _check_args(cmd: Any) -> None:
+    if type(cmd) is not list:  # `+x`, `:1`, `$3` at top level after a multibulk
+        raise ProtocolError("Protocol error: expected '*', got a RESP reply value")
     for arg in cmd:
         if type(arg) is not bytes:
             got = ":" if isinstance(arg, int) else "*" if isinstance(arg, list) else "?"

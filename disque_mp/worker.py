@@ -109,6 +109,8 @@ class Worker:
         self.rejected_connections = 0
         self.handed_off = 0
         self.cmdstats: dict[str, list[int]] = {}
+        self.tick_handle: asyncio.TimerHandle | None = None
+        self.tick_at = 0
         self.stopping = False
         self.rewrite_aof_at_exit = False  # SHUTDOWN REWRITE-AOF
         self.servers: list[asyncio.AbstractServer] = []
@@ -132,8 +134,6 @@ class Worker:
             self.servers.append(await self.loop.create_server(lambda: ClientConn(self), sock=sock))
         self.loop.add_signal_handler(signal.SIGTERM, self.request_stop)
         self.loop.call_later(parent_poll_s, self._check_parent)
-        self.tick_handle: asyncio.TimerHandle | None = None
-        self.tick_at = 0
         self._tick()
         if ready is not None:
             ready.set()
@@ -242,6 +242,8 @@ class Worker:
             self.aof.commit()
         for conn in dirty:
             conn.write_out()
+            if conn.streak >= self.handoff_streak_min and not conn.closing:
+                self.maybe_handoff(conn)
 
     # ------------------------------------------------------------------ commands
 

@@ -1,0 +1,287 @@
+"""The front end against real nodes: handshake, routing between workers, blocking
+GETJOB across owners, pipelining, node-wide commands, connection handoff."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.integration.conftest import (
+    NULL_ARRAY,
+    NULL_BULK,
+    Err,
+    RawClient,
+    Status,
+    connect_to_worker,
+    encode_command,
+    worker_of,
+)
+from tests.nodeproc import NodeProc
+from workers.ids import owner_of_queue
+
+
+def queue_owned_by(index: int, workers: int = 2, prefix: str = "q") -> str:
+    for n in range(10_000):
+        name = f"{prefix}{n}"
+        if owner_of_queue(name.encode(), workers) == index:
+            return name
+    raise AssertionError("no queue name found")
+
+
+def test_redis_py8_default_handshake(node: NodeProc) -> None:
+    r = node.client()
+    assert r.connection_pool.connection_kwargs.get("protocol") in (None, 3, "3")
+    job_id = r.execute_command("ADDJOB", "rq", "body", 0)
+    assert job_id.startswith(b"D-")
+    show = r.execute_command("SHOW", job_id)
+    assert show[show.index(b"state") + 1] == b"queued"
+    qstat = r.execute_command("QSTAT", "rq")
+    assert qstat[:4] == [b"name", b"rq", b"len", 1]
+    got = r.execute_command("GETJOB", "NOHANG", "FROM", "rq")
+    assert got == [[b"rq", job_id, b"body"]]
+    assert r.execute_command("ACKJOB", job_id) == 1
+    assert r.execute_command("SHOW", job_id) is None
+    assert r.execute_command("GETJOB", "NOHANG", "FROM", "rq") is None
+    r.close()
+
+
+def test_hello3_switches_protocol(node: NodeProc) -> None:
+    c = RawClient(node.port)
+    assert c.call("SHOW", "D-dcb833cf-8YL1NT17e9+wsA/09NqxscQI-05a1") is NULL_BULK
+    hello = c.call("HELLO", "3")
+    assert isinstance(hello, dict)
+    assert hello[b"proto"] == 3 and hello[b"server"] == b"disque"
+    assert set(hello) == {b"server", b"version", b"proto", b"id", b"mode", b"role", b"modules"}
+    assert c.call("SHOW", "D-dcb833cf-8YL1NT17e9+wsA/09NqxscQI-05a1") is None  # RESP3 null
+    assert c.call("GETJOB", "NOHANG", "FROM", "nothing") is None
+    assert c.call("QSTAT", "nothing2") is None
+    c.call("ADDJOB", "h3", "x", 0)
+    assert c.call("QSTAT", "h3")[0] == b"name"  # flat array, not a map
+    assert isinstance(c.call("HELLO", "2"), list)
+    assert c.call("QSTAT", "nothing3") is NULL_ARRAY
+    assert c.call("HELLO", "4") == Err("NOPROTO unsupported protocol version")
+    disque_hello = c.call("HELLO")
+    assert disque_hello[0] == 1 and len(disque_hello) == 3
+    c.close()
+
+
+def test_queue_of_worker1_through_worker0(node2: NodeProc) -> None:
+    q = queue_owned_by(1)
+    c = connect_to_worker(node2.port, 0)
+    job_id = c.call("ADDJOB", q, "payload", 0)
+    assert isinstance(job_id, Status)
+    assert c.call("QLEN", q) == 1
+    assert c.call("QPEEK", q, 1) == [[q.encode(), job_id.encode(), b"payload"]]
+    assert c.call("SHOW", job_id)[5] == b"queued"
+    info = c.call("INFO", "workers").decode()
+    assert ",jobs=1," in info.split("worker1:")[1].split("\r\n")[0]
+    assert c.call("GETJOB", "NOHANG", "FROM", q) == [[q.encode(), job_id.encode(), b"payload"]]
+    assert c.call("WORKING", job_id) > 0
+    assert c.call("NACK", job_id) == 1
+    assert c.call("GETJOB", "COUNT", 3, "FROM", q)[0][1] == job_id.encode()
+    assert c.call("ACKJOB", job_id) == 1
+    assert c.call("QLEN", q) == 0
+    c.close()
+
+
+def test_ids_split_over_workers(node2: NodeProc) -> None:
+    c = RawClient(node2.port)
+    ids = [c.call("ADDJOB", queue_owned_by(i % 2, prefix=f"s{i}"), "x", 0) for i in range(6)]
+    bogus = "D-dcb833cf-8YL1NT17e9+wsA/09NqxscQI-05a1"
+    assert c.call("DEQUEUE", *ids) == 6
+    assert c.call("ENQUEUE", *ids, bogus) == 6
+    assert c.call("ACKJOB", ids[0], "notanid", ids[1]) == Err("BADID Invalid Job ID format.")
+    assert c.call("FASTACK", *ids[:3], bogus) == 3
+    assert c.call("DELJOB", *ids) == 3
+    assert c.call("INFO", "jobs") == b"# Jobs\r\nregistered_jobs:0\r\n"
+    c.close()
+
+
+def test_blocking_getjob_across_owners(node2: NodeProc) -> None:
+    qa, qb = queue_owned_by(0, prefix="a"), queue_owned_by(1, prefix="b")
+    waiter = RawClient(node2.port)
+    waiter.send(encode_command("GETJOB", "TIMEOUT", 20000, "FROM", qa, qb))
+    producer = RawClient(node2.port)
+    _wait_blocked(producer, 1)
+    job_id = producer.call("ADDJOB", qb, "wake", 0)
+    assert waiter.read() == [[qb.encode(), job_id.encode(), b"wake"]]
+    # the waiter is gone from the other owner: a job there stays queued
+    _wait_blocked(producer, 0)
+    producer.call("ADDJOB", qa, "stays", 0)
+    assert producer.call("QLEN", qa) == 1
+    assert producer.call("SHOW", job_id)[5] == b"active"
+    assert producer.call("SHOW", job_id)[19] == 0  # additional-deliveries
+    waiter.close()
+    producer.close()
+
+
+def test_getjob_timeout_and_disconnect(node2: NodeProc) -> None:
+    qa, qb = queue_owned_by(0, prefix="ta"), queue_owned_by(1, prefix="tb")
+    c = RawClient(node2.port)
+    assert c.call("GETJOB", "TIMEOUT", 50, "FROM", qa, qb) is NULL_ARRAY
+    gone = RawClient(node2.port)
+    gone.send(encode_command("GETJOB", "FROM", qb, qa))
+    _wait_blocked(c, 1)
+    gone.close()
+    _wait_blocked(c, 0)
+    c.call("ADDJOB", qb, "kept", 0)
+    assert c.call("QLEN", qb) == 1
+    c.close()
+
+
+def _wait_blocked(c: RawClient, n: int) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        text = c.call("INFO", "clients").decode()
+        if f"blocked_clients:{n}\r\n" in text:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"blocked_clients never reached {n}: {text}")
+
+
+def test_pipelining_keeps_order(node2: NodeProc) -> None:
+    qa, qb = queue_owned_by(0, prefix="pa"), queue_owned_by(1, prefix="pb")
+    c = RawClient(node2.port)
+    batch = []
+    for i in range(50):
+        q = qa if i % 2 else qb
+        batch += [encode_command("ADDJOB", q, f"b{i}", 0), encode_command("QLEN", q),
+                  encode_command("PING"), encode_command("NOSUCH")]
+    batch.append(encode_command("INFO", "queues"))
+    c.send(b"".join(batch))
+    for i in range(50):
+        assert isinstance(c.read(), Status)
+        assert c.read() == i // 2 + 1
+        assert c.read() == Status("PONG")
+        assert c.read() == Err("ERR unknown command 'NOSUCH'")
+    assert c.read() == b"# Queues\r\nregistered_queues:2\r\n"
+    c.close()
+
+
+def test_inline_commands(node: NodeProc) -> None:
+    c = RawClient(node.port)
+    c.send(b"PING\r\nADDJOB \"in line\" 'a b' 0\r\n\r\nQLEN \"in line\"\n")
+    assert c.read() == Status("PONG")
+    assert isinstance(c.read(), Status)
+    assert c.read() == 1
+    c.send(b"*1\r\n$4\r\nPING\r\nPING\r\n")
+    assert c.read() == Status("PONG") and c.read() == Status("PONG")
+    c.close()
+
+
+def test_arity_unknown_and_errors(node: NodeProc) -> None:
+    c = RawClient(node.port)
+    assert c.call("ADDJOB", "q") == Err("ERR wrong number of arguments for 'addjob' command")
+    assert c.call("addjob", "q", "x") == Err("ERR wrong number of arguments for 'addjob' command")
+    assert c.call("FooBar") == Err("ERR unknown command 'FooBar'")
+    assert c.call("CONFIG", "SET", "notaconfig", "1") == Err("ERR Unsupported CONFIG parameter: notaconfig")
+    assert c.call("INFO", "nosuchsection") == b""
+    assert c.call("CLUSTER", "MYID") == c.call("HELLO")[1]
+    c.close()
+
+
+def test_node_wide_commands(node2: NodeProc) -> None:
+    a, b = connect_to_worker(node2.port, 0), connect_to_worker(node2.port, 1)
+    assert a.call("CONFIG", "SET", "maxmemory-samples", "7") == Status("OK")
+    assert b.call("CONFIG", "GET", "maxmemory-samples") == [b"maxmemory-samples", b"7"]
+    everything = b.call("CONFIG", "GET", "*")
+    assert everything[:4] == [b"requirepass", b"", b"unixsocket", b""]
+    sections = [line for line in a.call("INFO").decode().split("\r\n") if line.startswith("#")]
+    assert sections == ["# Server", "# Clients", "# Memory", "# Jobs", "# Queues", "# Persistence",
+                        "# Stats", "# CPU", "# Workers"]
+    assert "# Commandstats\r\ncmdstat_" in a.call("INFO", "all").decode()
+    assert a.call("CLIENT", "SETNAME", "alpha") == Status("OK")
+    assert a.call("CLIENT", "GETNAME") == b"alpha"
+    assert b.call("CLIENT", "GETNAME") is NULL_BULK
+    listing = b.call("CLIENT", "LIST").decode()
+    assert "name=alpha" in listing and listing.count("\n") >= 2
+    assert a.call("CLIENT", "ID") != b.call("CLIENT", "ID")
+    assert a.call("CLIENT", "SETINFO", "LIB-NAME", "redis-py") == Status("OK")
+    assert a.call("COMMAND", "COUNT") == len(a.call("COMMAND"))
+    secs, usecs = a.call("TIME")
+    assert abs(int(secs) - time.time()) < 60 and 0 <= int(usecs) < 1_000_000
+    for i in range(30):
+        a.call("ADDJOB", f"flush{i}", "x", 0)
+    assert a.call("DEBUG", "FLUSHALL") == Status("OK")
+    assert b.call("INFO", "jobs") == b"# Jobs\r\nregistered_jobs:0\r\n"
+    a.close()
+    b.close()
+
+
+def test_scan_cursors_cover_all_workers(node2: NodeProc) -> None:
+    c = RawClient(node2.port)
+    names = {f"scan{i}" for i in range(40)}
+    ids = {c.call("ADDJOB", n, "x", 0) for n in names}
+    seen, cursor, calls = set(), "0", 0
+    while True:
+        cursor, part = c.call("QSCAN", cursor, "COUNT", 3)
+        seen |= {p.decode() for p in part}
+        calls += 1
+        if cursor == b"0":
+            break
+    assert seen == names and calls > 1
+    cursor, jobs = c.call("JSCAN", "0", "BUSYLOOP")
+    assert cursor == b"0" and set(jobs) == ids
+    cursor, jobs = c.call("JSCAN", "BUSYLOOP", "QUEUE", "scan1", "REPLY", "all")
+    assert len(jobs) == 1 and jobs[0][0] == b"id"
+    c.close()
+
+
+def test_auth(tmp_path: Path) -> None:
+    n = NodeProc(tmp_path / "auth", workers=2, conf={"requirepass": "s3cret"}).start(wait=False)
+    try:  # NodeProc.wait_ready pings without the password
+        _wait_auth_ready(n)
+        c = RawClient(n.port)
+        assert c.call("ADDJOB", "q", "x", 0) == Err("NOAUTH Authentication required.")
+        assert c.call("AUTH", "wrong") == Err("ERR invalid password")
+        assert c.call("AUTH", "s3cret") == Status("OK")
+        assert c.call("QLEN", "q") == 0
+        c.close()
+        r = redis.Redis(port=n.port, password="s3cret", socket_timeout=10)
+        assert r.execute_command("QLEN", "q") == 0
+        r.close()
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=n.port, password="nope", socket_timeout=10).ping()
+    finally:
+        n.stop()
+
+
+def _wait_auth_ready(n: NodeProc) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if redis.Redis(port=n.port, password="s3cret", socket_timeout=2).ping():
+                return
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            time.sleep(0.05)
+    raise AssertionError(n.output())
+
+
+def test_connection_handoff(node2: NodeProc) -> None:
+    c = connect_to_worker(node2.port, 0)
+    q = queue_owned_by(1, prefix="h")
+    for i in range(40):
+        assert c.call("QLEN", q) == 0
+        c.send(encode_command("ADDJOB", q, f"j{i}", 0) * 2)
+        assert isinstance(c.read(), Status) and isinstance(c.read(), Status)
+        assert c.call("QLEN", q) == 2
+        assert len(c.call("GETJOB", "COUNT", 2, "FROM", q)) == 2
+    assert worker_of(c) == 1
+    c.call("CLIENT", "SETNAME", "moved")
+    assert c.call("CLIENT", "GETNAME") == b"moved"
+    assert "handed_off=1" in c.call("INFO", "workers").decode()
+    c.close()
+
+
+def test_shutdown_exits_zero(tmp_path: Path) -> None:
+    n = NodeProc(tmp_path / "sd", workers=2).start()
+    try:
+        c = RawClient(n.port)
+        c.send(encode_command("SHUTDOWN", "NOSAVE"))
+        assert c.closed()
+        assert n.proc is not None and n.proc.wait(timeout=20) == 0
+    finally:
+        n.stop()
