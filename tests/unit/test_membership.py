@@ -46,14 +46,17 @@ class Net:
             elif isinstance(a, Broadcast):
                 for node in list(m.others()):
                     peer = self.nodes.get(node.port)
-                    if peer is not None and node.port not in self.down and not node.handshake:
+                    if peer is not None and self.can_reach(m, node.port) and not node.handshake:
                         peer.on_fail(m.my_id, a.meta, self.now_ms)
             elif isinstance(a, DropLink):
                 m.link_lost(a.node)
 
+    def can_reach(self, m: Membership, port: int) -> bool:
+        return port not in self.down
+
     def deliver_ping(self, m: Membership, a: Ping) -> None:
         peer = self.nodes.get(a.node.port)
-        if peer is None or a.node.port in self.down:
+        if peer is None or not self.can_reach(m, a.node.port):
             m.link_lost(a.node)
             return
         if not a.node.link_up:
@@ -288,3 +291,36 @@ def test_random_meets_always_converge(seed: int) -> None:
     everyone = {m.my_id for m in net.nodes.values()}
     for port in ports:
         assert net.ids(port) == everyone, f"seed {seed} port {port}"
+
+
+class PartitionNet(Net):
+    """Net where a PING crosses only inside its side of a partition."""
+
+    def __init__(self, n: int, seed: int = 1) -> None:
+        super().__init__(n, seed)
+        self.side: dict[int, int] = {}
+
+    def can_reach(self, m: Membership, port: int) -> bool:
+        same_side = self.side.get(m.myself.port, 0) == self.side.get(port, 0)
+        return same_side and super().can_reach(m, port)
+
+
+def test_partition_minority_sees_pfail_majority_sees_fail_and_heal_clears() -> None:
+    net = PartitionNet(5)
+    for port in range(7002, 7006):
+        net.meet(7001, port)
+    net.run(3000)
+    minority, majority = (7001, 7002), (7003, 7004, 7005)
+    for p in majority:
+        net.side[p] = 1
+    net.run(TIMEOUT_MS * 3)
+    ids = {p: net.nodes[p].my_id for p in net.nodes}
+    for p in majority:  # 3 of 5 agree: FAIL
+        assert {tuple(flags_of(net.nodes[p], ids[q])) for q in minority} == {("fail",)}
+    for p in minority:  # 2 of 5 cannot: PFAIL only
+        assert {tuple(flags_of(net.nodes[p], ids[q])) for q in majority} == {("fail?",)}
+    net.side.clear()
+    net.run(2000)
+    for p in net.nodes:
+        assert all(not n.pfail and not n.fail for n in net.nodes[p].others()), p
+        assert "cluster_reachable_nodes:4\r\n" in mb.info_text(mb.snapshot(net.nodes[p]))
