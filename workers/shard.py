@@ -156,6 +156,7 @@ class Shard:
         self._qscan_free: list[int] = []
         self._timers: dict[int, _TimerBucket] = {}
         self._heap: list[int] = []
+        self._firing_key = 0  # bucket tick() is draining (0 = none)
         self._waiters: dict[int, Waiter] = {}
 
     # ------------------------------------------------------------------ plumbing
@@ -232,6 +233,8 @@ class Shard:
     def _schedule(self, target: Any, due_ms: int) -> None:
         """Make sure ``target`` is examined at ``due_ms`` or earlier (never before due)."""
         key = -(-due_ms // timer_resolution_ms) * timer_resolution_ms
+        if key < self._firing_key:
+            key = self._firing_key  # already due: join the bucket tick() is draining
         cur = target.awake_ms
         if cur:
             if cur <= key:
@@ -265,8 +268,10 @@ class Shard:
         while heap and heap[0] <= now_ms:
             key = heap[0]
             b = self._timers[key]
+            self._firing_key = key
             while b.items:
                 if work >= timer_work_per_tick_max:
+                    self._firing_key = 0
                     return now_ms
                 t = b.items.pop()
                 work += 1
@@ -277,7 +282,8 @@ class Shard:
                     self._fire_job(t, now_ms)
                 else:
                     self._fire_queue(t, now_ms)
-            heapq.heappop(heap)
+            self._firing_key = 0
+            invariant(heapq.heappop(heap) == key, "timer heap top changed while firing")
             del self._timers[key]
         return heap[0] if heap else None
 
@@ -346,6 +352,10 @@ class Shard:
         q.jobs_out += 1
         q.atime_ms = now_ms
         if job.qtime_ms:
+            if job.qtime_ms <= now_ms:
+                # It waited in the queue longer than RETRY: counting RETRY from the
+                # queueing would requeue it at once, a certain duplicate delivery.
+                job.qtime_ms = now_ms + job.retry_s * 1000 + self._jitter()
             self._schedule(job, job.qtime_ms)
         if withcounters:
             return [q.name, job.id, job.body, _K_NACKS, job.nacks,

@@ -610,3 +610,24 @@ def test_errors_are_error_replies() -> None:
     for err in (shard_mod.ERR_RETRY0, shard_mod.ERR_DELAY_TTL, shard_mod.ERR_MAXLEN_REACHED,
                 shard_mod.ERR_TOOLATE):
         assert isinstance(err, Error)
+
+
+def test_job_waiting_longer_than_retry_is_not_requeued_on_delivery(env: Env) -> None:
+    a = env.add(retry_s=5, ttl_s=3600)
+    env.now += 60_000  # sat queued for 12 retry periods (no tick needed: queued jobs wait)
+    env.take()
+    sh = env.show(a)
+    assert 5_000 <= sh[b"next-requeue-within"] < 5_000 + shard_mod.time_error_ms
+    env.advance(1_000)
+    assert env.state(a) == ACTIVE
+
+
+def test_timer_scheduled_in_the_past_during_tick_fires(env: Env) -> None:
+    """A waiter woken by a requeue takes an older job whose qtime has passed."""
+    old = env.add(retry_s=1, ttl_s=3600)
+    env.s.op_dequeue([old], env.now)  # active, never delivered: requeued at qtime
+    env.s.op_block(1, [b"q"], 2, False, env.now)
+    env.advance(60_000)
+    (wake,) = env.s.take_effects()
+    assert [e[1] for e in wake.reply] == [old]
+    assert env.state(old) == ACTIVE
