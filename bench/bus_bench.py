@@ -1,11 +1,11 @@
 """Cluster bus throughput: job messages between two hosts, one process each.
 
-    .venv/bin/python -m bench.bus_bench [--messages N] [--body BYTES] [--from-worker K]
+    .venv/bin/python -m bench.bus_bench [--messages N] [--body BYTES] [--from-worker K] [--relay]
 
 Host B runs in a child process (worker 0 only, its own uvloop); host A sends N
 REPLJOB-shaped frames (small meta + one body) to B and B counts them at the slot
-owner. ``--from-worker 1`` sends from A's worker 1, so every message also takes
-the local hop to A's worker 0 (the path of shards other than worker 0's).
+owner. ``--from-worker 1`` sends from A's worker 1 on its own data link
+(bus/datalink.py); add ``--relay`` to send through A's worker 0 instead.
 Prints messages/s, best of 3 rounds.
 """
 
@@ -61,7 +61,7 @@ def host_b(tmp: str, port: int, expect: int, ready: Any, done: Any) -> None:
 
 
 async def host_a(tmp: str, b_port: int, b_id: str, n: int, body: bytes, from_worker: int,
-                 done: Any) -> list[float]:
+                 relay: bool, done: Any) -> list[float]:
     cfg = _cfg(tmp, "a", free_port(), 2)
     nc, _ = nodes_conf.load_or_create(cfg.cluster_config_file, "127.0.0.1", cfg.port)
     agents = [cmd_cluster.make_agent(cfg, i, nc.node_id, 2, lambda *m: None) for i in range(2)]
@@ -74,6 +74,11 @@ async def host_a(tmp: str, b_port: int, b_id: str, n: int, body: bytes, from_wor
     assert agents[0].bus is not None
     while b_id not in agents[0].bus.m.nodes or agents[0].bus.m.nodes[b_id].handshake:
         await asyncio.sleep(0.01)
+    if sender.data_out is not None and not relay:  # let worker k's own data link come up
+        while sender.data_out.usable(b_id) is None:
+            await asyncio.sleep(0.01)
+    elif sender.data_out is not None:
+        sender.data_out.closing = True  # --relay: measure the path through worker 0
     rates = []
     loop = asyncio.get_running_loop()
     for _ in range(rounds):
@@ -95,6 +100,7 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=100_000)
     ap.add_argument("--body", type=int, default=100)
     ap.add_argument("--from-worker", type=int, default=0, choices=(0, 1))
+    ap.add_argument("--relay", action="store_true", help="worker 1 without its data link")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         ctx = multiprocessing.get_context("fork")
@@ -104,9 +110,10 @@ def main() -> None:
         proc.start()
         b_id = ready.get(timeout=30)
         rates = uvloop.run(host_a(tmp, b_port, b_id, args.messages, b"x" * args.body,
-                                  args.from_worker, done))
+                                  args.from_worker, args.relay, done))
         proc.join(timeout=30)
-    print(f"bus: {args.messages} messages of {args.body} B from worker {args.from_worker}: "
+    path = " via worker 0" if args.relay and args.from_worker else ""
+    print(f"bus: {args.messages} messages of {args.body} B from worker {args.from_worker}{path}: "
           f"best {max(rates):,.0f} msg/s (rounds: {', '.join(f'{r:,.0f}' for r in rates)})")
 
 

@@ -9,10 +9,17 @@ routing. See notes/cluster.md for the protocol.
 Frames are ``bus/frames.py`` frames. Bus frame kinds:
 
     HANDSHAKE  first frame each way: {"proto": BUS_PROTO, "id": node ID, "port": client port}
+               (the acceptor answers with its own once it has the dialer's)
     PING/MEET  header + gossip (membership.make_ping)        outbound link
     PONG       header + gossip, the reply to PING/MEET        same link, back
     FAIL       {"id": failing node ID}                         outbound link
-    JOB        {"k": kind, "s": slot, "m": meta} + raw bodies  outbound link
+    JOB        {"k": kind, "s": slot, "m": meta} + raw bodies  outbound link or data link
+    DATA_READY {"proto", "id", "w": worker}                    data link, acceptor's answer
+
+A data link (bus/datalink.py) is a connection from worker k of a host whose
+HANDSHAKE carries ``"data": k``: it only carries JOB frames. Worker 0 hands its
+socket to its worker ``k % workers`` (``adopt_data``), which answers DATA_READY
+and reads it; when that is not possible worker 0 answers and reads it itself.
 
 A JOB frame is delivered to the worker owning its slot on the receiving host
 (``slot % workers``); other workers hand their ``Send`` effects to worker 0 over
@@ -40,8 +47,8 @@ BUS_PORT_OFFSET = 10000
 BUS_PROTO = 1  # bus protocol version, checked in the handshake both ways
 
 # Bus frame kinds (u8).
-K_HANDSHAKE, K_PING, K_PONG, K_MEET, K_FAIL, K_JOB = 1, 2, 3, 4, 5, 6
-BUS_KINDS = frozenset({K_HANDSHAKE, K_PING, K_PONG, K_MEET, K_FAIL, K_JOB})
+K_HANDSHAKE, K_PING, K_PONG, K_MEET, K_FAIL, K_JOB, K_DATA_READY = 1, 2, 3, 4, 5, 6, 7
+BUS_KINDS = frozenset({K_HANDSHAKE, K_PING, K_PONG, K_MEET, K_FAIL, K_JOB, K_DATA_READY})
 
 # Mesh frame kinds (u8) for cluster traffic between the workers of one host; kept
 # far from the front end's own kinds (bus/mesh.py) so both can share one reader.
@@ -99,7 +106,8 @@ class _Link(asyncio.Protocol):
         peer = transport.get_extra_info("peername") or ("", 0)
         local = transport.get_extra_info("sockname") or ("", 0)
         self.peer_ip, self.local_ip = str(peer[0]), str(local[0])
-        self.write(K_HANDSHAKE, self.bus.handshake_meta())
+        if self.node is not None:  # the dialer speaks first
+            self.write(K_HANDSHAKE, self.bus.handshake_meta())
         self.bus.link_made(self)
 
     def data_received(self, data: bytes) -> None:
@@ -152,6 +160,9 @@ class _Link(asyncio.Protocol):
             self.transport.abort()
             self.bus.link_gone(self)
 
+    def reader_pending(self) -> bool:
+        return self.reader.buffered() > 0
+
 
 class ClusterBus:
     """Membership owner and bus I/O of one host (runs in worker 0)."""
@@ -172,6 +183,10 @@ class ClusterBus:
         self.retry_at_ms: dict[Node, int] = {}
         self.backoff_ms: dict[Node, int] = {}
         self.inbound: set[_Link] = set()
+        self.job_frames_received = 0  # JOB frames read by this process (not data links)
+        # adopt_data(link, sender_worker) -> True when the link was handed to another
+        # worker of this host (set by the agent; None: worker 0 reads data links itself)
+        self.adopt_data: Callable[[_Link, int], bool] | None = None
         self.server: asyncio.AbstractServer | None = None
         self.ticker: asyncio.Task[None] | None = None
 
@@ -312,9 +327,26 @@ class ClusterBus:
                         link.peer_ip, meta.get("proto"), BUS_PROTO)
             link.close()
             return
+        if link.node is not None:
+            return  # the acceptor's answer on our outbound link
         sender = meta.get("id")
-        if link.node is None and isinstance(sender, str) and mb.is_node_id(sender):
-            link.sender_id = sender
+        if not isinstance(sender, str) or not mb.is_node_id(sender):
+            link.close()
+            return
+        link.sender_id = sender
+        data = meta.get("data")
+        if isinstance(data, int) and not isinstance(data, bool) and data >= 0:
+            self._on_data_link(link, data)
+        else:
+            link.write(K_HANDSHAKE, self.handshake_meta())
+
+    def _on_data_link(self, link: _Link, sender_worker: int) -> None:
+        if link.reader_pending():
+            link.close()  # the dialer must wait for DATA_READY before sending
+            return
+        if self.adopt_data is not None and self.adopt_data(link, sender_worker):
+            return
+        link.write(K_DATA_READY, {"proto": BUS_PROTO, "id": self.m.my_id, "w": 0})
 
     def _on_ping(self, link: _Link, kind: int, meta: dict[str, Any]) -> None:
         if link.node is not None:
@@ -330,6 +362,7 @@ class ClusterBus:
         if not isinstance(kind, str) or not isinstance(slot, int) or not isinstance(inner, dict):
             log.warning("cluster bus: malformed job frame from %s", link.peer_ip)
             return
+        self.job_frames_received += 1
         sender = link.sender_id if link.node is None else link.node.node_id
         self.deliver(slot % self.workers, sender, kind, slot, inner, bodies)
 

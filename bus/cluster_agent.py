@@ -7,6 +7,9 @@ neither has to know the other's frame kinds):
 
     worker k -> 0   AGENT_HELLO {"w": k}                  first frame
     worker k -> 0   MESH_BUS_OUT {"n", "k", "s", "m"} + bodies    a Send effect to put on the bus
+                    (only while worker k has no ready data link to that node: bus/datalink.py)
+    worker k -> 0   MESH_BUS_IN  {"f", "k", "s", "m"} + bodies    a job message that came on
+                    k's data link but belongs to another worker's slot: worker 0 passes it on
     worker k -> 0   AGENT_CMD {"r": rid, "a": [args]}     a CLUSTER command, answered by
     worker 0 -> k   AGENT_REPLY {"r": rid, "v": packed}
     worker 0 -> k   MESH_BUS_IN {"f", "k", "s", "m"} + bodies     a job message for k's slots
@@ -28,6 +31,7 @@ from typing import Any, cast
 
 from bus import frames
 from bus.cluster import (
+    K_JOB,
     MESH_BUS_IN,
     MESH_BUS_OUT,
     MESH_VIEW,
@@ -35,7 +39,9 @@ from bus.cluster import (
     mesh_bus_in,
     mesh_bus_out,
     mesh_view,
+    now_ms,
 )
+from bus.datalink import DataIn, DataLinks, FdPass
 from workers.replies import NULL_ARRAY, Error, Status
 
 log = logging.getLogger("disque.cluster")
@@ -133,18 +139,26 @@ class ClusterAgent:
         self.server: asyncio.AbstractServer | None = None
         self.connector: asyncio.Task[None] | None = None
         self.closing = False
+        self.fdpass: FdPass | None = None
+        self.data_out: DataLinks | None = None  # workers 1..: our data links to peers
+        self.data_in: set[DataIn] = set()  # data links handed to us
 
     # ---- lifecycle --------------------------------------------------------------
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         if self.index == 0:
+            self.fdpass = FdPass(self.cfg.port, self.node_id, 0, lambda sock, state: sock.close())
             self.bus = ClusterBus(self.cfg, self.node_id, self._deliver, self._publish,
                                   self.workers)
+            self.bus.adopt_data = self._adopt_data
             self.server = await loop.create_unix_server(
                 lambda: _Local(self, -1), path=socket_name(self.cfg.port, self.node_id))
             await self.bus.start()
         else:
+            self.fdpass = FdPass(self.cfg.port, self.node_id, self.index, self._on_data_socket)
+            self.data_out = DataLinks(self.index, self.cfg.port, lambda: str(self.view["myid"]),
+                                      now_ms)
             self.connector = asyncio.create_task(self._connect_loop())
             # Be ready only once CLUSTER and Sends can reach worker 0 (it starts at the
             # same time); if it does not come, start anyway and keep trying.
@@ -162,6 +176,12 @@ class ClusterAgent:
             await self.bus.close()
         if self.server is not None:
             self.server.close()
+        if self.data_out is not None:
+            self.data_out.close()
+        for data_link in list(self.data_in):
+            data_link.close()
+        if self.fdpass is not None:
+            self.fdpass.close()
         for link in list(self.peers.values()):
             if link.transport is not None:
                 link.transport.close()
@@ -189,7 +209,12 @@ class ClusterAgent:
         dropped when worker 0 or the peer is not reachable right now."""
         if self.bus is not None:
             self.bus.send(node_id, kind, slot, meta, bodies)
-        elif self.to_owner is not None:
+            return
+        direct = self.data_out.usable(node_id) if self.data_out is not None else None
+        if direct is not None and direct.write(
+                frames.encode(K_JOB, {"k": kind, "s": slot, "m": meta}, bodies or ())):
+            return
+        if self.to_owner is not None:
             self.to_owner.write(mesh_bus_out(node_id, kind, slot, meta, bodies or []))
 
     def command(self, args: list[bytes], done: Done) -> None:
@@ -219,6 +244,48 @@ class ClusterAgent:
         if link is not None:
             link.write(mesh_bus_in(sender, kind, slot, meta, bodies))
 
+    def _adopt_data(self, link: Any, sender_worker: int) -> bool:
+        """Worker 0: hand a data link from a peer's worker k to our worker k % N."""
+        target = sender_worker % self.workers
+        if target == 0 or target not in self.peers or self.fdpass is None:
+            return False  # ours, or that worker is not up: worker 0 reads it
+        sock = link.transport.get_extra_info("socket")
+        if sock is None:
+            return False
+        link.transport.pause_reading()
+        if not self.fdpass.give(target, sock.fileno(), {"id": link.sender_id}):
+            link.transport.resume_reading()
+            return False
+        link.close()  # our descriptor only: the connection lives on in the target
+        return True
+
+    def _on_data_socket(self, sock: socket.socket, state: dict[str, Any]) -> None:
+        """Workers 1..: a data link handed over by worker 0."""
+        sender = state.get("id")
+        if not isinstance(sender, str) or self.closing:
+            sock.close()
+            return
+        sock.setblocking(False)
+        link = DataIn(sender, str(self.view["myid"]), self.index, self._on_data_job,
+                      self.data_in.discard)
+        self.data_in.add(link)
+
+        async def adopt() -> None:
+            try:
+                await asyncio.get_running_loop().create_connection(lambda: link, sock=sock)
+            except OSError:
+                sock.close()
+                self.data_in.discard(link)
+
+        asyncio.get_running_loop().create_task(adopt())
+
+    def _on_data_job(self, sender: str, kind: str, slot: int, meta: dict[str, Any],
+                     bodies: list[bytes]) -> None:
+        if slot % self.workers == self.index:
+            self.on_message(sender, kind, slot, meta, bodies)
+        elif self.to_owner is not None:  # hosts with different worker counts
+            self.to_owner.write(mesh_bus_in(sender, kind, slot, meta, bodies))
+
     def _publish(self, view: dict[str, Any]) -> None:
         self.view = view
         if self.on_view is not None:
@@ -238,6 +305,8 @@ class ClusterAgent:
                             meta.get("m") or {}, bodies)
         elif kind == MESH_VIEW:
             self.view = meta
+            if self.data_out is not None:
+                self.data_out.on_view(meta)
             if self.on_view is not None:
                 self.on_view(meta)
         elif kind == AGENT_REPLY:
@@ -256,6 +325,10 @@ class ClusterAgent:
                 link.write(mesh_view(self.bus.view()))
         elif kind == MESH_BUS_OUT:
             self.bus.on_mesh_frame(kind, meta, bodies)
+        elif kind == MESH_BUS_IN:  # from a worker's data link, for another worker's slot
+            slot = int(meta.get("s", 0))
+            self._deliver(slot % self.workers, str(meta.get("f")), str(meta.get("k")), slot,
+                          meta.get("m") or {}, bodies)
         elif kind == AGENT_CMD:
             args = [str(a).encode("utf-8", "surrogateescape") for a in meta.get("a", [])]
             out: list[bytes] = []

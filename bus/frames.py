@@ -56,6 +56,10 @@ class FrameReader:
             raise FrameError("frame reader buffer over its bound")
         self._buf += data
 
+    def buffered(self) -> int:
+        """Bytes fed but not yet returned as frames."""
+        return len(self._buf) - self._pos
+
     def next(self) -> tuple[int, dict[str, Any], list[bytes]] | None:
         buf, pos = self._buf, self._pos
         if len(buf) - pos < _HEAD.size:

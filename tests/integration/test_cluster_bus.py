@@ -210,6 +210,23 @@ async def _agent_scenario(tmp: Path) -> None:
         assert b.got[1][0] == (a.node_id, "REPLJOB", 3, {"j": 1}, [b"\x00body\xff"])
         assert b.got[0][0] == (a.node_id, "GOTJOB", 8, {"j": 2}, [])
 
+        # once A's worker 1 has its own data link to B, its messages skip both worker 0s:
+        # B's worker 1 reads them (slot 5) and passes on what is not its own (slot 10)
+        assert a1.data_out is not None
+        await until(lambda: a1.data_out is not None and a1.data_out.usable(b.node_id) is not None,
+                    "data link ready")
+        assert len(b.agents[1].data_in) == 1 and not b.agents[0].data_in
+        assert b.agents[0].bus is not None
+        relayed_before = b.agents[0].bus.job_frames_received
+        for i in range(100):
+            a1.send(b.node_id, "REPLJOB", 5, {"i": i}, [b"x" * i])
+        a1.send(b.node_id, "GOTJOB", 10, {"i": -1})
+        await until(lambda: len(b.got[1]) == 101 and len(b.got[0]) == 2, "direct messages")
+        assert [m[3]["i"] for m in b.got[1][1:]] == list(range(100))  # in order
+        assert b.got[1][-1][4] == [b"x" * 99]
+        assert b.got[0][1] == (a.node_id, "GOTJOB", 10, {"i": -1}, [])
+        assert b.agents[0].bus.job_frames_received == relayed_before  # none via B's bus link
+
         # LEAVING set through worker 1 of B: HELLO on every worker of A shows 100
         assert await run_cluster(b.agents[1], "LEAVING") == Status("no")
         assert await run_cluster(b.agents[1], "LEAVING", "maybe") == ERR_SYNTAX

@@ -1,0 +1,287 @@
+"""Data links: job messages from worker k straight to the peer host's worker k.
+
+Without them every job message of workers 1..N-1 takes two extra local hops
+(to worker 0 here, from worker 0 there). With them, worker k dials the peer's
+bus port itself; the HANDSHAKE says ``"data": k``; the peer's worker 0 passes the
+socket (SCM_RIGHTS over a datagram socket, ``FdPass``) to its worker
+``k % workers``, which answers DATA_READY and reads JOB frames. With the same
+number of workers on both hosts every frame on that link belongs to that
+worker's slots (the sender only owns slots ``s % N == k``); other frames are
+passed to their owner through worker 0.
+
+Until DATA_READY arrives, and whenever the link is down, the agent relays
+through worker 0 as before, so data links only ever make things faster: messages
+are never lost for want of one (they stay best effort, as on every bus path).
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import logging
+import socket
+from collections.abc import Callable
+from typing import Any, cast
+
+import orjson
+
+from bus import frames
+from bus.cluster import BUS_PROTO, K_DATA_READY, K_HANDSHAKE, K_JOB, bus_port
+
+log = logging.getLogger("disque.cluster")
+
+data_output_bytes_max = 256 << 20  # as a bus peer: a link that does not drain is dropped
+data_backoff_ms_min = 100  # redial delay after a failure, doubling ...
+data_backoff_ms_max = 2000  # ... up to this (meanwhile worker 0 relays)
+fdpass_state_bytes_max = 4096  # one datagram beside the descriptor: the sender's ID
+
+OnJob = Callable[[str, str, int, dict[str, Any], list[bytes]], None]
+
+
+def fdpass_name(port: int, node_id: str, index: int) -> str:
+    return f"\0disque-mp.{port}.{node_id[:16]}.cluster.fd.{index}"
+
+
+class FdPass:
+    """Sockets between the workers of one host: a datagram socket per worker."""
+
+    def __init__(self, port: int, node_id: str, index: int,
+                 on_socket: Callable[[socket.socket, dict[str, Any]], None]) -> None:
+        self.port = port
+        self.node_id = node_id
+        self.on_socket = on_socket
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(fdpass_name(port, node_id, index))
+        self.sock.setblocking(False)
+        self.loop = asyncio.get_running_loop()
+        self.loop.add_reader(self.sock.fileno(), self._receive)
+
+    def give(self, peer: int, fd: int, state: dict[str, Any]) -> bool:
+        data = orjson.dumps(state)
+        if len(data) > fdpass_state_bytes_max:
+            return False
+        try:
+            self.sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                        array.array("i", [fd]))],
+                              0, fdpass_name(self.port, self.node_id, peer))
+        except OSError:
+            return False  # that worker is down or restarting: worker 0 keeps the link
+        return True
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                data, ancdata, _flags, _addr = self.sock.recvmsg(
+                    fdpass_state_bytes_max, socket.CMSG_SPACE(4 * 4))
+            except (BlockingIOError, InterruptedError):
+                return
+            fds: list[int] = []
+            for level, kind, raw in ancdata:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    arr = array.array("i")
+                    arr.frombytes(raw[: len(raw) - len(raw) % arr.itemsize])
+                    fds.extend(arr)
+            for fd in fds[1:]:  # one descriptor per datagram; never leak extras
+                socket.close(fd)
+            if not fds:
+                continue
+            sock = socket.socket(fileno=fds[0])
+            try:
+                state = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                sock.close()
+                continue
+            self.on_socket(sock, state if isinstance(state, dict) else {})
+
+    def close(self) -> None:
+        self.loop.remove_reader(self.sock.fileno())
+        self.sock.close()
+
+
+class _DataConn(asyncio.Protocol):
+    """One data link, either end: ``DataOut`` dials, ``DataIn`` was handed over."""
+
+    kinds: frozenset[int] = frozenset()
+
+    def __init__(self) -> None:
+        self.reader = frames.FrameReader(self.kinds)
+        self.transport: asyncio.Transport | None = None
+        self.outq: list[bytes] = []  # frames of this loop turn, flushed in one write
+        self.outq_bytes = 0
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.reader.feed(data)
+            while not self.closed and (frame := self.reader.next()) is not None:
+                kind, meta, bodies = frame
+                if not isinstance(meta, dict):
+                    raise frames.FrameError("frame metadata is not an object")
+                self.on_frame(kind, meta, bodies)
+        except (frames.FrameError, TypeError, ValueError, KeyError) as exc:
+            log.warning("cluster data link: dropping it: %s", exc)
+            self.close()
+
+    def on_frame(self, kind: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
+        raise NotImplementedError
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.transport = None
+
+    def write(self, frame: bytes) -> bool:
+        if self.closed or self.transport is None:
+            return False
+        if self.transport.get_write_buffer_size() + self.outq_bytes > data_output_bytes_max:
+            log.warning("cluster data link: peer does not drain its output, dropping it")
+            self.close()
+            return False
+        if not self.outq:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self.outq.append(frame)
+        self.outq_bytes += len(frame)
+        return True
+
+    def flush(self) -> None:
+        if self.transport is not None and not self.closed and self.outq:
+            self.transport.write(b"".join(self.outq) if len(self.outq) > 1 else self.outq[0])
+        self.outq.clear()
+        self.outq_bytes = 0
+
+    def close(self) -> None:
+        if not self.closed and self.transport is not None:
+            self.closed = True
+            self.transport.abort()
+
+
+class DataIn(_DataConn):
+    """A data link handed to this worker: JOB frames from one sender node."""
+
+    kinds = frozenset({K_JOB})
+
+    def __init__(self, sender_id: str, my_id: str, index: int, on_job: OnJob,
+                 on_lost: Callable[[DataIn], None]) -> None:
+        super().__init__()
+        self.sender_id = sender_id
+        self.my_id = my_id
+        self.index = index
+        self.on_job = on_job
+        self.on_lost = on_lost
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self.on_lost(self)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.write(frames.encode(K_DATA_READY, {"proto": BUS_PROTO, "id": self.my_id,
+                                                "w": self.index}))
+
+    def on_frame(self, kind: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
+        job_kind, slot, inner = meta.get("k"), meta.get("s"), meta.get("m")
+        if not isinstance(job_kind, str) or not isinstance(slot, int) or not isinstance(inner, dict):
+            raise frames.FrameError("malformed job frame")
+        self.on_job(self.sender_id, job_kind, slot, inner, bodies)
+
+
+class DataOut(_DataConn):
+    """Our data link to one peer node; usable once the peer says DATA_READY."""
+
+    kinds = frozenset({K_HANDSHAKE, K_DATA_READY})
+
+    def __init__(self, links: DataLinks, node_id: str, addr: tuple[str, int]) -> None:
+        super().__init__()
+        self.links = links
+        self.node_id = node_id
+        self.addr = addr
+        self.ready = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.write(frames.encode(K_HANDSHAKE, self.links.handshake_meta()))
+
+    def on_frame(self, kind: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
+        if kind != K_DATA_READY:
+            return
+        if meta.get("proto") != BUS_PROTO or meta.get("id") != self.node_id:
+            raise frames.FrameError(f"data link answered by {meta.get('id')!r}, "
+                                    f"protocol {meta.get('proto')!r}")
+        self.ready = True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self.links.lost(self)
+
+
+class DataLinks:
+    """Worker k's data links to every peer node (k > 0; worker 0 has the bus)."""
+
+    def __init__(self, index: int, port: int, my_id: Callable[[], str],
+                 now_ms: Callable[[], int]) -> None:
+        self.index = index
+        self.port = port
+        self.my_id = my_id
+        self.now_ms = now_ms
+        self.addrs: dict[str, tuple[str, int]] = {}  # node ID -> (ip, client port)
+        self.links: dict[str, DataOut] = {}
+        self.retry_at_ms: dict[str, int] = {}
+        self.backoff_ms: dict[str, int] = {}
+        self.closing = False
+
+    def handshake_meta(self) -> dict[str, Any]:
+        return {"proto": BUS_PROTO, "id": self.my_id(), "port": self.port, "data": self.index}
+
+    def usable(self, node_id: str) -> DataOut | None:
+        """The ready data link to ``node_id``; else None after dialling it when due
+        (the caller relays through worker 0 meanwhile)."""
+        link = self.links.get(node_id)
+        if link is not None:
+            return link if link.ready and not link.closed else None
+        if node_id in self.addrs and not self.closing \
+                and self.now_ms() >= self.retry_at_ms.get(node_id, 0):
+            self._dial(node_id, self.addrs[node_id])
+        return None
+
+    def on_view(self, view: dict[str, Any]) -> None:
+        """Follow membership: links to forgotten or moved nodes are closed."""
+        addrs = {}
+        for node_id, ip, port, flags, *_ in view.get("nodes", []):
+            if not any(f in flags for f in ("myself", "handshake", "noaddr")):
+                addrs[node_id] = (ip, port)
+        self.addrs = addrs
+        for node_id, link in list(self.links.items()):
+            if addrs.get(node_id) != link.addr:
+                del self.links[node_id]
+                link.close()
+
+    def _dial(self, node_id: str, addr: tuple[str, int]) -> None:
+        link = DataOut(self, node_id, addr)
+        self.links[node_id] = link
+        asyncio.get_running_loop().create_task(self._connect(link))
+
+    async def _connect(self, link: DataOut) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.wait_for(loop.create_connection(lambda: link, link.addr[0],
+                                                          bus_port(link.addr[1])), 2.0)
+        except (OSError, TimeoutError):
+            self.lost(link)
+
+    def lost(self, link: DataOut) -> None:
+        if self.links.get(link.node_id) is link:
+            del self.links[link.node_id]
+        backoff = min(self.backoff_ms.get(link.node_id, data_backoff_ms_min // 2) * 2,
+                      data_backoff_ms_max)
+        if link.ready:
+            backoff = data_backoff_ms_min  # it worked: redial soon
+        self.backoff_ms[link.node_id] = backoff
+        self.retry_at_ms[link.node_id] = self.now_ms() + backoff
+
+    def close(self) -> None:
+        self.closing = True
+        for link in list(self.links.values()):
+            link.close()
+        self.links.clear()
