@@ -29,6 +29,7 @@ from disque_mp.client import (
     Hello,
     Job,
     Topology,
+    _chunks_by_size,
     _ids,
     _queues,
     _str,
@@ -46,6 +47,7 @@ from disque_mp.client import (
     parse_nodes,
     parse_pairs,
     parse_scan,
+    pipeline_bytes_max,
     pipeline_commands_max,
     qscan_args,
 )
@@ -215,6 +217,12 @@ class AsyncDisque:
         return ids
 
     async def _pipeline(self, commands: list[list[Any]]) -> list[str]:
+        out: list[str] = []
+        for chunk in _chunks_by_size(commands, pipeline_bytes_max):
+            out += await self._round_trip(chunk)
+        return out
+
+    async def _round_trip(self, commands: Sequence[Sequence[Any]]) -> list[str]:
         attempt = 0
         while True:
             r = await self._client()

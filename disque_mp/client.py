@@ -50,6 +50,10 @@ producer_share_min = 0.5
 # ADDJOBs sent before reading replies in add_jobs (bounds client memory, and the
 # server's output buffer for one connection).
 pipeline_commands_max = 1000
+# Bytes of commands sent in one pipelined round trip. Bounds client memory, and
+# disque-mp's front end lost framing on pipelines of ~2.5 MB (seen with 60 ACKJOBs
+# of 1000 IDs each; reported), so stay well below that.
+pipeline_bytes_max = 1 << 20
 # Consumer heartbeat: a job still in a handler after this long gets its first
 # WORKING (half of Disque's smallest RETRY, 1 s), then again at 80 % of its retry.
 heartbeat_first_s = 0.5
@@ -368,6 +372,23 @@ def jscan_args(cursor: int, count: int | None, queue: str | bytes | None,
     return args
 
 
+def _command_bytes(args: Sequence[Any]) -> int:
+    """Rough RESP size of a command (framing ~16 bytes per argument)."""
+    return sum(16 + (len(a) if isinstance(a, bytes | str) else 20) for a in args)
+
+
+def _chunks_by_size(commands: Sequence[Sequence[Any]],
+                    bytes_max: int) -> Iterator[Sequence[Sequence[Any]]]:
+    start, size = 0, 0
+    for i, args in enumerate(commands):
+        size += _command_bytes(args)
+        if size > bytes_max and i > start:
+            yield commands[start:i]
+            start, size = i, _command_bytes(args)
+    if start < len(commands):
+        yield commands[start:]
+
+
 def parse_info(text: Any) -> dict[str, str]:
     out: dict[str, str] = {}
     for line in _str(text).splitlines():
@@ -645,12 +666,23 @@ class Disque:
 
     def execute_many(self, commands: Sequence[Sequence[Any]], *,
                      raise_on_error: bool = True) -> list[Any]:
-        """Send commands in one pipeline, read every reply.
+        """Send commands pipelined, read every reply.
 
         An error reply raises (the first one) or, with ``raise_on_error=False``,
-        stands in the list as a DisqueError. A dropped connection moves to
-        another node and sends the whole batch again.
+        stands in the list as a DisqueError. Round trips carry at most
+        pipeline_bytes_max of commands. A dropped connection moves to another
+        node and sends that round trip again.
         """
+        out: list[Any] = []
+        for chunk in _chunks_by_size(commands, pipeline_bytes_max):
+            out += self._round_trip(chunk)
+        if raise_on_error:
+            for reply in out:
+                if isinstance(reply, DisqueError):
+                    raise reply
+        return out
+
+    def _round_trip(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
         attempt = 0
         while True:
             r = self._client()
@@ -665,13 +697,8 @@ class Disque:
                 attempt += 1
                 self._failover(r)
                 continue
-            out = [map_redis_error(x) if isinstance(x, redis.ResponseError) else x
-                   for x in replies]
-            if raise_on_error:
-                for reply in out:
-                    if isinstance(reply, DisqueError):
-                        raise reply
-            return out
+            return [map_redis_error(x) if isinstance(x, redis.ResponseError) else x
+                    for x in replies]
 
     def get_jobs(
         self,
