@@ -12,11 +12,13 @@ import os
 import random
 import re
 import signal
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import hiredis
 import pytest
 import redis
 import uvloop
@@ -466,6 +468,58 @@ def test_worker0_crash_keeps_membership(tmp_path: Path) -> None:
 
         a.wait_for(back, real_wait_s, "A back in the cluster")
         assert b_id in nodes_table(a)
+    finally:
+        a.stop()
+        b.stop()
+
+
+def raw(node: NodeProc, payload: bytes) -> bytes:
+    """Send one raw RESP command, return the exact bytes of its one reply."""
+    reader = hiredis.Reader()
+    out = b""
+    with socket.create_connection(("127.0.0.1", node.port), timeout=10) as s:
+        s.sendall(payload)
+        while True:
+            chunk = s.recv(65536)
+            assert chunk, f"connection closed after {out!r}"
+            out += chunk
+            reader.feed(chunk)
+            if reader.gets() is not False:
+                return out
+
+
+def test_reference_03_cluster_texts_raw(tmp_path: Path) -> None:
+    """reference/03: the exact bytes of CLUSTER replies on a 2-node cluster."""
+    a = NodeProc(tmp_path / "a", workers=2)
+    b = NodeProc(tmp_path / "b", workers=1)
+    try:
+        a.start()
+        b.start()
+        a_id, b_id = text(cluster(a, "MYID")), text(cluster(b, "MYID"))
+        assert raw(a, b"CLUSTER MEET 127.0.0.1 notaport\r\n") == \
+            b"-ERR Invalid TCP port specified: notaport\r\n"
+        assert raw(a, b"CLUSTER BOGUS\r\n") == \
+            b"-ERR Wrong CLUSTER subcommand or number of arguments\r\n"
+        assert raw(a, b"CLUSTER\r\n") == b"-ERR wrong number of arguments for 'cluster' command\r\n"
+        assert raw(a, f"CLUSTER MEET 127.0.0.1 {b.port}\r\n".encode()) == b"+OK\r\n"
+        a.wait_for(lambda: info(a)["cluster_reachable_nodes"] == "1", real_wait_s, "meet")
+        assert raw(a, b"CLUSTER MYID\r\n") == f"$40\r\n{a_id}\r\n".encode()
+        assert raw(a, b"CLUSTER LEAVING\r\n") == b"+no\r\n"
+        assert raw(a, b"CLUSTER LEAVING yes\r\n") == b"+OK\r\n"
+        me = f"*4\r\n$40\r\n{a_id}\r\n$9\r\n127.0.0.1\r\n${len(str(a.port))}\r\n{a.port}\r\n"
+        peer = f"*4\r\n$40\r\n{b_id}\r\n$9\r\n127.0.0.1\r\n${len(str(b.port))}\r\n{b.port}\r\n"
+        assert raw(a, b"HELLO\r\n") == \
+            f"*4\r\n:1\r\n$40\r\n{a_id}\r\n{me}$3\r\n100\r\n{peer}$1\r\n1\r\n".encode()
+        assert raw(a, b"CLUSTER LEAVING no\r\n") == b"+OK\r\n"
+        nodes = raw(a, b"CLUSTER NODES\r\n").split(b"\r\n", 1)[1].decode()
+        lines = nodes.split("\n")
+        assert lines[0] == f"{a_id} 127.0.0.1:{a.port} myself 0 0 connected"
+        assert re.fullmatch(rf"{b_id} 127\.0\.0\.1:{b.port} noflags \d+ \d+ connected", lines[1])
+        reply = raw(a, b"CLUSTER INFO\r\n")
+        assert re.fullmatch(
+            rb"\$\d+\r\ncluster_state:ok\r\ncluster_known_nodes:2\r\ncluster_reachable_nodes:1"
+            rb"\r\ncluster_size:2\r\ncluster_stats_messages_sent:\d+\r\n"
+            rb"cluster_stats_messages_received:\d+\r\n\r\n", reply), reply
     finally:
         a.stop()
         b.stop()
