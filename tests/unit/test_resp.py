@@ -1,0 +1,112 @@
+"""RESP request parser (bounded, incremental) and reply encoder."""
+
+from __future__ import annotations
+
+import random
+
+import hiredis
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from disque_mp.resp import RequestParser, encode, split_inline
+from workers.replies import NULL_ARRAY, Error, Status
+
+
+def cmd(*args: bytes) -> bytes:
+    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
+
+
+def parser(bulk_max: int = 512 << 20, args_max: int = 1 << 20, buffer_max: int = 1 << 30) -> RequestParser:
+    return RequestParser(bulk_max, args_max, buffer_max)
+
+
+def feed_all(p: RequestParser, chunks: list[bytes]) -> tuple[list[list[bytes]], str | None]:
+    out: list[list[bytes]] = []
+    for chunk in chunks:
+        cmds, err = p.feed(chunk)
+        out += cmds
+        if err:
+            return out, err
+    return out, None
+
+
+def test_pipelined_and_byte_by_byte() -> None:
+    data = cmd(b"ADDJOB", b"q", b"x" * 100, b"0") + b"PING\r\n" + cmd(b"QLEN", b"q") + b"*0\r\n*-1\r\n"
+    want = [[b"ADDJOB", b"q", b"x" * 100, b"0"], [b"PING"], [b"QLEN", b"q"]]
+    assert feed_all(parser(), [data]) == (want, None)
+    p = parser()
+    assert feed_all(p, [data[i : i + 1] for i in range(len(data))]) == (want, None)
+    assert not p.buffered()
+
+
+def test_big_bulk_in_pieces_is_joined_once() -> None:
+    body = bytes(random.Random(1).randrange(256) for _ in range(300_000))
+    data = cmd(b"ADDJOB", b"q", body, b"0")
+    p = parser()
+    chunks = [data[i : i + 4096] for i in range(0, len(data), 4096)]
+    cmds, err = feed_all(p, chunks[:-1])
+    assert cmds == [] and err is None and p.buffered()
+    cmds, err = p.feed(chunks[-1])
+    assert err is None and cmds == [[b"ADDJOB", b"q", body, b"0"]]
+
+
+@pytest.mark.parametrize(("data", "error"), [
+    (b"*1\r\n$abc\r\n", "Protocol error: invalid bulk length"),
+    (b"*abc\r\n", "Protocol error: invalid multibulk length"),
+    (b"*1\r\n:1\r\n", "Protocol error: expected '$', got ':'"),
+    (b"*2\r\n$3\r\nabc\r\n$2000\r\n", "Protocol error: invalid bulk length"),
+    (b"*200\r\n", "Protocol error: invalid multibulk length"),
+    (b"x" * 70_000, "Protocol error: too big inline request"),
+    (b"*" + b"1" * 70_000, "Protocol error: too big mbulk count string"),
+    (b'SET "a\r\n', "Protocol error: unbalanced quotes in request"),
+])
+def test_errors(data: bytes, error: str) -> None:
+    p = parser(bulk_max=1000, args_max=100)
+    cmds, err = p.feed(b"PING\r\n" + data)
+    assert cmds == [[b"PING"]] and err == error
+
+
+def test_bounds_checked_before_the_data_arrives() -> None:
+    p = parser(bulk_max=1000)
+    assert p.feed(b"*1\r\n$1001\r\n") == ([], "Protocol error: invalid bulk length")
+    p = parser(buffer_max=10_000)
+    assert p.feed(b"*3\r\n$900\r\n" + b"x" * 902 + b"$900\r\n")[1] is None
+    cmds, err = feed_all(p, [b"y" * 902, b"$9000\r\n", b"z" * 8500])
+    assert err == "Protocol error: client query buffer over its limit"
+
+
+def test_inline_split() -> None:
+    assert split_inline(b"  ADDJOB  q \"a b\\n\" 'c d' ") == [b"ADDJOB", b"q", b"a b\n", b"c d"]
+    assert split_inline(b"") == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.binary(max_size=40), min_size=1, max_size=6), min_size=1, max_size=8),
+       st.integers(min_value=1, max_value=50))
+def test_any_split_gives_the_same_commands(commands: list[list[bytes]], step: int) -> None:
+    data = b"".join(cmd(*c) for c in commands)
+    got, err = feed_all(parser(), [data[i : i + step] for i in range(0, len(data), step)])
+    assert err is None and got == commands
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300))
+def test_garbage_never_raises(data: bytes) -> None:
+    p = parser(bulk_max=100, args_max=10, buffer_max=1000)
+    cmds, err = p.feed(data)
+    assert err is None or err.startswith("Protocol error: ")
+    assert all(isinstance(a, bytes) for c in cmds for a in c)
+
+
+def test_encode_matches_hiredis() -> None:
+    value = [b"q", "D-x", 7, [Status("OK"), None], b"", NULL_ARRAY]
+    data = encode(value)
+    r = hiredis.Reader()
+    r.feed(data)
+    assert r.gets() == [b"q", b"D-x", 7, [b"OK", None], b"", None]
+    assert encode(Error("ERR x")) == b"-ERR x\r\n"
+    assert encode(None, resp3=True) == b"_\r\n" and encode(NULL_ARRAY, resp3=True) == b"_\r\n"
+    assert encode(None) == b"$-1\r\n" and encode(NULL_ARRAY) == b"*-1\r\n"
+    assert encode({"proto": 3}, resp3=True) == b"%1\r\n$5\r\nproto\r\n:3\r\n"
+    assert encode({"proto": 2}) == b"*2\r\n$5\r\nproto\r\n:2\r\n"
