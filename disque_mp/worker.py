@@ -152,10 +152,14 @@ class Worker:
             from disque_mp.aof import AofManager, ShardAdapter
         except ImportError:
             return
-        if not hasattr(self.shard, "load_record"):
-            return  # the shard cannot load records yet: no persistence
+        from disque_mp.aof import AofLoadError
+
         self.aof = AofManager(self.cfg, self.index, ShardAdapter(self.shard))
-        self.aof.load(now_ms())
+        try:
+            self.aof.load(now_ms())
+        except (AofLoadError, OSError) as e:
+            log.warning("Fatal error loading the AOF: %s", e)
+            raise SystemExit(1) from None  # never serve a partial state
         self.aof_task = asyncio.get_running_loop().create_task(self.aof.run())
 
     async def _start_cluster(self) -> None:
@@ -238,8 +242,6 @@ class Worker:
         """Replies completed outside a client's read: one write per connection per turn."""
         self.flush_scheduled = False
         dirty, self.dirty = self.dirty, []
-        if self.aof is not None:
-            self.aof.commit()
         for conn in dirty:
             conn.write_out()
             if conn.streak >= self.handoff_streak_min and not conn.closing:
@@ -263,8 +265,6 @@ class Worker:
 
     def end_batch(self) -> None:
         self.drain_effects()
-        if self.aof is not None:
-            self.aof.commit()  # TODO(aof): with `always`, a failed commit should turn replies into errors
         self._reschedule_tick()
 
     def execute(self, conn: ClientConn, cmd: list[bytes]) -> bytes | None:
@@ -299,7 +299,19 @@ class Worker:
         return encode(err_unknown(cmd[0].decode("utf-8", "replace")))
 
     def run_local(self, name: bytes, args: list[bytes], token: int) -> Any:
-        return cmd_jobs.run(self.shard, name, args, token, self.now_ms)
+        reply = cmd_jobs.run(self.shard, name, args, token, self.now_ms)
+        if self.aof is not None:
+            self.aof.after_command(self.shard, name, args, reply)
+        return reply
+
+    def _aof_must_hold(self, before: int, reply: Any) -> bool:
+        """appendfsync always: a reply whose records are not durable yet waits for
+        the loop turn's commit (``aof.hold``; it becomes the AOF error if that fails)."""
+        aof = self.aof
+        if aof is None or reply is PENDING or not aof.holds_replies():
+            return False
+        self.drain_effects()
+        return bool(aof.appended != before)
 
     def new_token(self) -> int:
         self.next_token += 1
@@ -324,7 +336,12 @@ class Worker:
         if owner == self.index:
             conn.streak = 0
             token = self.new_token()
+            before = self.aof.appended if self.aof is not None else 0
             reply = self.run_local(name, cmd[1:], token)
+            if self._aof_must_hold(before, reply):
+                slot = conn.defer()
+                self.aof.hold(self.aof.appended, lambda v: conn.fill(slot, encode(v, conn.resp3)), reply)
+                return PENDING
             if reply is PENDING:
                 slot = conn.defer()
                 self.tokens[token] = lambda value: conn.fill(slot, encode(value, conn.resp3))
@@ -403,7 +420,7 @@ class Worker:
                     self.send_hook(eff)
                 elif type(eff) is AofAppend:
                     if self.aof is not None:
-                        self.aof.append(eff.record)
+                        self.aof.append_effect(eff.record)  # committed once per loop turn
             effects = self.shard.take_effects()  # handlers may have called the shard
 
     def _drop_send(self, eff: Send) -> None:
@@ -475,7 +492,11 @@ class Worker:
     def _serve_cmd(self, link: Link, meta: dict[str, Any], bodies: list[bytes]) -> None:
         token = self.new_token()
         rid = meta["r"]
+        before = self.aof.appended if self.aof is not None else 0
         reply = self.run_local(meta["n"].encode(), bodies, token)
+        if self._aof_must_hold(before, reply):
+            self.aof.hold(self.aof.appended, lambda v: self.reply_peer(link, rid, v), reply)
+            return
         if reply is PENDING:
             self.tokens[token] = lambda value: self.reply_peer(link, rid, value)
         else:
