@@ -604,8 +604,9 @@ class AofManager:
             gen = max_gen(files) + 1
             path = self._write_full(gen)
             self._switch_to(path, gen)
-            log.info("Wrote %s (%d workers before, %d now)", path,
-                     len({(f.header.workers) for f in files}), self.workers)
+            before = sorted({f.header.workers for f in files})
+            log.info("Wrote %s from memory (files on disk were written by %s workers, %d now)",
+                     path, "/".join(map(str, before)) or "no", self.workers)
         self._remove_superseded()
 
     def _write_full(self, gen: int) -> str:
@@ -648,7 +649,7 @@ class AofManager:
         """Log one record (an ``AofAppend`` effect). Cheap: it only buffers; the
         write (and the fsync with ``always``) happens once at the end of the loop
         turn, for every connection at once (group commit)."""
-        if self.state == "off":
+        if self.state == "off" and self.rewrite is None:
             return
         self.appended += 1
         if not self._commit_scheduled and self.loop is not None:
@@ -708,7 +709,7 @@ class AofManager:
     def after_command(self, shard: Shard, name: bytes, args: list[bytes], reply: object) -> None:
         """Log the jobs a command changed, for a shard that does not emit
         ``AofAppend`` itself (stops for good at the first one it sees)."""
-        if self.state == "off" or self.shard_logs:
+        if (self.state == "off" and self.rewrite is None) or self.shard_logs:
             return
         for record in records_of_command(shard, name, args, reply):
             self.append(record)
@@ -859,7 +860,10 @@ class AofManager:
         self.rewrite = None
         if self.writer is not None:
             self.writer.pending.clear()  # every pending frame is in the tail too
-        self._switch_to(final, rw.gen)
+        if self.state == "off":  # BGREWRITEAOF / SHUTDOWN REWRITE-AOF with appendonly no
+            self.gen = rw.gen
+        else:
+            self._switch_to(final, rw.gen)
         self.last_rewrite_time_s = int(self.clock() - rw.started_s)
         self.last_bgrewrite_ok = True
         self._remove_superseded()

@@ -394,3 +394,16 @@ def test_records_of_commands_replay_to_the_same_jobs(tmp_path: Path) -> None:
     n = mgr.appended
     run(b"ackjob", ids[4].encode())
     assert mgr.appended == n, "the shard logs for itself now"
+
+
+def test_bgrewriteaof_with_appendonly_no_writes_a_file_but_stays_off(tmp_path: Path) -> None:
+    shard, mgr = start(tmp_path, 0, 1, appendonly=False)
+    q = queue_of(0, 1)
+    ids = {add_logged(shard, mgr, q) for _ in range(3)}
+    assert mgr.bgrewriteaof() == "Background append only file rewriting started"
+    late = add_logged(shard, mgr, q)  # during the rewrite: kept in its tail
+    while mgr.rewrite is not None:
+        mgr.tick()
+    assert mgr.state == "off" and mgr.writer is None
+    (path,) = tmp_path.glob("appendonly-w0-g*.aof")
+    assert set(file_state(str(path))) == ids | {late}
