@@ -64,18 +64,37 @@ def ttl_minutes_field(ttl_s: int, retry_s: int) -> int:
     return minutes & 0xFFFF
 
 
-class JobIdGen:
-    """Mints job IDs: 16 pseudo-random bytes are blake3(seed || counter)."""
+# Random parts drawn per blake3 call: ADDJOB is hot and one hash costs about as
+# much as the rest of make(), so the XOF output of blake3(seed || block) gives
+# the 16-byte parts of 64 consecutive IDs (still unique and seed-determined).
+id_batch = 64
+id_suffix_cache_max = 1024  # distinct (TTL, at-most-once) suffixes kept; cleared when full
 
-    __slots__ = ("_prefix", "_seed", "_counter")
+
+class JobIdGen:
+    """Mints job IDs: 16 pseudo-random bytes per ID from blake3(seed || counter // 64)."""
+
+    __slots__ = ("_prefix", "_seed", "_counter", "_pool", "_suffix")
 
     def __init__(self, node_id: str, seed: bytes) -> None:
         self._prefix = "D-" + node_id[:8] + "-"
         self._seed = seed
         self._counter = 0
+        self._pool = b""
+        self._suffix: dict[int, str] = {}
 
     def make(self, slot: int, ttl_s: int, retry_s: int) -> str:
-        self._counter += 1
-        rand = blake3(self._seed + self._counter.to_bytes(8, "big")).digest()[:16]
-        mid = base64.b64encode(slot.to_bytes(2, "big") + rand).decode()
-        return f"{self._prefix}{mid}-{ttl_minutes_field(ttl_s, retry_s):04x}"
+        c = self._counter
+        self._counter = c + 1
+        i = (c % id_batch) * 16
+        if i == 0:
+            block = (c // id_batch).to_bytes(8, "big")
+            self._pool = blake3(self._seed + block).digest(16 * id_batch)
+        mid = binascii.b2a_base64(slot.to_bytes(2, "big") + self._pool[i : i + 16], newline=False)
+        key = ttl_s if retry_s else -ttl_s
+        suffix = self._suffix.get(key)
+        if suffix is None:
+            if len(self._suffix) >= id_suffix_cache_max:
+                self._suffix.clear()
+            suffix = self._suffix[key] = f"-{ttl_minutes_field(ttl_s, retry_s):04x}"
+        return self._prefix + mid.decode() + suffix
