@@ -55,6 +55,8 @@ def parse_int(raw: bytes) -> int | None:
 
 
 def parse_timeout_ms(raw: bytes) -> int | Error:
+    if raw == b"0":  # what nearly every ADDJOB sends
+        return 0
     v = parse_int(raw)
     if v is None:
         return ERR_TIMEOUT_NOT_INT

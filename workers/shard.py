@@ -34,7 +34,7 @@ from typing import Any
 
 from workers.effects import Effect, Wake
 from workers.ids import JobIdGen, slot_of
-from workers.invariant import invariant
+from workers.invariant import InvariantError, invariant
 from workers.job import (
     ACKED,
     ACTIVE,
@@ -176,18 +176,21 @@ class Shard:
         return None if b is None else b.get(job_id)
 
     def _register(self, job: Job) -> None:
-        i = job_bucket(job.id)
+        jid = job.id
+        i = (ord(jid[14]) * 97 + ord(jid[15])) & _JOB_BUCKET_MASK
         b = self._jobs[i]
         if b is None:
             b = self._jobs[i] = {}
-        invariant(job.id not in b, f"job {job.id} registered twice")
-        b[job.id] = job
+        elif jid in b:
+            raise InvariantError(f"job {jid} registered twice")
+        b[jid] = job
         self._njobs += 1
 
     def _unregister(self, job: Job, now_ms: int) -> None:
-        b = self._jobs[job_bucket(job.id)]
-        invariant(b is not None and b.get(job.id) is job, f"unregister of unknown job {job.id}")
-        del b[job.id]  # type: ignore[union-attr]
+        jid = job.id
+        b = self._jobs[(ord(jid[14]) * 97 + ord(jid[15])) & _JOB_BUCKET_MASK]
+        if b is None or b.pop(jid, None) is not job:
+            raise InvariantError(f"unregister of unknown job {jid}")
         self._njobs -= 1
         was = job.state
         job.state = DELETED
@@ -404,15 +407,20 @@ class Shard:
         now_ms: int,
     ) -> Any:
         """ADDJOB after argument parsing; checks in the reference's order."""
+        peers = len(self._peers)
         if replicate is None:
-            replicate = min(replicate_default_max, 1 + len(self._peers))
+            replicate = peers + 1 if peers < replicate_default_max else replicate_default_max
         if replicate > 1 and retry_s == 0:
             return ERR_RETRY0
         if delay_s >= ttl_s:
             return ERR_DELAY_TTL
         if retry_s is None:
-            retry_s = min(ttl_s // 10, retry_default_max_s) or 1
-        if replicate - 1 > len(self._peers):
+            retry_s = ttl_s // 10
+            if retry_s > retry_default_max_s:
+                retry_s = retry_default_max_s
+            elif retry_s == 0:
+                retry_s = 1
+        if replicate - 1 > peers:
             return ERR_NOREPL
         q = self._queues.get(queue)
         if q is None:
@@ -422,7 +430,8 @@ class Shard:
                 return ERR_MAXLEN_REACHED
             if q.paused & PAUSED_IN:
                 return ERR_PAUSED
-        invariant(replicate == 1, "replication to peers is cluster work (issue 3)")
+        if replicate != 1:
+            raise InvariantError("replication to peers is cluster work (issue 3)")
         ctime_ns = now_ms * NS_PER_MS
         if ctime_ns <= self._last_ctime_ns:
             ctime_ns = self._last_ctime_ns + 1
@@ -547,7 +556,7 @@ class Shard:
             self._dequeue(job, self._queues[job.queue], now_ms)
         job.state = ACKED
         # Garbage collection: with no other node holding a copy the ACK is final.
-        if all(n == self.node_id for n in job.delivered):
+        if job.delivered is self._me or all(n == self.node_id for n in job.delivered):
             self._unregister(job, now_ms)
 
     def op_fastack(self, job_ids: list[str], now_ms: int) -> int:
