@@ -122,11 +122,16 @@ def test_start_and_ping(tmp_path: Path, workers: int) -> None:
 
 def test_command_line_overrides_the_file(tmp_path: Path) -> None:
     port = free_port()
-    with NodeProc(tmp_path, workers=2, args=["--port", str(port), "--workers", "1"]) as node:
-        node.port = port  # the conf file names another port; the option wins
+    node = NodeProc(tmp_path, workers=2, args=["--port", str(port), "--workers", "1"])
+    node.start(wait=False)  # the conf file names node.port and 2 workers; the options win
+    file_port, node.port = node.port, port
+    try:
         node.wait_ready()
         assert node.client().ping() is True
         node.wait_for(lambda: len(node.worker_pids()) == 1, what="one worker")
+        assert port_bindable(file_port)
+    finally:
+        assert node.stop() == 0
 
 
 def test_node_id_is_kept_across_restarts(tmp_path: Path) -> None:
