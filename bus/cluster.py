@@ -92,6 +92,7 @@ class _Link(asyncio.Protocol):
     def __init__(self, bus: ClusterBus, node: Node | None) -> None:
         self.bus = bus
         self.node = node  # outbound: the node we dialed; inbound: None
+        self.addr = (node.ip, node.port) if node is not None else ("", 0)  # as dialed
         self.sender_id = ""  # inbound: who the handshake says is on the other end
         self.reader = frames.FrameReader(BUS_KINDS)
         self.transport: asyncio.Transport | None = None
@@ -401,8 +402,8 @@ class ClusterBus:
     def _reconcile_links(self, t: int) -> None:
         live = {n for n in self.m.others() if not n.noaddr}
         for node, link in list(self.out.items()):
-            if node not in live:
-                link.close()
+            if node not in live or link.addr != (node.ip, node.port):
+                link.close()  # forgotten, or it moved (restarted on another address)
                 self.out.pop(node, None)
         for node in list(self.connecting):
             if node not in live:

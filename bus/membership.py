@@ -261,9 +261,21 @@ class Membership:
         if sender is None and meet and sender_id != self.my_id and not self._banned(sender_id, now_ms):
             self._start_handshake(peer_ip, port, now_ms, meet=False)
         if sender is not None and not sender.myself:
+            self._update_address(sender, peer_ip, port)
             self._update_from_header(sender, meta)
             self._process_gossip(sender, meta.get("gossip"), now_ms)
         return self.make_ping(sender)
+
+    def _update_address(self, node: Node, ip: str, port: int) -> None:
+        """A known node pings us from another address: it was restarted elsewhere
+        (Redis' nodeUpdateAddressIfNeeded). The port is its own word; the source IP
+        only counts while we cannot reach it where we thought (multi-homed hosts
+        may ping from another interface than the one they are reached on)."""
+        if port == node.port and (ip == node.ip or node.link_up or not valid_ip(ip)):
+            return
+        node.ip, node.port = (ip if valid_ip(ip) else node.ip), port
+        node.noaddr = False
+        self.dirty = True  # the bus redials: its link no longer matches the address
 
     def on_pong(self, node: Node, meta: dict[str, Any], now_ms: int) -> list[Action]:
         """A PONG on our outbound link to ``node``."""

@@ -324,3 +324,18 @@ def test_partition_minority_sees_pfail_majority_sees_fail_and_heal_clears() -> N
     for p in net.nodes:
         assert all(not n.pfail and not n.fail for n in net.nodes[p].others()), p
         assert "cluster_reachable_nodes:4\r\n" in mb.info_text(mb.snapshot(net.nodes[p]))
+
+
+def test_node_restarted_on_another_port_is_followed() -> None:
+    net = joined(3)
+    c = net.nodes[7003]
+    conf, c_id = c.to_conf(), c.my_id
+    net.down.add(7003)
+    net.run(TIMEOUT_MS * 3)
+    del net.nodes[7003]
+    c2 = net.add(7009, c_id)  # same ID and peers, new port
+    c2.load_conf(conf, net.now_ms)
+    net.run(3000)
+    for p in (7001, 7002):
+        node = net.nodes[p].nodes[c_id]
+        assert (node.port, node.flags()) == (7009, []), p
