@@ -183,7 +183,31 @@ class Job:
 
 
 RECORD_VERSION = 1
+# A deletion record (AOF): this tag, never a job record version, then the job ID.
+DEL_RECORD_TAG = 0x80
 # version, state, flags, repl, ttl_s, ctime_ns, delay_s, retry_s, nacks, additional
 # deliveries, qtime_ms, #delivered, #confirmed, len(id), len(queue), len(body)
 _REC_HEAD = struct.Struct(">BBBHQQQQQQQHHHII")
 _NODE_LEN = struct.Struct(">H")
+
+
+def del_record(job_id: str) -> bytes:
+    return bytes((DEL_RECORD_TAG,)) + job_id.encode()
+
+
+def job_id_of_record(rec: bytes) -> str:
+    """The job a record (job or deletion) is about, without decoding the rest.
+
+    Raises ``ValueError`` when it is neither form."""
+    if rec[:1] == bytes((DEL_RECORD_TAG,)):
+        return rec[1:].decode("ascii", "strict") if len(rec) > 1 else _bad("empty deletion record")
+    if len(rec) < _REC_HEAD.size or rec[0] != RECORD_VERSION:
+        return _bad("not a job record")
+    id_len = _REC_HEAD.unpack_from(rec)[13]
+    if _REC_HEAD.size + id_len > len(rec):
+        return _bad("job record truncated")
+    return rec[_REC_HEAD.size : _REC_HEAD.size + id_len].decode("ascii", "strict")
+
+
+def _bad(why: str) -> str:
+    raise ValueError(why)

@@ -32,12 +32,13 @@ import heapq
 import random
 from typing import Any
 
-from workers.effects import Effect, Wake
+from workers.effects import AofAppend, Effect, Wake
 from workers.ids import JobIdGen, slot_of
 from workers.invariant import InvariantError, invariant
 from workers.job import (
     ACKED,
     ACTIVE,
+    DEL_RECORD_TAG,
     DELETED,
     FLAG_DELIVERED,
     NS_PER_MS,
@@ -45,6 +46,8 @@ from workers.job import (
     STATE_NAMES,
     WAIT_REPL,
     Job,
+    del_record,
+    job_id_of_record,
 )
 from workers.queue import PAUSE_NAMES, PAUSED_IN, PAUSED_OUT, Queue
 from workers.replies import (
@@ -146,6 +149,9 @@ class Shard:
         self._effects: list[Effect] = []
         self._last_ctime_ns = 0
         self._now_ms = now_ms
+        # Emit AofAppend effects (job records, deletions): the worker sets this
+        # while appendonly is on, so the records cost nothing otherwise.
+        self.aof = False
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -192,6 +198,8 @@ class Shard:
         if b is None or b.pop(jid, None) is not job:
             raise InvariantError(f"unregister of unknown job {jid}")
         self._njobs -= 1
+        if self.aof:
+            self._effects.append(AofAppend(del_record(jid)))
         was = job.state
         job.state = DELETED
         if was == QUEUED:
@@ -309,6 +317,8 @@ class Shard:
                 if job.flags & FLAG_DELIVERED:
                     job.additional_deliveries += 1
                 self._enqueue(job, q, now_ms)
+                if self.aof:
+                    self._effects.append(AofAppend(job.to_record()))
         self._schedule(job, self._due(job))
 
     def _fire_queue(self, q: Queue, now_ms: int) -> None:
@@ -445,6 +455,8 @@ class Shard:
             self._schedule(job, job.qtime_ms)
         else:
             self._enqueue(job, q, now_ms)
+        if self.aof:
+            self._effects.append(AofAppend(job.to_record()))
         return Status(job_id)
 
     def op_take(
@@ -558,6 +570,8 @@ class Shard:
         # Garbage collection: with no other node holding a copy the ACK is final.
         if job.delivered is self._me or all(n == self.node_id for n in job.delivered):
             self._unregister(job, now_ms)
+        elif self.aof:
+            self._effects.append(AofAppend(job.to_record()))
 
     def op_fastack(self, job_ids: list[str], now_ms: int) -> int:
         return self.op_deljob(job_ids, now_ms)
@@ -590,6 +604,8 @@ class Shard:
             elif job.flags & FLAG_DELIVERED:
                 job.additional_deliveries += 1
             self._enqueue(job, q, now_ms)
+            if self.aof:
+                self._effects.append(AofAppend(job.to_record()))
             done += 1
         return done
 
@@ -599,6 +615,8 @@ class Shard:
             job = self.lookup(job_id)
             if job is not None and job.state == QUEUED:
                 self._dequeue(job, self._queues[job.queue], now_ms)
+                if self.aof:
+                    self._effects.append(AofAppend(job.to_record()))
                 done += 1
         return done
 
@@ -614,6 +632,8 @@ class Shard:
             job.qtime_ms = now_ms + job.retry_s * 1000 + self._jitter()
             self._unschedule(job)
             self._schedule(job, self._due(job))
+        if self.aof:
+            self._effects.append(AofAppend(job.to_record()))
         return job.retry_s
 
     def op_show(self, job_id: str, now_ms: int) -> Any:
@@ -766,6 +786,52 @@ class Shard:
                     continue
                 items.append(self._show(job, now_ms) if reply_all else Status(job.id))
         return (pos if pos < job_buckets else 0), items
+
+    # ------------------------------------------------------------------ persistence
+
+    def load_record(self, record: bytes, enqueue: bool, now_ms: int) -> None:
+        """Replay one AOF record (notes/persistence.md): a job record registers or
+        replaces its job, a deletion record removes it. Raises ``ValueError`` on a
+        malformed record. Emits nothing (the record is already in a file).
+
+        A loaded job is ``active`` with its retry timer, unless it was queued and
+        ``enqueue`` (controlled restart) asks to queue it again; at-most-once jobs
+        queued once keep qtime 0 and so are never queued again; ``acked`` stays
+        acked unless no other node has a copy (then it is simply gone).
+        """
+        if record[:1] == bytes((DEL_RECORD_TAG,)):
+            gone = self.lookup(job_id_of_record(record))
+            if gone is not None:
+                self._unregister_quiet(gone, now_ms)
+            return
+        job = Job.from_record(record)
+        old = self.lookup(job.id)
+        if old is not None:
+            self._unregister_quiet(old, now_ms)  # a later record of the same job wins
+        if job.etime_ms <= now_ms:
+            return
+        if job.state == ACKED and all(n == self.node_id for n in job.delivered):
+            return
+        if job.delivered == self._me:
+            job.delivered = self._me  # share the tuple, as jobs created here do
+        job.queue = self._queue(job.queue, now_ms).name
+        self._register(job)
+        if job.state == QUEUED and enqueue:
+            self._enqueue(job, self._queues[job.queue], now_ms)
+        else:
+            if job.state != ACKED:
+                job.state = ACTIVE
+                if job.retry_s and job.qtime_ms <= now_ms:
+                    job.qtime_ms = now_ms + job.retry_s * 1000 + self._jitter()
+            self._schedule(job, self._due(job))
+        self._last_ctime_ns = max(self._last_ctime_ns, job.ctime_ns)
+
+    def _unregister_quiet(self, job: Job, now_ms: int) -> None:
+        aof, self.aof = self.aof, False
+        try:
+            self._unregister(job, now_ms)
+        finally:
+            self.aof = aof
 
     # ------------------------------------------------------------------ node-wide
 
