@@ -417,7 +417,9 @@ class Shard:
         now_ms: int,
     ) -> Any:
         """ADDJOB after argument parsing; checks in the reference's order."""
-        peers = len(self._peers)
+        # Peers that can take a copy: none until REPLJOB/GOTJOB exist (issue 3), so a
+        # node in a cluster answers REPLICATE > 1 with NOREPL instead of faking it.
+        peers = 0
         if replicate is None:
             replicate = peers + 1 if peers < replicate_default_max else replicate_default_max
         if replicate > 1 and retry_s == 0:
@@ -440,8 +442,6 @@ class Shard:
                 return ERR_MAXLEN_REACHED
             if q.paused & PAUSED_IN:
                 return ERR_PAUSED
-        if replicate != 1:
-            raise InvariantError("replication to peers is cluster work (issue 3)")
         ctime_ns = now_ms * NS_PER_MS
         if ctime_ns <= self._last_ctime_ns:
             ctime_ns = self._last_ctime_ns + 1

@@ -631,3 +631,11 @@ def test_timer_scheduled_in_the_past_during_tick_fires(env: Env) -> None:
     (wake,) = env.s.take_effects()
     assert [e[1] for e in wake.reply] == [old]
     assert env.state(old) == ACTIVE
+
+
+def test_peers_do_not_break_addjob_before_replication_exists(env: Env) -> None:
+    """Until REPLJOB exists (issue 3) a clustered node keeps single-copy defaults."""
+    env.s.set_peers(["dcb833cf8f42fbb7924d92335ff6d67d3cea6e3d", NODE])
+    assert isinstance(env.add(), Status)
+    assert env.add(replicate=2) is ERR_NOREPL
+    assert env.add(retry_s=0) != shard_mod.ERR_RETRY0
