@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import gc
 import logging
 import os
 import resource
@@ -216,9 +217,11 @@ class Supervisor:
         while self.signals:
             sig = self.signals.pop(0)
             if sig == signal.SIGHUP:
-                log.info("Received SIGHUP: reopening the log file")
-                with contextlib.suppress(OSError):
-                    setup_logging(self.cfg, "X")
+                try:
+                    setup_logging(self.cfg, "X")  # first, so the line lands in the new file
+                    log.info("Received SIGHUP: log file reopened")
+                except OSError as e:
+                    log.warning("Received SIGHUP: can't reopen the log file: %s", e)
                 continue
             name = signal.Signals(sig).name
             if self.stopping:
@@ -324,6 +327,9 @@ class Supervisor:
     # --- the loop ---
 
     def serve(self) -> None:
+        # Objects that exist now are shared by every fork; keep the collector
+        # from touching (and so copying) their pages in the workers.
+        gc.freeze()
         for slot in self.slots:
             self._start(slot)
         while not self.stopping:

@@ -8,6 +8,7 @@ timing assertions.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -18,7 +19,7 @@ import pytest
 import redis
 
 from bus import nodes_conf
-from disque_mp import sdnotify
+from disque_mp import cli, sdnotify
 from tests.nodeproc import REPO, NodeProc, free_port
 
 pytestmark = pytest.mark.timeout(120)
@@ -91,6 +92,32 @@ def test_test_config(tmp_path: Path) -> None:
     assert run_cli("--test-config", str(conf)).returncode == 0
     conf.write_text("port x\n")
     assert run_cli("--test-config", str(conf)).returncode == 1
+
+
+def test_missing_subcommand_module_is_a_clear_error(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(cli.SUBCOMMANDS, "check-aof", ("disque_mp.no_such_module", "main"))
+    assert cli.main(["check-aof", "x.aof"]) == 2
+    err = capsys.readouterr().err
+    assert "'check-aof' subcommand is not available" in err
+    assert "disque_mp.no_such_module is missing" in err
+
+
+def test_systemd_unit_verifies(tmp_path: Path) -> None:
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed: cannot verify the unit file")
+    script = shutil.which("disque-mp", path=os.path.dirname(sys.executable))
+    assert script is not None, "the disque-mp console script is not installed"
+    unit = (REPO / "systemd" / "disque-mp.service").read_text()
+    assert "Type=notify" in unit and "KillMode=mixed" in unit
+    # verify checks that ExecStart exists: point it at this venv's script
+    (tmp_path / "disque-mp.service").write_text(unit.replace("/usr/local/bin/disque-mp", script))
+    out = subprocess.run([analyze, "verify", str(tmp_path / "disque-mp.service")],
+                         capture_output=True, text=True, timeout=60)
+    problems = [line for line in (out.stdout + out.stderr).splitlines()
+                if "disque-mp.service" in line]
+    assert out.returncode == 0 and not problems, out.stdout + out.stderr
 
 
 def test_corrupt_nodes_conf_stops_startup(tmp_path: Path) -> None:
@@ -215,6 +242,33 @@ def test_a_killed_worker_is_restarted_into_its_slot(tmp_path: Path) -> None:
             assert redis.Redis(port=node.port, protocol=2).ping() is True
         assert node.client().ping() is True
         assert node.stop() == 0
+
+
+def test_restart_backoff_grows_while_a_worker_keeps_dying(tmp_path: Path) -> None:
+    with NodeProc(tmp_path, workers=1) as node:
+        for deaths in range(3):
+            node.wait_for(lambda d=deaths: node.log_text().count("serving again") >= d
+                          and len(node.worker_pids()) == 1, what="a live, ready worker")
+            pid = node.worker_pids()[0]
+            os.kill(pid, signal.SIGKILL)
+            node.wait_for(lambda pid=pid: f"(pid {pid}) was killed" in node.log_text(),
+                          what="the death logged")
+        node.wait_for(lambda: node.log_text().count("serving again") >= 3, what="back")
+        delays = [line.rsplit(" in ", 1)[1] for line in node.log_text().splitlines()
+                  if "restarting it in" in line]
+        # each death came within stable_run_s of the start: the delay doubles
+        assert delays == ["0.1 s", "0.2 s", "0.4 s"]
+        assert node.client().ping() is True
+
+
+def test_sighup_reopens_the_log_file(tmp_path: Path) -> None:
+    with NodeProc(tmp_path, workers=1) as node:
+        (tmp_path / "disque.log").rename(tmp_path / "disque.log.1")
+        node.signal(signal.SIGHUP)
+        node.wait_for(lambda: "Received SIGHUP" in node.log_text(), what="a new log file")
+        assert node.client().ping() is True
+        assert node.stop() == 0
+        assert "bye bye" in node.log_text()
 
 
 def test_workers_that_cannot_start_make_the_node_exit(tmp_path: Path) -> None:
