@@ -25,7 +25,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
+import struct
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -82,6 +84,11 @@ class _Local(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        if not same_user(transport.get_extra_info("socket")):
+            # Abstract sockets have no file permissions: any local user could connect
+            # and run CLUSTER RESET or inject job messages. Only our own user may.
+            log.warning("cluster agent: refusing a local connection from another user")
+            self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -343,6 +350,18 @@ class ClusterAgent:
         pending, self.pending = self.pending, {}
         for done in pending.values():
             done(ERR_OWNER_DOWN)
+
+
+def same_user(sock: Any) -> bool:
+    """True when the process at the other end of a Unix socket runs as our user."""
+    if sock is None:
+        return False
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return False
+    _pid, uid, _gid = struct.unpack("3i", raw)
+    return bool(uid == os.getuid())
 
 
 async def _connect_unix(loop: asyncio.AbstractEventLoop, name: str,

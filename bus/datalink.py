@@ -19,7 +19,9 @@ from __future__ import annotations
 import array
 import asyncio
 import logging
+import os
 import socket
+import struct
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -34,6 +36,7 @@ data_output_bytes_max = 256 << 20  # as a bus peer: a link that does not drain i
 data_backoff_ms_min = 100  # redial delay after a failure, doubling ...
 data_backoff_ms_max = 2000  # ... up to this (meanwhile worker 0 relays)
 fdpass_state_bytes_max = 4096  # one datagram beside the descriptor: the sender's ID
+_CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 OnJob = Callable[[str, str, int, dict[str, Any], list[bytes]], None]
 
@@ -52,6 +55,9 @@ class FdPass:
         self.on_socket = on_socket
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(fdpass_name(port, node_id, index))
+        # the kernel then attaches the sender's pid/uid/gid to every datagram: abstract
+        # sockets have no file permissions, so we check the sender is our own user
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         self.sock.setblocking(False)
         self.loop = asyncio.get_running_loop()
         self.loop.add_reader(self.sock.fileno(), self._receive)
@@ -72,20 +78,25 @@ class FdPass:
         while True:
             try:
                 data, ancdata, _flags, _addr = self.sock.recvmsg(
-                    fdpass_state_bytes_max, socket.CMSG_SPACE(4 * 4))
+                    fdpass_state_bytes_max,
+                    socket.CMSG_SPACE(4 * 4) + socket.CMSG_SPACE(_CRED.size))
             except (BlockingIOError, InterruptedError):
                 return
             fds: list[int] = []
+            uid = -1
             for level, kind, raw in ancdata:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                     arr = array.array("i")
                     arr.frombytes(raw[: len(raw) - len(raw) % arr.itemsize])
                     fds.extend(arr)
-            for fd in fds[1:]:  # one descriptor per datagram; never leak extras
+                elif level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                    uid = _CRED.unpack(raw[: _CRED.size])[1]
+            keep = fds[:1] if uid == os.getuid() else []
+            for fd in fds[len(keep):]:  # one descriptor per datagram, from our user only
                 socket.close(fd)
-            if not fds:
+            if not keep:
                 continue
-            sock = socket.socket(fileno=fds[0])
+            sock = socket.socket(fileno=keep[0])
             try:
                 state = orjson.loads(data)
             except orjson.JSONDecodeError:

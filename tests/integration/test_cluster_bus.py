@@ -13,6 +13,7 @@ import random
 import re
 import signal
 import socket
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +27,8 @@ import uvloop
 from bus import frames, nodes_conf
 from bus import membership as mb
 from bus.cluster import K_HANDSHAKE, K_PING, ClusterBus
+from bus.cluster_agent import AGENT_CMD, AGENT_HELLO
+from bus.cluster_agent import socket_name as agent_socket_name
 from disque_mp import cmd_cluster
 from disque_mp.config import Config
 from tests.nodeproc import NodeProc, free_port
@@ -523,3 +526,44 @@ def test_reference_03_cluster_texts_raw(tmp_path: Path) -> None:
     finally:
         a.stop()
         b.stop()
+
+
+CHILD_CONNECT = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(10)
+s.connect("\\0" + sys.argv[1])  # abstract name (argv cannot carry the NUL)
+s.sendall(sys.stdin.buffer.read())
+try:
+    print("eof" if s.recv(65536) == b"" else "data")
+except ConnectionResetError:
+    print("eof")
+"""
+
+
+CHILD_PYTHON = "/usr/bin/python3"  # readable by any user, unlike the venv under /root
+
+
+@pytest.mark.skipif(os.getuid() != 0 or not os.access(CHILD_PYTHON, os.X_OK),
+                    reason="needs root (to run a client as another user) and /usr/bin/python3")
+def test_agent_socket_refuses_other_users(tmp_path: Path) -> None:
+    uvloop.run(_other_user_scenario(tmp_path))
+
+
+async def _other_user_scenario(tmp: Path) -> None:
+    a = AgentHost(tmp, "a")
+    await a.start()
+    try:
+        attack = frames.encode(AGENT_HELLO, {"w": 1}) + frames.encode(
+            AGENT_CMD, {"r": 1, "a": ["RESET", "HARD"]})
+        name = agent_socket_name(a.cfg.port, a.node_id)
+        def attacker() -> bytes:
+            done = subprocess.run([CHILD_PYTHON, "-c", CHILD_CONNECT, name[1:]], input=attack,
+                                  capture_output=True, user=65534, timeout=wait_s, check=True)
+            return done.stdout
+
+        out = await asyncio.get_running_loop().run_in_executor(None, attacker)
+        assert out.strip() == b"eof"
+        assert await run_cluster(a.agents[1], "MYID") == a.node_id.encode()
+    finally:
+        await a.close()
