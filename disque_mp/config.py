@@ -258,7 +258,7 @@ DIRECTIVES: tuple[Directive, ...] = (
     _d("latency-monitor-threshold", "int", True,
        "The latency threshold can't be negative", lo=0),
     _d("slowlog-max-len", "int", True, "Invalid slowlog-max-len value", lo=0),
-    _d("port", "int", False, "Invalid port", lo=0, hi=55535),  # bus port = port + 10000
+    _d("port", "int", False, "Invalid port", lo=1, hi=55535),  # bus port = port + 10000; 0 (no TCP) makes no sense here
     _d("tcp-backlog", "int", False, "Invalid backlog value", lo=0),
     _d("databases", "int", False, "Invalid number of databases", lo=1),
     _d("maxclients", "int", True, "Invalid max clients limit", lo=1),

@@ -158,6 +158,7 @@ def test_fatal_error_names_the_line() -> None:
 @pytest.mark.parametrize(("line", "reason"), [
     ("port abc", "Invalid port"),
     ("port 70000", "Invalid port"),
+    ("port 0", "Invalid port"),
     ("port", "Bad directive or wrong number of arguments"),
     ("port 1 2", "Bad directive or wrong number of arguments"),
     ("appendonly maybe", "argument must be 'yes' or 'no'"),
