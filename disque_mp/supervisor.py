@@ -22,6 +22,7 @@ restart after SIGKILL waits for the old workers instead of racing them.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import gc
@@ -54,6 +55,7 @@ idle_wake_s = 1.0  # longest sleep of the loop when nothing is pending
 busy_wake_s = 0.05  # poll interval while waiting for readiness or a restart
 fd_headroom = 128  # files beyond maxclients: mesh sockets, AOF files, logs
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+PR_SET_NAME = 15  # <linux/prctl.h>
 
 
 class StartupError(Exception):
@@ -108,6 +110,7 @@ class Supervisor:
     def prepare(self) -> None:
         """Everything before the fork; raises StartupError with a clear message."""
         cfg = self.cfg
+        _set_process_name("disque-mp X")
         try:
             os.makedirs(cfg.dir, exist_ok=True)
             os.chdir(cfg.dir)
@@ -384,9 +387,16 @@ class Supervisor:
         return code
 
 
+def _set_process_name(name: str) -> None:
+    """The name top and ps -o comm show (Linux keeps 15 bytes)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+
+
 def _worker_entry(target: Callable[..., None], cfg: Config, index: int, node_id: str,
                   ready: Any, wake_fds: tuple[int, int]) -> None:
     """First code in a forked worker: undo the supervisor's process state."""
+    _set_process_name(f"disque-mp W{index}")
     signal.set_wakeup_fd(-1)
     for fd in wake_fds:
         with contextlib.suppress(OSError):
