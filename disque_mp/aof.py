@@ -51,8 +51,8 @@ import orjson
 
 from disque_mp import config
 from disque_mp.config import Config
-from workers.ids import SLOTS, is_valid_job_id, slot_of_job_id
-from workers.job import ACKED, ACTIVE, QUEUED, Job
+from workers.ids import SLOTS, slot_of_job_id
+from workers.job import job_id_of_record
 from workers.replies import Error
 
 if TYPE_CHECKING:
@@ -409,6 +409,8 @@ class ShardPort(Protocol):
 
     def record_of(self, job_id: str) -> bytes | None: ...
 
+    def set_logging(self, on: bool) -> None: ...
+
 
 class AofLoadError(Exception):
     """An AOF that must not be loaded as it is: the worker refuses to start."""
@@ -500,8 +502,6 @@ class AofManager:
         self.closed = False
         self.last_fsync_s = clock()
         self.loop: asyncio.AbstractEventLoop | None = None  # set by run()
-        # Does the shard emit AofAppend itself? (the worker sets it at the first one)
-        self.shard_logs = False
         self._commit_scheduled = False
         # Replies waiting for the turn's commit (appendfsync always); bounded by
         # what the connections of one loop turn can send (their input is bounded).
@@ -537,6 +537,7 @@ class AofManager:
                 self._open_own(files, plan)
         finally:
             self.loading = False
+            self._sync_logging()
         return loaded
 
     def _load_file(self, path: str, bitmap: bytearray, enqueue: bool, now_ms: int) -> int:
@@ -627,6 +628,12 @@ class AofManager:
         self.base_size = self.writer.size
         self.state = "on"
         self.durable = self.appended
+        self._sync_logging()
+
+    def _sync_logging(self) -> None:
+        """The shard emits records only while someone keeps them: AOF on, or a
+        rewrite collecting its tail."""
+        self.port.set_logging(self.state != "off" or self.rewrite is not None)
 
     def _remove_my_temp_files(self) -> None:
         probe = file_name(self.cfg.appendfilename, self.index, 1)
@@ -703,17 +710,8 @@ class AofManager:
         return True
 
     def append_effect(self, record: bytes) -> None:
-        """An ``AofAppend`` effect of the shard: the shard logs its own changes."""
-        self.shard_logs = True
+        """An ``AofAppend`` effect of the shard (the name the worker's hook uses)."""
         self.append(record)
-
-    def after_command(self, shard: Shard, name: bytes, args: list[bytes], reply: object) -> None:
-        """Log the jobs a command changed, for a shard that does not emit
-        ``AofAppend`` itself (stops for good at the first one it sees)."""
-        if (self.state == "off" and self.rewrite is None) or self.shard_logs:
-            return
-        for record in records_of_command(shard, name, args, reply):
-            self.append(record)
 
     def holds_replies(self) -> bool:
         """With ``appendfsync always`` a reply whose record is not on disk yet must
@@ -833,6 +831,7 @@ class AofManager:
         except OSError as e:
             self._rewrite_failed(e.strerror or str(e))
             return
+        self._sync_logging()
         log.info("Background append only file rewriting started (%d jobs, worker %d)",
                  len(self.rewrite.ids), self.index)
 
@@ -863,6 +862,7 @@ class AofManager:
             self.writer.pending.clear()  # every pending frame is in the tail too
         if self.state == "off":  # BGREWRITEAOF / SHUTDOWN REWRITE-AOF with appendonly no
             self.gen = rw.gen
+            self._sync_logging()
         else:
             self._switch_to(final, rw.gen)
         self.last_rewrite_time_s = int(self.clock() - rw.started_s)
@@ -878,6 +878,7 @@ class AofManager:
         self.rewrite_not_before_s = self.clock() + rewrite_retry_s
         if self.state == "wait_rewrite":
             self.rewrite_scheduled = True
+        self._sync_logging()
         log.warning("Background AOF rewrite failed: %s", reason)
 
     def rewrite_now(self) -> None:
@@ -910,6 +911,7 @@ class AofManager:
             self.state = "wait_rewrite"
             self.rewrite_scheduled = True
             self.rewrite_not_before_s = 0.0
+            self._sync_logging()
         elif not self.cfg.appendonly and self.state != "off":
             self._stop()
 
@@ -929,6 +931,7 @@ class AofManager:
             w.close()
         self.state = "off"
         self.durable = self.appended
+        self._sync_logging()
         self.turn_commit()
 
     def shutdown(self, rewrite: bool) -> str:
@@ -1020,18 +1023,6 @@ def _fsync_fd(fd: int) -> None:
 
 # --- the shard side ---
 
-DEL_RECORD_TAG = 0x80  # first byte of a deletion record (job records start with 1..127)
-
-
-def job_id_of_record(record: bytes) -> str:
-    """The job a record is about (ValueError if it is neither form)."""
-    if record[:1] == bytes([DEL_RECORD_TAG]):
-        job_id = record[1:].decode()
-        if not is_valid_job_id(job_id):
-            raise ValueError("bad job ID in a deletion record")
-        return job_id
-    return Job.from_record(record).id
-
 
 class ShardAdapter:
     """``ShardPort`` over the worker's ``workers.shard.Shard``."""
@@ -1045,11 +1036,7 @@ class ShardAdapter:
         return slot_of_job_id(job_id_of_record(record))
 
     def load_record(self, record: bytes, enqueue: bool, now_ms: int) -> None:
-        own = getattr(self.shard, "load_record", None)
-        if own is not None:
-            own(record, enqueue, now_ms)
-        else:
-            _load_into(self.shard, record, enqueue, now_ms)
+        self.shard.load_record(record, enqueue, now_ms)
 
     def job_ids(self) -> list[str]:
         return [j.id for j in self.shard.jobs()]
@@ -1058,63 +1045,5 @@ class ShardAdapter:
         job = self.shard.lookup(job_id)
         return None if job is None else job.to_record()
 
-
-def _load_into(shard: Shard, record: bytes, enqueue: bool, now_ms: int) -> None:
-    """Load one record into a shard that has no ``load_record`` of its own (the
-    contract asks the shard for one: notes/persistence.md). It uses the shard's
-    own bookkeeping steps (register, enqueue, schedule) so every invariant the
-    shard checks still holds."""
-    if record[:1] == bytes([DEL_RECORD_TAG]):
-        gone = shard.lookup(job_id_of_record(record))
-        if gone is not None:
-            shard._unregister(gone, now_ms)
-        return
-    job = Job.from_record(record)
-    old = shard.lookup(job.id)
-    if old is not None:
-        shard._unregister(old, now_ms)  # a later record of the same job: it wins
-    if job.etime_ms <= now_ms:
-        return  # expired while the node was down
-    if job.state == ACKED and all(n == shard.node_id for n in job.delivered):
-        return  # the shard garbage-collects such an ACK at once
-    if job.state == QUEUED and enqueue:
-        shard._register(job)
-        shard._enqueue(job, shard._queue(job.queue, now_ms), now_ms)
-        return
-    if job.state != ACKED:
-        job.state = ACTIVE  # the spec: queues are not persisted, the retry timer requeues
-        # RETRY 0 keeps its qtime: 0 once queued (never again, the spec's
-        # at-most-once guarantee), or the end of a DELAY not yet served.
-        if job.retry_s and job.qtime_ms <= now_ms:
-            job.qtime_ms = now_ms + job.retry_s * 1000
-    shard._register(job)
-    shard._schedule(job, shard._due(job))
-
-
-# Commands that change jobs named in their arguments (after the command name).
-_ID_COMMANDS = frozenset((b"ackjob", b"fastack", b"deljob", b"nack", b"enqueue", b"dequeue",
-                          b"working"))
-
-
-def del_record(job_id: str) -> bytes:
-    return bytes([DEL_RECORD_TAG]) + job_id.encode()
-
-
-def records_of_command(shard: Shard, name: bytes, args: list[bytes],
-                       reply: object) -> Iterator[bytes]:
-    """The state records a job command leaves behind: the new job of an ADDJOB,
-    the current state (or deletion) of every job an ID command named."""
-    if name == b"addjob":
-        if isinstance(reply, str) and is_valid_job_id(reply):
-            job = shard.lookup(reply)
-            if job is not None:
-                yield job.to_record()
-        return
-    if name not in _ID_COMMANDS or isinstance(reply, Error):
-        return
-    for raw in args:
-        if not is_valid_job_id(raw):
-            continue
-        job_id = raw.decode()
-        job = shard.lookup(job_id)
-        yield del_record(job_id) if job is None else job.to_record()
+    def set_logging(self, on: bool) -> None:
+        self.shard.aof = on  # the shard emits AofAppend effects only when asked

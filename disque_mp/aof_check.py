@@ -10,7 +10,8 @@ from __future__ import annotations
 import sys
 
 from disque_mp.aof import FileHeader, FrameReader, truncate_file
-from workers.job import Job
+from workers.ids import is_valid_job_id
+from workers.job import DEL_RECORD_TAG, Job, job_id_of_record
 
 USAGE = "Usage: disque-mp check-aof [--fix] <file.aof>"
 
@@ -64,7 +65,11 @@ def check(path: str) -> Report:
 
 def _record_problem(payload: bytes) -> str | None:
     try:
-        Job.from_record(payload)
+        if payload[0] == DEL_RECORD_TAG:
+            if not is_valid_job_id(job_id_of_record(payload)):
+                return "bad job ID in a deletion record"
+        else:
+            Job.from_record(payload)
     except (ValueError, UnicodeDecodeError) as e:
         return str(e)
     return None

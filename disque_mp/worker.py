@@ -43,7 +43,15 @@ from disque_mp.resp import encode
 from disque_mp.server import ClientConn, Slot, listen_sockets
 from workers.effects import AofAppend, Send, Wake
 from workers.ids import is_valid_job_id, owner_of_job_id, owner_of_queue
-from workers.replies import ERR_BADID, NULL_ARRAY, PENDING, Error, err_arity, err_unknown
+from workers.replies import (
+    ERR_BADID,
+    ERR_LEAVING,
+    NULL_ARRAY,
+    PENDING,
+    Error,
+    err_arity,
+    err_unknown,
+)
 
 log = logging.getLogger("disque_mp.worker")
 
@@ -55,6 +63,9 @@ handoff_per_conn_max = 4  # a connection whose traffic keeps changing owner stay
 PR_SET_PDEATHSIG = 1
 NOAUTH_OK = frozenset({"auth", "hello", "quit"})
 ERR_NOAUTH = Error("NOAUTH Authentication required.")
+
+
+_perf_ns = time.perf_counter_ns  # INFO commandstats; a local name saves a lookup per command
 
 
 def now_ms() -> int:
@@ -281,10 +292,10 @@ class Worker:
             return encode(err_arity(command.name))
         if not conn.authed and command.name not in NOAUTH_OK:
             return encode(ERR_NOAUTH)
-        t0 = time.perf_counter_ns()
+        t0 = _perf_ns()
         reply = handler(conn, cmd)
         stat[0] += 1
-        stat[1] += time.perf_counter_ns() - t0
+        stat[1] += _perf_ns() - t0
         self.commands_processed += 1
         conn.last_cmd = command.name
         if reply is PENDING:
@@ -299,10 +310,7 @@ class Worker:
         return encode(err_unknown(cmd[0].decode("utf-8", "replace")))
 
     def run_local(self, name: bytes, args: list[bytes], token: int) -> Any:
-        reply = cmd_jobs.run(self.shard, name, args, token, self.now_ms)
-        if self.aof is not None:
-            self.aof.after_command(self.shard, name, args, reply)
-        return reply
+        return cmd_jobs.run(self.shard, name, args, token, self.now_ms)
 
     def _aof_must_hold(self, before: int, reply: Any) -> bool:
         """appendfsync always: a reply whose records are not durable yet waits for
@@ -335,7 +343,8 @@ class Worker:
         name = cmd[0].lower()
         if owner == self.index:
             conn.streak = 0
-            token = self.new_token()
+            self.next_token += 1
+            token = self.next_token
             before = self.aof.appended if self.aof is not None else 0
             reply = self.run_local(name, cmd[1:], token)
             if self._aof_must_hold(before, reply):
@@ -436,6 +445,10 @@ class Worker:
             on_message(sender, kind, meta, bodies, now_ms())
             self.drain_effects()
             self._reschedule_tick()
+
+    def leaving(self) -> bool:
+        """CLUSTER LEAVING yes on this node (the membership view says so)."""
+        return self.agent is not None and bool(self.agent.view.get("leaving"))
 
     def on_view(self, view: dict[str, Any]) -> None:
         from bus import membership as mb
@@ -681,6 +694,8 @@ class GetJob:
             return self.got
         if spec.nohang:
             return NULL_ARRAY
+        if w.leaving():
+            return ERR_LEAVING  # a leaving node does not block clients (reference 03)
         if all(owner == w.index for owner, _ in self.runs):
             return self._block_local_only()
         return None
@@ -708,6 +723,8 @@ class GetJob:
             self._finish(self.got)
         elif spec.nohang:
             self._finish(NULL_ARRAY)
+        elif w.leaving():
+            self._finish(ERR_LEAVING)
         else:
             self._block()
 

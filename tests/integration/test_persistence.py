@@ -156,7 +156,8 @@ def test_controlled_restart_keeps_queues_and_their_order(tmp_path: Path) -> None
         r = node.client(protocol=2)
         queues = [f"cq{i}" for i in range(4)]
         for n in range(30):
-            r.execute_command("ADDJOB", queues[n % 4], f"b{n}", 0, "RETRY", 1)
+            # RETRY 300: a delivered job must not be queued again while the test runs
+            r.execute_command("ADDJOB", queues[n % 4], f"b{n}", 0, "RETRY", 300)
         r.execute_command("GETJOB", "COUNT", 3, "FROM", "cq0")  # delivered: not queued now
         r.execute_command("GETJOB", "COUNT", 2, "FROM", "cq3")
         before = _queues_state(r, queues)
@@ -174,6 +175,7 @@ def test_controlled_restart_keeps_queues_and_their_order(tmp_path: Path) -> None
         r = node.client(protocol=2)
         assert _queues_state(r, queues) == before
         assert r.execute_command("CONFIG", "GET", "aof-enqueue-jobs-once")[1] in (b"no", "no")
+        assert "aof-enqueue-jobs-once yes" not in node.conf_path.read_text(), "turned off on disk"
     finally:
         node.stop()
 

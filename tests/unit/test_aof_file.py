@@ -265,3 +265,16 @@ def test_check_aof_through_the_cli(tmp_path: Path) -> None:
     res = subprocess.run([*cmd, "--fix", str(path)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and "Successfully truncated AOF" in res.stdout
     assert read_all(path)[0] == recs
+
+
+def test_check_aof_accepts_deletion_records(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from workers.job import del_record, job_id_of_record
+
+    recs = job_records(2)
+    path = write_aof(tmp_path, [*recs, del_record(job_id_of_record(recs[0]))])
+    assert aof_check.main([str(path)]) == 0
+    assert "3 records" in capsys.readouterr().out
+    path = write_aof(tmp_path, [*recs, del_record("D-bad")], gen=2)
+    assert aof_check.main([str(path)]) == 1
+    assert "bad job ID in a deletion record" in capsys.readouterr().out

@@ -13,7 +13,7 @@ from disque_mp.aof import AofManager, FileHeader, FrameReader, ShardAdapter
 from disque_mp.config import Config
 from workers.effects import AofAppend
 from workers.ids import owner_of_job_id, owner_of_queue
-from workers.job import Job
+from workers.job import DEL_RECORD_TAG, Job, del_record, job_id_of_record
 from workers.shard import Shard
 
 NODE = "0123abcd" * 5
@@ -51,7 +51,7 @@ def drain(shard: Shard, mgr: AofManager) -> int:
 def log_state(shard: Shard, mgr: AofManager, job_id: str) -> None:
     """Append a job's current state (what the shard's AofAppend carries)."""
     job = shard.lookup(job_id)
-    mgr.append(job.to_record() if job else bytes([aof.DEL_RECORD_TAG]) + job_id.encode())
+    mgr.append(job.to_record() if job else del_record(job_id))
 
 
 def file_state(path: str) -> dict[str, bytes | None]:
@@ -60,8 +60,8 @@ def file_state(path: str) -> dict[str, bytes | None]:
     frames = iter(FrameReader(path))
     next(frames)
     for payload in frames:
-        jid = aof.job_id_of_record(payload)
-        state[jid] = None if payload[0] == aof.DEL_RECORD_TAG else payload
+        jid = job_id_of_record(payload)
+        state[jid] = None if payload[0] == DEL_RECORD_TAG else payload
     return state
 
 
@@ -367,16 +367,18 @@ def test_damage_in_the_middle_is_always_refused(tmp_path: Path) -> None:
     assert "check-aof --fix" in str(e.value)
 
 
-def test_records_of_commands_replay_to_the_same_jobs(tmp_path: Path) -> None:
-    """The worker-side log (for a shard that emits no AofAppend) through the real
-    command layer: the file replays to exactly the shard's jobs."""
+def test_the_shard_logs_its_own_changes_and_they_replay_to_the_same_jobs(
+        tmp_path: Path) -> None:
+    """No manual logging here: the real command layer, the shard's own AofAppend
+    effects (switched on by the manager), a restart."""
     from disque_mp import cmd_jobs
 
     shard, mgr = start(tmp_path, 0, 1)
+    assert shard.aof is True
 
     def run(*words: bytes) -> object:
         reply = cmd_jobs.run(shard, words[0], list(words[1:]), 0, NOW_MS)
-        mgr.after_command(shard, words[0], list(words[1:]), reply)
+        drain(shard, mgr)
         return reply
 
     ids = [str(run(b"addjob", b"cq", b"body%d" % n, b"0")) for n in range(6)]
@@ -384,16 +386,29 @@ def test_records_of_commands_replay_to_the_same_jobs(tmp_path: Path) -> None:
     run(b"deljob", ids[3].encode(), b"not-an-id")  # -BADID: nothing deleted, nothing logged
     run(b"deljob", ids[1].encode())
     run(b"fastack", ids[2].encode())
+    run(b"getjob", b"from", b"cq")
     run(b"nack", ids[3].encode())
     run(b"addjob", b"cq", b"x", b"0", b"DELAY", b"99999")  # an error: nothing logged
     mgr.commit()
     state = {k: v for k, v in file_state(mgr.writer.path).items() if v is not None}
     assert state == {j.id: j.to_record() for j in shard.jobs()}
     assert set(state) == set(ids[3:])
-    mgr.append_effect(shard.lookup(ids[4]).to_record())
-    n = mgr.appended
-    run(b"ackjob", ids[4].encode())
-    assert mgr.appended == n, "the shard logs for itself now"
+    mgr.shutdown(rewrite=False)
+    shard2, _ = start(tmp_path, 0, 1)
+    assert {j.id for j in shard2.jobs()} == set(ids[3:])
+    shard2.check()
+
+
+def test_logging_follows_the_aof_state(tmp_path: Path) -> None:
+    shard, mgr = start(tmp_path, 0, 1, appendonly=False)
+    assert shard.aof is False
+    mgr.cfg.appendonly = True
+    mgr.apply_config()
+    assert shard.aof is True, "wait_rewrite: the rewrite's tail needs the records"
+    mgr.rewrite_now()
+    mgr.cfg.appendonly = False
+    mgr.apply_config()
+    assert shard.aof is False
 
 
 def test_bgrewriteaof_with_appendonly_no_writes_a_file_but_stays_off(tmp_path: Path) -> None:
