@@ -533,11 +533,11 @@ import socket, sys
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 s.settimeout(10)
 s.connect("\\0" + sys.argv[1])  # abstract name (argv cannot carry the NUL)
-s.sendall(sys.stdin.buffer.read())
 try:
+    s.sendall(sys.stdin.buffer.read())
     print("eof" if s.recv(65536) == b"" else "data")
-except ConnectionResetError:
-    print("eof")
+except (BrokenPipeError, ConnectionResetError):
+    print("eof")  # closed on us before or while we wrote
 """
 
 
