@@ -401,7 +401,12 @@ class Worker:
 
         for owner, ids in groups.items():
             if owner == self.index:
-                one(self.run_local(name, ids, self.new_token()))
+                before = self.aof.appended if self.aof is not None else 0
+                value = self.run_local(name, ids, self.new_token())
+                if self._aof_must_hold(before, value):
+                    self.aof.hold(self.aof.appended, one, value)
+                else:
+                    one(value)
             else:
                 self.forward(owner, name, ids, one)
         return PENDING
