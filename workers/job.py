@@ -8,7 +8,10 @@ shared objects wherever possible:
 - ``delivered``/``confirmed`` are tuples shared between jobs (the shard keeps
   one ``(my_node_id,)`` tuple for every job it created),
 - ``awake_ms`` is the key object of the timer bucket the job sits in,
-- states, counters and flags are small ints (cached by CPython).
+- states, counters and flags are small ints (cached by CPython),
+- the creation time is kept in microseconds (``ctime_us``): below 2**60 it is a
+  2-digit int (32 bytes) where nanoseconds need 3 digits (48 bytes with
+  pymalloc's rounding). ``ctime_ns`` (SHOW, records) is derived.
 
 The expire time is not stored: it is ``ctime_ms + ttl_s * 1000`` (the creator's
 clock, so every copy of a job expires at the same instant).
@@ -33,6 +36,7 @@ FLAG_DELIVERED = 1  # served to a client at least once (at-most-once jobs never 
 FLAG_IN_DEQUE = 2  # the record sits in its queue's deque (possibly as a stale entry)
 
 NS_PER_MS = 1_000_000
+US_PER_MS = 1_000
 
 
 class Job:
@@ -43,7 +47,7 @@ class Job:
         "state",
         "repl",
         "ttl_s",
-        "ctime_ns",
+        "ctime_us",
         "delay_s",
         "retry_s",
         "nacks",
@@ -61,7 +65,7 @@ class Job:
     state: int
     repl: int
     ttl_s: int
-    ctime_ns: int
+    ctime_us: int  # creation time (us); jobs created in the same us get +1 each
     delay_s: int
     retry_s: int
     nacks: int
@@ -80,7 +84,7 @@ class Job:
         state: int,
         repl: int,
         ttl_s: int,
-        ctime_ns: int,
+        ctime_us: int,
         delay_s: int,
         retry_s: int,
         qtime_ms: int,
@@ -93,7 +97,7 @@ class Job:
         self.state = state
         self.repl = repl
         self.ttl_s = ttl_s
-        self.ctime_ns = ctime_ns
+        self.ctime_us = ctime_us
         self.delay_s = delay_s
         self.retry_s = retry_s
         self.nacks = 0
@@ -106,7 +110,11 @@ class Job:
 
     @property
     def etime_ms(self) -> int:
-        return self.ctime_ns // NS_PER_MS + self.ttl_s * 1000
+        return self.ctime_us // US_PER_MS + self.ttl_s * 1000
+
+    @property
+    def ctime_ns(self) -> int:
+        return self.ctime_us * 1000
 
     def __repr__(self) -> str:
         return f"Job({self.id} {self.queue!r} {STATE_NAMES[self.state]})"
@@ -123,7 +131,7 @@ class Job:
             self.flags & ~FLAG_IN_DEQUE,  # deque membership is not part of the job
             self.repl,
             self.ttl_s,
-            self.ctime_ns,
+            self.ctime_us * 1000,  # nanoseconds on disk and on the wire, as Disque
             self.delay_s,
             self.retry_s,
             self.nacks,
@@ -174,7 +182,7 @@ class Job:
             at += ln
         if at != len(rec):
             raise ValueError("trailing bytes after job record")
-        job = cls(jid, queue, body, state, repl, ttl_s, ctime_ns, delay_s, retry_s, qtime_ms,
+        job = cls(jid, queue, body, state, repl, ttl_s, ctime_ns // 1000, delay_s, retry_s, qtime_ms,
                   tuple(nodes[:n_deliv]), tuple(nodes[n_deliv:]))
         job.flags = flags & ~FLAG_IN_DEQUE
         job.nacks = nacks

@@ -1,6 +1,6 @@
 """A named queue: jobs ordered by creation time, plus the queue's bookkeeping.
 
-Structure: one ``collections.deque`` of job records sorted by ``ctime_ns``
+Structure: one ``collections.deque`` of job records sorted by ``ctime_us``
 (unique per creating node; ties keep arrival order), with lazy deletion.
 
 - The common case is an append of a job newer than the tail (ADDJOB on this
@@ -42,7 +42,7 @@ PAUSE_NAMES = ("none", "in", "out", "all")
 
 
 def _ctime(job: Job) -> int:
-    return job.ctime_ns
+    return job.ctime_us
 
 
 class Queue:
@@ -89,12 +89,12 @@ class Queue:
             return
         job.flags |= FLAG_IN_DEQUE
         dq = self._dq
-        if not dq or dq[-1].ctime_ns <= job.ctime_ns:
+        if not dq or dq[-1].ctime_us <= job.ctime_us:
             dq.append(job)
-        elif dq[0].ctime_ns > job.ctime_ns:
+        elif dq[0].ctime_us > job.ctime_us:
             dq.appendleft(job)
         else:
-            dq.insert(bisect_right(dq, job.ctime_ns, key=_ctime), job)
+            dq.insert(bisect_right(dq, job.ctime_us, key=_ctime), job)
 
     def pop(self) -> Job | None:
         """Remove and return the oldest queued job (its state is still QUEUED)."""
@@ -169,9 +169,9 @@ class Queue:
             seen.add(id(job))
             if not job.flags & FLAG_IN_DEQUE:
                 return f"job {job.id} in deque without FLAG_IN_DEQUE"
-            if job.ctime_ns < prev:
+            if job.ctime_us < prev:
                 return f"queue {self.name!r} out of ctime order at {job.id}"
-            prev = job.ctime_ns
+            prev = job.ctime_us
             if job.state == QUEUED:
                 if job.queue != self.name:
                     return f"job {job.id} of {job.queue!r} queued in {self.name!r}"

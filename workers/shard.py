@@ -41,9 +41,9 @@ from workers.job import (
     DEL_RECORD_TAG,
     DELETED,
     FLAG_DELIVERED,
-    NS_PER_MS,
     QUEUED,
     STATE_NAMES,
+    US_PER_MS,
     WAIT_REPL,
     Job,
     del_record,
@@ -147,7 +147,7 @@ class Shard:
         self._me: tuple[str, ...] = (node_id,)
         self._peers: tuple[str, ...] = ()
         self._effects: list[Effect] = []
-        self._last_ctime_ns = 0
+        self._last_ctime_us = 0
         self._now_ms = now_ms
         # Emit AofAppend effects (job records, deletions): the worker sets this
         # while appendonly is on, so the records cost nothing otherwise.
@@ -299,13 +299,13 @@ class Shard:
         return heap[0] if heap else None
 
     def _due(self, job: Job) -> int:
-        etime = job.ctime_ns // NS_PER_MS + job.ttl_s * 1000
+        etime = job.ctime_us // US_PER_MS + job.ttl_s * 1000
         if job.state == ACTIVE and job.qtime_ms and job.qtime_ms < etime:
             return job.qtime_ms
         return etime
 
     def _fire_job(self, job: Job, now_ms: int) -> None:
-        if job.ctime_ns // NS_PER_MS + job.ttl_s * 1000 <= now_ms:
+        if job.ctime_us // US_PER_MS + job.ttl_s * 1000 <= now_ms:
             self._unregister(job, now_ms)
             return
         if job.state == ACTIVE and job.qtime_ms and job.qtime_ms <= now_ms:
@@ -346,7 +346,7 @@ class Shard:
         q.push(job)
         q.atime_ms = now_ms
         q.jobs_in += 1
-        self._schedule(job, job.ctime_ns // NS_PER_MS + job.ttl_s * 1000)
+        self._schedule(job, job.ctime_us // US_PER_MS + job.ttl_s * 1000)
         if q.waiters is not None and not q.paused & PAUSED_OUT:
             self._serve_waiters(q, now_ms)
 
@@ -442,12 +442,12 @@ class Shard:
                 return ERR_MAXLEN_REACHED
             if q.paused & PAUSED_IN:
                 return ERR_PAUSED
-        ctime_ns = now_ms * NS_PER_MS
-        if ctime_ns <= self._last_ctime_ns:
-            ctime_ns = self._last_ctime_ns + 1
-        self._last_ctime_ns = ctime_ns
+        ctime_us = now_ms * US_PER_MS
+        if ctime_us <= self._last_ctime_us:
+            ctime_us = self._last_ctime_us + 1
+        self._last_ctime_us = ctime_us
         job_id = self._ids.make(q.slot, ttl_s, retry_s)
-        job = Job(job_id, q.name, body, ACTIVE, replicate, ttl_s, ctime_ns, delay_s, retry_s,
+        job = Job(job_id, q.name, body, ACTIVE, replicate, ttl_s, ctime_us, delay_s, retry_s,
                   0, self._me)
         self._register(job)
         if delay_s:
@@ -545,7 +545,7 @@ class Shard:
                 q.jobs_out -= 1
             job.state = QUEUED
             q.push(job)
-            self._schedule(job, job.ctime_ns // NS_PER_MS + job.ttl_s * 1000)
+            self._schedule(job, job.ctime_us // US_PER_MS + job.ttl_s * 1000)
             if q.waiters is not None and not q.paused & PAUSED_OUT:
                 self._serve_waiters(q, now_ms)
 
@@ -624,7 +624,7 @@ class Shard:
         job = self.lookup(job_id)
         if job is None or job.state == ACKED:
             return ERR_NOJOB
-        if (now_ms - job.ctime_ns // NS_PER_MS) > job.ttl_s * 1000 // 2:
+        if (now_ms - job.ctime_us // US_PER_MS) > job.ttl_s * 1000 // 2:
             return ERR_TOOLATE
         if job.state == QUEUED:
             self._dequeue(job, self._queues[job.queue], now_ms)
@@ -643,7 +643,7 @@ class Shard:
         return self._show(job, now_ms)
 
     def _show(self, job: Job, now_ms: int) -> list[Any]:
-        etime = job.ctime_ns // NS_PER_MS + job.ttl_s * 1000
+        etime = job.ctime_us // US_PER_MS + job.ttl_s * 1000
         qtime = job.qtime_ms
         requeue_in = max(0, qtime - now_ms) if qtime else 0
         awake_in = max(0, qtime - time_error_ms - now_ms) if qtime else 0
@@ -824,7 +824,7 @@ class Shard:
                 if job.retry_s and job.qtime_ms <= now_ms:
                     job.qtime_ms = now_ms + job.retry_s * 1000 + self._jitter()
             self._schedule(job, self._due(job))
-        self._last_ctime_ns = max(self._last_ctime_ns, job.ctime_ns)
+        self._last_ctime_us = max(self._last_ctime_us, job.ctime_us)
 
     def _unregister_quiet(self, job: Job, now_ms: int) -> None:
         aof, self.aof = self.aof, False

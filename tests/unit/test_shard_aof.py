@@ -30,13 +30,13 @@ JID = "D-dcb833cf-8YL1NT17e9+wsA/09NqxscQI-05a1"
 
 
 def fields(j: Job) -> tuple[Any, ...]:
-    return (j.id, j.queue, j.body, j.state, j.repl, j.ttl_s, j.ctime_ns, j.delay_s, j.retry_s,
+    return (j.id, j.queue, j.body, j.state, j.repl, j.ttl_s, j.ctime_us, j.delay_s, j.retry_s,
             j.nacks, j.additional_deliveries, j.qtime_ms, j.delivered, j.confirmed,
             j.flags & ~FLAG_IN_DEQUE)
 
 
 def test_record_round_trip() -> None:
-    j = Job(JID, b"q\x00\xff", bytes(range(256)) * 40, QUEUED, 3, 86400, T0 * 1_000_000 + 7,
+    j = Job(JID, b"q\x00\xff", bytes(range(256)) * 40, QUEUED, 3, 86400, T0 * 1_000 + 7,
             5, 300, T0 + 300_000, (NODE, OTHER), (OTHER,))
     j.nacks, j.additional_deliveries, j.flags = 4, 9, FLAG_DELIVERED | FLAG_IN_DEQUE
     rec = j.to_record()
@@ -45,7 +45,7 @@ def test_record_round_trip() -> None:
     assert fields(back) == fields(j)
     assert not back.flags & FLAG_IN_DEQUE  # deque membership is not part of a job
     assert job_id_of_record(rec) == JID
-    big = Job(JID, b"q", b"", ACKED, 1, 2**40, 2**62, 2**33, 2**33, 0, ())
+    big = Job(JID, b"q", b"", ACKED, 1, 2**40, 2**50, 2**33, 2**33, 0, ())
     assert fields(Job.from_record(big.to_record())) == fields(big)
 
 
@@ -167,7 +167,7 @@ def test_replay_with_enqueue_restores_queues_in_order() -> None:
 
 def test_replay_drops_expired_and_local_acks_and_replaces() -> None:
     r = Shard(NODE, 0, 1, b"seed", random.Random(1), T0)
-    old = Job(JID, b"q", b"v1", QUEUED, 1, 60, T0 * 1_000_000, 0, 6, 0, (NODE,))
+    old = Job(JID, b"q", b"v1", QUEUED, 1, 60, T0 * 1_000, 0, 6, 0, (NODE,))
     r.load_record(old.to_record(), True, T0)
     old.body = b"v2"
     r.load_record(old.to_record(), True, T0)  # the later record wins
@@ -176,7 +176,7 @@ def test_replay_drops_expired_and_local_acks_and_replaces() -> None:
     assert r.lookup(JID) is None and r.op_qlen(b"q") == 0
     r.load_record(old.to_record(), True, T0 + 61_000)  # expired while down
     assert r.lookup(JID) is None
-    acked = Job(JID, b"q", b"", ACKED, 1, 60, T0 * 1_000_000, 0, 6, 0, (NODE,))
+    acked = Job(JID, b"q", b"", ACKED, 1, 60, T0 * 1_000, 0, 6, 0, (NODE,))
     r.load_record(acked.to_record(), True, T0)
     assert r.lookup(JID) is None  # nobody else holds a copy: the ACK is final
     acked.delivered = (NODE, OTHER)
