@@ -26,6 +26,7 @@ import redis
 
 from disque_mp import aof
 from tests.nodeproc import NodeProc
+from workers.ids import owner_of_queue
 
 ALWAYS = {"appendonly": "yes", "appendfsync": "always"}
 
@@ -240,10 +241,16 @@ def test_injected_write_error_refuses_jobs_it_could_not_log(tmp_path: Path) -> N
     try:
         r = node.client(protocol=2)
         good = r.execute_command("ADDJOB", "fq", "before", 0).decode()
+        q0, q1 = (next(f"aq{n}" for n in range(100) if owner_of_queue(f"aq{n}".encode(), 2) == w)
+                  for w in (0, 1))
+        spread = [r.execute_command("ADDJOB", q, "to-ack", 0).decode() for q in (q0, q1)]
         fault.write_text("ENOSPC")
         with pytest.raises(redis.ResponseError) as e:
             r.execute_command("ADDJOB", "fq", "during", 0)
         assert str(e.value).startswith("Error writing to the AOF: No space left on device")
+        with pytest.raises(redis.ResponseError) as e:  # IDs of both workers: split and merged
+            r.execute_command("ACKJOB", *spread)
+        assert str(e.value).startswith("Error writing to the AOF")
         assert info_persistence(r)["aof_last_write_status"] == "err"
         assert "Error writing to the AOF file" in node.log_text()
         fault.unlink()
