@@ -89,6 +89,10 @@ ERR_RETRY0 = Error(
 ERR_DELAY_TTL = Error(
     "ERR The specified DELAY is greater than TTL. Job refused since would never be delivered"
 )
+ERR_NOREPL_LEAVING = Error(
+    "NOREPL Not enough reachable nodes for the requested replication level, since I'm "
+    "unable to hold a copy of the message for the following reason: I'm leaving the cluster"
+)
 ERR_MAXLEN_REACHED = Error("MAXLEN Queue is already longer than the specified MAXLEN count")
 ERR_TOOLATE = Error(
     "TOOLATE Half of job TTL already elapsed, you are no longer allowed to postpone "
@@ -146,6 +150,7 @@ class Shard:
         self._queue_idle_ms = queue_idle_ms
         self._me: tuple[str, ...] = (node_id,)
         self._peers: tuple[str, ...] = ()
+        self._leaving = False
         self._effects: list[Effect] = []
         self._last_ctime_us = 0
         self._now_ms = now_ms
@@ -176,6 +181,10 @@ class Shard:
     def set_peers(self, reachable_node_ids: list[str] | tuple[str, ...]) -> None:
         """Other nodes currently reachable (cluster work, issue 3). Empty: single node."""
         self._peers = tuple(n for n in reachable_node_ids if n != self.node_id)
+
+    def set_leaving(self, leaving: bool) -> None:
+        """CLUSTER LEAVING: this node keeps no new copies (ADDJOB replicates externally)."""
+        self._leaving = leaving
 
     def lookup(self, job_id: str) -> Job | None:
         b = self._jobs[(ord(job_id[14]) * 97 + ord(job_id[15])) & _JOB_BUCKET_MASK]
@@ -432,7 +441,11 @@ class Shard:
                 retry_s = retry_default_max_s
             elif retry_s == 0:
                 retry_s = 1
-        if replicate - 1 > peers:
+        # A leaving node holds no copy itself: every replica must be external.
+        additional = replicate if self._leaving else replicate - 1
+        if additional > peers:
+            if self._leaving and additional - 1 == peers:
+                return ERR_NOREPL_LEAVING
             return ERR_NOREPL
         q = self._queues.get(queue)
         if q is None:

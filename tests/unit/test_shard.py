@@ -639,3 +639,13 @@ def test_peers_do_not_break_addjob_before_replication_exists(env: Env) -> None:
     assert isinstance(env.add(), Status)
     assert env.add(replicate=2) is ERR_NOREPL
     assert env.add(retry_s=0) != shard_mod.ERR_RETRY0
+
+
+def test_leaving_node_refuses_new_copies(env: Env) -> None:
+    env.s.set_leaving(True)
+    assert env.add() == shard_mod.ERR_NOREPL_LEAVING
+    assert env.add(replicate=3) is ERR_NOREPL
+    assert env.add(delay_s=5, ttl_s=5) == shard_mod.ERR_DELAY_TTL  # option checks come first
+    assert env.s.info()["registered_jobs"] == 0
+    env.s.set_leaving(False)
+    assert isinstance(env.add(), Status)
