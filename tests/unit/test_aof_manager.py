@@ -422,3 +422,24 @@ def test_bgrewriteaof_with_appendonly_no_writes_a_file_but_stays_off(tmp_path: P
     assert mgr.state == "off" and mgr.writer is None
     (path,) = tmp_path.glob("appendonly-w0-g*.aof")
     assert set(file_state(str(path))) == ids | {late}
+
+
+def test_records_dropped_past_the_pending_bound_are_healed_by_a_rewrite(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fault = tmp_path / "fault"
+    monkeypatch.setattr(aof, "_fault_path", str(fault))
+    monkeypatch.setattr(aof, "pending_bytes_max", 300)
+    shard, mgr = start(tmp_path, 0, 1, appendfsync="always")
+    fault.write_text("ENOSPC")
+    for _ in range(10):  # far more than 300 bytes of records: most are dropped
+        add_logged(shard, mgr, queue_of(0, 1))
+        assert not mgr.commit()
+    fault.unlink()
+    assert not mgr.commit(), "dropped records: still an error, once"
+    assert mgr.rewrite_scheduled
+    while mgr.tick() == 0.0 or mgr.rewrite is not None or mgr.rewrite_scheduled:
+        pass
+    assert dict(mgr.info())["aof_last_write_status"] == "ok"
+    state = {k: v for k, v in file_state(mgr.writer.path).items() if v is not None}
+    assert state == {j.id: j.to_record() for j in shard.jobs()}
+    assert len(state) == 10
