@@ -3,6 +3,8 @@ GETJOB across owners, pipelining, node-wide commands, connection handoff."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -285,3 +287,27 @@ def test_shutdown_exits_zero(tmp_path: Path) -> None:
         assert n.proc is not None and n.proc.wait(timeout=20) == 0
     finally:
         n.stop()
+
+
+def test_blocked_getjob_survives_owner_restart(node2: NodeProc) -> None:
+    """The owner of the queue is SIGKILLed and restarted by the supervisor: the
+    blocked GETJOB held by the other worker registers again and is served."""
+    q = queue_owned_by(1, prefix="r")
+    waiter = connect_to_worker(node2.port, 0)
+    info = waiter.call("INFO", "workers").decode()
+    pid1 = int(info.split("worker1:pid=")[1].split(",")[0])
+    waiter.send(encode_command("GETJOB", "TIMEOUT", 30000, "FROM", q))
+    control = connect_to_worker(node2.port, 0)
+    _wait_blocked(control, 1)
+    os.kill(pid1, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # until the restarted worker 1 answers
+        reply = control.call("INFO", "workers")  # an error while worker 1 is down
+        text = reply.decode() if isinstance(reply, bytes) else ""
+        if "worker1:pid=" in text and f"worker1:pid={pid1}," not in text:
+            break
+        time.sleep(0.05)
+    job_id = control.call("ADDJOB", q, "after-restart", 0)
+    assert waiter.read() == [[q.encode(), job_id.encode(), b"after-restart"]]
+    waiter.close()
+    control.close()
