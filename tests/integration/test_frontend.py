@@ -189,6 +189,8 @@ def test_node_wide_commands(node2: NodeProc) -> None:
     a, b = connect_to_worker(node2.port, 0), connect_to_worker(node2.port, 1)
     assert a.call("CONFIG", "SET", "maxmemory-samples", "7") == Status("OK")
     assert b.call("CONFIG", "GET", "maxmemory-samples") == [b"maxmemory-samples", b"7"]
+    assert b.call("CONFIG", "REWRITE") == Status("OK")
+    assert "maxmemory-samples 7" in node2.conf_path.read_text()
     everything = b.call("CONFIG", "GET", "*")
     assert everything[:4] == [b"requirepass", b"", b"unixsocket", b""]
     sections = [line for line in a.call("INFO").decode().split("\r\n") if line.startswith("#")]
