@@ -660,9 +660,8 @@ class AofManager:
         if self.state == "off" and self.rewrite is None:
             return
         self.appended += 1
-        if not self._commit_scheduled and self.loop is not None:
-            self._commit_scheduled = True
-            self.loop.call_soon(self.turn_commit)
+        if not self._commit_scheduled:
+            self._schedule_commit()
         framed = frame(record)
         if self.rewrite is not None:
             self._add_to_tail(framed)
@@ -722,9 +721,18 @@ class AofManager:
         """Deliver ``value`` after the commit that makes record ``seq`` (a value of
         ``appended``) durable, or the AOF error in its place if that commit fails."""
         self.held.append((seq, deliver, value))
-        if not self._commit_scheduled and self.loop is not None:
-            self._commit_scheduled = True
-            self.loop.call_soon(self.turn_commit)
+        if not self._commit_scheduled:
+            self._schedule_commit()
+
+    def _schedule_commit(self) -> None:
+        loop = self.loop
+        if loop is None:
+            try:
+                loop = self.loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return  # no loop (tests driving the manager by hand): commit() is explicit
+        self._commit_scheduled = True
+        loop.call_soon(self.turn_commit)
 
     def turn_commit(self) -> None:
         """Once per loop turn with appends: commit, then release held replies."""

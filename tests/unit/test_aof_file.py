@@ -25,7 +25,7 @@ def job_records(n: int, body: bytes = b"body") -> list[bytes]:
     for i in range(n):
         q = f"q{i % 3}".encode()
         jid = ids.make(slot_of(q), 3600, 60)
-        out.append(Job(jid, q, body + bytes([i % 256]), ACTIVE, 1, 3600, 10**18 + i, 0, 60,
+        out.append(Job(jid, q, body + bytes([i % 256]), ACTIVE, 1, 3600, 10**15 + i, 0, 60,
                        0, (NODE,)).to_record())
     return out
 
