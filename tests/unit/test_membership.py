@@ -3,9 +3,12 @@ an in-memory network: every PING is answered at once by the node at that address
 
 from __future__ import annotations
 
+import copy
 import random
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from bus import membership as mb
 from bus import nodes_conf
@@ -339,3 +342,35 @@ def test_node_restarted_on_another_port_is_followed() -> None:
     for p in (7001, 7002):
         node = net.nodes[p].nodes[c_id]
         assert (node.port, node.flags()) == (7009, []), p
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2, 70000) | st.text(max_size=45)
+    | st.sampled_from(["a" * 40, "fail?", "fail", "noaddr", "127.0.0.1"]),
+    lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=8), inner,
+                                                                 max_size=6),
+    max_leaves=30)
+metas = st.dictionaries(st.sampled_from(["id", "port", "leaving", "gossip", "x"]), json_values,
+                        max_size=5)
+
+
+_JOINED_2 = joined(2)  # copied for every example: building it is most of the cost
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(["ping", "meet", "pong", "fail"]), metas), max_size=8))
+def test_any_message_is_handled_without_exception(msgs: list[tuple[str, dict]]) -> None:
+    net = copy.deepcopy(_JOINED_2)
+    a, b = net.nodes[7001], net.nodes[7002]
+    node_b = a.nodes[b.my_id]
+    for kind, meta in msgs:
+        if kind in ("ping", "meet"):
+            a.on_ping(meta, kind == "meet", "127.0.0.1", "127.0.0.1", net.now_ms)
+        elif kind == "pong":
+            a.on_pong(node_b, meta, net.now_ms)
+        else:
+            a.on_fail(b.my_id, meta, net.now_ms)
+    a.tick(net.now_ms + 10_000)
+    view = mb.snapshot(a)
+    mb.nodes_text(view), mb.info_text(view), mb.hello_reply(view)
+    assert a.myself.node_id in a.nodes and len(a.nodes) <= mb.nodes_max
