@@ -386,9 +386,10 @@ class Membership:
     def _finish_handshake(self, node: Node, real_id: str, now_ms: int) -> bool:
         """Rename a handshake node to its real ID; False when the entry was dropped."""
         known = self.nodes.get(real_id)
-        if known is not None or self._banned(real_id, now_ms):
+        if known is not None or (self._banned(real_id, now_ms) and not node.meet):
             self._delete(node)  # ourselves, a node we know, or one we were told to forget
             return False
+        self.banned.pop(real_id, None)  # an explicit CLUSTER MEET lifts a FORGET ban (Redis)
         del self.nodes[node.node_id]
         node.node_id = real_id
         node.handshake = False

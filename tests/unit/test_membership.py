@@ -374,3 +374,14 @@ def test_any_message_is_handled_without_exception(msgs: list[tuple[str, dict]]) 
     view = mb.snapshot(a)
     mb.nodes_text(view), mb.info_text(view), mb.hello_reply(view)
     assert a.myself.node_id in a.nodes and len(a.nodes) <= mb.nodes_max
+
+
+def test_explicit_meet_lifts_the_forget_ban() -> None:
+    net = joined(3)
+    a, c = net.nodes[7001], net.nodes[7003]
+    assert a.forget(c.my_id, net.now_ms) is None
+    net.run(1000)
+    assert c.my_id not in a.nodes
+    net.meet(7001, 7003)
+    net.run(1000)
+    assert c.my_id in a.nodes and not a.nodes[c.my_id].handshake
