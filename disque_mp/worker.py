@@ -347,7 +347,7 @@ class Worker:
             token = self.next_token
             before = self.aof.appended if self.aof is not None else 0
             reply = self.run_local(name, cmd[1:], token)
-            if self._aof_must_hold(before, reply):
+            if self.cfg.appendfsync == "always" and self._aof_must_hold(before, reply):
                 slot = conn.defer()
                 self.aof.hold(self.aof.appended, lambda v: conn.fill(slot, encode(v, conn.resp3)), reply)
                 return PENDING
