@@ -443,3 +443,15 @@ def test_records_dropped_past_the_pending_bound_are_healed_by_a_rewrite(
     state = {k: v for k, v in file_state(mgr.writer.path).items() if v is not None}
     assert state == {j.id: j.to_record() for j in shard.jobs()}
     assert len(state) == 10
+
+
+def test_flushall_leaves_nothing_to_reload(tmp_path: Path) -> None:
+    shard, mgr = start(tmp_path, 0, 1)
+    for _ in range(5):
+        add_logged(shard, mgr, queue_of(0, 1))
+    mgr.commit()
+    shard.op_flushall()
+    mgr.flushed()
+    mgr.shutdown(rewrite=False)
+    shard2, _ = start(tmp_path, 0, 1)
+    assert shard2.jobs() == []
