@@ -324,6 +324,7 @@ class Child:
         self.s, self.index, self.shared = s, index, shared
         self.hist = Histogram()
         self.produced = self.taken = self.acked = self.errors = 0
+        self.take_calls = self.empty_takes = 0  # mean batch = taken / take_calls
         self.first_error = ""
         self.t0_ns = self.last_ns = 0
         self.stop = False
@@ -359,6 +360,7 @@ class Child:
     def result(self) -> dict[str, Any]:
         return {"index": self.index, "produced": self.produced, "taken": self.taken,
                 "acked": self.acked, "errors": self.errors, "first_error": self.first_error,
+                "take_calls": self.take_calls, "empty_takes": self.empty_takes,
                 "elapsed_ns": max(0, self.last_ns - self.t0_ns), "hist": self.hist.dump()}
 
 
@@ -429,7 +431,9 @@ async def cycle_consume(c: Child, conn: Conn, j: int, total: int, end_ns: int) -
         replies, _, _ = await conn.call(payload, want)
         c.note_errors(replies)
         items = t.parse_take(replies)
+        c.take_calls += 1
         if not items:
+            c.empty_takes += 1
             if c.cycle_finished():
                 return
             continue
@@ -458,6 +462,8 @@ async def drain_consume(c: Child, conn: Conn, j: int, total: int, end_ns: int) -
         replies, done_ns, sent = await conn.call(payload, want)
         c.note_errors(replies)
         items = t.parse_take(replies)
+        c.take_calls += 1
+        c.empty_takes += 0 if items else 1
         empty_turns = 0 if items else empty_turns + 1
         c.taken += len(items)
         if items:
@@ -601,7 +607,7 @@ def merge(s: Settings, parts: list[dict[str, Any]], procs: int) -> dict[str, Any
     if len(parts) < procs:
         fatal.append(f"{procs - len(parts)} process(es) did not report in time")
     hist = Histogram()
-    tot = {"produced": 0, "taken": 0, "acked": 0, "errors": 0}
+    tot = {"produced": 0, "taken": 0, "acked": 0, "errors": 0, "take_calls": 0, "empty_takes": 0}
     elapsed_ns, first_error = 0, ""
     for p in parts:
         if "fatal" in p:
@@ -713,7 +719,8 @@ def human(r: dict[str, Any]) -> str:
              f"procs {s['procs']}, pipeline {s['pipeline']}, body {s['body_bytes']} B, "
              f"queues {s['queues']}",
              f"  {r['jobs_per_s']:,.0f} jobs/s over {r['elapsed_s']} s; produced {r['produced']:,}, "
-             f"taken {r['taken']:,}, acked {r['acked']:,}, errors {r['errors']}",
+             f"taken {r['taken']:,}, acked {r['acked']:,}, errors {r['errors']}; "
+             f"{r['take_calls']:,} takes ({r['empty_takes']:,} empty)",
              f"  latency ({r['latency_kind']}, us): p50 {lat['p50_us']:.0f}  p99 {lat['p99_us']:.0f}  "
              f"p99.9 {lat['p999_us']:.0f}  max {lat['max_us']:.0f}"]
     if r["first_error"]:

@@ -30,6 +30,7 @@ from tests.nodeproc import NodeProc
 
 sample_rate_hz = 250  # enough samples in a few seconds, little overhead
 top_functions = 25  # lines printed per table
+trunk_share = 0.99  # frames on (nearly) every stack are process startup, not information
 py_spy_timeout_s = 120.0  # py-spy stops by itself after --duration; this is the backstop
 _LINE = re.compile(r":\d+\)$")
 
@@ -65,7 +66,9 @@ def report(collapsed: str, title: str) -> str:
     out = [f"## {title}: {samples} samples", "", "self %   function"]
     out += [f"{100 * n / max(samples, 1):6.1f}   {f}" for f, n in own.most_common(top_functions)]
     out += ["", "total %  function"]
-    out += [f"{100 * n / max(samples, 1):6.1f}   {f}" for f, n in total.most_common(top_functions)]
+    trunk = {f for f, n in total.items() if n >= trunk_share * samples}  # startup frames
+    out += [f"{100 * n / max(samples, 1):6.1f}   {f}"
+            for f, n in total.most_common(top_functions + len(trunk)) if f not in trunk]
     return "\n".join(out) + "\n"
 
 
@@ -96,7 +99,7 @@ def benchmark_for(port: int, args: list[str], pipeline: int, seconds: float) -> 
     except subprocess.TimeoutExpired:
         proc.terminate()
         out, _ = proc.communicate(timeout=10)
-    rates = re.findall(rb"overall: ([0-9.]+)", out)
+    rates = re.findall(rb"rps=[0-9.]+ \(overall: ([0-9.]+)\)", out)
     rate = float(rates[-1]) if rates else 0.0
     return f"{' '.join(cmd)}: {rate:,.0f} req/s overall"
 
