@@ -136,7 +136,9 @@ def summary(rows: list[dict[str, Any]], machine: dict[str, Any]) -> str:
     lines = ["# Benchmark summary (bench/run_all.py)", "",
              f"Machine: {machine.get('cpus')} CPUs, {machine.get('cpu_model')}, "
              f"Linux {machine.get('kernel')}, Python {machine.get('python')}, "
-             f"{machine.get('redis')}. Run at {machine.get('date')} (UTC).", "",
+             f"{machine.get('redis')}. Run at {machine.get('date')} (UTC); 1-minute load "
+             f"average at the start {machine.get('loadavg_1m_at_start')} (each figure below "
+             "lists the load before and after it: `loadavg_1m`).", "",
              "| target | needed | measured | met | detail |", "|---|---|---|---|---|"]
     for name, need, value, detail in ratio_rows(rows):
         shown = "n/a" if value is None else (
@@ -161,7 +163,7 @@ def short(r: dict[str, Any]) -> str:
                          f"p99 {lat['p99_us'] / 1000:.2f} ms, p99.9 {lat['p999_us'] / 1000:.2f} ms)")
         elif isinstance(v, float):
             parts.append(f"{k} {v:.3f}")
-        elif isinstance(v, int | str) and k not in ("name", "group"):
+        elif isinstance(v, int | str | list) and k not in ("name", "group"):
             parts.append(f"{k} {v}")
     return "; ".join(parts)
 

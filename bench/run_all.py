@@ -35,7 +35,8 @@ def machine() -> dict[str, object]:
     redis_v = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout
     return {"cpus": os.cpu_count(), "cpu_model": model, "kernel": platform.release(),
             "python": platform.python_version(), "redis": redis_v.split(" sha=")[0].strip(),
-            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M")}
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M"),
+            "loadavg_1m_at_start": round(os.getloadavg()[0], 2)}
 
 
 def run_suite(name: str, extra: list[str]) -> int:

@@ -10,6 +10,7 @@ redis-benchmark and bench/loadgen.py, not from pytest-benchmark's own timer.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +32,22 @@ settle_s = 1.0  # let a fresh node's allocator and imports settle before an RSS 
 
 
 def once(benchmark: Any, fn: Any) -> Any:
-    return benchmark.pedantic(fn, rounds=1, iterations=1, warmup_rounds=0)
+    """Run the measurement once; record the machine's load around it (other work on a
+    2-core machine moves every figure, so the results say how busy it was)."""
+    before = os.getloadavg()[0]
+    info = benchmark.pedantic(fn, rounds=1, iterations=1, warmup_rounds=0)
+    benchmark.extra_info["loadavg_1m"] = [round(before, 2), round(os.getloadavg()[0], 2)]
+    return info
+
+
+def bench_retry(port: int, *args: str, **kw: Any) -> dict[str, Any]:
+    """redis-benchmark against the node; one retry after a failure, which is recorded."""
+    try:
+        return redis_benchmark(port, *args, **kw)[0]
+    except RuntimeError as e:
+        row = redis_benchmark(port, *args, **kw)[0]
+        row["retried_after"] = str(e)[-300:]
+        return row
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +71,8 @@ def test_redis_benchmark_addjob_getjob(benchmark: Any, tmp_path: Path, redis_ser
         def measure() -> dict[str, Any]:
             kw = {"clients": CLIENTS, "requests": REQUESTS, "pipeline": pipeline}
             ref = {r["test"]: r for r in redis_benchmark(redis_server.port, "-t", "lpush,rpop", **kw)}
-            add = redis_benchmark(n.port, "ADDJOB", "q", "x", "0", **kw)[0]
-            get = redis_benchmark(n.port, "GETJOB", "NOHANG", "FROM", "q", **kw)[0]
+            add = bench_retry(n.port, "ADDJOB", "q", "x", "0", **kw)
+            get = bench_retry(n.port, "GETJOB", "NOHANG", "FROM", "q", **kw)
             return {"pipeline": pipeline, "workers": 2, "lpush": ref["LPUSH"], "rpop": ref["RPOP"],
                     "addjob": add, "getjob": get,
                     "addjob_ratio": add["rps"] / ref["LPUSH"]["rps"],
@@ -67,8 +83,10 @@ def test_redis_benchmark_addjob_getjob(benchmark: Any, tmp_path: Path, redis_ser
     finally:
         n.stop()
     benchmark.extra_info.update(info)
-    # every GETJOB took a job: the queue ADDJOB filled is empty again
-    assert qlen == 0, qlen
+    # every GETJOB took a job: the queue ADDJOB filled is empty again (a retried ADDJOB
+    # run leaves the first attempt's jobs behind)
+    if "retried_after" not in info["addjob"]:
+        assert qlen == 0, qlen
 
 
 @pytest.mark.parametrize("pipeline", [1, 32])
@@ -80,10 +98,10 @@ def test_workers_sweep(benchmark: Any, tmp_path: Path, workers: int, pipeline: i
     try:
         def measure() -> dict[str, Any]:
             kw = {"clients": CLIENTS, "requests": REQUESTS, "pipeline": pipeline}
-            many = redis_benchmark(n.port, "-r", "10000", "ADDJOB", "q:__rand_int__", "x", "0", **kw)
-            one = redis_benchmark(n.port, "ADDJOB", "q", "x", "0", **kw)
-            return {"workers": workers, "pipeline": pipeline, "addjob_many_queues": many[0],
-                    "addjob_one_queue": one[0]}
+            many = bench_retry(n.port, "-r", "10000", "ADDJOB", "q:__rand_int__", "x", "0", **kw)
+            one = bench_retry(n.port, "ADDJOB", "q", "x", "0", **kw)
+            return {"workers": workers, "pipeline": pipeline, "addjob_many_queues": many,
+                    "addjob_one_queue": one}
 
         info = once(benchmark, measure)
     finally:
