@@ -178,11 +178,12 @@ class ConfigError(Exception):
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1024, "m": 1000**2, "mb": 1024**2,
           "g": 1000**3, "gb": 1024**3}
-_MEM_RE = re.compile(r"^(-?\d+)([a-zA-Z]*)$")
+_MEM_RE = re.compile(r"^(-?\d{1,19})([a-zA-Z]*)$")  # fits Disque's long long
 authpass_len_max = 512  # Disque's REDIS_AUTHPASS_MAX_LEN
 bind_addresses_max = 16  # Disque's REDIS_BINDADDR_MAX
 hz_min, hz_max = 1, 500  # Disque clamps hz into this range
 workers_max = 1024  # one process per core; more would only thrash
+long_min, long_max = -(1 << 63), (1 << 63) - 1  # Disque keeps numbers in a long long
 
 
 def parse_memory(text: str) -> int:
@@ -209,11 +210,15 @@ def parse_bool(text: str) -> bool:
 
 
 def parse_int(text: str, reason: str, lo: int | None = None, hi: int | None = None) -> int:
+    if len(text) > 20:  # longer than any 64-bit number (and int() would refuse > 4300 digits)
+        raise ConfigValueError(reason)
     try:
         n = int(text, 10)
     except ValueError:
         raise ConfigValueError(reason) from None
-    if (lo is not None and n < lo) or (hi is not None and n > hi):
+    lo = long_min if lo is None else lo
+    hi = long_max if hi is None else hi
+    if not lo <= n <= hi:
         raise ConfigValueError(reason)
     return n
 
@@ -351,8 +356,8 @@ def _set_dir(path: str, at_startup: bool) -> str:
         return path
     try:
         os.chdir(path)
-    except OSError as e:
-        raise ConfigValueError(f"Can't chdir to '{path}': {e.strerror}") from None
+    except (OSError, ValueError) as e:  # ValueError: an embedded NUL
+        raise ConfigValueError(f"Can't chdir to '{path}': {e}") from None
     return os.getcwd()
 
 
@@ -378,7 +383,7 @@ def parse_value(cfg: Config, d: Directive, args: list[str], at_startup: bool = T
             n = parse_memory(args[0])
         except ConfigValueError:
             raise ConfigValueError(d.reason) from None
-        if d.lo is not None and n < d.lo:
+        if (d.lo is not None and n < d.lo) or n > long_max:
             raise ConfigValueError(d.reason)
         return n
     if d.kind == "bool":
@@ -443,8 +448,8 @@ def _include(cfg: Config, args: list[str], source: str, depth: int) -> None:
     try:
         with open(path, encoding="utf-8", errors="surrogateescape") as f:
             text = f.read()
-    except OSError as e:
-        raise ConfigValueError(f"Can't open the included file '{args[0]}': {e.strerror}") from None
+    except (OSError, ValueError) as e:  # ValueError: an embedded NUL
+        raise ConfigValueError(f"Can't open the included file '{args[0]}': {e}") from None
     _parse_lines(cfg, text.splitlines(), os.path.abspath(path), depth + 1)
 
 

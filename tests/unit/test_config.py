@@ -165,6 +165,8 @@ def test_fatal_error_names_the_line() -> None:
     ("appendfsync sometimes", "argument must be 'no', 'always' or 'everysec'"),
     ("loglevel loud", "Invalid log level. Must be one of debug, verbose, notice, warning"),
     ("maxmemory lots", "Invalid maxmemory value"),
+    ("maxmemory 9999999999999gb", "Invalid maxmemory value"),
+    ("timeout 99999999999999999999", "Invalid timeout value"),
     ("maxmemory-policy allkeys-lru", "Invalid maxmemory policy"),
     ("timeout -1", "Invalid timeout value"),
     ("maxclients 0", "Invalid max clients limit"),
@@ -335,3 +337,32 @@ def test_the_example_config_is_valid() -> None:
     cfg = c.load(str(path))
     assert (cfg.port, cfg.bind, cfg.dir) == (7711, "127.0.0.1", "/var/lib/disque-mp")
     assert cfg.appendonly is True and cfg.logfile == "" and cfg.daemonize is False
+
+
+# --- bad input never escapes as anything but the documented errors ---
+
+_names = st.sampled_from([d.name for d in c.DIRECTIVES] + ["include", "nosuch", "PORT"])
+_values = st.one_of(
+    st.text(max_size=30),
+    st.sampled_from(["", "yes", "no", "-1", "0", "1gb", "9" * 5000, "1" * 5000 + "kb",
+                     "a\0b", '"x', "'", "normal 1 2", "normal 1 2 3 4"]),
+)
+
+
+@given(st.lists(st.tuples(_names, _values), max_size=5))
+def test_any_config_text_parses_or_fails_with_a_config_error(lines: list[tuple[str, str]]) -> None:
+    text = "\n".join(f"{name} {value}" for name, value in lines)
+    try:
+        c.parse_text(text)
+    except c.ConfigError as e:
+        assert e.line_no >= 1 and e.reason
+
+
+@given(_names, _values)
+def test_config_set_never_raises(name: str, value: str) -> None:
+    cwd = os.getcwd()
+    try:
+        result = c.config_set(c.Config(), name, value)
+    finally:
+        os.chdir(cwd)  # a valid `dir` changes directory, as Disque does
+    assert result is None or isinstance(result, str)
