@@ -517,8 +517,8 @@ def config_set(cfg: Config, name: str, value: str) -> str | None:
     d = lookup(name)
     if d is None or not d.settable:
         return f"Unsupported CONFIG parameter: {name}"
-    args = split_args(value) if d.nargs != 1 else [value]
     try:
+        args = split_args(value) if d.nargs != 1 else [value]
         new = parse_value(cfg, d, args, at_startup=False)
     except (ConfigValueError, ArgsError):
         return f"Invalid argument '{value}' for CONFIG SET '{name}'"
