@@ -229,6 +229,10 @@ class Mesh:
             self.handler.on_incoming_lost(link)
             return
         pending, link.pending = link.pending, {}
+        # Frames not written yet belong to requests failed below: a restarted
+        # peer must not run them (their replies would go nowhere).
+        link.outq.clear()
+        link.outq_bytes = 0
         lost = Error(f"ERR worker {link.peer} is unavailable, try again")
         for callback in pending.values():
             callback({"v": {"e": str(lost)}}, [])

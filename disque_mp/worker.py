@@ -234,7 +234,8 @@ class Worker:
             conn.closing = True
             return
         self.conns.add(conn)
-        self.connections_received += 1
+        if not conn.handoffs:  # a connection moved here was counted where it arrived
+            self.connections_received += 1
 
     def conn_closed(self, conn: ClientConn) -> None:
         self.conns.discard(conn)
