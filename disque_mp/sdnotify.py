@@ -13,6 +13,7 @@ import socket
 
 log = logging.getLogger(__name__)
 notify_bytes_max = 4096  # our states are a few lines; systemd accepts far more
+watchdog_interval_s_min = 0.05  # a tiny WatchdogSec must not make the loop spin
 
 
 def _address(raw: str) -> str | None:
@@ -42,3 +43,17 @@ def notify(state: str, environ: dict[str, str] | None = None) -> bool:
         log.warning("sd_notify to %r failed: %s", raw, e)
         return False
     return True
+
+
+def watchdog_interval_s(environ: dict[str, str] | None = None) -> float | None:
+    """How often to send WATCHDOG=1 (half of WatchdogSec), or None when off.
+
+    systemd sets WATCHDOG_USEC (and WATCHDOG_PID: only that process must pet).
+    """
+    env = os.environ if environ is None else environ
+    usec, pid = env.get("WATCHDOG_USEC", ""), env.get("WATCHDOG_PID", "")
+    if not usec.isdigit() or int(usec) == 0:
+        return None
+    if pid and pid != str(os.getpid()):
+        return None
+    return max(int(usec) / 2e6, watchdog_interval_s_min)

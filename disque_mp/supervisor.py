@@ -104,6 +104,8 @@ class Supervisor:
         self.lock_fd = -1
         self.wake_r, self.wake_w = -1, -1
         self.pidfile_written = ""
+        self.watchdog_s = sdnotify.watchdog_interval_s()
+        self.watchdog_due = 0.0
 
     # --- start-up ---
 
@@ -279,6 +281,7 @@ class Supervisor:
                 f"(the last one {_describe_exit(code)}); giving up, see the log above")
         log.warning("Worker W%d (pid %d) %s after %.1f s; restarting it in %.1f s",
                     slot.index, pid, _describe_exit(code), ran_s, slot.backoff_s)
+        sdnotify.notify(f"STATUS=Worker W{slot.index} {_describe_exit(code)}; restarting it")
 
     def _restart_due(self) -> None:
         now = time.monotonic()
@@ -325,7 +328,17 @@ class Supervisor:
 
     def _timeout(self) -> float:
         pending = any(s.proc is None for s in self.slots)
-        return busy_wake_s if pending or not self.all_ready else idle_wake_s
+        wait_s = busy_wake_s if pending or not self.all_ready else idle_wake_s
+        if self.watchdog_s is not None:
+            wait_s = min(wait_s, max(self.watchdog_due - time.monotonic(), 0.0))
+        return wait_s
+
+    def _pet_watchdog(self) -> None:
+        """systemd's WatchdogSec: proof that this loop still turns."""
+        now = time.monotonic()
+        if self.watchdog_s is not None and now >= self.watchdog_due:
+            sdnotify.notify("WATCHDOG=1")
+            self.watchdog_due = now + self.watchdog_s
 
     # --- the loop ---
 
@@ -337,6 +350,7 @@ class Supervisor:
             self._start(slot)
         while not self.stopping:
             self._wait(self._timeout())
+            self._pet_watchdog()
             self._handle_signals()
             self._reap()
             if self.stopping:
@@ -358,6 +372,7 @@ class Supervisor:
                 self._kill_all(signal.SIGKILL)
                 deadline = time.monotonic() + shutdown_grace_s
             self._wait(min(max(left, 0.01), busy_wake_s * 4))
+            self._pet_watchdog()
             self._handle_signals()
             self._reap_quietly()
 

@@ -316,23 +316,41 @@ def test_sdnotify_sends_to_path_and_abstract_sockets(tmp_path: Path) -> None:
     assert not sdnotify.notify("READY=1", {"NOTIFY_SOCKET": str(tmp_path / "nobody")})
 
 
-def test_sd_notify_ready_and_stopping(tmp_path: Path) -> None:
+def _recv_until(s: socket.socket, wanted: str) -> list[str]:
+    """Datagrams received up to and including the first one with line ``wanted``."""
+    got = []
+    while True:
+        msg = s.recv(4096).decode()
+        got.append(msg)
+        if wanted in msg.split("\n"):
+            return got
+
+
+def test_sd_notify_ready_watchdog_and_stopping(tmp_path: Path) -> None:
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
         sock_path = str(tmp_path / "notify.sock")
         s.bind(sock_path)
         s.settimeout(60)
-        node = NodeProc(tmp_path / "node", workers=2, env={"NOTIFY_SOCKET": sock_path})
+        env = {"NOTIFY_SOCKET": sock_path, "WATCHDOG_USEC": "200000"}  # WatchdogSec=0.2
+        node = NodeProc(tmp_path / "node", workers=2, env=env)
         node.start(wait=False)
         try:
-            ready = s.recv(4096).decode()
-            assert "READY=1" in ready.split("\n")
+            ready = _recv_until(s, "READY=1")[-1].split("\n")
             assert f"MAINPID={node.proc.pid}" in ready  # type: ignore[union-attr]
-            assert any(line.startswith("STATUS=") for line in ready.split("\n"))
+            assert any(line.startswith("STATUS=Ready") for line in ready)
             node.wait_ready()  # READY=1 means every worker accepts
             assert node.client().ping() is True
+            _recv_until(s, "WATCHDOG=1")  # the loop keeps petting after READY
+            _recv_until(s, "WATCHDOG=1")
             node.signal(signal.SIGTERM)
-            stopping = s.recv(4096).decode()
-            assert "STOPPING=1" in stopping.split("\n")
+            _recv_until(s, "STOPPING=1")
             assert node.wait_exit() == 0
         finally:
             node.stop()
+
+
+def test_watchdog_interval() -> None:
+    assert sdnotify.watchdog_interval_s({}) is None
+    assert sdnotify.watchdog_interval_s({"WATCHDOG_USEC": "30000000"}) == 15.0
+    assert sdnotify.watchdog_interval_s({"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": "1"}) is None
+    assert sdnotify.watchdog_interval_s({"WATCHDOG_USEC": "x"}) is None
