@@ -108,6 +108,7 @@ _INT_OPTIONS = {  # name -> (minimum, what it is)
 }
 _BOOL_OPTIONS = ("async", "heartbeat", "fast_ack")
 _STR_OPTIONS = ("nodes", "queue", "queue_column", "body_column", "report_file", "states")
+JOB_STATES = ("wait-repl", "active", "queued", "acked")
 KNOWN_OPTIONS = frozenset(_INT_OPTIONS) | frozenset(_BOOL_OPTIONS) | frozenset(_STR_OPTIONS)
 
 
@@ -184,6 +185,10 @@ def parse_options(raw: Mapping[str, str]) -> Options:
     opts.body_column = given.get("body_column", "body")
     opts.report_file = given.get("report_file")
     opts.states = [s.strip() for s in given.get("states", "").split(",") if s.strip()]
+    bad_states = [s for s in opts.states if s not in JOB_STATES]
+    if bad_states:
+        raise ValueError(f"option states: unknown state(s) {', '.join(bad_states)}; "
+                         f"use a comma-separated subset of {', '.join(JOB_STATES)}")
     for name in _INT_OPTIONS:
         if name in given:
             setattr(opts, name, _parse_int(name, given[name]))
@@ -269,6 +274,9 @@ def _write_plan(opts: Options, schema: StructType) -> WritePlan:
     if not isinstance(body_type, StringType | BinaryType):
         raise ValueError(f"body column {opts.body_column!r} is {body_type.simpleString()}; "
                          "cast it to string or binary (e.g. to_json(struct(*)) for rows)")
+    if len(opts.queues) > 1:
+        raise ValueError(f"option queue={','.join(opts.queues)!r}: writing takes one queue; "
+                         "to spread rows over queues use a queue column (option queue_column)")
     queue_index = None
     if opts.queue_column is not None or not opts.queues:
         column = opts.queue_column or "queue"

@@ -77,6 +77,15 @@ def test_bad_options_say_what_to_fix(spark: Any, node: NodeProc, tmp_path: Path)
          .option("nodes", addr).option("queue", "q").mode("append").save())
     assert "cast it to string or binary" in _failure_text(bad_body)
 
+    with pytest.raises(Exception) as two_queues:
+        df.write.format("disque").option("nodes", addr).option("queue", "a,b").mode("append").save()
+    assert "writing takes one queue" in _failure_text(two_queues)
+
+    with pytest.raises(Exception) as bad_state:
+        (spark.read.format("disque").option("nodes", addr).option("queue", "q")
+         .option("states", "queued,bogus").load().collect())
+    assert "unknown state(s) bogus" in _failure_text(bad_state)
+
     dead = f"127.0.0.1:{node.port + 1}"  # nothing listens there (NodeProc checked port pairs)
     with pytest.raises(Exception) as unreachable:
         spark.read.format("disque").option("nodes", dead).option("queue", "q").load().collect()
