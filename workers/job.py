@@ -8,6 +8,10 @@ shared objects wherever possible:
 - ``delivered``/``confirmed`` are tuples shared between jobs (the shard keeps
   one ``(my_node_id,)`` tuple for every job it created),
 - ``awake_ms`` is the key object of the timer bucket the job sits in,
+- ``nodes`` is the pair (delivered, confirmed), shared between jobs with the
+  same pair (every job created here starts with ``((my_id,), ())``),
+- DELAY lives in the high bits of ``flags`` (0 for nearly every job, so flags
+  stay a cached small int); 14 slots keep the record in pymalloc's 144-byte class,
 - states, counters and flags are small ints (cached by CPython),
 - the creation time is kept in microseconds (``ctime_us``): below 2**60 it is a
   2-digit int (32 bytes) where nanoseconds need 3 digits (48 bytes with
@@ -34,6 +38,32 @@ STATE_BY_NAME = {name: i for i, name in enumerate(STATE_NAMES[:4])}
 # Flags
 FLAG_DELIVERED = 1  # served to a client at least once (at-most-once jobs never requeue then)
 FLAG_IN_DEQUE = 2  # the record sits in its queue's deque (possibly as a stale entry)
+_FLAG_BITS = 8  # flags above this hold delay_s
+_FLAG_MASK = (1 << _FLAG_BITS) - 1
+
+NodePair = tuple[tuple[str, ...], tuple[str, ...]]
+# Shared (delivered, confirmed) pairs: jobs with the same pair point at one tuple.
+# Bounded: cleared when full (only sharing is lost, never correctness).
+_node_pairs: dict[NodePair, NodePair] = {}
+node_pairs_cache_max = 4096
+
+
+_last_pair: NodePair = ((), ())
+
+
+def node_pair(delivered: tuple[str, ...], confirmed: tuple[str, ...]) -> NodePair:
+    global _last_pair
+    last = _last_pair
+    if delivered is last[0] and confirmed is last[1]:
+        return last  # ADDJOB: the same (my_id,) tuple every time, no hashing
+    key = (delivered, confirmed)
+    pair = _node_pairs.get(key)
+    if pair is None:
+        if len(_node_pairs) >= node_pairs_cache_max:
+            _node_pairs.clear()
+        pair = _node_pairs[key] = key
+    _last_pair = pair
+    return pair
 
 NS_PER_MS = 1_000_000
 US_PER_MS = 1_000
@@ -48,13 +78,11 @@ class Job:
         "repl",
         "ttl_s",
         "ctime_us",
-        "delay_s",
         "retry_s",
         "nacks",
         "additional_deliveries",
         "qtime_ms",
-        "delivered",
-        "confirmed",
+        "nodes",
         "flags",
         "awake_ms",
     )
@@ -66,14 +94,12 @@ class Job:
     repl: int
     ttl_s: int
     ctime_us: int  # creation time (us); jobs created in the same us get +1 each
-    delay_s: int
     retry_s: int
     nacks: int
     additional_deliveries: int
     qtime_ms: int  # when an active job is queued again; 0 = never (at-most-once, queued once)
-    delivered: tuple[str, ...]  # node IDs that may have a copy
-    confirmed: tuple[str, ...]  # node IDs that confirmed (GOTJOB / GOTACK)
-    flags: int
+    nodes: NodePair  # (delivered: may have a copy, confirmed: GOTJOB / GOTACK)
+    flags: int  # FLAG_* bits, delay_s above _FLAG_BITS
     awake_ms: int  # key of the timer bucket holding this job, 0 = none
 
     def __init__(
@@ -98,15 +124,33 @@ class Job:
         self.repl = repl
         self.ttl_s = ttl_s
         self.ctime_us = ctime_us
-        self.delay_s = delay_s
         self.retry_s = retry_s
         self.nacks = 0
         self.additional_deliveries = 0
         self.qtime_ms = qtime_ms
-        self.delivered = delivered
-        self.confirmed = confirmed
-        self.flags = 0
+        self.nodes = node_pair(delivered, confirmed)
+        self.flags = delay_s << _FLAG_BITS
         self.awake_ms = 0
+
+    @property
+    def delay_s(self) -> int:
+        return self.flags >> _FLAG_BITS
+
+    @property
+    def delivered(self) -> tuple[str, ...]:
+        return self.nodes[0]
+
+    @delivered.setter
+    def delivered(self, value: tuple[str, ...]) -> None:
+        self.nodes = node_pair(value, self.nodes[1])
+
+    @property
+    def confirmed(self) -> tuple[str, ...]:
+        return self.nodes[1]
+
+    @confirmed.setter
+    def confirmed(self, value: tuple[str, ...]) -> None:
+        self.nodes = node_pair(self.nodes[0], value)
 
     @property
     def etime_ms(self) -> int:
@@ -128,7 +172,7 @@ class Job:
         head = _REC_HEAD.pack(
             RECORD_VERSION,
             self.state,
-            self.flags & ~FLAG_IN_DEQUE,  # deque membership is not part of the job
+            self.flags & _FLAG_MASK & ~FLAG_IN_DEQUE,  # deque membership is not part of a job
             self.repl,
             self.ttl_s,
             self.ctime_us * 1000,  # nanoseconds on disk and on the wire, as Disque
@@ -184,7 +228,7 @@ class Job:
             raise ValueError("trailing bytes after job record")
         job = cls(jid, queue, body, state, repl, ttl_s, ctime_ns // 1000, delay_s, retry_s, qtime_ms,
                   tuple(nodes[:n_deliv]), tuple(nodes[n_deliv:]))
-        job.flags = flags & ~FLAG_IN_DEQUE
+        job.flags |= flags & ~FLAG_IN_DEQUE
         job.nacks = nacks
         job.additional_deliveries = add_deliv
         return job

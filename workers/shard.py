@@ -581,7 +581,7 @@ class Shard:
             self._dequeue(job, self._queues[job.queue], now_ms)
         job.state = ACKED
         # Garbage collection: with no other node holding a copy the ACK is final.
-        if job.delivered is self._me or all(n == self.node_id for n in job.delivered):
+        if job.nodes[0] is self._me or all(n == self.node_id for n in job.delivered):
             self._unregister(job, now_ms)
         elif self.aof:
             self._effects.append(AofAppend(job.to_record()))
@@ -826,7 +826,7 @@ class Shard:
         if job.state == ACKED and all(n == self.node_id for n in job.delivered):
             return
         if job.delivered == self._me:
-            job.delivered = self._me  # share the tuple, as jobs created here do
+            job.delivered = self._me  # the same tuple object as jobs created here
         job.queue = self._queue(job.queue, now_ms).name
         self._register(job)
         if job.state == QUEUED and enqueue:
