@@ -20,6 +20,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 # --- Redis' sdssplitargs / sdscatrepr ---
@@ -512,6 +513,16 @@ def config_get(cfg: Config, pattern: str) -> list[tuple[str, str]]:
     return [(d.name, value_text(cfg, d)) for d in DIRECTIVES if fnmatch.fnmatchcase(d.name, pat)]
 
 
+# Called as fn(name, value) after every successful CONFIG SET in this process.
+# The supervisor installs one in each worker to keep its own copy in step, so
+# a worker it restarts starts with the values the others run with.
+_set_listeners: list[Callable[[str, str], None]] = []
+
+
+def add_set_listener(fn: Callable[[str, str], None]) -> None:
+    _set_listeners.append(fn)
+
+
 def config_set(cfg: Config, name: str, value: str) -> str | None:
     """Apply CONFIG SET; None on success, else the error text (no "ERR " prefix)."""
     d = lookup(name)
@@ -523,6 +534,8 @@ def config_set(cfg: Config, name: str, value: str) -> str | None:
     except (ConfigValueError, ArgsError):
         return f"Invalid argument '{value}' for CONFIG SET '{name}'"
     setattr(cfg, d.attr, new)
+    for fn in _set_listeners:
+        fn(d.name, value)
     return None
 
 

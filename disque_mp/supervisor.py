@@ -26,6 +26,7 @@ import ctypes
 import errno
 import fcntl
 import gc
+import json
 import logging
 import os
 import resource
@@ -39,7 +40,7 @@ from typing import Any
 import multiprocess
 
 from bus import nodes_conf
-from disque_mp import __version__, sdnotify
+from disque_mp import __version__, config, sdnotify
 from disque_mp.config import Config
 from disque_mp.log import VERBOSE, setup_logging
 
@@ -53,6 +54,7 @@ startup_attempts_max = 3  # a worker that never got ready this many times in a r
 lock_wait_s = 5.0  # a previous node's workers exit within 1 s of their parent's death
 idle_wake_s = 1.0  # longest sleep of the loop when nothing is pending
 busy_wake_s = 0.05  # poll interval while waiting for readiness or a restart
+config_report_bytes_max = 1 << 20  # one CONFIG SET report line; ours are < 1 KB
 fd_headroom = 128  # files beyond maxclients: mesh sockets, AOF files, logs
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 PR_SET_NAME = 15  # <linux/prctl.h>
@@ -66,7 +68,7 @@ class Slot:
     """One worker position: its index survives the processes that fill it."""
 
     __slots__ = ("index", "proc", "ready", "started_at", "backoff_s", "due_at",
-                 "failed_starts", "was_ready")
+                 "failed_starts", "was_ready", "sets_fd", "sets_buf")
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -77,6 +79,8 @@ class Slot:
         self.due_at: float | None = 0.0  # monotonic time of the next start, None = none
         self.failed_starts = 0  # consecutive deaths before ever being ready
         self.was_ready = False
+        self.sets_fd = -1  # read end of the worker's CONFIG SET reports
+        self.sets_buf = b""  # a partial report line
 
 
 def _describe_exit(code: int | None) -> str:
@@ -241,11 +245,20 @@ class Supervisor:
 
     def _start(self, slot: Slot) -> None:
         slot.ready = self.ctx.Event()
+        self._drain_sets(slot)  # the last reports of the worker this one replaces
+        sets_r, sets_w = os.pipe()
+        os.set_blocking(sets_r, False)
+        parent_fds = (self.wake_r, self.wake_w, sets_r,
+                      *(s.sets_fd for s in self.slots if s.sets_fd >= 0))
         proc = self.ctx.Process(
             target=_worker_entry, name=f"disque-mp W{slot.index}",
             args=(self.worker_target, self.cfg, slot.index, self.node_id, slot.ready,
-                  (self.wake_r, self.wake_w)))
-        proc.start()
+                  parent_fds, sets_w))
+        try:
+            proc.start()
+        finally:
+            os.close(sets_w)  # the worker holds the only write end: EOF when it dies
+        slot.sets_fd, slot.sets_buf = sets_r, b""
         slot.proc, slot.started_at, slot.due_at, slot.was_ready = proc, time.monotonic(), None, False
         log.log(VERBOSE, "Worker W%d started, pid %d", slot.index, proc.pid)
 
@@ -322,9 +335,57 @@ class Supervisor:
 
     def _wait(self, timeout_s: float | None) -> None:
         fds = [self.wake_r] + [s.proc.sentinel for s in self.slots if s.proc is not None]
+        fds += [s.sets_fd for s in self.slots if s.sets_fd >= 0]
         with contextlib.suppress(InterruptedError):
-            select.select(fds, [], [], timeout_s)
+            readable, _, _ = select.select(fds, [], [], timeout_s)
+            for slot in self.slots:
+                if slot.sets_fd >= 0 and slot.sets_fd in readable:
+                    self._read_sets(slot)
         self._drain_wakeup()
+
+    # --- CONFIG SET in the workers, mirrored here for the workers we restart ---
+
+    def _read_sets(self, slot: Slot) -> None:
+        try:
+            data = os.read(slot.sets_fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close_sets(slot)
+            return
+        buf = slot.sets_buf + data
+        *lines, slot.sets_buf = buf.split(b"\n")
+        if len(slot.sets_buf) > config_report_bytes_max:
+            slot.sets_buf = b""  # not a report we wrote: drop it rather than grow
+        for line in lines:
+            self._apply_set(slot.index, line)
+
+    def _apply_set(self, index: int, line: bytes) -> None:
+        try:
+            name, value = json.loads(line)
+        except ValueError:
+            log.warning("Worker W%d sent a malformed CONFIG SET report", index)
+            return
+        err = config.config_set(self.cfg, str(name), str(value))
+        if err is None:
+            log.log(VERBOSE, "CONFIG SET %s (from W%d) kept for restarted workers", name, index)
+        else:
+            log.warning("CONFIG SET %s from W%d not kept: %s", name, index, err)
+
+    def _drain_sets(self, slot: Slot) -> None:
+        """Read what a dead worker reported, then close its pipe."""
+        for _ in range(64):  # bound: 64 reads of 64 KB, far more than it can have sent
+            if slot.sets_fd < 0:
+                return
+            self._read_sets(slot)
+        self._close_sets(slot)
+
+    def _close_sets(self, slot: Slot) -> None:
+        if slot.sets_fd >= 0:
+            os.close(slot.sets_fd)
+            slot.sets_fd, slot.sets_buf = -1, b""
 
     def _timeout(self) -> float:
         pending = any(s.proc is None for s in self.slots)
@@ -408,14 +469,30 @@ def _set_process_name(name: str) -> None:
         ctypes.CDLL(None).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
 
 
+def _report_sets_to(fd: int) -> Callable[[str, str], None]:
+    """A config set-listener that tells the supervisor (one line per CONFIG SET)."""
+    os.set_blocking(fd, False)
+
+    def report(name: str, value: str) -> None:
+        line = json.dumps([name, value]).encode() + b"\n"
+        try:
+            os.write(fd, line)  # a few hundred bytes at most: one atomic pipe write
+        except OSError as e:  # the supervisor is gone or not reading: never block here
+            logging.getLogger("disque_mp.worker").warning(
+                "CONFIG SET %s not reported to the supervisor: %s", name, e)
+
+    return report
+
+
 def _worker_entry(target: Callable[..., None], cfg: Config, index: int, node_id: str,
-                  ready: Any, wake_fds: tuple[int, int]) -> None:
+                  ready: Any, parent_fds: tuple[int, ...], sets_fd: int) -> None:
     """First code in a forked worker: undo the supervisor's process state."""
     _set_process_name(f"disque-mp W{index}")
     signal.set_wakeup_fd(-1)
-    for fd in wake_fds:
+    for fd in parent_fds:
         with contextlib.suppress(OSError):
             os.close(fd)
+    config.add_set_listener(_report_sets_to(sets_fd))
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
     # Ctrl-C reaches the whole process group; the supervisor turns it into an

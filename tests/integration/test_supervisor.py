@@ -244,6 +244,31 @@ def test_a_killed_worker_is_restarted_into_its_slot(tmp_path: Path) -> None:
         assert node.stop() == 0
 
 
+def raw_reply(port: int, command: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(command)
+        return s.recv(4096)
+
+
+def test_restarted_workers_keep_config_set_values(tmp_path: Path) -> None:
+    with NodeProc(tmp_path, workers=2) as node:
+        assert node.client().config_set("requirepass", "s3cret") is True
+        assert node.client(password="s3cret").config_set("maxmemory", "100mb") is True
+        node.wait_for(lambda: node.log_text().count("kept for restarted workers") >= 4,
+                      what="both workers' reports")
+        old = node.worker_pids()
+        for n, pid in enumerate(old, 1):  # replace every worker, one at a time
+            os.kill(pid, signal.SIGKILL)
+            node.wait_for(lambda n=n: node.log_text().count("serving again") >= n,
+                          what="a ready replacement")
+        assert not set(old) & set(node.worker_pids())
+        for _ in range(20):  # every connection lands on a restarted worker
+            assert raw_reply(node.port, b"PING\r\n").startswith(b"-NOAUTH")
+        r = node.client(password="s3cret", protocol=2)
+        assert r.config_get("maxmemory") == {"maxmemory": str(100 << 20)}
+        assert r.ping() is True
+
+
 def test_restart_backoff_grows_while_a_worker_keeps_dying(tmp_path: Path) -> None:
     with NodeProc(tmp_path, workers=1) as node:
         for deaths in range(3):
