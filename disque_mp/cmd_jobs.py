@@ -214,7 +214,9 @@ def parse_getjob(args: list[bytes]) -> GetJob | Error:
             i += 1
         elif opt == b"count" and not last:
             c = parse_int(args[i + 1])
-            if c is None or c <= 0:
+            if c is None:
+                return ERR_NOT_INT
+            if c <= 0:
                 return ERR_COUNT
             g.count = c
             i += 1

@@ -107,7 +107,7 @@ def test_getjob_parse() -> None:
         ([b"TIMEOUT", b"x", b"FROM", b"q"], "ERR timeout is not an integer or out of range"),
         ([b"TIMEOUT", b"-5", b"FROM", b"q"], "ERR timeout is negative"),
         ([b"COUNT", b"0", b"FROM", b"q"], "ERR COUNT must be a number greater than zero"),
-        ([b"COUNT", b"x", b"FROM", b"q"], "ERR COUNT must be a number greater than zero"),
+        ([b"COUNT", b"x", b"FROM", b"q"], "ERR value is not an integer or out of range"),
         ([b"TIMEOUT"], "ERR syntax error"),
     ],
 )
