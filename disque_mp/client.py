@@ -110,6 +110,12 @@ class BadIdError(DisqueError):
     code = "BADID"
 
 
+class TooLateError(DisqueError):
+    """``-TOOLATE``: WORKING refused, half of the job's TTL already elapsed."""
+
+    code = "TOOLATE"
+
+
 class OutOfMemoryError(DisqueError):
     """``-OOM``: the node is out of memory."""
 
@@ -130,6 +136,7 @@ _ERROR_CLASSES: dict[str, type[DisqueError]] = {
     "NOJOB": NoJobError,
     "BADID": BadIdError,
     "OOM": OutOfMemoryError,
+    "TOOLATE": TooLateError,
 }
 
 

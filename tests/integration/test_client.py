@@ -26,6 +26,7 @@ from disque_mp.client import (
     NoJobError,
     NoReplicationError,
     PausedError,
+    TooLateError,
     Topology,
     error_from_reply,
     is_leaving,
@@ -209,9 +210,21 @@ def test_server_errors_map_to_classes(d: Disque) -> None:
     assert d.ack(UNKNOWN_ID) == 0
 
 
+def test_working_past_half_the_ttl_is_too_late(d: Disque) -> None:
+    q = _q("late")
+    d.add_job(q, "short-lived", ttl=2, retry=1)
+    job = d.get_job(q)
+    assert job is not None
+    time.sleep(1.2)  # past half of TTL 2 s
+    with pytest.raises(TooLateError, match="^TOOLATE"):
+        d.working(job)
+
+
 def test_error_text_mapping_is_total() -> None:
     assert type(error_from_reply("OOM command not allowed")).__name__ == "OutOfMemoryError"
     assert type(error_from_reply("LEAVING This node is leaving")).__name__ == "LeavingError"
+    assert type(error_from_reply("TOOLATE Half of job TTL already elapsed")).__name__ == \
+        "TooLateError"
     assert type(error_from_reply("WEIRD thing")) is DisqueError
     assert is_leaving(error_from_reply(
         "NOREPL Not enough reachable nodes for the requested replication level, since I'm "
