@@ -93,6 +93,11 @@ ERR_NOREPL_LEAVING = Error(
     "NOREPL Not enough reachable nodes for the requested replication level, since I'm "
     "unable to hold a copy of the message for the following reason: I'm leaving the cluster"
 )
+# Past 75 % of maxmemory (disque_mp/memory.py); Disque's text for that reason.
+ERR_NOREPL_MEMORY = Error(
+    "NOREPL Not enough reachable nodes for the requested replication level, since I'm "
+    "unable to hold a copy of the message for the following reason: I'm out of memory"
+)
 ERR_MAXLEN_REACHED = Error("MAXLEN Queue is already longer than the specified MAXLEN count")
 ERR_TOOLATE = Error(
     "TOOLATE Half of job TTL already elapsed, you are no longer allowed to postpone "
@@ -151,6 +156,7 @@ class Shard:
         self._me: tuple[str, ...] = (node_id,)
         self._peers: tuple[str, ...] = ()
         self._leaving = False
+        self._memory_level = 0  # set_memory_level(): 0 ok, 1 >= 75 %, 2 >= 95 %, 3 >= 100 %
         self._effects: list[Effect] = []
         self._last_ctime_us = 0
         self._now_ms = now_ms
@@ -162,6 +168,7 @@ class Shard:
     def _reset_state(self) -> None:
         self._jobs: list[dict[str, Job] | None] = [None] * job_buckets
         self._njobs = 0
+        self.body_bytes = 0  # sum of len(body) of registered jobs (memory accounting)
         self._queues: dict[bytes, Queue] = {}
         self._qscan: list[Queue | None] = []
         self._qscan_free: list[int] = []
@@ -186,6 +193,11 @@ class Shard:
         """CLUSTER LEAVING: this node keeps no new copies (ADDJOB replicates externally)."""
         self._leaving = leaving
 
+    def set_memory_level(self, level: int) -> None:
+        """Memory warning level from disque_mp/memory.py: from 1 (75 % of maxmemory) on,
+        ADDJOB replicates externally only, like a leaving node."""
+        self._memory_level = level
+
     def lookup(self, job_id: str) -> Job | None:
         b = self._jobs[(ord(job_id[14]) * 97 + ord(job_id[15])) & _JOB_BUCKET_MASK]
         return None if b is None else b.get(job_id)
@@ -200,6 +212,7 @@ class Shard:
             raise InvariantError(f"job {jid} registered twice")
         b[jid] = job
         self._njobs += 1
+        self.body_bytes += len(job.body)
 
     def _unregister(self, job: Job, now_ms: int) -> None:
         jid = job.id
@@ -207,6 +220,7 @@ class Shard:
         if b is None or b.pop(jid, None) is not job:
             raise InvariantError(f"unregister of unknown job {jid}")
         self._njobs -= 1
+        self.body_bytes -= len(job.body)
         if self.aof:
             self._effects.append(AofAppend(del_record(jid)))
         was = job.state
@@ -240,6 +254,15 @@ class Shard:
         """Arm the eviction check of a queue that has become empty and unwatched."""
         if not q.live and q.waiters is None and not q.paused:
             self._schedule(q, q.atime_ms + self._queue_idle_ms)
+
+    def op_evict_queue(self, name: bytes) -> bool:
+        """Memory pressure (workers/evict.py): drop an empty queue nobody waits on and
+        nobody paused now, as the idle timer would later. False if it must stay."""
+        q = self._queues.get(name)
+        if q is None or q.live or q.waiters is not None or q.paused:
+            return False
+        self._evict(q)
+        return True
 
     def _evict(self, q: Queue) -> None:
         del self._queues[q.name]
@@ -441,11 +464,13 @@ class Shard:
                 retry_s = retry_default_max_s
             elif retry_s == 0:
                 retry_s = 1
-        # A leaving node holds no copy itself: every replica must be external.
-        additional = replicate if self._leaving else replicate - 1
+        # A leaving node, or one past 75 % of maxmemory, holds no copy itself:
+        # every replica must be external (Disque's extrepl).
+        extrepl = self._leaving or self._memory_level > 0
+        additional = replicate if extrepl else replicate - 1
         if additional > peers:
-            if self._leaving and additional - 1 == peers:
-                return ERR_NOREPL_LEAVING
+            if extrepl and additional - 1 == peers:
+                return ERR_NOREPL_LEAVING if self._leaving else ERR_NOREPL_MEMORY
             return ERR_NOREPL
         q = self._queues.get(queue)
         if q is None:
