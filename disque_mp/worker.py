@@ -564,7 +564,10 @@ class Worker:
             job.reblock(peer)
 
     def after_batch(self) -> None:
-        pass  # client replies filled by mesh callbacks are written by flush_dirty
+        """After a read of mesh frames: reply callbacks may have called the shard
+        (a GETJOB blocking here after remote owners had nothing)."""
+        self.drain_effects()
+        self._reschedule_tick()
 
     def return_jobs(self, owner: int, entries: list[Any]) -> None:
         """Give back jobs taken for a GETJOB that no longer wants them."""
