@@ -83,10 +83,7 @@ class ClientConn(asyncio.Protocol):
             self.addr = f"{peer[0]}:{peer[1]}"
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
+            _tune(sock, self.node.cfg.tcp_keepalive)
         self.node.conn_opened(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -112,6 +109,7 @@ class ClientConn(asyncio.Protocol):
         cmds, error = self.parser.feed(data)
         if cmds:
             node.begin_batch()
+            self.last_s = node.now_ms / 1000
             execute = node.execute
             for cmd in cmds:
                 reply = execute(self, cmd)
@@ -199,6 +197,18 @@ class ClientConn(asyncio.Protocol):
         self.id = int(state.get("id", self.id))
         self.ctime_s = float(state.get("ctime", self.ctime_s))
         self.handoffs = int(state.get("handoffs", 0))
+
+
+def _tune(sock: Any, keepalive_s: int) -> None:
+    """TCP_NODELAY (replies are small and must not wait) and Redis' tcp-keepalive."""
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if keepalive_s > 0:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, keepalive_s)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, max(1, keepalive_s // 3))
+    except (OSError, AttributeError):
+        pass  # not every platform has every option: keep the defaults
 
 
 def listen_sockets(bind: str, port: int, backlog: int) -> list[socket.socket]:

@@ -60,6 +60,7 @@ shutdown_drain_s = 3.0  # SIGTERM: longest wait for in-flight replies to be writ
 owner_cache_max = 65536  # queue name -> owner memo; cleared when full (names are unbounded)
 handoff_streak_min = 16  # consecutive commands for one other worker before moving the socket
 handoff_per_conn_max = 4  # a connection whose traffic keeps changing owner stays put after this
+idle_check_ms = 1000  # `timeout` is in seconds: checking each second is exact enough
 PR_SET_PDEATHSIG = 1
 NOAUTH_OK = frozenset({"auth", "hello", "quit"})
 ERR_NOAUTH = Error("NOAUTH Authentication required.")
@@ -122,6 +123,7 @@ class Worker:
         self.cmdstats: dict[str, list[int]] = {}
         self.tick_handle: asyncio.TimerHandle | None = None
         self.tick_at = 0
+        self.idle_check_at = 0
         self.stopping = False
         self.rewrite_aof_at_exit = False  # SHUTDOWN REWRITE-AOF
         self.servers: list[asyncio.AbstractServer] = []
@@ -465,11 +467,22 @@ class Worker:
     def _tick(self) -> None:
         self.tick_handle = None
         self.now_ms = now_ms()
+        if self.cfg.timeout > 0 and self.now_ms >= self.idle_check_at:
+            self.idle_check_at = self.now_ms + idle_check_ms
+            self._close_idle_clients()
         due = self.shard.tick(self.now_ms)
         self.drain_effects()
         period_ms = max(1, 1000 // max(self.cfg.hz, 1))
         at = self.now_ms + period_ms if due is None else min(due, self.now_ms + period_ms)
         self._schedule_tick(at)
+
+    def _close_idle_clients(self) -> None:
+        """Redis' `timeout`: close clients idle that long (blocked ones excepted)."""
+        limit_s = time.time() - self.cfg.timeout
+        for conn in [c for c in self.conns if c.last_s < limit_s and not c.waiters]:
+            if conn.transport is not None and not conn.pending():
+                log.log(15, "Closing idle client %s", conn.addr)
+                conn.transport.close()
 
     def _schedule_tick(self, at_ms: int) -> None:
         if self.tick_handle is not None:

@@ -103,6 +103,22 @@ class RawClient:
             return dict(zip(items[::2], items[1::2], strict=True)) if kind == b"%" else items
         raise AssertionError(f"unexpected reply line {line!r}")
 
+    def closed_now(self) -> bool:
+        """True when the server has closed the connection already (does not wait)."""
+        self.sock.setblocking(False)
+        try:
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                return True
+            self.buf += chunk
+            return False
+        except BlockingIOError:
+            return False
+        except ConnectionResetError:
+            return True
+        finally:
+            self.sock.settimeout(raw_timeout_s)
+
     def closed(self) -> bool:
         """True when the server closed the connection (after any buffered replies)."""
         try:

@@ -313,3 +313,17 @@ def test_blocked_getjob_survives_owner_restart(node2: NodeProc) -> None:
     assert waiter.read() == [[q.encode(), job_id.encode(), b"after-restart"]]
     waiter.close()
     control.close()
+
+
+def test_idle_timeout_closes_idle_clients_only(tmp_path: Path) -> None:
+    with NodeProc(tmp_path / "idle", workers=2, conf={"timeout": "1"}) as n:
+        idle, blocked, busy = RawClient(n.port), RawClient(n.port), RawClient(n.port)
+        assert idle.call("PING") == Status("PONG")
+        blocked.send(encode_command("GETJOB", "FROM", "idleq"))
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not idle.closed_now():
+            assert busy.call("PING") == Status("PONG")
+            time.sleep(0.2)
+        assert idle.closed_now()
+        job_id = busy.call("ADDJOB", "idleq", "x", 0)
+        assert blocked.read() == [[b"idleq", job_id.encode(), b"x"]]
