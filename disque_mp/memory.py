@@ -1,0 +1,207 @@
+"""Memory accounting and the maxmemory levels (spec: "What happens when a node
+runs out of memory?"; notes/memory.md has the measurements behind the numbers).
+
+Used memory is an estimate of the live data, not RSS: CPython rarely gives
+memory back to the OS after frees (pymalloc arenas, glibc heap), so an RSS
+basis would never lift a level again, and the interpreter's own ~30 MB per
+worker is not data an eviction or a refusal can change. Per worker:
+
+    used = jobs * job_overhead_bytes + sum(len(body)) + queues * queue_overhead_bytes
+
+(the shard keeps the body sum in ``body_bytes``). ``maxmemory`` is a budget for
+the whole node: every worker samples its own figure each tick and pulls its
+peers' over the mesh (``local_op("memory")``), so each worker sees the node
+total at most one sample period old and all of them agree on the level:
+
+    level 0  below 75 %
+    level 1  >= 75 %: ADDJOB replicates to other nodes only (shard.set_memory_level)
+    level 2  >= 95 %: evict what breaks no guarantee (workers/evict.py), each tick
+    level 3  >= 100 %: commands flagged ``denyoom`` answer ERR_OOM
+
+Why node-wide and not maxmemory / workers: one busy queue lives on one worker,
+so a per-worker split would refuse jobs at 1/N of the budget.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from bus import mesh as meshmod
+from bus.mesh import unpack
+from workers.evict import EvictCursor, evict_step
+from workers.replies import Error
+
+if TYPE_CHECKING:
+    from disque_mp.worker import Worker
+
+log = logging.getLogger("disque_mp.memory")
+
+# Redis' text (shared.oomerr); Disque answers the same.
+ERR_OOM = Error("OOM command not allowed when used memory > 'maxmemory'.")
+
+# Measured with tracemalloc (notes/memory.md): a registered job costs about 390
+# bytes beyond its body (record, ID string, ints, table/timer/deque slots, the
+# body object's header); rounded up so the estimate errs on the safe side.
+job_overhead_bytes = 400
+# An empty queue: record, deque with its first block, dict and scan-table slots (~1045 B).
+queue_overhead_bytes = 1100
+
+LEVEL_WARN, LEVEL_EVICT, LEVEL_OOM = 1, 2, 3
+warn_percent = 75
+evict_percent = 95
+
+# Sample period: the level follows memory within this (plus one mesh round trip
+# for the peers' figures); also the overshoot window of a fast producer at 100 %.
+sample_ms = 100
+# Eviction passes per sample at level 2: bounds the time one sample can take
+# (a pass visits evict_visit_jobs_max jobs, a few ms); the next sample goes on.
+evict_passes_per_sample_max = 4
+# After a whole cycle over the shard found nothing to evict, rest this long
+# before scanning again: a node full of queued jobs must not burn a core looking.
+evict_rest_ms = 1000
+
+
+def level_of(used: int, maxmemory: int) -> int:
+    """The memory warning level of ``used`` bytes against ``maxmemory`` (0 = no limit)."""
+    if maxmemory <= 0:
+        return 0
+    if used > maxmemory:
+        return LEVEL_OOM  # Redis refuses when used memory > maxmemory
+    if used * 100 >= maxmemory * evict_percent:
+        return LEVEL_EVICT
+    if used * 100 >= maxmemory * warn_percent:
+        return LEVEL_WARN
+    return 0
+
+
+def shard_used_bytes(jobs: int, body_bytes: int, queues: int) -> int:
+    return jobs * job_overhead_bytes + body_bytes + queues * queue_overhead_bytes
+
+
+def human(n: int) -> str:
+    """Redis' bytesToHuman: B, K, M, G with two decimals."""
+    for unit, size in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return f"{n}B"
+
+
+class Monitor:
+    """One per worker: samples memory, sets the level, evicts at level 2."""
+
+    def __init__(self, w: Worker) -> None:
+        self.w = w
+        self.peers: dict[int, int] = {}  # worker index -> its last reported used bytes
+        self.asking: set[int] = set()  # peers with a request in flight (at most one each)
+        self.level = 0
+        self.used = 0  # node total at the last sample
+        self.peak = 0
+        self.evicted_jobs = 0
+        self.evicted_queues = 0
+        self.cursor = EvictCursor()
+        self.cycle_evicted = 0  # evicted since the job cursor last wrapped
+        self.rest_until_ms = 0
+        self.handle: Any = None
+
+    def start(self) -> None:
+        self.sample()
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+
+    def local_used(self) -> int:
+        sh = self.w.shard
+        info = sh.info()
+        return shard_used_bytes(info["registered_jobs"], sh.body_bytes, info["registered_queues"])
+
+    def sample(self) -> None:
+        self.handle = self.w.loop.call_later(sample_ms / 1000, self.sample)
+        self._ask_peers()
+        self.update()
+
+    def update(self) -> None:
+        """Recompute the node total and the level; evict while at level 2 or more."""
+        used = self._total()
+        level = self._set_level(used)
+        now = time.time_ns() // 1_000_000
+        passes = 0
+        while level >= LEVEL_EVICT and passes < evict_passes_per_sample_max:
+            if now < self.rest_until_ms:
+                break
+            passes += 1
+            self._evict_pass(now)
+            used = self._total()
+            level = self._set_level(used)
+        self.used = used
+        if used > self.peak:
+            self.peak = used
+
+    def _evict_pass(self, now: int) -> None:
+        jobs, queues = evict_step(self.w.shard, self.cursor, now)
+        self.w.drain_effects()  # DELJOB's AOF records
+        self.evicted_jobs += jobs
+        self.evicted_queues += queues
+        self.cycle_evicted += jobs + queues
+        if self.cursor.jobs == 0:  # wrapped: a whole cycle is done
+            if not self.cycle_evicted:
+                self.rest_until_ms = now + evict_rest_ms
+            self.cycle_evicted = 0
+
+    def _total(self) -> int:
+        return self.local_used() + sum(self.peers.values())
+
+    def _set_level(self, used: int) -> int:
+        level = level_of(used, self.w.cfg.maxmemory)
+        if level != self.level:
+            log.log(logging.WARNING if level > self.level else logging.INFO,
+                    "Memory level %d -> %d (used %s of maxmemory %s)", self.level, level,
+                    human(used), human(self.w.cfg.maxmemory))
+            self.level = level
+            self.w.shard.set_memory_level(level)
+            self.w.oom = level >= LEVEL_OOM
+        return level
+
+    def _ask_peers(self) -> None:
+        w = self.w
+        for j in range(w.workers):
+            if j == w.index or j in self.asking:
+                continue
+            self.asking.add(j)
+            w.mesh.request(j, meshmod.K_SCATTER, {"op": "memory", "a": None}, (), self._reply(j))
+
+    def _reply(self, j: int) -> Any:
+        def got(meta: dict[str, Any], bodies: list[bytes]) -> None:
+            self.asking.discard(j)
+            value = unpack(meta.get("v"), bodies)
+            if isinstance(value, int):  # an Error means that worker is down: keep its last figure
+                self.peers[j] = value
+
+        return got
+
+    def stats(self) -> dict[str, int]:
+        """This worker's part of INFO memory (worker.local_stats)."""
+        return {"used": self.local_used(), "peak": self.peak, "level": self.level,
+                "evicted_jobs": self.evicted_jobs, "evicted_queues": self.evicted_queues}
+
+
+def info_fields(maxmemory: int, policy: str, parts: list[Any]) -> list[tuple[str, Any]]:
+    """INFO memory: the reference's fields in its order, then ours (notes/memory.md)."""
+    mem = [p.get("mem") or {} for p in parts]
+    used = sum(int(m.get("used", 0)) for m in mem)
+    rss = sum(int(p.get("rss", 0)) for p in parts)
+    peak = max([used] + [int(m.get("peak", 0)) for m in mem])
+    ratio = f"{rss / used:.2f}" if used else "0.00"
+    level = max([0] + [int(m.get("level", 0)) for m in mem])
+    return [
+        ("used_memory", used), ("used_memory_human", human(used)), ("used_memory_rss", rss),
+        ("used_memory_peak", peak), ("used_memory_peak_human", human(peak)),
+        ("mem_fragmentation_ratio", ratio), ("mem_allocator", "pymalloc+libc"),
+        ("maxmemory", maxmemory), ("maxmemory_human", human(maxmemory)),
+        ("maxmemory_policy", policy), ("memory_warning_level", level),
+        ("evicted_jobs", sum(int(m.get("evicted_jobs", 0)) for m in mem)),
+        ("evicted_queues", sum(int(m.get("evicted_queues", 0)) for m in mem)),
+    ]  # fmt: skip

@@ -1,0 +1,86 @@
+"""What a shard may evict under memory pressure without breaking a guarantee.
+
+The spec ("What happens when a node runs out of memory?", and "Special
+handling of messages with RETRY set to 0"): past 95 % of maxmemory a node
+evicts data whose loss violates no safety guarantee:
+
+- acknowledged jobs: an ACK kept here only helps garbage-collect copies on
+  other nodes; dropping it early costs at most a late duplicate GC round;
+- at-most-once jobs (RETRY 0) already delivered: they will never be delivered
+  again, so nobody can miss them (observability only);
+- empty queues nobody waits on and nobody paused: recreated on next use.
+
+Never evicted: queued jobs, active at-least-once jobs, at-most-once jobs not
+delivered yet. Pure: works through the shard's public ops (JSCAN, QSCAN,
+DELJOB, op_evict_queue), takes the time as an argument, does no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workers.job import ACKED, ACTIVE, FLAG_DELIVERED, Job
+
+# Jobs an eviction pass looks at per call: a step stays around a few ms on a big
+# shard (JSCAN visits ~1 us per job), and the caller repeats it while memory is high.
+evict_visit_jobs_max = 10_000
+# Queues looked at per call (queues are fewer and a look is a dict probe).
+evict_visit_queues_max = 2_000
+
+_JSCAN_STATES = frozenset((ACKED, ACTIVE))
+
+
+def job_evictable(job: Job) -> bool:
+    """True when dropping ``job`` breaks no delivery guarantee."""
+    if job.state == ACKED:
+        return True
+    return job.state == ACTIVE and job.retry_s == 0 and bool(job.flags & FLAG_DELIVERED)
+
+
+class EvictCursor:
+    """Where the next pass resumes (JSCAN / QSCAN cursors of this shard)."""
+
+    __slots__ = ("jobs", "queues")
+
+    def __init__(self) -> None:
+        self.jobs = 0
+        self.queues = 0
+
+
+def select_jobs(shard: Any, cursor: int, visit_max: int, now_ms: int) -> tuple[int, list[str]]:
+    """IDs of evictable jobs among about ``visit_max`` jobs from ``cursor``; next cursor
+    (0 = wrapped around)."""
+    nxt, items = shard.op_jscan(cursor, visit_max, None, _JSCAN_STATES, False, now_ms)
+    ids = []
+    for item in items:
+        job = shard.lookup(str(item))
+        if job is not None and job_evictable(job):
+            ids.append(job.id)
+    return nxt, ids
+
+
+def select_queues(shard: Any, cursor: int, visit_max: int) -> tuple[int, list[bytes]]:
+    """Names of empty queues among ``visit_max`` queues from ``cursor`` (the shard
+    still checks waiters and pause when asked to evict one)."""
+    nxt, names = shard.op_qscan(cursor, visit_max, 0, 0, 0)
+    return nxt, [name for name in names if shard.op_qlen(name) == 0]
+
+
+def evict_step(
+    shard: Any,
+    cursor: EvictCursor,
+    now_ms: int,
+    visit_jobs_max: int = evict_visit_jobs_max,
+    visit_queues_max: int = evict_visit_queues_max,
+) -> tuple[int, int]:
+    """One bounded eviction pass; returns (jobs evicted, queues evicted).
+
+    Jobs go through DELJOB, so the AOF records their removal like any other."""
+    cursor.jobs, ids = select_jobs(shard, cursor.jobs, visit_jobs_max, now_ms)
+    jobs = shard.op_deljob(ids, now_ms) if ids else 0
+    cursor.queues, names = select_queues(shard, cursor.queues, visit_queues_max)
+    queues = 0
+    for name in names:
+        if shard.op_evict_queue(name):
+            queues += 1
+    return jobs, queues
