@@ -109,6 +109,8 @@ def local_op(w: Worker, op: str, arg: Any) -> Any:
         if w.aof is None:
             return "ERR Append only file persistence is not available in this build"
         return w.aof.bgrewriteaof()
+    if op == "memory":
+        return w.memory.local_used() if w.memory is not None else 0
     if op == "rewrite_at_exit":
         w.rewrite_aof_at_exit = True
         return OK
@@ -339,11 +341,9 @@ def _human(n: int) -> str:
 
 
 def _info_memory(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
-    rss = _sum(parts, "rss")
-    peak = max(_sum(parts, "peak"), rss)
-    return [("used_memory", rss), ("used_memory_human", _human(rss)), ("used_memory_rss", rss),
-            ("used_memory_peak", peak), ("used_memory_peak_human", _human(peak)),
-            ("mem_fragmentation_ratio", "1.00"), ("mem_allocator", "libc")]
+    from disque_mp import memory
+
+    return memory.info_fields(w.cfg.maxmemory, w.cfg.maxmemory_policy, parts)
 
 
 def _info_jobs(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
