@@ -39,6 +39,7 @@ from bus.mesh import Handoff, Link, Mesh, pack, unpack
 from disque_mp import cmd_jobs, cmd_node
 from disque_mp.commands import TABLE, Command
 from disque_mp.config import Config
+from disque_mp.memory import ERR_OOM, Monitor
 from disque_mp.resp import encode
 from disque_mp.server import ClientConn, Slot, listen_sockets
 from workers.effects import AofAppend, Send, Wake
@@ -131,6 +132,8 @@ class Worker:
         self.send_hook: Callable[[Send], None] = self._drop_send
         self.aof: Any = None
         self.agent: Any = None
+        self.memory: Monitor | None = None
+        self.oom = False  # past maxmemory: denyoom commands answer ERR_OOM (disque_mp/memory.py)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -148,6 +151,8 @@ class Worker:
         self.loop.add_signal_handler(signal.SIGTERM, self.request_stop)
         self.loop.call_later(parent_poll_s, self._check_parent)
         self._tick()
+        self.memory = Monitor(self)
+        self.memory.start()
         if ready is not None:
             ready.set()
         log.info("Worker %d ready to accept connections on port %d", self.index, self.cfg.port)
@@ -295,6 +300,8 @@ class Worker:
             return encode(err_arity(command.name))
         if not conn.authed and command.name not in NOAUTH_OK:
             return encode(ERR_NOAUTH)
+        if self.oom and "denyoom" in command.flags:
+            return encode(ERR_OOM)
         t0 = _perf_ns()
         reply = handler(conn, cmd)
         stat[0] += 1
@@ -644,6 +651,7 @@ class Worker:
             "cmdstats": {k: v for k, v in self.cmdstats.items() if v[0]},
             "shard": self.shard.info(),
             "aof": self.aof.info() if self.aof is not None else None,
+            "mem": self.memory.stats() if self.memory is not None else None,
         }
 
 
