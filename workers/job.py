@@ -38,6 +38,8 @@ STATE_BY_NAME = {name: i for i, name in enumerate(STATE_NAMES[:4])}
 # Flags
 FLAG_DELIVERED = 1  # served to a client at least once (at-most-once jobs never requeue then)
 FLAG_IN_DEQUE = 2  # the record sits in its queue's deque (possibly as a stale entry)
+FLAG_WILLQUEUE_SENT = 4  # WILLQUEUE went out for the current requeue time (cluster)
+_FLAG_TRANSIENT = FLAG_IN_DEQUE | FLAG_WILLQUEUE_SENT  # never persisted nor sent
 _FLAG_BITS = 8  # flags above this hold delay_s
 _FLAG_MASK = (1 << _FLAG_BITS) - 1
 
@@ -172,7 +174,7 @@ class Job:
         head = _REC_HEAD.pack(
             RECORD_VERSION,
             self.state,
-            self.flags & _FLAG_MASK & ~FLAG_IN_DEQUE,  # deque membership is not part of a job
+            self.flags & _FLAG_MASK & ~_FLAG_TRANSIENT,  # deque membership is not part of a job
             self.repl,
             self.ttl_s,
             self.ctime_us * 1000,  # nanoseconds on disk and on the wire, as Disque
@@ -228,7 +230,7 @@ class Job:
             raise ValueError("trailing bytes after job record")
         job = cls(jid, queue, body, state, repl, ttl_s, ctime_ns // 1000, delay_s, retry_s, qtime_ms,
                   tuple(nodes[:n_deliv]), tuple(nodes[n_deliv:]))
-        job.flags |= flags & ~FLAG_IN_DEQUE
+        job.flags |= flags & ~_FLAG_TRANSIENT
         job.nacks = nacks
         job.additional_deliveries = add_deliv
         return job

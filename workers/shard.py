@@ -32,6 +32,7 @@ import heapq
 import random
 from typing import Any
 
+from workers.cluster import ERR_NOREPL_TIMEOUT, ClusterOps, Fed, ReplWait
 from workers.effects import AofAppend, Effect, Wake
 from workers.ids import JobIdGen, slot_of
 from workers.invariant import InvariantError, invariant
@@ -41,6 +42,7 @@ from workers.job import (
     DEL_RECORD_TAG,
     DELETED,
     FLAG_DELIVERED,
+    FLAG_WILLQUEUE_SENT,
     QUEUED,
     STATE_NAMES,
     US_PER_MS,
@@ -51,6 +53,7 @@ from workers.job import (
 )
 from workers.queue import PAUSE_NAMES, PAUSED_IN, PAUSED_OUT, Queue
 from workers.replies import (
+    ERR_LEAVING,
     ERR_NOJOB,
     ERR_NOREPL,
     ERR_PAUSED,
@@ -134,7 +137,7 @@ class _TimerBucket:
         self.stale = 0
 
 
-class Shard:
+class Shard(ClusterOps):
     def __init__(
         self,
         node_id: str,
@@ -150,12 +153,14 @@ class Shard:
         self.index = index
         self.workers = workers
         # Every worker mints IDs from its own stream: mix the index into the seed.
-        self._ids = JobIdGen(node_id, seed + index.to_bytes(4, "big"))
+        self._seed = seed + index.to_bytes(4, "big")
+        self._ids = JobIdGen(node_id, self._seed)
         self._rng = rng
         self._queue_idle_ms = queue_idle_ms
         self._me: tuple[str, ...] = (node_id,)
-        self._peers: tuple[str, ...] = ()
-        self._leaving = False
+        self._peers: tuple[str, ...] = ()  # replication targets: reachable, not leaving
+        self._known: tuple[str, ...] = ()  # every other known node (cluster size - 1)
+        self._leaving: bool = False
         self._memory_level = 0  # set_memory_level(): 0 ok, 1 >= 75 %, 2 >= 95 %, 3 >= 100 %
         self._effects: list[Effect] = []
         self._last_ctime_us = 0
@@ -176,6 +181,9 @@ class Shard:
         self._heap: list[int] = []
         self._firing_key = 0  # bucket tick() is draining (0 = none)
         self._waiters: dict[int, Waiter] = {}
+        self._repl: dict[str, ReplWait] = {}  # wait-repl jobs -> the blocked ADDJOB
+        self._gc_tries: dict[str, int] = {}  # acked jobs -> GC attempts made
+        self._fed: dict[bytes, Fed] = {}  # queues with federation state
 
     # ------------------------------------------------------------------ plumbing
 
@@ -186,12 +194,15 @@ class Shard:
         return eff
 
     def set_peers(self, reachable_node_ids: list[str] | tuple[str, ...]) -> None:
-        """Other nodes currently reachable (cluster work, issue 3). Empty: single node."""
+        """Other nodes, all reachable (``set_view`` gives the full picture). Empty: single node."""
         self._peers = tuple(n for n in reachable_node_ids if n != self.node_id)
+        self._known = self._peers
 
-    def set_leaving(self, leaving: bool) -> None:
-        """CLUSTER LEAVING: this node keeps no new copies (ADDJOB replicates externally)."""
-        self._leaving = leaving
+    def _set_node_id(self, node_id: str) -> None:
+        """CLUSTER RESET HARD gave the node a new ID: new jobs carry it."""
+        self.node_id = node_id
+        self._me = (node_id,)
+        self._ids = JobIdGen(node_id, self._seed)
 
     def set_memory_level(self, level: int) -> None:
         """Memory warning level from disque_mp/memory.py: from 1 (75 % of maxmemory) on,
@@ -223,6 +234,12 @@ class Shard:
         self.body_bytes -= len(job.body)
         if self.aof:
             self._effects.append(AofAppend(del_record(jid)))
+        if self._repl:
+            rw = self._repl.pop(jid, None)
+            if rw is not None:
+                self._effects.append(Wake(rw.token, ERR_NOREPL_TIMEOUT))
+        if self._gc_tries:
+            self._gc_tries.pop(jid, None)
         was = job.state
         job.state = DELETED
         if was == QUEUED:
@@ -270,6 +287,10 @@ class Shard:
         self._qscan_free.append(q.scan_idx)
         q.drop_all()
         self._unschedule(q)
+        if self._fed:
+            fed = self._fed.pop(q.name, None)
+            if fed is not None:
+                self._unschedule(fed)
 
     # ------------------------------------------------------------------ timers
 
@@ -323,23 +344,50 @@ class Shard:
                 t.awake_ms = 0
                 if type(t) is Job:
                     self._fire_job(t, now_ms)
-                else:
+                elif type(t) is Queue:
                     self._fire_queue(t, now_ms)
+                else:
+                    self._fire_fed(t, now_ms)
             self._firing_key = 0
             invariant(heapq.heappop(heap) == key, "timer heap top changed while firing")
             del self._timers[key]
         return heap[0] if heap else None
 
     def _due(self, job: Job) -> int:
+        """The job's next deadline: TTL; requeue (WILLQUEUE 500 ms earlier when other
+        nodes may have a copy); next replication step (wait-repl); next GC (acked)."""
         etime = job.ctime_us // US_PER_MS + job.ttl_s * 1000
-        if job.state == ACTIVE and job.qtime_ms and job.qtime_ms < etime:
-            return job.qtime_ms
+        qt = job.qtime_ms
+        if qt and job.state != QUEUED:
+            if (job.state == ACTIVE and not job.flags & FLAG_WILLQUEUE_SENT
+                    and job.nodes[0] is not self._me):
+                qt -= time_error_ms
+            if qt < etime:
+                return qt
         return etime
 
     def _fire_job(self, job: Job, now_ms: int) -> None:
         if job.ctime_us // US_PER_MS + job.ttl_s * 1000 <= now_ms:
-            self._unregister(job, now_ms)
+            if job.state == WAIT_REPL:
+                self._repl_failed(job, now_ms)
+            else:
+                self._unregister(job, now_ms)
             return
+        if job.state == WAIT_REPL:
+            self._fire_wait_repl(job, now_ms)
+            return
+        if job.state == ACKED:
+            if job.qtime_ms and job.qtime_ms <= now_ms:
+                self._start_gc(job, now_ms)  # re-arms itself (or drops the job)
+            else:
+                self._schedule(job, self._due(job))
+            return
+        if (job.state == ACTIVE and job.qtime_ms and not job.flags & FLAG_WILLQUEUE_SENT
+                and job.qtime_ms - time_error_ms <= now_ms and job.nodes[0] is not self._me):
+            job.flags |= FLAG_WILLQUEUE_SENT
+            others = self._others(job)
+            if others:
+                self._send_job(others, "WILLQUEUE", job)
         if job.state == ACTIVE and job.qtime_ms and job.qtime_ms <= now_ms:
             q = self._queue(job.queue, now_ms)
             if q.paused & PAUSED_IN:
@@ -349,9 +397,12 @@ class Shard:
                 if job.flags & FLAG_DELIVERED:
                     job.additional_deliveries += 1
                 self._enqueue(job, q, now_ms)
+                if job.nodes[0] is not self._me and job.state == QUEUED:
+                    self._send_queued(job)
                 if self.aof:
                     self._effects.append(AofAppend(job.to_record()))
-        self._schedule(job, self._due(job))
+        if job.state != DELETED:
+            self._schedule(job, self._due(job))
 
     def _fire_queue(self, q: Queue, now_ms: int) -> None:
         if self._queues.get(q.name) is not q:
@@ -371,6 +422,7 @@ class Shard:
     def _enqueue(self, job: Job, q: Queue, now_ms: int) -> None:
         """Disque's enqueueJob minus its checks: the job becomes QUEUED in ``q``."""
         job.state = QUEUED
+        job.flags &= ~FLAG_WILLQUEUE_SENT
         if job.retry_s:
             job.qtime_ms = now_ms + job.retry_s * 1000 + int(self._rng.random() * time_error_ms)
         else:
@@ -381,6 +433,8 @@ class Shard:
         self._schedule(job, job.ctime_us // US_PER_MS + job.ttl_s * 1000)
         if q.waiters is not None and not q.paused & PAUSED_OUT:
             self._serve_waiters(q, now_ms)
+        elif self._fed and q.live == 1 and q.waiters is None:
+            self._push_to_asker(q, now_ms)
 
     def _dequeue(self, job: Job, q: Queue, now_ms: int) -> None:
         """A QUEUED job goes back to ACTIVE without being delivered."""
@@ -420,6 +474,8 @@ class Shard:
                 entries.append(self._deliver(job, q, now_ms, w.withcounters))
             self._effects.append(Wake(token, entries))
         self._maybe_idle(q, now_ms)
+        if not q.live and self._fed:
+            self._needjobs(q, True, now_ms)  # drained: ask the recent sources at once
 
     def _drop_waiter(self, w: Waiter, now_ms: int) -> None:
         del self._waiters[w.token]
@@ -449,11 +505,10 @@ class Shard:
         now_ms: int,
     ) -> Any:
         """ADDJOB after argument parsing; checks in the reference's order."""
-        # Peers that can take a copy: none until REPLJOB/GOTJOB exist (issue 3), so a
-        # node in a cluster answers REPLICATE > 1 with NOREPL instead of faking it.
-        peers = 0
+        peers = len(self._peers)  # reachable nodes that can take a copy
         if replicate is None:
-            replicate = peers + 1 if peers < replicate_default_max else replicate_default_max
+            size = len(self._known) + 1  # Disque: the cluster size (reachable or not), up to 3
+            replicate = size if size < replicate_default_max else replicate_default_max
         if replicate > 1 and retry_s == 0:
             return ERR_RETRY0
         if delay_s >= ttl_s:
@@ -487,6 +542,9 @@ class Shard:
         job_id = self._ids.make(q.slot, ttl_s, retry_s)
         job = Job(job_id, q.name, body, ACTIVE, replicate, ttl_s, ctime_us, delay_s, retry_s,
                   0, self._me)
+        if additional:
+            return self._addjob_cluster(job, q, additional, extrepl, timeout_ms, async_, token,
+                                        now_ms)
         self._register(job)
         if delay_s:
             job.qtime_ms = now_ms + delay_s * 1000
@@ -515,6 +573,8 @@ class Shard:
                 out.append(self._deliver(job, q, now_ms, withcounters))
             if not q.live:
                 self._maybe_idle(q, now_ms)
+                if out and self._fed:
+                    self._needjobs(q, True, now_ms)
             return out
         return self._take_many(queues, count, withcounters, now_ms)
 
@@ -556,14 +616,22 @@ class Shard:
         if entries:
             self._effects.append(Wake(token, entries))
             return
+        if self._leaving:
+            self._effects.append(Wake(token, ERR_LEAVING))  # spec: a leaving node never blocks
+            return
         w = Waiter(token, list(queues), count, withcounters)
         self._waiters[token] = w
         for name in queues:
             q = self._queue(name, now_ms)
             if q.waiters is None:
                 q.waiters = {}
+                fed = self._fed.get(q.name) if self._fed else None
+                if fed is not None:
+                    fed.bcast_attempt = 0  # a new wait starts with short delays
             q.waiters[token] = w
             self._unschedule(q)  # a watched queue is not evicted
+            if self._peers:
+                self._needjobs(q, False, now_ms)
 
     def op_unblock(self, token: int, now_ms: int | None = None) -> None:
         w = self._waiters.get(token)
@@ -594,25 +662,38 @@ class Shard:
         for job_id in job_ids:
             job = self.lookup(job_id)
             if job is None:
-                continue  # dummy ACKs only make sense with peers (cluster work)
+                if self._known:
+                    self._ackjob_unknown(job_id, now_ms)  # dummy ACK (not counted, as Disque)
+                continue
             known += 1
             self._ack(job, now_ms)
         return known
 
     def _ack(self, job: Job, now_ms: int) -> None:
-        if job.state == ACKED:
-            return
-        if job.state == QUEUED:
-            self._dequeue(job, self._queues[job.queue], now_ms)
-        job.state = ACKED
-        # Garbage collection: with no other node holding a copy the ACK is final.
-        if job.nodes[0] is self._me or all(n == self.node_id for n in job.delivered):
+        d = job.delivered
+        if d is self._me or (d and all(n == self.node_id for n in d)):
+            # Nobody else may have a copy: the ACK is final, the job goes at once.
+            if job.state == QUEUED:
+                self._dequeue(job, self._queues[job.queue], now_ms)
             self._unregister(job, now_ms)
-        elif self.aof:
-            self._effects.append(AofAppend(job.to_record()))
+            return
+        if self._ack_cluster(job, now_ms):
+            self._start_gc(job, now_ms)
 
     def op_fastack(self, job_ids: list[str], now_ms: int) -> int:
-        return self.op_deljob(job_ids, now_ms)
+        """Delete, and a best-effort DELJOB to the nodes that may have a copy (to
+        every node when we do not know the job)."""
+        known = 0
+        for job_id in job_ids:
+            job = self.lookup(job_id)
+            if job is not None:
+                known += 1
+                if job.nodes[0] is not self._me:
+                    self._fastack_cluster(job_id, job)
+                self._unregister(job, now_ms)
+            elif self._known:
+                self._fastack_cluster(job_id, None)
+        return known
 
     def op_deljob(self, job_ids: list[str], now_ms: int) -> int:
         known = 0
@@ -642,6 +723,8 @@ class Shard:
             elif job.flags & FLAG_DELIVERED:
                 job.additional_deliveries += 1
             self._enqueue(job, q, now_ms)
+            if job.nodes[0] is not self._me and job.state == QUEUED:
+                self._send_queued(job)
             if self.aof:
                 self._effects.append(AofAppend(job.to_record()))
             done += 1
@@ -682,7 +765,7 @@ class Shard:
 
     def _show(self, job: Job, now_ms: int) -> list[Any]:
         etime = job.ctime_us // US_PER_MS + job.ttl_s * 1000
-        qtime = job.qtime_ms
+        qtime = job.qtime_ms if job.state in (ACTIVE, QUEUED) else 0
         requeue_in = max(0, qtime - now_ms) if qtime else 0
         awake_in = max(0, qtime - time_error_ms - now_ms) if qtime else 0
         return [
@@ -720,14 +803,15 @@ class Shard:
         q = self._queues.get(queue)
         if q is None:
             return NULL_ARRAY  # the reference answers *-1 here (SHOW answers $-1)
+        imports, rate = self._qstat_import(q, now_ms) if self._fed else ([], 0)
         return [
             b"name", q.name,
             b"len", q.live,
             b"age", max(0, (now_ms - q.ctime_ms) // 1000),
             b"idle", max(0, (now_ms - q.atime_ms) // 1000),
             b"blocked", 0 if q.waiters is None else len(q.waiters),
-            b"import-from", [],
-            b"import-rate", 0,
+            b"import-from", imports,
+            b"import-rate", rate,
             b"jobs-in", q.jobs_in,
             b"jobs-out", q.jobs_out,
             b"pause", PAUSE_NAMES[q.paused],
@@ -737,8 +821,8 @@ class Shard:
         """PAUSE with validated lowercase options; replies the resulting state.
 
         As in Disque the new state is built from the options alone (``in`` then
-        ``out`` in two commands leaves ``out``); ``state`` and ``bcast`` change nothing
-        here (broadcasting is cluster work).
+        ``out`` in two commands leaves ``out``); ``bcast`` sends the resulting state
+        to every reachable node.
         """
         flags = 0
         update = False
@@ -755,18 +839,27 @@ class Shard:
             elif opt == "all":
                 flags |= PAUSED_IN | PAUSED_OUT
                 update = True
+        q = self._set_pause(queue, flags, now_ms) if update else self._queues.get(queue)
+        state = q.paused if q is not None else 0
+        if "bcast" in opts:
+            # Every reachable node gets the resulting state (spec: PAUSE ... bcast).
+            self._send("*", "PAUSE", slot_of(queue), {"f": state}, [bytes(queue)])
+        return Status(PAUSE_NAMES[state])
+
+    def _set_pause(self, queue: bytes, flags: int, now_ms: int) -> Queue | None:
         q = self._queues.get(queue)
-        if update and (q is not None or flags):
-            q = self._queue(queue, now_ms)
-            was_out = q.paused & PAUSED_OUT
-            q.paused = flags
-            if flags:
-                self._unschedule(q)  # paused queues are never evicted
-            elif not q.live:
-                self._maybe_idle(q, now_ms)
-            if was_out and not flags & PAUSED_OUT and q.waiters is not None:
-                self._serve_waiters(q, now_ms)
-        return Status(PAUSE_NAMES[q.paused if q is not None else 0])
+        if q is None and not flags:
+            return None
+        q = self._queue(queue, now_ms)
+        was_out = q.paused & PAUSED_OUT
+        q.paused = flags
+        if flags:
+            self._unschedule(q)  # paused queues are never evicted
+        elif not q.live:
+            self._maybe_idle(q, now_ms)
+        if was_out and not flags & PAUSED_OUT and q.waiters is not None:
+            self._serve_waiters(q, now_ms)
+        return q
 
     # ------------------------------------------------------------------ scans
 
@@ -775,7 +868,8 @@ class Shard:
     ) -> tuple[int, list[bytes]]:
         """Queues from table position ``cursor``; next cursor 0 means done.
 
-        ``maxlen`` 0 means no upper bound; our import rate is always 0.
+        ``maxlen`` 0 means no upper bound; ``importrate`` > 0 keeps queues importing
+        at least that many jobs/s.
         """
         table = self._qscan
         pos = cursor
@@ -790,7 +884,9 @@ class Shard:
             if q is None:
                 continue
             seen += 1
-            if q.live < minlen or (maxlen and q.live > maxlen) or importrate > 0:
+            if q.live < minlen or (maxlen and q.live > maxlen):
+                continue
+            if importrate > 0 and self._qstat_import(q, self._now_ms)[1] < importrate:
                 continue
             names.append(q.name)
         return (pos if pos < len(table) else 0), names
@@ -875,6 +971,8 @@ class Shard:
 
     def op_flushall(self) -> None:
         """DEBUG FLUSHALL: forget every job and queue (blocked clients stay blocked)."""
+        for rw in self._repl.values():
+            self._effects.append(Wake(rw.token, ERR_NOREPL_TIMEOUT))  # their jobs are gone
         waiters = list(self._waiters.values())
         for q in self._queues.values():
             q.drop_all()

@@ -633,12 +633,15 @@ def test_timer_scheduled_in_the_past_during_tick_fires(env: Env) -> None:
     assert env.state(old) == ACTIVE
 
 
-def test_peers_do_not_break_addjob_before_replication_exists(env: Env) -> None:
-    """Until REPLJOB exists (issue 3) a clustered node keeps single-copy defaults."""
+def test_peers_make_addjob_replicate(env: Env) -> None:
+    """With one peer the default REPLICATE is 2: the job waits for a GOTJOB
+    (tests/unit/test_shard_cluster.py runs the whole exchange)."""
+    from workers.replies import PENDING
+
     env.s.set_peers(["dcb833cf8f42fbb7924d92335ff6d67d3cea6e3d", NODE])
-    assert isinstance(env.add(), Status)
-    assert env.add(replicate=2) is ERR_NOREPL
-    assert env.add(retry_s=0) != shard_mod.ERR_RETRY0
+    assert env.add() is PENDING
+    assert env.add(replicate=3) is ERR_NOREPL
+    assert env.add(retry_s=0) == shard_mod.ERR_RETRY0
 
 
 def test_leaving_node_refuses_new_copies(env: Env) -> None:

@@ -1,0 +1,705 @@
+# mypy: disable-error-code="misc"
+# (Mixin methods take ``self: Shard`` so their bodies are checked against the
+# real class; mypy flags such self types with "misc" unless they are protocols.)
+"""The distributed half of the shard: Disque's replication, re-queueing, ack GC,
+federation and PAUSE broadcast (spec: "Implementation details", "Disque state
+machine", the federation FAQ and "Gracefully removal of nodes").
+
+``ClusterOps`` is a mixin of ``Shard``; it keeps the shard pure: messages come
+in through ``on_message(sender, kind, meta, bodies, now_ms)`` and leave as
+``Send`` effects. Message kinds and payloads (``meta`` is JSON, job records
+and queue names travel in ``bodies`` as raw bytes):
+
+=========  =====================================  ==========================
+kind       meta                                   bodies
+=========  =====================================  ==========================
+REPLJOB    {}                                     [job record]
+GOTJOB     {"j": id}
+ENQUEUE    {"j": id}
+WILLQUEUE  {"j": id}
+QUEUED     {"j": id}
+SETACK     {"j": id, "m": may-have}
+GOTACK     {"j": id, "k": 0|1 (known)}
+DELJOB     {"j": id}
+NEEDJOBS   {"c": count}                           [queue name]
+YOURJOBS   {}                                     [job record, ...]
+PAUSE      {"f": pause flags}                     [queue name]
+=========  =====================================  ==========================
+
+Every message about a job is sent to the job's slot (carried by its ID), so on
+the receiving host it reaches the worker owning the same slot; queue messages
+use the queue's slot.
+
+Timers reuse the shard's one heap: a job's single timer entry also covers its
+cluster deadlines (``qtime_ms`` is the next 50 ms replication step for a
+``wait-repl`` job, WILLQUEUE fires ``time_error_ms`` before the requeue of an
+active job, and it is the next GC attempt of an ``acked`` one); ``Fed`` (one
+per queue that asked for jobs) sits in the heap as its own target.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from workers.effects import Send, Wake
+from workers.ids import is_at_most_once_id, slot_of_job_id
+from workers.job import (
+    ACKED,
+    ACTIVE,
+    FLAG_WILLQUEUE_SENT,
+    QUEUED,
+    US_PER_MS,
+    WAIT_REPL,
+    Job,
+)
+from workers.queue import PAUSED_IN, PAUSED_OUT, Queue
+from workers.replies import ERR_LEAVING, Error, Status
+
+if TYPE_CHECKING:
+    from workers.shard import Shard
+
+ERR_NOREPL_TIMEOUT = Error(
+    "NOREPL Timeout reached before replicating to the requested number of nodes"
+)
+
+# Replication (spec "Job replication strategy"): one more node every 50 ms.
+repl_step_ms = 50
+# Ack GC retries: first retry after 1 s, doubling, with up to +50 % random error,
+# at most 60 s apart; after gc_attempts_max retries the job is dropped anyway
+# (the spec allows GC "after some time ... in order to reclaim memory").
+gc_first_ms = 1000
+gc_backoff_max_ms = 60_000
+gc_attempts_max = 30
+# Federation (spec FAQ): ad hoc NEEDJOBS to recent sources 25 ms .. 2 s apart,
+# broadcast to everyone 100 ms .. 30 s apart, doubling while nothing arrives.
+needjobs_adhoc_min_ms = 25
+needjobs_adhoc_max_ms = 2000
+needjobs_bcast_min_ms = 100
+needjobs_bcast_max_ms = 30_000
+needjobs_count_min = 5  # Disque's NEEDJOBS_MIN_REQUEST
+needjobs_count_max = 100  # Disque's NEEDJOBS_MAX_REQUEST: a YOURJOBS is at most this many jobs
+# A source forgets a node as a recent provider after this long without jobs from it.
+responders_ttl_ms = 10_000
+# A YOURJOBS frame carries at most this many body bytes (at least one job): a
+# reply never holds the bus for long.
+yourjobs_bytes_max = 4 << 20
+# A NEEDJOBS we could not serve (queue empty) is remembered this long: a job
+# queued here meanwhile, with no local consumer waiting, goes to the asker at
+# once instead of waiting for the asker's next (backed off) NEEDJOBS.
+needjobs_ask_ttl_ms = 5000
+fed_queues_max = 65536  # bound on queues with federation state (evicted with their queue)
+
+
+def union(a: tuple[str, ...], b: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """Ordered union of two node lists (first occurrence wins)."""
+    if all(n in a for n in b):
+        return a
+    return tuple(dict.fromkeys((*a, *b)))
+
+
+class ReplWait:
+    """A synchronous ADDJOB waiting for GOTJOBs (the job is in ``wait-repl``)."""
+
+    __slots__ = ("token", "deadline_ms")
+
+    def __init__(self, token: int, deadline_ms: int) -> None:
+        self.token = token
+        self.deadline_ms = deadline_ms  # 0 = no timeout (ms-timeout 0): until the TTL
+
+
+class Fed:
+    """Federation state of one queue: recent sources, NEEDJOBS backoff, import rate."""
+
+    __slots__ = ("queue", "responders", "adhoc_ms", "adhoc_attempt", "bcast_ms",
+                 "bcast_attempt", "rate_sec", "rate_now", "rate_prev", "ask_node",
+                 "ask_until_ms", "awake_ms")
+
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+        self.responders: dict[str, int] = {}  # node -> last time it sent us jobs (ms)
+        self.adhoc_ms = 0
+        self.adhoc_attempt = 0
+        self.bcast_ms = 0
+        self.bcast_attempt = 0
+        self.rate_sec = 0  # second the rate_now counter is about
+        self.rate_now = 0  # jobs imported during rate_sec
+        self.rate_prev = 0  # jobs imported during the second before
+        self.ask_node = ""  # last node whose NEEDJOBS we could not serve
+        self.ask_until_ms = 0
+        self.awake_ms = 0  # timer bucket (shard heap)
+
+    def import_rate(self, now_ms: int) -> int:
+        sec = now_ms // 1000
+        if sec == self.rate_sec:
+            return max(self.rate_now, self.rate_prev)
+        if sec == self.rate_sec + 1:
+            return self.rate_now
+        return 0
+
+    def count_import(self, n: int, now_ms: int) -> None:
+        sec = now_ms // 1000
+        if sec != self.rate_sec:
+            self.rate_prev = self.rate_now if sec == self.rate_sec + 1 else 0
+            self.rate_now = 0
+            self.rate_sec = sec
+        self.rate_now += n
+
+    def expire(self, now_ms: int) -> None:
+        if self.responders:
+            old = [n for n, t in self.responders.items() if now_ms - t > responders_ttl_ms]
+            for n in old:
+                del self.responders[n]
+
+
+class ClusterOps:
+    """Cluster messages and the cluster side of client commands (mixin of Shard)."""
+
+    # ------------------------------------------------------------------ view
+
+    def set_view(self: Shard, myid: str, peers: list[tuple[str, bool, bool]] | list[Any],
+                 leaving: bool) -> None:
+        """The membership view: our ID, every other known node as (id, reachable,
+        leaving), our own LEAVING flag. Replication targets are the reachable
+        nodes that are not leaving."""
+        if myid and myid != self.node_id:
+            self._set_node_id(myid)
+        known = tuple(p[0] for p in peers if p[0] != self.node_id)
+        self._known = known
+        self._peers = tuple(p[0] for p in peers if p[1] and not p[2] and p[0] != self.node_id)
+        self.set_leaving(leaving)
+
+    def set_leaving(self: Shard, leaving: bool) -> None:
+        """CLUSTER LEAVING: no new local copies, no NEEDJOBS, no dummy ACKs, and
+        blocked clients are released with -LEAVING (spec, "Gracefully removal")."""
+        was = self._leaving
+        self._leaving = leaving
+        if leaving and not was:
+            for w in list(self._waiters.values()):
+                self._drop_waiter(w, self._now_ms)
+                self._effects.append(Wake(w.token, ERR_LEAVING))
+
+    def _send(self: Shard, node: str, kind: str, slot: int, meta: dict[str, Any],
+              bodies: list[bytes] | None = None) -> None:
+        self._effects.append(Send(node, kind, slot, meta, bodies if bodies is not None else []))
+
+    def _others(self: Shard, job: Job) -> list[str]:
+        me = self.node_id
+        return [n for n in job.delivered if n != me]
+
+    def _send_job(self: Shard, nodes: list[str] | tuple[str, ...], kind: str, job: Job,
+                  meta: dict[str, Any] | None = None) -> None:
+        slot = slot_of_job_id(job.id)
+        m = {"j": job.id} if meta is None else meta
+        for n in nodes:
+            self._effects.append(Send(n, kind, slot, m, []))
+
+    def _reschedule(self: Shard, job: Job) -> None:
+        self._unschedule(job)
+        self._schedule(job, self._due(job))
+
+    # ------------------------------------------------------------------ ADDJOB
+
+    def _addjob_cluster(self: Shard, job: Job, q: Queue, need: int, external: bool,
+                        timeout_ms: int, async_: bool, token: int, now_ms: int) -> Any:
+        """Replicate a new job to ``need`` shuffled reachable peers (spec step 1);
+        ``job`` is not registered yet. ``external``: we keep no copy (leaving, or
+        past 75 % of maxmemory)."""
+        targets = list(self._peers)
+        self._rng.shuffle(targets)
+        chosen = tuple(targets[:need])
+        job.delivered = chosen if external else (self.node_id, *chosen)
+        if async_:
+            return self._addjob_async(job, q, chosen, external, now_ms)
+        job.state = WAIT_REPL
+        job.confirmed = () if external else (self.node_id,)
+        self._register(job)
+        deadline = now_ms + timeout_ms if timeout_ms else 0
+        self._repl[job.id] = ReplWait(token, deadline)
+        job.qtime_ms = now_ms + repl_step_ms
+        self._schedule(job, self._due(job))
+        self._send_repljob(job, chosen)
+        from workers.replies import PENDING
+
+        return PENDING
+
+    def _addjob_async(self: Shard, job: Job, q: Queue, chosen: tuple[str, ...],
+                      external: bool, now_ms: int) -> Any:
+        """ASYNC: reply at once, queue at once, replicate in the background (best effort)."""
+        self._send_repljob(job, chosen)
+        if external:
+            if chosen:
+                self._send_job([chosen[0]], "ENQUEUE", job)
+            return Status(job.id)
+        self._register(job)
+        self._activate(job, q, now_ms)
+        return Status(job.id)
+
+    def _send_repljob(self: Shard, job: Job, nodes: tuple[str, ...] | list[str]) -> None:
+        if not nodes:
+            return
+        rec = job.to_record()
+        slot = slot_of_job_id(job.id)
+        for n in nodes:
+            self._effects.append(Send(n, "REPLJOB", slot, {}, [rec]))
+
+    def _activate(self: Shard, job: Job, q: Queue, now_ms: int) -> None:
+        """A job of ours reached its replication: queue it (or wait for its DELAY)."""
+        job.state = ACTIVE
+        if job.delay_s:
+            job.qtime_ms = now_ms + job.delay_s * 1000
+            self._reschedule(job)
+        else:
+            job.qtime_ms = 0
+            self._unschedule(job)
+            self._enqueue(job, q, now_ms)
+        if self.aof:
+            from workers.effects import AofAppend
+
+            self._effects.append(AofAppend(job.to_record()))
+
+    def _fire_wait_repl(self: Shard, job: Job, now_ms: int) -> None:
+        rw = self._repl.get(job.id)
+        if rw is None:
+            self._unregister(job, now_ms)
+            return
+        if rw.deadline_ms and rw.deadline_ms <= now_ms:
+            self._repl_failed(job, now_ms)
+            return
+        if job.qtime_ms <= now_ms:
+            # Spec: one more node every 50 ms, and REPLJOB again to everyone in
+            # delivered so each can refresh its list of nodes that may have a copy.
+            have = job.delivered
+            fresh = [n for n in self._peers if n not in have]
+            if fresh:
+                job.delivered = (*have, self._rng.choice(fresh))
+            self._send_repljob(job, self._others(job))
+            job.qtime_ms = now_ms + repl_step_ms
+        self._schedule(job, self._due(job))
+
+    def _repl_failed(self: Shard, job: Job, now_ms: int) -> None:
+        """Timeout: error to the client, best-effort DELJOB of the copies made."""
+        rw = self._repl.pop(job.id, None)
+        self._send_job(self._others(job), "DELJOB", job)
+        self._unregister(job, now_ms)
+        if rw is not None:
+            self._effects.append(Wake(rw.token, ERR_NOREPL_TIMEOUT))
+
+    def _repl_done(self: Shard, job: Job, now_ms: int) -> None:
+        rw = self._repl.pop(job.id)
+        if self.node_id not in job.delivered:
+            # External replication: one node that got the job queues it; we keep no copy.
+            holder = self._rng.choice([n for n in job.confirmed if n != self.node_id])
+            self._send_job([holder], "ENQUEUE", job)
+            self._unregister_quiet(job, now_ms)
+        else:
+            self._activate(job, self._queue(job.queue, now_ms), now_ms)
+        self._effects.append(Wake(rw.token, Status(job.id)))
+
+    # ------------------------------------------------------------------ messages
+
+    def on_message(self: Shard, sender: str, kind: str, meta: dict[str, Any],
+                   bodies: list[bytes], now_ms: int) -> None:
+        """One cluster message from node ``sender`` (malformed input is dropped)."""
+        self._now_ms = now_ms
+        handler = _HANDLERS.get(kind)
+        if handler is None:
+            return
+        try:
+            handler(self, sender, meta, bodies, now_ms)
+        except (KeyError, ValueError, TypeError, IndexError, UnicodeDecodeError):
+            return  # a malformed message from a peer never crashes the worker
+
+    def _job_of(self: Shard, meta: dict[str, Any]) -> Job | None:
+        jid = meta["j"]
+        if type(jid) is not str or len(jid) != 40:
+            return None
+        return self.lookup(jid)
+
+    def _on_repljob(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
+                    now_ms: int) -> None:
+        job = Job.from_record(bodies[0])
+        old = self.lookup(job.id)
+        if old is not None:
+            old.delivered = union(old.delivered, job.delivered)
+            self._send_job([sender], "GOTJOB", old)
+            return
+        if job.etime_ms <= now_ms:
+            return
+        q = self._queues.get(job.queue)
+        if q is not None and q.paused & PAUSED_IN:
+            return  # a queue paused in input takes no copies (spec, PAUSE)
+        q = self._queue(job.queue, now_ms)
+        job.queue = q.name
+        job.state = ACTIVE
+        job.delivered = union(job.delivered, (self.node_id, sender))
+        job.confirmed = ()
+        if job.retry_s:
+            job.qtime_ms = (now_ms + (job.delay_s + job.retry_s) * 1000
+                            + self._jitter())
+        else:
+            job.qtime_ms = 0
+        self._register(job)
+        self._schedule(job, self._due(job))
+        if self.aof:
+            from workers.effects import AofAppend
+
+            self._effects.append(AofAppend(job.to_record()))
+        # Disque answers a duplicate REPLJOB too: a lost GOTJOB is then re-sent.
+        self._send_job([sender], "GOTJOB", job)
+
+    def _on_gotjob(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
+                   now_ms: int) -> None:
+        job = self._job_of(meta)
+        if job is None or job.state != WAIT_REPL:
+            return
+        job.delivered = union(job.delivered, (sender,))
+        job.confirmed = union(job.confirmed, (sender,))
+        if len(job.confirmed) >= job.repl:
+            self._repl_done(job, now_ms)
+
+    def _on_enqueue(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
+                    now_ms: int) -> None:
+        job = self._job_of(meta)
+        if job is None or job.state != ACTIVE:
+            return
+        q = self._queue(job.queue, now_ms)
+        if q.paused & PAUSED_IN:
+            return  # spec: a queue paused in input accepts no ENQUEUE messages
+        self._enqueue(job, q, now_ms)
+
+    def _on_willqueue(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
+                      now_ms: int) -> None:
+        job = self._job_of(meta)
+        if job is None:
+            return
+        job.delivered = union(job.delivered, (sender,))
+        if job.state == QUEUED:
+            self._send_job(self._others(job), "QUEUED", job)
+        elif job.state == ACKED:
+            self._send_job([sender], "SETACK", job, {"j": job.id, "m": len(job.delivered)})
+
+    def _on_queued(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
+                   now_ms: int) -> None:
+        job = self._job_of(meta)
+        if job is None or job.state == WAIT_REPL:
+            return
+        if job.state == ACKED:
+            self._send_job([sender], "SETACK", job, {"j": job.id, "m": len(job.delivered)})
+            return
+        job.delivered = union(job.delivered, (sender,))
+        if job.state == QUEUED and sender > self.node_id:
+            self._dequeue(job, self._queues[job.queue], now_ms)  # the greater ID keeps it
+        if job.retry_s:
+            job.qtime_ms = now_ms + job.retry_s * 1000 + self._jitter()
+            job.flags &= ~FLAG_WILLQUEUE_SENT
+            self._reschedule(job)
+
+    def _send_queued(self: Shard, job: Job) -> None:
+        others = self._others(job)
+        if others:
+            self._send_job(others, "QUEUED", job)
+
+    # ------------------------------------------------------------------ acks and GC
+
+    def _ack_cluster(self: Shard, job: Job, now_ms: int) -> bool:
+        """ACK-JOB: mark acked; returns False when the job was dropped at once
+        (nobody else may have a copy)."""
+        if job.state == ACKED:
+            return True
+        if job.state == QUEUED:
+            self._dequeue(job, self._queues[job.queue], now_ms)
+        elif job.state == WAIT_REPL:
+            rw = self._repl.pop(job.id, None)
+            if rw is not None:
+                self._effects.append(Wake(rw.token, Status(job.id)))
+        job.state = ACKED
+        job.flags &= ~FLAG_WILLQUEUE_SENT
+        if job.delivered and not self._others(job):
+            self._unregister(job, now_ms)
+            return False
+        job.confirmed = (self.node_id,) if self.node_id in job.delivered else ()
+        job.qtime_ms = 0
+        self._gc_tries.pop(job.id, None)
+        if self.aof:
+            from workers.effects import AofAppend
+
+            self._effects.append(AofAppend(job.to_record()))
+        return True
+
+    def _start_gc(self: Shard, job: Job, now_ms: int) -> None:
+        """START-GC, then arm the next attempt (exponential backoff, random error)."""
+        if not job.delivered:
+            self._send("*", "SETACK", slot_of_job_id(job.id), {"j": job.id, "m": 0})
+        else:
+            may_have = len(job.delivered)
+            conf = job.confirmed
+            todo = [n for n in job.delivered if n != self.node_id and n not in conf]
+            self._send_job(todo, "SETACK", job, {"j": job.id, "m": may_have})
+        tries = self._gc_tries.get(job.id, 0)
+        if tries >= gc_attempts_max:
+            self._unregister(job, now_ms)  # reclaim memory (spec: GC "after some time")
+            return
+        self._gc_tries[job.id] = tries + 1
+        delay = min(gc_first_ms << min(tries, 16), gc_backoff_max_ms)
+        job.qtime_ms = now_ms + delay + int(self._rng.random() * delay / 2)
+        self._reschedule(job)
+
+    def _dummy_ack(self: Shard, job_id: str, now_ms: int) -> None:
+        """ACKJOB of a job we do not know: keep the ACK (empty ``acked`` job) so it
+        survives a partition; its TTL comes from the ID."""
+        ttl_s = max(int(job_id[36:40], 16) * 60, 60)
+        job = Job(job_id, b"", b"", ACKED, 0, ttl_s, now_ms * US_PER_MS, 0, 1, 0, ())
+        self._register(job)
+        self._start_gc(job, now_ms)
+
+    def _ackjob_unknown(self: Shard, job_id: str, now_ms: int) -> None:
+        if self._known and not self._leaving and not is_at_most_once_id(job_id):
+            self._dummy_ack(job_id, now_ms)
+
+    def _on_setack(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
+                   now_ms: int) -> None:
+        jid = meta["j"]
+        may_have = int(meta["m"])
+        job = self._job_of(meta)
+        slot = slot_of_job_id(jid)
+        if job is not None and not self._ack_cluster(job, now_ms):
+            job = None  # gone at once: answer as if unknown... but we knew it
+            self._send(sender, "GOTACK", slot, {"j": jid, "k": 1})
+            return
+        if job is None:
+            self._send(sender, "GOTACK", slot, {"j": jid, "k": 0})
+            return
+        n = len(job.delivered)
+        if may_have == 0:
+            self._send(sender, "GOTACK", slot, {"j": jid, "k": 1})
+            self._start_gc(job, now_ms)
+        elif n <= may_have:
+            self._send(sender, "GOTACK", slot, {"j": jid, "k": 1})
+        else:
+            self._start_gc(job, now_ms)  # we know more holders: we run the GC
+
+    def _on_gotack(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
+                   now_ms: int) -> None:
+        job = self._job_of(meta)
+        if job is None:
+            return
+        known = bool(meta["k"])
+        if not self._ack_cluster(job, now_ms):
+            return
+        if not job.delivered:  # a dummy ACK
+            if known:
+                self._unregister(job, now_ms)  # a node that knows the job runs the GC
+                return
+            job.confirmed = union(job.confirmed, (sender,))
+            if all(n in job.confirmed for n in self._known):
+                self._unregister(job, now_ms)  # nobody knows the job (a wrong ID)
+            return
+        if known or sender in job.delivered:
+            job.delivered = union(job.delivered, (sender,))
+            job.confirmed = union(job.confirmed, (sender,))
+            if all(n in job.confirmed for n in job.delivered):
+                self._send_job(self._others(job), "DELJOB", job)
+                self._unregister(job, now_ms)
+
+    def _on_deljob(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
+                   now_ms: int) -> None:
+        job = self._job_of(meta)
+        if job is None:
+            return
+        if job.state == WAIT_REPL:
+            return  # our own pending ADDJOB: its timer decides
+        self._unregister(job, now_ms)
+
+    def _fastack_cluster(self: Shard, job_id: str, job: Job | None) -> None:
+        if job is None:
+            if self._known:
+                self._send("*", "DELJOB", slot_of_job_id(job_id), {"j": job_id})
+            return
+        self._send_job(self._others(job), "DELJOB", job)
+
+    # ------------------------------------------------------------------ federation
+
+    def _fed_of(self: Shard, q: Queue) -> Fed | None:
+        fed = self._fed.get(q.name)
+        if fed is None:
+            if len(self._fed) >= fed_queues_max:
+                return None
+            fed = self._fed[q.name] = Fed(q)
+        return fed
+
+    def _needjobs(self: Shard, q: Queue, reached_zero: bool, now_ms: int) -> None:
+        """Disque's needJobsForQueue: ad hoc to recent sources, else broadcast."""
+        if self._leaving or not self._peers:
+            return
+        fed = self._fed.get(q.name)
+        if reached_zero and (fed is None or not fed.import_rate(now_ms)):
+            return
+        if fed is None:
+            fed = self._fed_of(q)
+            if fed is None:
+                return
+        fed.expire(now_ms)
+        rate = fed.import_rate(now_ms)
+        nodes = len(fed.responders) or len(self._peers)
+        want = max(needjobs_count_min, min(needjobs_count_max, rate // max(nodes, 1)))
+        name = [q.name]
+        if not fed.responders:
+            delay = min(needjobs_bcast_min_ms << min(fed.bcast_attempt, 20),
+                        needjobs_bcast_max_ms)
+            if not fed.bcast_ms or now_ms - fed.bcast_ms >= delay:
+                fed.bcast_ms = now_ms
+                fed.bcast_attempt += 1
+                self._send("*", "NEEDJOBS", q.slot, {"c": want}, name)
+        else:
+            delay = min(needjobs_adhoc_min_ms << min(fed.adhoc_attempt, 20),
+                        needjobs_adhoc_max_ms)
+            if reached_zero or not fed.adhoc_ms or now_ms - fed.adhoc_ms >= delay:
+                fed.adhoc_ms = now_ms
+                fed.adhoc_attempt += 1
+                for n in fed.responders:
+                    self._send(n, "NEEDJOBS", q.slot, {"c": want}, name)
+        self._arm_fed(fed, now_ms)
+
+    def _arm_fed(self: Shard, fed: Fed, now_ms: int) -> None:
+        q = fed.queue
+        if q.waiters is None or self._leaving:
+            return
+        if fed.responders:
+            nxt = fed.adhoc_ms + min(needjobs_adhoc_min_ms << min(fed.adhoc_attempt, 20),
+                                     needjobs_adhoc_max_ms)
+        else:
+            nxt = fed.bcast_ms + min(needjobs_bcast_min_ms << min(fed.bcast_attempt, 20),
+                                     needjobs_bcast_max_ms)
+        self._unschedule(fed)
+        self._schedule(fed, max(nxt, now_ms + 1))
+
+    def _fire_fed(self: Shard, fed: Fed, now_ms: int) -> None:
+        q = fed.queue
+        if self._fed.get(q.name) is not fed or self._queues.get(q.name) is not q:
+            return
+        if q.waiters is None or self._leaving:
+            return
+        if not q.live or q.paused & PAUSED_OUT:
+            self._needjobs(q, False, now_ms)
+        else:
+            self._arm_fed(fed, now_ms)
+
+    def _on_needjobs(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
+                     now_ms: int) -> None:
+        name = bytes(bodies[0])
+        count = int(meta["c"])
+        q = self._queues.get(name)
+        if q is None or q.paused & PAUSED_OUT:
+            return  # spec: no jobs for other nodes out of a queue paused in output
+        if not q.live:
+            fed = self._fed_of(q)
+            if fed is not None:
+                fed.ask_node = sender
+                fed.ask_until_ms = now_ms + needjobs_ask_ttl_ms
+            return
+        self._send_yourjobs(q, sender, min(max(count, 1), needjobs_count_max), now_ms)
+
+    def _send_yourjobs(self: Shard, q: Queue, node: str, count: int, now_ms: int) -> None:
+        """Move up to ``count`` queued jobs to ``node``. Each leaves the queue as it is
+        serialized for the wire; we keep an active copy of at-least-once jobs (they
+        are queued again after RETRY if the message is lost) and an active copy
+        with no requeue time of at-most-once ones (so an ACK still finds them)."""
+        recs: list[bytes] = []
+        size = 0
+        while len(recs) < count and size < yourjobs_bytes_max:
+            job = q.pop()
+            if job is None:
+                break
+            job.state = ACTIVE
+            job.delivered = union(job.delivered, (node,))
+            job.flags &= ~FLAG_WILLQUEUE_SENT
+            if job.retry_s:
+                job.qtime_ms = now_ms + job.retry_s * 1000 + self._jitter()
+            else:
+                job.qtime_ms = 0
+            self._reschedule(job)
+            recs.append(job.to_record())
+            size += len(job.body)
+        if recs:
+            q.atime_ms = now_ms
+            self._send(node, "YOURJOBS", q.slot, {}, recs)
+        self._maybe_idle(q, now_ms)
+
+    def _on_yourjobs(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
+                     now_ms: int) -> None:
+        q: Queue | None = None
+        n = 0
+        for rec in bodies:
+            job = Job.from_record(rec)
+            if job.etime_ms <= now_ms:
+                continue
+            q = self._queue(job.queue, now_ms)
+            old = self.lookup(job.id)
+            if old is not None:
+                old.delivered = union(old.delivered, (sender,))
+                if old.state == ACTIVE:
+                    self._unschedule(old)
+                    self._enqueue(old, q, now_ms)
+                    n += 1
+                continue
+            job.queue = q.name
+            job.state = ACTIVE
+            job.delivered = union(job.delivered, (self.node_id, sender))
+            job.confirmed = ()
+            self._register(job)
+            self._enqueue(job, q, now_ms)
+            if self.aof:
+                from workers.effects import AofAppend
+
+                self._effects.append(AofAppend(job.to_record()))
+            n += 1
+        if q is None:
+            return
+        fed = self._fed_of(q)
+        if fed is not None:
+            fed.responders[sender] = now_ms
+            fed.count_import(n, now_ms)
+            fed.adhoc_attempt = 0
+            fed.bcast_attempt = 0
+
+    def _push_to_asker(self: Shard, q: Queue, now_ms: int) -> None:
+        """A job was queued in an otherwise empty queue with no local consumer: if a
+        node asked for this queue recently, it gets the job now (a late YOURJOBS)."""
+        fed = self._fed.get(q.name)
+        if fed is None or not fed.ask_node or fed.ask_until_ms < now_ms:
+            return
+        if fed.ask_node not in self._peers and fed.ask_node not in self._known:
+            fed.ask_node = ""
+            return
+        node = fed.ask_node
+        fed.ask_node = ""  # one push per NEEDJOBS: the asker asks again if it wants more
+        self._send_yourjobs(q, node, needjobs_count_min, now_ms)
+
+    def _qstat_import(self: Shard, q: Queue, now_ms: int) -> tuple[list[str], int]:
+        fed = self._fed.get(q.name)
+        if fed is None:
+            return [], 0
+        fed.expire(now_ms)
+        return list(fed.responders), fed.import_rate(now_ms)
+
+    # ------------------------------------------------------------------ PAUSE bcast
+
+    def _on_pause(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
+                  now_ms: int) -> None:
+        flags = int(meta["f"]) & (PAUSED_IN | PAUSED_OUT)
+        self._set_pause(bytes(bodies[0]), flags, now_ms)
+
+
+_HANDLERS: dict[str, Any] = {
+    "REPLJOB": ClusterOps._on_repljob,
+    "GOTJOB": ClusterOps._on_gotjob,
+    "ENQUEUE": ClusterOps._on_enqueue,
+    "WILLQUEUE": ClusterOps._on_willqueue,
+    "QUEUED": ClusterOps._on_queued,
+    "SETACK": ClusterOps._on_setack,
+    "GOTACK": ClusterOps._on_gotack,
+    "DELJOB": ClusterOps._on_deljob,
+    "NEEDJOBS": ClusterOps._on_needjobs,
+    "YOURJOBS": ClusterOps._on_yourjobs,
+    "PAUSE": ClusterOps._on_pause,
+}
