@@ -468,8 +468,11 @@ class Worker:
     def on_view(self, view: dict[str, Any]) -> None:
         from bus import membership as mb
 
-        peers = [p.node_id for p in mb.peers(view) if p.reachable and p.node_id != self.node_id]
-        self.shard.set_peers(peers)
+        # The shard needs every known node (default REPLICATE = cluster size), which are
+        # reachable, which are leaving, our own LEAVING flag and our ID (RESET HARD).
+        peers = [(p.node_id, p.reachable, p.leaving) for p in mb.peers(view)]
+        self.shard.set_view(view.get("myid", self.node_id), peers, bool(view.get("leaving")))
+        self.drain_effects()  # LEAVING releases blocked clients with -LEAVING
 
     def _tick(self) -> None:
         self.tick_handle = None
