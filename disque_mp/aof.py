@@ -735,12 +735,81 @@ class AofManager:
         loop.call_soon(self.turn_commit)
 
     def turn_commit(self) -> None:
-        """Once per loop turn with appends: commit, then release held replies."""
+        """Once per loop turn with appends: commit, then release held replies.
+
+        With ``always`` and a running loop the fdatasync runs in the fsync thread
+        (``_sync_async``): the loop keeps reading and running commands of other
+        connections meanwhile, and their records ride on the next fsync."""
         self._commit_scheduled = False
+        if self.loop is not None and not self.closed and self.holds_replies():
+            self._sync_async()
+            return
         self.commit()
-        held, self.held = self.held, []
-        for seq, deliver, value in held:
-            deliver(value if seq <= self.durable else Error(self.error_reply()))
+        self._release(self.durable, self.appended)
+
+    def _release(self, good_seq: int, failed_seq: int) -> None:
+        """Deliver held replies whose records are durable (``seq <= good_seq``) and
+        the AOF error to those whose write or fsync failed (``seq <= failed_seq``;
+        0 = none failed); the others wait for a later fsync."""
+        keep: list[tuple[int, Callable[[Any], None], Any]] = []
+        for item in self.held:
+            seq, deliver, value = item
+            if seq <= good_seq:
+                deliver(value)
+            elif seq <= failed_seq:
+                deliver(Error(self.error_reply()))
+            else:
+                keep.append(item)
+        self.held = keep
+
+    def _sync_async(self) -> None:
+        writer = self.writer
+        assert writer is not None
+        try:
+            writer.write_pending()
+        except OSError as e:
+            self._write_failed(e)
+            self._release(self.durable, self.appended)
+            return
+        if self.records_dropped:
+            self.commit()  # reports the loss and schedules the healing rewrite
+            self._release(self.durable, self.appended)
+            return
+        if self._fsync_future is not None:
+            return  # one fsync at a time: _fsync_done starts the next one
+        if not writer.unsynced:
+            self.durable = self.appended
+            self._release(self.durable, 0)
+            return
+        self._start_fsync(writer)
+
+    def _start_fsync(self, writer: AofWriter) -> None:
+        if self._fsync_thread is None:
+            self._fsync_thread = ThreadPoolExecutor(1, thread_name_prefix="aof-fsync")
+        seq = self.appended  # write_pending wrote every record appended so far
+        writer.unsynced = False
+        loop = self.loop
+        assert loop is not None
+        fut = self._fsync_thread.submit(_fsync_fd, writer.fd)
+        self._fsync_future = fut
+        fut.add_done_callback(
+            lambda f: loop.call_soon_threadsafe(self._fsync_done, f, seq, writer))
+
+    def _fsync_done(self, fut: Future[None], seq: int, writer: AofWriter) -> None:
+        if self._fsync_future is fut:
+            self._fsync_future = None
+        err = fut.exception()
+        if isinstance(err, OSError):
+            writer.unsynced = True
+            self._write_failed(err)
+            self._release(self.durable, seq)
+        else:
+            if writer is self.writer:
+                self._write_recovered()
+            self.durable = max(self.durable, seq)
+            self._release(self.durable, 0)
+        if self.held and not self._commit_scheduled:
+            self._schedule_commit()  # records written meanwhile need their fsync
 
     def error_reply(self) -> str:
         """Error text (without the leading ``-``) for a command whose record could

@@ -169,14 +169,15 @@ def test_controlled_restart_keeps_queues_and_their_order(tmp_path: Path) -> None
             r.execute_command("SHUTDOWN", "REWRITE-AOF")
         except (redis.ConnectionError, redis.TimeoutError):
             pass
-        assert node.wait_exit() == 0
+        assert node.wait_exit() == 0, node.output()
         assert "aof-enqueue-jobs-once yes" in node.conf_path.read_text()
         node.conf["aof-enqueue-jobs-once"] = "yes"  # NodeProc rewrites the file on start
         node.start()
         r = node.client(protocol=2)
-        assert _queues_state(r, queues) == before
+        assert _queues_state(r, queues) == before, node.output()
         assert r.execute_command("CONFIG", "GET", "aof-enqueue-jobs-once")[1] in (b"no", "no")
-        assert "aof-enqueue-jobs-once yes" not in node.conf_path.read_text(), "turned off on disk"
+        node.wait_for(lambda: "aof-enqueue-jobs-once yes" not in node.conf_path.read_text(),
+                      what="aof-enqueue-jobs-once turned off in the config file")
     finally:
         node.stop()
 

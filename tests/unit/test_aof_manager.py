@@ -14,6 +14,7 @@ from disque_mp.config import Config
 from workers.effects import AofAppend
 from workers.ids import owner_of_job_id, owner_of_queue
 from workers.job import DEL_RECORD_TAG, Job, del_record, job_id_of_record
+from workers.replies import Error
 from workers.shard import Shard
 
 NODE = "0123abcd" * 5
@@ -455,3 +456,37 @@ def test_flushall_leaves_nothing_to_reload(tmp_path: Path) -> None:
     mgr.shutdown(rewrite=False)
     shard2, _ = start(tmp_path, 0, 1)
     assert shard2.jobs() == []
+
+
+def test_group_commit_in_a_loop_releases_held_replies_after_the_fsync(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """appendfsync always with a running loop: the fsync runs in the fsync thread;
+    held replies come out after it (or as the AOF error when it fails)."""
+    import asyncio
+
+    fault = tmp_path / "fault"
+    monkeypatch.setattr(aof, "_fault_path", str(fault))
+    shard, mgr = start(tmp_path, 0, 1, appendfsync="always")
+    out: list[object] = []
+
+    async def scenario() -> None:
+        task = asyncio.get_running_loop().create_task(mgr.run())
+        for n in range(3):  # three "connections" in one loop turn: one fsync for all
+            before = mgr.appended
+            add_logged(shard, mgr, queue_of(0, 1))
+            assert mgr.appended > before
+            mgr.hold(mgr.appended, out.append, f"ok{n}")
+        assert out == [], "nothing leaves before the commit"
+        while len(out) < 3:
+            await asyncio.sleep(0.01)
+        fault.write_text("EIO")
+        add_logged(shard, mgr, queue_of(0, 1))
+        mgr.hold(mgr.appended, out.append, "lost")
+        while len(out) < 4:
+            await asyncio.sleep(0.01)
+        mgr.closed = True
+        await task
+
+    asyncio.run(scenario())
+    assert out[:3] == ["ok0", "ok1", "ok2"]
+    assert isinstance(out[3], Error) and out[3].startswith("ERR Error writing to the AOF")
