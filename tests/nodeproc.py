@@ -26,6 +26,7 @@ import redis
 
 REPO = Path(__file__).resolve().parent.parent
 start_timeout_s = 20.0  # a cold start imports uvloop/hiredis in every worker
+READY_LINE = b"Ready to accept connections"  # the supervisor's line once every worker accepts
 
 
 def _port_free(port: int) -> bool:
@@ -70,6 +71,7 @@ class NodeProc:
         self.conf_path = self.dir / "disque.conf"
         self.out_path = self.dir / "node.out"
         self.pgid: int | None = None  # survives the supervisor, for teardown
+        self.log_offset = 0  # size of the log before this run started
 
     def write_conf(self) -> None:
         lines = [f"port {self.port}", "bind 127.0.0.1", f"dir {self.dir}", f"workers {self.workers}",
@@ -79,6 +81,8 @@ class NodeProc:
 
     def start(self, wait: bool = True) -> NodeProc:
         self.write_conf()
+        path = self._log_path()  # only lines this run appends count for readiness
+        self.log_offset = path.stat().st_size if path is not None and path.exists() else 0
         env = dict(os.environ)
         env.update(self.env or {})
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
@@ -94,19 +98,42 @@ class NodeProc:
         return self
 
     def wait_ready(self, timeout_s: float = start_timeout_s) -> None:
+        """Until PING answers and the supervisor has logged that EVERY worker
+        accepts (one worker answering PING is not a ready node)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"node exited with {self.proc.returncode}:\n{self.output()}")
             try:
                 r = redis.Redis(port=self.port, protocol=2, socket_timeout=1)
-                if r.ping():
+                if r.ping() and self._supervisor_ready():
                     r.close()
                     return
+                r.close()
             except (redis.ConnectionError, redis.TimeoutError, OSError):
                 pass
             time.sleep(0.05)
         raise TimeoutError(f"node on port {self.port} not ready:\n{self.output()}")
+
+    def _log_path(self) -> Path | None:
+        """Where this run's supervisor logs its notices, None if we cannot tell."""
+        if any(a in ("--logfile", "--loglevel") for a in self.extra_args):
+            return None
+        if str(self.conf.get("loglevel", "verbose")).lower() == "warning":
+            return None  # the ready line is a notice
+        name = str(self.conf.get("logfile", "disque.log"))
+        return self.out_path if name in ("", '""', "''") else self.dir / name
+
+    def _supervisor_ready(self) -> bool:
+        path = self._log_path()
+        if path is None:
+            return True
+        try:
+            with open(path, "rb") as f:
+                f.seek(self.log_offset)
+                return READY_LINE in f.read()
+        except FileNotFoundError:
+            return False
 
     def output(self) -> str:
         """What the node printed (stdout/stderr) and the tail of its log file."""
