@@ -195,13 +195,15 @@ def info_fields(maxmemory: int, policy: str, parts: list[Any]) -> list[tuple[str
     rss = sum(int(p.get("rss", 0)) for p in parts)
     peak = max([used] + [int(m.get("peak", 0)) for m in mem])
     ratio = f"{rss / used:.2f}" if used else "0.00"
-    level = max([0] + [int(m.get("level", 0)) for m in mem])
+    # Workers agree on the level within one sample; during a change both ends show.
+    levels = [int(m.get("level", 0)) for m in mem] or [0]
     return [
         ("used_memory", used), ("used_memory_human", human(used)), ("used_memory_rss", rss),
         ("used_memory_peak", peak), ("used_memory_peak_human", human(peak)),
         ("mem_fragmentation_ratio", ratio), ("mem_allocator", "pymalloc+libc"),
         ("maxmemory", maxmemory), ("maxmemory_human", human(maxmemory)),
-        ("maxmemory_policy", policy), ("memory_warning_level", level),
+        ("maxmemory_policy", policy), ("memory_warning_level", max(levels)),
+        ("memory_warning_level_min", min(levels)),
         ("evicted_jobs", sum(int(m.get("evicted_jobs", 0)) for m in mem)),
         ("evicted_queues", sum(int(m.get("evicted_queues", 0)) for m in mem)),
     ]  # fmt: skip

@@ -111,7 +111,8 @@ def test_info_fields_follow_the_reference_order() -> None:
     got = dict(fields)
     assert got["used_memory"] == 500 and got["used_memory_rss"] == 3000
     assert got["used_memory_peak"] == 500 and got["mem_fragmentation_ratio"] == "6.00"
-    assert got["memory_warning_level"] == 1 and got["evicted_jobs"] == 5
+    assert got["memory_warning_level"] == 1 and got["memory_warning_level_min"] == 0
+    assert got["evicted_jobs"] == 5
     assert got["maxmemory"] == 1 << 20 and got["maxmemory_human"] == "1.00M"
 
 
