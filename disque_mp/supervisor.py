@@ -336,8 +336,12 @@ class Supervisor:
     def _wait(self, timeout_s: float | None) -> None:
         fds = [self.wake_r] + [s.proc.sentinel for s in self.slots if s.proc is not None]
         fds += [s.sets_fd for s in self.slots if s.sets_fd >= 0]
+        poller = select.poll()  # not select(): 1024 workers would pass FD_SETSIZE
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        timeout_ms = None if timeout_s is None else int(timeout_s * 1000)
         with contextlib.suppress(InterruptedError):
-            readable, _, _ = select.select(fds, [], [], timeout_s)
+            readable = {fd for fd, _ in poller.poll(timeout_ms)}
             for slot in self.slots:
                 if slot.sets_fd >= 0 and slot.sets_fd in readable:
                     self._read_sets(slot)
