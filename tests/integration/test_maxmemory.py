@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 
+from disque_mp import aof, memory
 from tests.integration.conftest import NULL_ARRAY, NULL_BULK, Err, RawClient
 from tests.nodeproc import NodeProc
-from workers.ids import owner_of_queue
+from workers.ids import JobIdGen, owner_of_queue, slot_of
+from workers.job import ACKED, QUEUED, Job
 
 BODY = b"b" * 65536
 OOM = "OOM command not allowed when used memory > 'maxmemory'."
@@ -211,3 +213,47 @@ def test_100_percent_oom_for_denyoom_commands_only(node: NodeProc, c: RawClient)
     wait_level(c, 0)
     assert add_id(c, queues[0])
     assert sum(c.call("QLEN", q) for q in queues) == len(ids) - acked + 1
+
+
+def _write_aof_with_acks(directory: Path, acked: int, queued: int) -> tuple[list[str], list[str]]:
+    """A 1-worker AOF holding ``acked`` ACKs another node may still need (kept after
+    the ACK) and ``queued`` at-least-once jobs: acked jobs only stay on a node whose
+    copies went to other nodes, which a single node cannot make by itself."""
+    directory.mkdir(parents=True, exist_ok=True)
+    gen = JobIdGen("f" * 40, b"memory-test")
+    now_us = time.time_ns() // 1000
+    other = ("a" * 40, "b" * 40)
+    records: list[bytes] = []
+    ids: dict[int, list[str]] = {ACKED: [], QUEUED: []}
+    for state, n in ((ACKED, acked), (QUEUED, queued)):
+        for i in range(n):
+            queue = b"aofq%d" % (i % 4)
+            jid = gen.make(slot_of(queue), 86400, 60)
+            job = Job(jid, queue, BODY, state, 2, 86400, now_us + len(records), 0, 60,
+                      0, other)
+            records.append(job.to_record())
+            ids[state].append(jid)
+    aof.write_new_file(str(directory), aof.file_name("appendonly.aof", 0, 1),
+                       aof.FileHeader(1, 1, 0), iter(records))
+    return ids[ACKED], ids[QUEUED]
+
+
+def test_95_percent_evicts_acked_jobs(tmp_path: Path) -> None:
+    acked, queued = _write_aof_with_acks(tmp_path / "n", 16, 24)
+    conf = {"maxmemory": "64mb", "appendonly": "yes"}
+    with NodeProc(tmp_path / "n", workers=2, conf=conf) as n:
+        c = RawClient(n.port)
+        for jid in acked:
+            show = c.call("SHOW", jid)
+            assert isinstance(show, list) and show[5] == b"acked", show
+        used = int(info_memory(c)["used_memory"])
+        kept = used - len(acked) * (len(BODY) + memory.job_overhead_bytes)
+        set_maxmemory(c, int(kept / 0.97))
+        wait_for(lambda: int(info_memory(c)["evicted_jobs"]) == len(acked), "eviction")
+        wait_level(c, 2)  # what stays is still 97 %: nothing else may go
+        assert all(c.call("SHOW", jid) is NULL_BULK for jid in acked)
+        for jid in queued:  # reloaded active (normal restart), never evicted
+            show = c.call("SHOW", jid)
+            assert isinstance(show, list) and show[5] == b"active", show
+        assert int(info_memory(c)["evicted_jobs"]) == len(acked)
+        c.close()
