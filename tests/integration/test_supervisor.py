@@ -8,6 +8,7 @@ timing assertions.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -143,6 +144,10 @@ def test_start_and_ping(tmp_path: Path, workers: int) -> None:
         assert ":X " in log and "Ready to accept connections" in log
         for i in range(workers):  # workers log through the same file, with their role
             assert f":W{i} " in log
+        # Redis' line shape: pid:role dd Mon HH:MM:SS.mmm <mark> message
+        line_re = re.compile(r"^\d+:(X|W\d+) \d\d [A-Z][a-z]{2} \d\d:\d\d:\d\d\.\d{3} [.\-*#] \S")
+        lines = [line for line in log.splitlines() if line and not line.startswith((" ", "Traceback"))]
+        assert lines and all(line_re.match(line) for line in lines), log
         assert node.stop() == 0
     assert not (tmp_path / "disque.pid").exists()
 
