@@ -87,6 +87,7 @@ yourjobs_bytes_max = 4 << 20
 # queued here meanwhile, with no local consumer waiting, goes to the asker at
 # once instead of waiting for the asker's next (backed off) NEEDJOBS.
 needjobs_ask_ttl_ms = 5000
+needjobs_asks_max = 65536  # queues with a remembered ask (cleared when full)
 fed_queues_max = 65536  # bound on queues with federation state (evicted with their queue)
 
 
@@ -111,8 +112,7 @@ class Fed:
     """Federation state of one queue: recent sources, NEEDJOBS backoff, import rate."""
 
     __slots__ = ("queue", "responders", "adhoc_ms", "adhoc_attempt", "bcast_ms",
-                 "bcast_attempt", "rate_sec", "rate_now", "rate_prev", "ask_node",
-                 "ask_until_ms", "awake_ms")
+                 "bcast_attempt", "rate_sec", "rate_now", "rate_prev", "awake_ms")
 
     def __init__(self, queue: Queue) -> None:
         self.queue = queue
@@ -124,8 +124,6 @@ class Fed:
         self.rate_sec = 0  # second the rate_now counter is about
         self.rate_now = 0  # jobs imported during rate_sec
         self.rate_prev = 0  # jobs imported during the second before
-        self.ask_node = ""  # last node whose NEEDJOBS we could not serve
-        self.ask_until_ms = 0
         self.awake_ms = 0  # timer bucket (shard heap)
 
     def import_rate(self, now_ms: int) -> int:
@@ -529,7 +527,7 @@ class ClusterOps:
 
     def _needjobs(self: Shard, q: Queue, reached_zero: bool, now_ms: int) -> None:
         """Disque's needJobsForQueue: ad hoc to recent sources, else broadcast."""
-        if self._leaving or not self._peers:
+        if self._leaving or not self._known:
             return
         fed = self._fed.get(q.name)
         if reached_zero and (fed is None or not fed.import_rate(now_ms)):
@@ -540,7 +538,7 @@ class ClusterOps:
                 return
         fed.expire(now_ms)
         rate = fed.import_rate(now_ms)
-        nodes = len(fed.responders) or len(self._peers)
+        nodes = len(fed.responders) or len(self._known)
         want = max(needjobs_count_min, min(needjobs_count_max, rate // max(nodes, 1)))
         name = [q.name]
         if not fed.responders:
@@ -589,13 +587,12 @@ class ClusterOps:
         name = bytes(bodies[0])
         count = int(meta["c"])
         q = self._queues.get(name)
-        if q is None or q.paused & PAUSED_OUT:
+        if q is not None and q.paused & PAUSED_OUT:
             return  # spec: no jobs for other nodes out of a queue paused in output
-        if not q.live:
-            fed = self._fed_of(q)
-            if fed is not None:
-                fed.ask_node = sender
-                fed.ask_until_ms = now_ms + needjobs_ask_ttl_ms
+        if q is None or not q.live:
+            if len(self._asks) >= needjobs_asks_max:
+                self._asks.clear()  # only latency is lost: askers ask again
+            self._asks[name] = (sender, now_ms + needjobs_ask_ttl_ms)
             return
         self._send_yourjobs(q, sender, min(max(count, 1), needjobs_count_max), now_ms)
 
@@ -665,15 +662,10 @@ class ClusterOps:
     def _push_to_asker(self: Shard, q: Queue, now_ms: int) -> None:
         """A job was queued in an otherwise empty queue with no local consumer: if a
         node asked for this queue recently, it gets the job now (a late YOURJOBS)."""
-        fed = self._fed.get(q.name)
-        if fed is None or not fed.ask_node or fed.ask_until_ms < now_ms:
+        ask = self._asks.pop(q.name, None)  # one push per NEEDJOBS: askers ask again
+        if ask is None or ask[1] < now_ms or ask[0] not in self._peers:
             return
-        if fed.ask_node not in self._peers and fed.ask_node not in self._known:
-            fed.ask_node = ""
-            return
-        node = fed.ask_node
-        fed.ask_node = ""  # one push per NEEDJOBS: the asker asks again if it wants more
-        self._send_yourjobs(q, node, needjobs_count_min, now_ms)
+        self._send_yourjobs(q, ask[0], needjobs_count_min, now_ms)
 
     def _qstat_import(self: Shard, q: Queue, now_ms: int) -> tuple[list[str], int]:
         fed = self._fed.get(q.name)

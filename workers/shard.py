@@ -184,6 +184,7 @@ class Shard(ClusterOps):
         self._repl: dict[str, ReplWait] = {}  # wait-repl jobs -> the blocked ADDJOB
         self._gc_tries: dict[str, int] = {}  # acked jobs -> GC attempts made
         self._fed: dict[bytes, Fed] = {}  # queues with federation state
+        self._asks: dict[bytes, tuple[str, int]] = {}  # queue -> (asker, until ms)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -433,7 +434,7 @@ class Shard(ClusterOps):
         self._schedule(job, job.ctime_us // US_PER_MS + job.ttl_s * 1000)
         if q.waiters is not None and not q.paused & PAUSED_OUT:
             self._serve_waiters(q, now_ms)
-        elif self._fed and q.live == 1 and q.waiters is None:
+        elif self._asks and q.live == 1 and q.waiters is None:
             self._push_to_asker(q, now_ms)
 
     def _dequeue(self, job: Job, q: Queue, now_ms: int) -> None:
@@ -630,7 +631,7 @@ class Shard(ClusterOps):
                     fed.bcast_attempt = 0  # a new wait starts with short delays
             q.waiters[token] = w
             self._unschedule(q)  # a watched queue is not evicted
-            if self._peers:
+            if self._known:
                 self._needjobs(q, False, now_ms)
 
     def op_unblock(self, token: int, now_ms: int | None = None) -> None:
