@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from pathlib import Path
 
 from disque_mp import __version__
 
@@ -72,8 +73,18 @@ def parse_args(argv: list[str]) -> tuple[str | None, list[list[str]], bool]:
     return path, overrides, test_only
 
 
+def _source_tree_on_path(module_name: str) -> None:
+    """bench/ ships with the source tree, not the installed package: when this
+    disque_mp runs from a checkout (editable install), import from there."""
+    root = Path(__file__).resolve().parent.parent
+    top = module_name.split(".")[0]
+    if (root / top / "__init__.py").exists() and str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+
+
 def _subcommand(name: str, rest: list[str]) -> int:
     module_name, func_name = SUBCOMMANDS[name]
+    _source_tree_on_path(module_name)
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:

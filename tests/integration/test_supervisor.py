@@ -95,6 +95,13 @@ def test_test_config(tmp_path: Path) -> None:
     assert run_cli("--test-config", str(conf)).returncode == 1
 
 
+def test_subcommands_dispatch(tmp_path: Path) -> None:
+    out = run_cli("bench", "--help", cwd=tmp_path)  # bench/ comes from the source tree
+    assert out.returncode == 0 and "disque-mp bench" in out.stdout
+    out = run_cli("check-aof", cwd=tmp_path)
+    assert out.returncode != 0 and "check-aof" in out.stdout + out.stderr
+
+
 def test_missing_subcommand_module_is_a_clear_error(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setitem(cli.SUBCOMMANDS, "check-aof", ("disque_mp.no_such_module", "main"))
