@@ -43,8 +43,10 @@ def plot_pipeline(rows: list[dict[str, Any]], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     xs = [r["pipeline"] for r in rb]
     for key, label, style in [("lpush", "redis LPUSH", "o--"), ("addjob", "disque-mp ADDJOB", "o-"),
-                              ("rpop", "redis RPOP", "s--"), ("getjob", "disque-mp GETJOB NOHANG", "s-")]:
-        ax.plot(xs, [r[key]["rps"] for r in rb], style, label=label)
+                              ("rpop", "redis RPOP", "s--"), ("getjob", "disque-mp GETJOB NOHANG", "s-"),
+                              ("floor_addjob", "do-nothing uvloop server (ADDJOB)", "^:")]:
+        if all(key in r for r in rb):
+            ax.plot(xs, [r[key]["rps"] for r in rb], style, label=label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks(xs, [str(x) for x in xs])
@@ -52,7 +54,7 @@ def plot_pipeline(rows: list[dict[str, Any]], out: Path) -> None:
     ax.set_ylabel("requests/s (-c 50 -n 200000)")
     ax.set_title("Throughput vs pipeline depth (2 workers)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
@@ -95,8 +97,10 @@ def ratio_rows(rows: list[dict[str, Any]]) -> list[tuple[str, str, float | None,
                                                        (32, "addjob", "lpush"), (32, "getjob", "rpop")],
                                               strict=True):
         r = rb.get(p)
+        floor = f"; do-nothing Python server {r['floor_' + key]['rps']:,.0f}" \
+            if r and f"floor_{key}" in r else ""
         out.append((name, need, r[f"{key}_ratio"] if r else None,
-                    f"{r[key]['rps']:,.0f} vs {r[ref]['rps']:,.0f} req/s" if r else "not run"))
+                    f"{r[key]['rps']:,.0f} vs {r[ref]['rps']:,.0f} req/s{floor}" if r else "not run"))
     cyc = {r["name"]: r for r in by_group(rows, "loadgen cycle")}
     sat = next((r for n, r in cyc.items() if "saturate-p8" in n), None)
     rate = next((r for n, r in cyc.items() if "rate5000" in n), None)

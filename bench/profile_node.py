@@ -2,6 +2,7 @@
 
     python -m bench.profile_node --workers 2 --load "ADDJOB q x 0" --pipeline 32
     python -m bench.profile_node --workers 2 --load cycle
+    python -m bench.profile_node --prefill 2000000 --load "GETJOB NOHANG FROM q:0"
 
 Starts a real node (tests/nodeproc.py), runs redis-benchmark with the given
 command (or the load generator's cycle), and records each worker with
@@ -110,12 +111,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--load", default="ADDJOB q x 0", help='a command for redis-benchmark, or "cycle"')
     p.add_argument("--pipeline", type=int, default=1)
     p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--prefill", type=int, default=0, help="ADDJOB this many jobs to queue q:0 first")
     p.add_argument("--name", default="", help="suffix of bench/results/profile-NAME.txt")
     a = p.parse_args(argv)
     name = a.name or re.sub(r"[^a-z0-9]+", "-", f"{a.load}-p{a.pipeline}-w{a.workers}".lower())
     with tempfile.TemporaryDirectory() as tmp, NodeProc(Path(tmp), workers=a.workers) as node:
         assert node.proc is not None
         pids = children_of(node.proc.pid)
+        if a.prefill:
+            loadgen.run(loadgen.Settings(workload="produce", target="disque", port=node.port,
+                                         procs=1, conns=4, pipeline=64, jobs=a.prefill,
+                                         prefix="q", duration_s=600.0, quiet=True, queues=1))
         outs = [Path(tmp) / f"w{i}.txt" for i in range(len(pids))]
         result: list[str] = []
         load = threading.Thread(target=lambda: result.append(

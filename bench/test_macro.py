@@ -11,6 +11,9 @@ redis-benchmark and bench/loadgen.py, not from pytest-benchmark's own timer.
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,6 +59,35 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
         yield server
 
 
+@pytest.fixture(scope="module")
+def floor_port() -> Iterator[int]:
+    """bench/floor_server.py: canned replies, no work; the ceiling of one Python worker."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "bench.floor_server", "--port", str(port)],
+                            cwd=str(Path(__file__).resolve().parent.parent),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while not answers(port):
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError("bench.floor_server did not start")
+            time.sleep(0.05)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def answers(port: int) -> bool:
+    """The floor server answers every command with a canned reply (no HELLO: raw RESP)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+            s.sendall(b"*1\r\n$4\r\nPING\r\n")
+            return s.recv(16) == b":1\r\n"
+    except OSError:
+        return False
+
+
 def node(tmp_path: Path, workers: int) -> NodeProc:
     return NodeProc(tmp_path / f"node{workers}", workers=workers,
                     conf={"loglevel": "warning"}).start()
@@ -63,8 +95,9 @@ def node(tmp_path: Path, workers: int) -> NodeProc:
 
 @pytest.mark.parametrize("pipeline", [1, 32])
 def test_redis_benchmark_addjob_getjob(benchmark: Any, tmp_path: Path, redis_server: RedisServer,
-                                       pipeline: int) -> None:
-    """ADDJOB vs LPUSH, GETJOB NOHANG FROM q (after ADDJOB filled q) vs RPOP."""
+                                       floor_port: int, pipeline: int) -> None:
+    """ADDJOB vs LPUSH, GETJOB NOHANG FROM q (after ADDJOB filled q) vs RPOP; and the
+    same commands against the do-nothing floor server."""
     benchmark.group = "redis-benchmark"
     n = node(tmp_path, 2)
     try:
@@ -73,8 +106,11 @@ def test_redis_benchmark_addjob_getjob(benchmark: Any, tmp_path: Path, redis_ser
             ref = {r["test"]: r for r in redis_benchmark(redis_server.port, "-t", "lpush,rpop", **kw)}
             add = bench_retry(n.port, "ADDJOB", "q", "x", "0", **kw)
             get = bench_retry(n.port, "GETJOB", "NOHANG", "FROM", "q", **kw)
+            floor_add = redis_benchmark(floor_port, "ADDJOB", "q", "x", "0", **kw)[0]
+            floor_get = redis_benchmark(floor_port, "GETJOB", "NOHANG", "FROM", "q", **kw)[0]
             return {"pipeline": pipeline, "workers": 2, "lpush": ref["LPUSH"], "rpop": ref["RPOP"],
-                    "addjob": add, "getjob": get,
+                    "addjob": add, "getjob": get, "floor_addjob": floor_add,
+                    "floor_getjob": floor_get,
                     "addjob_ratio": add["rps"] / ref["LPUSH"]["rps"],
                     "getjob_ratio": get["rps"] / ref["RPOP"]["rps"]}
 
