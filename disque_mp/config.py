@@ -97,6 +97,14 @@ def quote(s: str) -> str:
     return "".join(out)
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on (taskset, cgroup cpusets), not the host's count."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 @dataclass(slots=True)
 class Config:
     port: int = 7711
@@ -144,7 +152,7 @@ class Config:
     proto_max_bulk_len: int = 512 << 20  # largest bulk argument accepted
     proto_max_multibulk_len: int = 1024 * 1024  # most arguments in one command
     # ours
-    workers: int = field(default_factory=lambda: os.cpu_count() or 1)
+    workers: int = field(default_factory=lambda: usable_cpus())
     # where the config came from (CONFIG REWRITE target, INFO config_file)
     config_file: str = ""
 
