@@ -14,9 +14,16 @@ Frame kinds (meta is an orjson object, bodies raw bytes, see ``bus/frames.py``):
     UNBLOCK  {"t"}
     RETURN   {}                            bodies: job IDs (surplus of a GETJOB)
     SCATTER  {"r", "op", "a": JSON arg}    node-wide work    -> REPLY {"r", "v"}
-    REPLY / WAKE carry a packed reply value (``pack``/``unpack``).
+    CMDS     {"r": [rid], "n": [command], "c": [argc]}  bodies: all args
+    REPLIES  {"r": [rid], "v": [value]}   bodies: shared by the values
+    REPLY / REPLIES / WAKE carry packed reply values (``pack``/``unpack``).
 
-Frames for one peer produced during one loop turn leave in one write.
+Job commands forwarded during one loop turn travel as one CMDS frame per
+peer, and the answers ready in one turn as one REPLIES frame: a frame per
+command cost about a fifth of both workers' time under mixed pipelined
+traffic (py-spy: frame encode and decode). A batch is closed before any other
+frame is queued on its link, so frames keep their order. Frames for one peer
+produced during one loop turn leave in one write.
 
 Connections (client sockets) move between workers over a datagram socket
 beside the mesh (``Handoff``): SCM_RIGHTS carries the descriptor, the datagram
@@ -38,7 +45,8 @@ from bus.frames import FrameError, FrameReader, encode
 from workers.replies import NULL_ARRAY, Error, Status
 
 K_CMD, K_REPLY, K_TAKE, K_BLOCK, K_UNBLOCK, K_WAKE, K_RETURN, K_SCATTER = range(1, 9)
-KINDS = frozenset(range(1, 9))
+K_CMDS, K_REPLIES = 9, 10
+KINDS = frozenset(range(1, 11))
 
 # Frames queued for a peer that is not connected yet (start-up, restart): past
 # this the requests fail instead of growing memory without end.
@@ -115,6 +123,15 @@ class Link(asyncio.Protocol):
         self.outq_bytes = 0
         self.pending: dict[int, ReplyCallback] = {}
         self.dirty = False
+        # open batches (CMDS on outgoing links, REPLIES on incoming ones)
+        self.cmd_rids: list[int] = []
+        self.cmd_names: list[str] = []
+        self.cmd_argc: list[int] = []
+        self.cmd_args: list[bytes] = []
+        self.reply_rids: list[int] = []
+        self.reply_values: list[Any] = []
+        self.reply_bodies: list[bytes] = []
+        self.blocked: dict[int, int] = {}  # owner side: asker's GETJOB token -> shard token
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -141,6 +158,11 @@ class Link(asyncio.Protocol):
         self.mesh.lost(self)
 
     def queue(self, frame: bytes) -> None:
+        if self.cmd_rids or self.reply_rids:
+            self.close_batches()
+        self._queue(frame)
+
+    def _queue(self, frame: bytes) -> None:
         if self.transport is None and self.outq_bytes + len(frame) > backlog_bytes_max:
             raise ConnectionError(f"worker {self.peer} unreachable, mesh backlog full")
         self.outq.append(frame)
@@ -148,8 +170,45 @@ class Link(asyncio.Protocol):
         if self.transport is not None:
             self.mesh.mark(self)
 
+    def add_command(self, rid: int, name: str, args: list[bytes]) -> None:
+        if not self.cmd_rids:
+            self.mesh.mark(self)
+        self.cmd_rids.append(rid)
+        self.cmd_names.append(name)
+        self.cmd_argc.append(len(args))
+        self.cmd_args.extend(args)
+
+    def reply(self, rid: int, value: Any) -> None:
+        """Answer request ``rid`` (batched with the other answers of this turn)."""
+        if self.transport is None:
+            return  # the asker is gone
+        if not self.reply_rids:
+            self.mesh.mark(self)
+        self.reply_rids.append(rid)
+        self.reply_values.append(pack(value, self.reply_bodies))
+
+    def close_batches(self) -> None:
+        if self.cmd_rids:
+            meta = {"r": self.cmd_rids, "n": self.cmd_names, "c": self.cmd_argc}
+            frame, rids = encode(K_CMDS, meta, self.cmd_args), self.cmd_rids
+            self.cmd_rids, self.cmd_names, self.cmd_argc, self.cmd_args = [], [], [], []
+            try:
+                self._queue(frame)
+            except ConnectionError as exc:
+                self.mesh.fail(self, rids, f"ERR {exc}")
+        if self.reply_rids:
+            meta = {"r": self.reply_rids, "v": self.reply_values}
+            frame = encode(K_REPLIES, meta, self.reply_bodies)
+            self.reply_rids, self.reply_values, self.reply_bodies = [], [], []
+            try:
+                self._queue(frame)
+            except ConnectionError:
+                pass  # incoming links always have a transport while they exist
+
     def flush(self) -> None:
         self.dirty = False
+        if self.cmd_rids or self.reply_rids:
+            self.close_batches()
         if self.transport is None or not self.outq:
             return
         data = b"".join(self.outq) if len(self.outq) > 1 else self.outq[0]
@@ -229,6 +288,7 @@ class Mesh:
             self.handler.on_incoming_lost(link)
             return
         pending, link.pending = link.pending, {}
+        link.cmd_rids, link.cmd_names, link.cmd_argc, link.cmd_args = [], [], [], []
         # Frames not written yet belong to requests failed below: a restarted
         # peer must not run them (their replies would go nowhere).
         link.outq.clear()
@@ -278,6 +338,21 @@ class Mesh:
             del link.pending[rid]
             callback({"v": {"e": f"ERR {exc}"}}, [])
 
+    def command(self, peer: int, name: str, args: list[bytes], callback: ReplyCallback) -> None:
+        """Run job command ``name`` on worker ``peer`` (batched per loop turn)."""
+        link = self.links[peer]
+        assert link is not None, "no mesh link to ourselves"
+        self._next_rid += 1
+        rid = self._next_rid
+        link.pending[rid] = callback
+        link.add_command(rid, name, args)
+
+    def fail(self, link: Link, rids: list[int], text: str) -> None:
+        for rid in rids:
+            callback = link.pending.pop(rid, None)
+            if callback is not None:
+                callback({"v": {"e": text}}, [])
+
     def send(self, peer: int, kind: int, meta: dict[str, Any], bodies: Any = ()) -> None:
         link = self.links[peer]
         assert link is not None, "no mesh link to ourselves"
@@ -291,6 +366,12 @@ class Mesh:
     def dispatch(self, link: Link, kind: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
         if link.peer < 0:
             self.handler.on_request(link, kind, meta, bodies)
+        elif kind == K_REPLIES:
+            pending = link.pending
+            for rid, value in zip(meta["r"], meta["v"], strict=True):
+                callback = pending.pop(rid, None)
+                if callback is not None:
+                    callback({"v": value}, bodies)
         elif kind == K_REPLY:
             callback = link.pending.pop(meta["r"], None)
             if callback is not None:

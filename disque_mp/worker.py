@@ -379,7 +379,7 @@ class Worker:
 
     def forward(self, owner: int, name: bytes, args: list[bytes], done: Callable[[Any], None]) -> None:
         """Run a job command on another worker; ``done(reply value)``."""
-        self.mesh.request(owner, meshmod.K_CMD, {"n": name.decode()}, args,
+        self.mesh.command(owner, name.decode(), args,
                           lambda meta, bodies: done(unpack(meta.get("v"), bodies)))
 
     # --- route: ids ---
@@ -511,7 +511,9 @@ class Worker:
 
     def on_request(self, link: Link, kind: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
         self.now_ms = now_ms()
-        if kind == meshmod.K_CMD:
+        if kind == meshmod.K_CMDS:
+            self._serve_cmds(link, meta, bodies)
+        elif kind == meshmod.K_CMD:
             self._serve_cmd(link, meta, bodies)
         elif kind == meshmod.K_TAKE:
             entries = self.shard.op_take(bodies, meta["c"], meta["w"], self.now_ms)
@@ -532,17 +534,26 @@ class Worker:
         self._reschedule_tick()
 
     def _serve_cmd(self, link: Link, meta: dict[str, Any], bodies: list[bytes]) -> None:
+        self._serve_one(link, meta["r"], meta["n"].encode(), bodies)
+
+    def _serve_cmds(self, link: Link, meta: dict[str, Any], bodies: list[bytes]) -> None:
+        """A CMDS frame: the job commands a peer forwarded during one loop turn."""
+        at = 0
+        for rid, name, argc in zip(meta["r"], meta["n"], meta["c"], strict=True):
+            self._serve_one(link, rid, name.encode(), bodies[at : at + argc])
+            at += argc
+
+    def _serve_one(self, link: Link, rid: int, name: bytes, args: list[bytes]) -> None:
         token = self.new_token()
-        rid = meta["r"]
         before = self.aof.appended if self.aof is not None else 0
-        reply = self.run_local(meta["n"].encode(), bodies, token)
-        if self._aof_must_hold(before, reply):
-            self.aof.hold(self.aof.appended, lambda v: self.reply_peer(link, rid, v), reply)
+        reply = self.run_local(name, args, token)
+        if self.cfg.appendfsync == "always" and self._aof_must_hold(before, reply):
+            self.aof.hold(self.aof.appended, lambda v: link.reply(rid, v), reply)
             return
         if reply is PENDING:
-            self.tokens[token] = lambda value: self.reply_peer(link, rid, value)
+            self.tokens[token] = lambda value: link.reply(rid, value)
         else:
-            self.reply_peer(link, rid, reply)
+            link.reply(rid, reply)
 
     def _serve_block(self, link: Link, meta: dict[str, Any], bodies: list[bytes]) -> None:
         remote = meta["t"]
@@ -563,10 +574,7 @@ class Worker:
         self.shard.op_block(token, bodies, meta["c"], meta["w"], self.now_ms)
 
     def reply_peer(self, link: Link, rid: int, value: Any) -> None:
-        out: list[bytes] = []
-        packed = pack(value, out)
-        if link.transport is not None:
-            link.send(meshmod.K_REPLY, {"r": rid, "v": packed}, out)
+        link.reply(rid, value)
 
     def on_incoming_lost(self, link: Link) -> None:
         for token in _blocked(link).values():
@@ -660,10 +668,7 @@ class Worker:
 
 def _blocked(link: Link) -> dict[int, int]:
     """Waiters a peer registered over ``link``: its token -> our shard token."""
-    blocked = getattr(link, "blocked", None)
-    if blocked is None:
-        blocked = link.blocked = {}  # type: ignore[attr-defined]
-    return blocked
+    return link.blocked
 
 
 def _rss_bytes() -> int:
