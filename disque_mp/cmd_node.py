@@ -372,9 +372,11 @@ def _info_persistence(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tup
 def _info_stats(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
     return [("total_connections_received", _sum(parts, "conns_received")),
             ("total_commands_processed", _sum(parts, "commands")),
-            ("instantaneous_ops_per_sec", 0), ("total_net_input_bytes", _sum(parts, "net_in")),
+            ("instantaneous_ops_per_sec", _sum(parts, "ops_per_sec")),
+            ("total_net_input_bytes", _sum(parts, "net_in")),
             ("total_net_output_bytes", _sum(parts, "net_out")),
-            ("instantaneous_input_kbps", "0.00"), ("instantaneous_output_kbps", "0.00"),
+            ("instantaneous_input_kbps", f"{sum(p['in_kbps'] for p in parts):.2f}"),
+            ("instantaneous_output_kbps", f"{sum(p['out_kbps'] for p in parts):.2f}"),
             ("rejected_connections", _sum(parts, "rejected")), ("latest_fork_usec", 0)]
 
 

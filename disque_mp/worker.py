@@ -125,6 +125,8 @@ class Worker:
         self.tick_handle: asyncio.TimerHandle | None = None
         self.tick_at = 0
         self.idle_check_at = 0
+        self.rate_base = (0, 0, 0)  # commands, bytes in, bytes out at the last sample
+        self.rates: tuple[int, float, float] = (0, 0.0, 0.0)  # ops/s, KB/s in, KB/s out
         self.stopping = False
         self.rewrite_aof_at_exit = False  # SHUTDOWN REWRITE-AOF
         self.servers: list[asyncio.AbstractServer] = []
@@ -477,14 +479,25 @@ class Worker:
     def _tick(self) -> None:
         self.tick_handle = None
         self.now_ms = now_ms()
-        if self.cfg.timeout > 0 and self.now_ms >= self.idle_check_at:
-            self.idle_check_at = self.now_ms + idle_check_ms
-            self._close_idle_clients()
+        if self.now_ms >= self.idle_check_at:
+            self._each_second()
         due = self.shard.tick(self.now_ms)
         self.drain_effects()
         period_ms = max(1, 1000 // max(self.cfg.hz, 1))
         at = self.now_ms + period_ms if due is None else min(due, self.now_ms + period_ms)
         self._schedule_tick(at)
+
+    def _each_second(self) -> None:
+        """Rates for INFO (instantaneous_*) and Redis' idle client `timeout`."""
+        elapsed_ms = self.now_ms - self.idle_check_at + idle_check_ms
+        self.idle_check_at = self.now_ms + idle_check_ms
+        now = (self.commands_processed, self.net_in_bytes, self.net_out_bytes)
+        if 0 < elapsed_ms < 10 * idle_check_ms:
+            per_s = [max(0, a - b) * 1000 / elapsed_ms for a, b in zip(now, self.rate_base, strict=True)]
+            self.rates = (int(per_s[0]), per_s[1] / 1024, per_s[2] / 1024)
+        self.rate_base = now
+        if self.cfg.timeout > 0:
+            self._close_idle_clients()
 
     def _close_idle_clients(self) -> None:
         """Redis' `timeout`: close clients idle that long (blocked ones excepted)."""
@@ -659,6 +672,7 @@ class Worker:
             "net_out": self.net_out_bytes, "rejected": self.rejected_connections,
             "cpu_sys": usage.ru_stime, "cpu_user": usage.ru_utime, "rss": _rss_bytes(),
             "peak": usage.ru_maxrss * 1024, "handed_off": self.handed_off,
+            "ops_per_sec": self.rates[0], "in_kbps": self.rates[1], "out_kbps": self.rates[2],
             "cmdstats": {k: v for k, v in self.cmdstats.items() if v[0]},
             "shard": self.shard.info(),
             "aof": self.aof.info() if self.aof is not None else None,
