@@ -152,8 +152,8 @@ def cycle_settings(target: str, port: int, pipeline: int, rate: float) -> loadge
                             quiet=True)
 
 
-@pytest.mark.parametrize("pipeline,rate", [(8, 0.0), (1, 0.0), (1, 5000.0)],
-                         ids=["saturate-p8", "saturate-p1", "rate5000-p1"])
+@pytest.mark.parametrize("pipeline,rate", [(8, 0.0), (1, 0.0), (1, 5000.0), (1, 2000.0)],
+                         ids=["saturate-p8", "saturate-p1", "rate5000-p1", "rate2000-p1"])
 def test_loadgen_cycle(benchmark: Any, tmp_path: Path, redis_server: RedisServer, pipeline: int,
                        rate: float) -> None:
     """ADDJOB -> GETJOB -> ACKJOB vs LPUSH -> BLMOVE -> LREM, same generator, same settings."""
