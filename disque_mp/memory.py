@@ -55,9 +55,12 @@ evict_percent = 95
 # Sample period: the level follows memory within this (plus one mesh round trip
 # for the peers' figures); also the overshoot window of a fast producer at 100 %.
 sample_ms = 100
-# Eviction passes per sample at level 2: bounds the time one sample can take
-# (a pass visits evict_visit_jobs_max jobs, a few ms); the next sample goes on.
-evict_passes_per_sample_max = 4
+# Eviction at level 2 runs in passes of evict_visit_jobs_max jobs (~1-10 ms each:
+# ~1 us per job visited, ~5-10 us per job evicted) until this much time went by in
+# one sample: one loop stall stays short, and eviction takes at most ~20 % of the
+# worker while it lasts (about 20k-40k jobs/s evicted, measured in notes/memory.md).
+evict_time_per_sample_s = 0.02
+evict_passes_per_sample_max = 64  # backstop if the clock misbehaves
 # After a whole cycle over the shard found nothing to evict, rest this long
 # before scanning again: a node full of queued jobs must not burn a core looking.
 evict_rest_ms = 1000
@@ -128,9 +131,10 @@ class Monitor:
         used = self._total()
         level = self._set_level(used)
         now = time.time_ns() // 1_000_000
+        t0 = time.perf_counter()
         passes = 0
         while level >= LEVEL_EVICT and passes < evict_passes_per_sample_max:
-            if now < self.rest_until_ms:
+            if now < self.rest_until_ms or time.perf_counter() - t0 > evict_time_per_sample_s:
                 break
             passes += 1
             self._evict_pass(now)
