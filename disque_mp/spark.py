@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -86,6 +87,8 @@ heartbeat_tick_s = 0.25
 # smallest RETRY), then again at 80 % of the retry WORKING returned.
 stream_heartbeat_first_s = 0.5
 stream_heartbeat_fraction = 0.8
+# How long stop() waits for the ACKs of committed batches to go out.
+ack_drain_timeout_s = 30.0
 # Jobs of a batch asked for their retry in the first heartbeat round.
 heartbeat_sample_jobs = 16
 # Spark-side option keys that reach data sources and are not ours.
@@ -106,7 +109,7 @@ _INT_OPTIONS = {  # name -> (minimum, what it is)
     "max_jobs_per_batch": (1, "jobs"),
     "num_partitions": (1, "partitions"),
 }
-_BOOL_OPTIONS = ("async", "heartbeat", "fast_ack")
+_BOOL_OPTIONS = ("async", "heartbeat", "fast_ack", "prefetch")
 _STR_OPTIONS = ("nodes", "queue", "queue_column", "body_column", "report_file", "states")
 JOB_STATES = ("wait-repl", "active", "queued", "acked")
 KNOWN_OPTIONS = frozenset(_INT_OPTIONS) | frozenset(_BOOL_OPTIONS) | frozenset(_STR_OPTIONS)
@@ -132,6 +135,7 @@ class Options:
     num_partitions: int = 2
     heartbeat: bool = True
     fast_ack: bool = False
+    prefetch: bool = False  # measured: no gain on 2 cores shared by Spark and the node
     report_file: str | None = None
     states: list[str] = field(default_factory=list)
 
@@ -193,7 +197,7 @@ def parse_options(raw: Mapping[str, str]) -> Options:
         if name in given:
             setattr(opts, name, _parse_int(name, given[name]))
     opts.async_ = _parse_bool("async", given["async"]) if "async" in given else False
-    for name in ("heartbeat", "fast_ack"):
+    for name in ("heartbeat", "fast_ack", "prefetch"):
         if name in given:
             setattr(opts, name, _parse_bool(name, given[name]))
     return opts
@@ -428,108 +432,188 @@ class _Batch:
     taken_at: float  # monotonic time GETJOB returned them
     next_beat: float  # monotonic time of the next WORKING round
     sampled: bool = False  # has the retry of a sample of its jobs been asked for
+    committed: bool = False  # Spark committed it; the acker thread is ACKing it
+
+
+def _new_batch(jobs: list[Job], taken_at: float) -> _Batch:
+    return _Batch(jobs, taken_at, taken_at + stream_heartbeat_first_s)
 
 
 class StreamState:
     """The source process's memory: jobs taken and not yet acknowledged, per batch.
 
-    Lives only in the long-lived source runner process (never pickled).
+    Lives only in the long-lived source runner process (never pickled). Three
+    threads help the Spark-facing calls: the acker (commit hands it the IDs and
+    returns; a crash before the ACK only means a duplicate delivery), the
+    prefetcher (takes the next batch's jobs while Spark runs this one), and the
+    heartbeat (WORKING for jobs held).
     """
 
     def __init__(self, opts: Options) -> None:
         self.opts = opts
         self.client = Disque(opts.nodes)
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # guards everything below
+        self.take_lock = threading.Lock()  # one taker at a time: latestOffset or prefetcher
         self.batches: dict[int, _Batch] = {}
+        self.ready: _Batch | None = None  # prefetched, not offered to Spark yet
+        self.prefetch_target = 0  # jobs to keep ready: the last batch limit
         self.issued = 0  # highest sequence number latestOffset returned
         self.available_now_left: int | None = None
         self.stopping = threading.Event()
-        self.beater: threading.Thread | None = None
+        self.wake_prefetch = threading.Event()
+        self.acks: queue.SimpleQueue[list[int] | None] = queue.SimpleQueue()
+        self.threads = [self._start(self._ack_loop, "acker")]
         if opts.heartbeat:
-            self.beater = threading.Thread(target=self._beat_loop, daemon=True,
-                                           name="disque-stream-heartbeat")
-            self.beater.start()
+            self.threads.append(self._start(self._beat_loop, "heartbeat"))
+        if opts.prefetch:
+            self.threads.append(self._start(self._prefetch_loop, "prefetch"))
 
-    def take(self, limit: int) -> list[Job]:
+    @staticmethod
+    def _start(target: Any, name: str) -> threading.Thread:
+        thread = threading.Thread(target=target, daemon=True, name=f"disque-stream-{name}")
+        thread.start()
+        return thread
+
+    # ---- taking jobs
+
+    def _getjob(self, want: int) -> list[Job]:
+        """One GETJOB within the AvailableNow budget (call with take_lock held)."""
+        with self.lock:
+            if self.available_now_left is not None:
+                want = min(want, self.available_now_left)
+                self.available_now_left -= want
+        got = self.client.get_jobs(self.opts.queues, nohang=True, count=want,
+                                   withcounters=True) if want > 0 else []
+        with self.lock:
+            if self.available_now_left is not None:
+                self.available_now_left += want - len(got)
+        return got
+
+    def _take(self, limit: int) -> list[Job]:
         jobs: list[Job] = []
         while len(jobs) < limit:
             want = min(self.opts.count, limit - len(jobs))
-            got = self.client.get_jobs(self.opts.queues, nohang=True, count=want,
-                                       withcounters=True)
+            got = self._getjob(want)
             jobs += got
             if len(got) < want:
                 break
         return jobs
 
+    def _prefetch_loop(self) -> None:
+        while not self.stopping.is_set():
+            self.wake_prefetch.wait()
+            self.wake_prefetch.clear()
+            while not self.stopping.is_set():
+                with self.take_lock:
+                    with self.lock:
+                        held = len(self.ready.jobs) if self.ready else 0
+                        want = min(self.opts.count, self.prefetch_target - held)
+                    got = self._getjob(want) if want > 0 else []
+                    if got:
+                        with self.lock:
+                            if self.ready is None:
+                                self.ready = _new_batch([], time.monotonic())
+                            self.ready.jobs += got
+                if len(got) < want or want <= 0:
+                    break
+
+    def _claim_ready(self, limit: int) -> tuple[list[Job], float]:
+        """Prefetched jobs, at most limit (with self.lock held)."""
+        if self.ready is None:
+            return [], time.monotonic()
+        ready = self.ready
+        jobs, ready.jobs = ready.jobs[:limit], ready.jobs[limit:]
+        if not ready.jobs:
+            self.ready = None
+        return jobs, ready.taken_at
+
     def latest(self, start_seq: int, limit: int) -> int:
-        with self.lock:
-            self.issued = max(self.issued, start_seq)
-            if self.issued > start_seq:  # offered before and not planned yet: offer it again
-                return self.issued
-        if self.available_now_left is not None:
-            limit = min(limit, self.available_now_left)
-        jobs = self.take(limit) if limit > 0 else []
-        with self.lock:
-            if jobs:
-                if self.available_now_left is not None:
-                    self.available_now_left -= len(jobs)
-                self.issued += 1
-                now = time.monotonic()
-                self.batches[self.issued] = _Batch(jobs, now, now + stream_heartbeat_first_s)
-                return self.issued
-            if any(seq <= start_seq for seq in self.batches):
-                self.issued += 1  # an empty batch, so Spark commits the ones before it
-                return self.issued
-            return start_seq
+        with self.take_lock:
+            with self.lock:
+                self.issued = max(self.issued, start_seq)
+                if self.issued > start_seq:  # offered before and not planned yet: again
+                    return self.issued
+                jobs, taken_at = self._claim_ready(limit)
+            jobs += self._take(limit - len(jobs))
+            with self.lock:
+                self.prefetch_target = limit
+                seq = self._next_offset(start_seq, jobs, taken_at)
+        self.wake_prefetch.set()
+        return seq
+
+    def _next_offset(self, start_seq: int, jobs: list[Job], taken_at: float) -> int:
+        if jobs:
+            self.issued += 1
+            self.batches[self.issued] = _new_batch(jobs, taken_at)
+            return self.issued
+        if any(seq <= start_seq and not b.committed for seq, b in self.batches.items()):
+            self.issued += 1  # an empty batch, so Spark commits the ones before it
+            return self.issued
+        return start_seq
 
     def rows(self, start_seq: int, end_seq: int) -> list[tuple[Any, ...]]:
         with self.lock:
             return [_row(job) for seq, batch in sorted(self.batches.items())
                     if start_seq < seq <= end_seq for job in batch.jobs]
 
+    # ---- acknowledging
+
     def commit(self, end_seq: int) -> None:
         with self.lock:
-            done = [seq for seq in self.batches if seq <= end_seq]
-            ids = [job.id for seq in done for job in self.batches[seq].jobs]
-        verb = "FASTACK" if self.opts.fast_ack else "ACKJOB"
-        commands = [[verb, *ids[i:i + pipeline_commands_max]]
-                    for i in range(0, len(ids), pipeline_commands_max)]
-        if commands:
-            self.client.execute_many(commands)
-        with self.lock:
+            done = [seq for seq, b in self.batches.items() if seq <= end_seq and not b.committed]
             for seq in done:
-                self.batches.pop(seq, None)
-        log.info("disque stream: acknowledged %d jobs up to batch %d", len(ids), end_seq)
+                self.batches[seq].committed = True
+        if done:
+            self.acks.put(done)
+
+    def _ack_loop(self) -> None:
+        verb = "FASTACK" if self.opts.fast_ack else "ACKJOB"
+        while (done := self.acks.get()) is not None:
+            with self.lock:
+                ids = [job.id for seq in done for job in self.batches[seq].jobs]
+            try:
+                self.client.execute_many([[verb, *ids[i:i + pipeline_commands_max]]
+                                          for i in range(0, len(ids), pipeline_commands_max)])
+                log.info("disque stream: acknowledged %d jobs of batches %s", len(ids), done)
+            except DisqueError as exc:  # they will be delivered again after RETRY
+                log.error("disque stream: ACK of %d jobs failed: %s", len(ids), exc)
+            with self.lock:
+                for seq in done:
+                    self.batches.pop(seq, None)
+
+    # ---- heartbeat
 
     def _beat_loop(self) -> None:
-        """WORKING for batches in flight, before their jobs' retry time elapses.
+        """WORKING for jobs held, before their retry time elapses.
 
-        The first round asks a sample of the batch (WORKING returns the retry),
+        The first round asks a sample of a batch (WORKING returns the retry),
         then every job gets WORKING at 80 % of the smallest retry seen, counted
         from when the jobs were taken. A job whose retry is shorter than every
-        sampled one may be queued again while in flight: a duplicate delivery,
-        never a lost job. Sampling keeps short batches free of WORKING traffic
-        (a full round costs as much as the GETJOB that took the jobs).
+        sampled one may be queued again while held: a duplicate delivery, never
+        a lost job. Sampling keeps short batches free of WORKING traffic (a
+        full round costs as much as the GETJOB that took the jobs).
         """
         while not self.stopping.wait(heartbeat_tick_s):
             now = time.monotonic()
             with self.lock:
-                due = [(seq, b) for seq, b in self.batches.items() if b.next_beat <= now]
-            for seq, batch in due:
+                held = [*self.batches.values(), *([self.ready] if self.ready else [])]
+                due = [b for b in held if b.next_beat <= now]
+            for batch in due:
+                with self.lock:
+                    jobs = list(batch.jobs)
                 if batch.sampled:
-                    retry_s, since = self._beat(batch.jobs), time.monotonic()
+                    retry_s, since = self._beat(jobs), time.monotonic()
                 else:
-                    step = max(1, len(batch.jobs) // heartbeat_sample_jobs)
-                    retry_s = self._beat(batch.jobs[::step][:heartbeat_sample_jobs])
+                    step = max(1, len(jobs) // heartbeat_sample_jobs)
+                    retry_s = self._beat(jobs[::step][:heartbeat_sample_jobs])
                     since = batch.taken_at
                 with self.lock:
-                    if seq in self.batches:
-                        batch.sampled = True
-                        batch.next_beat = (since + retry_s * stream_heartbeat_fraction
-                                           if retry_s > 0 else float("inf"))
+                    batch.sampled = True
+                    batch.next_beat = (since + retry_s * stream_heartbeat_fraction
+                                       if retry_s > 0 else float("inf"))
 
     def _beat(self, jobs: list[Job]) -> int:
-        """WORKING for every job of a batch; the smallest retry returned (0: none to keep)."""
+        """WORKING for the jobs; the smallest retry returned (0: none to keep)."""
         retries: list[int] = []
         for i in range(0, len(jobs), pipeline_commands_max):
             chunk = jobs[i:i + pipeline_commands_max]
@@ -542,10 +626,29 @@ class StreamState:
             retries += [r for r in replies if isinstance(r, int) and r > 0]
         return min(retries, default=0)
 
+    # ---- end
+
     def close(self) -> None:
+        """Finish the ACKs of committed batches; put prefetched jobs back in their queues.
+
+        Batches planned but not committed stay un-acked: Disque delivers them
+        again after their RETRY.
+        """
         self.stopping.set()
-        if self.beater is not None:
-            self.beater.join(timeout=5)
+        self.wake_prefetch.set()
+        self.acks.put(None)
+        for thread in self.threads:
+            thread.join(timeout=ack_drain_timeout_s)
+        with self.lock:
+            ready, self.ready = self.ready, None
+        if ready is not None and ready.jobs:
+            ids = [j.id for j in ready.jobs]
+            try:
+                self.client.execute_many([["ENQUEUE", *ids[i:i + pipeline_commands_max]]
+                                          for i in range(0, len(ids), pipeline_commands_max)])
+            except DisqueError as exc:
+                log.warning("disque stream: could not requeue %d prefetched jobs (they come "
+                            "back after RETRY): %s", len(ready.jobs), exc)
         self.client.close()
 
 

@@ -38,11 +38,13 @@ def write_jobs(spark, nodes: str, queue: str, rows: int, partitions: int) -> flo
     return time.perf_counter() - start
 
 
-def consume_jobs(spark, nodes: str, queue: str, batch: int, heartbeat: bool) -> tuple[float, int]:
+def consume_jobs(spark, nodes: str, queue: str, batch: int, heartbeat: bool,
+                 prefetch: bool = False) -> tuple[float, int]:
     with tempfile.TemporaryDirectory() as checkpoint:
         stream = (spark.readStream.format("disque").option("nodes", nodes)
                   .option("queue", queue).option("max_jobs_per_batch", str(batch))
-                  .option("count", "5000").option("heartbeat", str(heartbeat).lower()).load())
+                  .option("count", "5000").option("heartbeat", str(heartbeat).lower())
+                  .option("prefetch", str(prefetch).lower()).load())
         start = time.perf_counter()
         query = (stream.writeStream.format("noop").trigger(availableNow=True)
                  .option("checkpointLocation", checkpoint).start())
@@ -62,6 +64,7 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=2)
     ap.add_argument("--batch", type=int, default=100_000, help="max jobs per micro-batch")
     ap.add_argument("--no-heartbeat", action="store_true")
+    ap.add_argument("--prefetch", action="store_true", help="stream option prefetch=true")
     args = ap.parse_args()
 
     with ExitStack() as stack:
@@ -84,11 +87,13 @@ def main() -> None:
         print(f"batch write: {args.rows} rows in {elapsed:.1f} s = {args.rows / elapsed:,.0f} "
               f"jobs/s ({args.partitions} partitions); QLEN after: {queued}")
 
-        elapsed, rows = consume_jobs(spark, nodes, queue, args.batch, not args.no_heartbeat)
+        elapsed, rows = consume_jobs(spark, nodes, queue, args.batch, not args.no_heartbeat,
+                                     args.prefetch)
         with Disque(nodes) as d:
             left = d.qlen(queue)
         print(f"stream consume: {rows} jobs in {elapsed:.1f} s = {rows / elapsed:,.0f} jobs/s "
-              f"(batches of <= {args.batch}, heartbeat {'off' if args.no_heartbeat else 'on'}); "
+              f"(batches of <= {args.batch}, heartbeat {'off' if args.no_heartbeat else 'on'}, "
+              f"prefetch {'on' if args.prefetch else 'off'}); "
               f"QLEN after: {left}")
 
 

@@ -199,7 +199,9 @@ def test_stream_into_memory_sink_with_processing_time_trigger(spark: Any, node: 
     with _client(node) as d:
         ids = d.add_jobs(((queue, f"m{i}") for i in range(300)), retry=120)
         name = "disque_mem_" + uuid.uuid4().hex[:6]
-        query = (_stream(spark, node, queue).writeStream.format("memory").queryName(name)
+        # prefetch: the next batch's jobs are taken while Spark runs this one
+        query = (_stream(spark, node, queue, prefetch="true", max_jobs_per_batch="100")
+                 .writeStream.format("memory").queryName(name)
                  .trigger(processingTime="500 milliseconds")
                  .option("checkpointLocation", str(tmp_path / "ck")).start())
         try:
