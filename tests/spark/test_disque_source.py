@@ -188,9 +188,10 @@ def test_stream_acks_only_after_the_sink_committed(spark: Any, node: NodeProc,
         assert set(states_in_sink) == {"active"}
         batches = [p["numInputRows"] for p in query.recentProgress]
         assert max(batches) <= 200  # admission control
-        # every job acknowledged once its batch committed (acked jobs are gone on one node)
+        # every job acknowledged once its batch committed (acked jobs are gone on one node);
+        # the source's acker thread sends the ACKs right after commit()
         assert d.qlen(queue) == 0
-        assert all(d.show(i) is None for i in ids)
+        _wait_for(lambda: all(d.show(i) is None for i in ids), query_timeout_s, "every ACK")
 
 
 def test_stream_into_memory_sink_with_processing_time_trigger(spark: Any, node: NodeProc,
@@ -246,7 +247,7 @@ def test_stream_failing_before_commit_leaves_jobs_for_redelivery(spark: Any, nod
         assert query.awaitTermination(query_timeout_s)
         assert sorted(r.id for r in seen) == sorted(ids)
         assert all(r.additional_deliveries >= 1 for r in seen)
-        assert all(d.show(i) is None for i in ids)
+        _wait_for(lambda: all(d.show(i) is None for i in ids), query_timeout_s, "every ACK")
 
 
 def test_stream_heartbeat_keeps_slow_batches_alive(spark: Any, node: NodeProc,
