@@ -416,13 +416,14 @@ class ClusterOps:
             self._unregister(job, now_ms)
             return False
         job.confirmed = (self.node_id,) if self.node_id in job.delivered else ()
-        job.qtime_ms = 0
         self._gc_tries.pop(job.id, None)
         if self.aof:
             from workers.effects import AofAppend
 
             self._effects.append(AofAppend(job.to_record()))
-        return True
+        # Every acked job has a GC timer, also where another node runs the GC: if
+        # that node's DELJOB is lost, our own attempt finds the copies gone.
+        return self._arm_gc(job, now_ms)
 
     def _start_gc(self: Shard, job: Job, now_ms: int) -> None:
         """START-GC, then arm the next attempt (exponential backoff, random error)."""
@@ -433,14 +434,20 @@ class ClusterOps:
             conf = job.confirmed
             todo = [n for n in job.delivered if n != self.node_id and n not in conf]
             self._send_job(todo, "SETACK", job, {"j": job.id, "m": may_have})
+        self._arm_gc(job, now_ms)
+
+    def _arm_gc(self: Shard, job: Job, now_ms: int) -> bool:
+        """Next GC attempt: exponential backoff with random error; False when the
+        attempts are used up and the job was dropped."""
         tries = self._gc_tries.get(job.id, 0)
         if tries >= gc_attempts_max:
             self._unregister(job, now_ms)  # reclaim memory (spec: GC "after some time")
-            return
+            return False
         self._gc_tries[job.id] = tries + 1
         delay = min(gc_first_ms << min(tries, 16), gc_backoff_max_ms)
         job.qtime_ms = now_ms + delay + int(self._rng.random() * delay / 2)
         self._reschedule(job)
+        return True
 
     def _dummy_ack(self: Shard, job_id: str, now_ms: int) -> None:
         """ACKJOB of a job we do not know: keep the ACK (empty ``acked`` job) so it
@@ -634,7 +641,9 @@ class ClusterOps:
             old = self.lookup(job.id)
             if old is not None:
                 old.delivered = union(old.delivered, (sender,))
-                if old.state == ACTIVE:
+                # An at-most-once job we already hold was queued once already (or a
+                # duplicate message): queueing it again could deliver it twice.
+                if old.state == ACTIVE and old.retry_s:
                     self._unschedule(old)
                     self._enqueue(old, q, now_ms)
                     n += 1
