@@ -5,6 +5,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from workers import evict
 from workers.effects import AofAppend
 from workers.job import ACKED, ACTIVE, DEL_RECORD_TAG, FLAG_DELIVERED, QUEUED, job_id_of_record
@@ -155,3 +158,60 @@ def test_body_bytes_follows_every_path() -> None:
     assert s.body_bytes == body_sum(s)
     s.op_flushall()
     assert s.body_bytes == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("add add0 delay take ack ackk nack deq enq work tick".split()),
+                          st.integers(0, 40)), max_size=120),
+       st.integers(1, 64))
+def test_random_histories_never_lose_a_guaranteed_job(ops: list[tuple[str, int]], visit: int) -> None:
+    """Whatever happened before, a full eviction cycle drops exactly the evictable
+    jobs: every queued job and every unacked at-least-once job stays."""
+    s = shard()
+    now = T0
+    ids: list[str] = []
+    for op, k in ops:
+        q = b"q%d" % (k % 3)
+        jid = ids[k % len(ids)] if ids else None
+        if op in ("add", "add0", "delay"):
+            kw: dict[str, Any] = {"retry_s": 0, "replicate": 1} if op == "add0" else {}
+            reply = s.op_addjob(q, b"x" * k, timeout_ms=0, replicate=kw.get("replicate"),
+                                delay_s=1 if op == "delay" else 0, retry_s=kw.get("retry_s"),
+                                ttl_s=3600, maxlen=0, async_=False, token=0, now_ms=now)
+            ids.append(str(reply))
+        elif op == "take":
+            s.op_take([q], 1 + k % 3, False, now)
+        elif jid is None:
+            continue
+        elif op == "ack":
+            s.op_ackjob([jid], now)
+        elif op == "ackk":  # an ACK kept because another node may hold a copy
+            job = s.lookup(jid)
+            if job is not None:
+                job.delivered = (NODE, OTHER)
+                s.op_ackjob([jid], now)
+        elif op == "nack":
+            s.op_nack([jid], now)
+        elif op == "deq":
+            s.op_dequeue([jid], now)
+        elif op == "enq":
+            s.op_enqueue([jid], now)
+        elif op == "work":
+            s.op_working(jid, now)
+        else:
+            now += 100 * k
+            while (due := s.tick(now)) is not None and due <= now:
+                pass
+    s.check()
+    before = {j.id: (j.state, j.retry_s, bool(j.flags & FLAG_DELIVERED)) for j in s.jobs()}
+    cursor = evict.EvictCursor()
+    while True:
+        evict.evict_step(s, cursor, now, visit_jobs_max=visit, visit_queues_max=visit)
+        if cursor.jobs == 0:
+            break
+    s.check()
+    after = {j.id for j in s.jobs()}
+    for jid, (state, retry_s, delivered) in before.items():
+        garbage = state == ACKED or (state == ACTIVE and retry_s == 0 and delivered)
+        assert (jid not in after) == garbage, (jid, state, retry_s, delivered)
+    assert s.body_bytes == body_sum(s)
