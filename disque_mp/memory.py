@@ -55,6 +55,10 @@ evict_percent = 95
 # Sample period: the level follows memory within this (plus one mesh round trip
 # for the peers' figures); also the overshoot window of a fast producer at 100 %.
 sample_ms = 100
+# Within near_percent points below the next threshold, sample this often: a fast
+# producer crosses a threshold by less (the extra mesh requests only happen there).
+sample_near_ms = 20
+near_percent = 5
 # Eviction at level 2 runs in passes of evict_visit_jobs_max jobs (~1-10 ms each:
 # ~1 us per job visited, ~5-10 us per job evicted) until this much time went by in
 # one sample: one loop stall stays short, and eviction takes at most ~20 % of the
@@ -77,6 +81,16 @@ def level_of(used: int, maxmemory: int) -> int:
     if used * 100 >= maxmemory * warn_percent:
         return LEVEL_WARN
     return 0
+
+
+def near_threshold(used: int, maxmemory: int) -> bool:
+    """True when ``used`` is within ``near_percent`` points below 75, 95 or 100 %."""
+    if maxmemory <= 0:
+        return False
+    pct = used * 100 / maxmemory
+    if warn_percent - near_percent <= pct < warn_percent:
+        return True
+    return evict_percent - near_percent <= pct <= 100  # level 3 starts above 100 %
 
 
 def shard_used_bytes(jobs: int, body_bytes: int, queues: int) -> int:
@@ -122,9 +136,11 @@ class Monitor:
         return shard_used_bytes(info["registered_jobs"], sh.body_bytes, info["registered_queues"])
 
     def sample(self) -> None:
-        self.handle = self.w.loop.call_later(sample_ms / 1000, self.sample)
         self._ask_peers()
         self.update()
+        near = near_threshold(self.used, self.w.cfg.maxmemory)
+        self.handle = self.w.loop.call_later((sample_near_ms if near else sample_ms) / 1000,
+                                             self.sample)
 
     def update(self) -> None:
         """Recompute the node total and the level; evict while at level 2 or more."""

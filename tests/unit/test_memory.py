@@ -136,3 +136,13 @@ def test_shard_level_one_replicates_externally() -> None:
     assert not isinstance(reply, Error) and s.op_qlen(b"q") == 1
     assert str(ERR_NOREPL_MEMORY).endswith("for the following reason: I'm out of memory")
     assert str(memory.ERR_OOM) == "OOM command not allowed when used memory > 'maxmemory'."
+
+
+@pytest.mark.parametrize(
+    ("used", "near"),
+    [(0, False), (699, False), (700, True), (749, True), (750, False), (899, False),
+     (900, True), (950, True), (960, True), (1000, True), (1001, False)],
+)
+def test_near_threshold(used: int, near: bool) -> None:
+    assert memory.near_threshold(used, 1000) is near
+    assert memory.near_threshold(used, 0) is False
