@@ -475,8 +475,10 @@ class Rewrite:
 
 class AofManager:
     """Persistence of one worker's shard. Driven by the worker: ``load`` before it
-    accepts clients, ``append`` for every ``AofAppend`` effect, ``commit`` before
-    the replies of a batch are written, ``run()`` as a background task."""
+    accepts clients, ``append_effect`` for every ``AofAppend`` effect (committed
+    once per loop turn by ``turn_commit``), ``hold`` for a reply that must wait
+    for its records (``appendfsync always``), ``run()`` as a background task,
+    ``shutdown`` at exit. ``commit`` is the synchronous form (shutdown, tests)."""
 
     def __init__(self, cfg: Config, index: int, port: ShardPort,
                  clock: Callable[[], float] = time.monotonic) -> None:
