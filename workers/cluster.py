@@ -101,11 +101,14 @@ def union(a: tuple[str, ...], b: tuple[str, ...] | list[str]) -> tuple[str, ...]
 class ReplWait:
     """A synchronous ADDJOB waiting for GOTJOBs (the job is in ``wait-repl``)."""
 
-    __slots__ = ("token", "deadline_ms")
+    __slots__ = ("token", "deadline_ms", "flexible")
 
-    def __init__(self, token: int, deadline_ms: int) -> None:
+    def __init__(self, token: int, deadline_ms: int, flexible: bool) -> None:
         self.token = token
         self.deadline_ms = deadline_ms  # 0 = no timeout (ms-timeout 0): until the TTL
+        # REPLICATE was not given: "the cluster size when smaller" follows the
+        # reachable nodes while we wait (a node found dead lowers the goal).
+        self.flexible = flexible
 
 
 class Fed:
@@ -198,7 +201,8 @@ class ClusterOps:
     # ------------------------------------------------------------------ ADDJOB
 
     def _addjob_cluster(self: Shard, job: Job, q: Queue, need: int, external: bool,
-                        timeout_ms: int, async_: bool, token: int, now_ms: int) -> Any:
+                        timeout_ms: int, async_: bool, token: int, now_ms: int,
+                        flexible: bool = False) -> Any:
         """Replicate a new job to ``need`` shuffled reachable peers (spec step 1);
         ``job`` is not registered yet. ``external``: we keep no copy (leaving, or
         past 75 % of maxmemory)."""
@@ -212,7 +216,7 @@ class ClusterOps:
         job.confirmed = () if external else (self.node_id,)
         self._register(job)
         deadline = now_ms + timeout_ms if timeout_ms else 0
-        self._repl[job.id] = ReplWait(token, deadline)
+        self._repl[job.id] = ReplWait(token, deadline, flexible)
         job.qtime_ms = now_ms + repl_step_ms
         self._schedule(job, self._due(job))
         self._send_repljob(job, chosen)
@@ -272,7 +276,19 @@ class ClusterOps:
                 job.delivered = (*have, self._rng.choice(fresh))
             self._send_repljob(job, self._others(job))
             job.qtime_ms = now_ms + repl_step_ms
+            if rw.flexible and self._flexible_done(job):
+                return
         self._schedule(job, self._due(job))
+
+    def _flexible_done(self: Shard, job: Job) -> bool:
+        external = self.node_id not in job.delivered
+        reach = len(self._peers) + (0 if external else 1)
+        goal = max(1, min(job.repl, reach))
+        if len(job.confirmed) < goal:
+            return False
+        job.repl = len(job.confirmed)
+        self._repl_done(job, self._now_ms)
+        return True
 
     def _repl_failed(self: Shard, job: Job, now_ms: int) -> None:
         """Timeout: error to the client, best-effort DELJOB of the copies made."""

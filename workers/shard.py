@@ -507,8 +507,11 @@ class Shard(ClusterOps):
     ) -> Any:
         """ADDJOB after argument parsing; checks in the reference's order."""
         peers = len(self._peers)  # reachable nodes that can take a copy
+        flexible = replicate is None
         if replicate is None:
-            size = len(self._known) + 1  # Disque: the cluster size (reachable or not), up to 3
+            # The cluster size up to 3, counting the nodes we can reach (Disque counts
+            # every known node: a dead one would make default ADDJOBs fail or hang).
+            size = peers + 1
             replicate = size if size < replicate_default_max else replicate_default_max
         if replicate > 1 and retry_s == 0:
             return ERR_RETRY0
@@ -545,7 +548,7 @@ class Shard(ClusterOps):
                   0, self._me)
         if additional:
             return self._addjob_cluster(job, q, additional, extrepl, timeout_ms, async_, token,
-                                        now_ms)
+                                        now_ms, flexible)
         self._register(job)
         if delay_s:
             job.qtime_ms = now_ms + delay_s * 1000

@@ -51,8 +51,26 @@ def test_norepl_when_not_enough_reachable_nodes() -> None:
     net.crash(c)
     net.refresh_views()
     assert net.addjob(a, replicate=3) == ERR_NOREPL
-    assert net.addjob(a) == ERR_NOREPL  # default REPLICATE counts unreachable nodes too
+    jid = _added(net, a)  # default REPLICATE: the reachable cluster size (2 here)
+    assert len(net.holders(jid)) == 2
     assert isinstance(_added(net, a, replicate=2), str)
+
+
+def test_default_replicate_follows_a_node_found_dead_while_waiting() -> None:
+    net = Net(3, seed=3)
+    a, b, c = net.ids
+    net.crash(c)  # not detected yet: the default goal is 3
+    r = net.addjob(a)
+    net.run(500)
+    assert net.reply(a, r) is None
+    net.refresh_views()  # failure detected: the goal becomes 2, already reached
+    net.run(100)
+    rep = net.reply(a, r)
+    assert isinstance(rep, Status)
+    assert net.nodes[a].shard.op_show(str(rep), net.now)[7] == 2  # SHOW repl
+    r = net.addjob(a, replicate=3, timeout_ms=300)  # explicit: no lowering
+    net.run(400)
+    assert net.reply(a, r) == ERR_NOREPL  # not enough reachable nodes (checked at once)
 
 
 def test_one_more_node_every_50_ms_when_the_first_choice_is_down() -> None:
