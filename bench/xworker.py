@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from workers.ids import owner_of_queue
 connect_attempts_max = 400  # connections opened to find enough on one worker
 conns_wanted = 8  # connections per run (the kernel's spread gives about half each)
 find_socket_s_max = 2.0  # /proc may lag the accept by a moment
+rounds = 3  # interleaved rounds per kind; the median counts
 probe_commands = 64  # one-queue commands sent to provoke a handoff (the node's streak is 16)
 
 
@@ -90,16 +92,20 @@ async def pinned(port: int, pid: int, pids: list[int], n: int) -> list[Conn]:
 
 
 async def drive(conns: list[Conn], queues: list[bytes], pipeline: int, seconds: float) -> float:
-    """Pipelined ADDJOB for ``seconds``; each batch cycles through ``queues``. Jobs/s."""
-    cmds = [encode(b"ADDJOB", queues[i % len(queues)], b"x", b"0") for i in range(pipeline)]
-    payload = b"".join(cmds)
+    """Pipelined ADDJOB for ``seconds``, jobs/s. Commands cycle through ``queues``
+    across batches too, so that -P 1 alternates as well."""
+    cmds = [encode(b"ADDJOB", q, b"x", b"0") for q in queues]
+    payloads = [b"".join(cmds[(start + i) % len(cmds)] for i in range(pipeline))
+                for start in range(len(cmds))]
     end = time.monotonic() + seconds
     done = 0
 
     async def one(conn: Conn) -> None:
         nonlocal done
+        batch = 0
         while time.monotonic() < end:
-            replies, _, _ = await conn.call(payload, pipeline)
+            replies, _, _ = await conn.call(payloads[batch % len(payloads)], pipeline)
+            batch += pipeline
             bad = [r for r in replies if not isinstance(r, bytes)]
             if bad:
                 raise RuntimeError(f"ADDJOB failed: {bad[0]!r}")
@@ -144,18 +150,26 @@ async def where_queue_lives(port: int, queue: bytes, pids: list[int]) -> int | N
 
 async def measure(port: int, pids: list[int], owner_pid: int, other_pid: int, workers: int,
                   owner_index: int, pipeline: int, seconds: float) -> dict[str, Any]:
+    """Interleaved rounds (local, remote, mixed, local, ...) with fresh connections each
+    time (a remote one may have been handed over); the median round of each kind counts,
+    so that a burst of load from elsewhere does not land on one kind only."""
     qa = queue_of_owner(owner_index, workers, "xw-local-")
     qb = queue_of_owner(1 - owner_index, workers, "xw-other-")
-    out: dict[str, Any] = {"pipeline": pipeline, "seconds": seconds, "conns": conns_wanted}
-    for label, pid, queues in (("local", owner_pid, [qa]), ("remote", other_pid, [qa]),
-                               ("mixed", other_pid, [qa, qb])):
-        conns = await pinned(port, pid, pids, conns_wanted)
-        try:
-            out[label] = await drive(conns, queues, pipeline, seconds)
-            out[f"{label}_after_pid"] = [await held_by(port, c, pids) for c in conns]
-        finally:
-            for c in conns:
-                c.close()
+    out: dict[str, Any] = {"pipeline": pipeline, "seconds": seconds, "conns": conns_wanted,
+                           "rounds": rounds}
+    kinds = (("local", owner_pid, [qa]), ("remote", other_pid, [qa]), ("mixed", other_pid, [qa, qb]))
+    for _ in range(rounds):
+        for label, pid, queues in kinds:
+            conns = await pinned(port, pid, pids, conns_wanted)
+            try:
+                rate = await drive(conns, queues, pipeline, seconds / rounds)
+                out.setdefault(f"{label}_rounds", []).append(round(rate, 1))
+                out[f"{label}_after_pid"] = [await held_by(port, c, pids) for c in conns]
+            finally:
+                for c in conns:
+                    c.close()
+    for label, _, _ in kinds:
+        out[label] = statistics.median(out[f"{label}_rounds"])
     out["remote_cost_pct"] = 100 * (1 - out["remote"] / out["local"])
     out["mixed_cost_pct"] = 100 * (1 - out["mixed"] / out["local"])
     return out
