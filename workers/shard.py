@@ -243,6 +243,9 @@ class Shard(ClusterOps):
             self._gc_tries.pop(jid, None)
         was = job.state
         job.state = DELETED
+        # Stale timer-bucket and deque entries keep the record until purged (up to
+        # its TTL): they must not keep the body, which memory accounting no longer counts.
+        job.body = b""
         if was == QUEUED:
             q = self._queues[job.queue]
             q.remove(job)
