@@ -146,3 +146,39 @@ def test_shard_level_one_replicates_externally() -> None:
 def test_near_threshold(used: int, near: bool) -> None:
     assert memory.near_threshold(used, 1000) is near
     assert memory.near_threshold(used, 0) is False
+
+
+@pytest.mark.parametrize("how", ["fastack", "ackjob", "deljob_queued", "ttl"])
+def test_dead_jobs_release_their_bodies(how: str) -> None:
+    """The estimate drops to 0 when jobs go; the memory must really go too, although
+    stale timer/deque entries may keep the dead records for a while."""
+    s = Shard(NODE, 0, 1, b"seed", random.Random(1), T0)
+    now = T0
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        ids = []
+        for i in range(300):
+            now += i % 7 == 0
+            ids.append(str(_add(s, b"big", b"%d" % i + b"x" * 20000, now, ttl_s=60)))
+        full = tracemalloc.get_traced_memory()[0] - base
+        if how in ("fastack", "ackjob"):
+            got = s.op_take([b"big"], 300, False, now)
+            assert len(got) == 300
+            del got
+            op = s.op_fastack if how == "fastack" else s.op_ackjob
+            assert op(ids, now) == 300
+        elif how == "deljob_queued":
+            assert s.op_deljob(ids, now) == 300
+        else:
+            now += 61_000
+            while (due := s.tick(now)) is not None and due <= now:
+                pass
+        assert s.info()["registered_jobs"] == 0 and s.body_bytes == 0
+        gc.collect()
+        left = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert full > 300 * 20000
+    assert left < full * 0.1, (how, full, left)
