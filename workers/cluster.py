@@ -85,8 +85,9 @@ responders_ttl_ms = 10_000
 yourjobs_bytes_max = 4 << 20
 # A NEEDJOBS we could not serve (queue empty) is remembered this long: a job
 # queued here meanwhile, with no local consumer waiting, goes to the asker at
-# once instead of waiting for the asker's next (backed off) NEEDJOBS.
-needjobs_ask_ttl_ms = 5000
+# once instead of waiting for the asker's next (backed off) NEEDJOBS. Longer
+# than the broadcast cap, so a consumer that keeps waiting is always known.
+needjobs_ask_ttl_ms = needjobs_bcast_max_ms + 2000
 needjobs_asks_max = 65536  # queues with a remembered ask (cleared when full)
 fed_queues_max = 65536  # bound on queues with federation state (evicted with their queue)
 
