@@ -344,3 +344,59 @@ def test_malformed_messages_are_dropped() -> None:
     assert s.op_take([b"q"], 1, False, net.now) == []
     assert s.op_qstat(b"zz", net.now) is NULL_ARRAY
     assert not isinstance(s.op_pause(b"q", ["state"], net.now), Error)
+
+
+def test_reset_hard_new_id_is_used_for_new_jobs() -> None:
+    net = Net(2, seed=24)
+    a, b = net.ids
+    s = net.nodes[a].shard
+    new_id = "ff" + a[2:]
+    s.set_view(new_id, [(b, True, False)], False)
+    jid = str(net.addjob(a, replicate=1))
+    assert jid.startswith("D-" + new_id[:8] + "-")
+
+
+def test_willqueue_to_a_node_holding_the_ack_gets_setack_back() -> None:
+    net = Net(2, seed=25)
+    a, b = net.ids
+    jid = _added(net, a, replicate=2, retry_s=5)
+    net.partition({b})
+    net.take(a)
+    net.ack(a, [jid])  # b does not hear about it
+    net.heal()
+    net.nodes[b].shard.on_message(a, "WILLQUEUE", {"j": jid}, [], net.now)  # as if from a
+    net.drain(b)
+    # b has the job active: nothing to say. The other way round: a has it acked.
+    net.nodes[a].shard.on_message(b, "WILLQUEUE", {"j": jid}, [], net.now)
+    net.drain(a)
+    net.run(20)
+    assert net.holders(jid) == {}  # SETACK -> b acks -> GOTACK -> DELJOB
+
+
+def test_yourjobs_never_sends_more_than_asked_or_out_of_a_paused_queue() -> None:
+    net = Net(2, seed=26)
+    a, b = net.ids
+    for _ in range(300):
+        net.addjob(a, replicate=1)
+    s = net.nodes[a].shard
+    s.on_message(b, "NEEDJOBS", {"c": 7}, [b"q"], net.now)
+    (msg,) = s.take_effects()
+    assert msg.kind == "YOURJOBS" and len(msg.bodies) == 7
+    s.on_message(b, "NEEDJOBS", {"c": 10**9}, [b"q"], net.now)
+    (msg,) = s.take_effects()
+    assert len(msg.bodies) == cl.needjobs_count_max
+    s.op_pause(b"q", ["out"], net.now)
+    s.on_message(b, "NEEDJOBS", {"c": 7}, [b"q"], net.now)
+    assert s.take_effects() == []
+    s.check()
+
+
+def test_setack_from_a_node_that_knows_fewer_holders_makes_us_run_the_gc() -> None:
+    net = Net(3, seed=27)
+    a, b, c = net.ids
+    jid = _added(net, a, replicate=3)
+    sb = net.nodes[b].shard
+    sb.on_message(c, "SETACK", {"j": jid, "m": 1}, [], net.now)  # c claims 1 holder
+    sent = {e.kind for e in sb.take_effects()}
+    assert sent == {"SETACK"}  # b knows 3 holders: it runs the GC, no GOTACK
+    assert sb.lookup(jid).state == ACKED  # type: ignore[union-attr]
