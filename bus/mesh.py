@@ -42,6 +42,7 @@ from typing import Any
 import orjson
 
 from bus.frames import FrameError, FrameReader, encode
+from workers.invariant import InvariantError
 from workers.replies import NULL_ARRAY, Error, Status
 
 K_CMD, K_REPLY, K_TAKE, K_BLOCK, K_UNBLOCK, K_WAKE, K_RETURN, K_SCATTER = range(1, 9)
@@ -145,6 +146,8 @@ class Link(asyncio.Protocol):
             while (frame := self.reader.next()) is not None:
                 try:
                     self.mesh.dispatch(self, *frame)
+                except InvariantError:
+                    raise  # the shard is inconsistent: the worker must die (STYLE.md)
                 except Exception:  # a bug in one handler must not cut the link
                     logging.getLogger("disque_mp.mesh").exception("mesh frame handler failed")
         except FrameError as exc:

@@ -44,6 +44,7 @@ from disque_mp.resp import encode
 from disque_mp.server import ClientConn, Slot, listen_sockets
 from workers.effects import AofAppend, Send, Wake
 from workers.ids import is_valid_job_id, owner_of_job_id, owner_of_queue
+from workers.invariant import InvariantError
 from workers.replies import (
     ERR_BADID,
     ERR_LEAVING,
@@ -86,6 +87,18 @@ def run_worker(cfg: Config, index: int, node_id: str, ready: Any) -> None:
         loop.run_until_complete(worker.main(ready))
     finally:
         loop.close()
+
+
+def _on_loop_exception(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """A broken shard invariant ends the worker (the supervisor restarts it with
+    an empty shard rebuilt from the AOF); any other error in a callback only
+    costs the connection it happened on, as asyncio's default handler does."""
+    exc = context.get("exception")
+    loop.default_exception_handler(context)
+    if isinstance(exc, InvariantError):
+        log.warning("Broken invariant, worker exits: %s", exc)
+        logging.shutdown()
+        os._exit(70)
 
 
 def _die_with_parent() -> None:
@@ -141,6 +154,7 @@ class Worker:
 
     async def main(self, ready: Any) -> None:
         self.loop = asyncio.get_running_loop()
+        self.loop.set_exception_handler(_on_loop_exception)
         self.stopped: asyncio.Future[None] = self.loop.create_future()
         self.shard = self._make_shard()
         self._start_aof()
@@ -263,6 +277,8 @@ class Worker:
         """Replies completed outside a client's read: one write per connection per turn."""
         self.flush_scheduled = False
         dirty, self.dirty = self.dirty, []
+        if self.aof is not None:
+            self.aof.write_before_replies()
         for conn in dirty:
             conn.write_out()
             if conn.streak >= self.handoff_streak_min and not conn.closing:
@@ -286,6 +302,8 @@ class Worker:
 
     def end_batch(self) -> None:
         self.drain_effects()
+        if self.aof is not None:
+            self.aof.write_before_replies()
         self._reschedule_tick()
 
     def execute(self, conn: ClientConn, cmd: list[bytes]) -> bytes | None:
