@@ -196,6 +196,31 @@ def test_leaving_drains_a_node(three: list[NodeProc]) -> None:
         _raw(c).execute_command("CLUSTER", "LEAVING", "no")
 
 
+def _registered(node: NodeProc) -> int:
+    return int(_raw(node).info("jobs")["registered_jobs"])
+
+
+def test_add_get_ack_run_returns_to_the_baseline(three: list[NodeProc]) -> None:
+    """Acked jobs are really unregistered on every node (the reference once leaked them)."""
+    a, b, c = three
+    before = [_registered(n) for n in three]
+    q = _q("base")
+    pipe = _raw(a).pipeline(transaction=False)
+    for i in range(300):
+        pipe.execute_command("ADDJOB", q, f"b{i}", 5000, "REPLICATE", 3)
+    ids = [x.decode() for x in pipe.execute()]
+    got: list[bytes] = []
+    while len(got) < len(ids):
+        r = _raw(b).execute_command("GETJOB", "TIMEOUT", 20000, "COUNT", 100, "FROM", q)
+        assert r, "jobs did not reach the consumer"
+        batch = [e[1] for e in r]
+        assert _raw(c).execute_command("ACKJOB", *batch) >= 0  # ACK on a third node
+        got += batch
+    assert sorted(x.decode() for x in got) == sorted(ids)
+    _wait_for(lambda: all(_registered(n) <= was for n, was in zip(three, before, strict=True)),
+              "registered_jobs back to the baseline on every node")
+
+
 @pytest.fixture
 def four(tmp_path: Path) -> Iterator[list[NodeProc]]:
     # A longer node timeout: a killed node stays "reachable" for a while, so
