@@ -24,12 +24,14 @@ so a per-worker split would refuse jobs at 1/N of the budget.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import time
 from typing import TYPE_CHECKING, Any
 
 from bus import mesh as meshmod
 from bus.mesh import unpack
+from disque_mp.log import VERBOSE
 from workers.evict import EvictCursor, evict_step
 from workers.replies import Error
 
@@ -47,6 +49,14 @@ ERR_OOM = Error("OOM command not allowed when used memory > 'maxmemory'.")
 job_overhead_bytes = 400
 # An empty queue: record, deque with its first block, dict and scan-table slots (~1045 B).
 queue_overhead_bytes = 1100
+
+# Give freed heap back to the OS (glibc malloc_trim) once this worker's data shrank
+# by this much since its high mark and then held still for a sample (a drain or an
+# eviction is over): measured, 10k 20 KB bodies freed left RSS at 211 MB, a trim
+# brought it to 25 MB in ~15 ms; small objects (pymalloc arenas) are not helped.
+# At most once per trim_interval_ms: a trim stalls the loop for ~2-15 ms.
+trim_drop_bytes = 16 << 20
+trim_interval_ms = 1_000
 
 LEVEL_WARN, LEVEL_EVICT, LEVEL_OOM = 1, 2, 3
 warn_percent = 75
@@ -68,6 +78,24 @@ evict_passes_per_sample_max = 64  # backstop if the clock misbehaves
 # After a whole cycle over the shard found nothing to evict, rest this long
 # before scanning again: a node full of queued jobs must not burn a core looking.
 evict_rest_ms = 1000
+
+
+def _load_malloc_trim() -> Any:
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc only
+    except (OSError, AttributeError):
+        return None
+
+
+_malloc_trim = _load_malloc_trim()
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * 4096
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def level_of(used: int, maxmemory: int) -> int:
@@ -121,6 +149,9 @@ class Monitor:
         self.cycle_evicted = 0  # evicted since the job cursor last wrapped
         self.rest_until_ms = 0
         self.handle: Any = None
+        self.trim_high = 0  # local used since the last trim, highest
+        self.trim_at_ms = 0
+        self.last_local = 0
 
     def start(self) -> None:
         self.sample()
@@ -157,8 +188,24 @@ class Monitor:
             used = self._total()
             level = self._set_level(used)
         self.used = used
+        self._maybe_trim(now)
         if used > self.peak:
             self.peak = used
+
+    def _maybe_trim(self, now: int) -> None:
+        local = self.local_used()
+        still, self.last_local = local == self.last_local, local
+        self.trim_high = max(self.trim_high, local)
+        if (not still or self.trim_high - local < trim_drop_bytes
+                or now - self.trim_at_ms < trim_interval_ms):
+            return
+        self.trim_high = local
+        self.trim_at_ms = now
+        if _malloc_trim is not None:
+            before = _rss_bytes()
+            _malloc_trim(0)
+            log.log(VERBOSE, "malloc_trim after the data shrank: RSS %s -> %s", human(before),
+                     human(_rss_bytes()))
 
     def _evict_pass(self, now: int) -> None:
         jobs, queues = evict_step(self.w.shard, self.cursor, now)

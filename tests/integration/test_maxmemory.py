@@ -257,3 +257,23 @@ def test_95_percent_evicts_acked_jobs(tmp_path: Path) -> None:
             assert isinstance(show, list) and show[5] == b"active", show
         assert int(info_memory(c)["evicted_jobs"]) == len(acked)
         c.close()
+
+
+def test_freed_bodies_go_back_to_the_os(tmp_path: Path) -> None:
+    """After a big drain the worker calls malloc_trim: RSS comes down (not all the
+    way: pymalloc arenas and other buffers keep some, notes/memory.md)."""
+    with NodeProc(tmp_path / "n", workers=1) as n:
+        r = n.client(protocol=2)
+        pipe = r.pipeline(transaction=False)
+        for i in range(1600):  # ~100 MB of bodies
+            pipe.execute_command("ADDJOB", "big", BODY, 0)
+            if i % 200 == 199:
+                pipe.execute()
+        pipe.execute()
+        full = int(r.info("memory")["used_memory_rss"])
+        while got := r.execute_command("GETJOB", "NOHANG", "COUNT", 100, "FROM", "big"):
+            r.execute_command("FASTACK", *[e[1] for e in got])
+        n.wait_for(lambda: "malloc_trim after the data shrank" in n.log_text(), what="trim")
+        after = int(r.info("memory")["used_memory_rss"])
+        assert after < full - 32 * 1024 * 1024, (full, after)
+        r.close()
