@@ -714,6 +714,18 @@ class AofManager:
         """An ``AofAppend`` effect of the shard (the name the worker's hook uses)."""
         self.append(record)
 
+    def write_before_replies(self) -> None:
+        """everysec/no: put this batch's records in the kernel (one write) before
+        its replies are written, as Redis does, so a killed process never loses
+        a change it acknowledged. ``always`` holds replies for the fsync instead."""
+        w = self.writer
+        if w is None or not w.pending or self.state != "on" or self.holds_replies():
+            return
+        try:
+            w.write_pending()
+        except OSError as e:
+            self._write_failed(e)  # kept buffered; retried by tick()
+
     def holds_replies(self) -> bool:
         """With ``appendfsync always`` a reply whose record is not on disk yet must
         wait for the commit (``hold``) instead of being written now."""
