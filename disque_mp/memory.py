@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -88,12 +89,13 @@ def _load_malloc_trim() -> Any:
 
 
 _malloc_trim = _load_malloc_trim()
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 
 def _rss_bytes() -> int:
     try:
         with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * 4096
+            return int(f.read().split()[1]) * _PAGE_BYTES
     except (OSError, ValueError, IndexError):
         return 0
 
@@ -167,11 +169,13 @@ class Monitor:
         return shard_used_bytes(info["registered_jobs"], sh.body_bytes, info["registered_queues"])
 
     def sample(self) -> None:
-        self._ask_peers()
-        self.update()
-        near = near_threshold(self.used, self.w.cfg.maxmemory)
-        self.handle = self.w.loop.call_later((sample_near_ms if near else sample_ms) / 1000,
-                                             self.sample)
+        try:
+            self._ask_peers()
+            self.update()
+        finally:  # an error is logged by the loop; the limits must keep working
+            near = near_threshold(self.used, self.w.cfg.maxmemory)
+            self.handle = self.w.loop.call_later(
+                (sample_near_ms if near else sample_ms) / 1000, self.sample)
 
     def update(self) -> None:
         """Recompute the node total and the level; evict while at level 2 or more."""
