@@ -405,7 +405,7 @@ class AsyncDisque:
         await (self.fast_ack(job.id) if fast_ack else self.ack(job.id))
 
     async def _heartbeat(self, job_id: str) -> None:
-        """WORKING after heartbeat_first_s, then at 80 % of the retry it returns."""
+        """WORKING after heartbeat_first_s, then every half retry (heartbeat_retry_fraction)."""
         delay_s = heartbeat_first_s
         while True:
             await asyncio.sleep(delay_s)

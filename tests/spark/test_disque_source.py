@@ -254,13 +254,13 @@ def test_stream_heartbeat_keeps_slow_batches_alive(spark: Any, node: NodeProc,
                                                    tmp_path: Path) -> None:
     queue = _queue("slow")
     with _client(node) as d:
-        ids = d.add_jobs(((queue, f"s{i}") for i in range(20)), retry=1)
+        ids = d.add_jobs(((queue, f"s{i}") for i in range(20)), retry=2)
         seen: list[Any] = []
 
         def slow_sink(batch_df: Any, batch_id: int) -> None:
             rows = batch_df.collect()
             if rows:
-                time.sleep(3.5)  # well past RETRY 1 s: only WORKING keeps the jobs active
+                time.sleep(4.5)  # well past RETRY 2 s: only WORKING keeps the jobs active
                 assert d.qlen(queue) == 0
                 assert {d.show(r.id)["state"] for r in rows} == {"active"}
             seen.extend(rows)
