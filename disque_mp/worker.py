@@ -562,6 +562,8 @@ class Worker:
             reply = cmd_node.local_op(self, meta["op"], meta.get("a"))
             self.reply_peer(link, meta["r"], reply)
         self.drain_effects()
+        if self.aof is not None:
+            self.aof.write_before_replies()  # the reply frames leave later this turn
         self._reschedule_tick()
 
     def _serve_cmd(self, link: Link, meta: dict[str, Any], bodies: list[bytes]) -> None:
