@@ -71,10 +71,10 @@ sample_ms = 100
 sample_near_ms = 20
 near_percent = 5
 # Eviction at level 2 runs in passes of evict_visit_jobs_max jobs (~1-10 ms each:
-# ~1 us per job visited, ~5-10 us per job evicted) until this much time went by in
-# one sample: one loop stall stays short, and eviction takes at most ~20 % of the
-# worker while it lasts (about 20k-40k jobs/s evicted, measured in notes/memory.md).
-evict_time_per_sample_s = 0.02
+# ~1 us per job visited, ~5-10 us per job evicted) for this share of the sample
+# period (20 ms of 100, 4 ms of 20): one loop stall stays short, and eviction takes
+# about a fifth of the worker while it lasts (~20k-40k jobs/s, notes/memory.md).
+evict_duty = 0.2
 evict_passes_per_sample_max = 64  # backstop if the clock misbehaves
 # After a whole cycle over the shard found nothing to evict, rest this long
 # before scanning again: a node full of queued jobs must not burn a core looking.
@@ -151,6 +151,7 @@ class Monitor:
         self.cycle_evicted = 0  # evicted since the job cursor last wrapped
         self.rest_until_ms = 0
         self.handle: Any = None
+        self.period_ms = sample_ms  # until the next sample
         self.trim_high = 0  # local used since the last trim, highest
         self.trim_at_ms = 0
         self.last_local = 0
@@ -174,8 +175,8 @@ class Monitor:
             self.update()
         finally:  # an error is logged by the loop; the limits must keep working
             near = near_threshold(self.used, self.w.cfg.maxmemory)
-            self.handle = self.w.loop.call_later(
-                (sample_near_ms if near else sample_ms) / 1000, self.sample)
+            self.period_ms = sample_near_ms if near else sample_ms
+            self.handle = self.w.loop.call_later(self.period_ms / 1000, self.sample)
 
     def update(self) -> None:
         """Recompute the node total and the level; evict while at level 2 or more."""
@@ -183,9 +184,10 @@ class Monitor:
         level = self._set_level(used)
         now = time.time_ns() // 1_000_000
         t0 = time.perf_counter()
+        budget_s = self.period_ms * evict_duty / 1000
         passes = 0
         while level >= LEVEL_EVICT and passes < evict_passes_per_sample_max:
-            if now < self.rest_until_ms or time.perf_counter() - t0 > evict_time_per_sample_s:
+            if now < self.rest_until_ms or time.perf_counter() - t0 > budget_s:
                 break
             passes += 1
             self._evict_pass(now)
