@@ -353,20 +353,27 @@ class AsyncDisque:
         while not (max_jobs is not None and handled >= max_jobs) and not (stop and stop.is_set()):
             want = count if max_jobs is None else min(count, max_jobs - handled)
             jobs = await self.get_jobs(names, timeout_ms=poll_ms, count=want, withcounters=True)
-            for i, job in enumerate(jobs):
-                try:
-                    await self._handle(handler, job, fast_ack)
-                except BaseException:  # cancelled: the jobs not handled go back at once
-                    if jobs[i + 1:]:
-                        await self.nack(jobs[i + 1:])
-                    raise
-                handled += 1
+            beats = [asyncio.create_task(self._heartbeat(j.id)) for j in jobs]
+            try:
+                for i, job in enumerate(jobs):
+                    try:
+                        await self._handle(handler, job, fast_ack, beats[i])
+                    except BaseException:  # cancelled: the jobs not handled go back at once
+                        if jobs[i + 1:]:
+                            await self.nack(jobs[i + 1:])
+                        raise
+                    finally:
+                        beats[i].cancel()
+                    handled += 1
+            finally:
+                for beat in beats:
+                    beat.cancel()
         return handled
 
     async def iterate(self, queues: str | bytes | Iterable[str | bytes], *,
                       count: int = 1, poll_ms: int = consume_poll_ms) -> AsyncIterator[Job]:
         """Async-iterator form; ACK when the loop asks for the next job, WORKING while
-        the loop body runs, leaving the loop NACKs the jobs in hand. Async generators
+        jobs are held, leaving the loop NACKs the jobs in hand. Async generators
         are finalized late, so close it explicitly::
 
             async with contextlib.aclosing(d.iterate("q")) as jobs:
@@ -375,24 +382,24 @@ class AsyncDisque:
         """
         names = _queues(queues)
         in_hand: list[Job] = []
+        beats: dict[str, asyncio.Task[None]] = {}
         try:
             while True:
                 in_hand = await self.get_jobs(names, timeout_ms=poll_ms, count=count,
                                               withcounters=True)
+                beats = {j.id: asyncio.create_task(self._heartbeat(j.id)) for j in in_hand}
                 while in_hand:
-                    beat = asyncio.create_task(self._heartbeat(in_hand[0].id))
-                    try:
-                        yield in_hand[0]
-                    finally:
-                        beat.cancel()
+                    yield in_hand[0]
+                    beats.pop(in_hand[0].id).cancel()
                     await self.ack(in_hand.pop(0))
         finally:
+            for beat in beats.values():
+                beat.cancel()
             if in_hand:
                 await self.nack(in_hand)
 
     async def _handle(self, handler: Callable[[Job], Awaitable[Any]], job: Job,
-                      fast_ack: bool) -> None:
-        beat = asyncio.create_task(self._heartbeat(job.id))
+                      fast_ack: bool, beat: asyncio.Task[None]) -> None:
         try:
             await handler(job)
         except Exception:
@@ -400,8 +407,7 @@ class AsyncDisque:
             log.exception("handler failed on job %s: NACK", job.id)
             await self.nack(job.id)
             return
-        finally:
-            beat.cancel()
+        beat.cancel()
         await (self.fast_ack(job.id) if fast_ack else self.ack(job.id))
 
     async def _heartbeat(self, job_id: str) -> None:

@@ -919,12 +919,16 @@ class _ConsumeLoop:
             return True
         return self.stop is not None and self.stop.is_set()
 
-    def _take(self) -> list[Job]:
+    def _take(self, beat: Heartbeat) -> list[Job]:
+        """The next jobs, all kept alive from now on (later ones wait for earlier ones)."""
         want = self.count
         if self.max_jobs is not None:
             want = min(want, self.max_jobs - self.handled)
-        return self.client.get_jobs(self.queues, timeout_ms=self.poll_ms, count=want,
+        jobs = self.client.get_jobs(self.queues, timeout_ms=self.poll_ms, count=want,
                                     withcounters=True)
+        for job in jobs:
+            beat.add(job.id)
+        return jobs
 
     def _ack(self, job: Job) -> None:
         (self.client.fast_ack if self.fast_ack else self.client.ack)(job.id)
@@ -934,7 +938,7 @@ class _ConsumeLoop:
         in_hand: list[Job] = []
         try:
             while not self._done():
-                in_hand = self._take()
+                in_hand = self._take(beat)
                 while in_hand:
                     self._handle(handler, in_hand[0], beat)
                     in_hand.pop(0)
@@ -946,7 +950,6 @@ class _ConsumeLoop:
         return self.handled
 
     def _handle(self, handler: Callable[[Job], Any], job: Job, beat: Heartbeat) -> None:
-        beat.add(job.id)
         try:
             handler(job)
         except Exception:
@@ -962,10 +965,9 @@ class _ConsumeLoop:
         in_hand: list[Job] = []
         try:
             while not self._done():
-                in_hand = self._take()
+                in_hand = self._take(beat)
                 while in_hand:
                     job = in_hand[0]
-                    beat.add(job.id)
                     yield job
                     beat.remove(job.id)
                     self._ack(in_hand.pop(0))

@@ -273,6 +273,22 @@ def test_consume_sends_working_while_the_handler_runs(d: Disque, node: NodeProc)
         assert d.show(job_id) is None  # acked after the handler returned
 
 
+def test_consume_keeps_jobs_waiting_in_its_batch_alive(d: Disque, node: NodeProc) -> None:
+    q = _q("batch")
+    d.add_jobs(((q, f"w{i}") for i in range(3)), retry=2)
+    later_states: list[tuple[str, int]] = []
+    with Disque([f"127.0.0.1:{node.port}"]) as observer:
+
+        def handler(job: Job) -> None:
+            info = observer.show(job.id)
+            later_states.append((info["state"], info["additional-deliveries"]))
+            assert observer.get_jobs(q, nohang=True) == []
+            time.sleep(1.3)  # the third job waits 2.6 s > RETRY before its turn
+
+        assert d.consume(q, handler, count=3, max_jobs=3) == 3
+    assert later_states == [("active", 0)] * 3
+
+
 def test_consume_nacks_when_the_handler_raises(d: Disque) -> None:
     q = _q("flaky")
     job_id = d.add_job(q, "flaky", retry=60)
