@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import socket
 import threading
 import time
 import uuid
@@ -31,7 +32,7 @@ from disque_mp.client import (
     error_from_reply,
     is_leaving,
 )
-from tests.nodeproc import NodeProc, free_port
+from tests.nodeproc import NodeProc
 from workers.ids import is_valid_job_id
 
 UNKNOWN_ID = "D-dcb833cf-8YL1NT17e9+wsA/09NqxscQI-05a1"
@@ -70,13 +71,15 @@ def test_hello_learns_the_node(d: Disque, node: NodeProc) -> None:
 
 
 def test_unreachable_seeds_are_skipped_and_reported(node: NodeProc) -> None:
-    dead = free_port()
-    for _ in range(5):  # the first node is picked at random: both orders must work
-        with Disque([f"127.0.0.1:{dead}", f"127.0.0.1:{node.port}"]) as c:
-            assert c.ping()
-            assert c.address == ("127.0.0.1", node.port)
-    with pytest.raises(DisqueConnectionError) as excinfo:
-        Disque([f"127.0.0.1:{dead}"]).ping()
+    with socket.socket() as closed:  # bound, never listening: connections are refused
+        closed.bind(("127.0.0.1", 0))
+        dead = closed.getsockname()[1]
+        for _ in range(5):  # the first node is picked at random: both orders must work
+            with Disque([f"127.0.0.1:{dead}", f"127.0.0.1:{node.port}"]) as c:
+                assert c.ping()
+                assert c.address == ("127.0.0.1", node.port)
+        with pytest.raises(DisqueConnectionError) as excinfo:
+            Disque([f"127.0.0.1:{dead}"]).ping()
     assert f"127.0.0.1:{dead}" in str(excinfo.value)
 
 

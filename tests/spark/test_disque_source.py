@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 import uuid
 from pathlib import Path
@@ -86,9 +87,11 @@ def test_bad_options_say_what_to_fix(spark: Any, node: NodeProc, tmp_path: Path)
          .option("states", "queued,bogus").load().collect())
     assert "unknown state(s) bogus" in _failure_text(bad_state)
 
-    dead = f"127.0.0.1:{node.port + 1}"  # nothing listens there (NodeProc checked port pairs)
-    with pytest.raises(Exception) as unreachable:
-        spark.read.format("disque").option("nodes", dead).option("queue", "q").load().collect()
+    with socket.socket() as closed:  # bound, never listening: connections are refused
+        closed.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{closed.getsockname()[1]}"
+        with pytest.raises(Exception) as unreachable:
+            spark.read.format("disque").option("nodes", dead).option("queue", "q").load().collect()
     assert "check the addresses" in _failure_text(unreachable)
 
     query = (spark.readStream.format("disque").option("nodes", addr).load()
