@@ -7,8 +7,9 @@
 Starts a real node (tests/nodeproc.py), runs redis-benchmark with the given
 command (or the load generator's cycle), and records each worker with
 ``py-spy record --format raw`` at the same time. Prints the functions with the
-most samples on top of the stack (self) and anywhere on it (total), and keeps
-the collapsed stacks in bench/results/profile-*.txt (flamegraph.pl input).
+most samples on top of the stack (self) and anywhere on it (total) into
+bench/results/profile-NAME.txt; ``--stacks`` also keeps the collapsed stacks
+(flamegraph.pl input) as profile-NAME.collapsed.
 py-spy needs ptrace rights over the workers (root, or ptrace_scope 0).
 """
 
@@ -112,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pipeline", type=int, default=1)
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--prefill", type=int, default=0, help="ADDJOB this many jobs to queue q:0 first")
+    p.add_argument("--stacks", action="store_true",
+                   help="also keep the collapsed stacks (flamegraph.pl input) in bench/results/")
     p.add_argument("--name", default="", help="suffix of bench/results/profile-NAME.txt")
     a = p.parse_args(argv)
     name = a.name or re.sub(r"[^a-z0-9]+", "-", f"{a.load}-p{a.pipeline}-w{a.workers}".lower())
@@ -140,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
             stacks += collapsed
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"profile-{name}.txt").write_text(text)
-    (RESULTS / f"profile-{name}.collapsed").write_text(stacks)
+    if a.stacks:
+        (RESULTS / f"profile-{name}.collapsed").write_text(stacks)
     print(text)
     return 0
 

@@ -34,10 +34,15 @@ def machine() -> dict[str, object]:
             model = line.split(":", 1)[1].strip()
             break
     redis_v = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                          text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                           capture_output=True, text=True).stdout.strip()
     return {"cpus": os.cpu_count(), "cpu_model": model, "kernel": platform.release(),
             "python": platform.python_version(), "redis": redis_v.split(" sha=")[0].strip(),
             "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M"),
-            "loadavg_1m_at_start": round(os.getloadavg()[0], 2)}
+            "loadavg_1m_at_start": round(os.getloadavg()[0], 2),
+            "commit": head + (" (with uncommitted changes)" if dirty else "")}
 
 
 def run_suite(name: str, extra: list[str], out: Path) -> int:
