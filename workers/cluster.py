@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from workers.effects import Send, Wake
+from workers.effects import AofAppend, Send, Wake
 from workers.ids import is_at_most_once_id, slot_of_job_id
 from workers.job import (
     ACKED,
@@ -53,7 +53,7 @@ from workers.job import (
     Job,
 )
 from workers.queue import PAUSED_IN, PAUSED_OUT, Queue
-from workers.replies import ERR_LEAVING, Error, Status
+from workers.replies import ERR_LEAVING, PENDING, Error, Status
 
 if TYPE_CHECKING:
     from workers.shard import Shard
@@ -221,8 +221,6 @@ class ClusterOps:
         job.qtime_ms = now_ms + repl_step_ms
         self._schedule(job, self._due(job))
         self._send_repljob(job, chosen)
-        from workers.replies import PENDING
-
         return PENDING
 
     def _addjob_async(self: Shard, job: Job, q: Queue, chosen: tuple[str, ...],
@@ -256,8 +254,6 @@ class ClusterOps:
             self._unschedule(job)
             self._enqueue(job, q, now_ms)
         if self.aof:
-            from workers.effects import AofAppend
-
             self._effects.append(AofAppend(job.to_record()))
 
     def _fire_wait_repl(self: Shard, job: Job, now_ms: int) -> None:
@@ -356,8 +352,6 @@ class ClusterOps:
         self._register(job)
         self._schedule(job, self._due(job))
         if self.aof:
-            from workers.effects import AofAppend
-
             self._effects.append(AofAppend(job.to_record()))
         # Disque answers a duplicate REPLJOB too: a lost GOTJOB is then re-sent.
         self._send_job([sender], "GOTJOB", job)
@@ -435,8 +429,6 @@ class ClusterOps:
         job.confirmed = (self.node_id,) if self.node_id in job.delivered else ()
         self._gc_tries.pop(job.id, None)
         if self.aof:
-            from workers.effects import AofAppend
-
             self._effects.append(AofAppend(job.to_record()))
         # Every acked job has a GC timer, also where another node runs the GC: if
         # that node's DELJOB is lost, our own attempt finds the copies gone.
@@ -485,7 +477,7 @@ class ClusterOps:
         job = self._job_of(meta)
         slot = slot_of_job_id(jid)
         if job is not None and not self._ack_cluster(job, now_ms):
-            job = None  # gone at once: answer as if unknown... but we knew it
+            # We knew it and dropped it at once (GC attempts used up): known.
             self._send(sender, "GOTACK", slot, {"j": jid, "k": 1})
             return
         if job is None:
@@ -672,8 +664,6 @@ class ClusterOps:
             self._register(job)
             self._enqueue(job, q, now_ms)
             if self.aof:
-                from workers.effects import AofAppend
-
                 self._effects.append(AofAppend(job.to_record()))
             n += 1
         if q is None:
