@@ -289,6 +289,10 @@ def _write_plan(opts: Options, schema: StructType) -> WritePlan:
             raise ValueError(f"no queue column {column!r} in columns {names}; set option queue "
                              "to one queue name, or option queue_column to a string column")
         queue_index = names.index(column)
+        queue_type = schema.fields[queue_index].dataType
+        if not isinstance(queue_type, StringType):
+            raise ValueError(f"queue column {column!r} is {queue_type.simpleString()}; it must "
+                             "hold queue names as strings (cast it to string)")
     check_reachable(opts)
     return WritePlan(opts, names.index(opts.body_column), queue_index)
 
