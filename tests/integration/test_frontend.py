@@ -244,6 +244,12 @@ def test_auth(tmp_path: Path) -> None:
         assert c.call("AUTH", "s3cret") == Status("OK")
         assert c.call("QLEN", "q") == 0
         c.close()
+        c = RawClient(n.port)
+        assert c.call("HELLO", "3").startswith("NOAUTH HELLO must be called")
+        assert c.call("HELLO", "3", "AUTH", "default", "bad").startswith("WRONGPASS")
+        assert c.call("HELLO", "3", "AUTH", "default", "s3cret")[b"proto"] == 3
+        assert c.call("QLEN", "q") == 0
+        c.close()
         r = redis.Redis(port=n.port, password="s3cret", socket_timeout=10)
         assert r.execute_command("QLEN", "q") == 0
         r.close()
