@@ -490,3 +490,17 @@ def test_group_commit_in_a_loop_releases_held_replies_after_the_fsync(
     asyncio.run(scenario())
     assert out[:3] == ["ok0", "ok1", "ok2"]
     assert isinstance(out[3], Error) and out[3].startswith("ERR Error writing to the AOF")
+
+
+def test_no_appendfsync_on_rewrite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    monkeypatch.setattr(aof.os, "fdatasync", lambda fd: calls.append(fd))
+    shard, mgr = start(tmp_path, 0, 1, appendfsync="always", no_appendfsync_on_rewrite=True)
+    add_logged(shard, mgr, queue_of(0, 1))
+    assert mgr.commit() and len(calls) == 1
+    mgr.bgrewriteaof()
+    add_logged(shard, mgr, queue_of(0, 1))
+    assert mgr.commit() and len(calls) == 1, "no fsync while the rewrite runs"
+    mgr.cfg.no_appendfsync_on_rewrite = False
+    add_logged(shard, mgr, queue_of(0, 1))
+    assert mgr.commit() and len(calls) == 2
