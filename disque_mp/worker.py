@@ -447,8 +447,27 @@ class Worker:
         spec = cmd_jobs.parse_getjob(cmd[1:])
         if isinstance(spec, Error):
             return spec
-        job = GetJob(self, conn, spec)
-        return job.start()
+        owner = self._single_owner(spec.queues)
+        if owner == self.index:  # fast path: answered by our shard, no coordinator
+            conn.streak = 0
+            entries = self.shard.op_take(spec.queues, spec.count, spec.withcounters, self.now_ms)
+            if entries:
+                return entries
+            if spec.nohang:
+                return NULL_ARRAY
+        elif owner >= 0:
+            self._count_streak(conn, owner)  # a consumer of another worker's queue moves there
+        return GetJob(self, conn, spec).start()
+
+    def _single_owner(self, queues: list[bytes]) -> int:
+        """The worker owning every queue named, or -1 when they are spread."""
+        if self.workers == 1:
+            return self.index
+        owner = self.owner_of(queues[0])
+        for q in queues[1:]:
+            if self.owner_of(q) != owner:
+                return -1
+        return owner
 
     # ------------------------------------------------------------------ effects and time
 

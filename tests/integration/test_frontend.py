@@ -333,3 +333,16 @@ def test_idle_timeout_closes_idle_clients_only(tmp_path: Path) -> None:
         assert idle.closed_now()
         job_id = busy.call("ADDJOB", "idleq", "x", 0)
         assert blocked.read() == [[b"idleq", job_id.encode(), b"x"]]
+
+
+def test_consumer_connection_moves_to_its_queue_owner(node2: NodeProc) -> None:
+    q = queue_owned_by(1, prefix="cons")
+    producer = RawClient(node2.port)
+    consumer = connect_to_worker(node2.port, 0)
+    for i in range(20):
+        job_id = producer.call("ADDJOB", q, f"c{i}", 0)
+        assert consumer.call("GETJOB", "FROM", q) == [[q.encode(), job_id.encode(), f"c{i}".encode()]]
+        assert consumer.call("ACKJOB", job_id) == 1
+    assert worker_of(consumer) == 1
+    producer.close()
+    consumer.close()
