@@ -352,6 +352,14 @@ def test_async_client_same_methods(node: NodeProc) -> None:
             assert job == Job(q, job_id, b"hi")
             assert await a.working(job) == 30
             assert await a.nack(job) == 1
+            assert await a.ping()
+            assert "registered_jobs" in await a.info("jobs")
+            assert await a.dequeue(job) == 1 and await a.enqueue(job) == 1
+            assert await a.pause(q, "out") == "out" and await a.pause(q, "none") == "none"
+            extra = await a.add_job(q, "extra")
+            assert await a.del_job(extra) == 1
+            extra = await a.add_job(q, "extra")
+            assert await a.fast_ack(extra) == 1
             with pytest.raises(NoJobError):
                 await a.working(UNKNOWN_ID)
             with pytest.raises(BadIdError):
