@@ -214,3 +214,40 @@ def test_shard_add_take_ack_x32(benchmark: Any) -> None:
         return int(n)
 
     assert benchmark(cycle) == PIPELINE
+
+
+# ------------------------------------------------------------------ GC and a big job table
+
+GC_PREFILL_JOBS = 200_000  # a job table big enough for full collections to hurt
+GC_TIMED_JOBS = 200_000  # timed on top: enough new long-lived objects for full collections (> 25 %)
+
+
+@pytest.mark.parametrize("gc_on", [True, False], ids=["gc-on", "gc-off"])
+def test_shard_addjob_on_big_table(benchmark: Any, gc_on: bool) -> None:
+    """200,000 ADDJOB on a shard already holding 200,000 jobs, with Python's cyclic
+    collector on (the default) and off: what the collector's rescans cost."""
+    import gc
+
+    def setup() -> tuple[tuple[Any], dict[str, Any]]:
+        shard = new_shard()
+        for i in range(GC_PREFILL_JOBS):
+            addjob_to(shard, b"q%d" % (i % 16), 1_000_000 + i // 1000)
+        gc.collect()
+        return (shard,), {}
+
+    def add_more(shard: Any) -> int:
+        was = gc.isenabled()
+        gc.enable() if gc_on else gc.disable()
+        try:
+            for i in range(GC_TIMED_JOBS):
+                addjob_to(shard, b"q%d" % (i % 16), 2_000_000 + i // 1000)
+        finally:
+            gc.enable() if was else gc.disable()
+        return GC_TIMED_JOBS
+
+    assert benchmark.pedantic(add_more, setup=setup, rounds=3, iterations=1) == GC_TIMED_JOBS
+
+
+def addjob_to(shard: Any, queue: bytes, now_ms: int) -> Any:
+    return shard.op_addjob(queue, BODY, timeout_ms=0, replicate=1, delay_s=0, retry_s=300,
+                           ttl_s=86400, maxlen=0, async_=False, token=0, now_ms=now_ms)
