@@ -66,6 +66,7 @@ idle_check_ms = 1000  # `timeout` is in seconds: checking each second is exact e
 PR_SET_PDEATHSIG = 1
 NOAUTH_OK = frozenset({"auth", "hello", "quit"})
 ERR_NOAUTH = Error("NOAUTH Authentication required.")
+ERR_INTERNAL = Error("ERR internal error, see the server log")
 
 
 _perf_ns = time.perf_counter_ns  # INFO commandstats; a local name saves a lookup per command
@@ -578,7 +579,13 @@ class Worker:
         elif kind == meshmod.K_RETURN:
             self.shard.op_return([b.decode() for b in bodies], self.now_ms)
         elif kind == meshmod.K_SCATTER:
-            reply = cmd_node.local_op(self, meta["op"], meta.get("a"))
+            try:
+                reply = cmd_node.local_op(self, meta["op"], meta.get("a"))
+            except InvariantError:
+                raise
+            except Exception:  # a bug: answer it, or the asking client waits forever
+                log.exception("node operation %r failed", meta.get("op"))
+                reply = ERR_INTERNAL
             self.reply_peer(link, meta["r"], reply)
         self.drain_effects()
         if self.aof is not None:
@@ -598,7 +605,13 @@ class Worker:
     def _serve_one(self, link: Link, rid: int, name: bytes, args: list[bytes]) -> None:
         token = self.new_token()
         before = self.aof.appended if self.aof is not None else 0
-        reply = self.run_local(name, args, token)
+        try:
+            reply = self.run_local(name, args, token)
+        except InvariantError:
+            raise
+        except Exception:  # a bug: answer it, or the asking client waits forever
+            log.exception("command %r from a peer failed", name)
+            reply = ERR_INTERNAL
         if self.cfg.appendfsync == "always" and self._aof_must_hold(before, reply):
             self.aof.hold(self.aof.appended, lambda v: link.reply(rid, v), reply)
             return
