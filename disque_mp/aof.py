@@ -738,6 +738,20 @@ class AofManager:
         if not self._commit_scheduled:
             self._schedule_commit()
 
+    def when_durable(self, deliver: Callable[[Any], None]) -> Callable[[Any], None]:
+        """Wrap the callback of a reply that completes later (a ``Wake``: ADDJOB
+        waiting for its replicas): with ``always`` it delivers only once every
+        record appended so far is on disk (or the AOF error)."""
+        seq = self.appended
+
+        def done(value: Any) -> None:
+            if seq <= self.durable or not self.holds_replies():
+                deliver(value)
+            else:
+                self.hold(seq, deliver, value)
+
+        return done
+
     def _schedule_commit(self) -> None:
         loop = self.loop
         if loop is None:

@@ -504,3 +504,24 @@ def test_no_appendfsync_on_rewrite(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     mgr.cfg.no_appendfsync_on_rewrite = False
     add_logged(shard, mgr, queue_of(0, 1))
     assert mgr.commit() and len(calls) == 2
+
+
+def test_when_durable_waits_for_the_records_of_a_pending_reply(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fault = tmp_path / "fault"
+    monkeypatch.setattr(aof, "_fault_path", str(fault))
+    shard, mgr = start(tmp_path, 0, 1, appendfsync="always")
+    out: list[object] = []
+    add_logged(shard, mgr, queue_of(0, 1))
+    done = mgr.when_durable(out.append)  # the command answered PENDING
+    done("early")  # the Wake came before any commit: held
+    assert out == []
+    mgr.turn_commit()
+    assert out == ["early"]
+    add_logged(shard, mgr, queue_of(0, 1))
+    done = mgr.when_durable(out.append)
+    fault.write_text("ENOSPC")
+    mgr.turn_commit()  # fails: the later Wake must carry the error
+    done("late")
+    mgr.turn_commit()
+    assert isinstance(out[1], Error)
