@@ -195,13 +195,24 @@ class FrameReader:
         return None
 
 
+# A header is a few dozen bytes; anything longer is not one of ours.
+header_bytes_max = 4096
+
+
 def read_header(path: str) -> FileHeader:
-    """The header of an AOF file; ValueError if it has none we can read."""
-    reader = FrameReader(path)
-    for payload in reader:
-        return FileHeader.decode(payload)
-    why = reader.damage.reason if reader.damage else "empty file"
-    raise ValueError(f"no header ({why})")
+    """The header of an AOF file (two small reads: listing the files in ``dir``
+    must stay cheap); ValueError if it has none we can read."""
+    with open(path, "rb", buffering=0) as f:
+        head = f.read(FRAME.size)
+        if len(head) < FRAME.size:
+            raise ValueError("no header (empty or truncated file)")
+        length, crc = FRAME.unpack(head)
+        if not 0 < length <= header_bytes_max:
+            raise ValueError(f"no header (bad frame length {length})")
+        payload = f.read(length)
+    if len(payload) < length or zlib.crc32(payload) != crc:
+        raise ValueError("no header (truncated or checksum mismatch)")
+    return FileHeader.decode(payload)
 
 
 # --- the set of files in dir ---
