@@ -115,8 +115,11 @@ class FileHeader:
         version = payload[len(MAGIC)]
         if version != FORMAT_VERSION:
             raise ValueError(f"unsupported AOF format version {version}")
-        meta = orjson.loads(payload[len(MAGIC) + 1:])
-        h = FileHeader(int(meta["gen"]), int(meta["workers"]), int(meta["index"]))
+        try:
+            meta = orjson.loads(payload[len(MAGIC) + 1:])
+            h = FileHeader(int(meta["gen"]), int(meta["workers"]), int(meta["index"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"bad AOF header: {e!r}") from None
         if h.workers < 1 or not 0 <= h.index < h.workers or h.gen < 1:
             raise ValueError(f"bad AOF header {meta}")
         return h

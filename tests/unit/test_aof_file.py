@@ -278,3 +278,12 @@ def test_check_aof_accepts_deletion_records(tmp_path: Path,
     path = write_aof(tmp_path, [*recs, del_record("D-bad")], gen=2)
     assert aof_check.main([str(path)]) == 1
     assert "bad job ID in a deletion record" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("meta", [b"", b"{", b"[]", b"{}", b'{"gen": 1, "workers": 0, "index": 0}',
+                                  b'{"gen": "x", "workers": 1, "index": 0}'])
+def test_bad_headers_are_reported_not_raised(tmp_path: Path, meta: bytes) -> None:
+    path = tmp_path / "appendonly-w0-g1.aof"
+    path.write_bytes(aof.frame(aof.MAGIC + bytes([aof.FORMAT_VERSION]) + meta))
+    files, unreadable = aof.list_files(str(tmp_path), "appendonly.aof")
+    assert files == [] and len(unreadable) == 1
