@@ -28,7 +28,7 @@ from tests.nodeproc import NodeProc, free_port
 CLIENTS = 50  # redis-benchmark -c, as in the targets
 REQUESTS = 200_000  # redis-benchmark -n, as in the targets
 CYCLE_S = 10.0  # seconds per load-generator cycle run
-CROSS_S = 6.0  # seconds per cross-worker kind (local, remote, mixed), over 3 rounds
+CROSS_S = 6.0  # seconds per cross-worker kind (local, remote, mixed), over xworker.rounds rounds
 MEMORY_JOBS = 1_000_000  # the memory target's job count
 MEMORY_BODY = b"x" * 100  # ... and body size
 settle_s = 1.0  # let a fresh node's allocator and imports settle before an RSS baseline

@@ -32,7 +32,7 @@ from workers.ids import owner_of_queue
 connect_attempts_max = 400  # connections opened to find enough on one worker
 conns_wanted = 8  # connections per run (the kernel's spread gives about half each)
 find_socket_s_max = 2.0  # /proc may lag the accept by a moment
-rounds = 3  # interleaved rounds per kind; the median counts
+rounds = 5  # interleaved rounds per kind; the median counts (load from elsewhere comes in bursts)
 probe_commands = 64  # one-queue commands sent to provoke a handoff (the node's streak is 16)
 
 
