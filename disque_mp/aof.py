@@ -570,7 +570,7 @@ class AofManager:
             # Only deleted once superseded for every slot it claims (see module doc).
             log.warning("AOF %s vanished while loading (superseded): skipped", path)
             return loaded
-        except ValueError as e:
+        except (ValueError, struct.error) as e:  # a sound frame whose record is not
             offset = reader.good_bytes - FRAME.size - len(payload)
             raise AofLoadError(
                 f"Bad record in the append only file {path} at offset {offset}: {e}. "

@@ -7,6 +7,7 @@ Exit status: 0 = the file is valid (or was fixed), 1 = damaged and not fixed,
 
 from __future__ import annotations
 
+import struct
 import sys
 
 from disque_mp.aof import FileHeader, FrameReader, truncate_file
@@ -70,7 +71,7 @@ def _record_problem(payload: bytes) -> str | None:
                 return "bad job ID in a deletion record"
         else:
             Job.from_record(payload)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, struct.error) as e:
         return str(e)
     return None
 
