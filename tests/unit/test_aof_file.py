@@ -10,6 +10,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from disque_mp import aof, aof_check
 from disque_mp.aof import AofFile, AofWriter, FileHeader, FrameReader
@@ -287,3 +289,21 @@ def test_bad_headers_are_reported_not_raised(tmp_path: Path, meta: bytes) -> Non
     path.write_bytes(aof.frame(aof.MAGIC + bytes([aof.FORMAT_VERSION]) + meta))
     files, unreadable = aof.list_files(str(tmp_path), "appendonly.aof")
     assert files == [] and len(unreadable) == 1
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(garbage=st.binary(max_size=300), cut=st.integers(min_value=0, max_value=2000))
+def test_fuzz_reader_and_check_never_raise(tmp_path: Path, garbage: bytes, cut: int) -> None:
+    """Any file (a valid one cut anywhere, then garbage): the reader yields a
+    prefix of the records and says where it stopped; check-aof never raises."""
+    recs = job_records(3)
+    path = write_aof(tmp_path, recs)
+    data = path.read_bytes()
+    path.write_bytes(data[: min(cut, len(data))] + garbage)
+    payloads, reader = read_all(path)
+    assert payloads == recs[: len(payloads)] or payloads[: len(recs)] == recs
+    assert reader.good_bytes <= reader.size
+    if reader.damage is not None:
+        assert reader.damage.offset == reader.good_bytes
+    rep = aof_check.check(str(path))
+    assert rep.bad_offset <= rep.reader.size
