@@ -155,8 +155,23 @@ def summary(rows: list[dict[str, Any]], machine: dict[str, Any]) -> str:
     lines += ["", "## All macro figures", ""]
     for r in rows:
         lines.append(f"- `{r['name']}`: " + short(r))
-    lines += ["", "Plots: `throughput_vs_pipeline.png`, `throughput_vs_workers.png`.", ""]
-    return "\n".join(lines)
+    lines += ["", "Plots: `throughput_vs_pipeline.png`, `throughput_vs_workers.png`.", "",
+              "## Commands", "",
+              "Ports are free ones picked per run. Load generator runs are `bench.loadgen.run()`",
+              "with the settings stored in macro.json (`disque-mp bench cycle --procs 2 "
+              "--producers 2 --consumers 2 --pipeline 8 --duration-s 10`, and `--target redis`).",
+              ""]
+    lines += [f"- `{c}`" for c in commands(rows)]
+    return "\n".join(lines) + "\n"
+
+
+def commands(rows: list[dict[str, Any]]) -> list[str]:
+    seen: list[str] = []
+    for r in rows:
+        for v in r.values():
+            if isinstance(v, dict) and "command" in v and v["command"] not in seen:
+                seen.append(v["command"])
+    return seen
 
 
 def short(r: dict[str, Any]) -> str:
