@@ -755,10 +755,12 @@ class AofManager:
     def when_durable(self, deliver: Callable[[Any], None]) -> Callable[[Any], None]:
         """Wrap the callback of a reply that completes later (a ``Wake``: ADDJOB
         waiting for its replicas): with ``always`` it delivers only once every
-        record appended so far is on disk (or the AOF error)."""
-        seq = self.appended
+        record appended by the time it completes is on disk (or the AOF error).
+        Effects are drained in order, so the command's own records are counted
+        by then; no drain is needed when the callback is registered."""
 
         def done(value: Any) -> None:
+            seq = self.appended
             if seq <= self.durable or not self.holds_replies():
                 deliver(value)
             else:

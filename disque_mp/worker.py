@@ -352,6 +352,12 @@ class Worker:
         self.drain_effects()
         return bool(aof.appended != before)
 
+    def _durable(self, deliver: Callable[[Any], None]) -> Callable[[Any], None]:
+        """A reply completed later (Wake) waits for its records under appendfsync always."""
+        if self.aof is None or self.cfg.appendfsync != "always":
+            return deliver
+        return self.aof.when_durable(deliver)
+
     def new_token(self) -> int:
         self.next_token += 1
         return self.next_token
@@ -384,7 +390,8 @@ class Worker:
                 return PENDING
             if reply is PENDING:
                 slot = conn.defer()
-                self.tokens[token] = lambda value: conn.fill(slot, encode(value, conn.resp3))
+                self.tokens[token] = self._durable(
+                    lambda value: conn.fill(slot, encode(value, conn.resp3)))
             return reply
         self._count_streak(conn, owner)
         slot = conn.defer()
@@ -616,7 +623,7 @@ class Worker:
             self.aof.hold(self.aof.appended, lambda v: link.reply(rid, v), reply)
             return
         if reply is PENDING:
-            self.tokens[token] = lambda value: link.reply(rid, value)
+            self.tokens[token] = self._durable(lambda value: link.reply(rid, value))
         else:
             link.reply(rid, reply)
 
