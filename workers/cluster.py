@@ -15,7 +15,7 @@ kind       meta                                   bodies
 =========  =====================================  ==========================
 REPLJOB    {}                                     [job record]
 GOTJOB     {"j": id}
-ENQUEUE    {"j": id}
+ENQUEUE    {"j": id, "d": [node, ...]}
 WILLQUEUE  {"j": id}
 QUEUED     {"j": id}
 SETACK     {"j": id, "m": may-have}
@@ -46,6 +46,7 @@ from workers.ids import is_at_most_once_id, slot_of_job_id
 from workers.job import (
     ACKED,
     ACTIVE,
+    FLAG_QUEUED_ONCE,
     FLAG_WILLQUEUE_SENT,
     QUEUED,
     US_PER_MS,
@@ -229,7 +230,7 @@ class ClusterOps:
         self._send_repljob(job, chosen)
         if external:
             if chosen:
-                self._send_job([chosen[0]], "ENQUEUE", job)
+                self._send_job([chosen[0]], "ENQUEUE", job, {"j": job.id, "d": list(chosen)})
             return Status(job.id)
         self._register(job)
         self._activate(job, q, now_ms)
@@ -299,8 +300,10 @@ class ClusterOps:
         rw = self._repl.pop(job.id)
         if self.node_id not in job.delivered:
             # External replication: one node that got the job queues it; we keep no copy.
+            # The list of every node that may have a copy goes along: we forget the
+            # job now, so the holder must know them all for the ACK GC.
             holder = self._rng.choice([n for n in job.confirmed if n != self.node_id])
-            self._send_job([holder], "ENQUEUE", job)
+            self._send_job([holder], "ENQUEUE", job, {"j": job.id, "d": list(job.delivered)})
             self._unregister_quiet(job, now_ms)
         else:
             self._activate(job, self._queue(job.queue, now_ms), now_ms)
@@ -369,8 +372,15 @@ class ClusterOps:
     def _on_enqueue(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
                     now_ms: int) -> None:
         job = self._job_of(meta)
-        if job is None or job.state != ACTIVE:
+        if job is None:
             return
+        nodes = meta.get("d")
+        if type(nodes) is list and all(type(n) is str for n in nodes):
+            job.delivered = union(job.delivered, nodes)
+        if job.state != ACTIVE:
+            return
+        if not job.retry_s and job.flags & FLAG_QUEUED_ONCE:
+            return  # at-most-once: queued once already (a duplicate ENQUEUE)
         q = self._queue(job.queue, now_ms)
         if q.paused & PAUSED_IN:
             return  # spec: a queue paused in input accepts no ENQUEUE messages

@@ -39,6 +39,7 @@ STATE_BY_NAME = {name: i for i, name in enumerate(STATE_NAMES[:4])}
 FLAG_DELIVERED = 1  # served to a client at least once (at-most-once jobs never requeue then)
 FLAG_IN_DEQUE = 2  # the record sits in its queue's deque (possibly as a stale entry)
 FLAG_WILLQUEUE_SENT = 4  # WILLQUEUE went out for the current requeue time (cluster)
+FLAG_QUEUED_ONCE = 8  # was queued at least once (an at-most-once job is never queued again)
 _FLAG_TRANSIENT = FLAG_IN_DEQUE | FLAG_WILLQUEUE_SENT  # never persisted nor sent
 _FLAG_BITS = 8  # flags above this hold delay_s
 _FLAG_MASK = (1 << _FLAG_BITS) - 1

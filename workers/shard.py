@@ -42,6 +42,7 @@ from workers.job import (
     DEL_RECORD_TAG,
     DELETED,
     FLAG_DELIVERED,
+    FLAG_QUEUED_ONCE,
     FLAG_WILLQUEUE_SENT,
     QUEUED,
     STATE_NAMES,
@@ -426,7 +427,7 @@ class Shard(ClusterOps):
     def _enqueue(self, job: Job, q: Queue, now_ms: int) -> None:
         """Disque's enqueueJob minus its checks: the job becomes QUEUED in ``q``."""
         job.state = QUEUED
-        job.flags &= ~FLAG_WILLQUEUE_SENT
+        job.flags = (job.flags & ~FLAG_WILLQUEUE_SENT) | FLAG_QUEUED_ONCE
         if job.retry_s:
             job.qtime_ms = now_ms + job.retry_s * 1000 + int(self._rng.random() * time_error_ms)
         else:

@@ -44,6 +44,7 @@ class JobInfo:
     crashed_holders: int = 0
     acked: bool = False
     created_ms: int = 0
+    sync: bool = True  # ASYNC jobs have no replication guarantee (property 1 skips them)
 
 
 class Sim:
@@ -57,6 +58,7 @@ class Sim:
         self.pending: dict[tuple[str, int], tuple[int, int]] = {}  # (node, token) -> (R, retry)
         self.down: dict[str, int] = {}  # crashed node -> restart time
         self.last_crash_ms = 0
+        self.leaving: set[str] = set()
         self.heal_at = 0
         self.held: list[tuple[int, str, str]] = []  # (ack time, node, job id) consumers hold
         self.blocked: dict[tuple[str, int], int] = {}  # blocked GETJOB -> give-up time
@@ -96,19 +98,26 @@ class Sim:
     def alive(self) -> list[str]:
         return [n for n in self.net.ids if self.net.nodes[n].alive]
 
+    def consumers(self) -> list[str]:
+        """Nodes a client can block on (a leaving node answers -LEAVING)."""
+        return [n for n in self.alive() if n not in self.leaving] or self.alive()
+
     def produce(self) -> None:
         node = self.rng.choice(self.alive())
         if self.rng.random() < 0.2:
             repl, retry = 1, 0
         else:
             repl, retry = self.rng.randint(1, 3), self.rng.randint(1, 3)
+        async_ = self.rng.random() < 0.1
+        delay = self.rng.randint(1, 2) if retry and self.rng.random() < 0.2 else 0
         r = self.net.addjob(node, b"q%d" % self.rng.randint(0, 1), b"body",
-                            replicate=repl, retry_s=retry, ttl_s=3600, timeout_ms=1000)
+                            replicate=repl, retry_s=retry, ttl_s=3600, timeout_ms=1000,
+                            async_=async_, delay_s=delay)
         if isinstance(r, tuple):
             self.pending[(node, r[1])] = (repl, retry)
         elif isinstance(r, Status):
             self.jobs[str(r)] = JobInfo(repl, retry, set(self.net.holders(str(r))),
-                                        created_ms=self.net.now)
+                                        created_ms=self.net.now, sync=not async_)
 
     def consume(self, node: str) -> None:
         for q in (b"q0", b"q1"):
@@ -117,7 +126,7 @@ class Sim:
 
     def block(self) -> None:
         """A blocked GETJOB (this is what makes nodes send NEEDJOBS)."""
-        node = self.rng.choice(self.alive())
+        node = self.rng.choice(self.consumers())
         tok = self.net.token()
         self.blocked[(node, tok)] = self.net.now + self.rng.randint(200, 3000)
         q = b"q%d" % self.rng.randint(0, 1)
@@ -164,8 +173,15 @@ class Sim:
             group = set(self.rng.sample(net.ids, self.rng.randint(1, len(net.ids) - 1)))
             net.partition(group)
             self.heal_at = net.now + self.rng.randint(500, 4000)
+        elif r < 0.75:
+            # CLUSTER LEAVING yes on one node, or no again (at most one leaves).
+            if self.leaving:
+                self.leaving.clear()
+            else:
+                self.leaving.add(self.rng.choice(alive))
+            net.refresh_views(self.leaving)
         if self.rng.random() < 0.7:
-            net.refresh_views()  # failure detection caught up (or not yet)
+            net.refresh_views(self.leaving)  # failure detection caught up (or not yet)
 
     def crash(self, node: str) -> None:
         self.net.crash(node)
@@ -186,8 +202,10 @@ class Sim:
         if net.cut and (everything or self.heal_at <= net.now):
             net.heal()
             changed = True
+        if everything:
+            self.leaving.clear()
         if changed or everything:
-            net.refresh_views()
+            net.refresh_views(self.leaving)
 
     # ------------------------------------------------------------------ run
 
@@ -227,7 +245,7 @@ class Sim:
         net = self.net
         for jid, info in self.jobs.items():
             deliveries = self.deliveries.get(jid, 0)
-            if info.retry_s and info.crashed_holders <= info.repl - 1:
+            if info.sync and info.retry_s and info.crashed_holders <= info.repl - 1:
                 assert deliveries >= 1, (
                     f"job {jid} (REPLICATE {info.repl}, {info.crashed_holders} holders "
                     f"crashed) never delivered")
