@@ -55,7 +55,9 @@ class Sim:
         self.jobs: dict[str, JobInfo] = {}
         # Counted apart from ``jobs``: a waiter can get a job before ADDJOB returns.
         self.deliveries: dict[str, int] = {}
-        self.pending: dict[tuple[str, int], tuple[int, int]] = {}  # (node, token) -> (R, retry)
+        # (node, token) -> (R, retry, crashes so far) of ADDJOBs waiting for replication
+        self.pending: dict[tuple[str, int], tuple[int, int, int]] = {}
+        self.crashes = 0
         self.down: dict[str, int] = {}  # crashed node -> restart time
         self.last_crash_ms = 0
         self.leaving: set[str] = set()
@@ -87,10 +89,13 @@ class Sim:
         net.drain = drain  # type: ignore[method-assign]
 
     def _addjob_done(self, node: str, token: int, reply: object) -> None:
-        repl, retry = self.pending.pop((node, token))
+        repl, retry, crashes = self.pending.pop((node, token))
         if isinstance(reply, Status):
             info = JobInfo(repl, retry, created_ms=self.net.now)
             info.holders = set(self.net.holders(str(reply)))
+            # A node that confirmed and crashed before the reply is not among the
+            # holders seen now: count every crash during the wait as a lost holder.
+            info.crashed_holders = self.crashes - crashes
             self.jobs[str(reply)] = info
 
     # ------------------------------------------------------------------ actions
@@ -114,7 +119,7 @@ class Sim:
                             replicate=repl, retry_s=retry, ttl_s=3600, timeout_ms=1000,
                             async_=async_, delay_s=delay)
         if isinstance(r, tuple):
-            self.pending[(node, r[1])] = (repl, retry)
+            self.pending[(node, r[1])] = (repl, retry, self.crashes)
         elif isinstance(r, Status):
             self.jobs[str(r)] = JobInfo(repl, retry, set(self.net.holders(str(r))),
                                         created_ms=self.net.now, sync=not async_)
@@ -180,12 +185,20 @@ class Sim:
             else:
                 self.leaving.add(self.rng.choice(alive))
             net.refresh_views(self.leaving)
+        elif r < 0.85:
+            # PAUSE q <state> bcast from some node (lifted in the quiet phase).
+            node = self.rng.choice(alive)
+            state = self.rng.choice(["in", "out", "all", "none", "none"])
+            net.nodes[node].shard.op_pause(b"q%d" % self.rng.randint(0, 1), [state, "bcast"],
+                                           net.now)
+            net.drain(node)
         if self.rng.random() < 0.7:
             net.refresh_views(self.leaving)  # failure detection caught up (or not yet)
 
     def crash(self, node: str) -> None:
         self.net.crash(node)
         self.last_crash_ms = self.net.now
+        self.crashes += 1
         self.down[node] = self.net.now + self.rng.randint(500, 5000)
         for jid, info in self.jobs.items():
             if node in info.holders and not self.deliveries.get(jid):
@@ -233,6 +246,10 @@ class Sim:
         self.recover(everything=True)
         self.ack_p = 1.0
         net.drop = net.dup = 0.0
+        net.run(100)  # PAUSE bcasts still in flight land first (max delay 40 ms)
+        for node in net.ids:
+            for q in (b"q0", b"q1"):
+                net.nodes[node].shard.op_pause(q, ["none"], net.now)
         end = net.now + quiet_ms
         while net.now < end:
             net.run(poll_every_ms)
