@@ -69,9 +69,11 @@ class AsyncDisque:
         connect_timeout: float = 2.0,
         password: str | None = None,
         failover_attempts: int | None = None,
+        follow_priority: bool = True,
         redis_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.topology = Topology(parse_nodes(nodes), prefer_producer)
+        self._follow_priority = follow_priority
         self._socket_timeout = socket_timeout
         self._connect_timeout = connect_timeout
         self._password = password
@@ -95,7 +97,7 @@ class AsyncDisque:
 
     async def _connect(self, avoid: tuple[str, int] | None) -> Hello:
         hello = await self._connect_first(self.topology.candidates(avoid))
-        better = self.topology.better_nodes()
+        better = self.topology.better_nodes() if self._follow_priority else []
         if better:  # on a leaving node: move to a better one if one answers
             try:
                 hello = await self._connect_first(better)

@@ -491,9 +491,11 @@ class Disque:
         connect_timeout: float = 2.0,
         password: str | None = None,
         failover_attempts: int | None = None,
+        follow_priority: bool = True,
         redis_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.topology = Topology(parse_nodes(nodes), prefer_producer)
+        self._follow_priority = follow_priority
         self._socket_timeout = socket_timeout
         self._connect_timeout = connect_timeout
         self._password = password
@@ -517,11 +519,12 @@ class Disque:
         """Connect to the best reachable node (random among the seeds at first), run HELLO.
 
         Landing on a node that advertises a worse priority than others (a leaving
-        node says 100) moves on to a better one when one answers.
+        node says 100) moves on to a better one when one answers, unless
+        ``follow_priority=False`` (a client meant for one given node).
         """
         with self._lock:
             hello = self._connect_first(self.topology.candidates(avoid))
-            better = self.topology.better_nodes()
+            better = self.topology.better_nodes() if self._follow_priority else []
             if better:
                 try:
                     hello = self._connect_first(better)

@@ -75,6 +75,8 @@ from disque_mp.client import (
 
 log = logging.getLogger("disque_mp.spark")
 
+Address = tuple[str, int]
+
 SCHEMA = ("id string, queue string, body binary, state string, ctime long, "
           "nacks long, additional_deliveries long")
 
@@ -88,6 +90,8 @@ heartbeat_tick_s = 0.25
 # half leaves room for the tick above and a loaded machine).
 stream_heartbeat_first_s = 0.5
 stream_heartbeat_fraction = 0.5
+# The stream source asks HELLO for the cluster's nodes again after this long.
+node_refresh_s = 10.0
 # How long stop() waits for the ACKs of committed batches to go out.
 ack_drain_timeout_s = 30.0
 # Jobs of a batch asked for their retry in the first heartbeat round.
@@ -456,8 +460,12 @@ class StreamState:
 
     def __init__(self, opts: Options) -> None:
         self.opts = opts
-        self.client = Disque(opts.nodes)
+        self.client = Disque(opts.nodes)  # HELLO, QLEN, and ACKs whose node is gone
+        self.node_clients: dict[Address, Disque] = {}  # one per node HELLO lists
+        self.nodes_seen_at = -node_refresh_s  # monotonic time of the last HELLO
+        self.next_node = 0  # round robin start over node_clients
         self.lock = threading.Lock()  # guards everything below
+        self.origin: dict[str, Address] = {}  # job ID -> node that delivered it
         self.take_lock = threading.Lock()  # one taker at a time: latestOffset or prefetcher
         self.batches: dict[int, _Batch] = {}
         self.ready: _Batch | None = None  # prefetched, not offered to Spark yet
@@ -481,18 +489,74 @@ class StreamState:
 
     # ---- taking jobs
 
+    def _nodes(self) -> list[tuple[Address, Disque]]:
+        """Every node HELLO lists (refreshed every node_refresh_s), in round-robin order.
+
+        Jobs are queued on one node at a time and GETJOB NOHANG does not pull
+        jobs from other nodes (only a blocked GETJOB makes a node ask), so the
+        source takes from every node itself. Called with take_lock held.
+        """
+        now = time.monotonic()
+        if now - self.nodes_seen_at >= node_refresh_s:
+            self.nodes_seen_at = now
+            for node in self.client.hello().nodes:
+                address = (node.host, node.port)
+                if address not in self.node_clients:
+                    self.node_clients[address] = Disque([address], failover_attempts=0,
+                                                        follow_priority=False)
+        nodes = list(self.node_clients.items())
+        self.next_node = (self.next_node + 1) % max(1, len(nodes))
+        return nodes[self.next_node:] + nodes[:self.next_node]
+
     def _getjob(self, want: int) -> list[Job]:
-        """One GETJOB within the AvailableNow budget (call with take_lock held)."""
+        """Up to want jobs from the nodes in turn, within the AvailableNow budget
+        (call with take_lock held)."""
         with self.lock:
             if self.available_now_left is not None:
                 want = min(want, self.available_now_left)
                 self.available_now_left -= want
-        got = self.client.get_jobs(self.opts.queues, nohang=True, count=want,
-                                   withcounters=True) if want > 0 else []
+        got: list[Job] = []
+        for address, client in self._nodes() if want > 0 else []:
+            try:
+                jobs = client.get_jobs(self.opts.queues, nohang=True, count=want - len(got),
+                                       withcounters=True)
+            except DisqueError as exc:  # down or leaving: the others still serve
+                log.warning("disque stream: GETJOB on %s:%d failed: %s", *address, exc)
+                continue
+            with self.lock:
+                for job in jobs:
+                    self.origin[job.id] = address
+            got += jobs
+            if len(got) >= want:
+                break
         with self.lock:
             if self.available_now_left is not None:
                 self.available_now_left += want - len(got)
         return got
+
+    def _by_node(self, ids: list[str]) -> dict[Address, list[str]]:
+        """Job IDs grouped by the node that delivered them (call with self.lock held)."""
+        groups: dict[Address, list[str]] = {}
+        for job_id in ids:
+            groups.setdefault(self.origin.get(job_id, ("", 0)), []).append(job_id)
+        return groups
+
+    def _send_by_node(self, verb: str, ids: list[str], per_command: int) -> list[Any]:
+        """``verb`` for the IDs on the node that delivered each, pipelined; when that
+        node fails, through the main client (any node of the cluster takes it).
+        Replies in no particular order, errors as DisqueError values."""
+        with self.lock:
+            groups = self._by_node(ids)
+        replies: list[Any] = []
+        for address, group in groups.items():
+            commands = [[verb, *group[i:i + per_command]]
+                        for i in range(0, len(group), per_command)]
+            client = self.node_clients.get(address, self.client)
+            try:
+                replies += client.execute_many(commands, raise_on_error=False)
+            except DisqueError:
+                replies += self.client.execute_many(commands, raise_on_error=False)
+        return replies
 
     def _take(self, limit: int) -> list[Job]:
         jobs: list[Job] = []
@@ -577,14 +641,18 @@ class StreamState:
             with self.lock:
                 ids = [job.id for seq in done for job in self.batches[seq].jobs]
             try:
-                self.client.execute_many([[verb, *ids[i:i + pipeline_commands_max]]
-                                          for i in range(0, len(ids), pipeline_commands_max)])
+                replies = self._send_by_node(verb, ids, pipeline_commands_max)
+                failed = [r for r in replies if isinstance(r, DisqueError)]
+                if failed:
+                    raise failed[0]
                 log.info("disque stream: acknowledged %d jobs of batches %s", len(ids), done)
             except DisqueError as exc:  # they will be delivered again after RETRY
                 log.error("disque stream: ACK of %d jobs failed: %s", len(ids), exc)
             with self.lock:
                 for seq in done:
                     self.batches.pop(seq, None)
+                for job_id in ids:
+                    self.origin.pop(job_id, None)
 
     # ---- heartbeat
 
@@ -619,17 +687,12 @@ class StreamState:
 
     def _beat(self, jobs: list[Job]) -> int:
         """WORKING for the jobs; the smallest retry returned (0: none to keep)."""
-        retries: list[int] = []
-        for i in range(0, len(jobs), pipeline_commands_max):
-            chunk = jobs[i:i + pipeline_commands_max]
-            try:
-                replies = self.client.execute_many([["WORKING", j.id] for j in chunk],
-                                                   raise_on_error=False)
-            except DisqueError as exc:
-                log.warning("disque stream heartbeat failed: %s", exc)
-                return 1  # try again soon
-            retries += [r for r in replies if isinstance(r, int) and r > 0]
-        return min(retries, default=0)
+        try:
+            replies = self._send_by_node("WORKING", [j.id for j in jobs], 1)
+        except DisqueError as exc:
+            log.warning("disque stream heartbeat failed: %s", exc)
+            return 1  # try again soon
+        return min((r for r in replies if isinstance(r, int) and r > 0), default=0)
 
     # ---- end
 
@@ -647,14 +710,27 @@ class StreamState:
         with self.lock:
             ready, self.ready = self.ready, None
         if ready is not None and ready.jobs:
-            ids = [j.id for j in ready.jobs]
             try:
-                self.client.execute_many([["ENQUEUE", *ids[i:i + pipeline_commands_max]]
-                                          for i in range(0, len(ids), pipeline_commands_max)])
+                self._send_by_node("ENQUEUE", [j.id for j in ready.jobs], pipeline_commands_max)
             except DisqueError as exc:
                 log.warning("disque stream: could not requeue %d prefetched jobs (they come "
                             "back after RETRY): %s", len(ready.jobs), exc)
-        self.client.close()
+        for client in [self.client, *self.node_clients.values()]:
+            client.close()
+
+
+def queued_in_cluster(client: Disque, queues: list[str]) -> int:
+    """QLEN summed over every node HELLO lists (a job is queued on one node at a time)."""
+    total = 0
+    for node in client.hello().nodes:
+        other = Disque([(node.host, node.port)], connect_timeout=2.0, socket_timeout=10.0)
+        try:
+            total += sum(other.qlen(q) for q in queues)
+        except DisqueError as exc:  # unreachable: its jobs wait for the next run
+            log.warning("disque: QLEN on %s failed: %s", node.address, exc)
+        finally:
+            other.close()
+    return total
 
 
 class DisqueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -693,8 +769,9 @@ class DisqueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"seq": self._live().latest(int(start.get("seq", 0)), most)}
 
     def prepareForTriggerAvailableNow(self) -> None:
+        """The query ends after taking as many jobs as are queued now, cluster-wide."""
         state = self._live()
-        state.available_now_left = sum(state.client.qlen(q) for q in self.opts.queues)
+        state.available_now_left = queued_in_cluster(state.client, self.opts.queues)
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         rows = self._live().rows(int(start.get("seq", 0)), int(end.get("seq", 0)))
