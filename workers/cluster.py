@@ -567,33 +567,33 @@ class ClusterOps:
         nodes = len(fed.responders) or len(self._known)
         want = max(needjobs_count_min, min(needjobs_count_max, rate // max(nodes, 1)))
         name = [q.name]
-        if not fed.responders:
-            delay = min(needjobs_bcast_min_ms << min(fed.bcast_attempt, 20),
-                        needjobs_bcast_max_ms)
-            if not fed.bcast_ms or now_ms - fed.bcast_ms >= delay:
-                fed.bcast_ms = now_ms
-                fed.bcast_attempt += 1
-                self._send("*", "NEEDJOBS", q.slot, {"c": want}, name)
-        else:
-            delay = min(needjobs_adhoc_min_ms << min(fed.adhoc_attempt, 20),
-                        needjobs_adhoc_max_ms)
-            if reached_zero or not fed.adhoc_ms or now_ms - fed.adhoc_ms >= delay:
-                fed.adhoc_ms = now_ms
-                fed.adhoc_attempt += 1
-                for n in fed.responders:
-                    self._send(n, "NEEDJOBS", q.slot, {"c": want}, name)
+        # Broadcast on its own (slow) schedule even while we have recent sources:
+        # that is how new sources are found (spec FAQ); ad hoc to the sources in
+        # between, at once when the queue was just drained.
+        if now_ms - fed.bcast_ms >= self._bcast_delay(fed):
+            fed.bcast_ms = now_ms
+            fed.bcast_attempt += 1
+            self._send("*", "NEEDJOBS", q.slot, {"c": want}, name)
+        elif fed.responders and (reached_zero or now_ms - fed.adhoc_ms >= self._adhoc_delay(fed)):
+            fed.adhoc_ms = now_ms
+            fed.adhoc_attempt += 1
+            for n in fed.responders:
+                self._send(n, "NEEDJOBS", q.slot, {"c": want}, name)
         self._arm_fed(fed, now_ms)
+
+    def _bcast_delay(self: Shard, fed: Fed) -> int:
+        return min(needjobs_bcast_min_ms << min(fed.bcast_attempt, 20), needjobs_bcast_max_ms)
+
+    def _adhoc_delay(self: Shard, fed: Fed) -> int:
+        return min(needjobs_adhoc_min_ms << min(fed.adhoc_attempt, 20), needjobs_adhoc_max_ms)
 
     def _arm_fed(self: Shard, fed: Fed, now_ms: int) -> None:
         q = fed.queue
         if q.waiters is None or self._leaving:
             return
+        nxt = fed.bcast_ms + self._bcast_delay(fed)
         if fed.responders:
-            nxt = fed.adhoc_ms + min(needjobs_adhoc_min_ms << min(fed.adhoc_attempt, 20),
-                                     needjobs_adhoc_max_ms)
-        else:
-            nxt = fed.bcast_ms + min(needjobs_bcast_min_ms << min(fed.bcast_attempt, 20),
-                                     needjobs_bcast_max_ms)
+            nxt = min(nxt, fed.adhoc_ms + self._adhoc_delay(fed))
         self._unschedule(fed)
         self._schedule(fed, max(nxt, now_ms + 1))
 
@@ -682,8 +682,7 @@ class ClusterOps:
         if fed is not None:
             fed.responders[sender] = now_ms
             fed.count_import(n, now_ms)
-            fed.adhoc_attempt = 0
-            fed.bcast_attempt = 0
+            fed.adhoc_attempt = 0  # sources answer: ask them often again
 
     def _push_to_asker(self: Shard, q: Queue, now_ms: int) -> None:
         """A job was queued in an otherwise empty queue with no local consumer: if a
