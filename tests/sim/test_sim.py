@@ -239,6 +239,7 @@ class Sim:
             self.acks_due()
             self.unblock_due()
             self.recover()
+        net.check()  # invariants mid-run too, with messages still in flight
         for node, tok in list(self.blocked):
             if net.nodes[node].alive:
                 net.nodes[node].shard.op_unblock(tok, net.now)  # the consumers go away
