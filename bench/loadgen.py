@@ -47,7 +47,8 @@ drain_s_max = 10.0  # cycle: consumers keep draining this long after producers s
 connect_s_max = 10.0  # opening one connection
 prefill_s_max = 600.0  # consume: the prefill phase of all processes
 errors_max = 1000  # error replies tolerated before the run aborts
-backlog_poll_s = 0.0002  # producers re-check a full backlog this often
+backlog_poll_s = 0.0002  # first re-check of a full backlog ...
+backlog_poll_s_max = 0.004  # ... doubling up to this: polling must not eat the server's CPU
 block_ms = 100  # consumers' blocking wait: short, so stop conditions are re-checked
 stop_grace_s = 30.0  # after the planned end, children are killed if still running
 ts_digits = 20  # decimal nanoseconds at the head of cycle bodies
@@ -414,9 +415,10 @@ async def pace(due_ns: int, end_ns: int) -> None:
 async def wait_backlog(c: Child, end_ns: int) -> None:
     """Closed loop: without it producers outrun consumers and the measured latency is
     only the age of an ever-growing queue."""
-    sh = c.shared
+    sh, wait_s = c.shared, backlog_poll_s
     while sum(sh.produced) - sum(sh.acked) >= c.s.backlog and time.monotonic_ns() < end_ns:
-        await asyncio.sleep(backlog_poll_s)
+        await asyncio.sleep(wait_s)
+        wait_s = min(wait_s * 2, backlog_poll_s_max)
 
 
 async def cycle_consume(c: Child, conn: Conn, j: int, total: int, end_ns: int) -> None:
