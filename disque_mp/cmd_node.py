@@ -96,6 +96,8 @@ def local_op(w: Worker, op: str, arg: Any) -> Any:
         return [nxt, items]
     if op == "flushall":
         w.shard.op_flushall()
+        if w.aof is not None:  # a fresh empty AOF, or flushed jobs come back at restart
+            w.aof.flushed()
         w.drain_effects()
         return OK
     if op == "config_set":

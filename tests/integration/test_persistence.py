@@ -325,3 +325,20 @@ def test_bgrewriteaof_and_appendonly_at_runtime(tmp_path: Path) -> None:
         assert jscan_all(node.client(protocol=2)) == ids
     finally:
         node.stop()
+
+
+def test_debug_flushall_is_not_undone_by_a_restart(tmp_path: Path) -> None:
+    """DEBUG FLUSHALL writes no record per job; the AOF must still forget them."""
+    node = NodeProc(tmp_path, workers=2, conf={"appendonly": "yes"}).start()
+    try:
+        r = node.client(protocol=2)
+        for n in range(20):
+            r.execute_command("ADDJOB", f"fq{n % 5}", f"b{n}", 0)
+        assert r.execute_command("DEBUG", "FLUSHALL") in (b"OK", "OK", True)
+        kept = r.execute_command("ADDJOB", "fq0", "after", 0).decode()
+        node.stop()
+        node.start()
+        r = node.client(protocol=2)
+        assert jscan_all(r) == {kept}
+    finally:
+        node.stop()
