@@ -461,12 +461,13 @@ class StreamState:
     def __init__(self, opts: Options) -> None:
         self.opts = opts
         self.client = Disque(opts.nodes)  # HELLO, QLEN, and ACKs whose node is gone
+        self.take_lock = threading.Lock()  # one taker at a time: latestOffset or prefetcher
+        # written under take_lock (entries are only added):
         self.node_clients: dict[Address, Disque] = {}  # one per node HELLO lists
         self.nodes_seen_at = -node_refresh_s  # monotonic time of the last HELLO
         self.next_node = 0  # round robin start over node_clients
         self.lock = threading.Lock()  # guards everything below
         self.origin: dict[str, Address] = {}  # job ID -> node that delivered it
-        self.take_lock = threading.Lock()  # one taker at a time: latestOffset or prefetcher
         self.batches: dict[int, _Batch] = {}
         self.ready: _Batch | None = None  # prefetched, not offered to Spark yet
         self.prefetch_target = 0  # jobs to keep ready: the last batch limit
