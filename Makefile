@@ -33,7 +33,8 @@ sysdeps:
 	fi
 
 run: $(VENV)/.installed
-	$(VENV)/bin/disque-mp --bind 127.0.0.1 --port 7711
+	mkdir -p run
+	$(VENV)/bin/disque-mp --bind 127.0.0.1 --port 7711 --dir run
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
