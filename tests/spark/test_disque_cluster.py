@@ -50,14 +50,14 @@ def test_cluster_write_snapshot_and_stream(spark: Any, pair: list[NodeProc],
     both = ",".join(f"127.0.0.1:{n.port}" for n in pair)
     a, b = (Disque([f"127.0.0.1:{n.port}"], follow_priority=False) for n in pair)
     with a, b:
-        df = spark.range(2000).selectExpr("concat('r', cast(id as string)) as body").repartition(4)
+        df = spark.range(1000).selectExpr("concat('r', cast(id as string)) as body").repartition(4)
         (df.write.format("disque").option("nodes", both).option("queue", queue)
          .option("replicate", "2").option("retry", "60").mode("append").save())
-        assert a.qlen(queue) + b.qlen(queue) == 2000
+        assert a.qlen(queue) + b.qlen(queue) == 1000
 
         rows = (spark.read.format("disque").option("nodes", both).option("queue", queue)
                 .load().collect())
-        assert len(rows) == 2000 and len({r.id for r in rows}) == 2000  # replicas once
+        assert len(rows) == 1000 and len({r.id for r in rows}) == 1000  # replicas once
 
         extra = a.add_jobs(((queue, f"a{i}") for i in range(100)), retry=60, replicate=1)
         extra += b.add_jobs(((queue, f"b{i}") for i in range(100)), retry=60, replicate=1)
