@@ -3,6 +3,7 @@ following the producer, the consumer helper's WORKING and NACK on replicated job
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Iterator
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from disque_mp.aclient import AsyncDisque
 from disque_mp.client import Disque, Job
 from tests.nodeproc import NodeProc
 
@@ -92,6 +94,24 @@ def test_leaving_node_sends_clients_elsewhere(cluster: list[NodeProc]) -> None:
                 assert fresh.address is not None and fresh.address[1] != leaving.port
         finally:
             raw.execute_command("CLUSTER", "LEAVING", "no")
+
+
+def test_async_client_fails_over_from_a_leaving_node(cluster: list[NodeProc]) -> None:
+    leaving = cluster[2]
+    raw = _raw(leaving)
+
+    async def main() -> None:
+        async with AsyncDisque([_addr(leaving)]) as a:
+            assert await a.ping() and a.address == ("127.0.0.1", leaving.port)
+            assert len((await a.hello()).nodes) == 3
+            raw.execute_command("CLUSTER", "LEAVING", "yes")
+            try:
+                assert await a.get_jobs(_q("alv"), timeout_ms=200) == []
+                assert a.address is not None and a.address[1] != leaving.port
+            finally:
+                raw.execute_command("CLUSTER", "LEAVING", "no")
+
+    asyncio.run(main())
 
 
 def test_consumer_helper_working_and_nack_on_replicated_jobs(cluster: list[NodeProc]) -> None:
