@@ -265,6 +265,21 @@ def encode(value: Any, resp3: bool = False) -> bytes:
     return b"".join(out)
 
 
+def encode_jobs(entries: list[list[Any]]) -> bytes:
+    """GETJOB's reply: entries of (queue, ID, body) in one format each, no generic walk."""
+    out = [b"*%d\r\n" % len(entries)]
+    add = out.append
+    for entry in entries:
+        if len(entry) == 3:
+            queue, job_id, body = entry
+            if type(job_id) is str and type(queue) is bytes and type(body) is bytes:
+                add(b"*3\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (
+                    len(queue), queue, len(job_id), job_id.encode(), len(body), body))
+                continue
+        _encode_into(entry, out, False)
+    return b"".join(out)
+
+
 def _encode_into(value: Any, out: list[bytes], resp3: bool) -> None:
     t = type(value)
     if t is bytes:

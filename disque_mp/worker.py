@@ -40,7 +40,7 @@ from disque_mp import cmd_jobs, cmd_node
 from disque_mp.commands import TABLE, Command
 from disque_mp.config import Config
 from disque_mp.memory import ERR_OOM, Monitor
-from disque_mp.resp import encode
+from disque_mp.resp import NULL3, NULL_ARRAY2, encode, encode_jobs
 from disque_mp.server import ClientConn, Slot, listen_sockets
 from workers.effects import AofAppend, Send, Wake
 from workers.ids import is_valid_job_id, owner_of_job_id, owner_of_queue
@@ -51,6 +51,7 @@ from workers.replies import (
     NULL_ARRAY,
     PENDING,
     Error,
+    Status,
     err_arity,
     err_unknown,
 )
@@ -67,6 +68,11 @@ PR_SET_PDEATHSIG = 1
 NOAUTH_OK = frozenset({"auth", "hello", "quit"})
 ERR_NOAUTH = Error("NOAUTH Authentication required.")
 ERR_INTERNAL = Error("ERR internal error, see the server log")
+# Option words of the GETJOB fast path, as clients send them (other spellings take
+# the general path, which lowercases).
+_FROM = frozenset((b"FROM", b"from"))
+_NOHANG = frozenset((b"NOHANG", b"nohang"))
+_COUNT = frozenset((b"COUNT", b"count"))
 
 
 _perf_ns = time.perf_counter_ns  # INFO commandstats; a local name saves a lookup per command
@@ -145,6 +151,7 @@ class Worker:
         self.rewrite_aof_at_exit = False  # SHUTDOWN REWRITE-AOF
         self.servers: list[asyncio.AbstractServer] = []
         self.lookup = self._build_lookup()
+        self.fast = self._build_fast()
         self.send_hook: Callable[[Send], None] = self._drop_send
         self.aof: Any = None
         self.agent: Any = None
@@ -309,6 +316,15 @@ class Worker:
 
     def execute(self, conn: ClientConn, cmd: list[bytes]) -> bytes | None:
         """Run one command; its encoded reply, or None when it will come later."""
+        fast = self.fast.get(cmd[0])
+        if fast is not None and conn.authed and not self.oom:
+            reply = fast(conn, cmd)
+            if reply is not None:
+                return reply
+        return self._execute(conn, cmd)
+
+    def _execute(self, conn: ClientConn, cmd: list[bytes]) -> bytes | None:
+        """The general path: table lookup, checks, route, generic encoding."""
         entry = self.lookup.get(cmd[0])
         if entry is None:
             entry = self.lookup.get(cmd[0].lower())
@@ -332,6 +348,87 @@ class Worker:
         if reply is PENDING:
             return None
         return encode(reply, conn.resp3)
+
+    # --- fast paths: the common shapes of the three hot commands (issue 5) ---
+    #
+    # Each returns the encoded reply, or None before doing anything when the
+    # command is not of its shape (another owner, options, appendfsync always):
+    # the general path then runs it. The work done is exactly the general path's
+    # for that shape (same shard call, same counters); only the table lookup,
+    # option parsing, route layers and generic encoder are skipped.
+
+    def _build_fast(self) -> dict[bytes, Callable[[ClientConn, list[bytes]], bytes | None]]:
+        out: dict[bytes, Callable[[ClientConn, list[bytes]], bytes | None]] = {}
+        for name, fn in ((b"addjob", self._fast_addjob), (b"getjob", self._fast_getjob)):
+            out[name] = out[name.upper()] = fn
+        return out
+
+    def _fast_addjob(self, conn: ClientConn, cmd: list[bytes]) -> bytes | None:
+        if len(cmd) != 4 or self.cfg.appendfsync == "always":
+            return None
+        queue = cmd[1]
+        if self.workers > 1 and self.owner_of(queue) != self.index:
+            return None
+        timeout = cmd[3]
+        timeout_ms = 0 if timeout == b"0" else cmd_jobs.parse_timeout_ms(timeout)
+        if type(timeout_ms) is not int:
+            return None  # the general path answers the error
+        t0 = _perf_ns()
+        conn.streak = 0
+        self.next_token = token = self.next_token + 1
+        reply = self.shard.op_addjob(queue, cmd[2], timeout_ms=timeout_ms, replicate=None,
+                                     delay_s=0, retry_s=None, ttl_s=cmd_jobs.ttl_default_s,
+                                     maxlen=0, async_=False, token=token, now_ms=self.now_ms)
+        self._count("addjob", conn, t0)
+        if type(reply) is Status:
+            return f"+{reply}\r\n".encode()
+        if reply is PENDING:
+            self._pending_local(conn, token)
+            return None
+        return encode(reply, conn.resp3)
+
+    def _fast_getjob(self, conn: ClientConn, cmd: list[bytes]) -> bytes | None:
+        # GETJOB NOHANG FROM q / GETJOB FROM q with jobs there / GETJOB COUNT n FROM q
+        n = len(cmd)
+        if n < 3 or n > 6 or cmd[-2] not in _FROM:
+            return None
+        queue = cmd[-1]
+        if self.workers > 1 and self.owner_of(queue) != self.index:
+            return None
+        nohang = False
+        count = 1
+        if n == 4:
+            if cmd[1] not in _NOHANG:
+                return None
+            nohang = True
+        elif n >= 5:  # [NOHANG] COUNT n FROM q
+            if cmd[n - 4] not in _COUNT or (n == 6 and cmd[1] not in _NOHANG):
+                return None
+            nohang = n == 6
+            count = cmd_jobs.parse_int(cmd[n - 3]) or 0
+            if count <= 0:
+                return None  # the general path answers the error
+        t0 = _perf_ns()
+        conn.streak = 0
+        entries = self.shard.op_take([queue], count, False, self.now_ms)
+        if not entries and not nohang:
+            return None  # it blocks: the general path registers the waiter
+        self._count("getjob", conn, t0)
+        if not entries:
+            return NULL3 if conn.resp3 else NULL_ARRAY2
+        return encode_jobs(entries)
+
+    def _count(self, name: str, conn: ClientConn, t0: int) -> None:
+        stat = self.cmdstats[name]
+        stat[0] += 1
+        stat[1] += _perf_ns() - t0
+        self.commands_processed += 1
+        conn.last_cmd = name
+
+    def _pending_local(self, conn: ClientConn, token: int) -> None:
+        """A local op answered PENDING: its reply comes as Wake(token), in order."""
+        slot = conn.defer()
+        self.tokens[token] = self._durable(lambda value: conn.fill(slot, encode(value, conn.resp3)))
 
     def _unknown(self, conn: ClientConn, cmd: list[bytes]) -> bytes:
         if cmd[0].lower() == b"quit":
@@ -389,9 +486,7 @@ class Worker:
                 self.aof.hold(self.aof.appended, lambda v: conn.fill(slot, encode(v, conn.resp3)), reply)
                 return PENDING
             if reply is PENDING:
-                slot = conn.defer()
-                self.tokens[token] = self._durable(
-                    lambda value: conn.fill(slot, encode(value, conn.resp3)))
+                self._pending_local(conn, token)
             return reply
         self._count_streak(conn, owner)
         slot = conn.defer()
