@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import functools
+import gc
 import logging
 import os
 import random
@@ -63,6 +64,12 @@ shutdown_drain_s = 3.0  # SIGTERM: longest wait for in-flight replies to be writ
 owner_cache_max = 65536  # queue name -> owner memo; cleared when full (names are unbounded)
 handoff_streak_min = 16  # consecutive commands for one other worker before moving the socket
 handoff_per_conn_max = 4  # a connection whose traffic keeps changing owner stays put after this
+# The cyclic collector (issue 5): job records are GC-tracked, and with the default
+# thresholds every 25 % growth of the job table triggers a full pass over all of it
+# (measured in-process: 400k ADDJOB on a growing table 5.2 s default, 3.5 s with these).
+# gen0 10,000: a young pass stays a few ms; gen2 only after 100 gen1 passes (10M
+# allocations) and then still under CPython's 25 % rule, so cycles are still freed.
+gc_thresholds = (10_000, 10, 100)
 idle_check_ms = 1000  # `timeout` is in seconds: checking each second is exact enough
 PR_SET_PDEATHSIG = 1
 NOAUTH_OK = frozenset({"auth", "hello", "quit"})
@@ -166,6 +173,8 @@ class Worker:
         self.stopped: asyncio.Future[None] = self.loop.create_future()
         self.shard = self._make_shard()
         self._start_aof()
+        gc.freeze()  # the loaded job table and start-up objects: never rescanned
+        gc.set_threshold(*gc_thresholds)
         self.mesh = Mesh(self.cfg.port, self.node_id, self.index, self.workers, self)
         await self.mesh.start()
         self.handoff = Handoff(self.cfg.port, self.node_id, self.index, self.adopt)
