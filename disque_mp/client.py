@@ -480,7 +480,16 @@ class Topology:
 
 
 class Disque:
-    """A Disque client: see the module doc. Thread-safe (redis-py's pool per node)."""
+    """A Disque client: see the module doc. Thread-safe (redis-py's pool per node).
+
+    ``nodes``: seeds, ``"host:port"`` strings, ``(host, port)`` tuples or one
+    comma-separated string (default 127.0.0.1:7711). ``socket_timeout`` must
+    exceed the longest blocking GETJOB you send (None: no timeout).
+    ``failover_attempts``: nodes to try after -LEAVING or a drop (default: as
+    many as are known; 0 sticks to one node). ``follow_priority=False`` stays
+    on a node even when HELLO shows better ones. ``redis_kwargs`` go to
+    ``redis.Redis`` (ssl, username ...).
+    """
 
     def __init__(
         self,
