@@ -339,6 +339,8 @@ class ClusterOps:
             return
         if job.etime_ms <= now_ms:
             return
+        if self._memory_level > 0:
+            return  # spec: a node near its memory limit takes no copies (no GOTJOB)
         q = self._queues.get(job.queue)
         if q is not None and q.paused & PAUSED_IN:
             return  # a queue paused in input takes no copies (spec, PAUSE)

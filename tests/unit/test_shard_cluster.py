@@ -400,3 +400,15 @@ def test_setack_from_a_node_that_knows_fewer_holders_makes_us_run_the_gc() -> No
     sent = {e.kind for e in sb.take_effects()}
     assert sent == {"SETACK"}  # b knows 3 holders: it runs the GC, no GOTACK
     assert sb.lookup(jid).state == ACKED  # type: ignore[union-attr]
+
+
+def test_a_node_near_its_memory_limit_takes_no_copies_but_replicates_externally() -> None:
+    net = Net(3, seed=28)
+    a, b, c = net.ids
+    net.nodes[b].shard.set_memory_level(1)
+    r = net.addjob(a, replicate=3, timeout_ms=300)
+    net.run(400)
+    assert net.reply(a, r) == cl.ERR_NOREPL_TIMEOUT  # b never answers GOTJOB
+    jid = _added(net, b, replicate=2)  # b's own ADDJOB: copies on a and c only
+    states = net.holders(jid)
+    assert b not in states and sorted(states.values()) == [ACTIVE, QUEUED]
