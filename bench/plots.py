@@ -185,7 +185,9 @@ def short(r: dict[str, Any]) -> str:
                          f"p99 {lat['p99_us'] / 1000:.2f} ms, p99.9 {lat['p999_us'] / 1000:.2f} ms)")
         elif isinstance(v, float):
             parts.append(f"{k} {v:.3f}")
-        elif isinstance(v, int | str | list) and k not in ("name", "group"):
+        elif isinstance(v, list) and all(isinstance(x, int | float | str) for x in v):
+            parts.append(f"{k} {v}")
+        elif isinstance(v, int | str) and k not in ("name", "group"):
             parts.append(f"{k} {v}")
     return "; ".join(parts)
 
