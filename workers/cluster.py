@@ -454,6 +454,12 @@ class ClusterOps:
             may_have = len(job.delivered)
             conf = job.confirmed
             todo = [n for n in job.delivered if n != self.node_id and n not in conf]
+            if not todo and all(n in conf for n in job.delivered):
+                # Every holder already confirmed (a dummy ACK that learnt its holders
+                # later): the GC is complete.
+                self._send_job(self._others(job), "DELJOB", job)
+                self._unregister(job, now_ms)
+                return
             self._send_job(todo, "SETACK", job, {"j": job.id, "m": may_have})
         self._arm_gc(job, now_ms)
 
@@ -654,11 +660,14 @@ class ClusterOps:
                      now_ms: int) -> None:
         q: Queue | None = None
         n = 0
+        touched: list[Queue] = []  # served once the whole batch is queued (COUNT > 1)
         for rec in bodies:
             job = Job.from_record(rec)
             if job.etime_ms <= now_ms:
                 continue
             q = self._queue(job.queue, now_ms)
+            if not touched or touched[-1] is not q:
+                touched.append(q)
             old = self.lookup(job.id)
             if old is not None:
                 old.delivered = union(old.delivered, (sender,))
@@ -666,7 +675,7 @@ class ClusterOps:
                 # duplicate message): queueing it again could deliver it twice.
                 if old.state == ACTIVE and old.retry_s:
                     self._unschedule(old)
-                    self._enqueue(old, q, now_ms)
+                    self._enqueue(old, q, now_ms, False)
                     n += 1
                 continue
             job.queue = q.name
@@ -674,10 +683,13 @@ class ClusterOps:
             job.delivered = union(job.delivered, (self.node_id, sender))
             job.confirmed = ()
             self._register(job)
-            self._enqueue(job, q, now_ms)
+            self._enqueue(job, q, now_ms, False)
             if self.aof:
                 self._effects.append(AofAppend(job.to_record()))
             n += 1
+        for tq in touched:
+            if tq.waiters is not None and not tq.paused & PAUSED_OUT:
+                self._serve_waiters(tq, now_ms)
         if q is None:
             return
         fed = self._fed_of(q)

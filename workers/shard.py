@@ -424,8 +424,9 @@ class Shard(ClusterOps):
 
     # ------------------------------------------------------------------ queue moves
 
-    def _enqueue(self, job: Job, q: Queue, now_ms: int) -> None:
-        """Disque's enqueueJob minus its checks: the job becomes QUEUED in ``q``."""
+    def _enqueue(self, job: Job, q: Queue, now_ms: int, serve: bool = True) -> None:
+        """Disque's enqueueJob minus its checks: the job becomes QUEUED in ``q``.
+        ``serve=False``: the caller queues a batch and serves waiters after it."""
         job.state = QUEUED
         job.flags = (job.flags & ~FLAG_WILLQUEUE_SENT) | FLAG_QUEUED_ONCE
         if job.retry_s:
@@ -436,6 +437,8 @@ class Shard(ClusterOps):
         q.atime_ms = now_ms
         q.jobs_in += 1
         self._schedule(job, job.ctime_us // US_PER_MS + job.ttl_s * 1000)
+        if not serve:
+            return
         if q.waiters is not None and not q.paused & PAUSED_OUT:
             self._serve_waiters(q, now_ms)
         elif self._asks and q.live == 1 and q.waiters is None:

@@ -412,3 +412,26 @@ def test_a_node_near_its_memory_limit_takes_no_copies_but_replicates_externally(
     jid = _added(net, b, replicate=2)  # b's own ADDJOB: copies on a and c only
     states = net.holders(jid)
     assert b not in states and sorted(states.values()) == [ACTIVE, QUEUED]
+
+
+def test_importing_queue_asks_its_source_at_once_when_drained_and_qscan_importrate() -> None:
+    net = Net(2, seed=29)
+    a, b = net.ids
+    for _ in range(10):
+        net.addjob(a, replicate=1)
+    tok = net.block(b, count=5)
+    net.run(10)
+    assert len(net.wakes[(b, tok)]) == 5  # YOURJOBS brought 5 (NEEDJOBS count min)
+    assert net.nodes[b].shard.op_qlen(b"q") == 0
+    sent = net.sent["NEEDJOBS"]
+    # b has an import rate now: a queue drained by a GETJOB asks the source at once.
+    net.nodes[b].shard.op_qscan(0, 10, 0, 0, 1)
+    assert net.nodes[b].shard.op_qscan(0, 10, 0, 0, 1)[1] == [b"q"]
+    assert net.nodes[b].shard.op_qscan(0, 10, 0, 0, 1000)[1] == []
+    assert net.nodes[a].shard.op_qscan(0, 10, 0, 0, 1)[1] == []
+    net.nodes[b].shard.op_enqueue([e[1] for e in net.wakes[(b, tok)]][:1], net.now)
+    net.drain(b)
+    assert net.take(b)  # drained again -> ad hoc NEEDJOBS without waiting
+    assert net.sent["NEEDJOBS"] == sent + 1
+    net.run(10)
+    assert net.nodes[b].shard.op_qlen(b"q") == 5  # the other 5 arrived
