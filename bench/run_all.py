@@ -50,7 +50,19 @@ def run_suite(name: str, extra: list[str], out: Path) -> int:
            f"--benchmark-json={out}", "--timeout", str(suite_timeout_s), "-p", "no:cacheprovider",
            "-q", *extra]
     print("+", " ".join(cmd), flush=True)
-    return subprocess.run(cmd, cwd=REPO, timeout=suite_timeout_s).returncode
+    rc = subprocess.run(cmd, cwd=REPO, timeout=suite_timeout_s).returncode
+    if out.exists():
+        strip_samples(out)
+    return rc
+
+
+def strip_samples(path: Path) -> None:
+    """pytest-benchmark keeps every timing sample (~19 MB for the micro suite); the
+    committed results keep the statistics only."""
+    data = json.loads(path.read_text())
+    for b in data.get("benchmarks", []):
+        b.get("stats", {}).pop("data", None)
+    path.write_text(json.dumps(data, indent=1) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
