@@ -33,6 +33,7 @@ connect_attempts_max = 400  # connections opened to find enough on one worker
 conns_wanted = 8  # connections per run (the kernel's spread gives about half each)
 find_socket_s_max = 2.0  # /proc may lag the accept by a moment
 rounds = 5  # interleaved rounds per kind; the median counts (load from elsewhere comes in bursts)
+reply_grace_s = 30.0  # longest wait for the last batch's replies after the run's end
 probe_commands = 64  # one-queue commands sent to provoke a handoff (the node's streak is 16)
 
 
@@ -112,7 +113,8 @@ async def drive(conns: list[Conn], queues: list[bytes], pipeline: int, seconds: 
             done += pipeline
 
     t0 = time.monotonic()
-    await asyncio.gather(*[one(c) for c in conns])
+    # a silent node must not hang the benchmark: replies are due long before this
+    await asyncio.wait_for(asyncio.gather(*[one(c) for c in conns]), seconds + reply_grace_s)
     return done / (time.monotonic() - t0)
 
 
@@ -134,7 +136,7 @@ async def where_queue_lives(port: int, queue: bytes, pids: list[int]) -> int | N
         try:
             first = await held_by(port, conn, pids)
             for _ in range(probe_commands):
-                await conn.call(encode(b"QLEN", queue), 1)
+                await asyncio.wait_for(conn.call(encode(b"QLEN", queue), 1), reply_grace_s)
             await asyncio.sleep(0.05)
             now = await held_by(port, conn, pids)
         finally:
