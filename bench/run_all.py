@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     RESULTS.mkdir(parents=True, exist_ok=True)
     info = machine()
-    (RESULTS / "machine.json").write_text(json.dumps(info, indent=2) + "\n")
+    name = "machine-subset.json" if a.select else "machine.json"  # the record's stays
+    (RESULTS / name).write_text(json.dumps(info, indent=2) + "\n")
     rc = 0
     if a.only in (None, "micro"):
         rc |= run_suite("micro", [], RESULTS / "micro.json")
