@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     RESULTS.mkdir(parents=True, exist_ok=True)
     info = machine()
-    name = "machine-subset.json" if a.select else "machine.json"  # the record's stays
+    full = a.only in (None, "macro") and not a.select
+    name = "machine.json" if full else "machine-subset.json"  # the record's stays
     (RESULTS / name).write_text(json.dumps(info, indent=2) + "\n")
     rc = 0
     if a.only in (None, "micro"):
