@@ -18,6 +18,7 @@ GOTJOB     {"j": id}
 ENQUEUE    {"j": id, "d": [node, ...]}
 WILLQUEUE  {"j": id}
 QUEUED     {"j": id}
+WORKING    {"j": id}
 SETACK     {"j": id, "m": may-have}
 GOTACK     {"j": id, "k": 0|1 (known)}
 DELJOB     {"j": id}
@@ -415,6 +416,25 @@ class ClusterOps:
             job.flags &= ~FLAG_WILLQUEUE_SENT
             self._reschedule(job)
 
+    def _send_working(self: Shard, job: Job) -> None:
+        others = self._others(job)
+        if others:
+            self._send_job(others, "WORKING", job)
+
+    def _on_working(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
+                    now_ms: int) -> None:
+        """A client said WORKING on another node: postpone our requeue as well
+        (and leave the queue, the job is being processed elsewhere)."""
+        job = self._job_of(meta)
+        if job is None or job.state in (ACKED, WAIT_REPL) or not job.retry_s:
+            return
+        job.delivered = union(job.delivered, (sender,))
+        if job.state == QUEUED:
+            self._dequeue(job, self._queues[job.queue], now_ms)
+        job.qtime_ms = now_ms + job.retry_s * 1000 + self._jitter()
+        job.flags &= ~FLAG_WILLQUEUE_SENT
+        self._reschedule(job)
+
     def _send_queued(self: Shard, job: Job) -> None:
         others = self._others(job)
         if others:
@@ -727,6 +747,7 @@ _HANDLERS: dict[str, Any] = {
     "ENQUEUE": ClusterOps._on_enqueue,
     "WILLQUEUE": ClusterOps._on_willqueue,
     "QUEUED": ClusterOps._on_queued,
+    "WORKING": ClusterOps._on_working,
     "SETACK": ClusterOps._on_setack,
     "GOTACK": ClusterOps._on_gotack,
     "DELJOB": ClusterOps._on_deljob,

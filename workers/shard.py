@@ -760,10 +760,13 @@ class Shard(ClusterOps):
             return ERR_TOOLATE
         if job.state == QUEUED:
             self._dequeue(job, self._queues[job.queue], now_ms)
-        if job.retry_s:
+        if job.retry_s and job.state != WAIT_REPL:
             job.qtime_ms = now_ms + job.retry_s * 1000 + self._jitter()
+            job.flags &= ~FLAG_WILLQUEUE_SENT
             self._unschedule(job)
             self._schedule(job, self._due(job))
+            if job.nodes[0] is not self._me:
+                self._send_working(job)  # the other copies must not requeue it either
         if self.aof:
             self._effects.append(AofAppend(job.to_record()))
         return job.retry_s

@@ -435,3 +435,18 @@ def test_importing_queue_asks_its_source_at_once_when_drained_and_qscan_importra
     assert net.sent["NEEDJOBS"] == sent + 1
     net.run(10)
     assert net.nodes[b].shard.op_qlen(b"q") == 5  # the other 5 arrived
+
+
+def test_working_postpones_the_requeue_on_every_copy() -> None:
+    net = Net(3, seed=30)
+    a = net.ids[0]
+    jid = _added(net, a, replicate=3, retry_s=2)
+    assert net.take(a)[0][1] == jid
+    for _ in range(4):  # a worker keeps saying WORKING for 6 s: nobody requeues
+        net.run(1500)
+        assert net.nodes[a].shard.op_working(jid, net.now) == 2
+        net.drain(a)
+    net.run(1000)
+    assert QUEUED not in net.holders(jid).values()
+    net.run(3000)  # it stopped: some node requeues (once)
+    assert list(net.holders(jid).values()).count(QUEUED) == 1
