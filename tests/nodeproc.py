@@ -29,7 +29,8 @@ start_timeout_s = 20.0  # a cold start imports uvloop/hiredis in every worker
 READY_LINE = b"Ready to accept connections"  # the supervisor's line once every worker accepts
 
 
-def _port_free(port: int) -> bool:
+def port_free(port: int) -> bool:
+    """True when a plain listener (no SO_REUSEPORT) can take the port: nobody holds it."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -44,7 +45,7 @@ def free_port() -> int:
     rng = random.Random(os.getpid() ^ time.monotonic_ns())
     for _ in range(1000):
         port = rng.randrange(20000, 55000)
-        if _port_free(port) and _port_free(port + 10000):
+        if port_free(port) and port_free(port + 10000):
             return port
     raise RuntimeError("no free port pair found")
 

@@ -21,7 +21,7 @@ import redis
 
 from bus import nodes_conf
 from disque_mp import cli, sdnotify
-from tests.nodeproc import REPO, NodeProc, free_port
+from tests.nodeproc import REPO, NodeProc, free_port, port_free
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -35,17 +35,6 @@ def node_id_in(path: Path) -> str:
     conf = nodes_conf.load(str(path / "nodes.conf"))
     assert conf is not None
     return conf.node_id
-
-
-def port_bindable(port: int) -> bool:
-    """True when a plain listener (no SO_REUSEPORT) can take the port: nobody holds it."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 # --- command line and configuration errors (no workers needed) ---
@@ -168,7 +157,7 @@ def test_command_line_overrides_the_file(tmp_path: Path) -> None:
         node.wait_ready()
         assert node.client().ping() is True
         node.wait_for(lambda: len(node.worker_pids()) == 1, what="one worker")
-        assert port_bindable(file_port)
+        assert port_free(file_port)
     finally:
         assert node.stop() == 0
 
@@ -228,7 +217,7 @@ def test_sigkill_of_the_supervisor_frees_the_port(tmp_path: Path) -> None:
         node.wait_exit()
         # the workers notice their parent's death and exit (contract: within 1 s)
         node.wait_for(lambda: not node.group_pids(), timeout_s=10, what="workers gone")
-        assert port_bindable(node.port)
+        assert port_free(node.port)
         again = NodeProc(tmp_path, workers=2, port=node.port).start()
         try:
             assert again.client().ping() is True
