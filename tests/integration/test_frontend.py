@@ -346,3 +346,32 @@ def test_consumer_connection_moves_to_its_queue_owner(node2: NodeProc) -> None:
     assert worker_of(consumer) == 1
     producer.close()
     consumer.close()
+
+
+@pytest.mark.parametrize("held_by", [0, 1])
+def test_hot_command_shapes_match_the_general_path(node2: NodeProc, held_by: int) -> None:
+    """ADDJOB/GETJOB/ACKJOB in their fast-path shapes (upper or lower case, queue owned
+    by the connection's worker or not) answer as the general path (mixed case) does."""
+    q = queue_owned_by(0, prefix="fast")
+    c = connect_to_worker(node2.port, held_by)
+    for addjob, getjob, ackjob in (("ADDJOB", "GETJOB", "ACKJOB"), ("addjob", "getjob", "ackjob"),
+                                   ("AddJob", "GetJob", "AckJob")):
+        ids = [c.call(addjob, q, f"b{i}", 0) for i in range(4)]
+        assert all(isinstance(i, Status) for i in ids)
+        assert c.call(getjob, "NOHANG", "FROM", q) == [[q.encode(), ids[0].encode(), b"b0"]]
+        assert c.call(getjob, "FROM", q) == [[q.encode(), ids[1].encode(), b"b1"]]
+        assert c.call(getjob, "COUNT", 1, "FROM", q) == [[q.encode(), ids[2].encode(), b"b2"]]
+        assert c.call(getjob, "NOHANG", "COUNT", 5, "FROM", q) == [[q.encode(), ids[3].encode(), b"b3"]]
+        assert c.call(getjob, "NOHANG", "FROM", q) == NULL_ARRAY
+        assert c.call(getjob, "COUNT", 0, "FROM", q) == Err("ERR COUNT must be a number greater than zero")
+        assert c.call(getjob, "NOHANG", "COUNT", "x", "FROM", q) == Err("ERR value is not an integer or out of range")
+        assert c.call(addjob, q, "x", "-1") == Err("ERR timeout is negative")
+        assert c.call(ackjob, *ids) == 4
+        assert c.call(ackjob, ids[0]) == 0
+        assert c.call(ackjob, ids[0], "bad") == Err("BADID Invalid Job ID format.")
+        assert c.call("QLEN", q) == 0
+    other = queue_owned_by(1, prefix="fast")
+    mixed = [c.call("ADDJOB", q, "m", 0), c.call("ADDJOB", other, "m", 0)]
+    assert c.call("ACKJOB", *mixed) == 2  # split over both owners
+    assert c.call("GETJOB", "NOHANG", "FROM", other) == NULL_ARRAY
+    c.close()
