@@ -50,6 +50,42 @@ def free_port() -> int:
     raise RuntimeError("no free port pair found")
 
 
+def cluster_info(port: int) -> dict[str, str]:
+    """CLUSTER INFO of the node on ``port`` as a dict."""
+    r = redis.Redis(host="127.0.0.1", port=port, protocol=2, socket_timeout=20)
+    try:
+        text = r.execute_command("CLUSTER", "INFO").decode()
+    finally:
+        r.close()
+    return dict(line.split(":", 1) for line in text.split("\r\n") if ":" in line)
+
+
+def reachable_nodes(port: int) -> int:
+    """How many other nodes the node on ``port`` sees healthy, -1 if it does not answer."""
+    try:
+        return int(cluster_info(port)["cluster_reachable_nodes"])
+    except (redis.RedisError, OSError):
+        return -1
+
+
+def form_cluster(nodes: list[NodeProc], timeout_s: float) -> None:
+    """CLUSTER MEET every node from the first, then poll until every node sees all
+    the others reachable (no timed assertion: ``timeout_s`` is a generous bound)."""
+    first = redis.Redis(host="127.0.0.1", port=nodes[0].port, protocol=2, socket_timeout=20)
+    try:
+        for n in nodes[1:]:
+            first.execute_command("CLUSTER", "MEET", "127.0.0.1", n.port)
+    finally:
+        first.close()
+    want = len(nodes) - 1
+    deadline = time.monotonic() + timeout_s
+    while not all(reachable_nodes(n.port) == want for n in nodes):
+        if time.monotonic() > deadline:
+            seen = [reachable_nodes(n.port) for n in nodes]
+            raise TimeoutError(f"cluster not formed in {timeout_s} s: reachable {seen}, want {want}")
+        time.sleep(0.05)
+
+
 class NodeProc:
     def __init__(
         self,

@@ -14,7 +14,7 @@ import redis
 
 from disque_mp.aclient import AsyncDisque
 from disque_mp.client import Disque, Job
-from tests.nodeproc import NodeProc
+from tests.nodeproc import NodeProc, form_cluster
 
 cluster_form_timeout_s = 60.0  # three cold nodes on 2 busy cores
 leaving_seen_timeout_s = 30.0
@@ -52,9 +52,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[NodeProc]
     try:
         for n in nodes:
             n.start()
-        first = _raw(nodes[0])
-        for n in nodes[1:]:
-            first.execute_command("CLUSTER", "MEET", "127.0.0.1", n.port)
+        form_cluster(nodes, cluster_form_timeout_s)
+        # what the client discovers: every node lists all three in HELLO
         _wait_for(lambda: _hello_sizes(nodes) == [3, 3, 3], cluster_form_timeout_s,
                   "every node to list 3 nodes in HELLO")
         yield nodes

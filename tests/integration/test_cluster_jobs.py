@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 
-from tests.nodeproc import NodeProc
+from tests.nodeproc import NodeProc, form_cluster, reachable_nodes
 
 form_timeout_s = 60.0  # cold nodes on 2 cores shared with other test runs
 wait_s = 30.0
@@ -33,27 +33,6 @@ def _wait_for(predicate: Any, what: str, timeout_s: float = wait_s) -> None:
         time.sleep(0.05)
 
 
-def _info(node: NodeProc) -> dict[str, str]:
-    text = _raw(node).execute_command("CLUSTER", "INFO").decode()
-    return dict(line.split(":", 1) for line in text.split("\r\n") if ":" in line)
-
-
-def _reachable(node: NodeProc) -> int:
-    try:
-        return int(_info(node)["cluster_reachable_nodes"])
-    except (redis.RedisError, OSError):
-        return -1
-
-
-def _form(nodes: list[NodeProc]) -> None:
-    first = _raw(nodes[0])
-    for n in nodes[1:]:
-        first.execute_command("CLUSTER", "MEET", "127.0.0.1", n.port)
-    want = len(nodes) - 1
-    _wait_for(lambda: all(_reachable(n) == want for n in nodes),
-              "every node to see the others reachable", form_timeout_s)
-
-
 def _start(base: Path, count: int, **conf: Any) -> list[NodeProc]:
     nodes = [NodeProc(base / f"n{i}", workers=2,
                       conf={"cluster-node-timeout": node_timeout_ms, **conf})
@@ -67,7 +46,7 @@ def _start(base: Path, count: int, **conf: Any) -> list[NodeProc]:
 def three(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[NodeProc]]:
     nodes = _start(Path(tmp_path_factory.mktemp("cluster-jobs")), 3)
     try:
-        _form(nodes)
+        form_cluster(nodes, form_timeout_s)
         yield nodes
     finally:
         for n in nodes:
@@ -227,7 +206,7 @@ def four(tmp_path: Path) -> Iterator[list[NodeProc]]:
     # ADDJOB keeps picking it and must move on to another node every 50 ms.
     nodes = _start(tmp_path, 4)
     try:
-        _form(nodes)
+        form_cluster(nodes, form_timeout_s)
         for n in nodes:
             _raw(n).execute_command("CONFIG", "SET", "cluster-node-timeout", 15000)
         yield nodes
@@ -248,7 +227,7 @@ def test_down_nodes_sigkill_restart_and_surviving_r_minus_1_crashes(four: list[N
     # Restarted with SIGKILL's leftovers: same ID, back in everyone's view.
     dead.start()
     assert _raw(dead).execute_command("CLUSTER", "MYID").decode() == dead_id
-    _wait_for(lambda: all(_reachable(n) == 3 for n in four), "the node back", form_timeout_s)
+    _wait_for(lambda: all(reachable_nodes(n.port) == 3 for n in four), "the node back", form_timeout_s)
     for n in four:
         _raw(n).execute_command("CONFIG", "SET", "cluster-node-timeout", node_timeout_ms)
     # A job with REPLICATE 2 survives the crash of one holder (its creator).
