@@ -16,7 +16,7 @@ Structure: one ``collections.deque`` of job records sorted by ``ctime_us``
   live ones (amortised O(1) per removal).
 
 A job is a live entry iff ``job.state == QUEUED``; ``FLAG_IN_DEQUE`` says the
-record is physically in the deque. Compared (bench/ordered_queue_micro.py)
+record is physically in the deque. Compared (bench/test_micro.py: test_queue_* against test_baseline_*)
 with a heap with lazy deletion and with sortedcontainers: the deque is the
 fastest on append/pop and the smallest (a heap entry needs a tuple, ~70
 bytes per job; a SortedKeyList ~2 list slots plus a key per job).
