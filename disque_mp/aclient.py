@@ -24,11 +24,11 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from disque_mp.client import (
+    ClientSettings,
     DisqueConnectionError,
     DisqueError,
     Hello,
     Job,
-    Topology,
     _chunks_by_size,
     _ids,
     _queues,
@@ -44,7 +44,6 @@ from disque_mp.client import (
     parse_hello,
     parse_info,
     parse_jobs,
-    parse_nodes,
     parse_pairs,
     parse_scan,
     pipeline_bytes_max,
@@ -57,37 +56,15 @@ log = logging.getLogger("disque_mp.aclient")
 _IdArgs = str | Job | Iterable[str | Job]
 
 
-class AsyncDisque:
+class AsyncDisque(ClientSettings):
     """See ``Disque``: the same constructor and methods, as coroutines."""
 
-    def __init__(
-        self,
-        nodes: str | Sequence[str | tuple[str, int]] | None = None,
-        *,
-        prefer_producer: bool = False,
-        socket_timeout: float | None = None,
-        connect_timeout: float = 2.0,
-        password: str | None = None,
-        failover_attempts: int | None = None,
-        follow_priority: bool = True,
-        redis_kwargs: dict[str, Any] | None = None,
-    ) -> None:
-        self.topology = Topology(parse_nodes(nodes), prefer_producer)
-        self._follow_priority = follow_priority
-        self._socket_timeout = socket_timeout
-        self._connect_timeout = connect_timeout
-        self._password = password
-        self._failover_attempts = failover_attempts
-        self._redis_kwargs = dict(redis_kwargs or {})
+    def _init_io(self) -> None:
         self._redis: aredis.Redis | None = None
         self._lock = asyncio.Lock()
 
     def _make_redis(self, host: str, port: int) -> aredis.Redis:
-        r = aredis.Redis(
-            host=host, port=port, protocol=2, driver_info=None, password=self._password,
-            socket_timeout=self._socket_timeout, socket_connect_timeout=self._connect_timeout,
-            retry=Retry(NoBackoff(), 0), **self._redis_kwargs,
-        )
+        r = aredis.Redis(**self._redis_options(host, port), retry=Retry(NoBackoff(), 0))
         r.response_callbacks.pop("INFO", None)  # keep INFO's text
         return r
 
@@ -139,12 +116,6 @@ class AsyncDisque:
             if self._redis is broken:
                 await self._connect(self.topology.current)
 
-    def _attempts(self) -> int:
-        if self._failover_attempts is not None:
-            return self._failover_attempts
-        known = len(self.topology.hello.nodes) if self.topology.hello else 0
-        return max(len(self.topology.seeds), known, 1)
-
     async def execute(self, *args: Any) -> Any:
         """One command; another node on -LEAVING or a dropped connection (see Disque.execute)."""
         attempt = 0
@@ -172,14 +143,6 @@ class AsyncDisque:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
-
-    @property
-    def node_id(self) -> str | None:
-        return self.topology.hello.node_id if self.topology.hello else None
-
-    @property
-    def address(self) -> tuple[str, int] | None:
-        return self.topology.current
 
     # ---- commands
 

@@ -476,20 +476,12 @@ class Topology:
         return None
 
 
-# --------------------------------------------------------------------------- sync client
+# --------------------------------------------------------------------------- shared settings
 
 
-class Disque:
-    """A Disque client: see the module doc. Thread-safe (redis-py's pool per node).
-
-    ``nodes``: seeds, ``"host:port"`` strings, ``(host, port)`` tuples or one
-    comma-separated string (default 127.0.0.1:7711). ``socket_timeout`` must
-    exceed the longest blocking GETJOB you send (None: no timeout).
-    ``failover_attempts``: nodes to try after -LEAVING or a drop (default: as
-    many as are known; 0 sticks to one node). ``follow_priority=False`` stays
-    on a node even when HELLO shows better ones. ``redis_kwargs`` go to
-    ``redis.Redis`` (ssl, username ...).
-    """
+class ClientSettings:
+    """What ``Disque`` and ``AsyncDisque`` share besides parsing: the seeds and
+    topology, the connection settings, the failover budget. The I/O is theirs."""
 
     def __init__(
         self,
@@ -510,17 +502,57 @@ class Disque:
         self._password = password
         self._failover_attempts = failover_attempts
         self._redis_kwargs = dict(redis_kwargs or {})
+        self._init_io()
+
+    def _init_io(self) -> None:
+        """The connection and its lock: the twin's own kind (threads or asyncio)."""
+        raise NotImplementedError
+
+    def _redis_options(self, host: str, port: int) -> dict[str, Any]:
+        """redis-py's constructor arguments for one node (sync and asyncio take the same)."""
+        return dict(host=host, port=port, protocol=2, driver_info=None, password=self._password,
+                    socket_timeout=self._socket_timeout,
+                    socket_connect_timeout=self._connect_timeout, **self._redis_kwargs)
+
+    def _attempts(self) -> int:
+        if self._failover_attempts is not None:
+            return self._failover_attempts
+        known = len(self.topology.hello.nodes) if self.topology.hello else 0
+        return max(len(self.topology.seeds), known, 1)
+
+    @property
+    def node_id(self) -> str | None:
+        """The ID of the node we are connected to (None before the first command)."""
+        return self.topology.hello.node_id if self.topology.hello else None
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        return self.topology.current
+
+
+# --------------------------------------------------------------------------- sync client
+
+
+class Disque(ClientSettings):
+    """A Disque client: see the module doc. Thread-safe (redis-py's pool per node).
+
+    ``nodes``: seeds, ``"host:port"`` strings, ``(host, port)`` tuples or one
+    comma-separated string (default 127.0.0.1:7711). ``socket_timeout`` must
+    exceed the longest blocking GETJOB you send (None: no timeout).
+    ``failover_attempts``: nodes to try after -LEAVING or a drop (default: as
+    many as are known; 0 sticks to one node). ``follow_priority=False`` stays
+    on a node even when HELLO shows better ones. ``redis_kwargs`` go to
+    ``redis.Redis`` (ssl, username ...).
+    """
+
+    def _init_io(self) -> None:
         self._redis: redis.Redis | None = None
         self._lock = threading.RLock()
 
     # ---- connection management
 
     def _make_redis(self, host: str, port: int) -> redis.Redis:
-        r = redis.Redis(
-            host=host, port=port, protocol=2, driver_info=None, password=self._password,
-            socket_timeout=self._socket_timeout, socket_connect_timeout=self._connect_timeout,
-            retry=Retry(NoBackoff(), 0), **self._redis_kwargs,
-        )
+        r = redis.Redis(**self._redis_options(host, port), retry=Retry(NoBackoff(), 0))
         r.response_callbacks.pop("INFO", None)  # keep INFO's text: Disque's own sections
         return r
 
@@ -578,12 +610,6 @@ class Disque:
             if self._redis is broken:  # another thread may have moved already
                 self.connect(avoid=self.topology.current)
 
-    def _attempts(self) -> int:
-        if self._failover_attempts is not None:
-            return self._failover_attempts
-        known = len(self.topology.hello.nodes) if self.topology.hello else 0
-        return max(len(self.topology.seeds), known, 1)
-
     def execute(self, *args: Any) -> Any:
         """Run one command; move to another node on -LEAVING or a dropped connection.
 
@@ -616,15 +642,6 @@ class Disque:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    @property
-    def node_id(self) -> str | None:
-        """The ID of the node we are connected to (None before the first command)."""
-        return self.topology.hello.node_id if self.topology.hello else None
-
-    @property
-    def address(self) -> tuple[str, int] | None:
-        return self.topology.current
 
     # ---- commands
 
