@@ -86,21 +86,51 @@ def bus_port(client_port: int) -> int:
     return client_port + BUS_PORT_OFFSET
 
 
-class _Link(asyncio.Protocol):
+class BatchedLink(asyncio.Protocol):
+    """A connection whose frames of one loop turn leave in one write (measured with
+    bench/bus_bench.py: see notes/cluster.md). Bus links, data links and the
+    agent's local links share it; each keeps its own output bound and its own
+    answer to a peer that does not drain."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.outq: list[bytes] = []  # frames of this loop turn, flushed in one write
+        self.outq_bytes = 0
+
+    def writable(self) -> bool:
+        return self.transport is not None
+
+    def pending_bytes(self) -> int:
+        """Output the peer has not taken yet: the transport's buffer and this turn's frames."""
+        buffered = self.transport.get_write_buffer_size() if self.transport is not None else 0
+        return buffered + self.outq_bytes
+
+    def enqueue(self, frame: bytes) -> None:
+        if not self.outq:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self.outq.append(frame)
+        self.outq_bytes += len(frame)
+
+    def flush(self) -> None:
+        if self.transport is not None and self.writable() and self.outq:
+            self.transport.write(b"".join(self.outq) if len(self.outq) > 1 else self.outq[0])
+        self.outq.clear()
+        self.outq_bytes = 0
+
+
+class _Link(BatchedLink):
     """One TCP connection of the bus, either direction."""
 
     def __init__(self, bus: ClusterBus, node: Node | None) -> None:
+        super().__init__()
         self.bus = bus
         self.node = node  # outbound: the node we dialed; inbound: None
         self.addr = (node.ip, node.port) if node is not None else ("", 0)  # as dialed
         self.sender_id = ""  # inbound: who the handshake says is on the other end
         self.reader = frames.FrameReader(BUS_KINDS)
-        self.transport: asyncio.Transport | None = None
         self.peer_ip = ""
         self.local_ip = ""
         self.closed = False
-        self.outq: list[bytes] = []  # frames of this loop turn, flushed in one write
-        self.outq_bytes = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
@@ -131,29 +161,20 @@ class _Link(asyncio.Protocol):
         self.closed = True
         self.bus.link_gone(self)
 
+    def writable(self) -> bool:
+        return self.transport is not None and not self.closed
+
     def write(self, kind: int, meta: dict[str, Any], bodies: list[bytes] | None = None) -> bool:
-        if self.closed or self.transport is None:
+        if not self.writable():
             return False
-        if self.transport.get_write_buffer_size() + self.outq_bytes > peer_output_bytes_max:
+        if self.pending_bytes() > peer_output_bytes_max:
             log.warning("cluster bus: peer %s does not drain its output, dropping link",
                         self.peer_ip)
             self.close()
             return False
-        frame = frames.encode(kind, meta, bodies or ())
-        if not self.outq:
-            asyncio.get_running_loop().call_soon(self.flush)
-        self.outq.append(frame)
-        self.outq_bytes += len(frame)
+        self.enqueue(frames.encode(kind, meta, bodies or ()))
         self.bus.m.stats_sent += 1
         return True
-
-    def flush(self) -> None:
-        """Frames written during one loop turn leave in one syscall (measured with
-        bench/bus_bench.py: see notes/cluster.md)."""
-        if self.transport is not None and not self.closed and self.outq:
-            self.transport.write(b"".join(self.outq) if len(self.outq) > 1 else self.outq[0])
-        self.outq.clear()
-        self.outq_bytes = 0
 
     def close(self) -> None:
         if not self.closed and self.transport is not None:

@@ -37,6 +37,7 @@ from bus.cluster import (
     MESH_BUS_IN,
     MESH_BUS_OUT,
     MESH_VIEW,
+    BatchedLink,
     ClusterBus,
     mesh_bus_in,
     mesh_bus_out,
@@ -70,17 +71,15 @@ def socket_name(port: int, node_id: str) -> str:
     return f"\0disque-mp.{port}.{node_id[:16]}.cluster"
 
 
-class _Local(asyncio.Protocol):
+class _Local(BatchedLink):
     """A connection between worker 0 and worker ``peer`` (either end)."""
 
     def __init__(self, agent: ClusterAgent, peer: int) -> None:
+        super().__init__()
         self.agent = agent
         self.peer = peer  # worker at the other end (-1 until its AGENT_HELLO on worker 0)
         self.reader = frames.FrameReader(AGENT_KINDS)
-        self.transport: asyncio.Transport | None = None
         self.lost = asyncio.get_running_loop().create_future()
-        self.outq: list[bytes] = []  # frames of this loop turn, flushed in one write
-        self.outq_bytes = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
@@ -107,23 +106,13 @@ class _Local(asyncio.Protocol):
         self.agent.local_lost(self)
 
     def write(self, frame: bytes) -> bool:
-        if self.transport is None:
+        if not self.writable():
             return False
-        if self.transport.get_write_buffer_size() + self.outq_bytes > agent_output_bytes_max:
+        if self.pending_bytes() > agent_output_bytes_max:
             log.warning("cluster agent: worker %d does not drain, dropping a frame", self.peer)
             return False
-        if not self.outq:
-            asyncio.get_running_loop().call_soon(self.flush)
-        self.outq.append(frame)
-        self.outq_bytes += len(frame)
+        self.enqueue(frame)
         return True
-
-    def flush(self) -> None:
-        """Frames of one loop turn leave in one write (as on the bus links)."""
-        if self.transport is not None and self.outq:
-            self.transport.write(b"".join(self.outq) if len(self.outq) > 1 else self.outq[0])
-        self.outq.clear()
-        self.outq_bytes = 0
 
 
 class ClusterAgent:

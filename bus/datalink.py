@@ -28,7 +28,7 @@ from typing import Any, cast
 import orjson
 
 from bus import frames
-from bus.cluster import BUS_PROTO, K_DATA_READY, K_HANDSHAKE, K_JOB, bus_port
+from bus.cluster import BUS_PROTO, K_DATA_READY, K_HANDSHAKE, K_JOB, BatchedLink, bus_port
 
 log = logging.getLogger("disque.cluster")
 
@@ -109,16 +109,14 @@ class FdPass:
         self.sock.close()
 
 
-class _DataConn(asyncio.Protocol):
+class _DataConn(BatchedLink):
     """One data link, either end: ``DataOut`` dials, ``DataIn`` was handed over."""
 
     kinds: frozenset[int] = frozenset()
 
     def __init__(self) -> None:
+        super().__init__()
         self.reader = frames.FrameReader(self.kinds)
-        self.transport: asyncio.Transport | None = None
-        self.outq: list[bytes] = []  # frames of this loop turn, flushed in one write
-        self.outq_bytes = 0
         self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -143,24 +141,18 @@ class _DataConn(asyncio.Protocol):
         self.closed = True
         self.transport = None
 
+    def writable(self) -> bool:
+        return self.transport is not None and not self.closed
+
     def write(self, frame: bytes) -> bool:
-        if self.closed or self.transport is None:
+        if not self.writable():
             return False
-        if self.transport.get_write_buffer_size() + self.outq_bytes > data_output_bytes_max:
+        if self.pending_bytes() > data_output_bytes_max:
             log.warning("cluster data link: peer does not drain its output, dropping it")
             self.close()
             return False
-        if not self.outq:
-            asyncio.get_running_loop().call_soon(self.flush)
-        self.outq.append(frame)
-        self.outq_bytes += len(frame)
+        self.enqueue(frame)
         return True
-
-    def flush(self) -> None:
-        if self.transport is not None and not self.closed and self.outq:
-            self.transport.write(b"".join(self.outq) if len(self.outq) > 1 else self.outq[0])
-        self.outq.clear()
-        self.outq_bytes = 0
 
     def close(self) -> None:
         if not self.closed and self.transport is not None:
