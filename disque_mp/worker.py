@@ -80,6 +80,7 @@ ERR_INTERNAL = Error("ERR internal error, see the server log")
 _FROM = frozenset((b"FROM", b"from"))
 _NOHANG = frozenset((b"NOHANG", b"nohang"))
 _COUNT = frozenset((b"COUNT", b"count"))
+_TIMEOUT = frozenset((b"TIMEOUT", b"timeout"))
 
 
 _perf_ns = time.perf_counter_ns  # INFO commandstats; a local name saves a lookup per command
@@ -397,26 +398,32 @@ class Worker:
         return encode(reply, conn.resp3)
 
     def _fast_getjob(self, conn: ClientConn, cmd: list[bytes]) -> bytes | None:
-        # GETJOB NOHANG FROM q / GETJOB FROM q with jobs there / GETJOB COUNT n FROM q
+        # GETJOB [NOHANG] [TIMEOUT ms] [COUNT n] FROM q, when q has jobs or NOHANG
         n = len(cmd)
-        if n < 3 or n > 6 or cmd[-2] not in _FROM:
+        if n < 3 or n > 8 or cmd[-2] not in _FROM:
             return None
         queue = cmd[-1]
         if self.workers > 1 and self.owner_of(queue) != self.index:
             return None
         nohang = False
         count = 1
-        if n == 4:
-            if cmd[1] not in _NOHANG:
+        i, end = 1, n - 2
+        while i < end:
+            word = cmd[i]
+            if word in _NOHANG:
+                nohang = True
+                i += 1
+            elif word in _COUNT and i + 1 < end:
+                count = cmd_jobs.parse_int(cmd[i + 1]) or 0
+                if count <= 0:
+                    return None  # the general path answers the error
+                i += 2
+            elif word in _TIMEOUT and i + 1 < end:
+                if type(cmd_jobs.parse_timeout_ms(cmd[i + 1])) is not int:
+                    return None
+                i += 2  # only a blocked GETJOB uses it: that takes the general path
+            else:
                 return None
-            nohang = True
-        elif n >= 5:  # [NOHANG] COUNT n FROM q
-            if cmd[n - 4] not in _COUNT or (n == 6 and cmd[1] not in _NOHANG):
-                return None
-            nohang = n == 6
-            count = cmd_jobs.parse_int(cmd[n - 3]) or 0
-            if count <= 0:
-                return None  # the general path answers the error
         t0 = _perf_ns()
         conn.streak = 0
         entries = self.shard.op_take([queue], count, False, self.now_ms)

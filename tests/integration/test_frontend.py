@@ -356,17 +356,21 @@ def test_hot_command_shapes_match_the_general_path(node2: NodeProc, held_by: int
     c = connect_to_worker(node2.port, held_by)
     for addjob, getjob, ackjob in (("ADDJOB", "GETJOB", "ACKJOB"), ("addjob", "getjob", "ackjob"),
                                    ("AddJob", "GetJob", "AckJob")):
-        ids = [c.call(addjob, q, f"b{i}", 0) for i in range(4)]
+        ids = [c.call(addjob, q, f"b{i}", 0) for i in range(6)]
         assert all(isinstance(i, Status) for i in ids)
         assert c.call(getjob, "NOHANG", "FROM", q) == [[q.encode(), ids[0].encode(), b"b0"]]
         assert c.call(getjob, "FROM", q) == [[q.encode(), ids[1].encode(), b"b1"]]
         assert c.call(getjob, "COUNT", 1, "FROM", q) == [[q.encode(), ids[2].encode(), b"b2"]]
-        assert c.call(getjob, "NOHANG", "COUNT", 5, "FROM", q) == [[q.encode(), ids[3].encode(), b"b3"]]
+        assert c.call(getjob, "NOHANG", "COUNT", 1, "FROM", q) == [[q.encode(), ids[3].encode(), b"b3"]]
+        assert c.call(getjob, "TIMEOUT", 100, "COUNT", 5, "FROM", q) == [
+            [q.encode(), ids[4].encode(), b"b4"], [q.encode(), ids[5].encode(), b"b5"]]
         assert c.call(getjob, "NOHANG", "FROM", q) == NULL_ARRAY
+        assert c.call(getjob, "TIMEOUT", 50, "FROM", q) == NULL_ARRAY
+        assert c.call(getjob, "TIMEOUT", "x", "FROM", q) == Err("ERR timeout is not an integer or out of range")
         assert c.call(getjob, "COUNT", 0, "FROM", q) == Err("ERR COUNT must be a number greater than zero")
         assert c.call(getjob, "NOHANG", "COUNT", "x", "FROM", q) == Err("ERR value is not an integer or out of range")
         assert c.call(addjob, q, "x", "-1") == Err("ERR timeout is negative")
-        assert c.call(ackjob, *ids) == 4
+        assert c.call(ackjob, *ids) == 6
         assert c.call(ackjob, ids[0]) == 0
         assert c.call(ackjob, ids[0], "bad") == Err("BADID Invalid Job ID format.")
         assert c.call("QLEN", q) == 0
