@@ -38,7 +38,6 @@ from disque_mp.client import (
     getjob_args,
     heartbeat_first_s,
     heartbeat_retry_fraction,
-    is_leaving,
     jscan_args,
     map_redis_error,
     parse_hello,
@@ -123,13 +122,8 @@ class AsyncDisque(ClientSettings):
             r = await self._client()
             try:
                 return await r.execute_command(*args)
-            except redis.ResponseError as exc:
-                err = map_redis_error(exc)
-                if not is_leaving(err) or attempt >= self._attempts():
-                    raise err from None
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                if attempt >= self._attempts():
-                    raise DisqueConnectionError(f"{args[0]} failed: {exc}") from exc
+            except (redis.ResponseError, redis.ConnectionError, redis.TimeoutError) as exc:
+                self._raise_unless_retrying(exc, attempt, str(args[0]))
             attempt += 1
             await self._failover(r)
 
@@ -197,8 +191,7 @@ class AsyncDisque(ClientSettings):
                     pipe.execute_command(*args)
                 replies = await pipe.execute(raise_on_error=False)
             except (redis.ConnectionError, redis.TimeoutError) as exc:
-                if attempt >= self._attempts():
-                    raise DisqueConnectionError(f"pipeline failed: {exc}") from exc
+                self._raise_unless_retrying(exc, attempt, "pipeline")
                 attempt += 1
                 await self._failover(r)
                 continue

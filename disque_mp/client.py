@@ -520,6 +520,16 @@ class ClientSettings:
         known = len(self.topology.hello.nodes) if self.topology.hello else 0
         return max(len(self.topology.seeds), known, 1)
 
+    def _raise_unless_retrying(self, exc: redis.RedisError, attempt: int, what: str) -> None:
+        """After a failed try: raise what the caller should see, or return when another
+        node should get the command (-LEAVING or a dropped connection, within budget)."""
+        if isinstance(exc, redis.ResponseError):
+            err = map_redis_error(exc)
+            if not is_leaving(err) or attempt >= self._attempts():
+                raise err from None
+        elif attempt >= self._attempts():
+            raise DisqueConnectionError(f"{what} failed: {exc}") from exc
+
     @property
     def node_id(self) -> str | None:
         """The ID of the node we are connected to (None before the first command)."""
@@ -621,13 +631,8 @@ class Disque(ClientSettings):
             r = self._client()
             try:
                 return r.execute_command(*args)
-            except redis.ResponseError as exc:
-                err = map_redis_error(exc)
-                if not is_leaving(err) or attempt >= self._attempts():
-                    raise err from None
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                if attempt >= self._attempts():
-                    raise DisqueConnectionError(f"{args[0]} failed: {exc}") from exc
+            except (redis.ResponseError, redis.ConnectionError, redis.TimeoutError) as exc:
+                self._raise_unless_retrying(exc, attempt, str(args[0]))
             attempt += 1
             self._failover(r)
 
@@ -730,8 +735,7 @@ class Disque(ClientSettings):
                     pipe.execute_command(*args)
                 replies = pipe.execute(raise_on_error=False)
             except (redis.ConnectionError, redis.TimeoutError) as exc:
-                if attempt >= self._attempts():
-                    raise DisqueConnectionError(f"pipeline failed: {exc}") from exc
+                self._raise_unless_retrying(exc, attempt, "pipeline")
                 attempt += 1
                 self._failover(r)
                 continue
