@@ -31,16 +31,34 @@ def by_group(rows: list[dict[str, Any]], group: str) -> list[dict[str, Any]]:
     return [r for r in rows if r["group"] == group]
 
 
-def plot_pipeline(rows: list[dict[str, Any]], out: Path) -> None:
+def _axes() -> tuple[Any, Any]:
+    """A new figure off screen (the Agg backend: benchmarks run without a display)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt.subplots(figsize=(7, 4))
+
+
+def _save(fig: Any, ax: Any, out: Path, title: str) -> None:
+    """The look every plot shares: rps axis, grid, legend, saved as a PNG and freed."""
+    import matplotlib.pyplot as plt
+
+    ax.set_ylabel("requests/s (-c 50 -n 200000)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def plot_pipeline(rows: list[dict[str, Any]], out: Path) -> None:
     rb = sorted(by_group(rows, "redis-benchmark"), key=lambda r: r["pipeline"])
     if not rb:
         return
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = _axes()
     xs = [r["pipeline"] for r in rb]
     for key, label, style in [("lpush", "redis LPUSH", "o--"), ("addjob", "disque-mp ADDJOB", "o-"),
                               ("rpop", "redis RPOP", "s--"), ("getjob", "disque-mp GETJOB NOHANG", "s-"),
@@ -51,25 +69,14 @@ def plot_pipeline(rows: list[dict[str, Any]], out: Path) -> None:
     ax.set_yscale("log")
     ax.set_xticks(xs, [str(x) for x in xs])
     ax.set_xlabel("pipeline depth (redis-benchmark -P)")
-    ax.set_ylabel("requests/s (-c 50 -n 200000)")
-    ax.set_title("Throughput vs pipeline depth (2 workers)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    _save(fig, ax, out, "Throughput vs pipeline depth (2 workers)")
 
 
 def plot_workers(rows: list[dict[str, Any]], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     sw = by_group(rows, "workers sweep")
     if not sw:
         return
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = _axes()
     for pipeline in sorted({r["pipeline"] for r in sw}):
         pts = sorted((r for r in sw if r["pipeline"] == pipeline), key=lambda r: r["workers"])
         xs = [r["workers"] for r in pts]
@@ -80,13 +87,7 @@ def plot_workers(rows: list[dict[str, Any]], out: Path) -> None:
     ax.set_yscale("log")
     ax.set_xticks(sorted({r["workers"] for r in sw}))
     ax.set_xlabel("worker processes")
-    ax.set_ylabel("requests/s (-c 50 -n 200000)")
-    ax.set_title("Throughput vs workers count")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    _save(fig, ax, out, "Throughput vs workers count")
 
 
 def ratio_rows(rows: list[dict[str, Any]]) -> list[tuple[str, str, float | None, str]]:
