@@ -421,25 +421,38 @@ async def wait_backlog(c: Child, end_ns: int) -> None:
         wait_s = min(wait_s * 2, backlog_poll_s_max)
 
 
-async def cycle_consume(c: Child, conn: Conn, j: int, total: int, end_ns: int) -> None:
-    """Take a batch (blocking briefly), ack it, record add-to-ack latency per job."""
+def consumer_target(c: Child, j: int) -> Target:
+    """Consumer ``j``'s target (on Redis, with its own processing lists)."""
     t = make_target(c.s)
     if isinstance(t, RedisTarget):
         t.owner = b"%d:%d" % (c.index, j)
+    return t
+
+
+async def take_batch(c: Child, conn: Conn, t: Target, queues: list[bytes], block: bool,
+                     turn: int) -> tuple[list[Item], list[int], int]:
+    """One take round trip, counted: the items, the replies' arrival times, the send time."""
+    payload, want = t.take(queues, c.s.take_count(), block, turn)
+    replies, done_ns, sent = await conn.call(payload, want)
+    c.note_errors(replies)
+    items = t.parse_take(replies)
+    c.take_calls += 1
+    c.empty_takes += 0 if items else 1
+    c.taken += len(items)
+    return items, done_ns, sent
+
+
+async def cycle_consume(c: Child, conn: Conn, j: int, total: int, end_ns: int) -> None:
+    """Take a batch (blocking briefly), ack it, record add-to-ack latency per job."""
+    t = consumer_target(c, j)
     queues, turn = c.consumer_queues(j, total), 0
     while not c.stop and time.monotonic_ns() < end_ns:
-        payload, want = t.take(queues, c.s.take_count(), True, turn)
+        items, _, _ = await take_batch(c, conn, t, queues, True, turn)
         turn += 1
-        replies, _, _ = await conn.call(payload, want)
-        c.note_errors(replies)
-        items = t.parse_take(replies)
-        c.take_calls += 1
         if not items:
-            c.empty_takes += 1
             if c.cycle_finished():
                 return
             continue
-        c.taken += len(items)
         payload, want = t.ack(items)
         replies, done_ns, _ = await conn.call(payload, want)
         c.note_errors(replies)
@@ -454,20 +467,12 @@ async def cycle_consume(c: Child, conn: Conn, j: int, total: int, end_ns: int) -
 
 async def drain_consume(c: Child, conn: Conn, j: int, total: int, end_ns: int) -> None:
     """Take without blocking until every queue of this consumer is empty."""
-    t = make_target(c.s)
-    if isinstance(t, RedisTarget):
-        t.owner = b"%d:%d" % (c.index, j)
+    t = consumer_target(c, j)
     queues, turn, empty_turns = c.consumer_queues(j, total), 0, 0
     while not c.stop and time.monotonic_ns() < end_ns and empty_turns < len(queues):
-        payload, want = t.take(queues, c.s.take_count(), False, turn)
+        items, done_ns, sent = await take_batch(c, conn, t, queues, False, turn)
         turn += 1
-        replies, done_ns, sent = await conn.call(payload, want)
-        c.note_errors(replies)
-        items = t.parse_take(replies)
-        c.take_calls += 1
-        c.empty_takes += 0 if items else 1
         empty_turns = 0 if items else empty_turns + 1
-        c.taken += len(items)
         if items:
             c.last_ns = done_ns[-1]
             us = (done_ns[-1] - sent) // 1000
