@@ -36,6 +36,11 @@ def _wait_for(predicate: Any, timeout_s: float, what: str) -> None:
         time.sleep(0.2)
 
 
+def _wait_all_acked(d: Disque, ids: list[str], what: str = "every ACK") -> None:
+    """Until no job of ``ids`` is known: on one node an ACKed job is gone at once."""
+    _wait_for(lambda: all(d.show(i) is None for i in ids), query_timeout_s, what)
+
+
 def _failure_text(excinfo: pytest.ExceptionInfo[BaseException]) -> str:
     return str(excinfo.value)
 
@@ -194,7 +199,7 @@ def test_stream_acks_only_after_the_sink_committed(spark: Any, node: NodeProc,
         # every job acknowledged once its batch committed (acked jobs are gone on one node);
         # the source's acker thread sends the ACKs right after commit()
         assert d.qlen(queue) == 0
-        _wait_for(lambda: all(d.show(i) is None for i in ids), query_timeout_s, "every ACK")
+        _wait_all_acked(d, ids)
 
 
 def test_stream_into_memory_sink_with_processing_time_trigger(spark: Any, node: NodeProc,
@@ -212,8 +217,7 @@ def test_stream_into_memory_sink_with_processing_time_trigger(spark: Any, node: 
             _wait_for(lambda: spark.table(name).count() == 300, query_timeout_s,
                       "300 rows in the memory sink")
             # the queue is idle now: the source still gets its last batch committed
-            _wait_for(lambda: all(d.show(i) is None for i in ids), query_timeout_s,
-                      "every job acknowledged")
+            _wait_all_acked(d, ids, "every job acknowledged")
         finally:
             query.stop()
         got = spark.table(name).collect()
@@ -250,7 +254,7 @@ def test_stream_failing_before_commit_leaves_jobs_for_redelivery(spark: Any, nod
         assert query.awaitTermination(query_timeout_s)
         assert sorted(r.id for r in seen) == sorted(ids)
         assert all(r.additional_deliveries >= 1 for r in seen)
-        _wait_for(lambda: all(d.show(i) is None for i in ids), query_timeout_s, "every ACK")
+        _wait_all_acked(d, ids)
 
 
 def test_stream_heartbeat_keeps_slow_batches_alive(spark: Any, node: NodeProc,
