@@ -118,19 +118,53 @@ class BatchedLink(asyncio.Protocol):
         self.outq_bytes = 0
 
 
-class _Link(BatchedLink):
+class PeerLink(BatchedLink):
+    """A link to another node (a bus link or a data link): frames must carry object
+    metadata, and a peer that sends garbage loses its link; nothing it sends may
+    hurt us."""
+
+    def __init__(self, kinds: frozenset[int]) -> None:
+        super().__init__()
+        self.reader = frames.FrameReader(kinds)
+        self.closed = False
+
+    def writable(self) -> bool:
+        return self.transport is not None and not self.closed
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.reader.feed(data)
+            while not self.closed and (frame := self.reader.next()) is not None:
+                kind, meta, bodies = frame
+                if not isinstance(meta, dict):
+                    raise frames.FrameError("frame metadata is not an object")
+                self.on_frame(kind, meta, bodies)
+        except (frames.FrameError, TypeError, ValueError, KeyError) as exc:
+            log.warning("%s: %s", self.drop_notice(), exc)
+            self.close()
+
+    def on_frame(self, kind: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
+        raise NotImplementedError
+
+    def drop_notice(self) -> str:
+        """The log line's start when the peer's bytes make us drop the link."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class _Link(PeerLink):
     """One TCP connection of the bus, either direction."""
 
     def __init__(self, bus: ClusterBus, node: Node | None) -> None:
-        super().__init__()
+        super().__init__(BUS_KINDS)
         self.bus = bus
         self.node = node  # outbound: the node we dialed; inbound: None
         self.addr = (node.ip, node.port) if node is not None else ("", 0)  # as dialed
         self.sender_id = ""  # inbound: who the handshake says is on the other end
-        self.reader = frames.FrameReader(BUS_KINDS)
         self.peer_ip = ""
         self.local_ip = ""
-        self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
@@ -141,28 +175,15 @@ class _Link(BatchedLink):
             self.write(K_HANDSHAKE, self.bus.handshake_meta())
         self.bus.link_made(self)
 
-    def data_received(self, data: bytes) -> None:
-        try:
-            self.reader.feed(data)
-            while not self.closed:
-                frame = self.reader.next()
-                if frame is None:
-                    break
-                kind, meta, bodies = frame
-                if not isinstance(meta, dict):
-                    raise frames.FrameError("frame metadata is not an object")
-                self.bus.on_frame(self, kind, meta, bodies)
-        except (frames.FrameError, TypeError, ValueError, KeyError) as exc:
-            # A peer that sends garbage loses its link; nothing it sends may hurt us.
-            log.warning("cluster bus: dropping link to %s: %s", self.peer_ip, exc)
-            self.close()
+    def on_frame(self, kind: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
+        self.bus.on_frame(self, kind, meta, bodies)
+
+    def drop_notice(self) -> str:
+        return f"cluster bus: dropping link to {self.peer_ip}"
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.bus.link_gone(self)
-
-    def writable(self) -> bool:
-        return self.transport is not None and not self.closed
 
     def write(self, kind: int, meta: dict[str, Any], bodies: list[bytes] | None = None) -> bool:
         if not self.writable():

@@ -28,7 +28,7 @@ from typing import Any, cast
 import orjson
 
 from bus import frames
-from bus.cluster import BUS_PROTO, K_DATA_READY, K_HANDSHAKE, K_JOB, BatchedLink, bus_port
+from bus.cluster import BUS_PROTO, K_DATA_READY, K_HANDSHAKE, K_JOB, PeerLink, bus_port
 
 log = logging.getLogger("disque.cluster")
 
@@ -109,40 +109,23 @@ class FdPass:
         self.sock.close()
 
 
-class _DataConn(BatchedLink):
+class _DataConn(PeerLink):
     """One data link, either end: ``DataOut`` dials, ``DataIn`` was handed over."""
 
     kinds: frozenset[int] = frozenset()
 
     def __init__(self) -> None:
-        super().__init__()
-        self.reader = frames.FrameReader(self.kinds)
-        self.closed = False
+        super().__init__(self.kinds)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
 
-    def data_received(self, data: bytes) -> None:
-        try:
-            self.reader.feed(data)
-            while not self.closed and (frame := self.reader.next()) is not None:
-                kind, meta, bodies = frame
-                if not isinstance(meta, dict):
-                    raise frames.FrameError("frame metadata is not an object")
-                self.on_frame(kind, meta, bodies)
-        except (frames.FrameError, TypeError, ValueError, KeyError) as exc:
-            log.warning("cluster data link: dropping it: %s", exc)
-            self.close()
-
-    def on_frame(self, kind: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
-        raise NotImplementedError
+    def drop_notice(self) -> str:
+        return "cluster data link: dropping it"
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.transport = None
-
-    def writable(self) -> bool:
-        return self.transport is not None and not self.closed
 
     def write(self, frame: bytes) -> bool:
         if not self.writable():
