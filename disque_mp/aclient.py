@@ -34,6 +34,8 @@ from disque_mp.client import (
     _queues,
     _str,
     addjob_args,
+    consume_batch,
+    consume_done,
     consume_poll_ms,
     getjob_args,
     heartbeat_first_s,
@@ -308,8 +310,8 @@ class AsyncDisque(ClientSettings):
         NACK on exception, WORKING while it runs. Returns the number of jobs handled."""
         names = _queues(queues)
         handled = 0
-        while not (max_jobs is not None and handled >= max_jobs) and not (stop and stop.is_set()):
-            want = count if max_jobs is None else min(count, max_jobs - handled)
+        while not consume_done(max_jobs, handled, stop):
+            want = consume_batch(count, max_jobs, handled)
             jobs = await self.get_jobs(names, timeout_ms=poll_ms, count=want, withcounters=True)
             beats = [asyncio.create_task(self._heartbeat(j.id)) for j in jobs]
             try:

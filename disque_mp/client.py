@@ -32,7 +32,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, overload
+from typing import Any, Literal, Protocol, overload
 
 import redis
 from redis.backoff import NoBackoff
@@ -937,6 +937,22 @@ class Heartbeat:
             return 0
 
 
+class _Flag(Protocol):
+    def is_set(self) -> bool: ...
+
+
+def consume_done(max_jobs: int | None, handled: int, stop: _Flag | None) -> bool:
+    """Whether a consume loop stops: ``max_jobs`` handled or ``stop`` set (both twins)."""
+    if max_jobs is not None and handled >= max_jobs:
+        return True
+    return stop is not None and stop.is_set()
+
+
+def consume_batch(count: int, max_jobs: int | None, handled: int) -> int:
+    """How many jobs the next GETJOB of a consume loop asks for: never past ``max_jobs``."""
+    return count if max_jobs is None else min(count, max_jobs - handled)
+
+
 class _ConsumeLoop:
     __slots__ = ("client", "queues", "count", "max_jobs", "stop", "fast_ack", "poll_ms", "handled")
 
@@ -948,15 +964,11 @@ class _ConsumeLoop:
         self.handled = 0
 
     def _done(self) -> bool:
-        if self.max_jobs is not None and self.handled >= self.max_jobs:
-            return True
-        return self.stop is not None and self.stop.is_set()
+        return consume_done(self.max_jobs, self.handled, self.stop)
 
     def _take(self, beat: Heartbeat) -> list[Job]:
         """The next jobs, all kept alive from now on (later ones wait for earlier ones)."""
-        want = self.count
-        if self.max_jobs is not None:
-            want = min(want, self.max_jobs - self.handled)
+        want = consume_batch(self.count, self.max_jobs, self.handled)
         jobs = self.client.get_jobs(self.queues, timeout_ms=self.poll_ms, count=want,
                                     withcounters=True)
         for job in jobs:
