@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,17 @@ def free_port() -> int:
     raise RuntimeError("no free port pair found")
 
 
+def wait_until(cond: Callable[[], Any], timeout_s: float, what: str, *, poll_s: float = 0.05,
+               detail: Callable[[], str] = lambda: "") -> None:
+    """Poll ``cond()`` until true (never a timed assertion: the bound is generous);
+    TimeoutError past ``timeout_s``, with ``detail()`` to say what was seen."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not reached in {timeout_s} s:\n{detail()}")
+        time.sleep(poll_s)
+
+
 def cluster_info(port: int) -> dict[str, str]:
     """CLUSTER INFO of the node on ``port`` as a dict."""
     r = redis.Redis(host="127.0.0.1", port=port, protocol=2, socket_timeout=20)
@@ -78,12 +90,9 @@ def form_cluster(nodes: list[NodeProc], timeout_s: float) -> None:
     finally:
         first.close()
     want = len(nodes) - 1
-    deadline = time.monotonic() + timeout_s
-    while not all(reachable_nodes(n.port) == want for n in nodes):
-        if time.monotonic() > deadline:
-            seen = [reachable_nodes(n.port) for n in nodes]
-            raise TimeoutError(f"cluster not formed in {timeout_s} s: reachable {seen}, want {want}")
-        time.sleep(0.05)
+    wait_until(lambda: all(reachable_nodes(n.port) == want for n in nodes), timeout_s,
+               f"every node seeing the {want} others reachable",
+               detail=lambda: f"reachable: {[reachable_nodes(n.port) for n in nodes]}")
 
 
 class NodeProc:
@@ -213,12 +222,8 @@ class NodeProc:
         return [p for p in self.group_pids() if p != sup]
 
     def wait_for(self, cond: Any, timeout_s: float = 15.0, what: str = "condition") -> None:
-        """Poll ``cond()`` until true (never a timed assertion: the bound is generous)."""
-        deadline = time.monotonic() + timeout_s
-        while not cond():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{what} not reached in {timeout_s} s:\n{self.output()}")
-            time.sleep(0.05)
+        """``wait_until`` with this node's output in the error."""
+        wait_until(cond, timeout_s, what, detail=self.output)
 
     def client(self, **kw: Any) -> redis.Redis:
         kw.setdefault("socket_timeout", 10)

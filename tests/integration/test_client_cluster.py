@@ -14,7 +14,7 @@ import redis
 
 from disque_mp.aclient import AsyncDisque
 from disque_mp.client import Disque, Job
-from tests.nodeproc import NodeProc, form_cluster
+from tests.nodeproc import NodeProc, form_cluster, wait_until
 
 cluster_form_timeout_s = 60.0  # three cold nodes on 2 busy cores
 leaving_seen_timeout_s = 30.0
@@ -26,14 +26,6 @@ def _addr(node: NodeProc) -> str:
 
 def _raw(node: NodeProc) -> redis.Redis:
     return redis.Redis(host="127.0.0.1", port=node.port, protocol=2, socket_timeout=10)
-
-
-def _wait_for(predicate, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def _hello_sizes(nodes: list[NodeProc]) -> list[int]:
@@ -54,7 +46,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[NodeProc]
             n.start()
         form_cluster(nodes, cluster_form_timeout_s)
         # what the client discovers: every node lists all three in HELLO
-        _wait_for(lambda: _hello_sizes(nodes) == [3, 3, 3], cluster_form_timeout_s,
+        wait_until(lambda: _hello_sizes(nodes) == [3, 3, 3], cluster_form_timeout_s,
                   "every node to list 3 nodes in HELLO")
         yield nodes
     finally:
@@ -82,7 +74,7 @@ def test_leaving_node_sends_clients_elsewhere(cluster: list[NodeProc]) -> None:
         assert d.ping() and d.address == ("127.0.0.1", leaving.port)
         assert raw.execute_command("CLUSTER", "LEAVING", "yes") in (b"OK", True)
         try:
-            _wait_for(lambda: any(n.priority == 100 for n in d.hello().nodes),
+            wait_until(lambda: any(n.priority == 100 for n in d.hello().nodes),
                       leaving_seen_timeout_s, "HELLO to show the leaving node")
             # a blocking GETJOB gets -LEAVING: the client moves and retries there
             assert d.get_jobs(_q("lv"), timeout_ms=200) == []

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 
-from tests.nodeproc import NodeProc, form_cluster, reachable_nodes
+from tests.nodeproc import NodeProc, form_cluster, reachable_nodes, wait_until
 
 form_timeout_s = 60.0  # cold nodes on 2 cores shared with other test runs
 wait_s = 30.0
@@ -26,11 +26,7 @@ def _raw(node: NodeProc, timeout_s: float = 20) -> redis.Redis:
 
 
 def _wait_for(predicate: Any, what: str, timeout_s: float = wait_s) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+    wait_until(predicate, timeout_s, what)
 
 
 def _start(base: Path, count: int, **conf: Any) -> list[NodeProc]:

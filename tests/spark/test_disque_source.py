@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from disque_mp.client import Disque
-from tests.nodeproc import NodeProc
+from tests.nodeproc import NodeProc, wait_until
 
 pytestmark = pytest.mark.spark
 
@@ -29,11 +29,7 @@ def _client(node: NodeProc) -> Disque:
 
 
 def _wait_for(predicate: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
+    wait_until(predicate, timeout_s, what, poll_s=0.2)  # a Spark count is not cheap
 
 
 def _wait_all_acked(d: Disque, ids: list[str], what: str = "every ACK") -> None:
