@@ -86,6 +86,19 @@ def bus_port(client_port: int) -> int:
     return client_port + BUS_PORT_OFFSET
 
 
+async def dial(factory: Callable[[], asyncio.Protocol], ip: str, client_port: int) -> None:
+    """Connect to the bus port of the node at ``ip:client_port`` (bus and data links):
+    TimeoutError past connect_timeout_s, OSError when refused."""
+    loop = asyncio.get_running_loop()
+    await asyncio.wait_for(loop.create_connection(factory, ip, bus_port(client_port)),
+                           connect_timeout_s)
+
+
+def next_backoff_ms(last_ms: int | None, min_ms: int, max_ms: int) -> int:
+    """The delay before redialing after a failure: ``min_ms`` first, doubling up to ``max_ms``."""
+    return min((min_ms // 2 if last_ms is None else last_ms) * 2, max_ms)
+
+
 class BatchedLink(asyncio.Protocol):
     """A connection whose frames of one loop turn leave in one write (measured with
     bench/bus_bench.py: see notes/cluster.md). Bus links, data links and the
@@ -460,14 +473,11 @@ class ClusterBus:
                 self.connecting[node] = asyncio.create_task(self._connect(node))
 
     async def _connect(self, node: Node) -> None:
-        loop = asyncio.get_running_loop()
         try:
-            await asyncio.wait_for(
-                loop.create_connection(lambda: _Link(self, node), node.ip, bus_port(node.port)),
-                connect_timeout_s)
+            await dial(lambda: _Link(self, node), node.ip, node.port)
         except (TimeoutError, OSError):
-            backoff = min(self.backoff_ms.get(node, connect_backoff_ms_min // 2) * 2,
-                          connect_backoff_ms_max)
+            backoff = next_backoff_ms(self.backoff_ms.get(node), connect_backoff_ms_min,
+                                      connect_backoff_ms_max)
             self.backoff_ms[node] = backoff
             self.retry_at_ms[node] = now_ms() + backoff
         finally:

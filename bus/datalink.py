@@ -28,7 +28,7 @@ from typing import Any, cast
 import orjson
 
 from bus import frames
-from bus.cluster import BUS_PROTO, K_DATA_READY, K_HANDSHAKE, K_JOB, PeerLink, bus_port
+from bus.cluster import BUS_PROTO, K_DATA_READY, K_HANDSHAKE, K_JOB, PeerLink, dial, next_backoff_ms
 
 log = logging.getLogger("disque.cluster")
 
@@ -249,18 +249,16 @@ class DataLinks:
         asyncio.get_running_loop().create_task(self._connect(link))
 
     async def _connect(self, link: DataOut) -> None:
-        loop = asyncio.get_running_loop()
         try:
-            await asyncio.wait_for(loop.create_connection(lambda: link, link.addr[0],
-                                                          bus_port(link.addr[1])), 2.0)
+            await dial(lambda: link, link.addr[0], link.addr[1])
         except (OSError, TimeoutError):
             self.lost(link)
 
     def lost(self, link: DataOut) -> None:
         if self.links.get(link.node_id) is link:
             del self.links[link.node_id]
-        backoff = min(self.backoff_ms.get(link.node_id, data_backoff_ms_min // 2) * 2,
-                      data_backoff_ms_max)
+        backoff = next_backoff_ms(self.backoff_ms.get(link.node_id), data_backoff_ms_min,
+                                  data_backoff_ms_max)
         if link.ready:
             backoff = data_backoff_ms_min  # it worked: redial soon
         self.backoff_ms[link.node_id] = backoff
