@@ -265,8 +265,27 @@ def encode(value: Any, resp3: bool = False) -> bytes:
     return b"".join(out)
 
 
+# GETJOB of one job from a queue: the reply starts with the same bytes every time
+# (array headers, queue name, ID header), so they are kept per queue name.
+job_head_cache_max = 4096  # queue names are unbounded: cleared when full
+bulk_head_cache_max = 1024  # `$N\r\n` headers of bodies up to this size, pre-built
+_job_heads: dict[bytes, bytes] = {}
+_BULK_HEADS = [b"$%d\r\n" % n for n in range(bulk_head_cache_max)]
+
+
 def encode_jobs(entries: list[list[Any]]) -> bytes:
     """GETJOB's reply: entries of (queue, ID, body) in one format each, no generic walk."""
+    if len(entries) == 1 and len(entries[0]) == 3:
+        queue, job_id, body = entries[0]
+        if type(job_id) is str and len(job_id) == 40 and type(queue) is bytes and type(body) is bytes:
+            head = _job_heads.get(queue)
+            if head is None:
+                if len(_job_heads) >= job_head_cache_max:
+                    _job_heads.clear()
+                head = _job_heads[queue] = b"*1\r\n*3\r\n$%d\r\n%s\r\n$40\r\n" % (len(queue), queue)
+            n = len(body)
+            size = _BULK_HEADS[n] if n < bulk_head_cache_max else b"$%d\r\n" % n
+            return b"".join((head, job_id.encode(), CRLF, size, body, CRLF))
     out = [b"*%d\r\n" % len(entries)]
     add = out.append
     for entry in entries:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from disque_mp.resp import RequestParser, encode, split_inline
+from disque_mp.resp import RequestParser, encode, encode_jobs, split_inline
 from workers.replies import NULL_ARRAY, Error, Status
 
 
@@ -110,3 +110,17 @@ def test_encode_matches_hiredis() -> None:
     assert encode(None) == b"$-1\r\n" and encode(NULL_ARRAY) == b"*-1\r\n"
     assert encode({"proto": 3}, resp3=True) == b"%1\r\n$5\r\nproto\r\n:3\r\n"
     assert encode({"proto": 2}) == b"*2\r\n$5\r\nproto\r\n:2\r\n"
+
+
+@given(st.lists(st.tuples(st.binary(min_size=1, max_size=80), st.binary(max_size=2000),
+                          st.booleans()), min_size=1, max_size=4))
+@settings(max_examples=200, deadline=None)
+def test_encode_jobs_matches_the_generic_encoder(items: list[tuple[bytes, bytes, bool]]) -> None:
+    """GETJOB's fast encoder (one entry: cached queue header) gives the generic bytes."""
+    entries: list[list[object]] = []
+    for i, (queue, body, counters) in enumerate(items):
+        job_id = f"D-0f0f0f0f-{i:024d}-0001"
+        entries.append([queue, job_id, body, b"nacks", 0, b"additional-deliveries", 1] if counters
+                       else [queue, job_id, body])
+    assert encode_jobs(entries) == encode(entries)
+    assert encode_jobs(entries) == encode(entries)  # second time from the header cache
