@@ -41,6 +41,23 @@ def port_free(port: int) -> bool:
     return True
 
 
+def _any_task_alive(pid: str) -> bool:
+    """A killed multi-threaded process shows its leader as a zombie while its other
+    threads are still exiting and still hold its sockets: look at every thread."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    return True
+        except OSError:
+            continue
+    return False
+
+
 def _ephemeral_low() -> int:
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
@@ -223,7 +240,7 @@ class NodeProc:
             except OSError:
                 continue
             # fields[0] = state, fields[2] = pgrp; zombies hold no ports
-            if int(fields[2]) == self.pgid and fields[0] != "Z":
+            if int(fields[2]) == self.pgid and _any_task_alive(entry):
                 pids.append(int(entry))
         return pids
 
