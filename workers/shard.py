@@ -401,11 +401,7 @@ class Shard(ClusterOps):
             else:
                 if job.flags & FLAG_DELIVERED:
                     job.additional_deliveries += 1
-                self._enqueue(job, q, now_ms)
-                if job.nodes[0] is not self._me and job.state == QUEUED:
-                    self._send_queued(job)
-                if self.aof:
-                    self._effects.append(AofAppend(job.to_record()))
+                self._requeue(job, q, now_ms)
         if job.state != DELETED:
             self._schedule(job, self._due(job))
 
@@ -423,6 +419,15 @@ class Shard(ClusterOps):
         return int(self._rng.random() * time_error_ms)
 
     # ------------------------------------------------------------------ queue moves
+
+    def _requeue(self, job: Job, q: Queue, now_ms: int) -> None:
+        """Queue a known job again (retry timer, NACK, ENQUEUE): QUEUED to the
+        other holders as the re-queueing state machine says, and log the state."""
+        self._enqueue(job, q, now_ms)
+        if job.nodes[0] is not self._me and job.state == QUEUED:
+            self._send_queued(job)
+        if self.aof:
+            self._effects.append(AofAppend(job.to_record()))
 
     def _enqueue(self, job: Job, q: Queue, now_ms: int, serve: bool = True) -> None:
         """Disque's enqueueJob minus its checks: the job becomes QUEUED in ``q``.
@@ -733,11 +738,7 @@ class Shard(ClusterOps):
                 job.nacks += 1
             elif job.flags & FLAG_DELIVERED:
                 job.additional_deliveries += 1
-            self._enqueue(job, q, now_ms)
-            if job.nodes[0] is not self._me and job.state == QUEUED:
-                self._send_queued(job)
-            if self.aof:
-                self._effects.append(AofAppend(job.to_record()))
+            self._requeue(job, q, now_ms)
             done += 1
         return done
 
