@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,11 @@ def port_free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def unique_queue(prefix: str = "q") -> str:
+    """A queue name no other test (or earlier run on the same node) uses."""
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 def _any_task_alive(pid: str) -> bool:

@@ -8,7 +8,6 @@ import random
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from disque_mp.client import (
     is_leaving,
 )
 from tests.nodeproc import NodeProc
+from tests.nodeproc import unique_queue as _q
 from workers.ids import is_valid_job_id
 
 UNKNOWN_ID = "D-dcb833cf-8YL1NT17e9+wsA/09NqxscQI-05a1"
@@ -48,10 +48,6 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProc]:
 def d(node: NodeProc) -> Iterator[Disque]:
     with Disque([f"127.0.0.1:{node.port}"], socket_timeout=30) as client:
         yield client
-
-
-def _q(prefix: str = "q") -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 # ----------------------------------------------------------------------------- handshake

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import redis
 from disque_mp.aclient import AsyncDisque
 from disque_mp.client import Disque, Job
 from tests.nodeproc import NodeProc, form_cluster, wait_until
+from tests.nodeproc import unique_queue as _q
 
 cluster_form_timeout_s = 60.0  # three cold nodes on 2 busy cores
 leaving_seen_timeout_s = 30.0
@@ -52,10 +52,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[NodeProc]
     finally:
         for n in nodes:
             n.stop()
-
-
-def _q(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 def test_discovery_through_hello(cluster: list[NodeProc]) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import pytest
 import redis
 
 from tests.nodeproc import NodeProc, form_cluster, reachable_nodes, wait_until
+from tests.nodeproc import unique_queue as _q
 
 form_timeout_s = 60.0  # cold nodes on 2 cores shared with other test runs
 wait_s = 30.0
@@ -47,10 +47,6 @@ def three(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[NodeProc]]:
     finally:
         for n in nodes:
             n.stop()
-
-
-def _q(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 def _show(node: NodeProc, job_id: str) -> dict[str, Any] | None:

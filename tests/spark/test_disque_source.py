@@ -13,15 +13,12 @@ import pytest
 
 from disque_mp.client import Disque
 from tests.nodeproc import NodeProc, wait_until
+from tests.nodeproc import unique_queue as _queue
 
 pytestmark = pytest.mark.spark
 
 query_timeout_s = 180  # the first Python data-source query alone can take ~20 s on 2 busy cores
 requeue_wait_s = 60  # RETRY 2 s jobs come back well within this, even under load
-
-
-def _queue(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 def _client(node: NodeProc) -> Disque:
