@@ -5,13 +5,20 @@ PY := $(VENV)/bin/python
 VENV5 := .venv-redis5
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test lint typecheck unit bench sysdeps clean
+.PHONY: run test lint typecheck unit bench sysdeps clean pure compile
 
 # The node's own virtualenv; re-installed when pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,spark]'
+	$(PY) -m pip install -q --upgrade pip 'setuptools>=77'
+	DISQUE_MP_PURE=1 $(PY) -m pip install -q -e '.[test,spark]'
+	touch $@
+
+# The shard's modules compiled with mypyc, in place (setup.py, workers/compiled.py):
+# rebuilt whenever a source of workers/ changes; `make pure` removes them.
+$(VENV)/.compiled: $(VENV)/.installed setup.py $(wildcard workers/*.py)
+	$(PY) setup.py -q build_ext --inplace >/dev/null
+	touch $$($(PY) -c 'import disque_mp.compiled as c; print(" ".join(m.__file__ for m in map(__import__("importlib").import_module, c.COMPILED_MODULES)))')
 	touch $@
 
 # pydisque is also tested on redis-py 5, which cannot share a venv with redis-py 8.
@@ -32,7 +39,12 @@ sysdeps:
 		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null; \
 	fi
 
-run: $(VENV)/.installed
+compile: $(VENV)/.compiled
+
+pure:
+	rm -f $(VENV)/.compiled workers/*.so *__mypyc*.so
+
+run: $(VENV)/.compiled
 	mkdir -p run
 	$(VENV)/bin/disque-mp --bind 127.0.0.1 --port 7711 --dir run
 
@@ -40,11 +52,11 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-test: sysdeps $(VENV)/.installed $(VENV5)/.installed lint
+test: sysdeps $(VENV)/.compiled $(VENV5)/.installed lint
 	$(PY) -m pytest -q
 
-bench: sysdeps $(VENV)/.installed
+bench: sysdeps $(VENV)/.compiled
 	$(PY) -m bench.run_all
 
 clean:
-	rm -rf $(VENV) $(VENV5) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV5) build *.egg-info workers/*.so *__mypyc*.so .pytest_cache .mypy_cache .ruff_cache

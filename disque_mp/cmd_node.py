@@ -406,7 +406,10 @@ def _info_commandstats(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tu
 
 
 def _info_workers(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
-    out: list[tuple[str, Any]] = [("workers", w.workers), ("connection_worker", w.index)]
+    from disque_mp import compiled
+
+    out: list[tuple[str, Any]] = [("workers", w.workers), ("connection_worker", w.index),
+                                  ("shard_build", compiled.summary())]
     for p in parts:
         sh = p["shard"]
         out.append((f"worker{p['index']}",

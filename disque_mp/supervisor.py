@@ -43,6 +43,7 @@ from bus import nodes_conf
 from disque_mp import __version__, config, sdnotify
 from disque_mp.config import Config
 from disque_mp.log import VERBOSE, setup_logging
+from disque_mp import compiled
 
 log = logging.getLogger("disque_mp.supervisor")
 
@@ -130,6 +131,12 @@ class Supervisor:
         log.info("disque-mp %s starting: pid %d, port %d, %d workers, dir %s, config %s",
                  __version__, os.getpid(), cfg.port, cfg.workers, cfg.dir,
                  cfg.config_file or "(none: defaults and command line)")
+        build = compiled.status()
+        if build["stale"]:
+            log.warning("The compiled modules %s are older than their source and run old code: "
+                        "rebuild them (make compile) or remove them (make pure)",
+                        ", ".join(build["stale"]))
+        log.info("Shard modules: %s", compiled.summary())
         self._lock_dir()
         self._load_identity()
         self._raise_fd_limit()

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import heapq
 import random
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from workers.cluster import ERR_NOREPL_TIMEOUT, ClusterOps, Fed, ReplWait
@@ -911,7 +912,7 @@ class Shard(ClusterOps):
         cursor: int,
         count: int,
         queue: bytes | None,
-        states: set[int] | None,
+        states: AbstractSet[int] | None,
         reply_all: bool,
         now_ms: int,
     ) -> tuple[int, list[Any]]:

@@ -1,0 +1,20 @@
+"""Session checks shared by every test directory."""
+
+from __future__ import annotations
+
+import pytest
+
+from disque_mp import compiled
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # A compiled shard module older than its source would test old code.
+    stale = compiled.status()["stale"]
+    if stale:
+        raise pytest.UsageError(
+            f"compiled modules older than their source: {', '.join(stale)}; "
+            "run `make compile` (or `make pure` to test the plain Python)")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"shard modules: {compiled.summary()}"
