@@ -14,9 +14,11 @@ $(VENV)/.installed: pyproject.toml
 	DISQUE_MP_PURE=1 $(PY) -m pip install -q -e '.[test,spark]'
 	touch $@
 
-# The shard's modules compiled with mypyc, in place (setup.py, workers/compiled.py):
-# rebuilt whenever a source of workers/ changes; `make pure` removes them.
-$(VENV)/.compiled: $(VENV)/.installed setup.py $(wildcard workers/*.py)
+COMPILED_FRONT := disque_mp/compiled.py disque_mp/resp.py disque_mp/server.py disque_mp/cmd_jobs.py disque_mp/worker.py
+# The modules of disque_mp/compiled.py compiled with mypyc, in place (setup.py):
+# rebuilt whenever one of their sources changes; `make pure` removes them.
+$(VENV)/.compiled: $(VENV)/.installed setup.py $(wildcard workers/*.py) $(COMPILED_FRONT)
+	rm -f *__mypyc*.so
 	$(PY) setup.py -q build_ext --inplace >/dev/null
 	touch $$($(PY) -c 'import disque_mp.compiled as c; print(" ".join(m.__file__ for m in map(__import__("importlib").import_module, c.COMPILED_MODULES)))')
 	touch $@
@@ -42,7 +44,7 @@ sysdeps:
 compile: $(VENV)/.compiled
 
 pure:
-	rm -f $(VENV)/.compiled workers/*.so *__mypyc*.so
+	rm -f $(VENV)/.compiled workers/*.so disque_mp/*.so *__mypyc*.so
 
 run: $(VENV)/.compiled
 	mkdir -p run
@@ -59,4 +61,4 @@ bench: sysdeps $(VENV)/.compiled
 	$(PY) -m bench.run_all
 
 clean:
-	rm -rf $(VENV) $(VENV5) build *.egg-info workers/*.so *__mypyc*.so .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV5) build *.egg-info workers/*.so disque_mp/*.so *__mypyc*.so .pytest_cache .mypy_cache .ruff_cache

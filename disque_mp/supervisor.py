@@ -40,10 +40,9 @@ from typing import Any
 import multiprocess
 
 from bus import nodes_conf
-from disque_mp import __version__, config, sdnotify
+from disque_mp import __version__, compiled, config, sdnotify
 from disque_mp.config import Config
 from disque_mp.log import VERBOSE, setup_logging
-from disque_mp import compiled
 
 log = logging.getLogger("disque_mp.supervisor")
 

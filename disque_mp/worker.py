@@ -749,7 +749,8 @@ class Worker:
             out: list[bytes] = []
             value = pack(entries, out)
             if link.transport is None:
-                self.shard.op_return([e[1] for e in entries], self.now_ms)  # asker is gone
+                if not isinstance(entries, Error):  # asker is gone: give the jobs back
+                    self.shard.op_return([e[1] for e in entries], self.now_ms)
                 return
             link.send(meshmod.K_WAKE, {"t": remote, "v": value}, out)
 
@@ -769,7 +770,8 @@ class Worker:
         entries = unpack(meta.get("v"), bodies)
         job = self.getjobs.get(meta["t"])
         if job is None:
-            self.return_jobs(peer, entries)
+            if not isinstance(entries, Error):
+                self.return_jobs(peer, entries)
         else:
             job.woken(peer, entries)
 
@@ -995,7 +997,13 @@ class GetJob:
         if not self.done and peer in self.blocked_at:
             self._block_at(peer, self.blocked_at[peer])
 
-    def woken(self, owner: int, entries: list[Any]) -> None:
+    def woken(self, owner: int, entries: Any) -> None:
+        """Jobs from an owner this GETJOB blocked at, or the error that released the
+        waiter there (-LEAVING): a list of entries or an ``Error``."""
+        if isinstance(entries, Error):
+            if not self.done:
+                self._finish(entries, woken_by=owner)
+            return
         if self.done:
             self.w.return_jobs(owner, entries)
             return
