@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from workers.ids import is_valid_job_id
 from workers.job import STATE_BY_NAME
@@ -26,19 +26,19 @@ from workers.replies import (
 )
 from workers.shard import Shard, jscan_count_default, qscan_count_default, ttl_default_s
 
-ERR_TIMEOUT_NOT_INT = Error("ERR timeout is not an integer or out of range")
-ERR_TIMEOUT_NEGATIVE = Error("ERR timeout is negative")
-ERR_NOT_INT = Error("ERR value is not an integer or out of range")
-ERR_REPLICATE = Error("ERR REPLICATE must be between 1 and 65535")
-ERR_TTL = Error("ERR TTL must be a number > 0")
-ERR_RETRY = Error("ERR RETRY time must be a non negative number")
-ERR_DELAY = Error("ERR Delay time must be a non negative number")
-ERR_MAXLEN = Error("ERR MAXLEN must be a positive number")
-ERR_COUNT = Error("ERR COUNT must be a number greater than zero")
-ERR_STATE = Error("ERR Invalid job state name")
-ERR_CURSOR = Error("ERR invalid cursor")
+ERR_TIMEOUT_NOT_INT: Final = Error("ERR timeout is not an integer or out of range")
+ERR_TIMEOUT_NEGATIVE: Final = Error("ERR timeout is negative")
+ERR_NOT_INT: Final = Error("ERR value is not an integer or out of range")
+ERR_REPLICATE: Final = Error("ERR REPLICATE must be between 1 and 65535")
+ERR_TTL: Final = Error("ERR TTL must be a number > 0")
+ERR_RETRY: Final = Error("ERR RETRY time must be a non negative number")
+ERR_DELAY: Final = Error("ERR Delay time must be a non negative number")
+ERR_MAXLEN: Final = Error("ERR MAXLEN must be a positive number")
+ERR_COUNT: Final = Error("ERR COUNT must be a number greater than zero")
+ERR_STATE: Final = Error("ERR Invalid job state name")
+ERR_CURSOR: Final = Error("ERR invalid cursor")
 
-replicate_max = 65535  # Disque's bound (a 16-bit field on the wire)
+replicate_max: Final = 65535  # Disque's bound (a 16-bit field on the wire)
 
 # Redis' string2ll: optional minus, no leading zeros, no plus, no spaces, 64-bit.
 _INT_RE = re.compile(rb"\A(?:0|-?[1-9][0-9]{0,18})\Z")

@@ -23,7 +23,7 @@ array replies keep their RESP2 shape on RESP3 connections.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 import hiredis
 
@@ -242,12 +242,12 @@ def _quoted(line: bytes, i: int, cur: bytearray) -> int:
 
 # ----- encoding -------------------------------------------------------------
 
-CRLF = b"\r\n"
-NULL_BULK2 = b"$-1\r\n"
-NULL_ARRAY2 = b"*-1\r\n"
-NULL3 = b"_\r\n"
-OK_REPLY = b"+OK\r\n"
-PONG_REPLY = b"+PONG\r\n"
+CRLF: Final = b"\r\n"
+NULL_BULK2: Final = b"$-1\r\n"
+NULL_ARRAY2: Final = b"*-1\r\n"
+NULL3: Final = b"_\r\n"
+OK_REPLY: Final = b"+OK\r\n"
+PONG_REPLY: Final = b"+PONG\r\n"
 
 
 def encode(value: Any, resp3: bool = False) -> bytes:

@@ -33,7 +33,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from bus import mesh as meshmod
 from bus.mesh import Handoff, Link, Mesh, pack, unpack
@@ -72,15 +72,15 @@ handoff_per_conn_max = 4  # a connection whose traffic keeps changing owner stay
 gc_thresholds = (10_000, 10, 100)
 idle_check_ms = 1000  # `timeout` is in seconds: checking each second is exact enough
 PR_SET_PDEATHSIG = 1
-NOAUTH_OK = frozenset({"auth", "hello", "quit"})
-ERR_NOAUTH = Error("NOAUTH Authentication required.")
-ERR_INTERNAL = Error("ERR internal error, see the server log")
+NOAUTH_OK: Final = frozenset({"auth", "hello", "quit"})
+ERR_NOAUTH: Final = Error("NOAUTH Authentication required.")
+ERR_INTERNAL: Final = Error("ERR internal error, see the server log")
 # Option words of the GETJOB fast path, as clients send them (other spellings take
 # the general path, which lowercases).
-_FROM = frozenset((b"FROM", b"from"))
-_NOHANG = frozenset((b"NOHANG", b"nohang"))
-_COUNT = frozenset((b"COUNT", b"count"))
-_TIMEOUT = frozenset((b"TIMEOUT", b"timeout"))
+_FROM: Final = frozenset((b"FROM", b"from"))
+_NOHANG: Final = frozenset((b"NOHANG", b"nohang"))
+_COUNT: Final = frozenset((b"COUNT", b"count"))
+_TIMEOUT: Final = frozenset((b"TIMEOUT", b"timeout"))
 
 
 _perf_ns = time.perf_counter_ns  # INFO commandstats; a local name saves a lookup per command

@@ -24,25 +24,26 @@ clock, so every copy of a job expires at the same instant).
 from __future__ import annotations
 
 import struct
+from typing import Final
 
 # Job states (the spec's state machine). Small ints: compared on hot paths.
-WAIT_REPL = 0
-ACTIVE = 1
-QUEUED = 2
-ACKED = 3
-DELETED = 4  # unregistered: any stale reference to the record must ignore it
+WAIT_REPL: Final = 0
+ACTIVE: Final = 1
+QUEUED: Final = 2
+ACKED: Final = 3
+DELETED: Final = 4  # unregistered: any stale reference to the record must ignore it
 
 STATE_NAMES = ("wait-repl", "active", "queued", "acked", "deleted")
 STATE_BY_NAME = {name: i for i, name in enumerate(STATE_NAMES[:4])}
 
 # Flags
-FLAG_DELIVERED = 1  # served to a client at least once (at-most-once jobs never requeue then)
-FLAG_IN_DEQUE = 2  # the record sits in its queue's deque (possibly as a stale entry)
-FLAG_WILLQUEUE_SENT = 4  # WILLQUEUE went out for the current requeue time (cluster)
-FLAG_QUEUED_ONCE = 8  # was queued at least once (an at-most-once job is never queued again)
-_FLAG_TRANSIENT = FLAG_IN_DEQUE | FLAG_WILLQUEUE_SENT  # never persisted nor sent
-_FLAG_BITS = 8  # flags above this hold delay_s
-_FLAG_MASK = (1 << _FLAG_BITS) - 1
+FLAG_DELIVERED: Final = 1  # served to a client at least once (at-most-once jobs never requeue then)
+FLAG_IN_DEQUE: Final = 2  # the record sits in its queue's deque (possibly as a stale entry)
+FLAG_WILLQUEUE_SENT: Final = 4  # WILLQUEUE went out for the current requeue time (cluster)
+FLAG_QUEUED_ONCE: Final = 8  # was queued at least once (an at-most-once job is never queued again)
+_FLAG_TRANSIENT: Final = FLAG_IN_DEQUE | FLAG_WILLQUEUE_SENT  # never persisted nor sent
+_FLAG_BITS: Final = 8  # flags above this hold delay_s
+_FLAG_MASK: Final = (1 << _FLAG_BITS) - 1
 
 NodePair = tuple[tuple[str, ...], tuple[str, ...]]
 # Shared (delivered, confirmed) pairs: jobs with the same pair point at one tuple.
@@ -68,8 +69,8 @@ def node_pair(delivered: tuple[str, ...], confirmed: tuple[str, ...]) -> NodePai
     _last_pair = pair
     return pair
 
-NS_PER_MS = 1_000_000
-US_PER_MS = 1_000
+NS_PER_MS: Final = 1_000_000
+US_PER_MS: Final = 1_000
 
 
 class Job:
@@ -237,9 +238,9 @@ class Job:
         return job
 
 
-RECORD_VERSION = 1
+RECORD_VERSION: Final = 1
 # A deletion record (AOF): this tag, never a job record version, then the job ID.
-DEL_RECORD_TAG = 0x80
+DEL_RECORD_TAG: Final = 0x80
 # version, state, flags, repl, ttl_s, ctime_ns, delay_s, retry_s, nacks, additional
 # deliveries, qtime_ms, #delivered, #confirmed, len(id), len(queue), len(body)
 _REC_HEAD = struct.Struct(">BBBHQQQQQQQHHHII")

@@ -27,7 +27,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Final
 
 from workers.job import FLAG_IN_DEQUE, QUEUED, Job
 
@@ -35,9 +35,9 @@ from workers.job import FLAG_IN_DEQUE, QUEUED, Job
 # small queues never pay for a purge, big ones pay O(n) only after n removals.
 stale_entries_purge_min = 64
 
-PAUSED_IN = 1
-PAUSED_OUT = 2
-PAUSED_ALL = PAUSED_IN | PAUSED_OUT
+PAUSED_IN: Final = 1
+PAUSED_OUT: Final = 2
+PAUSED_ALL: Final = PAUSED_IN | PAUSED_OUT
 PAUSE_NAMES = ("none", "in", "out", "all")
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import heapq
 import random
 from collections.abc import Set as AbstractSet
-from typing import Any
+from typing import Any, Final
 
 from workers.cluster import ERR_NOREPL_TIMEOUT, ClusterOps, Fed, ReplWait
 from workers.effects import AofAppend, Effect, Wake
@@ -65,52 +65,52 @@ from workers.replies import (
 )
 
 # Defaults and limits of the spec (ADDJOB section).
-ttl_default_s = 24 * 3600
-retry_default_max_s = 300  # default RETRY is TTL/10, at most 5 minutes, at least 1 s
-replicate_default_max = 3  # default REPLICATE: the cluster size, at most 3
-time_error_ms = 500  # Disque's DISQUE_TIME_ERR: requeue jitter; WILLQUEUE fires this early
+ttl_default_s: Final = 24 * 3600
+retry_default_max_s: Final = 300  # default RETRY is TTL/10, at most 5 minutes, at least 1 s
+replicate_default_max: Final = 3  # default REPLICATE: the cluster size, at most 3
+time_error_ms: Final = 500  # Disque's DISQUE_TIME_ERR: requeue jitter; WILLQUEUE fires this early
 
 # Disque evicts idle empty queues from its cron; the spec only says "after some time".
 queue_idle_evict_ms = 30_000
 
 # Timers fire at most this late: due times are rounded up to it so that jobs
 # created in the same few ms share one heap entry and one int key.
-timer_resolution_ms = 10
+timer_resolution_ms: Final = 10
 # Bound on timer targets handled by one tick(): a tick never stalls the event
 # loop for long (about 10 ms of work); the rest is due again immediately.
 timer_work_per_tick_max = 10_000
 # Purge a timer bucket once it has this many stale entries and they are half of it.
-timer_stale_purge_min = 32
+timer_stale_purge_min: Final = 32
 
-job_buckets = 4096  # JSCAN cursor space; power of two
-_JOB_BUCKET_MASK = job_buckets - 1
+job_buckets: Final = 4096  # JSCAN cursor space; power of two
+_JOB_BUCKET_MASK: Final = job_buckets - 1
 qscan_count_default = 100
 jscan_count_default = 100
 scan_empty_steps_per_count = 10  # a scan call visits at most count*10 empty positions
 
-ERR_RETRY0 = Error(
+ERR_RETRY0: Final = Error(
     "ERR With RETRY set to 0 please explicitly set  REPLICATE to 1 (at-most-once delivery)"
 )
-ERR_DELAY_TTL = Error(
+ERR_DELAY_TTL: Final = Error(
     "ERR The specified DELAY is greater than TTL. Job refused since would never be delivered"
 )
-ERR_NOREPL_LEAVING = Error(
+ERR_NOREPL_LEAVING: Final = Error(
     "NOREPL Not enough reachable nodes for the requested replication level, since I'm "
     "unable to hold a copy of the message for the following reason: I'm leaving the cluster"
 )
 # Past 75 % of maxmemory (disque_mp/memory.py); Disque's text for that reason.
-ERR_NOREPL_MEMORY = Error(
+ERR_NOREPL_MEMORY: Final = Error(
     "NOREPL Not enough reachable nodes for the requested replication level, since I'm "
     "unable to hold a copy of the message for the following reason: I'm out of memory"
 )
-ERR_MAXLEN_REACHED = Error("MAXLEN Queue is already longer than the specified MAXLEN count")
-ERR_TOOLATE = Error(
+ERR_MAXLEN_REACHED: Final = Error("MAXLEN Queue is already longer than the specified MAXLEN count")
+ERR_TOOLATE: Final = Error(
     "TOOLATE Half of job TTL already elapsed, you are no longer allowed to postpone "
     "the next delivery."
 )
 
-_K_NACKS = b"nacks"
-_K_ADD_DELIV = b"additional-deliveries"
+_K_NACKS: Final = b"nacks"
+_K_ADD_DELIV: Final = b"additional-deliveries"
 
 
 def job_bucket(job_id: str) -> int:
