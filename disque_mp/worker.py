@@ -369,9 +369,43 @@ class Worker:
 
     def _build_fast(self) -> dict[bytes, Callable[[ClientConn, list[bytes]], bytes | None]]:
         out: dict[bytes, Callable[[ClientConn, list[bytes]], bytes | None]] = {}
-        for name, fn in ((b"addjob", self._fast_addjob), (b"getjob", self._fast_getjob)):
+        for name, fn in ((b"addjob", self._fast_addjob), (b"getjob", self._fast_getjob),
+                         (b"ackjob", self._fast_ackjob), (b"fastack", self._fast_fastack)):
             out[name] = out[name.upper()] = fn
         return out
+
+    def _fast_ackjob(self, conn: ClientConn, cmd: list[bytes]) -> bytes | None:
+        return self._fast_ack(conn, cmd, False)
+
+    def _fast_fastack(self, conn: ClientConn, cmd: list[bytes]) -> bytes | None:
+        return self._fast_ack(conn, cmd, True)
+
+    def _fast_ack(self, conn: ClientConn, cmd: list[bytes], fast: bool) -> bytes | None:
+        # ACKJOB / FASTACK id..., every ID valid and owned here: each ID is checked
+        # once (the general path validates in the router and again in cmd_jobs).
+        n = len(cmd)
+        if n < 2 or self.cfg.appendfsync == "always":
+            return None
+        workers = self.workers
+        index = self.index
+        ids: list[str] = []
+        for i in range(1, n):
+            raw = cmd[i]
+            if not is_valid_job_id(raw):
+                return None  # the general path answers -BADID
+            job_id = raw.decode()
+            if workers > 1 and owner_of_job_id(job_id, workers) != index:
+                return None
+            ids.append(job_id)
+        t0 = _perf_ns()
+        conn.streak = 0
+        if fast:
+            acked = self.shard.op_fastack(ids, self.now_ms)
+            self._count("fastack", conn, t0)
+        else:
+            acked = self.shard.op_ackjob(ids, self.now_ms)
+            self._count("ackjob", conn, t0)
+        return b":%d\r\n" % acked
 
     def _fast_addjob(self, conn: ClientConn, cmd: list[bytes]) -> bytes | None:
         if len(cmd) != 4 or self.cfg.appendfsync == "always":

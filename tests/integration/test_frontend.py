@@ -378,4 +378,15 @@ def test_hot_command_shapes_match_the_general_path(node2: NodeProc, held_by: int
     mixed = [c.call("ADDJOB", q, "m", 0), c.call("ADDJOB", other, "m", 0)]
     assert c.call("ACKJOB", *mixed) == 2  # split over both owners
     assert c.call("GETJOB", "NOHANG", "FROM", other) == NULL_ARRAY
+    for fastack in ("FASTACK", "fastack", "FastAck"):
+        ids = [c.call("ADDJOB", q, "f", 0) for _ in range(3)]
+        assert c.call(fastack, *ids[:2]) == 2
+        assert c.call(fastack, *ids[:2]) == 0
+        assert c.call(fastack, ids[2], "bad") == Err("BADID Invalid Job ID format.")
+        assert c.call("QLEN", q) == 1
+        mixed = [ids[2], c.call("ADDJOB", other, "f", 0)]
+        assert c.call(fastack, *mixed) == 2
+        assert c.call("QLEN", q) == 0 and c.call("QLEN", other) == 0
+    stats = c.call("INFO", "commandstats").decode()
+    assert "cmdstat_ackjob:calls=" in stats and "cmdstat_fastack:calls=" in stats
     c.close()
