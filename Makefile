@@ -18,9 +18,9 @@ COMPILED_FRONT := disque_mp/compiled.py disque_mp/resp.py disque_mp/server.py di
 # The modules of disque_mp/compiled.py compiled with mypyc, in place (setup.py):
 # rebuilt whenever one of their sources changes; `make pure` removes them.
 $(VENV)/.compiled: $(VENV)/.installed setup.py $(wildcard workers/*.py) $(COMPILED_FRONT)
-	rm -f *__mypyc*.so
+	rm -f *__mypyc*.so disque_mp/*__mypyc*.so
 	$(PY) setup.py -q build_ext --inplace >/dev/null
-	touch $$($(PY) -c 'import disque_mp.compiled as c; print(" ".join(m.__file__ for m in map(__import__("importlib").import_module, c.COMPILED_MODULES)))')
+	$(PY) -m disque_mp.compiled touch
 	touch $@
 
 # pydisque is also tested on redis-py 5, which cannot share a venv with redis-py 8.

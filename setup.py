@@ -30,7 +30,9 @@ def ext_modules() -> list:
     except ImportError:
         return []
     paths = [name.replace(".", "/") + ".py" for name in COMPILED_MODULES]
-    return mypycify(paths, opt_level="3")
+    # The group library inside a package (disque_mp/_native__mypyc.*.so): importable
+    # wherever the package is, not only with the source root on sys.path.
+    return mypycify(paths, opt_level="3", group_name="disque_mp._native")
 
 
 setup(ext_modules=ext_modules())

@@ -15,8 +15,9 @@ run time, so a module is compiled only where the tests exercise it thoroughly.
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import os
+import sys
 
 COMPILED_MODULES = (
     "workers.shard",
@@ -34,14 +35,20 @@ COMPILED_MODULES = (
 )
 
 
+def _origin(name: str) -> str:
+    """The file the import system loads ``name`` from (a compiled module's own
+    ``__file__`` depends on the order the group's modules were first imported)."""
+    spec = importlib.util.find_spec(name)
+    return (spec.origin or "") if spec is not None else ""
+
+
 def status() -> dict[str, list[str]]:
     """``compiled``: modules running from an extension; ``pure``: from source;
     ``stale``: compiled from an older version of their source."""
     out: dict[str, list[str]] = {"compiled": [], "pure": [], "stale": []}
     for name in COMPILED_MODULES:
-        mod = importlib.import_module(name)
-        path = getattr(mod, "__file__", None) or ""
-        if path.endswith(".py"):
+        path = _origin(name)
+        if not path or path.endswith(".py"):
             out["pure"].append(name)
             continue
         out["compiled"].append(name)
@@ -62,3 +69,19 @@ def summary() -> str:
     if not st["pure"]:
         return "mypyc"
     return "pure" if not st["compiled"] else "mixed"
+
+
+def main(argv: list[str]) -> int:
+    """``python -m disque_mp.compiled [touch]``: print the build; ``touch`` marks the
+    extensions just built as current (make runs it after building)."""
+    if argv[:1] == ["touch"]:
+        for name in COMPILED_MODULES:
+            path = _origin(name)
+            if path and not path.endswith(".py"):
+                os.utime(path)
+    print(summary())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
