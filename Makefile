@@ -20,7 +20,7 @@ COMPILED_FRONT := disque_mp/compiled.py disque_mp/resp.py disque_mp/server.py di
 $(VENV)/.compiled: $(VENV)/.installed setup.py $(wildcard workers/*.py) $(COMPILED_FRONT)
 	rm -f *__mypyc*.so disque_mp/*__mypyc*.so
 	$(PY) setup.py -q build_ext --inplace >/dev/null
-	$(PY) -m disque_mp.compiled touch
+	$(PY) -m disque_mp.compiled stamp
 	touch $@
 
 # pydisque is also tested on redis-py 5, which cannot share a venv with redis-py 8.
@@ -44,7 +44,7 @@ sysdeps:
 compile: $(VENV)/.compiled
 
 pure:
-	rm -f $(VENV)/.compiled workers/*.so disque_mp/*.so *__mypyc*.so
+	rm -f $(VENV)/.compiled workers/*.so disque_mp/*.so *__mypyc*.so disque_mp/.native-stamp.json
 
 run: $(VENV)/.compiled
 	mkdir -p run
@@ -61,4 +61,4 @@ bench: sysdeps $(VENV)/.compiled
 	$(PY) -m bench.run_all
 
 clean:
-	rm -rf $(VENV) $(VENV5) build *.egg-info workers/*.so disque_mp/*.so *__mypyc*.so .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV5) build *.egg-info workers/*.so disque_mp/*.so *__mypyc*.so disque_mp/.native-stamp.json .pytest_cache .mypy_cache .ruff_cache
