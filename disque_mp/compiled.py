@@ -1,9 +1,10 @@
 """Which modules are compiled with mypyc, and whether they are current.
 
-``setup.py`` compiles ``COMPILED_MODULES`` (``make`` does it in place). A module
-imported from its extension is compiled; one whose extension is older than its
-``.py`` would silently run old code, so the node logs it at start and the test
-suite refuses to run (``make`` rebuilds).
+``setup.py`` compiles ``COMPILED_MODULES`` (``make`` does it in place, then records
+the digest of every compiled source in ``.native-stamp.json``). A module imported
+from its extension is compiled; one whose source changed since the build would
+silently run old code, so the node logs it at start and the test suite refuses
+to run (``make`` rebuilds).
 
 Compiled: the shard (``workers/``) and the per-command path of the front end.
 Kept out: ``workers.replies`` and ``workers.invariant`` (subclasses of ``str`` and
@@ -15,7 +16,9 @@ run time, so a module is compiled only where the tests exercise it thoroughly.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import os
 import sys
 
@@ -42,23 +45,52 @@ def _origin(name: str) -> str:
     return (spec.origin or "") if spec is not None else ""
 
 
+STAMP = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".native-stamp.json")
+
+
+def _source_digest(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha1(f.read()).hexdigest()
+
+
+def _source_of(name: str, ext_path: str) -> str:
+    return os.path.join(os.path.dirname(ext_path), name.rsplit(".", 1)[1] + ".py")
+
+
 def status() -> dict[str, list[str]]:
     """``compiled``: modules running from an extension; ``pure``: from source;
-    ``stale``: compiled from an older version of their source."""
+    ``stale``: compiled from another version of their source (judged from the
+    digests ``stamp`` recorded at the build; a wheel has no stamp, nothing to judge)."""
     out: dict[str, list[str]] = {"compiled": [], "pure": [], "stale": []}
+    try:
+        with open(STAMP) as f:
+            stamp: dict[str, str] = json.load(f)
+    except (OSError, ValueError):
+        stamp = {}
     for name in COMPILED_MODULES:
         path = _origin(name)
         if not path or path.endswith(".py"):
             out["pure"].append(name)
             continue
         out["compiled"].append(name)
-        src = os.path.join(os.path.dirname(path), name.rsplit(".", 1)[1] + ".py")
-        try:
-            if os.path.getmtime(src) > os.path.getmtime(path):
-                out["stale"].append(name)
-        except OSError:
-            pass  # installed without its source: nothing to compare
+        if stamp:
+            try:
+                if stamp.get(name) != _source_digest(_source_of(name, path)):
+                    out["stale"].append(name)
+            except OSError:
+                pass  # no source beside the extension: nothing to compare
     return out
+
+
+def stamp() -> None:
+    """Record the digest of each compiled module's source (make runs it after a build)."""
+    digests = {}
+    for name in COMPILED_MODULES:
+        path = _origin(name)
+        if path and not path.endswith(".py"):
+            digests[name] = _source_digest(_source_of(name, path))
+    with open(STAMP, "w") as f:
+        json.dump(digests, f, indent=1, sort_keys=True)
 
 
 def summary() -> str:
@@ -72,13 +104,10 @@ def summary() -> str:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m disque_mp.compiled [touch]``: print the build; ``touch`` marks the
-    extensions just built as current (make runs it after building)."""
-    if argv[:1] == ["touch"]:
-        for name in COMPILED_MODULES:
-            path = _origin(name)
-            if path and not path.endswith(".py"):
-                os.utime(path)
+    """``python -m disque_mp.compiled [stamp]``: print the build; ``stamp`` records the
+    sources the extensions were just built from (make runs it after building)."""
+    if argv[:1] == ["stamp"]:
+        stamp()
     print(summary())
     return 0
 

@@ -8,11 +8,11 @@ from disque_mp import compiled
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    # A compiled shard module older than its source would test old code.
+    # A compiled module whose source changed since the build would test old code.
     stale = compiled.status()["stale"]
     if stale:
         raise pytest.UsageError(
-            f"compiled modules older than their source: {', '.join(stale)}; "
+            f"compiled modules built from another version of their source: {', '.join(stale)}; "
             "run `make compile` (or `make pure` to test the plain Python)")
 
 
