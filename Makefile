@@ -20,7 +20,7 @@ COMPILED_FRONT := disque_mp/compiled.py disque_mp/resp.py disque_mp/server.py di
 $(VENV)/.compiled: $(VENV)/.installed setup.py $(wildcard workers/*.py) $(COMPILED_FRONT)
 	rm -f *__mypyc*.so disque_mp/*__mypyc*.so
 	$(PY) setup.py -q build_ext --inplace >/dev/null
-	$(PY) -m disque_mp.compiled stamp
+	$(PY) -c 'from disque_mp import compiled; compiled.stamp()'
 	touch $@
 
 # pydisque is also tested on redis-py 5, which cannot share a venv with redis-py 8.
@@ -56,6 +56,8 @@ lint: $(VENV)/.installed
 
 test: sysdeps $(VENV)/.compiled $(VENV5)/.installed lint
 	$(PY) -m pytest -q
+	# the same source uncompiled (DISQUE_MP_PURE=1): shard, simulation, front end
+	DISQUE_MP_PURE=1 $(PY) -m pytest -q -p no:cacheprovider tests/unit tests/sim tests/integration/test_frontend.py
 
 bench: sysdeps $(VENV)/.compiled
 	$(PY) -m bench.run_all

@@ -4,7 +4,8 @@
 the digest of every compiled source in ``.native-stamp.json``). A module imported
 from its extension is compiled; one whose source changed since the build would
 silently run old code, so the node logs it at start and the test suite refuses
-to run (``make`` rebuilds).
+to run (``make`` rebuilds). ``DISQUE_MP_PURE=1`` in the environment runs the plain
+Python instead (``force_pure``), extensions or not.
 
 Compiled: the shard (``workers/``) and the per-command path of the front end.
 Kept out: ``workers.replies`` and ``workers.invariant`` (subclasses of ``str`` and
@@ -17,10 +18,12 @@ run time, so a module is compiled only where the tests exercise it thoroughly.
 from __future__ import annotations
 
 import hashlib
+import importlib.abc
 import importlib.util
 import json
 import os
 import sys
+from typing import Any
 
 COMPILED_MODULES = (
     "workers.shard",
@@ -36,6 +39,31 @@ COMPILED_MODULES = (
     "disque_mp.cmd_jobs",
     "disque_mp.worker",
 )
+
+
+class _SourceFinder(importlib.abc.MetaPathFinder):
+    """Loads the listed modules from their ``.py`` even where an extension sits beside it."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname not in COMPILED_MODULES:
+            return None
+        leaf = fullname.rsplit(".", 1)[1] + ".py"
+        for entry in path if path is not None else sys.path:
+            src = os.path.join(entry or ".", leaf)
+            if os.path.isfile(src):
+                return importlib.util.spec_from_file_location(fullname, src)
+        return None
+
+
+def force_pure() -> None:
+    """Run the plain Python of every listed module (``DISQUE_MP_PURE=1``): to test the
+    source as written, or to rule the compiled build out. Call before they are imported."""
+    if not any(isinstance(f, _SourceFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _SourceFinder())
+
+
+def pure_requested() -> bool:
+    return bool(os.environ.get("DISQUE_MP_PURE"))
 
 
 def _origin(name: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from disque_mp import compiled
+from disque_mp import compiled  # DISQUE_MP_PURE=1 installs the source finder here
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -390,3 +390,24 @@ def test_hot_command_shapes_match_the_general_path(node2: NodeProc, held_by: int
     stats = c.call("INFO", "commandstats").decode()
     assert "cmdstat_ackjob:calls=" in stats and "cmdstat_fastack:calls=" in stats
     c.close()
+
+
+def test_pure_python_on_request(tmp_path: Path) -> None:
+    """DISQUE_MP_PURE=1 runs the plain source even where the mypyc build sits beside
+    it; INFO says which build serves, and both serve the same replies."""
+    from disque_mp import compiled
+
+    built = compiled.summary()
+    with NodeProc(tmp_path / "pure", workers=2, env={"DISQUE_MP_PURE": "1"}) as n:
+        c = RawClient(n.port)
+        assert "shard_build:pure" in c.call("INFO", "workers").decode()
+        job_id = c.call("ADDJOB", "pq", "body", 0)
+        assert c.call("GETJOB", "NOHANG", "FROM", "pq") == [[b"pq", job_id.encode(), b"body"]]
+        assert c.call("ACKJOB", job_id) == 1
+        c.close()
+    if os.environ.get("DISQUE_MP_PURE"):
+        return  # the whole session is pure: nothing else to compare
+    with NodeProc(tmp_path / "built", workers=1) as n:
+        c = RawClient(n.port)
+        assert f"shard_build:{built}" in c.call("INFO", "workers").decode()
+        c.close()
