@@ -100,8 +100,10 @@ def ratio_rows(rows: list[dict[str, Any]]) -> list[tuple[str, str, float | None,
         r = rb.get(p)
         floor = f"; do-nothing Python server {r['floor_' + key]['rps']:,.0f}" \
             if r and f"floor_{key}" in r else ""
+        rounds = f", medians of {r['rounds']} interleaved runs" if r and r.get("rounds") else ""
         out.append((name, need, r[f"{key}_ratio"] if r else None,
-                    f"{r[key]['rps']:,.0f} vs {r[ref]['rps']:,.0f} req/s{floor}" if r else "not run"))
+                    f"{r[key]['rps']:,.0f} vs {r[ref]['rps']:,.0f} req/s{rounds}{floor}"
+                    if r else "not run"))
     cyc = {r["name"]: r for r in by_group(rows, "loadgen cycle")}
     sat = next((r for n, r in cyc.items() if "saturate-p8" in n), None)
     rate = next((r for n, r in cyc.items() if "rate5000" in n), None)
