@@ -28,6 +28,7 @@ from pathlib import Path
 from bench import loadgen
 from bench.plots import RESULTS
 from bench.redisq import children_of
+from disque_mp import compiled
 from tests.nodeproc import NodeProc
 
 sample_rate_hz = 250  # enough samples in a few seconds, little overhead
@@ -74,12 +75,15 @@ def report(collapsed: str, title: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def record(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
+def record(pid: int, seconds: float, out: Path, native: bool) -> subprocess.Popen[bytes]:
+    """py-spy on one worker. ``native``: also C frames, where the mypyc build's time is
+    (without it a compiled function's time shows as its nearest Python caller's)."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    return subprocess.Popen(
-        [spy, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate",
-         str(sample_rate_hz), "--format", "raw", "--nonblocking", "-o", str(out)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    cmd = [spy, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate",
+           str(sample_rate_hz), "--format", "raw", "-o", str(out)]
+    # --native needs the process stopped while its C stack is read
+    cmd.append("--native" if native else "--nonblocking")
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
 def run_load(port: int, load: str, pipeline: int, seconds: float) -> str:
@@ -116,7 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stacks", action="store_true",
                    help="also keep the collapsed stacks (flamegraph.pl input) in bench/results/")
     p.add_argument("--name", default="", help="suffix of bench/results/profile-NAME.txt")
+    p.add_argument("--native", choices=["auto", "yes", "no"], default="auto",
+                   help="sample C frames too (auto: when the mypyc build is in use)")
     a = p.parse_args(argv)
+    native = a.native == "yes" or (a.native == "auto" and compiled.summary() != "pure")
     name = a.name or re.sub(r"[^a-z0-9]+", "-", f"{a.load}-p{a.pipeline}-w{a.workers}".lower())
     with tempfile.TemporaryDirectory() as tmp, NodeProc(Path(tmp), workers=a.workers) as node:
         assert node.proc is not None
@@ -130,11 +137,14 @@ def main(argv: list[str] | None = None) -> int:
         load = threading.Thread(target=lambda: result.append(
             run_load(node.port, a.load, a.pipeline, a.seconds + 2)))
         load.start()
-        spies = [record(pid, a.seconds, out) for pid, out in zip(pids, outs, strict=True)]
+        spies = [record(pid, a.seconds, out, native) for pid, out in zip(pids, outs, strict=True)]
         for spy in spies:
             spy.wait(timeout=py_spy_timeout_s)
         load.join(timeout=a.seconds + 120)
         text = f"# profile {name}: load `{a.load}` -P {a.pipeline}, {a.workers} workers\n\n"
+        if native:
+            text += ("py-spy --native (C frames of the mypyc build; sampling pauses the worker, "
+                     "so the rate below is under the benchmark's)\n\n")
         text += (result[0] if result else "load did not finish") + "\n\n"
         stacks = ""
         for i, out in enumerate(outs):
