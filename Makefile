@@ -14,10 +14,10 @@ $(VENV)/.installed: pyproject.toml
 	DISQUE_MP_PURE=1 $(PY) -m pip install -q -e '.[test,spark]'
 	touch $@
 
-COMPILED_FRONT := disque_mp/compiled.py disque_mp/resp.py disque_mp/server.py disque_mp/cmd_jobs.py disque_mp/worker.py
 # The modules of disque_mp/compiled.py compiled with mypyc, in place (setup.py):
-# rebuilt whenever one of their sources changes; `make pure` removes them.
-$(VENV)/.compiled: $(VENV)/.installed setup.py $(wildcard workers/*.py) $(COMPILED_FRONT)
+# rebuilt whenever a source of workers/ or disque_mp/ changes (no second list of the
+# compiled modules to keep in step); `make pure` removes them.
+$(VENV)/.compiled: $(VENV)/.installed setup.py $(wildcard workers/*.py disque_mp/*.py)
 	rm -f *__mypyc*.so disque_mp/*__mypyc*.so
 	$(PY) setup.py -q build_ext --inplace >/dev/null
 	$(PY) -c 'from disque_mp import compiled; compiled.stamp()'

@@ -62,10 +62,6 @@ def force_pure() -> None:
         sys.meta_path.insert(0, _SourceFinder())
 
 
-def pure_requested() -> bool:
-    return bool(os.environ.get("DISQUE_MP_PURE"))
-
-
 def _origin(name: str) -> str:
     """The file the import system loads ``name`` from (a compiled module's own
     ``__file__`` depends on the order the group's modules were first imported)."""
