@@ -237,6 +237,7 @@ class Supervisor:
                     log.info("Received SIGHUP: log file reopened")
                 except OSError as e:
                     log.warning("Received SIGHUP: can't reopen the log file: %s", e)
+                self._kill_all(signal.SIGHUP)  # every worker writes the same log file
                 continue
             name = signal.Signals(sig).name
             if self.stopping:
@@ -504,7 +505,9 @@ def _worker_entry(target: Callable[..., None], cfg: Config, index: int, node_id:
             os.close(fd)
     config.add_set_listener(_report_sets_to(sets_fd))
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    # SIGHUP reopens the log once the worker's loop runs; until then it must not kill it
+    # (its default action), e.g. when a logrotate lands during a restart.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     # Ctrl-C reaches the whole process group; the supervisor turns it into an
     # orderly SIGTERM per worker, so the worker itself ignores it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -40,6 +40,7 @@ from bus.mesh import Handoff, Link, Mesh, pack, unpack
 from disque_mp import cmd_jobs, cmd_node
 from disque_mp.commands import TABLE, Command
 from disque_mp.config import Config
+from disque_mp.log import setup_logging
 from disque_mp.memory import ERR_OOM, Monitor
 from disque_mp.resp import NULL3, NULL_ARRAY2, encode, encode_jobs
 from disque_mp.server import ClientConn, Slot, listen_sockets
@@ -183,6 +184,7 @@ class Worker:
         for sock in listen_sockets(self.cfg.bind, self.cfg.port, self.cfg.tcp_backlog):
             self.servers.append(await self.loop.create_server(lambda: ClientConn(self), sock=sock))
         self.loop.add_signal_handler(signal.SIGTERM, self.request_stop)
+        self.loop.add_signal_handler(signal.SIGHUP, self.reopen_log)
         self.loop.call_later(parent_poll_s, self._check_parent)
         self._tick()
         self.memory = Monitor(self)
@@ -223,6 +225,14 @@ class Worker:
                                             self.on_cluster_message, self.on_view)
         await self.agent.start()
         self.send_hook = self._send_to_bus
+
+    def reopen_log(self) -> None:
+        """SIGHUP (the supervisor forwards its own): reopen the log file, as after logrotate."""
+        try:
+            setup_logging(self.cfg, f"W{self.index}")
+            log.info("Received SIGHUP: log file reopened")
+        except OSError as e:
+            log.warning("Received SIGHUP: can't reopen the log file: %s", e)
 
     def request_stop(self) -> None:
         if not self.stopped.done():

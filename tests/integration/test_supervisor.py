@@ -288,10 +288,25 @@ def test_restart_backoff_grows_while_a_worker_keeps_dying(tmp_path: Path) -> Non
 
 
 def test_sighup_reopens_the_log_file(tmp_path: Path) -> None:
-    with NodeProc(tmp_path, workers=1) as node:
+    """logrotate's move + SIGHUP to the pid file's process: the supervisor and every
+    worker (it forwards the signal) write to the new file; no worker dies of it."""
+    with NodeProc(tmp_path, workers=2) as node:
+        workers = node.worker_pids()
         (tmp_path / "disque.log").rename(tmp_path / "disque.log.1")
         node.signal(signal.SIGHUP)
-        node.wait_for(lambda: "Received SIGHUP" in node.log_text(), what="a new log file")
+        reopened = [f"{role} " for role in ("X", "W0", "W1")]
+
+        def all_reopened() -> bool:
+            lines = [ln for ln in node.log_text().splitlines() if "Received SIGHUP" in ln]
+            return all(any(role in ln for ln in lines) for role in reopened)
+
+        node.wait_for(all_reopened, what="every process reopening the log")
+        with socket.create_connection(("127.0.0.1", node.port)) as bad:  # a worker logs this
+            bad.sendall(b"*1\r\n$x\r\n")
+            bad.recv(1024)
+        node.wait_for(lambda: "closing" in node.log_text(), what="a worker line in the new file")
+        assert "Received SIGHUP" not in (tmp_path / "disque.log.1").read_text()
+        assert node.worker_pids() == workers
         assert node.client().ping() is True
         assert node.stop() == 0
         assert "bye bye" in node.log_text()
