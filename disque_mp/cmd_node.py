@@ -36,6 +36,7 @@ ERR_CLIENT = Error("ERR Syntax error, try CLIENT (LIST | KILL ip:port | GETNAME 
 ERR_NAME = Error("ERR Client names cannot contain spaces, newlines or special characters.")
 ERR_CONFIG = Error("ERR CONFIG subcommand must be one of GET, SET, RESETSTAT, REWRITE")
 ERR_DEBUG = Error("ERR Syntax error, try DEBUG [flushall|sleep <seconds>]")
+ERR_NO_SUCH_CLIENT = Error("ERR No such client")
 # A QSCAN/JSCAN call asks shards again while it found fewer than COUNT items (a
 # shard stops after COUNT*10 empty positions), so small node answer in one call
 # like the reference; this bounds the work of one call when filters match little.
@@ -107,6 +108,8 @@ def local_op(w: Worker, op: str, arg: Any) -> Any:
         return OK
     if op == "clients":
         return [client_line(w, c) for c in w.conns]
+    if op == "client_kill":
+        return kill_clients(w, list(arg))
     if op == "bgrewriteaof":
         if w.aof is None:
             return "ERR Append only file persistence is not available in this build"
@@ -217,7 +220,64 @@ def cmd_client(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
     if sub == b"list" and n == 2:
         return gather(w, conn, "clients", None, lambda parts: "".join(
             line for part in parts for line in part).encode())
+    if sub == b"kill" and n >= 3:
+        return _client_kill(w, conn, cmd[2:])
     return ERR_CLIENT
+
+
+_CLIENT_TYPES = ("normal", "slave", "replica", "master", "pubsub")
+
+
+def _client_kill(w: Worker, conn: ClientConn, args: list[bytes]) -> Any:
+    """CLIENT KILL ip:port (+OK or -ERR No such client, the caller included) or the
+    filters ID / ADDR / TYPE / SKIPME (the count killed; SKIPME yes by default), as
+    Redis; every worker closes its own matching connections."""
+    if len(args) == 1:
+        flt: list[Any] = [None, _text(args[0]), None, 0]
+        return gather(w, conn, "client_kill", flt + [conn.id],
+                      lambda parts: OK if sum(parts) else ERR_NO_SUCH_CLIENT)
+    if len(args) % 2:
+        return ERR_SYNTAX
+    flt = [None, None, None, conn.id]  # id, addr, type, the id SKIPME spares (0: none)
+    for i in range(0, len(args), 2):
+        name, value = args[i].lower(), _text(args[i + 1])
+        if name == b"id":
+            if not value.isdigit():
+                from disque_mp.cmd_jobs import ERR_NOT_INT
+
+                return ERR_NOT_INT
+            flt[0] = int(value)
+        elif name == b"addr":
+            flt[1] = value
+        elif name == b"type":
+            if value.lower() not in _CLIENT_TYPES:
+                return Error(f"ERR Unknown client type '{value}'")
+            flt[2] = value.lower()
+        elif name == b"skipme":
+            if value.lower() not in ("yes", "no"):
+                return ERR_SYNTAX
+            flt[3] = conn.id if value.lower() == "yes" else 0
+        else:
+            return ERR_SYNTAX
+    return gather(w, conn, "client_kill", flt + [conn.id], sum)
+
+
+def kill_clients(w: Worker, flt: list[Any]) -> int:
+    """This worker's part of CLIENT KILL: close the matching connections. The caller's
+    own connection is closed after its reply, as Redis does."""
+    want_id, addr, ctype, spare, caller = flt
+    killed = 0
+    for c in list(w.conns):
+        if ((want_id is not None and c.id != want_id) or (addr is not None and c.addr != addr)
+                or (ctype is not None and ctype != "normal") or c.id == spare):
+            continue
+        killed += 1
+        if c.id == caller:
+            c.closing = True
+            c.close_after_write = True
+        elif c.transport is not None:
+            c.transport.close()
+    return killed
 
 
 def _client_setinfo(conn: ClientConn, attr: bytes, value: bytes) -> Any:

@@ -411,3 +411,32 @@ def test_pure_python_on_request(tmp_path: Path) -> None:
         c = RawClient(n.port)
         assert f"shard_build:{built}" in c.call("INFO", "workers").decode()
         c.close()
+
+
+def test_client_kill(node2: NodeProc) -> None:
+    """CLIENT KILL old style (ip:port) and with filters, for connections held by
+    either worker, from a connection held by the other."""
+    admin = connect_to_worker(node2.port, 0)
+    victims = [connect_to_worker(node2.port, i) for i in (0, 1, 1)]
+    ids = [v.call("CLIENT", "ID") for v in victims]
+    assert admin.call("CLIENT", "KILL", "ID", ids[1]) == 1  # held by the other worker
+    assert victims[1].closed()
+    assert admin.call("CLIENT", "KILL", "ID", ids[1]) == 0
+    addr = next(line.split()[1].split("=", 1)[1] for line in
+                admin.call("CLIENT", "LIST").decode().splitlines() if f"id={ids[2]} " in line)
+    assert admin.call("CLIENT", "KILL", addr) == Status("OK")
+    assert victims[2].closed()
+    assert admin.call("CLIENT", "KILL", addr) == Err("ERR No such client")
+    assert admin.call("CLIENT", "KILL", "TYPE", "pubsub") == 0
+    assert admin.call("CLIENT", "KILL", "TYPE", "bogus") == Err("ERR Unknown client type 'bogus'")
+    assert admin.call("CLIENT", "KILL", "ID", "x") == Err("ERR value is not an integer or out of range")
+    assert admin.call("CLIENT", "KILL", "ID") == Err("ERR No such client")  # old style, as Redis
+    assert admin.call("CLIENT", "KILL", "ID", "1", "TYPE") == Err("ERR syntax error")
+    assert admin.call("CLIENT", "KILL", "NOPE", "1") == Err("ERR syntax error")
+    # SKIPME yes (the default) spares the caller; every other client goes
+    assert admin.call("CLIENT", "KILL", "TYPE", "normal") == 1
+    assert victims[0].closed()
+    assert admin.call("PING") == Status("PONG")
+    # the caller itself: answered, then closed
+    assert admin.call("CLIENT", "KILL", "ID", admin.call("CLIENT", "ID"), "SKIPME", "no") == 1
+    assert admin.closed()
