@@ -110,6 +110,13 @@ def local_op(w: Worker, op: str, arg: Any) -> Any:
         return [client_line(w, c) for c in w.conns]
     if op == "client_kill":
         return kill_clients(w, list(arg))
+    if op == "slowlog_get":
+        return w.slowlog.newest(int(arg))
+    if op == "slowlog_len":
+        return len(w.slowlog.entries)
+    if op == "slowlog_reset":
+        w.slowlog.reset()
+        return OK
     if op == "bgrewriteaof":
         if w.aof is None:
             return "ERR Append only file persistence is not available in this build"
@@ -551,6 +558,32 @@ def cmd_debug(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
     return ERR_DEBUG
 
 
+ERR_SLOWLOG = Error("ERR Unknown SLOWLOG subcommand or wrong # of args. Try GET, RESET, LEN.")
+
+
+def cmd_slowlog(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
+    """SLOWLOG GET [count] | LEN | RESET over every worker's log (disque_mp/slowlog.py)."""
+    from disque_mp import slowlog
+
+    sub, n = cmd[1].lower(), len(cmd)
+    if sub == b"get" and n in (2, 3):
+        count = slowlog.slowlog_get_default
+        if n == 3:
+            from disque_mp.cmd_jobs import ERR_NOT_INT, parse_int
+
+            parsed = parse_int(cmd[2])
+            if parsed is None:
+                return ERR_NOT_INT
+            count = parsed
+        return gather(w, conn, "slowlog_get", count,
+                      lambda parts: slowlog.merge(parts, count))
+    if sub == b"len" and n == 2:
+        return gather(w, conn, "slowlog_len", None, sum)
+    if sub == b"reset" and n == 2:
+        return gather(w, conn, "slowlog_reset", None, lambda parts: OK)
+    return ERR_SLOWLOG
+
+
 def cmd_bgrewriteaof(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
     def finish(parts: list[Any]) -> Any:
         texts = [str(p) for p in parts]
@@ -671,4 +704,5 @@ HANDLERS: dict[str, Handler] = {
     "client": cmd_client, "command": cmd_command, "shutdown": cmd_shutdown,
     "info": cmd_info, "config": cmd_config, "debug": cmd_debug, "cluster": cmd_cluster,
     "bgrewriteaof": cmd_bgrewriteaof, "qscan": cmd_qscan, "jscan": cmd_jscan,
+    "slowlog": cmd_slowlog,
 }

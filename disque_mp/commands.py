@@ -50,6 +50,7 @@ TABLE: dict[bytes, Command] = {
         Command("config", -2, (_R, _A), "scatter"),
         Command("cluster", -2, (_R, _A), "scatter"),
         Command("bgrewriteaof", 1, (_R, _A), "scatter"),
+        Command("slowlog", -2, (_R,), "scatter"),
         Command("hello", -1, (_R, _F), "local"),
         Command("ping", -1, (_R, _F), "local"),
         Command("time", 1, (_R, _F), "local"),

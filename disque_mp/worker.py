@@ -44,6 +44,7 @@ from disque_mp.log import setup_logging
 from disque_mp.memory import ERR_OOM, Monitor
 from disque_mp.resp import NULL3, NULL_ARRAY2, encode, encode_jobs
 from disque_mp.server import ClientConn, Slot, listen_sockets
+from disque_mp.slowlog import SlowLog
 from workers.effects import AofAppend, Send, Wake
 from workers.ids import is_valid_job_id, owner_of_job_id, owner_of_queue
 from workers.invariant import InvariantError
@@ -151,6 +152,9 @@ class Worker:
         self.rejected_connections = 0
         self.handed_off = 0
         self.cmdstats: dict[str, list[int]] = {}
+        self.slowlog = SlowLog(index, self.workers)
+        self.slowlog.configure(cfg.slowlog_log_slower_than, cfg.slowlog_max_len)
+        self.slowlog_min_ns = self.slowlog.min_ns  # read per command: a native attribute
         self.tick_handle: asyncio.TimerHandle | None = None
         self.tick_at = 0
         self.idle_check_at = 0
@@ -361,8 +365,11 @@ class Worker:
             return encode(ERR_OOM)
         t0 = _perf_ns()
         reply = handler(conn, cmd)
+        took = _perf_ns() - t0
         stat[0] += 1
-        stat[1] += _perf_ns() - t0
+        stat[1] += took
+        if took >= self.slowlog_min_ns >= 0:
+            self.slowlog.add(cmd, took)
         self.commands_processed += 1
         conn.last_cmd = command.name
         if reply is PENDING:
@@ -411,10 +418,10 @@ class Worker:
         conn.streak = 0
         if fast:
             acked = self.shard.op_fastack(ids, self.now_ms)
-            self._count("fastack", conn, t0)
+            self._count("fastack", conn, t0, cmd)
         else:
             acked = self.shard.op_ackjob(ids, self.now_ms)
-            self._count("ackjob", conn, t0)
+            self._count("ackjob", conn, t0, cmd)
         return b":%d\r\n" % acked
 
     def _fast_addjob(self, conn: ClientConn, cmd: list[bytes]) -> bytes | None:
@@ -433,7 +440,7 @@ class Worker:
         reply = self.shard.op_addjob(queue, cmd[2], timeout_ms=timeout_ms, replicate=None,
                                      delay_s=0, retry_s=None, ttl_s=cmd_jobs.ttl_default_s,
                                      maxlen=0, async_=False, token=token, now_ms=self.now_ms)
-        self._count("addjob", conn, t0)
+        self._count("addjob", conn, t0, cmd)
         if type(reply) is Status:
             return f"+{reply}\r\n".encode()
         if reply is PENDING:
@@ -473,15 +480,18 @@ class Worker:
         entries = self.shard.op_take([queue], count, False, self.now_ms)
         if not entries and not nohang:
             return None  # it blocks: the general path registers the waiter
-        self._count("getjob", conn, t0)
+        self._count("getjob", conn, t0, cmd)
         if not entries:
             return NULL3 if conn.resp3 else NULL_ARRAY2
         return encode_jobs(entries)
 
-    def _count(self, name: str, conn: ClientConn, t0: int) -> None:
+    def _count(self, name: str, conn: ClientConn, t0: int, cmd: list[bytes]) -> None:
+        took = _perf_ns() - t0
         stat = self.cmdstats[name]
         stat[0] += 1
-        stat[1] += _perf_ns() - t0
+        stat[1] += took
+        if took >= self.slowlog_min_ns >= 0:
+            self.slowlog.add(cmd, took)
         self.commands_processed += 1
         conn.last_cmd = name
 
@@ -681,6 +691,8 @@ class Worker:
         self.now_ms = now_ms()
         if self.now_ms >= self.idle_check_at:
             self._each_second()
+        self.slowlog.configure(self.cfg.slowlog_log_slower_than, self.cfg.slowlog_max_len)
+        self.slowlog_min_ns = self.slowlog.min_ns
         due = self.shard.tick(self.now_ms)
         self.drain_effects()
         period_ms = max(1, 1000 // max(self.cfg.hz, 1))

@@ -21,7 +21,7 @@ from tests.integration.conftest import (
     encode_command,
     worker_of,
 )
-from tests.nodeproc import NodeProc
+from tests.nodeproc import NodeProc, wait_until
 from workers.ids import owner_of_queue
 
 
@@ -440,3 +440,52 @@ def test_client_kill(node2: NodeProc) -> None:
     # the caller itself: answered, then closed
     assert admin.call("CLIENT", "KILL", "ID", admin.call("CLIENT", "ID"), "SKIPME", "no") == 1
     assert admin.closed()
+
+
+def test_slowlog(node2: NodeProc) -> None:
+    """SLOWLOG over both workers' logs: threshold and length from CONFIG SET, entries
+    newest first in Redis 3's shape, long arguments and long commands cut, RESET, LEN."""
+    c0, c1 = connect_to_worker(node2.port, 0), connect_to_worker(node2.port, 1)
+    assert c0.call("CONFIG", "SET", "slowlog-log-slower-than", "0") == Status("OK")
+    assert c0.call("SLOWLOG", "RESET") == Status("OK")
+
+    def wait_len(at_least: int) -> int:  # the threshold reaches each worker within a tick
+        n = 0
+        for _ in range(100):
+            n = c0.call("SLOWLOG", "LEN")
+            if n >= at_least:
+                return int(n)
+            c0.call("PING")
+            c1.call("PING")
+            time.sleep(0.02)
+        return int(n)
+
+    assert wait_len(4) >= 4
+    assert c0.call("SLOWLOG", "RESET") == Status("OK")
+    q = queue_owned_by(1, prefix="slow")
+    c1.call("ADDJOB", q, "y" * 200, 0)
+    ids = ["D-dcb833cf-8YL1NT17e9+wsA/09NqxscQI-05a1"] * 40
+    c0.call("SHOW", ids[0])
+    c0.call("ACKJOB", *ids)
+    log = c0.call("SLOWLOG", "GET", 100)
+    assert all(isinstance(e, list) and len(e) == 4 and isinstance(e[3], list) for e in log)
+    assert [e[1] for e in log] == sorted((e[1] for e in log), reverse=True)
+    assert len({e[0] for e in log}) == len(log)  # IDs unique over the node
+    args = [e[3] for e in log]
+    add = next(a for a in args if a[0] == b"ADDJOB")
+    assert add == [b"ADDJOB", q.encode(), b"y" * 128 + b"... (72 more bytes)", b"0"]
+    ack = next(a for a in args if a[0] == b"ACKJOB")
+    assert len(ack) == 32 and ack[-1] == b"... (10 more arguments)"
+    assert any(a[0] == b"SHOW" for a in args)
+    assert len(c0.call("SLOWLOG", "GET", 1)) == 1
+    assert c0.call("SLOWLOG", "GET", "x") == Err("ERR value is not an integer or out of range")
+    assert c0.call("SLOWLOG", "NOPE") == Err(
+        "ERR Unknown SLOWLOG subcommand or wrong # of args. Try GET, RESET, LEN.")
+    assert c0.call("CONFIG", "SET", "slowlog-log-slower-than", "-1") == Status("OK")
+
+    def quiet() -> bool:  # off once each worker's tick applied it: nothing new is logged
+        c0.call("SLOWLOG", "RESET")
+        c1.call("PING")
+        return c0.call("SLOWLOG", "LEN") == 0
+
+    wait_until(quiet, 10.0, "the slowlog turned off on every worker")
