@@ -152,6 +152,9 @@ class Worker:
         self.rejected_connections = 0
         self.handed_off = 0
         self.cmdstats: dict[str, list[int]] = {}
+        # A fast path that ran its command but whose reply comes later returns None
+        # with this set, so execute() does not run the command again on the general path.
+        self.fast_deferred = False
         self.slowlog = SlowLog(index, self.workers)
         self.slowlog.configure(cfg.slowlog_log_slower_than, cfg.slowlog_max_len)
         self.slowlog_min_ns = self.slowlog.min_ns  # read per command: a native attribute
@@ -345,6 +348,9 @@ class Worker:
             reply = fast(conn, cmd)
             if reply is not None:
                 return reply
+            if self.fast_deferred:  # done, its reply comes later (replication): not again
+                self.fast_deferred = False
+                return None
         return self._execute(conn, cmd)
 
     def _execute(self, conn: ClientConn, cmd: list[bytes]) -> bytes | None:
@@ -380,9 +386,11 @@ class Worker:
     #
     # Each returns the encoded reply, or None before doing anything when the
     # command is not of its shape (another owner, options, appendfsync always):
-    # the general path then runs it. The work done is exactly the general path's
-    # for that shape (same shard call, same counters); only the table lookup,
-    # option parsing, route layers and generic encoder are skipped.
+    # the general path then runs it. A fast path that ran its command but whose reply
+    # comes later (ADDJOB waiting for replication) returns None with ``fast_deferred``.
+    # The work done is exactly the general path's for that shape (same shard call,
+    # same counters); only the table lookup, option parsing, route layers and
+    # generic encoder are skipped.
 
     def _build_fast(self) -> dict[bytes, Callable[[ClientConn, list[bytes]], bytes | None]]:
         out: dict[bytes, Callable[[ClientConn, list[bytes]], bytes | None]] = {}
@@ -445,6 +453,7 @@ class Worker:
             return f"+{reply}\r\n".encode()
         if reply is PENDING:
             self._pending_local(conn, token)
+            self.fast_deferred = True
             return None
         return encode(reply, conn.resp3)
 

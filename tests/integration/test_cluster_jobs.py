@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import redis
 
+from tests.integration.conftest import Status, connect_to_worker
 from tests.nodeproc import NodeProc, form_cluster, reachable_nodes, wait_until
 from tests.nodeproc import unique_queue as _q
 
@@ -91,6 +92,23 @@ def test_replicate_3_shows_everywhere_and_is_consumed_on_another_node(three: lis
     assert got[0][1].decode() == jid and got[0][2] == b"hello"
     assert _raw(b).execute_command("ACKJOB", jid) == 1
     _wait_for(lambda: all(_show(n, jid) is None for n in three), "the ACK GC on every node")
+
+
+def test_plain_addjob_adds_one_job_and_answers_once(three: list[NodeProc]) -> None:
+    """`ADDJOB q body 0` (default REPLICATE = cluster size, synchronous) from a
+    connection held by either worker: one job, one reply, the next reply is the next
+    command's. (Its fast path once fell through to the general path after deferring
+    the reply: two jobs, and every later reply on the connection one behind.)"""
+    a = three[0]
+    for held_by in (0, 1):
+        c = connect_to_worker(a.port, held_by)
+        q = _q(f"plain{held_by}")
+        for i in range(20):
+            jid = c.call("ADDJOB", q, f"b{i}", 0)
+            assert isinstance(jid, Status) and jid.startswith("D-"), jid
+            assert c.call("PING") == Status("PONG")
+        assert c.call("QLEN", q) == 20
+        c.close()
 
 
 def test_replication_levels_and_norepl(three: list[NodeProc]) -> None:
