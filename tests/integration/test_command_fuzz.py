@@ -31,6 +31,7 @@ TOKENS = ["q", "fz", "x", "", "0", "1", "2", "-1", "7", "100", "65536", "1.5", "
           "queued", "active", "acked", "wait-repl", "*", "MATCH", "QUEUE",
           "D-00000000-AAAAAAAAAAAAAAAAAAAAAAAA-0000", "D-bad", "\xff\xfe"]
 RANDOM_SHAPES_PER_COMMAND = 30
+VALID_STEPS = 600  # random valid job commands in the cluster walk
 ARGS_MAX = 7
 
 
@@ -117,3 +118,57 @@ def test_job_commands_in_a_cluster(tmp_path: Path) -> None:
             check = RawClient(node.port)
             assert check.call("PING") == Status("PONG")
             check.close()
+
+
+def test_valid_job_traffic_across_a_cluster(tmp_path: Path) -> None:
+    """Valid job commands in random order from connections held by each worker of
+    both nodes of a 2-node cluster (replicated and single-copy jobs, at-most-once,
+    delayed, NACK, WORKING, acks from the other node): every reply is well formed
+    and in order (a PING after each command), and neither node logs an exception."""
+    rng = random.Random(11)
+    with NodeProc(tmp_path / "a", workers=2) as a, NodeProc(tmp_path / "b", workers=2) as b:
+        form_cluster([a, b], 30.0)
+        conns = [connect_to_worker(n.port, i) for n in (a, b) for i in (0, 1)]
+        queues = ["ta", "tb", "tc"]
+        known: list[str] = []
+        taken = acked = 0
+        for step in range(VALID_STEPS):
+            c = rng.choice(conns)
+            q = rng.choice(queues)
+            op = rng.choice(["add", "add", "add1", "amo", "delay", "get", "get", "ack", "fastack",
+                             "nack", "working", "show", "qlen", "deljob", "enqueue", "dequeue"])
+            if op == "add":
+                reply = c.call("ADDJOB", q, f"s{step}", 500)
+            elif op == "add1":
+                reply = c.call("ADDJOB", q, f"s{step}", 0, "REPLICATE", 1, "RETRY", 1)
+            elif op == "amo":
+                reply = c.call("ADDJOB", q, f"s{step}", 0, "REPLICATE", 1, "RETRY", 0)
+            elif op == "delay":
+                reply = c.call("ADDJOB", q, f"s{step}", 500, "DELAY", 1, "TTL", 5)
+            elif op == "get":
+                reply = c.call("GETJOB", "NOHANG", "COUNT", rng.randint(1, 3), "FROM", *queues)
+                if isinstance(reply, list):
+                    known += [e[1].decode() for e in reply]
+                    taken += len(reply)
+            elif known:
+                ids = rng.sample(known, min(len(known), rng.randint(1, 3)))
+                name = {"ack": "ACKJOB", "fastack": "FASTACK", "nack": "NACK", "working": "WORKING",
+                        "show": "SHOW", "deljob": "DELJOB", "enqueue": "ENQUEUE",
+                        "dequeue": "DEQUEUE", "qlen": "QLEN"}[op]
+                reply = c.call(name, q) if name == "QLEN" else c.call(name, *(
+                    ids[:1] if name in ("WORKING", "SHOW") else ids))
+            else:
+                reply = c.call("QLEN", q)
+            if isinstance(reply, Status) and reply.startswith("D-"):
+                known.append(str(reply))
+            if op in ("ack", "fastack") and isinstance(reply, int):
+                acked += reply
+            if isinstance(reply, Err):  # allowed: NOREPL, TOOLATE, NOJOB...: never a bare ERR
+                assert reply.split()[0] in ("NOREPL", "TOOLATE", "NOJOB", "PAUSED"), (op, reply)
+            assert c.call("PING") == Status("PONG"), (step, op, reply)
+        for c in conns:
+            c.close()
+        assert taken > 20 and acked > 20, (taken, acked)  # the walk reached the deep paths
+        for node in (a, b):
+            text = node.log_text()
+            assert "Traceback" not in text, text[text.find("Traceback") - 200:][:3000]
