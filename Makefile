@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 $(VENV)/.compiled: $(VENV)/.installed setup.py $(wildcard workers/*.py disque_mp/*.py)
 	rm -f *__mypyc*.so disque_mp/*__mypyc*.so
 	$(PY) setup.py -q build_ext --inplace >/dev/null
-	$(PY) -c 'from disque_mp import compiled; compiled.stamp()'
+	$(PY) -m disque_mp.compiled stamp
 	touch $@
 
 # pydisque is also tested on redis-py 5, which cannot share a venv with redis-py 8.

@@ -152,9 +152,6 @@ class Worker:
         self.rejected_connections = 0
         self.handed_off = 0
         self.cmdstats: dict[str, list[int]] = {}
-        # A fast path that ran its command but whose reply comes later returns None
-        # with this set, so execute() does not run the command again on the general path.
-        self.fast_deferred = False
         self.slowlog = SlowLog(index, self.workers)
         self.slowlog.configure(cfg.slowlog_log_slower_than, cfg.slowlog_max_len)
         self.slowlog_min_ns = self.slowlog.min_ns  # read per command: a native attribute
@@ -348,9 +345,6 @@ class Worker:
             reply = fast(conn, cmd)
             if reply is not None:
                 return reply
-            if self.fast_deferred:  # done, its reply comes later (replication): not again
-                self.fast_deferred = False
-                return None
         return self._execute(conn, cmd)
 
     def _execute(self, conn: ClientConn, cmd: list[bytes]) -> bytes | None:
@@ -371,13 +365,7 @@ class Worker:
             return encode(ERR_OOM)
         t0 = _perf_ns()
         reply = handler(conn, cmd)
-        took = _perf_ns() - t0
-        stat[0] += 1
-        stat[1] += took
-        if took >= self.slowlog_min_ns >= 0:
-            self.slowlog.add(cmd, took)
-        self.commands_processed += 1
-        conn.last_cmd = command.name
+        self._account(stat, command.name, conn, t0, cmd)
         if reply is PENDING:
             return None
         return encode(reply, conn.resp3)
@@ -386,11 +374,11 @@ class Worker:
     #
     # Each returns the encoded reply, or None before doing anything when the
     # command is not of its shape (another owner, options, appendfsync always):
-    # the general path then runs it. A fast path that ran its command but whose reply
-    # comes later (ADDJOB waiting for replication) returns None with ``fast_deferred``.
-    # The work done is exactly the general path's for that shape (same shard call,
-    # same counters); only the table lookup, option parsing, route layers and
-    # generic encoder are skipped.
+    # the general path then runs it. None after doing something would run the command
+    # twice, so a reply that comes later (ADDJOB waiting for replication) is never a
+    # fast path's. The work done is exactly the general path's for that shape (same
+    # shard call, same counters); only the table lookup, option parsing, route layers
+    # and generic encoder are skipped.
 
     def _build_fast(self) -> dict[bytes, Callable[[ClientConn, list[bytes]], bytes | None]]:
         out: dict[bytes, Callable[[ClientConn, list[bytes]], bytes | None]] = {}
@@ -438,6 +426,8 @@ class Worker:
         queue = cmd[1]
         if self.workers > 1 and self.owner_of(queue) != self.index:
             return None
+        if self.shard.has_peers():
+            return None  # it waits for replication: the general path defers the reply
         timeout = cmd[3]
         timeout_ms = 0 if timeout == b"0" else cmd_jobs.parse_timeout_ms(timeout)
         if type(timeout_ms) is not int:
@@ -451,11 +441,7 @@ class Worker:
         self._count("addjob", conn, t0, cmd)
         if type(reply) is Status:
             return f"+{reply}\r\n".encode()
-        if reply is PENDING:
-            self._pending_local(conn, token)
-            self.fast_deferred = True
-            return None
-        return encode(reply, conn.resp3)
+        return encode(reply, conn.resp3)  # an error: with no peers nothing is PENDING
 
     def _fast_getjob(self, conn: ClientConn, cmd: list[bytes]) -> bytes | None:
         # GETJOB [NOHANG] [TIMEOUT ms] [COUNT n] FROM q, when q has jobs or NOHANG
@@ -495,8 +481,12 @@ class Worker:
         return encode_jobs(entries)
 
     def _count(self, name: str, conn: ClientConn, t0: int, cmd: list[bytes]) -> None:
+        self._account(self.cmdstats[name], name, conn, t0, cmd)
+
+    def _account(self, stat: list[int], name: str, conn: ClientConn, t0: int,
+                 cmd: list[bytes]) -> None:
+        """A command ran from ``t0``: commandstats, the slowlog, INFO's counters."""
         took = _perf_ns() - t0
-        stat = self.cmdstats[name]
         stat[0] += 1
         stat[1] += took
         if took >= self.slowlog_min_ns >= 0:

@@ -201,6 +201,11 @@ class Shard(ClusterOps):
         self._peers = tuple(n for n in reachable_node_ids if n != self.node_id)
         self._known = self._peers
 
+    def has_peers(self) -> bool:
+        """Other reachable nodes can take copies: a default ADDJOB then waits for
+        replication (PENDING) instead of answering at once."""
+        return bool(self._peers)
+
     def _set_node_id(self, node_id: str) -> None:
         """CLUSTER RESET HARD gave the node a new ID: new jobs carry it."""
         self.node_id = node_id
