@@ -315,6 +315,9 @@ def test_sighup_reopens_the_log_file(tmp_path: Path) -> None:
 def test_workers_that_cannot_start_make_the_node_exit(tmp_path: Path) -> None:
     port = free_port()
     with socket.socket() as holder:  # a listener without SO_REUSEPORT: bind must fail
+        # SO_REUSEADDR as free_port() checked it: a TIME_WAIT left on the port by an
+        # earlier test must not fail this bind (it does not let the node share it).
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         holder.bind(("127.0.0.1", port))
         holder.listen(1)
         node = NodeProc(tmp_path, workers=1, port=port)
