@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 VENV5 := .venv-redis5
+# every compiled extension in the tree (the shard's, the front end's, the group library)
+NATIVE_SO = $(shell find workers disque_mp -name '*.so')
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: run test lint typecheck unit bench sysdeps clean pure compile
@@ -17,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 # The modules of disque_mp/compiled.py compiled with mypyc, in place (setup.py):
 # rebuilt whenever a source of workers/ or disque_mp/ changes (no second list of the
 # compiled modules to keep in step); `make pure` removes them.
-$(VENV)/.compiled: $(VENV)/.installed setup.py $(wildcard workers/*.py disque_mp/*.py)
+$(VENV)/.compiled: $(VENV)/.installed setup.py $(wildcard workers/*.py disque_mp/*.py disque_mp/*/*.py disque_mp/*/*/*.py)
 	rm -f *__mypyc*.so disque_mp/*__mypyc*.so
 	$(PY) setup.py -q build_ext --inplace >/dev/null
 	$(PY) -m disque_mp.compiled stamp
@@ -44,7 +46,7 @@ sysdeps:
 compile: $(VENV)/.compiled
 
 pure:
-	rm -f $(VENV)/.compiled workers/*.so disque_mp/*.so *__mypyc*.so disque_mp/.native-stamp.json
+	rm -f $(VENV)/.compiled $(NATIVE_SO) *__mypyc*.so disque_mp/.native-stamp.json
 
 run: $(VENV)/.compiled
 	mkdir -p run
@@ -63,4 +65,4 @@ bench: sysdeps $(VENV)/.compiled
 	$(PY) -m bench.run_all
 
 clean:
-	rm -rf $(VENV) $(VENV5) build *.egg-info workers/*.so disque_mp/*.so *__mypyc*.so disque_mp/.native-stamp.json .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV5) build *.egg-info $(NATIVE_SO) *__mypyc*.so disque_mp/.native-stamp.json .pytest_cache .mypy_cache .ruff_cache

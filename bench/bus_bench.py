@@ -22,8 +22,8 @@ from typing import Any
 import uvloop
 
 from bus import nodes_conf
-from disque_mp import cmd_cluster
-from disque_mp.config import Config
+from disque_mp.node.commands import cluster as cmd_cluster
+from disque_mp.node.config import Config
 from tests.nodeproc import free_port
 
 rounds = 3

@@ -46,7 +46,7 @@ def test_parse_hiredis_addjob_x32(benchmark: Any) -> None:
 
 
 def test_parse_request_parser_addjob_x32(benchmark: Any) -> None:
-    resp = pytest.importorskip("disque_mp.resp")
+    resp = pytest.importorskip("disque_mp.node.resp")
     data = addjob_batch()
 
     def parse() -> int:
@@ -59,7 +59,7 @@ def test_parse_request_parser_addjob_x32(benchmark: Any) -> None:
 
 
 def test_encode_addjob_reply(benchmark: Any) -> None:
-    resp = pytest.importorskip("disque_mp.resp")
+    resp = pytest.importorskip("disque_mp.node.resp")
     from workers.replies import Status
 
     job_id = Status("D-01234567-AAECAwQFBgcICQoLDA0ODxAR-05a1")
@@ -67,7 +67,7 @@ def test_encode_addjob_reply(benchmark: Any) -> None:
 
 
 def test_encode_getjob_reply_x32(benchmark: Any) -> None:
-    resp = pytest.importorskip("disque_mp.resp")
+    resp = pytest.importorskip("disque_mp.node.resp")
     reply = [[b"queue", "D-01234567-AAECAwQFBgcICQoLDA0ODxAR-05a1", BODY]] * PIPELINE
     assert benchmark(resp.encode, reply).startswith(b"*32\r\n")
 

@@ -4,7 +4,7 @@ As with ``disque-server``, every config directive can be given on the command
 line as ``--name args...``; these come after the file and override it.
 Subcommands live in other modules, imported only when used:
 
-    disque-mp check-aof FILE ...   -> disque_mp.aof_check.main(rest)
+    disque-mp check-aof FILE ...   -> disque_mp.tools.check_aof.main(rest)
     disque-mp bench ...            -> bench.loadgen.main(rest)
 """
 
@@ -38,7 +38,7 @@ file, for example:
 # subcommand -> (module, function); imported lazily so that a node start does
 # not pay for them and a missing one is a clear error, not an ImportError.
 SUBCOMMANDS = {
-    "check-aof": ("disque_mp.aof_check", "main"),
+    "check-aof": ("disque_mp.tools.check_aof", "main"),
     "bench": ("bench.loadgen", "main"),
 }
 
@@ -111,7 +111,7 @@ def main(argv: list[str]) -> int:
     except UsageError as e:
         print(f"disque-mp: {e}\n\n{USAGE}", file=sys.stderr, end="")
         return 2
-    from disque_mp import config
+    from disque_mp.node import config
 
     try:
         cfg = config.load(path, overrides)
@@ -121,6 +121,6 @@ def main(argv: list[str]) -> int:
     if test_only:
         print(f"disque-mp: configuration {path or '(command line)'} is valid")
         return 0
-    from disque_mp import supervisor
+    from disque_mp.node import supervisor
 
     return supervisor.run(cfg)

@@ -34,10 +34,10 @@ COMPILED_MODULES = (
     "workers.effects",
     "workers.evict",
     # the front end's per-command path: RESP, connections, ADDJOB/GETJOB parsing, the worker
-    "disque_mp.resp",
-    "disque_mp.server",
-    "disque_mp.cmd_jobs",
-    "disque_mp.worker",
+    "disque_mp.node.resp",
+    "disque_mp.node.connection",
+    "disque_mp.node.commands.jobs",
+    "disque_mp.node.worker",
 )
 
 

@@ -1,4 +1,4 @@
-"""Reply values a shard (or a command handler) returns; ``disque_mp.resp`` encodes them.
+"""Reply values a shard (or a command handler) returns; ``disque_mp.node.resp`` encodes them.
 
 Mapping to RESP:
     int            -> ``:n``

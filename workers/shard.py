@@ -98,7 +98,7 @@ ERR_NOREPL_LEAVING: Final = Error(
     "NOREPL Not enough reachable nodes for the requested replication level, since I'm "
     "unable to hold a copy of the message for the following reason: I'm leaving the cluster"
 )
-# Past 75 % of maxmemory (disque_mp/memory.py); Disque's text for that reason.
+# Past 75 % of maxmemory (disque_mp/node/memory.py); Disque's text for that reason.
 ERR_NOREPL_MEMORY: Final = Error(
     "NOREPL Not enough reachable nodes for the requested replication level, since I'm "
     "unable to hold a copy of the message for the following reason: I'm out of memory"
@@ -213,7 +213,7 @@ class Shard(ClusterOps):
         self._ids = JobIdGen(node_id, self._seed)
 
     def set_memory_level(self, level: int) -> None:
-        """Memory warning level from disque_mp/memory.py: from 1 (75 % of maxmemory) on,
+        """Memory warning level from disque_mp/node/memory.py: from 1 (75 % of maxmemory) on,
         ADDJOB replicates externally only, like a leaving node."""
         self._memory_level = level
 

@@ -1,4 +1,4 @@
-"""disque_mp.client (sync) and disque_mp.aclient (asyncio) against a real node."""
+"""disque_mp.client (sync) and disque_mp.client.aio (asyncio) against a real node."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from disque_mp.aclient import AsyncDisque
 from disque_mp.client import (
     BadIdError,
     CommandError,
@@ -31,6 +30,7 @@ from disque_mp.client import (
     error_from_reply,
     is_leaving,
 )
+from disque_mp.client.aio import AsyncDisque
 from tests.nodeproc import NodeProc
 from tests.nodeproc import unique_queue as _q
 from workers.ids import is_valid_job_id

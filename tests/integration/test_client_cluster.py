@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from disque_mp.aclient import AsyncDisque
 from disque_mp.client import Disque, Job
+from disque_mp.client.aio import AsyncDisque
 from tests.nodeproc import NodeProc, form_cluster, wait_until
 from tests.nodeproc import unique_queue as _q
 

@@ -29,8 +29,8 @@ from bus import membership as mb
 from bus.cluster import K_HANDSHAKE, K_PING, ClusterBus
 from bus.cluster_agent import AGENT_CMD, AGENT_HELLO
 from bus.cluster_agent import socket_name as agent_socket_name
-from disque_mp import cmd_cluster
-from disque_mp.config import Config
+from disque_mp.node.commands import cluster as cmd_cluster
+from disque_mp.node.config import Config
 from tests.nodeproc import NodeProc, free_port
 from workers.replies import ERR_SYNTAX, OK, Error, Status
 

@@ -1,4 +1,4 @@
-"""maxmemory levels on a real 2-worker node with a small budget (disque_mp/memory.py).
+"""maxmemory levels on a real 2-worker node with a small budget (disque_mp/node/memory.py).
 
 Jobs carry 64 KB bodies so a few MB fill in well under a second. The level is
 sampled (every 100 ms), so the tests wait for it through INFO rather than
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from disque_mp import aof, memory
+from disque_mp.node import aof, memory
 from tests.integration.conftest import NULL_ARRAY, NULL_BULK, Err, RawClient
 from tests.nodeproc import NodeProc
 from workers.ids import JobIdGen, owner_of_queue, slot_of

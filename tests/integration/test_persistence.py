@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import redis
 
-from disque_mp import aof
+from disque_mp.node import aof
 from tests.nodeproc import NodeProc
 from workers.ids import owner_of_queue
 

@@ -20,7 +20,8 @@ import pytest
 import redis
 
 from bus import nodes_conf
-from disque_mp import cli, sdnotify
+from disque_mp import cli
+from disque_mp.node import sdnotify
 from tests.nodeproc import REPO, NodeProc, free_port, port_free
 
 pytestmark = pytest.mark.timeout(120)

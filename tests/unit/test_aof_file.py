@@ -13,8 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from disque_mp import aof, aof_check
-from disque_mp.aof import AofFile, AofWriter, FileHeader, FrameReader
+from disque_mp.node import aof
+from disque_mp.node.aof import AofFile, AofWriter, FileHeader, FrameReader
+from disque_mp.tools import check_aof as aof_check
 from workers.ids import SLOTS, JobIdGen, slot_of
 from workers.job import ACTIVE, Job
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from disque_mp import aof
-from disque_mp.aof import AofManager, FileHeader, FrameReader, ShardAdapter
-from disque_mp.config import Config
+from disque_mp.node import aof
+from disque_mp.node.aof import AofManager, FileHeader, FrameReader, ShardAdapter
+from disque_mp.node.config import Config
 from workers.effects import AofAppend
 from workers.ids import owner_of_job_id, owner_of_queue
 from workers.job import DEL_RECORD_TAG, Job, del_record, job_id_of_record
@@ -338,7 +338,7 @@ def _torn(tmp_path: Path) -> tuple[Path, int, set[str]]:
 def test_truncated_tail_is_cut_with_a_log_line(tmp_path: Path,
                                                caplog: pytest.LogCaptureFixture) -> None:
     path, good, ids = _torn(tmp_path)
-    with caplog.at_level("WARNING", logger="disque_mp.aof"):
+    with caplog.at_level("WARNING", logger="disque_mp.node.aof"):
         shard, mgr = start(tmp_path, 0, 1)
     assert {j.id for j in shard.jobs()} == ids
     assert path.stat().st_size == good
@@ -372,7 +372,7 @@ def test_the_shard_logs_its_own_changes_and_they_replay_to_the_same_jobs(
         tmp_path: Path) -> None:
     """No manual logging here: the real command layer, the shard's own AofAppend
     effects (switched on by the manager), a restart."""
-    from disque_mp import cmd_jobs
+    from disque_mp.node.commands import jobs as cmd_jobs
 
     shard, mgr = start(tmp_path, 0, 1)
     assert shard.aof is True

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from disque_mp import cmd_jobs as C
+from disque_mp.node.commands import jobs as C
 from workers.replies import ERR_BADID, ERR_SYNTAX, NULL_ARRAY, PENDING, Error, Status
 from workers.shard import Shard
 

@@ -1,4 +1,4 @@
-"""disque_mp/config.py: the disque.conf parser, CONFIG GET/SET and CONFIG REWRITE."""
+"""disque_mp/node/config.py: the disque.conf parser, CONFIG GET/SET and CONFIG REWRITE."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from disque_mp import config as c
+from disque_mp.node import config as c
 
 # The reference's `CONFIG GET *` names, in its order (reference/03).
 REFERENCE_ORDER = [

@@ -95,7 +95,7 @@ def test_redis_cycle_acks_every_job(redis_port: int) -> None:
 
 
 # The node needs its entry point, supervisor, worker front end and shard.
-node_parts = ("disque_mp.cli", "disque_mp.supervisor", "disque_mp.worker", "workers.shard")
+node_parts = ("disque_mp.cli", "disque_mp.node.supervisor", "disque_mp.node.worker", "workers.shard")
 node_missing = [m for m in node_parts if importlib.util.find_spec(m) is None]
 skip_reason = f"node entry point not there yet: missing {', '.join(node_missing)}"
 

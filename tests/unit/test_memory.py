@@ -1,4 +1,4 @@
-"""disque_mp/memory.py: level computation, the live-data estimate against
+"""disque_mp/node/memory.py: level computation, the live-data estimate against
 tracemalloc, INFO field order against the reference, and the shard's level 1."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from disque_mp import memory
+from disque_mp.node import memory
 from workers.replies import ERR_NOREPL, Error
 from workers.shard import ERR_NOREPL_LEAVING, ERR_NOREPL_MEMORY, Shard
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from disque_mp.resp import RequestParser, encode, encode_jobs, split_inline
+from disque_mp.node.resp import RequestParser, encode, encode_jobs, split_inline
 from workers.replies import NULL_ARRAY, Error, Status
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from disque_mp import cmd_jobs
+from disque_mp.node.commands import jobs as cmd_jobs
 from workers.replies import NULL_ARRAY, PENDING, Error, Status
 from workers.shard import Shard
 

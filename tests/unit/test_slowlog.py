@@ -1,8 +1,8 @@
-"""disque_mp/slowlog.py: entries, cuts, bounds and the merge of workers' logs."""
+"""disque_mp/node/slowlog.py: entries, cuts, bounds and the merge of workers' logs."""
 
 from __future__ import annotations
 
-from disque_mp.slowlog import SlowLog, merge, slowlog_arg_bytes_max, slowlog_args_max
+from disque_mp.node.slowlog import SlowLog, merge, slowlog_arg_bytes_max, slowlog_args_max
 
 
 def test_length_bound_follows_the_setting() -> None:

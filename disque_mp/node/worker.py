@@ -37,14 +37,15 @@ from typing import Any, Final
 
 from bus import mesh as meshmod
 from bus.mesh import Handoff, Link, Mesh, pack, unpack
-from disque_mp import cmd_jobs, cmd_node
-from disque_mp.commands import TABLE, Command
-from disque_mp.config import Config
-from disque_mp.log import setup_logging
-from disque_mp.memory import ERR_OOM, Monitor
-from disque_mp.resp import NULL3, NULL_ARRAY2, encode, encode_jobs
-from disque_mp.server import ClientConn, Slot, listen_sockets
-from disque_mp.slowlog import SlowLog
+from disque_mp.node.commands import admin as cmd_node
+from disque_mp.node.commands import jobs as cmd_jobs
+from disque_mp.node.commands.table import TABLE, Command
+from disque_mp.node.config import Config
+from disque_mp.node.connection import ClientConn, Slot, listen_sockets
+from disque_mp.node.log import setup_logging
+from disque_mp.node.memory import ERR_OOM, Monitor
+from disque_mp.node.resp import NULL3, NULL_ARRAY2, encode, encode_jobs
+from disque_mp.node.slowlog import SlowLog
 from workers.effects import AofAppend, Send, Wake
 from workers.ids import is_valid_job_id, owner_of_job_id, owner_of_queue
 from workers.invariant import InvariantError
@@ -59,7 +60,7 @@ from workers.replies import (
     err_unknown,
 )
 
-log = logging.getLogger("disque_mp.worker")
+log = logging.getLogger("disque_mp.node.worker")
 
 parent_poll_s = 0.5  # PDEATHSIG covers most deaths; the poll covers a parent that forked us from a thread
 shutdown_drain_s = 3.0  # SIGTERM: longest wait for in-flight replies to be written
@@ -169,7 +170,7 @@ class Worker:
         self.aof: Any = None
         self.agent: Any = None
         self.memory: Monitor | None = None
-        self.oom = False  # past maxmemory: denyoom commands answer ERR_OOM (disque_mp/memory.py)
+        self.oom = False  # past maxmemory: denyoom commands answer ERR_OOM (disque_mp/node/memory.py)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -207,10 +208,10 @@ class Worker:
 
     def _start_aof(self) -> None:
         try:
-            from disque_mp.aof import AofManager, ShardAdapter
+            from disque_mp.node.aof import AofManager, ShardAdapter
         except ImportError:
             return
-        from disque_mp.aof import AofLoadError
+        from disque_mp.node.aof import AofLoadError
 
         self.aof = AofManager(self.cfg, self.index, ShardAdapter(self.shard))
         try:
@@ -222,7 +223,7 @@ class Worker:
 
     async def _start_cluster(self) -> None:
         try:
-            from disque_mp import cmd_cluster
+            from disque_mp.node.commands import cluster as cmd_cluster
         except ImportError:
             return
         self.agent = cmd_cluster.make_agent(self.cfg, self.index, self.node_id, self.workers,

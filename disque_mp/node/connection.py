@@ -21,11 +21,11 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from disque_mp.resp import RequestParser, encode
+from disque_mp.node.resp import RequestParser, encode
 from workers.replies import Error
 
 if TYPE_CHECKING:
-    from disque_mp.worker import Worker
+    from disque_mp.node.worker import Worker
 
 
 class Slot:

@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from bus import mesh as meshmod
 from bus.mesh import unpack
-from disque_mp import config as configmod
-from disque_mp.commands import TABLE
-from disque_mp.resp import encode
+from disque_mp.node import config as configmod
+from disque_mp.node.commands.table import TABLE
+from disque_mp.node.resp import encode
 from workers.replies import ERR_SYNTAX, OK, PENDING, Error, Status
 
 if TYPE_CHECKING:
-    from disque_mp.server import ClientConn
-    from disque_mp.worker import Worker
+    from disque_mp.node.connection import ClientConn
+    from disque_mp.node.worker import Worker
 
 DISQUE_VERSION = "1.0-rc1"  # the API level we answer for (INFO, HELLO 3)
 ERR_NOPROTO = Error("NOPROTO unsupported protocol version")
@@ -197,7 +197,7 @@ def _hello_options(w: Worker, conn: ClientConn, opts: list[bytes]) -> Error | No
 
 def _disque_hello(w: Worker) -> Any:
     if w.agent is not None:
-        from disque_mp import cmd_cluster
+        from disque_mp.node.commands import cluster as cmd_cluster
 
         return cmd_cluster.hello(w.agent)
     me = w.node_id
@@ -250,7 +250,7 @@ def _client_kill(w: Worker, conn: ClientConn, args: list[bytes]) -> Any:
         name, value = args[i].lower(), _text(args[i + 1])
         if name == b"id":
             if not value.isdigit():
-                from disque_mp.cmd_jobs import ERR_NOT_INT
+                from disque_mp.node.commands.jobs import ERR_NOT_INT
 
                 return ERR_NOT_INT
             flt[0] = int(value)
@@ -410,7 +410,7 @@ def _human(n: int) -> str:
 
 
 def _info_memory(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
-    from disque_mp import memory
+    from disque_mp.node import memory
 
     return memory.info_fields(w.cfg.maxmemory, w.cfg.maxmemory_policy, parts)
 
@@ -433,7 +433,7 @@ def _info_persistence(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tup
     aof_parts = [[tuple(f) for f in p["aof"]] for p in parts if p.get("aof")]
     if not aof_parts:
         return list(_AOF_OFF)
-    from disque_mp.aof import merge_info
+    from disque_mp.node.aof import merge_info
 
     return list(merge_info(aof_parts))
 
@@ -530,7 +530,7 @@ def _apply_config(w: Worker, name: str, value: str) -> Any:
     if err is not None:
         return Error("ERR " + err)
     if name == "loglevel":
-        from disque_mp.log import set_loglevel
+        from disque_mp.node.log import set_loglevel
 
         set_loglevel(w.cfg.loglevel)
     if w.aof is not None and name in ("appendonly", "appendfsync"):
@@ -562,14 +562,14 @@ ERR_SLOWLOG = Error("ERR Unknown SLOWLOG subcommand or wrong # of args. Try GET,
 
 
 def cmd_slowlog(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
-    """SLOWLOG GET [count] | LEN | RESET over every worker's log (disque_mp/slowlog.py)."""
-    from disque_mp import slowlog
+    """SLOWLOG GET [count] | LEN | RESET over every worker's log (disque_mp/node/slowlog.py)."""
+    from disque_mp.node import slowlog
 
     sub, n = cmd[1].lower(), len(cmd)
     if sub == b"get" and n in (2, 3):
         count = slowlog.slowlog_get_default
         if n == 3:
-            from disque_mp.cmd_jobs import ERR_NOT_INT, parse_int
+            from disque_mp.node.commands.jobs import ERR_NOT_INT, parse_int
 
             parsed = parse_int(cmd[2])
             if parsed is None:
@@ -599,7 +599,7 @@ def cmd_cluster(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
     """CLUSTER: handed to the cluster work (``cmd_cluster.cluster``, run on worker 0)."""
     if w.agent is None:
         return _cluster_single(w, cmd)
-    from disque_mp import cmd_cluster
+    from disque_mp.node.commands import cluster as cmd_cluster
 
     slot = conn.defer()
     cmd_cluster.cluster(w.agent, cmd[1:], lambda reply: conn.fill(slot, encode(reply, conn.resp3)))
@@ -623,7 +623,7 @@ def _cluster_single(w: Worker, cmd: list[bytes]) -> Any:
 
 
 def cmd_qscan(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
-    from disque_mp import cmd_jobs
+    from disque_mp.node.commands import jobs as cmd_jobs
 
     spec = cmd_jobs.parse_qscan(cmd[1:])
     if isinstance(spec, Error):
@@ -636,7 +636,7 @@ def cmd_qscan(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
 
 
 def cmd_jscan(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
-    from disque_mp import cmd_jobs
+    from disque_mp.node.commands import jobs as cmd_jobs
 
     spec = cmd_jobs.parse_jscan(cmd[1:])
     if isinstance(spec, Error):

@@ -9,7 +9,7 @@ the port). In order:
 2. load or create the node ID (``bus/nodes_conf.py``), write ``pidfile``;
 3. fork ``workers`` processes with ``multiprocess`` (start method ``fork``,
    before any thread or event loop exists), each running
-   ``disque_mp.worker.run_worker(cfg, index, node_id, ready)``;
+   ``disque_mp.node.worker.run_worker(cfg, index, node_id, ready)``;
 4. loop: signal handlers only record the signal; the loop stops the node on
    SIGTERM/SIGINT, restarts a dead worker into its slot after a bounded
    backoff, and tells systemd READY=1 once every worker's ``ready`` is set.
@@ -40,11 +40,12 @@ from typing import Any
 import multiprocess
 
 from bus import nodes_conf
-from disque_mp import __version__, compiled, config, sdnotify
-from disque_mp.config import Config
-from disque_mp.log import VERBOSE, setup_logging
+from disque_mp import __version__, compiled
+from disque_mp.node import config, sdnotify
+from disque_mp.node.config import Config
+from disque_mp.node.log import VERBOSE, setup_logging
 
-log = logging.getLogger("disque_mp.supervisor")
+log = logging.getLogger("disque_mp.node.supervisor")
 
 shutdown_grace_s = 10.0  # SIGTERM -> SIGKILL: time to write in-flight replies and flush the AOF
 restart_backoff_s_min = 0.1  # first restart of a worker that had been running fine
@@ -489,7 +490,7 @@ def _report_sets_to(fd: int) -> Callable[[str, str], None]:
         try:
             os.write(fd, line)  # a few hundred bytes at most: one atomic pipe write
         except OSError as e:  # the supervisor is gone or not reading: never block here
-            logging.getLogger("disque_mp.worker").warning(
+            logging.getLogger("disque_mp.node.worker").warning(
                 "CONFIG SET %s not reported to the supervisor: %s", name, e)
 
     return report
@@ -512,7 +513,7 @@ def _worker_entry(target: Callable[..., None], cfg: Config, index: int, node_id:
     # orderly SIGTERM per worker, so the worker itself ignores it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     setup_logging(cfg, f"W{index}")
-    wlog = logging.getLogger("disque_mp.worker")
+    wlog = logging.getLogger("disque_mp.node.worker")
     wlog.log(VERBOSE, "Worker W%d running (pid %d, node %s)", index, os.getpid(), node_id[:8])
     try:
         target(cfg, index, node_id, ready)
@@ -525,9 +526,9 @@ def _worker_entry(target: Callable[..., None], cfg: Config, index: int, node_id:
 
 def _load_worker_target() -> Callable[..., None]:
     try:
-        from disque_mp.worker import run_worker
+        from disque_mp.node.worker import run_worker
     except ImportError as e:
-        raise StartupError(f"the worker code is missing (disque_mp.worker): {e}") from None
+        raise StartupError(f"the worker code is missing (disque_mp.node.worker): {e}") from None
     return run_worker
 
 

@@ -19,7 +19,7 @@ import sys
 import time
 from typing import TextIO
 
-from disque_mp.config import Config
+from disque_mp.node.config import Config
 
 VERBOSE = 15  # between DEBUG and INFO, as Disque's "verbose"
 LEVELS = {"debug": logging.DEBUG, "verbose": VERBOSE, "notice": logging.INFO,

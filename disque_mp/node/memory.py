@@ -32,14 +32,14 @@ from typing import TYPE_CHECKING, Any
 
 from bus import mesh as meshmod
 from bus.mesh import unpack
-from disque_mp.log import VERBOSE
+from disque_mp.node.log import VERBOSE
 from workers.evict import EvictCursor, evict_step
 from workers.replies import Error
 
 if TYPE_CHECKING:
-    from disque_mp.worker import Worker
+    from disque_mp.node.worker import Worker
 
-log = logging.getLogger("disque_mp.memory")
+log = logging.getLogger("disque_mp.node.memory")
 
 # Redis' text (shared.oomerr); Disque answers the same.
 ERR_OOM = Error("OOM command not allowed when used memory > 'maxmemory'.")

@@ -18,7 +18,7 @@ Connections speak RESP2 (``protocol=2``): the reference Disque rejects
 ``HELLO 3`` (redis-py 8's default handshake), and disque-mp answers Disque
 commands in RESP2 shapes anyway. ``driver_info=None`` skips ``CLIENT SETINFO``.
 
-The asyncio twin with the same methods is ``disque_mp.aclient.AsyncDisque``.
+The asyncio twin with the same methods is ``disque_mp.client.aio.AsyncDisque``.
 Everything here that is not I/O (argument building, reply parsing, node
 selection, error mapping) is shared with it.
 """

@@ -49,8 +49,8 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 import orjson
 
-from disque_mp import config
-from disque_mp.config import Config
+from disque_mp.node import config
+from disque_mp.node.config import Config
 from workers.ids import SLOTS, slot_of_job_id
 from workers.job import job_id_of_record
 from workers.replies import Error
@@ -58,7 +58,7 @@ from workers.replies import Error
 if TYPE_CHECKING:
     from workers.shard import Shard
 
-log = logging.getLogger("disque_mp.aof")
+log = logging.getLogger("disque_mp.node.aof")
 
 MAGIC = b"DQMPAOF"
 FORMAT_VERSION = 1

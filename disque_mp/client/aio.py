@@ -1,0 +1,386 @@
+"""The asyncio twin of ``disque_mp.client.Disque`` (redis.asyncio), same methods.
+
+    d = AsyncDisque(["127.0.0.1:7711"])
+    job_id = await d.add_job("q", b"body", retry=30)
+    for job in await d.get_jobs("q", timeout_ms=1000):
+        await d.ack(job)
+    await d.aclose()
+
+Node selection, reply parsing and error mapping are shared with the sync
+client (``disque_mp.client``); only the I/O differs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from typing import Any, Literal, overload
+
+import redis
+import redis.asyncio as aredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from disque_mp.client import (
+    ClientSettings,
+    DisqueConnectionError,
+    DisqueError,
+    Hello,
+    Job,
+    _chunks_by_size,
+    _ids,
+    _queues,
+    _str,
+    addjob_args,
+    consume_batch,
+    consume_done,
+    consume_poll_ms,
+    getjob_args,
+    heartbeat_first_s,
+    heartbeat_retry_fraction,
+    jscan_args,
+    map_redis_error,
+    parse_hello,
+    parse_info,
+    parse_jobs,
+    parse_pairs,
+    parse_scan,
+    pipeline_bytes_max,
+    pipeline_commands_max,
+    qscan_args,
+)
+
+log = logging.getLogger("disque_mp.client.aio")
+
+_IdArgs = str | Job | Iterable[str | Job]
+
+
+class AsyncDisque(ClientSettings):
+    """See ``Disque``: the same constructor and methods, as coroutines."""
+
+    def _init_io(self) -> None:
+        self._redis: aredis.Redis | None = None
+        self._lock = asyncio.Lock()
+
+    def _make_redis(self, host: str, port: int) -> aredis.Redis:
+        r = aredis.Redis(**self._redis_options(host, port), retry=Retry(NoBackoff(), 0))
+        r.response_callbacks.pop("INFO", None)  # keep INFO's text
+        return r
+
+    async def connect(self, avoid: tuple[str, int] | None = None) -> Hello:
+        async with self._lock:
+            return await self._connect(avoid)
+
+    async def _connect(self, avoid: tuple[str, int] | None) -> Hello:
+        hello = await self._connect_first(self.topology.candidates(avoid))
+        better = self.topology.better_nodes() if self._follow_priority else []
+        if better:  # on a leaving node: move to a better one if one answers
+            try:
+                hello = await self._connect_first(better)
+            except DisqueConnectionError:
+                pass
+        return hello
+
+    async def _connect_first(self, candidates: list[tuple[str, int]]) -> Hello:
+        tried = []
+        for host, port in candidates:
+            r = self._make_redis(host, port)
+            try:
+                hello = parse_hello(await r.execute_command("HELLO"), host, port)
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                tried.append(f"{host}:{port} ({exc})")
+                await r.aclose()
+                continue
+            except redis.ResponseError as exc:
+                tried.append(f"{host}:{port} ({map_redis_error(exc)})")
+                await r.aclose()
+                continue
+            old, self._redis = self._redis, r
+            if old is not None:
+                await old.aclose()
+            self.topology.learn(hello, (host, port))
+            return hello
+        raise DisqueConnectionError("no Disque node reachable; tried: " + "; ".join(tried))
+
+    async def _client(self) -> aredis.Redis:
+        if self._redis is None:
+            async with self._lock:
+                if self._redis is None:
+                    await self._connect(None)
+        assert self._redis is not None
+        return self._redis
+
+    async def _failover(self, broken: aredis.Redis) -> None:
+        async with self._lock:
+            if self._redis is broken:
+                await self._connect(self.topology.current)
+
+    async def execute(self, *args: Any) -> Any:
+        """One command; another node on -LEAVING or a dropped connection (see Disque.execute)."""
+        attempt = 0
+        while True:
+            r = await self._client()
+            try:
+                return await r.execute_command(*args)
+            except (redis.ResponseError, redis.ConnectionError, redis.TimeoutError) as exc:
+                self._raise_unless_retrying(exc, attempt, str(args[0]))
+            attempt += 1
+            await self._failover(r)
+
+    async def aclose(self) -> None:
+        if self._redis is not None:
+            await self._redis.aclose()
+            self._redis = None
+
+    async def __aenter__(self) -> AsyncDisque:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # ---- commands
+
+    async def hello(self) -> Hello:
+        r = await self._client()
+        host, port = self.topology.current or ("", 0)
+        hello = parse_hello(await self.execute("HELLO"), host, port)
+        if r is self._redis:
+            self.topology.hello = hello
+        return hello
+
+    async def info(self, section: str | None = None) -> dict[str, str]:
+        return parse_info(await self.execute("INFO", *([section] if section else [])))
+
+    async def ping(self) -> bool:
+        return await self.execute("PING") in (b"PONG", "PONG", True)
+
+    async def add_job(self, queue: str | bytes, body: bytes | str, timeout_ms: int = 0, *,
+                      replicate: int | None = None, delay: int | None = None,
+                      retry: int | None = None, ttl: int | None = None,
+                      maxlen: int | None = None, async_: bool = False) -> str:
+        return _str(await self.execute(*addjob_args(
+            queue, body, timeout_ms, replicate=replicate, delay=delay, retry=retry, ttl=ttl,
+            maxlen=maxlen, async_=async_)))
+
+    async def add_jobs(self, items: Iterable[tuple[str | bytes, bytes | str]],
+                       timeout_ms: int = 0, **options: Any) -> list[str]:
+        ids: list[str] = []
+        batch: list[list[Any]] = []
+        for queue, body in items:
+            batch.append(addjob_args(queue, body, timeout_ms, **options))
+            if len(batch) >= pipeline_commands_max:
+                ids += await self._pipeline(batch)
+                batch = []
+        if batch:
+            ids += await self._pipeline(batch)
+        return ids
+
+    async def _pipeline(self, commands: list[list[Any]]) -> list[str]:
+        out: list[str] = []
+        for chunk in _chunks_by_size(commands, pipeline_bytes_max):
+            out += await self._round_trip(chunk)
+        return out
+
+    async def _round_trip(self, commands: Sequence[Sequence[Any]]) -> list[str]:
+        attempt = 0
+        while True:
+            r = await self._client()
+            try:
+                pipe = r.pipeline(transaction=False)
+                for args in commands:
+                    pipe.execute_command(*args)
+                replies = await pipe.execute(raise_on_error=False)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                self._raise_unless_retrying(exc, attempt, "pipeline")
+                attempt += 1
+                await self._failover(r)
+                continue
+            for reply in replies:
+                if isinstance(reply, redis.ResponseError):
+                    raise map_redis_error(reply)
+            return [_str(x) for x in replies]
+
+    async def get_jobs(self, queues: str | bytes | Iterable[str | bytes], *,
+                       timeout_ms: int | None = None, count: int | None = None,
+                       nohang: bool = False, withcounters: bool = False) -> list[Job]:
+        jobs = parse_jobs(await self.execute(*getjob_args(
+            queues, timeout_ms=timeout_ms, count=count, nohang=nohang,
+            withcounters=withcounters)))
+        await self._maybe_follow_producer(jobs)
+        return jobs
+
+    async def get_job(self, queues: str | bytes | Iterable[str | bytes],
+                      **kw: Any) -> Job | None:
+        jobs = await self.get_jobs(queues, count=1, **kw)
+        return jobs[0] if jobs else None
+
+    async def _maybe_follow_producer(self, jobs: Sequence[Job]) -> None:
+        target = self.topology.note_jobs(jobs)
+        if target is None or target == self.topology.current:
+            return
+        async with self._lock:
+            saved = self.topology.seeds
+            self.topology.seeds = [target]
+            hello, self.topology.hello = self.topology.hello, None
+            try:
+                await self._connect(None)
+            except DisqueConnectionError:
+                self.topology.hello = hello
+            finally:
+                self.topology.seeds = saved
+
+    async def ack(self, *ids: _IdArgs) -> int:
+        return int(await self.execute("ACKJOB", *_ids(ids)))
+
+    async def fast_ack(self, *ids: _IdArgs) -> int:
+        return int(await self.execute("FASTACK", *_ids(ids)))
+
+    async def nack(self, *ids: _IdArgs) -> int:
+        return int(await self.execute("NACK", *_ids(ids)))
+
+    async def enqueue(self, *ids: _IdArgs) -> int:
+        return int(await self.execute("ENQUEUE", *_ids(ids)))
+
+    async def dequeue(self, *ids: _IdArgs) -> int:
+        return int(await self.execute("DEQUEUE", *_ids(ids)))
+
+    async def del_job(self, *ids: _IdArgs) -> int:
+        return int(await self.execute("DELJOB", *_ids(ids)))
+
+    async def working(self, job: str | Job) -> int:
+        return int(await self.execute("WORKING", _ids((job,))[0]))
+
+    async def show(self, job: str | Job) -> dict[str, Any] | None:
+        return parse_pairs(await self.execute("SHOW", _ids((job,))[0]))
+
+    async def qlen(self, queue: str | bytes) -> int:
+        return int(await self.execute("QLEN", queue))
+
+    async def qpeek(self, queue: str | bytes, count: int) -> list[Job]:
+        return parse_jobs(await self.execute("QPEEK", queue, int(count)))
+
+    async def qstat(self, queue: str | bytes) -> dict[str, Any] | None:
+        return parse_pairs(await self.execute("QSTAT", queue))
+
+    async def pause(self, queue: str | bytes, *options: str) -> str:
+        return _str(await self.execute("PAUSE", queue, *options))
+
+    async def iter_queues(self, *, count: int | None = None, minlen: int | None = None,
+                          maxlen: int | None = None,
+                          importrate: int | None = None) -> AsyncIterator[str]:
+        cursor = 0
+        while True:
+            cursor, names = parse_scan(await self.execute(*qscan_args(
+                cursor, count, minlen, maxlen, importrate)))
+            for name in names:
+                yield _str(name)
+            if cursor == 0:
+                return
+
+    @overload
+    def iter_jobs(self, *, queue: str | bytes | None = ..., states: Iterable[str] = ...,
+                  count: int | None = ...,
+                  reply_all: Literal[False] = ...) -> AsyncIterator[str]: ...
+    @overload
+    def iter_jobs(self, *, queue: str | bytes | None = ..., states: Iterable[str] = ...,
+                  count: int | None = ...,
+                  reply_all: Literal[True]) -> AsyncIterator[dict[str, Any]]: ...
+
+    async def iter_jobs(self, *, queue: str | bytes | None = None, states: Iterable[str] = (),
+                        count: int | None = None, reply_all: bool = False) -> AsyncIterator[Any]:
+        states = list(states)
+        cursor = 0
+        while True:
+            cursor, items = parse_scan(await self.execute(*jscan_args(
+                cursor, count, queue, states, reply_all)))
+            for item in items:
+                yield parse_pairs(item) if reply_all else _str(item)
+            if cursor == 0:
+                return
+
+    # ---- consumer helper
+
+    async def consume(self, queues: str | bytes | Iterable[str | bytes],
+                      handler: Callable[[Job], Awaitable[Any]], *, count: int = 1,
+                      max_jobs: int | None = None, stop: asyncio.Event | None = None,
+                      fast_ack: bool = False, poll_ms: int = consume_poll_ms) -> int:
+        """Like ``Disque.consume`` with a handler (a coroutine function): ACK on return,
+        NACK on exception, WORKING while it runs. Returns the number of jobs handled."""
+        names = _queues(queues)
+        handled = 0
+        while not consume_done(max_jobs, handled, stop):
+            want = consume_batch(count, max_jobs, handled)
+            jobs = await self.get_jobs(names, timeout_ms=poll_ms, count=want, withcounters=True)
+            beats = [asyncio.create_task(self._heartbeat(j.id)) for j in jobs]
+            try:
+                for i, job in enumerate(jobs):
+                    try:
+                        await self._handle(handler, job, fast_ack, beats[i])
+                    except BaseException:  # cancelled: the jobs not handled go back at once
+                        if jobs[i + 1:]:
+                            await self.nack(jobs[i + 1:])
+                        raise
+                    finally:
+                        beats[i].cancel()
+                    handled += 1
+            finally:
+                for beat in beats:
+                    beat.cancel()
+        return handled
+
+    async def iterate(self, queues: str | bytes | Iterable[str | bytes], *,
+                      count: int = 1, poll_ms: int = consume_poll_ms) -> AsyncIterator[Job]:
+        """Async-iterator form; ACK when the loop asks for the next job, WORKING while
+        jobs are held, leaving the loop NACKs the jobs in hand. Async generators
+        are finalized late, so close it explicitly::
+
+            async with contextlib.aclosing(d.iterate("q")) as jobs:
+                async for job in jobs:
+                    ...
+        """
+        names = _queues(queues)
+        in_hand: list[Job] = []
+        beats: dict[str, asyncio.Task[None]] = {}
+        try:
+            while True:
+                in_hand = await self.get_jobs(names, timeout_ms=poll_ms, count=count,
+                                              withcounters=True)
+                beats = {j.id: asyncio.create_task(self._heartbeat(j.id)) for j in in_hand}
+                while in_hand:
+                    yield in_hand[0]
+                    beats.pop(in_hand[0].id).cancel()
+                    await self.ack(in_hand.pop(0))
+        finally:
+            for beat in beats.values():
+                beat.cancel()
+            if in_hand:
+                await self.nack(in_hand)
+
+    async def _handle(self, handler: Callable[[Job], Awaitable[Any]], job: Job,
+                      fast_ack: bool, beat: asyncio.Task[None]) -> None:
+        try:
+            await handler(job)
+        except Exception:
+            beat.cancel()
+            log.exception("handler failed on job %s: NACK", job.id)
+            await self.nack(job.id)
+            return
+        beat.cancel()
+        await (self.fast_ack(job.id) if fast_ack else self.ack(job.id))
+
+    async def _heartbeat(self, job_id: str) -> None:
+        """WORKING after heartbeat_first_s, then every half retry (heartbeat_retry_fraction)."""
+        delay_s = heartbeat_first_s
+        while True:
+            await asyncio.sleep(delay_s)
+            started = time.monotonic()
+            try:
+                retry_s = await self.working(job_id)
+            except DisqueError as exc:
+                log.warning("WORKING %s: %s", job_id, exc)
+                return
+            if retry_s <= 0:
+                return
+            delay_s = max(0.0, retry_s * heartbeat_retry_fraction - (time.monotonic() - started))

@@ -1,0 +1,1 @@
+"""Offline tools behind ``disque-mp`` subcommands (``check-aof``)."""
