@@ -4,7 +4,7 @@ Worker 0 listens on ``bind:port+10000``, keeps one outbound link to every known
 node (PING/MEET out, PONG back on the same link, job messages out), and accepts
 inbound links (PING/MEET in, PONG out, FAIL and job messages in). Membership
 rules live in ``bus/membership.py``; this module only does the I/O and the
-routing. See notes/cluster.md for the protocol.
+routing. See docs/cluster.md for the protocol.
 
 Frames are ``bus/frames.py`` frames. Bus frame kinds:
 
@@ -101,7 +101,7 @@ def next_backoff_ms(last_ms: int | None, min_ms: int, max_ms: int) -> int:
 
 class BatchedLink(asyncio.Protocol):
     """A connection whose frames of one loop turn leave in one write (measured with
-    bench/bus_bench.py: see notes/cluster.md). Bus links, data links and the
+    bench/bus_bench.py: see docs/cluster.md). Bus links, data links and the
     agent's local links share it; each keeps its own output bound and its own
     answer to a peer that does not drain."""
 

@@ -6,7 +6,7 @@ send, links to drop, FAIL to broadcast). Nothing here reads a clock, touches a
 socket or uses the global random module: ``now_ms`` (wall clock ms) and a seeded
 ``random.Random`` come in, so tests drive many nodes with a fake clock.
 
-Rules (Redis Cluster's, as Disque inherits them; see notes/cluster.md):
+Rules (Redis Cluster's, as Disque inherits them; see docs/cluster.md):
 
 - A node learned by CLUSTER MEET, by a MEET from an unknown node, or by gossip
   starts in ``handshake`` under a random temporary ID; the first PONG on our

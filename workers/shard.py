@@ -945,7 +945,7 @@ class Shard(ClusterOps):
     # ------------------------------------------------------------------ persistence
 
     def load_record(self, record: bytes, enqueue: bool, now_ms: int) -> None:
-        """Replay one AOF record (notes/persistence.md): a job record registers or
+        """Replay one AOF record (docs/persistence.md): a job record registers or
         replaces its job, a deletion record removes it. Raises ``ValueError`` on a
         malformed record. Emits nothing (the record is already in a file).
 

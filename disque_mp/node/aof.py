@@ -70,7 +70,7 @@ record_bytes_max = (1 << 30) + (1 << 20)
 # that a worker never holds a whole multi-GB file in memory.
 read_chunk_bytes = 1 << 20
 
-# Test-only fault injection (documented in notes/persistence.md): when this
+# Test-only fault injection (documented in docs/persistence.md): when this
 # environment variable names a file, and that file exists and holds an errno
 # name such as ENOSPC or EIO, every AOF write/fsync fails with that error.
 FAULT_ENV = "DISQUE_MP_AOF_FAULT_FILE"

@@ -1,5 +1,5 @@
 """Memory accounting and the maxmemory levels (spec: "What happens when a node
-runs out of memory?"; notes/memory.md has the measurements behind the numbers).
+runs out of memory?"; docs/memory.md has the measurements behind the numbers).
 
 Used memory is an estimate of the live data, not RSS: CPython rarely gives
 memory back to the OS after frees (pymalloc arenas, glibc heap), so an RSS
@@ -44,7 +44,7 @@ log = logging.getLogger("disque_mp.node.memory")
 # Redis' text (shared.oomerr); Disque answers the same.
 ERR_OOM = Error("OOM command not allowed when used memory > 'maxmemory'.")
 
-# Measured with tracemalloc (notes/memory.md): a registered job costs about 390
+# Measured with tracemalloc (docs/memory.md): a registered job costs about 390
 # bytes beyond its body (record, ID string, ints, table/timer/deque slots, the
 # body object's header); rounded up so the estimate errs on the safe side.
 job_overhead_bytes = 400
@@ -73,7 +73,7 @@ near_percent = 5
 # Eviction at level 2 runs in passes of evict_visit_jobs_max jobs (~1-10 ms each:
 # ~1 us per job visited, ~5-10 us per job evicted) for this share of the sample
 # period (20 ms of 100, 4 ms of 20): one loop stall stays short, and eviction takes
-# about a fifth of the worker while it lasts (~20k-40k jobs/s, notes/memory.md).
+# about a fifth of the worker while it lasts (~20k-40k jobs/s, docs/memory.md).
 evict_duty = 0.2
 evict_passes_per_sample_max = 64  # backstop if the clock misbehaves
 # After a whole cycle over the shard found nothing to evict, rest this long
@@ -262,7 +262,7 @@ class Monitor:
 
 
 def info_fields(maxmemory: int, policy: str, parts: list[Any]) -> list[tuple[str, Any]]:
-    """INFO memory: the reference's fields in its order, then ours (notes/memory.md)."""
+    """INFO memory: the reference's fields in its order, then ours (docs/memory.md)."""
     mem = [p.get("mem") or {} for p in parts]
     used = sum(int(m.get("used", 0)) for m in mem)
     rss = sum(int(p.get("rss", 0)) for p in parts)

@@ -32,7 +32,7 @@ Streaming write: the same as the batch write, per micro-batch.
 
 Rows read carry the job ID and the delivery counters, so sinks can
 de-duplicate. Pitfalls this module minds are in
-``../shared/notes/pyspark-datasource.md`` (connect lazily, picklable partitions,
+``../shared/docs/pyspark-datasource.md`` (connect lazily, picklable partitions,
 RESP2, no CLIENT SETINFO).
 """
 
@@ -815,7 +815,7 @@ def find_java17_home() -> str | None:
 
 
 def local_session(app_name: str = "disque-mp", cores: int = 2, **conf: str) -> Any:
-    """A local SparkSession set up as ../shared/notes/pyspark-datasource.md advises,
+    """A local SparkSession set up as ../shared/docs/pyspark-datasource.md advises,
     with the ``disque`` format registered. Call before any other Spark code."""
     import os
     import sys

@@ -261,7 +261,7 @@ def test_95_percent_evicts_acked_jobs(tmp_path: Path) -> None:
 
 def test_freed_bodies_go_back_to_the_os(tmp_path: Path) -> None:
     """After a big drain the worker calls malloc_trim: RSS comes down (not all the
-    way: pymalloc arenas and other buffers keep some, notes/memory.md)."""
+    way: pymalloc arenas and other buffers keep some, docs/memory.md)."""
     with NodeProc(tmp_path / "n", workers=1) as n:
         r = n.client(protocol=2)
         pipe = r.pipeline(transaction=False)

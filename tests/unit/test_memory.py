@@ -69,7 +69,7 @@ def test_estimate_tracks_tracemalloc(body_len: int) -> None:
     and not below it by more than 5 % (the node must not run far past maxmemory).
 
     The shard is warmed first: its 4096 job-table bucket dicts are a fixed cost
-    (about 1 MB once all exist, notes/memory.md), not a per-job one."""
+    (about 1 MB once all exist, docs/memory.md), not a per-job one."""
     n = 3000
     s = Shard(NODE, 0, 1, b"seed", random.Random(1), T0)
     now = T0
