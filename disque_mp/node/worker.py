@@ -67,7 +67,7 @@ shutdown_drain_s = 3.0  # SIGTERM: longest wait for in-flight replies to be writ
 owner_cache_max = 65536  # queue name -> owner memo; cleared when full (names are unbounded)
 handoff_streak_min = 16  # consecutive commands for one other worker before moving the socket
 handoff_per_conn_max = 4  # a connection whose traffic keeps changing owner stays put after this
-# The cyclic collector (issue 5): job records are GC-tracked, and with the default
+# The cyclic collector: job records are GC-tracked, and with the default
 # thresholds every 25 % growth of the job table triggers a full pass over all of it
 # (measured in-process: 400k ADDJOB on a growing table 5.2 s default, 3.5 s with these).
 # gen0 10,000: a young pass stays a few ms; gen2 only after 100 gen1 passes (10M
@@ -371,7 +371,7 @@ class Worker:
             return None
         return encode(reply, conn.resp3)
 
-    # --- fast paths: the common shapes of the three hot commands (issue 5) ---
+    # --- fast paths: the common shapes of the three hot commands ---
     #
     # Each returns the encoded reply, or None before doing anything when the
     # command is not of its shape (another owner, options, appendfsync always):
