@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import heapq
 import random
+from bisect import bisect_left
 from collections.abc import Set as AbstractSet
 from typing import Any, Final
 
@@ -49,6 +50,7 @@ from workers.job import (
     STATE_NAMES,
     US_PER_MS,
     WAIT_REPL,
+    _FLAG_BITS,
     Job,
     del_record,
     job_id_of_record,
@@ -108,6 +110,13 @@ ERR_TOOLATE: Final = Error(
     "TOOLATE Half of job TTL already elapsed, you are no longer allowed to postpone "
     "the next delivery."
 )
+
+# Observability (/metrics, disque_mp/node/http/): histogram bounds in ms of a job's wait
+# (ADDJOB to its first delivery) and processing (a delivery to its ACK); one extra
+# bucket past the last bound. The shard only counts; the HTTP side exports seconds.
+latency_bounds_ms: Final = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000,
+                            60_000, 300_000, 900_000, 3_600_000)
+_FLAGS_WITH_DELAY: Final = 1 << _FLAG_BITS  # job.flags at or above this: a DELAY was given
 
 _K_NACKS: Final = b"nacks"
 _K_ADD_DELIV: Final = b"additional-deliveries"
@@ -170,6 +179,18 @@ class Shard(ClusterOps):
         # Emit AofAppend effects (job records, deletions): the worker sets this
         # while appendonly is on, so the records cost nothing otherwise.
         self.aof = False
+        # Totals for /metrics: monotonic over the process (FLUSHALL keeps them).
+        self.stat_added = 0  # jobs created by ADDJOB here
+        self.stat_delivered = 0  # jobs taken from a queue for a GETJOB
+        self.stat_acked = 0  # known jobs acknowledged by ACKJOB / FASTACK
+        self.stat_nacked = 0  # requeued by NACK
+        self.stat_requeued_retry = 0  # requeued because RETRY elapsed without an ACK
+        self.stat_requeued_enqueue = 0  # requeued by ENQUEUE
+        self.stat_expired = 0  # deleted because their TTL elapsed
+        self.wait_counts = [0] * (len(latency_bounds_ms) + 1)
+        self.wait_sum_ms = 0
+        self.proc_counts = [0] * (len(latency_bounds_ms) + 1)
+        self.proc_sum_ms = 0
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -187,6 +208,11 @@ class Shard(ClusterOps):
         self._gc_tries: dict[str, int] = {}  # acked jobs -> GC attempts made
         self._fed: dict[bytes, Fed] = {}  # queues with federation state
         self._asks: dict[bytes, tuple[str, int]] = {}  # queue -> (asker, until ms)
+        # /metrics: delivered and not acked jobs (ID -> delivery ms; per queue count),
+        # jobs waiting for their DELAY per queue. Entries exist only while non-zero.
+        self._delivered_at: dict[str, int] = {}
+        self._active: dict[bytes, int] = {}
+        self._delayed: dict[bytes, int] = {}
 
     # ------------------------------------------------------------------ plumbing
 
@@ -232,6 +258,8 @@ class Shard(ClusterOps):
         b[jid] = job
         self._njobs += 1
         self.body_bytes += len(job.body)
+        if job.flags >= _FLAGS_WITH_DELAY and not job.flags & FLAG_QUEUED_ONCE:
+            self._delayed[job.queue] = self._delayed.get(job.queue, 0) + 1
 
     def _unregister(self, job: Job, now_ms: int) -> None:
         jid = job.id
@@ -248,6 +276,10 @@ class Shard(ClusterOps):
                 self._effects.append(Wake(rw.token, ERR_NOREPL_TIMEOUT))
         if self._gc_tries:
             self._gc_tries.pop(jid, None)
+        if self._delivered_at:
+            self._forget_delivery(job)
+        if job.flags >= _FLAGS_WITH_DELAY and not job.flags & FLAG_QUEUED_ONCE:
+            self._undelay(job)
         was = job.state
         job.state = DELETED
         # Stale timer-bucket and deque entries keep the record until purged (up to
@@ -382,6 +414,7 @@ class Shard(ClusterOps):
             if job.state == WAIT_REPL:
                 self._repl_failed(job, now_ms)
             else:
+                self.stat_expired += 1
                 self._unregister(job, now_ms)
             return
         if job.state == WAIT_REPL:
@@ -407,6 +440,8 @@ class Shard(ClusterOps):
             else:
                 if job.flags & FLAG_DELIVERED:
                     job.additional_deliveries += 1
+                if job.flags & FLAG_QUEUED_ONCE:  # not the end of a DELAY
+                    self.stat_requeued_retry += 1
                 self._requeue(job, q, now_ms)
         if job.state != DELETED:
             self._schedule(job, self._due(job))
@@ -429,6 +464,8 @@ class Shard(ClusterOps):
     def _requeue(self, job: Job, q: Queue, now_ms: int) -> None:
         """Queue a known job again (retry timer, NACK, ENQUEUE): QUEUED to the
         other holders as the re-queueing state machine says, and log the state."""
+        if self._delivered_at:
+            self._forget_delivery(job)
         self._enqueue(job, q, now_ms)
         if job.nodes[0] is not self._me and job.state == QUEUED:
             self._send_queued(job)
@@ -439,7 +476,10 @@ class Shard(ClusterOps):
         """Disque's enqueueJob minus its checks: the job becomes QUEUED in ``q``.
         ``serve=False``: the caller queues a batch and serves waiters after it."""
         job.state = QUEUED
-        job.flags = (job.flags & ~FLAG_WILLQUEUE_SENT) | FLAG_QUEUED_ONCE
+        flags = job.flags
+        if flags >= _FLAGS_WITH_DELAY and not flags & FLAG_QUEUED_ONCE:
+            self._undelay(job)
+        job.flags = (flags & ~FLAG_WILLQUEUE_SENT) | FLAG_QUEUED_ONCE
         if job.retry_s:
             job.qtime_ms = now_ms + job.retry_s * 1000 + int(self._rng.random() * time_error_ms)
         else:
@@ -466,7 +506,15 @@ class Shard(ClusterOps):
     def _deliver(self, job: Job, q: Queue, now_ms: int, withcounters: bool) -> list[Any]:
         """``job`` was just popped from ``q`` for a client: make it ACTIVE, build its entry."""
         job.state = ACTIVE
-        job.flags |= FLAG_DELIVERED
+        if not job.flags & FLAG_DELIVERED:
+            wait_ms = now_ms - job.ctime_us // US_PER_MS
+            self.wait_counts[bisect_left(latency_bounds_ms, wait_ms)] += 1
+            self.wait_sum_ms += wait_ms
+            job.flags |= FLAG_DELIVERED
+        self.stat_delivered += 1
+        if self._delivered_at.get(job.id) is None:
+            self._active[q.name] = self._active.get(q.name, 0) + 1
+        self._delivered_at[job.id] = now_ms
         q.jobs_out += 1
         q.atime_ms = now_ms
         if job.qtime_ms:
@@ -564,6 +612,7 @@ class Shard(ClusterOps):
         job_id = self._ids.make(q.slot, ttl_s, retry_s)
         job = Job(job_id, q.name, body, ACTIVE, replicate, ttl_s, ctime_us, delay_s, retry_s,
                   0, self._me)
+        self.stat_added += 1
         if additional:
             return self._addjob_cluster(job, q, additional, extrepl, timeout_ms, async_, token,
                                         now_ms, flexible)
@@ -669,6 +718,7 @@ class Shard(ClusterOps):
             q = self._queue(job.queue, now_ms)
             if not job.nacks and not job.additional_deliveries:
                 job.flags &= ~FLAG_DELIVERED  # that take was its only delivery
+            self._forget_delivery(job)
             if q.jobs_out:
                 q.jobs_out -= 1
             job.state = QUEUED
@@ -688,7 +738,9 @@ class Shard(ClusterOps):
                     self._ackjob_unknown(job_id, now_ms)  # dummy ACK (not counted, as Disque)
                 continue
             known += 1
+            self._observe_processing(job, now_ms)
             self._ack(job, now_ms)
+        self.stat_acked += known
         return known
 
     def _ack(self, job: Job, now_ms: int) -> None:
@@ -710,11 +762,13 @@ class Shard(ClusterOps):
             job = self.lookup(job_id)
             if job is not None:
                 known += 1
+                self._observe_processing(job, now_ms)
                 if job.nodes[0] is not self._me:
                     self._fastack_cluster(job_id, job)
                 self._unregister(job, now_ms)
             elif self._known:
                 self._fastack_cluster(job_id, None)
+        self.stat_acked += known
         return known
 
     def op_deljob(self, job_ids: list[str], now_ms: int) -> int:
@@ -742,8 +796,11 @@ class Shard(ClusterOps):
             q = self._queue(job.queue, now_ms)
             if nack:
                 job.nacks += 1
-            elif job.flags & FLAG_DELIVERED:
-                job.additional_deliveries += 1
+                self.stat_nacked += 1
+            else:
+                self.stat_requeued_enqueue += 1
+                if job.flags & FLAG_DELIVERED:
+                    job.additional_deliveries += 1
             self._requeue(job, q, now_ms)
             done += 1
         return done
@@ -1013,6 +1070,77 @@ class Shard(ClusterOps):
             "registered_queues": len(self._queues),
             "blocked_clients": len(self._waiters),
         }
+
+    # ------------------------------------------------------------------ observability
+
+    def _forget_delivery(self, job: Job) -> int:
+        """The job is no longer delivered-and-unacked: its delivery ms, or -1."""
+        at = self._delivered_at.pop(job.id, -1)
+        if at >= 0:
+            n = self._active.get(job.queue, 0) - 1
+            if n > 0:
+                self._active[job.queue] = n
+            else:
+                self._active.pop(job.queue, None)
+        return at
+
+    def _observe_processing(self, job: Job, now_ms: int) -> None:
+        at = self._forget_delivery(job) if self._delivered_at else -1
+        if at >= 0:
+            took_ms = now_ms - at if now_ms > at else 0
+            self.proc_counts[bisect_left(latency_bounds_ms, took_ms)] += 1
+            self.proc_sum_ms += took_ms
+
+    def _undelay(self, job: Job) -> None:
+        n = self._delayed.get(job.queue, 0) - 1
+        if n > 0:
+            self._delayed[job.queue] = n
+        else:
+            self._delayed.pop(job.queue, None)
+
+    def metrics(self, queues_max: int, now_ms: int) -> dict[str, Any]:
+        """Counters, histograms and the ``queues_max`` largest queues (by queued jobs)
+        for /metrics and the HTTP API; a queue row is [name, queued, active, delayed,
+        oldest queued age ms (-1: empty), jobs in, jobs out, blocked clients, pause
+        state, import rate]. O(queues) to find the largest: read once per scrape."""
+        queues = self._queues
+        names = set(queues)
+        if len(names) < queues_max:
+            names.update(self._active)
+            names.update(self._delayed)
+        if len(names) > queues_max:
+            names = set(heapq.nlargest(queues_max, names, key=self._queue_size))
+        rows = [self._queue_row(name, now_ms) for name in names]
+        return {
+            "added": self.stat_added, "delivered": self.stat_delivered,
+            "acked": self.stat_acked, "nacked": self.stat_nacked,
+            "requeued_retry": self.stat_requeued_retry,
+            "requeued_nack": self.stat_nacked,
+            "requeued_enqueue": self.stat_requeued_enqueue, "expired": self.stat_expired,
+            "jobs": self._njobs, "queues": len(queues),
+            "queued": sum(q.live for q in queues.values()),
+            "active": len(self._delivered_at), "delayed": sum(self._delayed.values()),
+            "blocked": len(self._waiters),
+            "wait_counts": list(self.wait_counts), "wait_sum_ms": self.wait_sum_ms,
+            "proc_counts": list(self.proc_counts), "proc_sum_ms": self.proc_sum_ms,
+            "queue_rows": rows,
+        }  # fmt: skip
+
+    def _queue_size(self, name: bytes) -> int:
+        q = self._queues.get(name)
+        return q.live if q is not None else 0
+
+    def _queue_row(self, name: bytes, now_ms: int) -> list[Any]:
+        q = self._queues.get(name)
+        if q is None:  # evicted while some of its jobs are delivered or delayed
+            return [name, 0, self._active.get(name, 0), self._delayed.get(name, 0), -1,
+                    0, 0, 0, "none", 0]
+        oldest = q.oldest(1)
+        age_ms = max(0, now_ms - oldest[0].ctime_us // US_PER_MS) if oldest else -1
+        rate = self._qstat_import(q, now_ms)[1] if self._fed else 0
+        return [name, q.live, self._active.get(name, 0), self._delayed.get(name, 0), age_ms,
+                q.jobs_in, q.jobs_out, 0 if q.waiters is None else len(q.waiters),
+                PAUSE_NAMES[q.paused], rate]
 
     def jobs(self) -> list[Job]:
         """Every registered job (tests, AOF rewrite)."""
