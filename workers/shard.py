@@ -39,6 +39,7 @@ from workers.effects import AofAppend, Effect, Wake
 from workers.ids import JobIdGen, slot_of
 from workers.invariant import InvariantError, invariant
 from workers.job import (
+    _FLAG_BITS,
     ACKED,
     ACTIVE,
     DEL_RECORD_TAG,
@@ -50,7 +51,6 @@ from workers.job import (
     STATE_NAMES,
     US_PER_MS,
     WAIT_REPL,
-    _FLAG_BITS,
     Job,
     del_record,
     job_id_of_record,
@@ -1104,13 +1104,15 @@ class Shard(ClusterOps):
         oldest queued age ms (-1: empty), jobs in, jobs out, blocked clients, pause
         state, import rate]. O(queues) to find the largest: read once per scrape."""
         queues = self._queues
-        names = set(queues)
-        if len(names) < queues_max:
-            names.update(self._active)
-            names.update(self._delayed)
-        if len(names) > queues_max:
-            names = set(heapq.nlargest(queues_max, names, key=self._queue_size))
-        rows = [self._queue_row(name, now_ms) for name in names]
+        rows: list[list[Any]] = []
+        if queues_max > 0:
+            names = set(queues)
+            if len(names) < queues_max:
+                names.update(self._active)
+                names.update(self._delayed)
+            if len(names) > queues_max:
+                names = set(heapq.nlargest(queues_max, names, key=self._queue_size))
+            rows = [self._queue_row(name, now_ms) for name in names]
         return {
             "added": self.stat_added, "delivered": self.stat_delivered,
             "acked": self.stat_acked, "nacked": self.stat_nacked,

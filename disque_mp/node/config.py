@@ -155,6 +155,12 @@ class Config:
     workers: int = field(default_factory=lambda: usable_cpus())
     # where the config came from (CONFIG REWRITE target, INFO config_file)
     config_file: str = ""
+    # HTTP endpoint: /metrics, the JSON admin API, the dashboard (disque_mp/node/http/)
+    http_port: int = 0  # 0 = off (make run serves 7780)
+    http_bind: str = "127.0.0.1"  # one or more addresses, space separated
+    http_metrics_queues_max: int = 1000  # queues with their own series (largest first)
+    http_api_jobs_max: int = 1000  # jobs one API call lists or moves
+    http_request_bytes_max: int = 1 << 20  # request line + headers + body
 
 
 class ConfigValueError(ValueError):
@@ -313,6 +319,12 @@ DIRECTIVES: tuple[Directive, ...] = (
     _d("proto-max-multibulk-len", "int", True, "Invalid proto-max-multibulk-len value", lo=1),
     _d("workers", "int", False, f"workers must be between 1 and {workers_max}",
        lo=1, hi=workers_max),
+    # ours: the HTTP endpoint (metrics, admin API, dashboard)
+    _d("http-port", "int", False, "Invalid http-port (0 = off)", lo=0, hi=65535),
+    _d("http-bind", "str", False),
+    _d("http-metrics-queues-max", "int", True, "Invalid http-metrics-queues-max value", lo=0),
+    _d("http-api-jobs-max", "int", True, "Invalid http-api-jobs-max value", lo=1),
+    _d("http-request-bytes-max", "mem", True, "Invalid http-request-bytes-max value", lo=1024),
 )
 BY_NAME: dict[str, Directive] = {d.name: d for d in DIRECTIVES}
 # Names Redis users know for our limit directives (same field, same units).

@@ -188,6 +188,7 @@ class Worker:
         await self._start_cluster()
         for sock in listen_sockets(self.cfg.bind, self.cfg.port, self.cfg.tcp_backlog):
             self.servers.append(await self.loop.create_server(lambda: ClientConn(self), sock=sock))
+        await self._start_http()
         self.loop.add_signal_handler(signal.SIGTERM, self.request_stop)
         self.loop.add_signal_handler(signal.SIGHUP, self.reopen_log)
         self.loop.call_later(parent_poll_s, self._check_parent)
@@ -230,6 +231,12 @@ class Worker:
                                             self.on_cluster_message, self.on_view)
         await self.agent.start()
         self.send_hook = self._send_to_bus
+
+    async def _start_http(self) -> None:
+        """/metrics, the admin API and the dashboard on http-port (disque_mp/node/http/)."""
+        from disque_mp.node import http
+
+        self.servers += await http.start(self)
 
     def reopen_log(self) -> None:
         """SIGHUP (the supervisor forwards its own): reopen the log file, as after logrotate."""

@@ -83,6 +83,10 @@ def _putter(put: Callable[[int, Any], None], j: int) -> Callable[[dict[str, Any]
 
 def local_op(w: Worker, op: str, arg: Any) -> Any:
     """This worker's part of a node-wide command."""
+    if op.startswith("http."):  # the HTTP endpoint's gathers (disque_mp/node/http/ops.py)
+        from disque_mp.node.http.ops import local_op as http_local_op
+
+        return http_local_op(w, op, arg)
     if op == "info":
         return w.local_stats()
     if op == "qscan":
