@@ -31,6 +31,7 @@ log = logging.getLogger("disque_mp.node.http")
 
 header_count_max = 100  # headers in one request; a real browser sends about 20
 keepalive_idle_s = 60.0  # an idle keep-alive connection is closed after this
+linger_s = 2.0  # after an error answer, input is drained this long before closing
 REASONS = {200: "OK", 204: "No Content", 400: "Bad Request", 401: "Unauthorized",
            404: "Not Found", 405: "Method Not Allowed", 409: "Conflict",
            411: "Length Required", 413: "Content Too Large", 500: "Internal Server Error",
@@ -144,7 +145,11 @@ class HttpConn(asyncio.Protocol):
         if self.closing:
             return
         self.buf += data
-        if len(self.buf) > self.w.cfg.http_request_bytes_max and not self.busy:
+        if len(self.buf) > self.w.cfg.http_request_bytes_max:
+            if self.busy:  # pipelined requests pile up behind a slow one: stop reading
+                if self.transport is not None:
+                    self.transport.pause_reading()
+                return
             self._fail(413, "request too large (http-request-bytes-max)")
             return
         self._next()
@@ -197,6 +202,7 @@ class HttpConn(asyncio.Protocol):
             self.closing = True
             self.transport.close()
             return
+        self.transport.resume_reading()
         self._next()
 
     async def _answer(self, req: Request) -> Response:
@@ -210,12 +216,26 @@ class HttpConn(asyncio.Protocol):
         return resp
 
     def _fail(self, status: int, text: str) -> None:
+        """Answer a request we will not serve, then close. The rest of what the client
+        sends is read and dropped for up to ``linger_s``: closing a socket with unread
+        input sends a reset, which can destroy the answer before the client reads it."""
         from disque_mp.node.http.api import error
 
         self.closing = True
-        if self.transport is not None:
-            self.transport.write(error(status, text).encode(False))
-            self.transport.close()
+        transport = self.transport
+        if transport is None:
+            return
+        transport.write(error(status, text).encode(False))
+        if transport.can_write_eof():
+            transport.write_eof()
+            if self.idle is not None:
+                self.idle.cancel()
+            self.idle = self.w.loop.call_later(linger_s, self._close)
+        else:
+            transport.close()
+
+    def eof_received(self) -> bool:
+        return False  # the client is done sending: close
 
 
 def ssl_context(cfg: Any) -> ssl.SSLContext | None:
