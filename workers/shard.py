@@ -32,6 +32,7 @@ import heapq
 import random
 from bisect import bisect_left
 from collections.abc import Set as AbstractSet
+from operator import attrgetter
 from typing import Any, Final
 
 from workers.cluster import ERR_NOREPL_TIMEOUT, ClusterOps, Fed, ReplWait
@@ -117,6 +118,7 @@ ERR_TOOLATE: Final = Error(
 latency_bounds_ms: Final = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000,
                             60_000, 300_000, 900_000, 3_600_000)
 _FLAGS_WITH_DELAY: Final = 1 << _FLAG_BITS  # job.flags at or above this: a DELAY was given
+_live = attrgetter("live")  # a queue's queued jobs: the key of the largest queues
 
 _K_NACKS: Final = b"nacks"
 _K_ADD_DELIV: Final = b"additional-deliveries"
@@ -1106,12 +1108,12 @@ class Shard(ClusterOps):
         queues = self._queues
         rows: list[list[Any]] = []
         if queues_max > 0:
-            names = set(queues)
-            if len(names) < queues_max:
-                names.update(self._active)
-                names.update(self._delayed)
-            if len(names) > queues_max:
-                names = set(heapq.nlargest(queues_max, names, key=self._queue_size))
+            if len(queues) > queues_max:
+                names = [q.name for q in heapq.nlargest(queues_max, queues.values(), key=_live)]
+            else:  # room for all, and for evicted queues that still have jobs out
+                names = list(queues)
+                names += [n for n in {*self._active, *self._delayed} if n not in queues]
+                names = names[:queues_max]
             rows = [self._queue_row(name, now_ms) for name in names]
         return {
             "added": self.stat_added, "delivered": self.stat_delivered,
@@ -1127,10 +1129,6 @@ class Shard(ClusterOps):
             "proc_counts": list(self.proc_counts), "proc_sum_ms": self.proc_sum_ms,
             "queue_rows": rows,
         }  # fmt: skip
-
-    def _queue_size(self, name: bytes) -> int:
-        q = self._queues.get(name)
-        return q.live if q is not None else 0
 
     def _queue_row(self, name: bytes, now_ms: int) -> list[Any]:
         q = self._queues.get(name)

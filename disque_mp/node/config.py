@@ -158,7 +158,7 @@ class Config:
     # HTTP endpoint: /metrics, the JSON admin API, the dashboard (disque_mp/node/http/)
     http_port: int = 0  # 0 = off (make run serves 7780)
     http_bind: str = "127.0.0.1"  # one or more addresses, space separated
-    http_metrics_queues_max: int = 1000  # queues with their own series (largest first)
+    http_metrics_queues_max: int = 100  # queues with their own series (largest first)
     http_api_jobs_max: int = 1000  # jobs one API call lists or moves
     http_request_bytes_max: int = 1 << 20  # request line + headers + body
 

@@ -142,7 +142,7 @@ def test_the_queue_cap_keeps_the_largest(node: NodeProc) -> None:
         assert labelled == set(big)
         assert one(m, "disque_metrics_queues_exported") == 2
     finally:
-        r.execute_command("CONFIG", "SET", "http-metrics-queues-max", "1000")
+        r.execute_command("CONFIG", "SET", "http-metrics-queues-max", "100")
 
 
 def test_metrics_need_the_password_when_one_is_set(tmp_path: Path) -> None:
