@@ -8,13 +8,16 @@ Starts a node (tests/nodeproc.py) with http-port on. Each run: DEBUG FLUSHALL, f
 ADDJOB q:__rand_int__ x 0`` for ``--seconds``, with a scraper thread fetching
 /metrics once a second or not. Runs alternate ABBA (off, on, on, off, ...) so the
 drift of a shared machine falls on both sides. Prints each run, the medians, the
-difference in percent and the scrape's own time and size; ``--json`` writes them.
+difference in percent, the workers' CPU time per ADDJOB on each side (from /proc:
+steadier than throughput on a shared machine) and the scrape's own time and size;
+``--json`` writes them.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -59,12 +62,24 @@ class Scraper(threading.Thread):
             self.stop.wait(max(0.0, scrape_period_s - (time.perf_counter() - t0)))
 
 
+def cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds of these processes (/proc/PID/stat)."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def one_run(node: NodeProc, http_port: int, scrape: bool, a: argparse.Namespace) -> dict[str, Any]:
     r = node.client(protocol=2)
     r.execute_command("DEBUG", "FLUSHALL")
     fill(node.port, a.queues)
     queues = int(r.info("queues")["registered_queues"])
-    r.close()
+    jobs0 = int(r.info("jobs")["registered_jobs"])
+    pids = node.worker_pids()
+    cpu0 = cpu_s(pids)
     scraper = Scraper(f"http://127.0.0.1:{http_port}/metrics") if scrape else None
     if scraper is not None:
         scraper.start()
@@ -73,8 +88,12 @@ def one_run(node: NodeProc, http_port: int, scrape: bool, a: argparse.Namespace)
     if scraper is not None:
         scraper.stop.set()
         scraper.join(timeout=scrape_timeout_s)
+    cpu = cpu_s(pids) - cpu0
+    jobs = int(r.info("jobs")["registered_jobs"]) - jobs0
+    r.close()
     rate = float(line.rsplit(":", 1)[1].split()[0].replace(",", ""))
-    out: dict[str, Any] = {"scrape": scrape, "rate": rate, "queues": queues}
+    out: dict[str, Any] = {"scrape": scrape, "rate": rate, "queues": queues, "jobs": jobs,
+                           "cpu_us_per_job": round(1e6 * cpu / max(jobs, 1), 2)}
     if scraper is not None:
         out.update(scrapes=len(scraper.times_s), scrape_errors=scraper.errors,
                    scrape_ms_median=1000 * statistics.median(scraper.times_s or [0.0]),
@@ -105,10 +124,15 @@ def main(argv: list[str] | None = None) -> int:
     summary = {
         "median_without": statistics.median(off), "median_with": statistics.median(on),
         "cost_percent": 100 * (1 - statistics.median(on) / statistics.median(off)),
+        "cpu_us_per_job_without": statistics.median([r["cpu_us_per_job"] for r in runs if not r["scrape"]]),
+        "cpu_us_per_job_with": statistics.median([r["cpu_us_per_job"] for r in runs if r["scrape"]]),
+        "cpu_cost_percent": 0.0,
         "scrape_ms_median": statistics.median([r["scrape_ms_median"] for r in runs if r["scrape"]]),
         "body_bytes": max(r["body_bytes"] for r in runs if r["scrape"]),
         "queues": a.queues, "workers": a.workers, "seconds": a.seconds, "rounds": a.rounds,
     }
+    summary["cpu_cost_percent"] = 100 * (summary["cpu_us_per_job_with"]
+                                         / summary["cpu_us_per_job_without"] - 1)
     print(json.dumps(summary, indent=1))
     if a.json:
         Path(a.json).write_text(json.dumps({"runs": runs, "summary": summary}, indent=1))
