@@ -103,6 +103,33 @@ def one_run(node: NodeProc, http_port: int, scrape: bool, a: argparse.Namespace)
     return out
 
 
+def idle_cost(node: NodeProc, http_port: int, seconds: float, queues: int) -> dict[str, Any]:
+    """The scrape's own CPU: the workers' CPU over ``seconds`` without load, without
+    then with a scrape a second (the difference does not depend on how fast a
+    shared machine happens to run the load)."""
+    r = node.client(protocol=2)
+    r.execute_command("DEBUG", "FLUSHALL")
+    fill(node.port, queues)
+    r.close()
+    pids = node.worker_pids()
+    cpu0 = cpu_s(pids)
+    time.sleep(seconds)
+    quiet = cpu_s(pids) - cpu0
+    scraper = Scraper(f"http://127.0.0.1:{http_port}/metrics")
+    cpu0 = cpu_s(pids)
+    scraper.start()
+    time.sleep(seconds)
+    scraper.stop.set()
+    scraper.join(timeout=scrape_timeout_s)
+    busy = cpu_s(pids) - cpu0
+    n = max(len(scraper.times_s), 1)
+    out = {"idle_cpu_s": round(quiet, 3), "scraped_cpu_s": round(busy, 3), "scrapes": n,
+           "cpu_ms_per_scrape": round(1000 * (busy - quiet) / n, 1),
+           "scrape_ms_median": round(1000 * statistics.median(scraper.times_s or [0.0]), 1)}
+    print(json.dumps(out), flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.metrics_cost")
     p.add_argument("--rounds", type=int, default=4, help="pairs of runs (ABBA order)")
@@ -110,11 +137,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--queues", type=int, default=10_000)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--json", default="", help="write the runs and the summary here")
+    p.add_argument("--idle-seconds", type=float, default=10.0,
+                   help="also measure a scrape's CPU on the idle node over this long (0: skip)")
     a = p.parse_args(argv)
     http_port = free_port()
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp, \
             NodeProc(Path(tmp), workers=a.workers, conf={"http-port": http_port}) as node:
+        idle = idle_cost(node, http_port, a.idle_seconds, a.queues) if a.idle_seconds else {}
         for i in range(a.rounds):
             order = (False, True) if i % 2 == 0 else (True, False)
             for scrape in order:
@@ -130,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         "scrape_ms_median": statistics.median([r["scrape_ms_median"] for r in runs if r["scrape"]]),
         "body_bytes": max(r["body_bytes"] for r in runs if r["scrape"]),
         "queues": a.queues, "workers": a.workers, "seconds": a.seconds, "rounds": a.rounds,
+        "idle": idle,
     }
     summary["cpu_cost_percent"] = 100 * (summary["cpu_us_per_job_with"]
                                          / summary["cpu_us_per_job_without"] - 1)

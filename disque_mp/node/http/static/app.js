@@ -6,7 +6,7 @@ const PERIOD_MS = 2000;      // live refresh of the current view
 const CHART_POINTS = 90;     // rate history kept for the chart (3 minutes at 2 s)
 const DEAD = "dead:";        // dead-letter queue of q is dead:q
 
-const state = { route: "", timer: null, history: [], filter: "", busy: false };
+const state = { route: "", timer: null, history: [], filter: "", busy: false, sampled: false };
 
 // ------------------------------------------------------------------ helpers
 
@@ -105,7 +105,7 @@ function drawChart(canvas) {
     if (pts.length < 2) return;
     ctx.strokeStyle = color; ctx.lineWidth = 2 * devicePixelRatio; ctx.beginPath();
     pts.forEach((p, i) => {
-      const x = w * i / (CHART_POINTS - 1);
+      const x = w * i / (pts.length - 1);  // the history fills the width as it grows
       const y = h - (h - 14 * devicePixelRatio) * p[key] / top - 1;
       i ? ctx.lineTo(x, y) : ctx.moveTo(x, y);
     });
@@ -131,7 +131,9 @@ function pauseButton(q) {
 async function viewQueues(main) {
   const data = await api("/api/queues?limit=500");
   const live = data.queues.filter(q => !q.name.startsWith(DEAD));
-  state.history.push({ in: live.reduce((a, q) => a + q.in_rate, 0), out: live.reduce((a, q) => a + q.out_rate, 0) });
+  // rates need two samples on the server: the first answer after a load has none
+  if (state.sampled) state.history.push({ in: live.reduce((a, q) => a + q.in_rate, 0), out: live.reduce((a, q) => a + q.out_rate, 0) });
+  state.sampled = true;
   if (state.history.length > CHART_POINTS) state.history.shift();
   const canvas = el("canvas", { role: "img", "aria-label": "Jobs in and out per second, all queues" });
   const filter = el("input", { type: "search", id: "filter", placeholder: "Filter queues  (/)", value: state.filter,
