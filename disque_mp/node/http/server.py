@@ -79,11 +79,7 @@ class BadRequest(Exception):
 
 def parse_head(head: bytes) -> tuple[str, str, dict[str, str]]:
     """Request line and headers (names lowercased); raises BadRequest."""
-    try:
-        text = head.decode("latin-1")
-    except UnicodeDecodeError:  # latin-1 decodes anything; kept for clarity
-        raise BadRequest(400, "bad request head") from None
-    lines = text.split("\r\n")
+    lines = head.decode("latin-1").split("\r\n")  # latin-1: any byte is a character
     parts = lines[0].split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not parts[1].startswith("/"):
         raise BadRequest(400, "bad request line")
