@@ -466,8 +466,6 @@ class Shard(ClusterOps):
     def _requeue(self, job: Job, q: Queue, now_ms: int) -> None:
         """Queue a known job again (retry timer, NACK, ENQUEUE): QUEUED to the
         other holders as the re-queueing state machine says, and log the state."""
-        if self._delivered_at:
-            self._forget_delivery(job)
         self._enqueue(job, q, now_ms)
         if job.nodes[0] is not self._me and job.state == QUEUED:
             self._send_queued(job)
@@ -481,6 +479,8 @@ class Shard(ClusterOps):
         flags = job.flags
         if flags >= _FLAGS_WITH_DELAY and not flags & FLAG_QUEUED_ONCE:
             self._undelay(job)
+        if flags & FLAG_DELIVERED and self._delivered_at:
+            self._forget_delivery(job)  # queued again (retry, NACK, ENQUEUE, a peer's QUEUED)
         job.flags = (flags & ~FLAG_WILLQUEUE_SENT) | FLAG_QUEUED_ONCE
         if job.retry_s:
             job.qtime_ms = now_ms + job.retry_s * 1000 + int(self._rng.random() * time_error_ms)
@@ -1179,3 +1179,20 @@ class Shard(ClusterOps):
                 invariant(wq is not None and wq.waiters and w.token in wq.waiters,
                           f"waiter {w.token} not on queue {name!r}")
         invariant(len(self._heap) == len(self._timers), "timer heap and buckets differ")
+        self._check_metrics(jobs)
+
+    def _check_metrics(self, jobs: list[Job]) -> None:
+        """The /metrics bookkeeping agrees with the jobs (tests; O(jobs))."""
+        active: dict[bytes, int] = {}
+        for jid in self._delivered_at:
+            job = self.lookup(jid)
+            invariant(job is not None and job.state in (ACTIVE, ACKED),
+                      f"delivered job {jid} is not active")
+            if job is not None:
+                active[job.queue] = active.get(job.queue, 0) + 1
+        invariant(active == self._active, f"active per queue {self._active} != {active}")
+        delayed: dict[bytes, int] = {}
+        for job in jobs:
+            if job.flags >= _FLAGS_WITH_DELAY and not job.flags & FLAG_QUEUED_ONCE:
+                delayed[job.queue] = delayed.get(job.queue, 0) + 1
+        invariant(delayed == self._delayed, f"delayed per queue {self._delayed} != {delayed}")
