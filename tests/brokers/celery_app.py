@@ -1,6 +1,7 @@
 """The Celery app the broker tests run in a real ``celery -A tests.brokers.celery_app
 worker``. Settings come from the environment the test gives the worker:
-DISQUE_BROKER_URL, BROKER_RECORD_FILE (one JSON line per task run)."""
+DISQUE_BROKER_URL, BROKER_TEST_QUEUE, BROKER_RECORD_FILE (one JSON line per
+task run), DISQUE_VISIBILITY_S."""
 
 from __future__ import annotations
 
@@ -13,18 +14,20 @@ from celery import Celery
 import disque_mp.kombu  # noqa: F401  (registers disque://)
 from tests.brokers.record import record
 
+QUEUE = os.environ.get("BROKER_TEST_QUEUE", "celery-test")
+
 app = Celery("celery_app", broker=os.environ.get("DISQUE_BROKER_URL", "disque://127.0.0.1:7711"))
 app.conf.update(
     broker_transport_options={
         "visibility_timeout": int(os.environ.get("DISQUE_VISIBILITY_S", "3")),
-        "dead_letter_queue": "celery.dead",
+        "dead_letter_queue": QUEUE + ".dead",
     },
     broker_connection_retry_on_startup=True,
     task_acks_late=True,
     task_acks_on_failure_or_timeout=False,  # a task that fails for good is rejected: dead letter
     worker_prefetch_multiplier=1,
     worker_hijack_root_logger=False,
-    task_default_queue="celery-test",
+    task_default_queue=QUEUE,
 )
 
 
