@@ -30,8 +30,7 @@ from typing import Any
 
 from dramatiq.broker import Broker, Consumer, MessageProxy
 from dramatiq.common import xq_name
-from dramatiq.errors import BrokerConnectionError
-from dramatiq.errors import DecodeError
+from dramatiq.errors import BrokerConnectionError, DecodeError
 from dramatiq.message import Message
 from dramatiq.middleware import Middleware
 

@@ -196,7 +196,7 @@ class QoS(virtual.QoS):
                 log.info("returning %d unacked messages to Disque with NACK", len(state))
                 self.restore_unacked()
         finally:
-            state.restored = True
+            state.restored = True  # type: ignore[attr-defined]  # kombu's own marker
 
     def close(self) -> None:
         if self._beat is not None:
@@ -211,7 +211,7 @@ class Channel(virtual.Channel):
     do_restore = True
     supports_fanout = False
 
-    from_transport_options = virtual.Channel.from_transport_options + (
+    from_transport_options: Any = virtual.Channel.from_transport_options + (
         "visibility_timeout", "message_ttl", "replicate", "async_replication",
         "dead_letter_queue", "priority_steps", "heartbeat", "fetch_count",
     )
@@ -385,7 +385,7 @@ class Transport(virtual.Transport):
     """
 
     Channel = Channel
-    default_port = DEFAULT_PORT
+    default_port: Any = DEFAULT_PORT
     driver_type = "disque"
     driver_name = "disque"
     polling_interval = polling_interval_default_s
@@ -395,8 +395,10 @@ class Transport(virtual.Transport):
         exchange_type=frozenset(["direct", "topic"]),
         heartbeats=False,
     )
-    connection_errors = virtual.Transport.connection_errors + (DisqueConnectionError,)
-    channel_errors = virtual.Transport.channel_errors + (DisqueError,)
+    # kombu (and Celery) reconnect on connection_errors; a node that answers with
+    # an error reply is a channel error
+    connection_errors: Any = (*virtual.Transport.connection_errors, DisqueConnectionError)
+    channel_errors: Any = (*virtual.Transport.channel_errors, DisqueError)
 
     def __init__(self, client: Any, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)
@@ -405,7 +407,7 @@ class Transport(virtual.Transport):
     def seeds(self) -> list[tuple[str, int]]:
         """Every node named by the URL(s) and the ``nodes`` transport option."""
         out: list[tuple[str, int]] = []
-        conninfo = self.client
+        conninfo: Any = self.client
         for url in conninfo.alt or []:
             host, port = _url_address(url)
             out.append((host or conninfo.hostname or "127.0.0.1", port or DEFAULT_PORT))
@@ -420,10 +422,11 @@ class Transport(virtual.Transport):
     @property
     def disque(self) -> Disque:
         if self._disque is None:
-            opts = self.client.transport_options
+            conninfo: Any = self.client
+            opts = conninfo.transport_options
             self._disque = Disque(self.seeds(), socket_timeout=opts.get("socket_timeout"),
                                   connect_timeout=float(opts.get("connect_timeout", 2.0)),
-                                  password=self.client.password or opts.get("password"))
+                                  password=conninfo.password or opts.get("password"))
         return self._disque
 
     def establish_connection(self) -> Transport:
@@ -436,14 +439,16 @@ class Transport(virtual.Transport):
             self._disque.close()
             self._disque = None
 
-    def drain_events(self, connection: Any, timeout: float | None = None) -> None:
+    def drain_events(self, connection: Any, timeout: Any = None, **kwargs: Any) -> Any:
         # The base loop sleeps polling_interval after every empty round; our
         # GETJOB already blocked, so only sleep when nothing was asked for
         # (every channel at its prefetch limit).
+        cycle = self.cycle
+        assert cycle is not None  # set by the constructor
         start = time.monotonic()
         while True:
             try:
-                self.cycle.get(self._deliver, timeout=timeout)
+                cycle.get(self._deliver, timeout=timeout)
                 return
             except Empty:
                 if timeout is not None and time.monotonic() - start >= timeout:
