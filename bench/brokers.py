@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -294,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "brokers.json").write_text(json.dumps(report, indent=2) + "\n")
     (args.out / "brokers.md").write_text(to_markdown(report))
     print(to_markdown(report))
+    shutil.rmtree(workdir, ignore_errors=True)  # kept when a run failed, for its logs
     return 0
 
 
