@@ -26,9 +26,10 @@ and its jobs come back after the visibility timeout.
 
 Disque has no broadcast primitive, and kombu's virtual transports keep exchange
 bindings in the memory of each process: fanout exchanges (Celery's remote
-control: ``celery inspect``, ``celery control``) and Celery's event exchange
-(``-E``, ``celery events``, Flower) are refused with ``BroadcastNotSupported``.
-A Celery worker on this transport starts without remote control, as on SQS.
+control: ``celery inspect``, ``celery control``) are refused with
+``BroadcastNotSupported``; a Celery worker on this transport starts without
+remote control, as on SQS. Celery events (``-E``, ``celery events``, Flower)
+are dropped with a warning naming the reason (see ``_warn_events_once``).
 """
 
 from __future__ import annotations
@@ -93,7 +94,25 @@ E_BROADCAST = (
 
 
 class BroadcastNotSupported(NotImplementedError):
-    """A fanout exchange or Celery's event exchange was declared on disque://."""
+    """A fanout exchange (Celery remote control) was declared on disque://."""
+
+
+_events_warned = False
+
+
+def _warn_events_once() -> None:
+    """Celery events are dropped, with this warning once per process.
+
+    Raising instead would not stop them: a Celery worker started with ``-E``
+    keeps every event it failed to publish in an unbounded in-memory buffer
+    (its dispatcher's ``buffer_while_offline``). Published to an exchange no
+    queue of this process is bound to, an event goes nowhere, and nothing grows.
+    """
+    global _events_warned
+    if not _events_warned:
+        _events_warned = True
+        log.warning(E_BROADCAST.format(what="deliver Celery events")
+                    + " Events published by this process are dropped.")
 
 
 def seconds_until(stamp: Any, now_s: float) -> int | None:
@@ -251,8 +270,7 @@ class Channel(virtual.Channel):
             raise BroadcastNotSupported(E_BROADCAST.format(
                 what=f"declare the fanout exchange {exchange!r}"))
         if exchange == celery_event_exchange:
-            raise BroadcastNotSupported(E_BROADCAST.format(
-                what=f"declare Celery's event exchange {exchange!r}"))
+            _warn_events_once()
         super().exchange_declare(exchange, type, *args, **kwargs)
 
     # ---- queue names and priority

@@ -5,6 +5,7 @@ of broadcast (fanout exchanges, Celery events and remote control)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -15,7 +16,7 @@ from celery import Celery
 
 import disque_mp.kombu  # noqa: F401  (registers disque://)
 from disque_mp.client import Disque
-from disque_mp.kombu import BroadcastNotSupported, Transport
+from disque_mp.kombu import BroadcastNotSupported, Transport, transport
 from disque_mp.kombu.transport import job_times, seconds_until
 from tests.nodeproc import NodeProc, unique_queue, wait_until
 
@@ -156,17 +157,26 @@ def test_a_job_that_is_not_a_kombu_message_is_moved_aside(broker_node: NodeProc,
     disque.ack(moved)
 
 
-def test_broadcast_is_refused_with_a_clear_message(broker_node: NodeProc) -> None:
+def test_broadcast_is_refused_with_a_clear_message(broker_node: NodeProc,
+                                                   monkeypatch: pytest.MonkeyPatch,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
     with connection(broker_node) as conn:
         with pytest.raises(BroadcastNotSupported, match="no broadcast primitive"):
             kombu.Exchange("fan", type="fanout")(conn.default_channel).declare()
     app = Celery("c", broker=f"disque://127.0.0.1:{broker_node.port}", set_as_current=False)
     with pytest.raises(BroadcastNotSupported, match="remote control"):
         app.control.inspect(timeout=0.5).ping()
-    app.conf.task_send_sent_event = True
-    with pytest.raises(BroadcastNotSupported, match="event exchange"):
+    # events: dropped with one warning (raising would make a -E worker buffer them forever)
+    monkeypatch.setattr(transport, "_events_warned", False)
+    with caplog.at_level(logging.WARNING, logger="disque_mp.kombu"):
         with app.events.default_dispatcher() as dispatcher:
             dispatcher.send("task-sent")
+            dispatcher.send("task-sent")
+            assert not dispatcher._outbound_buffer
+    warnings = [r.getMessage() for r in caplog.records if "Celery events" in r.getMessage()]
+    assert len(warnings) == 1 and "dropped" in warnings[0]
+    with Disque([f"127.0.0.1:{broker_node.port}"]) as d:
+        assert not [q for q in d.iter_queues() if "celeryev" in q]
 
 
 def test_explicit_transport_setting_and_several_nodes(broker_node: NodeProc,
