@@ -34,7 +34,7 @@ from dramatiq.errors import BrokerConnectionError, DecodeError
 from dramatiq.message import Message
 from dramatiq.middleware import Middleware
 
-from disque_mp.client import Disque, DisqueConnectionError, DisqueError, Heartbeat, parse_nodes
+from disque_mp.client import Disque, DisqueConnectionError, DisqueError, Heartbeat
 
 log = logging.getLogger("disque_mp.dramatiq")
 
@@ -65,11 +65,12 @@ def delay_seconds(delay_ms: int | float | None) -> int | None:
     return math.ceil(delay_ms / 1000)
 
 
-def nodes_from_url(url: str) -> list[tuple[str, int]]:
-    """``disque://h1:7711,h2:7712`` (or ``h1:7711,h2:7712``) -> seeds."""
+def nodes_from_url(url: str) -> list[str]:
+    """``disque://h1:7711,h2:7712`` (or ``h1:7711,h2:7712``) -> ``["h1:7711", "h2:7712"]``
+    (the client checks each address)."""
     rest = url[len(url_scheme):] if url.startswith(url_scheme) else url
     rest = rest.split("/", 1)[0]
-    return parse_nodes([n for n in rest.split(",") if n.strip()])
+    return [n.strip() for n in rest.split(",") if n.strip()]
 
 
 class DisqueMessage(MessageProxy):
@@ -112,8 +113,8 @@ class DisqueBroker(Broker):
             raise ValueError("message_ttl and dead_message_ttl must be >= 1 s")
         if url is not None and nodes is not None:
             raise ValueError("give url or nodes, not both")
-        seeds = nodes_from_url(url) if url is not None else parse_nodes(nodes)
-        self.client = client or Disque(seeds, password=password)
+        seeds = nodes_from_url(url) if url is not None else nodes
+        self.client = client or Disque(seeds, password=password)  # ValueError on a bad address
         self.visibility_timeout_s = int(visibility_timeout)
         self.message_ttl_s = int(message_ttl)
         self.dead_message_ttl_s = int(dead_message_ttl)

@@ -52,7 +52,6 @@ from disque_mp.client import (
     DisqueError,
     Heartbeat,
     Job,
-    parse_address,
 )
 
 log = logging.getLogger("disque_mp.kombu")
@@ -422,19 +421,19 @@ class Transport(virtual.Transport):
         super().__init__(client, **kwargs)
         self._disque: Disque | None = None
 
-    def seeds(self) -> list[tuple[str, int]]:
-        """Every node named by the URL(s) and the ``nodes`` transport option."""
-        out: list[tuple[str, int]] = []
+    def seeds(self) -> list[str]:
+        """Every node named by the URL(s) and the ``nodes`` transport option, as
+        ``host:port`` (the client checks them)."""
+        out: list[str] = []
         conninfo: Any = self.client
         for url in conninfo.alt or []:
             host, port = _url_address(url)
-            out.append((host or conninfo.hostname or "127.0.0.1", port or DEFAULT_PORT))
+            out.append(f"{host or conninfo.hostname or '127.0.0.1'}:{port or DEFAULT_PORT}")
         if not out:
-            out.append((conninfo.hostname or "127.0.0.1", conninfo.port or DEFAULT_PORT))
+            out.append(f"{conninfo.hostname or '127.0.0.1'}:{conninfo.port or DEFAULT_PORT}")
         for node in conninfo.transport_options.get("nodes") or []:
-            addr = parse_address(node)
-            if addr not in out:
-                out.append(addr)
+            if str(node) not in out:
+                out.append(str(node))
         return out
 
     @property

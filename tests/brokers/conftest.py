@@ -25,8 +25,9 @@ cluster_form_timeout_s = 60.0
 worker_stop_timeout_s = 20.0
 tasks_done_timeout_s = 60.0
 # The visibility timeout (Disque RETRY) the test apps use: short so that a killed
-# worker's task comes back quickly.
-visibility_s = 3
+# worker's task comes back quickly; WORKING every half of it leaves a loaded
+# machine 2 s of slack before a live worker's task would be requeued.
+visibility_s = 4
 
 
 def node_url(*nodes: NodeProc) -> str:

@@ -34,10 +34,10 @@ def test_delay_is_rounded_up_to_whole_seconds() -> None:
 
 
 def test_urls_and_bad_settings() -> None:
-    assert nodes_from_url("disque://a:7711,b:7712") == [("a", 7711), ("b", 7712)]
-    assert nodes_from_url("a:7711") == [("a", 7711)]
+    assert nodes_from_url("disque://a:7711,b:7712") == ["a:7711", "b:7712"]
+    assert nodes_from_url("a:7711") == ["a:7711"]
     with pytest.raises(ValueError, match="host:port"):
-        nodes_from_url("disque://nohost")
+        DisqueBroker(url="disque://nohost")
     with pytest.raises(ValueError, match="visibility_timeout"):
         DisqueBroker(nodes=["127.0.0.1:7711"], visibility_timeout=0)
     with pytest.raises(ValueError, match="url or nodes"):
