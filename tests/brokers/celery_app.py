@@ -45,6 +45,13 @@ def flaky(self, n: int) -> None:
 
 
 @app.task(bind=True)
+def nap(self, seconds: float) -> None:
+    record("nap-start", self.request.id)
+    time.sleep(seconds)
+    record("nap-done", self.request.id)
+
+
+@app.task(bind=True)
 def slow(self, marker: str) -> None:
     """Sleeps a minute the first time (the test kills the worker meanwhile)."""
     record("slow", self.request.id, marker=marker)

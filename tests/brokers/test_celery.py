@@ -6,6 +6,7 @@ honoured, and a worker follows its node's ``-LEAVING`` in a 3-node cluster."""
 from __future__ import annotations
 
 import json
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -21,12 +22,13 @@ from tests.nodeproc import NodeProc, unique_queue, wait_until
 TASKS = "tests.brokers.celery_app"
 
 
-def worker(url: str, queue: str, tmp_path: Path, name: str = "worker") -> WorkerProc:
+def worker(url: str, queue: str, tmp_path: Path, name: str = "worker",
+           extra: tuple[str, ...] = ()) -> WorkerProc:
     env = {"DISQUE_BROKER_URL": url, "BROKER_TEST_QUEUE": queue,
            "BROKER_RECORD_FILE": str(tmp_path / "records.jsonl"),
            "DISQUE_VISIBILITY_S": str(visibility_s)}
     args = ["celery", "-A", TASKS, "worker", "-Q", queue, "-c", "2", "-l", "info",
-            "-n", f"{name}@%h", "--without-mingle", "--without-gossip"]
+            "-n", f"{name}@%h", "--without-mingle", "--without-gossip", *extra]
     return WorkerProc(args, env, tmp_path / f"{name}.log")
 
 
@@ -121,6 +123,37 @@ def test_a_task_whose_worker_is_killed_is_delivered_again(broker_node: NodeProc,
     assert [r["id"] for r in starts] == [task_id, task_id]
     # requeued by Disque once the heartbeat stopped and RETRY elapsed, not earlier
     assert starts[1]["t"] - killed_at >= visibility_s / 2 - 0.5
+
+
+def test_worker_shutdown_returns_held_tasks_with_nack(broker_node: NodeProc,
+                                                     tmp_path: Path) -> None:
+    q = unique_queue("cel")
+    url = node_url(broker_node)
+    rec = tmp_path / "records.jsonl"
+    app = producer(url)
+    # one pool process, prefetch 2: one task runs, one waits reserved in the worker
+    w = worker(url, q, tmp_path, extra=("--concurrency", "1", "--prefetch-multiplier", "2"))
+    ids = [send(app, "nap", q, 5.0) for _ in range(3)]
+    with Disque([f"127.0.0.1:{broker_node.port}"]) as d:
+        with w:
+            wait_records(rec, lambda r: any(x["task"] == "nap-start" for x in r),
+                         "the first task to start", w)
+            wait_until(lambda: d.qlen(q) == 1, 30, "two tasks held by the worker",
+                       detail=w.log_tail)
+            # cold shutdown: the running task is abandoned (acks_late), the reserved one
+            # never runs; the channel's close gives both back. (A warm shutdown runs
+            # what the worker reserved, then has nothing to give back.)
+            assert w.proc is not None
+            w.proc.send_signal(signal.SIGQUIT)
+            w.proc.wait(timeout=60)
+        # back at once, long before the visibility timeout, and not published again:
+        # the same jobs, their NACK counted
+        assert d.qlen(q) == 3
+        queued = d.get_jobs(q, nohang=True, count=3, withcounters=True)
+        d.ack(queued)
+    assert sorted(j.nacks or 0 for j in queued) == [0, 1, 1]
+    assert {json.loads(j.body)["headers"]["id"] for j in queued} == set(ids)
+    assert [r["task"] for r in read(rec)] == ["nap-start"]
 
 
 def test_cluster_worker_and_producer_on_different_nodes_and_leaving(
