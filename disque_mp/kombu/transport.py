@@ -44,8 +44,8 @@ from queue import Empty
 from typing import Any
 
 from kombu.transport import virtual
-from kombu.utils.objects import cached_property
 
+import disque_mp
 from disque_mp.client import (
     Disque,
     DisqueConnectionError,
@@ -159,11 +159,6 @@ class QoS(virtual.QoS):
         super().append(message, delivery_tag)
         if self._beat is not None:
             self._beat.add(delivery_tag)
-
-    def _forget(self, delivery_tag: str) -> None:
-        if self._beat is not None:
-            self._beat.remove(delivery_tag)
-        self._quick_ack(delivery_tag)
 
     def ack(self, delivery_tag: str) -> None:
         if self._beat is not None:
@@ -473,14 +468,8 @@ class Transport(virtual.Transport):
                 if not any(c._consumers and c.qos.can_consume() for c in self.channels):
                     time.sleep(self.polling_interval or 0)
 
-    @cached_property
-    def _driver_version(self) -> str:
-        import disque_mp
-
-        return getattr(disque_mp, "__version__", "0")
-
     def driver_version(self) -> str:
-        return self._driver_version
+        return disque_mp.__version__
 
 
 def _url_address(url: str) -> tuple[str | None, int | None]:
