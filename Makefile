@@ -13,7 +13,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip 'setuptools>=77'
-	DISQUE_MP_PURE=1 $(PY) -m pip install -q -e '.[test,spark]'
+	DISQUE_MP_PURE=1 $(PY) -m pip install -q -e '.[test,spark,celery,dramatiq]'
 	touch $@
 
 # The modules of disque_mp/compiled.py compiled with mypyc, in place (setup.py):
