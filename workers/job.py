@@ -69,6 +69,18 @@ def node_pair(delivered: tuple[str, ...], confirmed: tuple[str, ...]) -> NodePai
     _last_pair = pair
     return pair
 
+# Bounds that keep every job encodable (``to_record``: AOF, REPLJOB, YOURJOBS,
+# rewrite). ADDJOB refuses more with a clear error and ``from_record`` refuses a
+# record past them, so a job the shard holds can always be written. Ten years of
+# TTL, RETRY or DELAY keeps qtime_ms = now + (DELAY + RETRY) * 1000 far inside the
+# record's 64-bit fields; the queue name and body lengths are its 16- and 32-bit
+# length fields.
+ttl_max_s: Final = 10 * 365 * 24 * 3600
+retry_max_s: Final = ttl_max_s
+delay_max_s: Final = ttl_max_s
+queue_name_bytes_max: Final = 0xFFFF
+body_bytes_max: Final = 0xFFFF_FFFF
+
 NS_PER_MS: Final = 1_000_000
 US_PER_MS: Final = 1_000
 
@@ -208,6 +220,8 @@ class Job:
             raise ValueError(f"unsupported job record version {version}")
         if state > ACKED:
             raise ValueError(f"bad job state {state}")
+        if ttl_s > ttl_max_s or retry_s > retry_max_s or delay_s > delay_max_s:
+            raise ValueError("job record TTL, RETRY or DELAY out of range")
         at = _REC_HEAD.size
         end = at + id_len + q_len + body_len
         if end > len(rec):

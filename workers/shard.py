@@ -50,8 +50,13 @@ from workers.job import (
     US_PER_MS,
     WAIT_REPL,
     Job,
+    body_bytes_max,
     del_record,
+    delay_max_s,
     job_id_of_record,
+    queue_name_bytes_max,
+    retry_max_s,
+    ttl_max_s,
 )
 from workers.queue import PAUSE_NAMES, PAUSED_IN, PAUSED_OUT, Queue
 from workers.replies import (
@@ -94,6 +99,13 @@ ERR_RETRY0: Final = Error(
 ERR_DELAY_TTL: Final = Error(
     "ERR The specified DELAY is greater than TTL. Job refused since would never be delivered"
 )
+# Past the named maxima of workers/job.py: the reference has no bound (its 32-bit
+# fields wrap); ours refuses with the bound in the text, so every job encodes.
+ERR_TTL_MAX: Final = Error(f"ERR TTL must be at most {ttl_max_s} seconds")
+ERR_RETRY_MAX: Final = Error(f"ERR RETRY time must be at most {retry_max_s} seconds")
+ERR_DELAY_MAX: Final = Error(f"ERR DELAY time must be at most {delay_max_s} seconds")
+ERR_QUEUE_NAME_MAX: Final = Error(f"ERR queue name too long (at most {queue_name_bytes_max} bytes)")
+ERR_BODY_MAX: Final = Error(f"ERR job body too large (at most {body_bytes_max} bytes)")
 ERR_NOREPL_LEAVING: Final = Error(
     "NOREPL Not enough reachable nodes for the requested replication level, since I'm "
     "unable to hold a copy of the message for the following reason: I'm leaving the cluster"
@@ -524,6 +536,11 @@ class Shard(ClusterOps):
         now_ms: int,
     ) -> Any:
         """ADDJOB after argument parsing; checks in the reference's order."""
+        if len(queue) > queue_name_bytes_max or len(body) > body_bytes_max:
+            return ERR_QUEUE_NAME_MAX if len(queue) > queue_name_bytes_max else ERR_BODY_MAX
+        if ttl_s > ttl_max_s or delay_s > delay_max_s or (retry_s is not None and retry_s > retry_max_s):
+            return ERR_TTL_MAX if ttl_s > ttl_max_s else (
+                ERR_DELAY_MAX if delay_s > delay_max_s else ERR_RETRY_MAX)
         peers = len(self._peers)  # reachable nodes that can take a copy
         flexible = replicate is None
         if replicate is None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from workers.ids import is_valid_job_id
-from workers.job import STATE_BY_NAME
+from workers.job import STATE_BY_NAME, delay_max_s, retry_max_s, ttl_max_s
 from workers.replies import (
     ERR_BADID,
     ERR_SYNTAX,
@@ -24,7 +24,15 @@ from workers.replies import (
     Error,
     err_arity,
 )
-from workers.shard import Shard, jscan_count_default, qscan_count_default, ttl_default_s
+from workers.shard import (
+    ERR_DELAY_MAX,
+    ERR_RETRY_MAX,
+    ERR_TTL_MAX,
+    Shard,
+    jscan_count_default,
+    qscan_count_default,
+    ttl_default_s,
+)
 
 ERR_TIMEOUT_NOT_INT: Final = Error("ERR timeout is not an integer or out of range")
 ERR_TIMEOUT_NEGATIVE: Final = Error("ERR timeout is negative")
@@ -133,6 +141,8 @@ def _opt_replicate(a: AddJob, v: int | None) -> Error | None:
 def _opt_ttl(a: AddJob, v: int | None) -> Error | None:
     if v is None or v <= 0:
         return ERR_TTL
+    if v > ttl_max_s:
+        return ERR_TTL_MAX
     a.ttl_s = v
     return None
 
@@ -140,6 +150,8 @@ def _opt_ttl(a: AddJob, v: int | None) -> Error | None:
 def _opt_retry(a: AddJob, v: int | None) -> Error | None:
     if v is None or v < 0:
         return ERR_RETRY
+    if v > retry_max_s:
+        return ERR_RETRY_MAX
     a.retry_s = v
     return None
 
@@ -147,6 +159,8 @@ def _opt_retry(a: AddJob, v: int | None) -> Error | None:
 def _opt_delay(a: AddJob, v: int | None) -> Error | None:
     if v is None or v < 0:
         return ERR_DELAY
+    if v > delay_max_s:
+        return ERR_DELAY_MAX
     a.delay_s = v
     return None
 

@@ -1,0 +1,52 @@
+"""Bounds on every input, on a real node: an argument past its named maximum gets
+a clear error, the connection and the node keep serving, and nothing accepted
+is lost (README "Limits")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.integration.conftest import Err, RawClient
+from tests.nodeproc import NodeProc
+from workers.job import delay_max_s, queue_name_bytes_max, retry_max_s, ttl_max_s
+
+INT64_MAX = 9223372036854775807
+
+
+def test_addjob_times_past_their_maxima_are_refused_and_every_job_encodes(tmp_path: Path) -> None:
+    conf = {"appendonly": "yes", "appendfsync": "always"}
+    with NodeProc(tmp_path / "n", workers=2, conf=conf) as n:
+        c = RawClient(n.port)
+        cases = [
+            (["RETRY", INT64_MAX, "TTL", 10], f"ERR RETRY time must be at most {retry_max_s} seconds"),
+            (["TTL", INT64_MAX], f"ERR TTL must be at most {ttl_max_s} seconds"),
+            (["TTL", ttl_max_s + 1], f"ERR TTL must be at most {ttl_max_s} seconds"),
+            (["DELAY", INT64_MAX], f"ERR DELAY time must be at most {delay_max_s} seconds"),
+            (["RETRY", retry_max_s + 1], f"ERR RETRY time must be at most {retry_max_s} seconds"),
+        ]
+        for opts, error in cases:
+            reply = c.call("ADDJOB", "bq", "body", 0, *opts)
+            assert reply == Err(error), (opts, reply)
+            assert c.call("PING") == "PONG"  # the connection is unharmed
+        assert c.call("QLEN", "bq") == 0  # nothing half-accepted stays in memory
+        long_name = b"q" * (queue_name_bytes_max + 1)
+        reply = c.call("ADDJOB", long_name, "body", 0)
+        assert reply == Err(f"ERR queue name too long (at most {queue_name_bytes_max} bytes)")
+        assert c.call("QLEN", long_name) == 0
+        # The largest values accepted are written to the AOF and come back at restart.
+        kept = [
+            c.call("ADDJOB", "bq", "a", 0, "RETRY", retry_max_s, "TTL", ttl_max_s),
+            c.call("ADDJOB", "bq", "b", 0, "DELAY", delay_max_s - 1, "TTL", ttl_max_s),
+            c.call("ADDJOB", b"q" * queue_name_bytes_max, "c", 0),
+        ]
+        assert all(isinstance(j, str) and j.startswith("D-") for j in kept), kept
+        c.close()
+        n.stop()
+        n.start()
+        c = RawClient(n.port)
+        for job_id in kept:
+            show = c.call("SHOW", job_id)
+            assert isinstance(show, list) and show[1] == job_id.encode(), show
+        assert "Traceback" not in n.log_text()
+        assert "struct.error" not in n.log_text()
+        c.close()
