@@ -58,6 +58,17 @@ def _text(raw: bytes) -> str:
 def gather(w: Worker, conn: ClientConn, op: str, arg: Any, finish: Callable[[list[Any]], Any]) -> Any:
     """Run ``local_op(op, arg)`` on every worker; reply ``finish(results by index)``."""
     slot = conn.defer()
+
+    def reply(results: list[Any]) -> None:
+        errors = [r for r in results if isinstance(r, Error)]
+        conn.fill(slot, encode(errors[0] if errors else finish(results), conn.resp3))
+
+    on_every_worker(w, op, arg, reply)
+    return PENDING
+
+
+def on_every_worker(w: Worker, op: str, arg: Any, done: Callable[[list[Any]], None]) -> None:
+    """Run ``local_op(op, arg)`` on every worker; ``done(results by index)`` once all answered."""
     results: list[Any] = [None] * w.workers
     left = [w.workers]
 
@@ -65,16 +76,13 @@ def gather(w: Worker, conn: ClientConn, op: str, arg: Any, finish: Callable[[lis
         results[index] = value
         left[0] -= 1
         if left[0] == 0:
-            errors = [r for r in results if isinstance(r, Error)]
-            reply = errors[0] if errors else finish(results)
-            conn.fill(slot, encode(reply, conn.resp3))
+            done(results)
 
     for j in range(w.workers):
         if j == w.index:
             put(j, local_op(w, op, arg))
         else:
             w.mesh.request(j, meshmod.K_SCATTER, {"op": op, "a": arg}, (), _putter(put, j))
-    return PENDING
 
 
 def _putter(put: Callable[[int, Any], None], j: int) -> Callable[[dict[str, Any], list[bytes]], None]:
@@ -100,6 +108,8 @@ def local_op(w: Worker, op: str, arg: Any) -> Any:
         if w.aof is not None:  # a fresh empty AOF, or flushed jobs come back at restart
             w.aof.flushed()
         w.drain_effects()
+        if w.memory is not None:  # the memory level follows at once, not a sample later
+            w.memory.flushed()
         return OK
     if op == "config_set":
         return _apply_config(w, arg[0], arg[1])
@@ -535,6 +545,9 @@ def _apply_config(w: Worker, name: str, value: str) -> Any:
         set_loglevel(w.cfg.loglevel)
     if w.aof is not None and name in ("appendonly", "appendfsync"):
         w.aof.apply_config()
+    if w.memory is not None and name == "maxmemory":
+        w.memory.update()  # the level follows the new budget at once (the reference
+        # measures at every command), not a sample later
     return OK
 
 
@@ -602,7 +615,19 @@ def cmd_cluster(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
     from disque_mp.node.commands import cluster as cmd_cluster
 
     slot = conn.defer()
-    cmd_cluster.cluster(w.agent, cmd[1:], lambda reply: conn.fill(slot, encode(reply, conn.resp3)))
+    if cmd[1].lower() != b"reset":
+        cmd_cluster.cluster(w.agent, cmd[1:], lambda reply: conn.fill(slot, encode(reply, conn.resp3)))
+        return PENDING
+
+    def reset_done(reply: Any) -> None:
+        if isinstance(reply, Error):
+            conn.fill(slot, encode(reply, conn.resp3))
+            return
+        # The reference's clusterReset ends with flushServerData: a reset node holds
+        # no jobs and no queues (their node lists name nodes it no longer knows).
+        on_every_worker(w, "flushall", None, lambda parts: conn.fill(slot, encode(reply, conn.resp3)))
+
+    cmd_cluster.cluster(w.agent, cmd[1:], reset_done)
     return PENDING
 
 

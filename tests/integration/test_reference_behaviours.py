@@ -1,0 +1,118 @@
+"""Behaviours where disque-mp used to differ from the reference Disque, each on
+real node processes: CLUSTER RESET empties the node, the memory level follows
+CONFIG SET and DEBUG FLUSHALL at once, delivery counters travel between nodes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from tests.nodeproc import NodeProc, form_cluster, wait_until
+from tests.nodeproc import unique_queue as _q
+
+form_timeout_s = 60.0  # cold nodes on 2 cores shared with other test runs
+wait_s = 30.0
+node_timeout_ms = 2000
+
+
+def _r(node: NodeProc) -> redis.Redis:
+    return redis.Redis(host="127.0.0.1", port=node.port, protocol=2, socket_timeout=20)
+
+
+@pytest.fixture
+def three(tmp_path: Path) -> Iterator[list[NodeProc]]:
+    nodes = [NodeProc(tmp_path / f"n{i}", workers=2, conf={"cluster-node-timeout": node_timeout_ms})
+             for i in range(3)]
+    try:
+        for n in nodes:
+            n.start()
+        form_cluster(nodes, form_timeout_s)
+        yield nodes
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+def _info(node: NodeProc, section: str) -> dict[str, Any]:
+    return dict(_r(node).info(section))
+
+
+def _scan_all(r: redis.Redis, cmd: str) -> list[bytes]:
+    cursor, found = b"0", []
+    for _ in range(1000):  # bounded: a few calls are enough for a handful of items
+        cursor, items = r.execute_command(cmd, cursor, "COUNT", 100)
+        found += items
+        if cursor in (b"0", 0):
+            return found
+    raise AssertionError(f"{cmd} never came back to cursor 0")
+
+
+@pytest.mark.parametrize("mode", ["SOFT", "HARD"])
+def test_cluster_reset_empties_the_node(three: list[NodeProc], mode: str) -> None:
+    a = _r(three[0])
+    queues = [_q("reset") for _ in range(6)]  # spread over both workers
+    ids = [a.execute_command("ADDJOB", q, "body", 0, "REPLICATE", 2).decode() for q in queues]
+    assert _info(three[0], "jobs")["registered_jobs"] >= len(ids)
+    old_id = a.execute_command("CLUSTER", "MYID")
+    assert a.execute_command("CLUSTER", "RESET", mode) in (b"OK", "OK", True)
+    assert _info(three[0], "jobs")["registered_jobs"] == 0
+    assert _info(three[0], "queues")["registered_queues"] == 0
+    assert _scan_all(a, "QSCAN") == []
+    assert _scan_all(a, "JSCAN") == []
+    for job_id in ids:
+        assert a.execute_command("SHOW", job_id) is None
+    info = a.execute_command("CLUSTER", "INFO").decode()
+    assert "cluster_known_nodes:1" in info, info
+    assert (a.execute_command("CLUSTER", "MYID") != old_id) == (mode == "HARD")
+    # The node keeps serving; the others still hold their copies.
+    assert a.execute_command("ADDJOB", _q("after"), "x", 0, "REPLICATE", 1)
+    held = sum(1 for job_id in ids for n in three[1:] if _r(n).execute_command("SHOW", job_id))
+    assert held == len(ids)
+
+
+def test_memory_level_follows_config_set_and_flushall_at_once(three: list[NodeProc]) -> None:
+    a = _r(three[0])
+    a.execute_command("CONFIG", "SET", "maxmemory", "3145728")
+    body = "x" * 5000
+    queue = _q("mem")
+    last: list[str] = []
+
+    def a_keeps_no_copy() -> bool:
+        job_id = a.execute_command("ADDJOB", queue, body, 5000, "REPLICATE", 2).decode()
+        last[:] = [job_id]
+        return a.execute_command("SHOW", job_id) is None
+
+    wait_until(a_keeps_no_copy, wait_s, "A replicating externally (memory level 1)", poll_s=0.0)
+    a.execute_command("CONFIG", "SET", "maxmemory", "1073741824")
+    for n in three:
+        assert _r(n).execute_command("DEBUG", "FLUSHALL") in (b"OK", "OK", True)
+    job_id = a.execute_command("ADDJOB", queue, body, 5000, "REPLICATE", 3).decode()
+    assert a.execute_command("SHOW", job_id) is not None  # A holds a copy again
+    assert _info(three[0], "memory")["memory_warning_level"] == 0
+
+
+def _counters(entry: list[Any]) -> dict[str, Any]:
+    rest = entry[3:]
+    return {k.decode(): v for k, v in zip(rest[::2], rest[1::2], strict=True)}
+
+
+def test_additional_deliveries_travel_between_nodes(three: list[NodeProc]) -> None:
+    a = _r(three[0])
+    queue = _q("deliv")
+    job_id = a.execute_command("ADDJOB", queue, "body", 0, "REPLICATE", 3, "RETRY", 3).decode()
+    [[_, got_id, _]] = a.execute_command("GETJOB", "NOHANG", "FROM", queue)
+    assert got_id.decode() == job_id  # delivered once, never acked
+
+    def queued_again_somewhere() -> bool:
+        return any(_r(n).execute_command("QLEN", queue) for n in three)
+
+    wait_until(queued_again_somewhere, wait_s, "a holder re-queueing the job after RETRY")
+    entries = a.execute_command("GETJOB", "TIMEOUT", int(wait_s * 1000), "WITHCOUNTERS", "FROM", queue)
+    assert entries, "the re-queued job was not delivered on A"
+    [entry] = entries
+    assert entry[1].decode() == job_id
+    assert _counters(entry)["additional-deliveries"] > 0, entry
