@@ -17,7 +17,7 @@ REPLJOB    {}                                     [job record]
 GOTJOB     {"j": id}
 ENQUEUE    {"j": id, "d": [node, ...]}
 WILLQUEUE  {"j": id}
-QUEUED     {"j": id}
+QUEUED     {"j": id[, "f": 2|4 (increment nacks|deliveries)]}
 WORKING    {"j": id}
 SETACK     {"j": id, "m": may-have}
 GOTACK     {"j": id, "k": 0|1 (known)}
@@ -40,7 +40,7 @@ per queue that asked for jobs) sits in the heap as its own target.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from workers.effects import AofAppend, Send, Wake
 from workers.ids import is_at_most_once_id, slot_of_job_id
@@ -48,6 +48,7 @@ from workers.job import (
     ACKED,
     ACTIVE,
     FLAG_QUEUED_ONCE,
+    FLAG_REPLICA,
     FLAG_WILLQUEUE_SENT,
     QUEUED,
     US_PER_MS,
@@ -59,6 +60,11 @@ from workers.replies import ERR_LEAVING, PENDING, Error, Status
 
 if TYPE_CHECKING:
     from workers.shard import Shard
+
+# QUEUED's "f": the counter the sender's requeue incremented, which every holder
+# increments too (Disque's CLUSTERMSG_FLAG0_INCR_NACKS / _INCR_DELIV).
+QUEUED_INCR_NACKS: Final = 2
+QUEUED_INCR_DELIVERIES: Final = 4
 
 ERR_NOREPL_TIMEOUT = Error(
     "NOREPL Timeout reached before replicating to the requested number of nodes"
@@ -350,6 +356,7 @@ class ClusterOps:
         job.state = ACTIVE
         job.delivered = union(job.delivered, (self.node_id, sender))
         job.confirmed = ()
+        job.flags |= FLAG_REPLICA
         if job.retry_s:
             job.qtime_ms = (now_ms + (job.delay_s + job.retry_s) * 1000
                             + self._jitter())
@@ -409,6 +416,11 @@ class ClusterOps:
             self._send_job([sender], "SETACK", job, {"j": job.id, "m": len(job.delivered)})
             return
         job.delivered = union(job.delivered, (sender,))
+        incr = meta.get("f", 0)
+        if incr == QUEUED_INCR_DELIVERIES:  # the sender counted a further delivery
+            job.additional_deliveries += 1
+        elif incr == QUEUED_INCR_NACKS:
+            job.nacks += 1
         if job.state == QUEUED and sender > self.node_id:
             self._dequeue(job, self._queues[job.queue], now_ms)  # the greater ID keeps it
         if job.retry_s:
@@ -435,10 +447,10 @@ class ClusterOps:
         job.flags &= ~FLAG_WILLQUEUE_SENT
         self._reschedule(job)
 
-    def _send_queued(self: Shard, job: Job) -> None:
+    def _send_queued(self: Shard, job: Job, incr: int = 0) -> None:
         others = self._others(job)
         if others:
-            self._send_job(others, "QUEUED", job)
+            self._send_job(others, "QUEUED", job, {"j": job.id, "f": incr} if incr else None)
 
     # ------------------------------------------------------------------ acks and GC
 

@@ -41,6 +41,12 @@ FLAG_DELIVERED: Final = 1  # served to a client at least once (at-most-once jobs
 FLAG_IN_DEQUE: Final = 2  # the record sits in its queue's deque (possibly as a stale entry)
 FLAG_WILLQUEUE_SENT: Final = 4  # WILLQUEUE went out for the current requeue time (cluster)
 FLAG_QUEUED_ONCE: Final = 8  # was queued at least once (an at-most-once job is never queued again)
+# A copy from REPLJOB: its creator queues the job, so a requeue here is a further
+# delivery (Disque's JOB_FLAG_BCAST_QUEUED, set on REPLJOB copies).
+FLAG_REPLICA: Final = 16
+# A requeue counts as an additional delivery when the job was delivered or queued
+# before (here, or by its creator for a replica), as Disque's enqueueJob does.
+FLAG_REQUEUE_COUNTS: Final = 1 | 8 | 16  # FLAG_DELIVERED | FLAG_QUEUED_ONCE | FLAG_REPLICA
 _FLAG_TRANSIENT: Final = FLAG_IN_DEQUE | FLAG_WILLQUEUE_SENT  # never persisted nor sent
 _FLAG_BITS: Final = 8  # flags above this hold delay_s
 _FLAG_MASK: Final = (1 << _FLAG_BITS) - 1

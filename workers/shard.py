@@ -33,7 +33,14 @@ import random
 from collections.abc import Set as AbstractSet
 from typing import Any, Final
 
-from workers.cluster import ERR_NOREPL_TIMEOUT, ClusterOps, Fed, ReplWait
+from workers.cluster import (
+    ERR_NOREPL_TIMEOUT,
+    QUEUED_INCR_DELIVERIES,
+    QUEUED_INCR_NACKS,
+    ClusterOps,
+    Fed,
+    ReplWait,
+)
 from workers.effects import AofAppend, Effect, Wake
 from workers.ids import JobIdGen, slot_of
 from workers.invariant import InvariantError, invariant
@@ -44,6 +51,7 @@ from workers.job import (
     DELETED,
     FLAG_DELIVERED,
     FLAG_QUEUED_ONCE,
+    FLAG_REQUEUE_COUNTS,
     FLAG_WILLQUEUE_SENT,
     QUEUED,
     STATE_NAMES,
@@ -417,9 +425,11 @@ class Shard(ClusterOps):
                 # paused in input: never requeue now, try again after another retry period
                 job.qtime_ms = now_ms + max(job.retry_s, 1) * 1000 + self._jitter()
             else:
-                if job.flags & FLAG_DELIVERED:
+                incr = 0
+                if job.flags & FLAG_REQUEUE_COUNTS:
                     job.additional_deliveries += 1
-                self._requeue(job, q, now_ms)
+                    incr = QUEUED_INCR_DELIVERIES
+                self._requeue(job, q, now_ms, incr)
         if job.state != DELETED:
             self._schedule(job, self._due(job))
 
@@ -438,12 +448,14 @@ class Shard(ClusterOps):
 
     # ------------------------------------------------------------------ queue moves
 
-    def _requeue(self, job: Job, q: Queue, now_ms: int) -> None:
+    def _requeue(self, job: Job, q: Queue, now_ms: int, incr: int = 0) -> None:
         """Queue a known job again (retry timer, NACK, ENQUEUE): QUEUED to the
-        other holders as the re-queueing state machine says, and log the state."""
+        other holders as the re-queueing state machine says, and log the state.
+        ``incr`` (QUEUED_INCR_*): the counter this requeue incremented here, which
+        the other holders increment too."""
         self._enqueue(job, q, now_ms)
         if job.nodes[0] is not self._me and job.state == QUEUED:
-            self._send_queued(job)
+            self._send_queued(job, incr)
         if self.aof:
             self._effects.append(AofAppend(job.to_record()))
 
@@ -757,11 +769,14 @@ class Shard(ClusterOps):
             if job is None or job.state != ACTIVE or not job.qtime_ms:
                 continue
             q = self._queue(job.queue, now_ms)
+            incr = 0
             if nack:
                 job.nacks += 1
-            elif job.flags & FLAG_DELIVERED:
+                incr = QUEUED_INCR_NACKS
+            elif job.flags & FLAG_DELIVERED:  # ENQUEUE of a job never served here: no delivery
                 job.additional_deliveries += 1
-            self._requeue(job, q, now_ms)
+                incr = QUEUED_INCR_DELIVERIES
+            self._requeue(job, q, now_ms, incr)
             done += 1
         return done
 
