@@ -4,6 +4,7 @@ CONFIG SET and DEBUG FLUSHALL at once, delivery counters travel between nodes.""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 import redis
 
+from tests.integration.conftest import Err, RawClient, encode_command
 from tests.nodeproc import NodeProc, form_cluster, wait_until
 from tests.nodeproc import unique_queue as _q
 
@@ -116,3 +118,53 @@ def test_additional_deliveries_travel_between_nodes(three: list[NodeProc]) -> No
     [entry] = entries
     assert entry[1].decode() == job_id
     assert _counters(entry)["additional-deliveries"] > 0, entry
+
+
+@pytest.fixture
+def four(tmp_path: Path) -> Iterator[list[NodeProc]]:
+    nodes = [NodeProc(tmp_path / f"n{i}", workers=2, conf={"cluster-node-timeout": 3000})
+             for i in range(4)]
+    try:
+        for n in nodes:
+            n.start()
+        form_cluster(nodes, form_timeout_s)
+        yield nodes
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+restart_rounds = 6
+addjobs_after_restart = 40  # queues spread over both workers
+
+
+def _connect_as_soon_as_possible(node: NodeProc) -> RawClient:
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return RawClient(node.port)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.002)
+
+
+def test_restarted_node_accepts_replicated_addjob_as_soon_as_it_answers(four: list[NodeProc]) -> None:
+    """The reference treats the peers it knows as reachable until failure detection
+    says otherwise: ADDJOBs sent the moment a restarted node accepts a connection
+    wait for their copies. A worker used to serve commands forwarded by another
+    worker before its shard had the membership view: -NOREPL."""
+    a = four[0]
+    for round_no in range(restart_rounds):
+        a.kill_group()
+        wait_until(lambda: not a.group_pids(), wait_s, "the killed node's workers gone")
+        a.start(wait=False)
+        c = _connect_as_soon_as_possible(a)
+        c.send(b"".join(encode_command("ADDJOB", _q(f"r{round_no}-{i}"), "myjob", 5000,
+                                       "REPLICATE", 3, "RETRY", 5)
+                        for i in range(addjobs_after_restart)))
+        replies = [c.read() for _ in range(addjobs_after_restart)]
+        errors = [r for r in replies if isinstance(r, Err)]
+        assert not errors, (round_no, len(errors), errors[0])
+        c.close()
+        a.wait_ready()
