@@ -151,6 +151,11 @@ class Config:
     client_query_buffer_bytes_max: int = 1 << 30  # Redis' client-query-buffer-limit
     proto_max_bulk_len: int = 512 << 20  # largest bulk argument accepted
     proto_max_multibulk_len: int = 1024 * 1024  # most arguments in one command
+    # Work one command may do (a worker also serves other clients and, worker 0,
+    # the cluster bus): past these a reply is cut and scans continue by cursor.
+    getjob_count_max: int = 10_000  # jobs one GETJOB returns, whatever its COUNT
+    qpeek_count_max: int = 10_000  # jobs one QPEEK returns, whatever its count
+    scan_count_max: int = 1_000  # QSCAN/JSCAN COUNT (and BUSYLOOP) per shard call
     # ours
     workers: int = field(default_factory=lambda: usable_cpus())
     # where the config came from (CONFIG REWRITE target, INFO config_file)
@@ -311,6 +316,10 @@ DIRECTIVES: tuple[Directive, ...] = (
        "Invalid client-query-buffer-bytes-max value", lo=1024),
     _d("proto-max-bulk-len", "mem", True, "Invalid proto-max-bulk-len value", lo=1),
     _d("proto-max-multibulk-len", "int", True, "Invalid proto-max-multibulk-len value", lo=1),
+    # ours: the work one command may do (README, Limits)
+    _d("getjob-count-max", "int", True, "Invalid getjob-count-max value", lo=1),
+    _d("qpeek-count-max", "int", True, "Invalid qpeek-count-max value", lo=1),
+    _d("scan-count-max", "int", True, "Invalid scan-count-max value", lo=1),
     _d("workers", "int", False, f"workers must be between 1 and {workers_max}",
        lo=1, hi=workers_max),
 )

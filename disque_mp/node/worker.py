@@ -174,6 +174,7 @@ class Worker:
         self.aof: Any = None
         self.agent: Any = None
         self.memory: Monitor | None = None
+        cmd_jobs.apply_limits(cfg)
         self.view_seen = False  # a membership view reached the shard (on_view)
         self.oom = False  # past maxmemory: denyoom commands answer ERR_OOM (disque_mp/node/memory.py)
 
@@ -478,6 +479,8 @@ class Worker:
                 count = cmd_jobs.parse_int(cmd[i + 1]) or 0
                 if count <= 0:
                     return None  # the general path answers the error
+                if count > cmd_jobs.limits.getjob_count_max:
+                    count = cmd_jobs.limits.getjob_count_max
                 i += 2
             elif word in _TIMEOUT and i + 1 < end:
                 if type(cmd_jobs.parse_timeout_ms(cmd[i + 1])) is not int:

@@ -50,3 +50,48 @@ def test_addjob_times_past_their_maxima_are_refused_and_every_job_encodes(tmp_pa
         assert "Traceback" not in n.log_text()
         assert "struct.error" not in n.log_text()
         c.close()
+
+
+def _scan_all(c: RawClient, *args: object) -> tuple[list[bytes], int]:
+    cursor, found, calls = b"0", [], 0
+    for _ in range(10_000):  # bounded: the node holds a few hundred items
+        cursor, items = c.call(*args[:1], cursor, *args[1:])
+        calls += 1
+        found += items
+        if cursor == b"0":
+            return found, calls
+    raise AssertionError("the scan never came back to cursor 0")
+
+
+def test_counts_are_bounded_and_scans_continue_by_cursor(tmp_path: Path) -> None:
+    with NodeProc(tmp_path / "n", workers=2) as n:
+        c = RawClient(n.port)
+        for name in ("getjob-count-max", "qpeek-count-max", "scan-count-max"):
+            assert c.call("CONFIG", "SET", name, "5") == "OK"
+            assert c.call("CONFIG", "GET", name) == [name.encode(), b"5"]
+        assert c.call("CONFIG", "SET", "scan-count-max", "0") == Err(
+            "ERR Invalid argument '0' for CONFIG SET 'scan-count-max'")
+        queues = [f"bq{i}" for i in range(12)]  # on both workers
+        ids = {str(c.call("ADDJOB", q, f"j{k}", 0)) for q in queues for k in range(20)}
+        assert len(c.call("QPEEK", "bq0", 1_000_000)) == 5
+        assert len(c.call("QPEEK", "bq0", -1_000_000)) == 5
+        assert len(c.call("GETJOB", "NOHANG", "COUNT", 1_000_000, "FROM", "bq0")) == 5
+        # several queues: the bound holds across the owners the coordinator asks
+        got = c.call("GETJOB", "NOHANG", "COUNT", 9_223_372_036_854_775_807, "FROM", *queues)
+        assert len(got) == 5
+        for _, job_id, _ in c.call("GETJOB", "NOHANG", "COUNT", 3, "FROM", "bq1") + got:
+            c.call("ENQUEUE", job_id)
+        qs, calls = _scan_all(c, "QSCAN", "COUNT", 1_000_000)
+        assert sorted(q.decode() for q in qs) == sorted(queues) and calls >= 2
+        qs, calls = _scan_all(c, "QSCAN", "BUSYLOOP")
+        assert sorted(q.decode() for q in qs) == sorted(queues) and calls >= 2
+        js, calls = _scan_all(c, "JSCAN", "COUNT", 1_000_000)
+        assert {str(j) for j in js} == ids and calls >= 2
+        js, calls = _scan_all(c, "JSCAN", "BUSYLOOP", "REPLY", "all")
+        assert {j[1].decode() for j in js} == ids and calls >= 2
+        # raised again: one call does it all
+        assert c.call("CONFIG", "SET", "scan-count-max", "100000") == "OK"
+        js, calls = _scan_all(c, "JSCAN", "BUSYLOOP")
+        assert {str(j) for j in js} == ids and calls == 1
+        assert c.call("PING") == "PONG"
+        c.close()

@@ -543,6 +543,10 @@ def _apply_config(w: Worker, name: str, value: str) -> Any:
         from disque_mp.node.log import set_loglevel
 
         set_loglevel(w.cfg.loglevel)
+    if name in ("getjob-count-max", "qpeek-count-max", "scan-count-max"):
+        from disque_mp.node.commands import jobs as cmd_jobs
+
+        cmd_jobs.apply_limits(w.cfg)
     if w.aof is not None and name in ("appendonly", "appendfsync"):
         w.aof.apply_config()
     if w.memory is not None and name == "maxmemory":
@@ -676,7 +680,11 @@ def cmd_jscan(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
 
 
 def _scan(w: Worker, conn: ClientConn, op: str, spec: Any, arg: Callable[[int], Any]) -> Any:
-    """Walk workers from the cursor's one; move on while a call found fewer than COUNT."""
+    """Walk workers from the cursor's one; move on while a call found fewer than COUNT.
+
+    BUSYLOOP too stops at the bounds of one call (its COUNT is scan-count-max, and
+    at most scan_rounds_max shard calls): the client continues by cursor, and no
+    call stalls the worker (worker 0 also serves the cluster bus)."""
     n = w.workers
     state = {"worker": spec.cursor % n, "local": spec.cursor // n, "rounds": 0}
     if state["worker"] >= n:
@@ -697,13 +705,13 @@ def _scan(w: Worker, conn: ClientConn, op: str, spec: Any, arg: Callable[[int], 
             worker = state["worker"]
             state["rounds"] += 1
             if nxt:
-                if not spec.busyloop and (len(items) >= spec.count or state["rounds"] >= scan_rounds_max):
+                if len(items) >= spec.count or state["rounds"] >= scan_rounds_max:
                     return done(nxt * n + worker)
                 state["local"] = nxt
             else:
                 if worker + 1 >= n:
                     return done(0)
-                if not spec.busyloop and (len(items) >= spec.count or state["rounds"] >= scan_rounds_max):
+                if len(items) >= spec.count or state["rounds"] >= scan_rounds_max:
                     return done(worker + 1)
                 state["worker"], state["local"] = worker + 1, 0
             value = ask()
