@@ -146,7 +146,10 @@ class Config:
     syslog_enabled: bool = False
     syslog_ident: str = "disque"
     syslog_facility: str = "local0"
-    client_output_buffer_limit: str = "normal 0 0 0"
+    # Redis' semantics (hard bytes, soft bytes, soft seconds; 0 = none). Not the
+    # reference's "normal 0 0 0": a client that never reads its replies must not
+    # grow the node without bound (README, Limits).
+    client_output_buffer_limit: str = f"normal {1 << 30} {256 << 20} 60"
     # Limits on client input (bad input must never hurt other clients).
     client_query_buffer_bytes_max: int = 1 << 30  # Redis' client-query-buffer-limit
     proto_max_bulk_len: int = 512 << 20  # largest bulk argument accepted

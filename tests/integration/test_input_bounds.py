@@ -4,10 +4,12 @@ is lost (README "Limits")."""
 
 from __future__ import annotations
 
+import socket
+import time
 from pathlib import Path
 
-from tests.integration.conftest import Err, RawClient
-from tests.nodeproc import NodeProc
+from tests.integration.conftest import Err, RawClient, encode_command
+from tests.nodeproc import NodeProc, wait_until
 from workers.job import delay_max_s, queue_name_bytes_max, retry_max_s, ttl_max_s
 
 INT64_MAX = 9223372036854775807
@@ -93,5 +95,66 @@ def test_counts_are_bounded_and_scans_continue_by_cursor(tmp_path: Path) -> None
         assert c.call("CONFIG", "SET", "scan-count-max", "100000") == "OK"
         js, calls = _scan_all(c, "JSCAN", "BUSYLOOP")
         assert {str(j) for j in js} == ids and calls == 1
+        assert c.call("PING") == "PONG"
+        c.close()
+
+
+def _rss_kb(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+    return total
+
+
+def test_client_output_buffer_hard_limit_closes_a_client_that_never_reads(tmp_path: Path) -> None:
+    # One worker: the queue's owner holds the connection, so the replies are built
+    # in the read loop itself (forwarded replies count as they arrive: README, Limits).
+    with NodeProc(tmp_path / "n", workers=1,
+                  conf={"client-output-buffer-limit": "normal 4mb 1mb 60"}) as n:
+        c = RawClient(n.port)
+        body = "x" * 1000
+        for _ in range(2000):  # one queue: QPEEK's reply is about 2 MB
+            c.call("ADDJOB", "big", body, 0)
+        rss_before = _rss_kb(n.worker_pids())
+        greedy = RawClient(n.port)
+        greedy.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        pipeline = encode_command("QPEEK", "big", 1_000_000) * 500  # 1 GB of replies
+        try:
+            greedy.sock.sendall(pipeline)
+        except OSError:
+            pass  # closed by the node while we were still sending
+        wait_until(lambda: "overcoming of output buffer limits" in n.log_text(), 30,
+                   "the node closing the greedy client", detail=n.output)
+        assert greedy.closed()
+        # The node keeps serving everybody else, its memory did not follow the pipeline.
+        assert c.call("PING") == "PONG"
+        assert c.call("QLEN", "big") == 2000
+        assert _rss_kb(n.worker_pids()) - rss_before < 200_000
+        c.close()
+
+
+def test_client_output_buffer_soft_limit_closes_after_its_seconds(tmp_path: Path) -> None:
+    with NodeProc(tmp_path / "n", workers=1,
+                  conf={"client-output-buffer-limit": "normal 0 1mb 1"}) as n:
+        c = RawClient(n.port)
+        for _ in range(2000):
+            c.call("ADDJOB", "big", "x" * 1000, 0)
+        slow = RawClient(n.port)
+        slow.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        slow.send(encode_command("QPEEK", "big", 2000) * 3)  # about 6 MB, never read
+        time.sleep(2.5)  # over the soft limit for longer than its 1 s...
+        slow.send(encode_command("PING"))  # ...seen at the next reply: closed
+        wait_until(lambda: "overcoming of output buffer limits" in n.log_text(), 30,
+                   "the node closing the slow client", detail=n.output)
+        assert slow.closed()
+        # Under the soft limit nothing happens, however long.
+        ok = RawClient(n.port)
+        ok.send(encode_command("QPEEK", "big", 100))
+        time.sleep(1.5)
+        ok.send(encode_command("PING"))
+        assert len(ok.read()) == 100 and ok.read() == "PONG"
         assert c.call("PING") == "PONG"
         c.close()
