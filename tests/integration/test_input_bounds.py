@@ -4,10 +4,12 @@ is lost (README "Limits")."""
 
 from __future__ import annotations
 
+import random
 import socket
 import time
 from pathlib import Path
 
+from bus import frames
 from tests.integration.conftest import Err, RawClient, encode_command
 from tests.nodeproc import NodeProc, wait_until
 from workers.job import delay_max_s, queue_name_bytes_max, retry_max_s, ttl_max_s
@@ -158,3 +160,57 @@ def test_client_output_buffer_soft_limit_closes_after_its_seconds(tmp_path: Path
         assert len(ok.read()) == 100 and ok.read() == "PONG"
         assert c.call("PING") == "PONG"
         c.close()
+
+
+random_rounds = 60
+
+
+def _random_command(rng: random.Random) -> bytes:
+    words = [b"ADDJOB", b"GETJOB", b"QPEEK", b"JSCAN", b"QSCAN", b"ACKJOB", b"PING", b"CLUSTER",
+             b"CONFIG", b"INFO", b"DEBUG", b"NACK", b"SHOW", b"HELLO", b"CLIENT", b"\xff\x00"]
+    shape = rng.randrange(5)
+    if shape == 0:  # a random binary blob
+        return bytes(rng.randrange(256) for _ in range(rng.randrange(1, 300)))
+    if shape == 1:  # an argument count or a bulk length far over the limits
+        return rng.choice([b"*%d\r\n" % rng.randrange(2**20, 2**62),
+                           b"*1\r\n$%d\r\n" % rng.randrange(2**20, 2**62)])
+    if shape == 2:  # a long inline line
+        return b"PING " + b"x" * rng.randrange(60_000, 200_000) + b"\r\n"
+    args = [rng.choice(words)] + [rng.choice([b"0", b"-1", b"9223372036854775808", b"COUNT",
+                                              b"FROM", b"q", b"x" * rng.randrange(200)])
+                                  for _ in range(rng.randrange(8))]
+    return encode_command(*args) if shape == 3 else b" ".join(args) + b"\r\n"
+
+
+def test_random_and_oversized_commands_and_frames_leave_the_node_serving(tmp_path: Path) -> None:
+    rng = random.Random(11)
+    conf = {"client-query-buffer-bytes-max": "65536", "proto-max-bulk-len": "100000",
+            "proto-max-multibulk-len": "1000"}
+    with NodeProc(tmp_path / "n", workers=2, conf=conf) as n:
+        keep = RawClient(n.port)
+        job_id = keep.call("ADDJOB", "keep", "body", 0)
+        for _ in range(random_rounds):
+            bad = RawClient(n.port, timeout_s=0.3)
+            try:
+                bad.send(_random_command(rng))
+                bad.closed()  # replies or a close, whatever comes within the timeout
+            except OSError:
+                pass  # closed by the node while we sent: fine
+            bad.close()
+            # the bus port gets random bytes and frames with random kinds and metadata
+            with socket.create_connection(("127.0.0.1", n.port + 10000), timeout=2) as s:
+                try:
+                    s.sendall(rng.choice([
+                        bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200))),
+                        frames.encode(rng.randrange(256), {"k": "REPLJOB", "s": -1, "m": None},
+                                      [b"\x01" * rng.randrange(100)]),
+                        frames._HEAD.pack(frames.MAGIC, frames.VERSION, 1, 2**31, 0),
+                    ]))
+                except OSError:
+                    pass
+            assert keep.call("PING") == "PONG"
+        assert str(keep.call("SHOW", job_id)[1], "ascii") == job_id
+        assert keep.call("QLEN", "keep") == 1
+        log = n.log_text()
+        assert "Traceback" not in log, log[-3000:]
+        keep.close()
