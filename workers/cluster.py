@@ -78,6 +78,14 @@ repl_step_ms = 50
 gc_first_ms = 1000
 gc_backoff_max_ms = 60_000
 gc_attempts_max = 30
+# IDs of jobs this node saw acknowledged or deleted cluster-wide (DELJOB, a
+# SETACK for a job it did not hold, a GC it completed) are kept this long: a
+# REPLJOB or YOURJOBS for one arriving later (a message that took worker 0's relay
+# while a newer one took the just-ready direct data link, or a replication step
+# re-sent before the ACK) must not bring back a copy that would be queued again
+# after RETRY. Bounded: the oldest are forgotten first.
+gone_ids_keep_ms = 30_000
+gone_ids_max = 100_000
 # Federation (spec FAQ): ad hoc NEEDJOBS to recent sources 25 ms .. 2 s apart,
 # broadcast to everyone 100 ms .. 30 s apart, doubling while nothing arrives.
 needjobs_adhoc_min_ms = 25
@@ -339,6 +347,8 @@ class ClusterOps:
     def _on_repljob(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
                     now_ms: int) -> None:
         job = Job.from_record(bodies[0])
+        if self._gone and self._is_gone(job.id, now_ms):
+            return  # acknowledged or deleted already: a late copy would be queued again
         old = self.lookup(job.id)
         if old is not None:
             old.delivered = union(old.delivered, job.delivered)
@@ -491,6 +501,7 @@ class ClusterOps:
                 # later): the GC is complete.
                 self._send_job(self._others(job), "DELJOB", job)
                 self._unregister(job, now_ms)
+                self._remember_gone(job.id, now_ms)
                 return
             self._send_job(todo, "SETACK", job, {"j": job.id, "m": may_have})
         self._arm_gc(job, now_ms)
@@ -532,6 +543,8 @@ class ClusterOps:
             return
         if job is None:
             self._send(sender, "GOTACK", slot, {"j": jid, "k": 0})
+            if type(jid) is str and len(jid) == 40:
+                self._remember_gone(jid, now_ms)  # acked elsewhere before its copy came
             return
         n = len(job.delivered)
         if may_have == 0:
@@ -564,15 +577,32 @@ class ClusterOps:
             if all(n in job.confirmed for n in job.delivered):
                 self._send_job(self._others(job), "DELJOB", job)
                 self._unregister(job, now_ms)
+                self._remember_gone(job.id, now_ms)
 
     def _on_deljob(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
                    now_ms: int) -> None:
         job = self._job_of(meta)
-        if job is None:
-            return
-        if job.state == WAIT_REPL:
+        if job is not None and job.state == WAIT_REPL:
             return  # our own pending ADDJOB: its timer decides
-        self._unregister(job, now_ms)
+        jid = meta["j"]
+        if type(jid) is str and len(jid) == 40:
+            self._remember_gone(jid, now_ms)
+        if job is not None:
+            self._unregister(job, now_ms)
+
+    def _remember_gone(self: Shard, job_id: str, now_ms: int) -> None:
+        gone = self._gone
+        gone.pop(job_id, None)  # keep insertion order = time order
+        while gone:
+            first = next(iter(gone))
+            if gone[first] > now_ms and len(gone) < gone_ids_max:
+                break
+            del gone[first]
+        gone[job_id] = now_ms + gone_ids_keep_ms
+
+    def _is_gone(self: Shard, job_id: str, now_ms: int) -> bool:
+        until = self._gone.get(job_id)
+        return until is not None and until > now_ms
 
     def _fastack_cluster(self: Shard, job_id: str, job: Job | None) -> None:
         if job is None:
@@ -695,7 +725,7 @@ class ClusterOps:
         touched: list[Queue] = []  # served once the whole batch is queued (COUNT > 1)
         for rec in bodies:
             job = Job.from_record(rec)
-            if job.etime_ms <= now_ms:
+            if job.etime_ms <= now_ms or (self._gone and self._is_gone(job.id, now_ms)):
                 continue
             q = self._queue(job.queue, now_ms)
             if not touched or touched[-1] is not q:

@@ -205,6 +205,7 @@ class Shard(ClusterOps):
         self._waiters: dict[int, Waiter] = {}
         self._repl: dict[str, ReplWait] = {}  # wait-repl jobs -> the blocked ADDJOB
         self._gc_tries: dict[str, int] = {}  # acked jobs -> GC attempts made
+        self._gone: dict[str, int] = {}  # acked/deleted job IDs -> kept until (ms)
         self._fed: dict[bytes, Fed] = {}  # queues with federation state
         self._asks: dict[bytes, tuple[str, int]] = {}  # queue -> (asker, until ms)
 
