@@ -54,6 +54,8 @@ from workers.job import (
     US_PER_MS,
     WAIT_REPL,
     Job,
+    job_nodes_max,
+    node_id_bytes_max,
 )
 from workers.queue import PAUSED_IN, PAUSED_OUT, Queue
 from workers.replies import ERR_LEAVING, PENDING, Error, Status
@@ -395,8 +397,9 @@ class ClusterOps:
         if job is None:
             return
         nodes = meta.get("d")
-        if type(nodes) is list and all(type(n) is str for n in nodes):
-            job.delivered = union(job.delivered, nodes)
+        if (type(nodes) is list and len(nodes) <= job_nodes_max
+                and all(type(n) is str and len(n) <= node_id_bytes_max for n in nodes)):
+            job.delivered = union(job.delivered, nodes)  # bounded: the record must encode
         if job.state != ACTIVE:
             return
         if not job.retry_s and job.flags & FLAG_QUEUED_ONCE:

@@ -86,6 +86,10 @@ retry_max_s: Final = ttl_max_s
 delay_max_s: Final = ttl_max_s
 queue_name_bytes_max: Final = 0xFFFF
 body_bytes_max: Final = 0xFFFF_FFFF
+# Nodes a job record may name (delivered + confirmed): the cluster is far smaller
+# (membership keeps at most 1000 nodes); the record's count fields are 16-bit.
+job_nodes_max: Final = 4096
+node_id_bytes_max: Final = 64  # node IDs are 40 hex characters
 
 NS_PER_MS: Final = 1_000_000
 US_PER_MS: Final = 1_000
@@ -228,6 +232,8 @@ class Job:
             raise ValueError(f"bad job state {state}")
         if ttl_s > ttl_max_s or retry_s > retry_max_s or delay_s > delay_max_s:
             raise ValueError("job record TTL, RETRY or DELAY out of range")
+        if n_deliv + n_conf > job_nodes_max:
+            raise ValueError("job record names too many nodes")
         at = _REC_HEAD.size
         end = at + id_len + q_len + body_len
         if end > len(rec):

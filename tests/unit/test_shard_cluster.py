@@ -476,3 +476,18 @@ def test_a_copy_arriving_after_its_ack_is_not_kept() -> None:
     assert all(net.nodes[n].shard.op_qlen(b"q") == 0 for n in (a, b, c))
     assert net.holders(jid) == {}
     net.check()
+
+
+def test_a_peer_cannot_make_a_job_unencodable() -> None:
+    """Node lists from a peer's ENQUEUE are bounded, so the job record (AOF,
+    REPLJOB, YOURJOBS) still encodes."""
+    net = Net(2, seed=9)
+    a, b = net.ids
+    jid = _added(net, a, replicate=2)
+    shard = net.nodes[b].shard
+    shard.on_message(a, "ENQUEUE", {"j": jid, "d": ["x" * 70_000]}, [], net.now)
+    shard.on_message(a, "ENQUEUE", {"j": jid, "d": [f"{i:040x}" for i in range(70_000)]}, [],
+                     net.now)
+    job = shard.lookup(jid)
+    assert job is not None and len(job.delivered) == 2
+    assert job.to_record()
