@@ -169,7 +169,7 @@ class ClientConn(asyncio.Protocol):
         hard, soft, soft_s = output_limits(self.node.cfg.client_output_buffer_limit)
         if hard or soft:  # replies from other workers count as they arrive
             self.check_output(sum(map(len, self.out)), hard, soft, soft_s)
-        if self.out and not self.closing:
+        if self.out:
             self.node.mark_dirty(self)
 
     def write_out(self) -> None:
