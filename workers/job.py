@@ -189,7 +189,7 @@ class Job:
     def __repr__(self) -> str:
         return f"Job({self.id} {self.queue!r} {STATE_NAMES[self.state]})"
 
-    # --- persisted form (AOF, issue 4; also usable for REPLJOB) ---
+    # --- persisted form (AOF; also usable for REPLJOB) ---
 
     def to_record(self) -> bytes:
         """Serialize: a version byte, fixed fields, then length-prefixed strings."""

@@ -71,7 +71,7 @@ handoff_per_conn_max = 4  # a connection whose traffic keeps changing owner stay
 # 0 publishes it from nodes.conf at once; the others get it from worker 0).
 view_wait_s = 10.0
 view_poll_s = 0.005
-# The cyclic collector (issue 5): job records are GC-tracked, and with the default
+# The cyclic collector: job records are GC-tracked, and with the default
 # thresholds every 25 % growth of the job table triggers a full pass over all of it
 # (measured in-process: 400k ADDJOB on a growing table 5.2 s default, 3.5 s with these).
 # gen0 10,000: a young pass stays a few ms; gen2 only after 100 gen1 passes (10M
@@ -386,7 +386,7 @@ class Worker:
             return None
         return encode(reply, conn.resp3)
 
-    # --- fast paths: the common shapes of the three hot commands (issue 5) ---
+    # --- fast paths: the common shapes of the three hot commands ---
     #
     # Each returns the encoded reply, or None before doing anything when the
     # command is not of its shape (another owner, options, appendfsync always):
