@@ -200,8 +200,9 @@ class RequestParser:
 
 def _hiredis_lists(data: bytes) -> bool:
     """Inline text hiredis would read as a RESP3 set, push or attribute (a list, like
-    a command) may follow a multibulk here: only the Python parser reads it right."""
-    return b"\n~" in data or b"\n>" in data or b"\n|" in data
+    a command) or as a boolean (false looks like "no reply yet") may follow a
+    multibulk here: only the Python parser reads it right."""
+    return b"\n~" in data or b"\n>" in data or b"\n|" in data or b"\n#" in data
 
 
 def split_inline(line: bytes) -> list[bytes]:
