@@ -1023,11 +1023,14 @@ class Shard(ClusterOps):
 
     # ------------------------------------------------------------------ node-wide
 
-    def op_flushall(self) -> None:
-        """DEBUG FLUSHALL: forget every job and queue (blocked clients stay blocked)."""
+    def op_flushall(self, keep_waiters: bool = True) -> None:
+        """DEBUG FLUSHALL: forget every job and queue. Blocked clients stay blocked
+        unless ``keep_waiters`` is False: the node's front end then answers every
+        blocked GETJOB itself (as the reference's flushServerData) and the queues
+        they waited on go too."""
         for rw in self._repl.values():
             self._effects.append(Wake(rw.token, ERR_NOREPL_TIMEOUT))  # their jobs are gone
-        waiters = list(self._waiters.values())
+        waiters = list(self._waiters.values()) if keep_waiters else []
         for q in self._queues.values():
             q.drop_all()
         self._reset_state()

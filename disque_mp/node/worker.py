@@ -1090,6 +1090,11 @@ class GetJob:
         if not self.done:
             self._finish(NULL_ARRAY)
 
+    def release(self) -> None:
+        """DEBUG FLUSHALL / CLUSTER RESET: answered as on timeout (the reference's
+        flushServerData unblocks GETJOB clients with the timeout reply)."""
+        self._timeout()
+
     def _finish(self, reply: Any, woken_by: int = -1) -> None:
         self.done = True
         self._unblock(skip=woken_by)

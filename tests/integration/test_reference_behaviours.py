@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 
-from tests.integration.conftest import Err, RawClient, encode_command
+from tests.integration.conftest import NULL_ARRAY, Err, RawClient, encode_command
 from tests.nodeproc import NodeProc, form_cluster, wait_until
 from tests.nodeproc import unique_queue as _q
 
@@ -62,7 +62,15 @@ def test_cluster_reset_empties_the_node(three: list[NodeProc], mode: str) -> Non
     ids = [a.execute_command("ADDJOB", q, "body", 0, "REPLICATE", 2).decode() for q in queues]
     assert _info(three[0], "jobs")["registered_jobs"] >= len(ids)
     old_id = a.execute_command("CLUSTER", "MYID")
+    blocked = [RawClient(three[0].port) for _ in range(3)]  # held by either worker
+    for i, c in enumerate(blocked):
+        c.send(encode_command("GETJOB", "TIMEOUT", 60_000, "FROM", _q(f"empty{i}"), _q("other")))
+    wait_until(lambda: _info(three[0], "clients")["blocked_clients"] == 3, wait_s, "3 blocked")
     assert a.execute_command("CLUSTER", "RESET", mode) in (b"OK", "OK", True)
+    for c in blocked:  # answered as on timeout, as the reference's flushServerData does
+        assert c.read() is NULL_ARRAY
+        c.close()
+    wait_until(lambda: _info(three[0], "clients")["blocked_clients"] == 0, wait_s, "unblocked")
     assert _info(three[0], "jobs")["registered_jobs"] == 0
     assert _info(three[0], "queues")["registered_queues"] == 0
     assert _scan_all(a, "QSCAN") == []

@@ -104,7 +104,11 @@ def local_op(w: Worker, op: str, arg: Any) -> Any:
                                       reply_all, w.now_ms)
         return [nxt, items]
     if op == "flushall":
-        w.shard.op_flushall()
+        # Blocked GETJOBs are answered as on timeout (the reference's flushServerData);
+        # every worker does the same for its own, so no waiter is kept.
+        for getjob in list(w.getjobs.values()):
+            getjob.release()
+        w.shard.op_flushall(keep_waiters=False)
         if w.aof is not None:  # a fresh empty AOF, or flushed jobs come back at restart
             w.aof.flushed()
         w.drain_effects()
