@@ -17,6 +17,7 @@ import redis
 from tests.integration.conftest import NULL_ARRAY, Err, RawClient, encode_command
 from tests.nodeproc import NodeProc, form_cluster, wait_until
 from tests.nodeproc import unique_queue as _q
+from workers.ids import owner_of_queue
 
 form_timeout_s = 60.0  # cold nodes on 2 cores shared with other test runs
 wait_s = 30.0
@@ -250,3 +251,52 @@ def test_fault_free_run_delivers_every_acked_job_once(tmp_path: Path) -> None:
     finally:
         for n in nodes:
             n.stop()
+
+
+def _worker_pid(node: NodeProc, index: int) -> int:
+    c = RawClient(node.port)
+    text = c.call("INFO", "workers").decode()
+    c.close()
+    for line in text.split("\r\n"):
+        if line.startswith(f"worker{index}:"):
+            return int(line.split("pid=", 1)[1].split(",", 1)[0])
+    raise AssertionError(f"no worker{index} in {text!r}")
+
+
+def test_acks_right_after_a_worker_restart_reach_every_holder(three: list[NodeProc]) -> None:
+    """ACKJOBs sent the moment a restarted worker serves again (it lost its copies:
+    each is a dummy ACK, which tells every known node) must reach the other holders.
+    A worker used to serve forwarded commands before it knew its peers: the dummy
+    ACK had nobody to tell, and the holders queued the job again after RETRY."""
+    a, b = three[0], three[1]
+    queues = [q for q in (_q("ack1") for _ in range(200)) if owner_of_queue(q.encode(), 2) == 1][:6]
+    ids = []
+    for q in queues:
+        for _ in range(5):
+            _r(a).execute_command("ADDJOB", q, "x", 0, "REPLICATE", 3, "RETRY", 60)
+        ids += [e[1].decode() for e in _r(a).execute_command("GETJOB", "COUNT", 5, "FROM", q)]
+    assert len(ids) == 30
+    victim = _worker_pid(b, 1)
+    os.kill(victim, signal.SIGKILL)
+    wait_until(lambda: victim not in b.worker_pids(), wait_s, "the killed worker gone")
+    pending = list(ids)
+    deadline = time.monotonic() + wait_s
+    while pending and time.monotonic() < deadline:  # an error while worker 1 is down
+        try:
+            c = RawClient(b.port)
+            c.send(b"".join(encode_command("ACKJOB", j) for j in pending))
+            replies = [c.read() for _ in pending]
+            c.close()
+        except OSError:  # the connection landed on the worker as it restarted
+            continue
+        pending = [j for j, r in zip(pending, replies, strict=True) if isinstance(r, Err)]
+    assert not pending
+
+    def all_acked_on_a() -> bool:
+        for job_id in ids:
+            show = _r(a).execute_command("SHOW", job_id)
+            if show is not None and dict(zip(show[::2], show[1::2], strict=True))[b"state"] != b"acked":
+                return False
+        return True
+
+    wait_until(all_acked_on_a, wait_s, "every holder learning of the ACKs")
