@@ -35,7 +35,14 @@ from collections.abc import Set as AbstractSet
 from operator import attrgetter
 from typing import Any, Final
 
-from workers.cluster import ERR_NOREPL_TIMEOUT, ClusterOps, Fed, ReplWait
+from workers.cluster import (
+    ERR_NOREPL_TIMEOUT,
+    QUEUED_INCR_DELIVERIES,
+    QUEUED_INCR_NACKS,
+    ClusterOps,
+    Fed,
+    ReplWait,
+)
 from workers.effects import AofAppend, Effect, Wake
 from workers.ids import JobIdGen, slot_of
 from workers.invariant import InvariantError, invariant
@@ -47,14 +54,20 @@ from workers.job import (
     DELETED,
     FLAG_DELIVERED,
     FLAG_QUEUED_ONCE,
+    FLAG_REQUEUE_COUNTS,
     FLAG_WILLQUEUE_SENT,
     QUEUED,
     STATE_NAMES,
     US_PER_MS,
     WAIT_REPL,
     Job,
+    body_bytes_max,
     del_record,
+    delay_max_s,
     job_id_of_record,
+    queue_name_bytes_max,
+    retry_max_s,
+    ttl_max_s,
 )
 from workers.queue import PAUSE_NAMES, PAUSED_IN, PAUSED_OUT, Queue
 from workers.replies import (
@@ -97,6 +110,13 @@ ERR_RETRY0: Final = Error(
 ERR_DELAY_TTL: Final = Error(
     "ERR The specified DELAY is greater than TTL. Job refused since would never be delivered"
 )
+# Past the named maxima of workers/job.py: the reference has no bound (its 32-bit
+# fields wrap); ours refuses with the bound in the text, so every job encodes.
+ERR_TTL_MAX: Final = Error(f"ERR TTL must be at most {ttl_max_s} seconds")
+ERR_RETRY_MAX: Final = Error(f"ERR RETRY time must be at most {retry_max_s} seconds")
+ERR_DELAY_MAX: Final = Error(f"ERR DELAY time must be at most {delay_max_s} seconds")
+ERR_QUEUE_NAME_MAX: Final = Error(f"ERR queue name too long (at most {queue_name_bytes_max} bytes)")
+ERR_BODY_MAX: Final = Error(f"ERR job body too large (at most {body_bytes_max} bytes)")
 ERR_NOREPL_LEAVING: Final = Error(
     "NOREPL Not enough reachable nodes for the requested replication level, since I'm "
     "unable to hold a copy of the message for the following reason: I'm leaving the cluster"
@@ -208,6 +228,7 @@ class Shard(ClusterOps):
         self._waiters: dict[int, Waiter] = {}
         self._repl: dict[str, ReplWait] = {}  # wait-repl jobs -> the blocked ADDJOB
         self._gc_tries: dict[str, int] = {}  # acked jobs -> GC attempts made
+        self._gone: dict[str, int] = {}  # acked/deleted job IDs -> kept until (ms)
         self._fed: dict[bytes, Fed] = {}  # queues with federation state
         self._asks: dict[bytes, tuple[str, int]] = {}  # queue -> (asker, until ms)
         # /metrics: delivered and not acked jobs (ID -> delivery ms; per queue count),
@@ -440,11 +461,13 @@ class Shard(ClusterOps):
                 # paused in input: never requeue now, try again after another retry period
                 job.qtime_ms = now_ms + max(job.retry_s, 1) * 1000 + self._jitter()
             else:
-                if job.flags & FLAG_DELIVERED:
+                incr = 0
+                if job.flags & FLAG_REQUEUE_COUNTS:
                     job.additional_deliveries += 1
+                    incr = QUEUED_INCR_DELIVERIES
                 if job.flags & FLAG_QUEUED_ONCE:  # not the end of a DELAY
                     self.stat_requeued_retry += 1
-                self._requeue(job, q, now_ms)
+                self._requeue(job, q, now_ms, incr)
         if job.state != DELETED:
             self._schedule(job, self._due(job))
 
@@ -463,12 +486,14 @@ class Shard(ClusterOps):
 
     # ------------------------------------------------------------------ queue moves
 
-    def _requeue(self, job: Job, q: Queue, now_ms: int) -> None:
+    def _requeue(self, job: Job, q: Queue, now_ms: int, incr: int = 0) -> None:
         """Queue a known job again (retry timer, NACK, ENQUEUE): QUEUED to the
-        other holders as the re-queueing state machine says, and log the state."""
+        other holders as the re-queueing state machine says, and log the state.
+        ``incr`` (QUEUED_INCR_*): the counter this requeue incremented here, which
+        the other holders increment too."""
         self._enqueue(job, q, now_ms)
         if job.nodes[0] is not self._me and job.state == QUEUED:
-            self._send_queued(job)
+            self._send_queued(job, incr)
         if self.aof:
             self._effects.append(AofAppend(job.to_record()))
 
@@ -574,6 +599,11 @@ class Shard(ClusterOps):
         now_ms: int,
     ) -> Any:
         """ADDJOB after argument parsing; checks in the reference's order."""
+        if len(queue) > queue_name_bytes_max or len(body) > body_bytes_max:
+            return ERR_QUEUE_NAME_MAX if len(queue) > queue_name_bytes_max else ERR_BODY_MAX
+        if ttl_s > ttl_max_s or delay_s > delay_max_s or (retry_s is not None and retry_s > retry_max_s):
+            return ERR_TTL_MAX if ttl_s > ttl_max_s else (
+                ERR_DELAY_MAX if delay_s > delay_max_s else ERR_RETRY_MAX)
         peers = len(self._peers)  # reachable nodes that can take a copy
         flexible = replicate is None
         if replicate is None:
@@ -796,14 +826,17 @@ class Shard(ClusterOps):
             if job is None or job.state != ACTIVE or not job.qtime_ms:
                 continue
             q = self._queue(job.queue, now_ms)
+            incr = 0
             if nack:
                 job.nacks += 1
                 self.stat_nacked += 1
+                incr = QUEUED_INCR_NACKS
             else:
                 self.stat_requeued_enqueue += 1
-                if job.flags & FLAG_DELIVERED:
+                if job.flags & FLAG_DELIVERED:  # ENQUEUE of a job never served here: no delivery
                     job.additional_deliveries += 1
-            self._requeue(job, q, now_ms)
+                    incr = QUEUED_INCR_DELIVERIES
+            self._requeue(job, q, now_ms, incr)
             done += 1
         return done
 
@@ -1049,11 +1082,14 @@ class Shard(ClusterOps):
 
     # ------------------------------------------------------------------ node-wide
 
-    def op_flushall(self) -> None:
-        """DEBUG FLUSHALL: forget every job and queue (blocked clients stay blocked)."""
+    def op_flushall(self, keep_waiters: bool = True) -> None:
+        """DEBUG FLUSHALL: forget every job and queue. Blocked clients stay blocked
+        unless ``keep_waiters`` is False: the node's front end then answers every
+        blocked GETJOB itself (as the reference's flushServerData) and the queues
+        they waited on go too."""
         for rw in self._repl.values():
             self._effects.append(Wake(rw.token, ERR_NOREPL_TIMEOUT))  # their jobs are gone
-        waiters = list(self._waiters.values())
+        waiters = list(self._waiters.values()) if keep_waiters else []
         for q in self._queues.values():
             q.drop_all()
         self._reset_state()

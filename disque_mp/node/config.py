@@ -146,11 +146,19 @@ class Config:
     syslog_enabled: bool = False
     syslog_ident: str = "disque"
     syslog_facility: str = "local0"
-    client_output_buffer_limit: str = "normal 0 0 0"
+    # Redis' semantics (hard bytes, soft bytes, soft seconds; 0 = none). Not the
+    # reference's "normal 0 0 0": a client that never reads its replies must not
+    # grow the node without bound (README, Limits).
+    client_output_buffer_limit: str = f"normal {1 << 30} {256 << 20} 60"
     # Limits on client input (bad input must never hurt other clients).
     client_query_buffer_bytes_max: int = 1 << 30  # Redis' client-query-buffer-limit
     proto_max_bulk_len: int = 512 << 20  # largest bulk argument accepted
     proto_max_multibulk_len: int = 1024 * 1024  # most arguments in one command
+    # Work one command may do (a worker also serves other clients and, worker 0,
+    # the cluster bus): past these a reply is cut and scans continue by cursor.
+    getjob_count_max: int = 10_000  # jobs one GETJOB returns, whatever its COUNT
+    qpeek_count_max: int = 10_000  # jobs one QPEEK returns, whatever its count
+    scan_count_max: int = 1_000  # QSCAN/JSCAN COUNT (and BUSYLOOP) per shard call
     # ours
     workers: int = field(default_factory=lambda: usable_cpus())
     # where the config came from (CONFIG REWRITE target, INFO config_file)
@@ -317,6 +325,10 @@ DIRECTIVES: tuple[Directive, ...] = (
        "Invalid client-query-buffer-bytes-max value", lo=1024),
     _d("proto-max-bulk-len", "mem", True, "Invalid proto-max-bulk-len value", lo=1),
     _d("proto-max-multibulk-len", "int", True, "Invalid proto-max-multibulk-len value", lo=1),
+    # ours: the work one command may do (README, Limits)
+    _d("getjob-count-max", "int", True, "Invalid getjob-count-max value", lo=1),
+    _d("qpeek-count-max", "int", True, "Invalid qpeek-count-max value", lo=1),
+    _d("scan-count-max", "int", True, "Invalid scan-count-max value", lo=1),
     _d("workers", "int", False, f"workers must be between 1 and {workers_max}",
        lo=1, hi=workers_max),
     # ours: the HTTP endpoint (metrics, admin API, dashboard)

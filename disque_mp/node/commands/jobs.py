@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from workers.ids import is_valid_job_id
-from workers.job import STATE_BY_NAME
+from workers.job import STATE_BY_NAME, delay_max_s, retry_max_s, ttl_max_s
 from workers.replies import (
     ERR_BADID,
     ERR_SYNTAX,
@@ -24,7 +24,15 @@ from workers.replies import (
     Error,
     err_arity,
 )
-from workers.shard import Shard, jscan_count_default, qscan_count_default, ttl_default_s
+from workers.shard import (
+    ERR_DELAY_MAX,
+    ERR_RETRY_MAX,
+    ERR_TTL_MAX,
+    Shard,
+    jscan_count_default,
+    qscan_count_default,
+    ttl_default_s,
+)
 
 ERR_TIMEOUT_NOT_INT: Final = Error("ERR timeout is not an integer or out of range")
 ERR_TIMEOUT_NEGATIVE: Final = Error("ERR timeout is negative")
@@ -39,6 +47,27 @@ ERR_STATE: Final = Error("ERR Invalid job state name")
 ERR_CURSOR: Final = Error("ERR invalid cursor")
 
 replicate_max: Final = 65535  # Disque's bound (a 16-bit field on the wire)
+
+
+class Limits:
+    """The work one command may do (config getjob-count-max, qpeek-count-max,
+    scan-count-max): each worker applies its config here at start and on CONFIG SET."""
+
+    __slots__ = ("getjob_count_max", "qpeek_count_max", "scan_count_max")
+
+    def __init__(self) -> None:
+        self.getjob_count_max = 10_000
+        self.qpeek_count_max = 10_000
+        self.scan_count_max = 1_000
+
+
+limits: Final = Limits()
+
+
+def apply_limits(cfg: Any) -> None:
+    limits.getjob_count_max = int(cfg.getjob_count_max)
+    limits.qpeek_count_max = int(cfg.qpeek_count_max)
+    limits.scan_count_max = int(cfg.scan_count_max)
 
 # Redis' string2ll: optional minus, no leading zeros, no plus, no spaces, 64-bit.
 _INT_RE = re.compile(rb"\A(?:0|-?[1-9][0-9]{0,18})\Z")
@@ -133,6 +162,8 @@ def _opt_replicate(a: AddJob, v: int | None) -> Error | None:
 def _opt_ttl(a: AddJob, v: int | None) -> Error | None:
     if v is None or v <= 0:
         return ERR_TTL
+    if v > ttl_max_s:
+        return ERR_TTL_MAX
     a.ttl_s = v
     return None
 
@@ -140,6 +171,8 @@ def _opt_ttl(a: AddJob, v: int | None) -> Error | None:
 def _opt_retry(a: AddJob, v: int | None) -> Error | None:
     if v is None or v < 0:
         return ERR_RETRY
+    if v > retry_max_s:
+        return ERR_RETRY_MAX
     a.retry_s = v
     return None
 
@@ -147,6 +180,8 @@ def _opt_retry(a: AddJob, v: int | None) -> Error | None:
 def _opt_delay(a: AddJob, v: int | None) -> Error | None:
     if v is None or v < 0:
         return ERR_DELAY
+    if v > delay_max_s:
+        return ERR_DELAY_MAX
     a.delay_s = v
     return None
 
@@ -218,7 +253,7 @@ def parse_getjob(args: list[bytes]) -> GetJob | Error:
                 return ERR_NOT_INT
             if c <= 0:
                 return ERR_COUNT
-            g.count = c
+            g.count = c if c <= limits.getjob_count_max else limits.getjob_count_max
             i += 1
         elif opt == b"from":
             g.queues = args[i + 1 :]
@@ -287,7 +322,7 @@ def parse_qscan(args: list[bytes]) -> QScan | Error:
             if opt == b"count":
                 if v < 1:
                     return ERR_SYNTAX
-                s.count = v
+                s.count = min(v, limits.scan_count_max)
             else:
                 setattr(s, opt.decode(), v)
             i += 1
@@ -297,6 +332,8 @@ def parse_qscan(args: list[bytes]) -> QScan | Error:
                 return ERR_SYNTAX if cursor_set else ERR_CURSOR
             s.cursor, cursor_set = c, True
         i += 1
+    if s.busyloop:  # "everything in one call", within the bound of one call
+        s.count = limits.scan_count_max
     return s
 
 
@@ -316,7 +353,7 @@ def parse_jscan(args: list[bytes]) -> JScan | Error:
                 return v
             if v < 1:
                 return ERR_SYNTAX
-            s.count = v
+            s.count = min(v, limits.scan_count_max)
             i += 1
         elif opt == b"queue" and not last:
             s.queue = args[i + 1]
@@ -339,6 +376,8 @@ def parse_jscan(args: list[bytes]) -> JScan | Error:
                 return ERR_SYNTAX if cursor_set else ERR_CURSOR
             s.cursor, cursor_set = c, True
         i += 1
+    if s.busyloop:
+        s.count = limits.scan_count_max
     return s
 
 
@@ -388,6 +427,8 @@ def cmd_qpeek(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
     count = parse_int(args[1])
     if count is None:
         return ERR_NOT_INT
+    cap = limits.qpeek_count_max
+    count = cap if count > cap else (-cap if count < -cap else count)
     return shard.op_qpeek(args[0], count)
 
 
