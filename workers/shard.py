@@ -267,12 +267,12 @@ class Shard(ClusterOps):
         self._memory_level = level
 
     def lookup(self, job_id: str) -> Job | None:
-        b = self._jobs[(ord(job_id[14]) * 97 + ord(job_id[15])) & _JOB_BUCKET_MASK]
+        b = self._jobs[job_bucket(job_id)]
         return None if b is None else b.get(job_id)
 
     def _register(self, job: Job) -> None:
         jid = job.id
-        i = (ord(jid[14]) * 97 + ord(jid[15])) & _JOB_BUCKET_MASK
+        i = job_bucket(jid)
         b = self._jobs[i]
         if b is None:
             b = self._jobs[i] = {}
@@ -286,7 +286,7 @@ class Shard(ClusterOps):
 
     def _unregister(self, job: Job, now_ms: int) -> None:
         jid = job.id
-        b = self._jobs[(ord(jid[14]) * 97 + ord(jid[15])) & _JOB_BUCKET_MASK]
+        b = self._jobs[job_bucket(jid)]
         if b is None or b.pop(jid, None) is not job:
             raise InvariantError(f"unregister of unknown job {jid}")
         self._njobs -= 1

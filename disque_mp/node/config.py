@@ -23,6 +23,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
+from bus.durable import write_atomic
+
 # --- Redis' sdssplitargs / sdscatrepr ---
 
 
@@ -647,27 +649,7 @@ def rewrite(cfg: Config, path: str = "") -> None:
         mode = os.stat(path).st_mode & 0o7777
     except FileNotFoundError:
         old, mode = "", 0o644
-    _write_atomic(path, rewrite_text(cfg, old), mode)
-
-
-def _write_atomic(path: str, text: str, mode: int) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        os.write(fd, text.encode("utf-8", errors="surrogateescape"))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(os.path.abspath(path)))
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_atomic(path, rewrite_text(cfg, old).encode("utf-8", errors="surrogateescape"), mode)
 
 
 def field_names() -> list[str]:
