@@ -114,7 +114,7 @@ def _job_ids(args: list[bytes]) -> list[str] | Error:
 
 
 @dataclass(slots=True)
-class AddJob:
+class AddJobArgs:
     queue: bytes
     body: bytes
     timeout_ms: int
@@ -126,11 +126,11 @@ class AddJob:
     async_: bool = False
 
 
-def parse_addjob(args: list[bytes]) -> AddJob | Error:
+def parse_addjob(args: list[bytes]) -> AddJobArgs | Error:
     """``queue body ms-timeout [options]``: options first, then the timeout (Disque's order)."""
     if len(args) < 3:
         return err_arity("addjob")
-    a = AddJob(args[0], args[1], 0)
+    a = AddJobArgs(args[0], args[1], 0)
     i, n = 3, len(args)
     while i < n:
         opt = args[i].lower()
@@ -152,14 +152,14 @@ def parse_addjob(args: list[bytes]) -> AddJob | Error:
     return a
 
 
-def _opt_replicate(a: AddJob, v: int | None) -> Error | None:
+def _opt_replicate(a: AddJobArgs, v: int | None) -> Error | None:
     if v is None or not 1 <= v <= replicate_max:
         return ERR_REPLICATE
     a.replicate = v
     return None
 
 
-def _opt_ttl(a: AddJob, v: int | None) -> Error | None:
+def _opt_ttl(a: AddJobArgs, v: int | None) -> Error | None:
     if v is None or v <= 0:
         return ERR_TTL
     if v > ttl_max_s:
@@ -168,7 +168,7 @@ def _opt_ttl(a: AddJob, v: int | None) -> Error | None:
     return None
 
 
-def _opt_retry(a: AddJob, v: int | None) -> Error | None:
+def _opt_retry(a: AddJobArgs, v: int | None) -> Error | None:
     if v is None or v < 0:
         return ERR_RETRY
     if v > retry_max_s:
@@ -177,7 +177,7 @@ def _opt_retry(a: AddJob, v: int | None) -> Error | None:
     return None
 
 
-def _opt_delay(a: AddJob, v: int | None) -> Error | None:
+def _opt_delay(a: AddJobArgs, v: int | None) -> Error | None:
     if v is None or v < 0:
         return ERR_DELAY
     if v > delay_max_s:
@@ -186,14 +186,14 @@ def _opt_delay(a: AddJob, v: int | None) -> Error | None:
     return None
 
 
-def _opt_maxlen(a: AddJob, v: int | None) -> Error | None:
+def _opt_maxlen(a: AddJobArgs, v: int | None) -> Error | None:
     if v is None or v <= 0:
         return ERR_MAXLEN
     a.maxlen = v
     return None
 
 
-_ADDJOB_OPTS: dict[bytes, Callable[[AddJob, int | None], Error | None]] = {
+_ADDJOB_OPTS: dict[bytes, Callable[[AddJobArgs, int | None], Error | None]] = {
     b"replicate": _opt_replicate,
     b"ttl": _opt_ttl,
     b"retry": _opt_retry,
@@ -222,7 +222,7 @@ def cmd_addjob(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
 
 
 @dataclass(slots=True)
-class GetJob:
+class GetJobArgs:
     nohang: bool
     timeout_ms: int  # 0 = block forever
     count: int
@@ -230,9 +230,9 @@ class GetJob:
     queues: list[bytes]
 
 
-def parse_getjob(args: list[bytes]) -> GetJob | Error:
+def parse_getjob(args: list[bytes]) -> GetJobArgs | Error:
     """``[NOHANG] [TIMEOUT ms] [COUNT n] [WITHCOUNTERS] FROM q1 ... qN``."""
-    g = GetJob(False, 0, 1, False, [])
+    g = GetJobArgs(False, 0, 1, False, [])
     i, n = 0, len(args)
     while i < n:
         opt = args[i].lower()
@@ -266,7 +266,7 @@ def parse_getjob(args: list[bytes]) -> GetJob | Error:
     return g
 
 
-def run_getjob(shard: Shard, g: GetJob, token: int, now_ms: int) -> Any:
+def run_getjob(shard: Shard, g: GetJobArgs, token: int, now_ms: int) -> Any:
     """GETJOB when one shard owns every queue named: reply now or PENDING (Wake later)."""
     entries = shard.op_take(g.queues, g.count, g.withcounters, now_ms)
     if entries:
