@@ -155,6 +155,9 @@ class Config:
     workers: int = field(default_factory=lambda: usable_cpus())
     # where the config came from (CONFIG REWRITE target, INFO config_file)
     config_file: str = ""
+    # security (README "Security"): the cluster secret, Redis' protected mode
+    cluster_secret_file: str = ""  # keys, one per line; relative to dir; "" = open bus
+    protected_mode: bool = True
 
 
 class ConfigValueError(ValueError):
@@ -313,6 +316,9 @@ DIRECTIVES: tuple[Directive, ...] = (
     _d("proto-max-multibulk-len", "int", True, "Invalid proto-max-multibulk-len value", lo=1),
     _d("workers", "int", False, f"workers must be between 1 and {workers_max}",
        lo=1, hi=workers_max),
+    # ours: security (CONFIG GET shows the secret file's name, never a key)
+    _d("cluster-secret-file", "special", True),
+    _d("protected-mode", "bool", True),
 )
 BY_NAME: dict[str, Directive] = {d.name: d for d in DIRECTIVES}
 # Names Redis users know for our limit directives (same field, same units).
@@ -349,6 +355,15 @@ def _special_value(cfg: Config, d: Directive, args: list[str], at_startup: bool)
         if len(args) > bind_addresses_max:
             raise ConfigValueError("Too many bind addresses specified.")
         return " ".join(args)
+    if name == "cluster-secret-file":
+        if not at_startup and v:  # at start-up the worker reads it, from inside dir
+            from bus.auth import SecretError, load_keys
+
+            try:
+                load_keys(v)
+            except SecretError as exc:
+                raise ConfigValueError(str(exc)) from None
+        return v
     if name == "appendfilename":
         if "/" in v or not v:
             raise ConfigValueError("appendfilename can't be a path, just a filename")
