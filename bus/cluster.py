@@ -245,6 +245,7 @@ class _Link(PeerLink):
         self.data_worker = -1  # inbound data link: the sender's worker
         self.created_ms = now_ms()
         self.failed = ""  # why authentication failed (outbound: shown in CLUSTER NODES)
+        self.linger = False  # close after writing what is queued (a refusal the peer should read)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
@@ -294,8 +295,18 @@ class _Link(PeerLink):
     def close(self) -> None:
         if not self.closed and self.transport is not None:
             self.closed = True
-            self.transport.abort()
+            if self.linger:
+                self.transport.close()  # writes what is buffered first
+            else:
+                self.transport.abort()
             self.bus.link_gone(self)
+
+    def refuse(self, meta: dict[str, Any], reason: str) -> None:
+        """Answer the dialer's handshake so it can tell why, then drop the link."""
+        if self.transport is not None and not self.closed:
+            self.transport.write(frames.encode(K_HANDSHAKE, meta))
+            self.linger = True
+        raise auth.AuthError(reason)
 
     def reader_pending(self) -> bool:
         return self.reader.buffered() > 0
@@ -521,7 +532,7 @@ class ClusterBus:
         link.peer_id = check_proto(meta)
         link.answered = True
         if link.auth is None:
-            if "p" in meta:
+            if "p" in meta or "secret" in meta:
                 raise auth.AuthError("it uses a cluster secret and we have none")
             link.loosen()
             return
@@ -545,11 +556,11 @@ class ClusterBus:
             link.data_worker = data
         if link.auth is None:
             if "n" in meta:
-                raise auth.AuthError("it uses a cluster secret and we have none")
+                link.refuse(self.handshake_meta(), "it uses a cluster secret and we have none")
             self._inbound_ready(link, answered=False)
             return
         if "n" not in meta:
-            raise auth.AuthError("it has no cluster secret")
+            link.refuse({**self.handshake_meta(), "secret": "required"}, "it has no cluster secret")
         link.write(K_HANDSHAKE, {**self.handshake_meta(), **link.auth.answer(link.sender_id, meta)})
 
     def _inbound_ready(self, link: _Link, answered: bool) -> None:

@@ -220,7 +220,7 @@ class DataOut(_DataConn):
             raise messages.BadMessage("a frame after DATA_READY")
         if check_proto(meta) != self.node_id:
             raise messages.BadMessage(f"data link answered by {str(meta.get('id'))[:8]}")
-        if kind == K_HANDSHAKE:
+        if kind == K_HANDSHAKE:  # the answer with a secret, or a refusal
             if self.auth is None:
                 raise auth.AuthError("it uses a cluster secret and we have none")
             if self.auth.done or "p" not in meta:

@@ -36,6 +36,7 @@ from tests.nodeproc import NodeProc, free_port
 from workers.ids import slot_of
 from workers.replies import ERR_SYNTAX, OK, Error, Status
 
+
 def job_id_for(slot: int) -> str:
     """A well-formed job ID carrying ``slot`` (the bus checks job messages' shapes)."""
     return "D-00000000-" + base64.b64encode(slot.to_bytes(2, "big") + bytes(16)).decode() + "-0001"
