@@ -36,6 +36,7 @@ import contextlib
 import logging
 import os
 import random
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -117,11 +118,13 @@ def check_proto(meta: dict[str, Any]) -> str:
     return sender
 
 
-async def dial(factory: Callable[[], asyncio.Protocol], ip: str, client_port: int) -> None:
-    """Connect to the bus port of the node at ``ip:client_port`` (bus and data links):
-    TimeoutError past connect_timeout_s, OSError when refused."""
+async def dial(factory: Callable[[], asyncio.Protocol], ip: str, client_port: int,
+               tls: ssl.SSLContext | None = None) -> None:
+    """Connect to the bus port of the node at ``ip:client_port`` (bus and data links),
+    over TLS with ``tls`` (tls-cluster): TimeoutError past connect_timeout_s, OSError
+    when refused (ssl.SSLError, a certificate refused, is an OSError)."""
     loop = asyncio.get_running_loop()
-    await asyncio.wait_for(loop.create_connection(factory, ip, bus_port(client_port)),
+    await asyncio.wait_for(loop.create_connection(factory, ip, bus_port(client_port), ssl=tls),
                            connect_timeout_s)
 
 
@@ -317,8 +320,10 @@ class ClusterBus:
 
     def __init__(self, cfg: Any, node_id: str, deliver: Deliver, publish: Publish,
                  workers: int, rng: random.Random | None = None,
-                 keyring: auth.Keyring | None = None) -> None:
-        self.cfg = cfg  # read live: CONFIG SET cluster-node-timeout takes effect next tick
+                 keyring: auth.Keyring | None = None,
+                 tls: tuple[ssl.SSLContext, ssl.SSLContext] | None = None) -> None:
+        self.cfg = cfg
+        self.tls = tls  # tls-cluster: (server, client) contexts  # read live: CONFIG SET cluster-node-timeout takes effect next tick
         self.deliver = deliver
         self.publish = publish
         self.workers = workers
@@ -348,7 +353,8 @@ class ClusterBus:
         loop = asyncio.get_running_loop()
         hosts = self.cfg.bind.split() or ["0.0.0.0"]
         self.server = await loop.create_server(lambda: _Link(self, None), hosts,
-                                               bus_port(self.cfg.port), reuse_address=True)
+                                               bus_port(self.cfg.port), reuse_address=True,
+                                               ssl=self.tls[0] if self.tls else None)
         self._after_change()
         self.ticker = asyncio.create_task(self._tick_loop())
 
@@ -679,7 +685,8 @@ class ClusterBus:
 
     async def _connect(self, node: Node) -> None:
         try:
-            await dial(lambda: _Link(self, node), node.ip, node.port)
+            await dial(lambda: _Link(self, node), node.ip, node.port,
+                       self.tls[1] if self.tls else None)
         except (TimeoutError, OSError):
             backoff = next_backoff_ms(self.backoff_ms.get(node), connect_backoff_ms_min,
                                       connect_backoff_ms_max)

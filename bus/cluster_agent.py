@@ -27,6 +27,7 @@ import contextlib
 import ipaddress
 import logging
 import socket
+import ssl
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -142,6 +143,8 @@ class ClusterAgent:
         self.data_in: set[DataIn] = set()  # data links handed to us
         self.keyring = auth.Keyring()  # the cluster secret (bus/auth.py), shared by our links
         self.members: frozenset[str] = frozenset()  # data links: job traffic from these only
+        # tls-cluster: (server, client) SSL contexts for bus and data links, set by make_agent
+        self.tls: tuple[ssl.SSLContext, ssl.SSLContext] | None = None
 
     # ---- lifecycle --------------------------------------------------------------
 
@@ -175,7 +178,7 @@ class ClusterAgent:
             self._warn_open_bus()
             self.fdpass = FdPass(self.cfg.port, self.node_id, 0, lambda sock, state: sock.close())
             self.bus = ClusterBus(self.cfg, self.node_id, self._deliver, self._publish,
-                                  self.workers, keyring=self.keyring)
+                                  self.workers, keyring=self.keyring, tls=self.tls)
             self.bus.adopt_data = self._adopt_data
             self.server = await loop.create_unix_server(
                 lambda: _Local(self, -1), path=socket_name(self.cfg.port, self.node_id))
@@ -183,7 +186,8 @@ class ClusterAgent:
         else:
             self.fdpass = FdPass(self.cfg.port, self.node_id, self.index, self._on_data_socket)
             self.data_out = DataLinks(self.index, self.cfg.port, lambda: str(self.view["myid"]),
-                                      now_ms, self.keyring)
+                                      now_ms, self.keyring,
+                                      self.tls[1] if self.tls is not None else None)
             self.connector = asyncio.create_task(self._connect_loop())
             # Be ready only once CLUSTER and Sends can reach worker 0 (it starts at the
             # same time); if it does not come, start anyway and keep trying.
@@ -272,7 +276,8 @@ class ClusterAgent:
     def _adopt_data(self, link: Any, sender_worker: int) -> bool:
         """Worker 0: hand a data link from a peer's worker k to our worker k % N."""
         target = sender_worker % self.workers
-        if target == 0 or target not in self.peers or self.fdpass is None:
+        if target == 0 or target not in self.peers or self.fdpass is None or self.tls is not None:
+            # (a TLS session lives in this process: worker 0 keeps reading the link)
             return False  # ours, or that worker is not up: worker 0 reads it
         sock = link.transport.get_extra_info("socket")
         if sock is None:

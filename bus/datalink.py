@@ -26,6 +26,7 @@ import asyncio
 import logging
 import os
 import socket
+import ssl
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -243,8 +244,10 @@ class DataLinks:
     """Worker k's data links to every peer node (k > 0; worker 0 has the bus)."""
 
     def __init__(self, index: int, port: int, my_id: Callable[[], str],
-                 now_ms: Callable[[], int], keyring: auth.Keyring | None = None) -> None:
+                 now_ms: Callable[[], int], keyring: auth.Keyring | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.keyring = keyring if keyring is not None else auth.Keyring()
+        self.tls = tls  # tls-cluster: dial over TLS
         self.index = index
         self.port = port
         self.my_id = my_id
@@ -288,7 +291,7 @@ class DataLinks:
 
     async def _connect(self, link: DataOut) -> None:
         try:
-            await dial(lambda: link, link.addr[0], link.addr[1])
+            await dial(lambda: link, link.addr[0], link.addr[1], self.tls)
         except (OSError, TimeoutError):
             self.lost(link)
 

@@ -158,6 +158,13 @@ class Config:
     # security (README "Security"): the cluster secret, Redis' protected mode
     cluster_secret_file: str = ""  # keys, one per line; relative to dir; "" = open bus
     protected_mode: bool = True
+    tls_port: int = 0  # 0 = no TLS listener (Redis' directive names, disque_mp/node/tls.py)
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_ca_cert_file: str = ""
+    tls_auth_clients: str = "yes"  # yes | no | optional
+    tls_cluster: bool = False  # bus and data links over mutual TLS (the MAC stays on top)
+    tls_protocols: str = ""  # e.g. "TLSv1.2 TLSv1.3"; "" = TLS 1.2 and up
 
 
 class ConfigValueError(ValueError):
@@ -319,6 +326,14 @@ DIRECTIVES: tuple[Directive, ...] = (
     # ours: security (CONFIG GET shows the secret file's name, never a key)
     _d("cluster-secret-file", "special", True),
     _d("protected-mode", "bool", True),
+    _d("tls-port", "int", False, "Invalid tls-port", lo=0, hi=65535),
+    _d("tls-cert-file", "str", False),
+    _d("tls-key-file", "str", False),
+    _d("tls-ca-cert-file", "str", False),
+    _d("tls-auth-clients", "enum", False, "argument must be 'yes', 'no' or 'optional'",
+       choices=("yes", "no", "optional")),
+    _d("tls-cluster", "bool", False),
+    _d("tls-protocols", "special", False, nargs=0),
 )
 BY_NAME: dict[str, Directive] = {d.name: d for d in DIRECTIVES}
 # Names Redis users know for our limit directives (same field, same units).
@@ -355,6 +370,11 @@ def _special_value(cfg: Config, d: Directive, args: list[str], at_startup: bool)
         if len(args) > bind_addresses_max:
             raise ConfigValueError("Too many bind addresses specified.")
         return " ".join(args)
+    if name == "tls-protocols":
+        words = " ".join(args).split()
+        if any(w.lower() not in ("tlsv1.2", "tlsv1.3") for w in words):
+            raise ConfigValueError("tls-protocols: only TLSv1.2 and TLSv1.3 are supported")
+        return " ".join(words)
     if name == "cluster-secret-file":
         if not at_startup and v:  # at start-up the worker reads it, from inside dir
             from bus.auth import SecretError, load_keys

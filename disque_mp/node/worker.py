@@ -222,6 +222,7 @@ class Worker:
         await self._start_cluster()
         for sock in listen_sockets(self.cfg.bind, self.cfg.port, self.cfg.tcp_backlog):
             self.servers.append(await self.loop.create_server(lambda: ClientConn(self), sock=sock))
+        await self._start_tls()
         self.loop.add_signal_handler(signal.SIGTERM, self.request_stop)
         self.loop.add_signal_handler(signal.SIGHUP, self.reopen_log)
         self.loop.call_later(parent_poll_s, self._check_parent)
@@ -264,6 +265,21 @@ class Worker:
                                             self.on_cluster_message, self.on_view)
         await self.agent.start()
         self.send_hook = self._send_to_bus
+
+    async def _start_tls(self) -> None:
+        """``tls-port``: the same clients over TLS (disque_mp/node/tls.py)."""
+        if not self.cfg.tls_port:
+            return
+        from disque_mp.node import tls
+
+        try:
+            ctx = tls.server_context(self.cfg)
+        except tls.TlsConfigError as exc:
+            log.warning("Fatal TLS configuration error: %s", exc)
+            raise SystemExit(1) from None
+        for sock in listen_sockets(self.cfg.bind, self.cfg.tls_port, self.cfg.tcp_backlog):
+            self.servers.append(await self.loop.create_server(lambda: ClientConn(self), sock=sock,
+                                                              ssl=ctx))
 
     def reopen_log(self) -> None:
         """SIGHUP (the supervisor forwards its own): reopen the log file, as after logrotate."""
@@ -904,7 +920,8 @@ class Worker:
                 or transport.get_write_buffer_size() or self.stopping):
             return
         sock = transport.get_extra_info("socket")
-        if sock is None:
+        if sock is None or transport.get_extra_info("sslcontext") is not None:
+            conn.handoffs = handoff_per_conn_max  # TLS state lives here: forward, never hand off
             return
         if not self.handoff.give(owner, sock.fileno(), conn.state()):
             conn.streak = 0
