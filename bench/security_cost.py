@@ -90,19 +90,24 @@ def tls_cost(rounds: int, requests: int) -> None:
         deadline = time.monotonic() + 20
         while port_free(redis_port) and time.monotonic() < deadline:
             time.sleep(0.1)
-        figures: dict[str, list[float]] = {"disque-mp ADDJOB": [], "redis LPUSH": []}
+        figures: dict[str, list[float]] = {"disque-mp ADDJOB": [], "redis LPUSH": [],
+                                           "plain ADDJOB": []}
         for r in range(rounds):
             a = bench(tls_port, requests, 50, 32, "ADDJOB", "q", "x", "0", tls=["--tls", *files])
             b = bench(redis_port, requests, 50, 32, "LPUSH", "q", "x", tls=["--tls", *files])
+            c = bench(node.port, requests, 50, 32, "ADDJOB", "q", "x", "0")
             figures["disque-mp ADDJOB"].append(a)
             figures["redis LPUSH"].append(b)
+            figures["plain ADDJOB"].append(c)
             print(f"round {r}: ADDJOB over TLS {a:10.0f}/s, LPUSH over TLS {b:10.0f}/s, "
-                  f"ratio {a / b:.2f}", flush=True)
+                  f"ratio {a / b:.2f}; ADDJOB on the plain port {c:10.0f}/s", flush=True)
             subprocess.run(["redis-cli", "-p", str(node.port), "DEBUG", "FLUSHALL"],
                            capture_output=True, timeout=60, check=False)
         a_med = statistics.median(figures["disque-mp ADDJOB"])
         b_med = statistics.median(figures["redis LPUSH"])
-        print(f"median: ADDJOB {a_med:.0f}/s, LPUSH {b_med:.0f}/s, ratio {a_med / b_med:.2f}")
+        c_med = statistics.median(figures["plain ADDJOB"])
+        print(f"median: ADDJOB {a_med:.0f}/s, LPUSH {b_med:.0f}/s, ratio {a_med / b_med:.2f}; "
+              f"plain ADDJOB {c_med:.0f}/s")
     finally:
         node.stop()
         redis.terminate()

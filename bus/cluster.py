@@ -78,6 +78,8 @@ inbound_handshakes_max = 64  # inbound links still in their handshake
 # After the handshake: one job record (a body up to proto-max-bulk-len) or a YOURJOBS
 # batch (bodies up to 4 MB, workers/cluster.py) plus its metadata.
 peer_frame_overhead_bytes = 8 << 20
+refusal_log_interval_ms = 60_000  # a stranger redials every second: log its refusal once a minute
+refusals_logged_max = 1024  # (address, reason) pairs remembered for that
 peer_frame_bytes_max = (512 << 20) + peer_frame_overhead_bytes  # follows proto-max-bulk-len
 
 # deliver(worker_index, sender_node_id, kind, slot, meta, bodies)
@@ -339,6 +341,7 @@ class ClusterBus:
         self.inbound: set[_Link] = set()
         self.keyring = keyring if keyring is not None else auth.Keyring()
         self.auth_errors: dict[Node, str] = {}  # outbound links refused for the secret
+        self.refusals_logged: dict[tuple[str, str], int] = {}  # (ip, reason) -> when, ms
         self.job_frames_received = 0  # JOB frames read by this process (not data links)
         # adopt_data(link, sender_worker) -> True when the link was handed to another
         # worker of this host (set by the agent; None: worker 0 reads data links itself)
@@ -487,8 +490,15 @@ class ClusterBus:
         would repeat it every second) and flag our outbound link's node."""
         node = link.node
         if node is None:
-            log.warning("cluster bus: refusing %s (claims node %s): %s (check cluster-secret-file)",
-                        link.peer_ip, link.sender_id[:8] or "?", reason)
+            t = now_ms()
+            last = self.refusals_logged.get((link.peer_ip, reason))
+            if last is None or t - last > refusal_log_interval_ms:
+                if len(self.refusals_logged) >= refusals_logged_max:
+                    self.refusals_logged.clear()
+                self.refusals_logged[(link.peer_ip, reason)] = t
+                log.warning("cluster bus: refusing %s (claims node %s): %s "
+                            "(check cluster-secret-file)", link.peer_ip,
+                            link.sender_id[:8] or "?", reason)
             return
         if self.auth_errors.get(node) != reason:
             log.warning("cluster bus: node %s at %s:%d refused: %s (check cluster-secret-file)",
@@ -667,6 +677,8 @@ class ClusterBus:
 
     def _reconcile_links(self, t: int) -> None:
         live = {n for n in self.m.others() if not n.noaddr}
+        for node in [n for n in self.auth_errors if n not in live]:
+            del self.auth_errors[node]  # an expired handshake or a forgotten node
         for node, link in list(self.out.items()):
             if node not in live or link.addr != (node.ip, node.port):
                 link.close()  # forgotten, or it moved (restarted on another address)

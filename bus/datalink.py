@@ -42,6 +42,7 @@ from bus.cluster import (
     PeerLink,
     check_proto,
     dial,
+    handshake_timeout_ms,
     next_backoff_ms,
 )
 
@@ -201,6 +202,7 @@ class DataOut(_DataConn):
         self.node_id = node_id
         self.addr = addr
         self.ready = False
+        self.created_ms = links.now_ms()
         keys = links.keyring.keys
         self.auth = auth.LinkAuth(keys, True, links.my_id()) if keys else None
 
@@ -266,6 +268,10 @@ class DataLinks:
         (the caller relays through worker 0 meanwhile)."""
         link = self.links.get(node_id)
         if link is not None:
+            if not link.ready and self.now_ms() - link.created_ms > handshake_timeout_ms:
+                auth.count("handshake_timeouts")
+                link.close()  # the peer never finished: redial after the backoff
+                self.lost(link)
             return link if link.ready and not link.closed else None
         if node_id in self.addrs and not self.closing \
                 and self.now_ms() >= self.retry_at_ms.get(node_id, 0):

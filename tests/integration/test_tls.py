@@ -43,12 +43,13 @@ def make_pki(d: Path) -> dict[str, str]:
     return {n: str(d / n) for n in ("ca.crt", "node.crt", "node.key", "client.crt", "client.key")}
 
 
-def tls_conf(pki: dict[str, str], tls_port: int = 0, **extra: Any) -> dict[str, Any]:
+def tls_conf(pki: dict[str, str], tls_port: int = 0,
+             extra: dict[str, Any] | None = None) -> dict[str, Any]:
     conf: dict[str, Any] = {"tls-cert-file": pki["node.crt"], "tls-key-file": pki["node.key"],
                             "tls-ca-cert-file": pki["ca.crt"]}
     if tls_port:
         conf["tls-port"] = tls_port
-    conf.update(extra)
+    conf.update(extra or {})
     return conf
 
 
@@ -106,8 +107,9 @@ def test_tls_cluster_replicates_and_federates(tmp_path: Path) -> None:
     secret = tmp_path / "cluster.secret"
     secret.write_text("the secret of the TLS cluster test\n")
     nodes = [NodeProc(tmp_path / f"n{i}", workers=2,
-                      conf=tls_conf(pki, **{"tls-cluster": "yes", "cluster-secret-file": str(secret),
-                                            "cluster-node-timeout": 3000}))
+                      conf=tls_conf(pki, 0, {"tls-cluster": "yes",
+                                             "cluster-secret-file": str(secret),
+                                             "cluster-node-timeout": 3000}))
              for i in range(3)]
     try:
         for n in nodes:
