@@ -98,3 +98,5 @@ def test_protected_mode(tmp_path: Path) -> None:
         assert r.execute_command("CONFIG", "SET", "requirepass", PASSWORD) == b"OK"
         assert _first_reply(ip, node.port).startswith(b"-NOAUTH")  # a password: no protection
         r.close()
+        # bound beyond loopback without a cluster secret: the log says which directive
+        assert "Set cluster-secret-file" in node.log_text()
