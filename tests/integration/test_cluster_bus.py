@@ -151,10 +151,10 @@ async def _bus_scenario(tmp: Path) -> None:
 class AgentHost:
     """One host of 2 workers: two ClusterAgents (worker 0 owns the bus) in this loop."""
 
-    def __init__(self, tmp: Path, name: str) -> None:
+    def __init__(self, tmp: Path, name: str, secret: str = "") -> None:
         self.cfg = Config(port=free_port(), bind="127.0.0.1", workers=2,
                           cluster_config_file=str(tmp / f"{name}.conf"),
-                          cluster_node_timeout=1000)
+                          cluster_node_timeout=1000, cluster_secret_file=secret)
         nc, _ = nodes_conf.load_or_create(self.cfg.cluster_config_file, "127.0.0.1", self.cfg.port)
         self.node_id = nc.node_id
         self.got: list[list[tuple[str, str, int, dict[str, Any], list[bytes]]]] = [[], []]
@@ -182,12 +182,18 @@ async def run_cluster(agent: Any, *words: str) -> Any:
 
 
 @pytest.mark.parametrize("loop_kind", LOOPS)
-def test_agents_route_commands_views_and_job_messages(tmp_path: Path, loop_kind: str) -> None:
-    run_in(loop_kind, _agent_scenario(tmp_path))
+@pytest.mark.parametrize("secret", [False, True], ids=["open", "secret"])
+def test_agents_route_commands_views_and_job_messages(tmp_path: Path, loop_kind: str,
+                                                      secret: bool) -> None:
+    path = ""
+    if secret:  # the same scenario with authenticated bus and data links
+        (tmp_path / "secret").write_text("the secret of both hosts of this test\n")
+        path = str(tmp_path / "secret")
+    run_in(loop_kind, _agent_scenario(tmp_path, path))
 
 
-async def _agent_scenario(tmp: Path) -> None:
-    a, b = AgentHost(tmp, "a"), AgentHost(tmp, "b")
+async def _agent_scenario(tmp: Path, secret: str) -> None:
+    a, b = AgentHost(tmp, "a", secret), AgentHost(tmp, "b", secret)
     await a.start()
     await b.start()
     try:
