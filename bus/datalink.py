@@ -39,6 +39,7 @@ from bus.cluster import (
     K_DATA_READY,
     K_HANDSHAKE,
     K_JOB,
+    K_SEALED,
     PeerLink,
     check_proto,
     dial,
@@ -162,7 +163,7 @@ class _DataConn(PeerLink):
 class DataIn(_DataConn):
     """A data link handed to this worker: JOB frames from one sender node."""
 
-    kinds = frozenset({K_JOB})
+    kinds = frozenset({K_JOB, K_SEALED})
 
     def __init__(self, sender_id: str, my_id: str, index: int, on_job: OnJob,
                  on_lost: Callable[[DataIn], None],
@@ -194,7 +195,7 @@ class DataIn(_DataConn):
 class DataOut(_DataConn):
     """Our data link to one peer node; usable once the peer says DATA_READY."""
 
-    kinds = frozenset({K_HANDSHAKE, K_DATA_READY})
+    kinds = frozenset({K_HANDSHAKE, K_DATA_READY, K_SEALED})
 
     def __init__(self, links: DataLinks, node_id: str, addr: tuple[str, int]) -> None:
         super().__init__()

@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from bus import auth, frames
-from bus.cluster import BUS_PROTO, K_AUTH, K_FAIL, K_HANDSHAKE, K_JOB, K_PING, K_PONG
+from bus.cluster import BUS_PROTO, K_AUTH, K_FAIL, K_HANDSHAKE, K_JOB, K_PING, K_PONG, K_SEALED
 from tests.nodeproc import NodeProc, form_cluster, unique_queue, wait_until
 
 SECRET = "the cluster secret, shared by every node of this test"
@@ -81,12 +81,13 @@ class RawPeer:
         self.sock.sendall(frames.encode(kind, meta))
 
     def sealed(self, kind: int, meta: dict[str, Any], bodies: list[bytes] | None = None) -> bytes:
+        """One frame in a sealed batch of its own, with the batch's MAC."""
         assert self.sealer is not None
-        f = frames.encode(kind, meta, bodies or [])
-        return f + self.sealer.seal(f)
+        batch = frames.encode(K_SEALED, {}, [frames.encode(kind, meta, bodies or [])])
+        return batch + self.sealer.seal(batch)
 
     def recv(self) -> tuple[int, dict[str, Any], list[bytes]] | None:
-        """The next frame; None when the node closed the link."""
+        """The next frame (the first of a sealed batch); None when the node closed the link."""
         while (frame := self.reader.next()) is None:
             try:
                 data = self.sock.recv(65536)
@@ -95,6 +96,10 @@ class RawPeer:
             if not data:
                 return None
             self.reader.feed(data)
+        if frame[0] == K_SEALED:
+            inner = frames.FrameReader()
+            inner.feed(frame[2][0])
+            return inner.next()
         return frame
 
     def closed_by_node(self) -> bool:
@@ -209,6 +214,14 @@ def test_wrong_key_tampered_frames_and_silent_peers_lose_their_link(trio: list[N
     tampered(lambda p, first: p.ping()[:-8] + p.ping())  # truncated MAC
     # a plain frame after the handshake (no MAC at all)
     tampered(lambda p, first: frames.encode(K_PING, {"id": p.my_id, "port": 4242}) + b"\0" * 64)
+    # a sealed batch whose MAC is right but whose last frame is cut short
+    def cut(p: RawPeer, first: bytes) -> bytes:
+        assert p.sealer is not None
+        ping = frames.encode(K_PING, {"id": p.my_id, "port": 4242, "leaving": False, "gossip": []})
+        batch = frames.encode(K_SEALED, {}, [ping + ping[:-3]])
+        return batch + p.sealer.seal(batch)
+
+    tampered(cut)
 
     # a handshake that never completes is closed after its deadline
     timeouts = bus_stat(a, "handshake_timeouts")
