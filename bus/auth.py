@@ -19,11 +19,12 @@ Handshake (dialer D, acceptor A; every bus link and every data link):
 ``proof(K, role, ...)`` is blake3 keyed with K over the role, both nonces (32
 fresh random bytes each) and both node IDs, compared in constant time. Each
 side proves it holds K against the other's fresh nonce, so nothing recorded
-from an earlier link can be replayed. Then every frame in each direction
-carries a MAC trailer (``mac_bytes``): blake3 keyed with that direction's
-session key (derived from K and both nonces) over an implicit sequence number
-(frames counted from 0 in that direction) and the frame. A bad, replayed,
-reordered, truncated or dropped frame fails the check and the link is closed.
+from an earlier link can be replayed. Then the frames of each write travel in
+one SEALED frame (bus/cluster.py) followed by a MAC (``mac_bytes``): blake3
+keyed with that direction's session key (derived from K and both nonces) over
+an implicit sequence number (sealed frames counted from 0 in that direction)
+and the sealed frame. A bad, replayed, reordered, truncated or dropped frame
+fails the check and the link is closed.
 """
 
 from __future__ import annotations

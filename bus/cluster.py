@@ -11,8 +11,8 @@ Frames are ``bus/frames.py`` frames. Bus frame kinds:
     HANDSHAKE  first frame each way: {"proto": BUS_PROTO, "id": node ID, "port": client port}
                (the acceptor answers with its own once it has the dialer's); with a
                cluster secret both carry a nonce "n", the answer a proof "p"
-    AUTH       {"p": proof}: the dialer's proof (bus/auth.py); then every frame each
-               way carries a MAC trailer
+    AUTH       {"p": proof}: the dialer's proof (bus/auth.py); then each write is
+               one SEALED frame (the write's frames as its body) plus a MAC
     PING/MEET  header + gossip (membership.make_ping)        outbound link
     PONG       header + gossip, the reply to PING/MEET        same link, back
     FAIL       {"id": failing node ID}                         outbound link
