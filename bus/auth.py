@@ -99,6 +99,8 @@ def load_keys(path: str) -> list[bytes]:
             data = f.read(secret_file_bytes_max + 1)
     except OSError as exc:
         raise SecretError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError:  # a NUL in the path
+        raise SecretError(f"cannot read {path!r}: not a file name") from None
     if len(data) > secret_file_bytes_max:
         raise SecretError(f"{path} is larger than {secret_file_bytes_max} bytes")
     try:
