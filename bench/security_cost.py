@@ -1,11 +1,11 @@
 """What the cluster secret and TLS cost (docs/security.md has the figures).
 
-    python -m bench.security_cost secret [--rounds 5] [--requests 20000] [--workers 2]
+    python -m bench.security_cost secret [--rounds 5] [--requests 20000] [--workers 2] [--clients 32]
     python -m bench.security_cost tls [--rounds 3] [--requests 200000]
 
 ``secret``: two 3-node clusters run side by side, one with ``cluster-secret-file``
 (mutual authentication and a MAC on every bus frame) and one without;
-``redis-benchmark -c 32 ADDJOB q x 0 REPLICATE 3`` against the first node of
+``redis-benchmark -c CLIENTS ADDJOB q x 0 REPLICATE 3`` against the first node of
 each, interleaved round by round (the machine is shared and noisy: compare the
 pairs, not single runs). Prints jobs/s per round and the median ratio.
 
@@ -40,7 +40,7 @@ def bench(port: int, requests: int, clients: int, pipeline: int, *command: str,
     return float(m.group(1))
 
 
-def secret_cost(rounds: int, requests: int, workers: int) -> None:
+def secret_cost(rounds: int, requests: int, workers: int, clients: int) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="dq-secret-"))
     (tmp / "secret").write_text("bench secret of the cluster, long enough\n")
     clusters: dict[str, list[NodeProc]] = {}
@@ -57,7 +57,8 @@ def secret_cost(rounds: int, requests: int, workers: int) -> None:
         for r in range(rounds):
             for name in (("secret", "open") if r % 2 == 0 else ("open", "secret")):
                 port = clusters[name][0].port
-                jobs = bench(port, requests, 32, 1, "ADDJOB", f"q{r}", "x", "0", "REPLICATE", "3")
+                jobs = bench(port, requests, clients, 1, "ADDJOB", f"q{r}", "x", "0",
+                             "REPLICATE", "3")
                 figures[name].append(jobs)
                 print(f"round {r} {name:6}: {jobs:10.0f} ADDJOB REPLICATE 3 /s", flush=True)
                 subprocess.run(["redis-cli", "-p", str(port), "DEBUG", "FLUSHALL"],
@@ -121,9 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=0)
     p.add_argument("--requests", type=int, default=0)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--clients", type=int, default=32)
     a = p.parse_args(argv)
     if a.what == "secret":
-        secret_cost(a.rounds or 5, a.requests or 20000, a.workers)
+        secret_cost(a.rounds or 5, a.requests or 20000, a.workers, a.clients)
     else:
         tls_cost(a.rounds or 3, a.requests or 200000)
     return 0
