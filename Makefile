@@ -40,6 +40,9 @@ sysdeps:
 		$(SUDO) systemctl disable --now redis-server >/dev/null 2>&1 || true; \
 		$(SUDO) service redis-server stop >/dev/null 2>&1 || true; \
 	fi
+	@if ! command -v openssl >/dev/null; then \
+		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null; \
+	fi
 	@if ! command -v java >/dev/null || ! java -version 2>&1 | grep -qE 'version "(17|21)'; then \
 		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null; \
 	fi

@@ -9,7 +9,10 @@ routing. See docs/cluster.md for the protocol.
 Frames are ``bus/frames.py`` frames. Bus frame kinds:
 
     HANDSHAKE  first frame each way: {"proto": BUS_PROTO, "id": node ID, "port": client port}
-               (the acceptor answers with its own once it has the dialer's)
+               (the acceptor answers with its own once it has the dialer's); with a
+               cluster secret both carry a nonce "n", the answer a proof "p"
+    AUTH       {"p": proof}: the dialer's proof (bus/auth.py); then each write is
+               one SEALED frame (the write's frames as its body) plus a MAC
     PING/MEET  header + gossip (membership.make_ping)        outbound link
     PONG       header + gossip, the reply to PING/MEET        same link, back
     FAIL       {"id": failing node ID}                         outbound link
@@ -33,11 +36,12 @@ import contextlib
 import logging
 import os
 import random
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any, cast
 
-from bus import frames, nodes_conf
+from bus import auth, frames, messages, nodes_conf
 from bus import membership as mb
 from bus.membership import Broadcast, DropLink, Membership, Node, Ping
 
@@ -47,8 +51,13 @@ BUS_PORT_OFFSET = 10000
 BUS_PROTO = 1  # bus protocol version, checked in the handshake both ways
 
 # Bus frame kinds (u8).
-K_HANDSHAKE, K_PING, K_PONG, K_MEET, K_FAIL, K_JOB, K_DATA_READY = 1, 2, 3, 4, 5, 6, 7
-BUS_KINDS = frozenset({K_HANDSHAKE, K_PING, K_PONG, K_MEET, K_FAIL, K_JOB, K_DATA_READY})
+K_HANDSHAKE, K_PING, K_PONG, K_MEET, K_FAIL, K_JOB, K_DATA_READY, K_AUTH = 1, 2, 3, 4, 5, 6, 7, 8
+# With a secret, after the handshake: the frames of one write inside one frame (its one
+# body), and that frame carries the MAC. One MAC per write instead of one per frame:
+# under load a write holds dozens of job messages (measured: docs/security.md).
+K_SEALED = 9
+BUS_KINDS = frozenset({K_HANDSHAKE, K_PING, K_PONG, K_MEET, K_FAIL, K_JOB, K_DATA_READY, K_AUTH,
+                       K_SEALED})
 
 # Mesh frame kinds (u8) for cluster traffic between the workers of one host; kept
 # far from the front end's own kinds (bus/mesh.py) so both can share one reader.
@@ -64,6 +73,20 @@ connect_backoff_ms_min = 50  # reconnect delay after a failed connect, doubling 
 connect_backoff_ms_max = 1000  # ... up to this: a restarted peer is found within a second
 connect_timeout_s = 2.0  # a connect that hangs longer counts as failed
 read_chunk_bytes = 1 << 16
+# Before the handshake a peer is nobody: its frames are tiny (HANDSHAKE and AUTH are
+# a few hundred bytes), its link has a deadline, and links in handshake are capped.
+handshake_frame_bytes_max = 4096
+handshake_buffer_bytes_max = 16 * 1024
+handshake_timeout_ms = 5000  # connect to AUTH on loopback or a LAN takes milliseconds
+inbound_links_max = 4096  # every peer host keeps one bus link to worker 0 (data links move on)
+inbound_handshakes_max = 64  # inbound links still in their handshake
+# After the handshake: one job record (a body up to proto-max-bulk-len) or a YOURJOBS
+# batch (bodies up to 4 MB, workers/cluster.py) plus its metadata.
+peer_frame_overhead_bytes = 8 << 20
+sealed_batch_bytes_max = 1 << 20  # frames joined under one MAC (a larger frame goes alone)
+refusal_log_interval_ms = 60_000  # a stranger redials every second: log its refusal once a minute
+refusals_logged_max = 1024  # (address, reason) pairs remembered for that
+peer_frame_bytes_max = (512 << 20) + peer_frame_overhead_bytes  # follows proto-max-bulk-len
 
 # deliver(worker_index, sender_node_id, kind, slot, meta, bodies)
 Deliver = Callable[[int, str, str, int, dict[str, Any], list[bytes]], None]
@@ -86,11 +109,30 @@ def bus_port(client_port: int) -> int:
     return client_port + BUS_PORT_OFFSET
 
 
-async def dial(factory: Callable[[], asyncio.Protocol], ip: str, client_port: int) -> None:
-    """Connect to the bus port of the node at ``ip:client_port`` (bus and data links):
-    TimeoutError past connect_timeout_s, OSError when refused."""
+def set_peer_frame_max(proto_max_bulk_len: int) -> None:
+    """The bound of an authenticated peer's frames follows the largest job body."""
+    global peer_frame_bytes_max
+    peer_frame_bytes_max = max(peer_frame_bytes_max, proto_max_bulk_len + peer_frame_overhead_bytes)
+
+
+def check_proto(meta: dict[str, Any]) -> str:
+    """A HANDSHAKE (or DATA_READY) of our protocol -> the sender's node ID."""
+    if meta.get("proto") != BUS_PROTO:
+        raise messages.BadMessage(f"it speaks bus protocol {str(meta.get('proto'))[:16]}, "
+                                  f"we speak {BUS_PROTO}")
+    sender = meta.get("id")
+    if not isinstance(sender, str) or not mb.is_node_id(sender):
+        raise messages.BadMessage("its handshake has no valid node ID")
+    return sender
+
+
+async def dial(factory: Callable[[], asyncio.Protocol], ip: str, client_port: int,
+               tls: ssl.SSLContext | None = None) -> None:
+    """Connect to the bus port of the node at ``ip:client_port`` (bus and data links),
+    over TLS with ``tls`` (tls-cluster): TimeoutError past connect_timeout_s, OSError
+    when refused (ssl.SSLError, a certificate refused, is an OSError)."""
     loop = asyncio.get_running_loop()
-    await asyncio.wait_for(loop.create_connection(factory, ip, bus_port(client_port)),
+    await asyncio.wait_for(loop.create_connection(factory, ip, bus_port(client_port), ssl=tls),
                            connect_timeout_s)
 
 
@@ -138,23 +180,88 @@ class PeerLink(BatchedLink):
 
     def __init__(self, kinds: frozenset[int]) -> None:
         super().__init__()
-        self.reader = frames.FrameReader(kinds)
+        self.reader = frames.FrameReader(kinds, handshake_frame_bytes_max,
+                                         handshake_buffer_bytes_max)
         self.closed = False
+        self.sealer: auth.Sealer | None = None  # set once authenticated: MAC every frame
 
     def writable(self) -> bool:
         return self.transport is not None and not self.closed
 
+    def loosen(self) -> None:
+        """The handshake is done: the peer may send frames of any sensible size."""
+        self.reader.frame_max = peer_frame_bytes_max
+        self.reader.buffer_max = peer_frame_bytes_max + read_chunk_bytes + auth.mac_bytes
+
+    def start_mac(self, sealer: auth.Sealer, opener: auth.Opener) -> None:
+        BatchedLink.flush(self)  # the handshake's own frames leave plain
+        self.sealer = sealer
+        self.reader.mac = opener
+
+    def put(self, frame: bytes) -> None:
+        self.enqueue(frame)
+
+    def flush(self) -> None:
+        sealer = self.sealer
+        if sealer is None or self.transport is None or not self.writable() or not self.outq:
+            super().flush()
+            return
+        out: list[bytes] = []
+        batch: list[bytes] = []
+        size = 0
+        for frame in self.outq:
+            if batch and size + len(frame) > sealed_batch_bytes_max:
+                _seal_batch(sealer, batch, out)
+                batch, size = [], 0
+            batch.append(frame)
+            size += len(frame)
+        _seal_batch(sealer, batch, out)
+        self.outq.clear()
+        self.outq_bytes = 0
+        self.transport.write(b"".join(out))
+
+    def unseal(self, bodies: list[bytes]) -> None:
+        """A sealed batch (its MAC already checked by the reader): its frames, in order."""
+        if self.reader.mac is None or len(bodies) != 1:
+            raise frames.FrameError("a sealed batch without a session")
+        inner = frames.FrameReader(self.reader.kinds, self.reader.frame_max,
+                                   self.reader.frame_max + read_chunk_bytes)
+        inner.feed(bodies[0])
+        while not self.closed and (frame := inner.next()) is not None:
+            kind, meta, inner_bodies = frame
+            if kind == K_SEALED or not isinstance(meta, dict):
+                raise frames.FrameError("a bad frame in a sealed batch")
+            self.on_frame(kind, meta, inner_bodies)
+        if not self.closed and inner.buffered():
+            raise frames.FrameError("a truncated frame in a sealed batch")
+
     def data_received(self, data: bytes) -> None:
+        # Only FrameError (BadMessage among them) and AuthError are the peer's fault;
+        # anything else is our bug and must not be swallowed here.
         try:
             self.reader.feed(data)
             while not self.closed and (frame := self.reader.next()) is not None:
                 kind, meta, bodies = frame
+                if kind == K_SEALED:
+                    self.unseal(bodies)
+                    continue
+                if self.reader.mac is not None:
+                    raise frames.FrameError("a frame outside a sealed batch")
                 if not isinstance(meta, dict):
                     raise frames.FrameError("frame metadata is not an object")
                 self.on_frame(kind, meta, bodies)
-        except (frames.FrameError, TypeError, ValueError, KeyError) as exc:
+        except auth.AuthError as exc:
+            auth.count("auth_failures")
+            self.auth_failed(str(exc))
+            self.close()
+        except frames.FrameError as exc:
+            auth.count("bad_frames")
             log.warning("%s: %s", self.drop_notice(), exc)
             self.close()
+
+    def auth_failed(self, reason: str) -> None:
+        log.warning("%s: authentication failed: %s (check cluster-secret-file)",
+                    self.drop_notice(), reason)
 
     def on_frame(self, kind: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
         raise NotImplementedError
@@ -176,8 +283,18 @@ class _Link(PeerLink):
         self.node = node  # outbound: the node we dialed; inbound: None
         self.addr = (node.ip, node.port) if node is not None else ("", 0)  # as dialed
         self.sender_id = ""  # inbound: who the handshake says is on the other end
+        self.peer_id = ""  # outbound: who the answer to our handshake says it is
         self.peer_ip = ""
         self.local_ip = ""
+        keys = bus.keyring.keys
+        self.auth = auth.LinkAuth(keys, node is not None, bus.my_id) if keys else None
+        # outbound links without a secret may speak at once; others after the handshake
+        self.ready = node is not None and self.auth is None
+        self.answered = False  # outbound: the acceptor's HANDSHAKE arrived
+        self.data_worker = -1  # inbound data link: the sender's worker
+        self.created_ms = now_ms()
+        self.failed = ""  # why authentication failed (outbound: shown in CLUSTER NODES)
+        self.linger = False  # close after writing what is queued (a refusal the peer should read)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
@@ -185,36 +302,60 @@ class _Link(PeerLink):
         local = transport.get_extra_info("sockname") or ("", 0)
         self.peer_ip, self.local_ip = str(peer[0]), str(local[0])
         if self.node is not None:  # the dialer speaks first
-            self.write(K_HANDSHAKE, self.bus.handshake_meta())
+            meta = self.bus.handshake_meta()
+            if self.auth is not None:
+                meta.update(self.auth.hello())
+            self.write(K_HANDSHAKE, meta)
         self.bus.link_made(self)
 
     def on_frame(self, kind: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
         self.bus.on_frame(self, kind, meta, bodies)
 
     def drop_notice(self) -> str:
-        return f"cluster bus: dropping link to {self.peer_ip}"
+        who = self.node.node_id[:8] if self.node is not None else self.sender_id[:8]
+        return f"cluster bus: dropping link to {self.peer_ip} ({who or 'unknown'})"
+
+    def auth_failed(self, reason: str) -> None:
+        self.failed = reason
+        self.bus.auth_failed(self, reason)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.bus.link_gone(self)
 
     def write(self, kind: int, meta: dict[str, Any], bodies: list[bytes] | None = None) -> bool:
-        if not self.writable():
+        if not self.writable() or not (self.ready or kind in (K_HANDSHAKE, K_AUTH)):
             return False
         if self.pending_bytes() > peer_output_bytes_max:
             log.warning("cluster bus: peer %s does not drain its output, dropping link",
                         self.peer_ip)
             self.close()
             return False
-        self.enqueue(frames.encode(kind, meta, bodies or ()))
+        self.put(frames.encode(kind, meta, bodies or ()))
         self.bus.m.stats_sent += 1
         return True
+
+    def session(self) -> dict[str, Any] | None:
+        """The MAC state, for a worker this data link is handed to."""
+        if self.sealer is None or self.reader.mac is None:
+            return None
+        return auth.export_session(self.sealer, self.reader.mac)
 
     def close(self) -> None:
         if not self.closed and self.transport is not None:
             self.closed = True
-            self.transport.abort()
+            if self.linger:
+                self.transport.close()  # writes what is buffered first
+            else:
+                self.transport.abort()
             self.bus.link_gone(self)
+
+    def refuse(self, meta: dict[str, Any], reason: str) -> None:
+        """Answer the dialer's handshake so it can tell why, then drop the link."""
+        if self.transport is not None and not self.closed:
+            self.transport.write(frames.encode(K_HANDSHAKE, meta))
+            self.linger = True
+        raise auth.AuthError(reason)
 
     def reader_pending(self) -> bool:
         return self.reader.buffered() > 0
@@ -224,8 +365,11 @@ class ClusterBus:
     """Membership owner and bus I/O of one host (runs in worker 0)."""
 
     def __init__(self, cfg: Any, node_id: str, deliver: Deliver, publish: Publish,
-                 workers: int, rng: random.Random | None = None) -> None:
-        self.cfg = cfg  # read live: CONFIG SET cluster-node-timeout takes effect next tick
+                 workers: int, rng: random.Random | None = None,
+                 keyring: auth.Keyring | None = None,
+                 tls: tuple[ssl.SSLContext, ssl.SSLContext] | None = None) -> None:
+        self.cfg = cfg
+        self.tls = tls  # tls-cluster: (server, client) contexts  # read live: CONFIG SET cluster-node-timeout takes effect next tick
         self.deliver = deliver
         self.publish = publish
         self.workers = workers
@@ -239,6 +383,9 @@ class ClusterBus:
         self.retry_at_ms: dict[Node, int] = {}
         self.backoff_ms: dict[Node, int] = {}
         self.inbound: set[_Link] = set()
+        self.keyring = keyring if keyring is not None else auth.Keyring()
+        self.auth_errors: dict[Node, str] = {}  # outbound links refused for the secret
+        self.refusals_logged: dict[tuple[str, str], int] = {}  # (ip, reason) -> when, ms
         self.job_frames_received = 0  # JOB frames read by this process (not data links)
         # adopt_data(link, sender_worker) -> True when the link was handed to another
         # worker of this host (set by the agent; None: worker 0 reads data links itself)
@@ -253,7 +400,8 @@ class ClusterBus:
         loop = asyncio.get_running_loop()
         hosts = self.cfg.bind.split() or ["0.0.0.0"]
         self.server = await loop.create_server(lambda: _Link(self, None), hosts,
-                                               bus_port(self.cfg.port), reuse_address=True)
+                                               bus_port(self.cfg.port), reuse_address=True,
+                                               ssl=self.tls[0] if self.tls else None)
         self._after_change()
         self.ticker = asyncio.create_task(self._tick_loop())
 
@@ -304,7 +452,13 @@ class ClusterBus:
         return int(link.write(K_JOB, frame_meta, bodies))
 
     def view(self) -> dict[str, Any]:
-        return mb.snapshot(self.m, wall_offset_ms())
+        view = mb.snapshot(self.m, wall_offset_ms())
+        if self.auth_errors:  # CLUSTER NODES shows why a MEET or a peer does not answer
+            failed = {n.node_id for n in self.auth_errors}
+            for entry in view["nodes"]:
+                if entry[0] in failed:
+                    entry[3] = [*entry[3], "auth-failed"]
+        return view
 
     @property
     def my_id(self) -> str:
@@ -342,14 +496,28 @@ class ClusterBus:
 
     def link_made(self, link: _Link) -> None:
         if link.node is None:
+            handshaking = sum(1 for other in self.inbound if not other.ready)
+            if len(self.inbound) >= inbound_links_max or handshaking >= inbound_handshakes_max:
+                auth.count("links_refused")
+                log.warning("cluster bus: refusing a link from %s: %d links, %d in handshake",
+                            link.peer_ip, len(self.inbound), handshaking)
+                link.close()
+                return
             self.inbound.add(link)
             return
         node = link.node
         self.out[node] = link
         self.backoff_ms.pop(node, None)
-        t = now_ms()
-        self.m.link_connected(node, t)
-        self._carry_out([self.m.ping(node, t)])
+        self.m.link_connected(node, now_ms())
+        if link.ready:
+            self._link_ready(link)
+
+    def _link_ready(self, link: _Link) -> None:
+        """Our outbound link may carry PINGs and jobs (at once without a secret)."""
+        assert link.node is not None
+        if self.auth_errors.pop(link.node, None) is not None:
+            self.m.dirty = True
+        self._carry_out([self.m.ping(link.node, now_ms())])
 
     def link_gone(self, link: _Link) -> None:
         if link.node is None:
@@ -358,42 +526,109 @@ class ClusterBus:
         if self.out.get(link.node) is link:
             del self.out[link.node]
             self.m.link_lost(link.node)
-            self.retry_at_ms[link.node] = now_ms() + connect_backoff_ms_min
+            wait = connect_backoff_ms_max if link.failed else connect_backoff_ms_min
+            self.retry_at_ms[link.node] = now_ms() + wait
+
+    def auth_failed(self, link: _Link, reason: str) -> None:
+        """A peer failed the handshake: log it once per node and reason (redials
+        would repeat it every second) and flag our outbound link's node."""
+        node = link.node
+        if node is None:
+            t = now_ms()
+            last = self.refusals_logged.get((link.peer_ip, reason))
+            if last is None or t - last > refusal_log_interval_ms:
+                if len(self.refusals_logged) >= refusals_logged_max:
+                    self.refusals_logged.clear()
+                self.refusals_logged[(link.peer_ip, reason)] = t
+                log.warning("cluster bus: refusing %s (claims node %s): %s "
+                            "(check cluster-secret-file)", link.peer_ip,
+                            link.sender_id[:8] or "?", reason)
+            return
+        if self.auth_errors.get(node) != reason:
+            log.warning("cluster bus: node %s at %s:%d refused: %s (check cluster-secret-file)",
+                        node.node_id[:8] if not node.handshake else "(meet)", node.ip,
+                        bus_port(node.port), reason)
+            self.auth_errors[node] = reason
+            self.m.dirty = True
+            self._after_change_if_dirty()
+
+    def is_member(self, node_id: str) -> bool:
+        node = self.m.nodes.get(node_id)
+        return node is not None and not node.handshake and not node.myself
 
     def on_frame(self, link: _Link, kind: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
         self.m.stats_received += 1
-        if kind == K_HANDSHAKE:
-            self._on_handshake(link, meta)
-        elif link.node is None and not link.sender_id:
-            link.close()  # no handshake first: not one of us
+        if not link.ready or (link.node is not None and not link.answered):
+            self._on_handshake_frame(link, kind, meta)
         elif kind == K_JOB:
             self._on_job(link, meta, bodies)
         elif kind in (K_PING, K_MEET):
             self._on_ping(link, kind, meta)
         elif kind == K_PONG and link.node is not None:
-            self._carry_out(self.m.on_pong(link.node, meta, now_ms()))
-            self._after_change_if_dirty()
-        elif kind == K_FAIL:
-            self.m.on_fail(link.sender_id, meta, now_ms())
-            self._after_change_if_dirty()
+            self._on_pong(link, meta)
+        elif kind == K_FAIL and link.node is None:
+            self._on_fail(link, meta)
+        else:
+            raise messages.BadMessage(f"unexpected frame kind {kind} on this link")
+
+    def _on_handshake_frame(self, link: _Link, kind: int, meta: dict[str, Any]) -> None:
+        """Who speaks, before what it says: HANDSHAKE (and AUTH with a secret) first."""
+        if link.node is not None:
+            if kind != K_HANDSHAKE:
+                raise messages.BadMessage("a frame before the answer to our handshake")
+            self._on_answer(link, meta)
+        elif kind == K_HANDSHAKE and not link.sender_id:
+            self._on_handshake(link, meta)
+        elif kind == K_AUTH and link.sender_id and link.auth is not None:
+            link.auth.check_auth(meta)
+            assert link.auth.sealer is not None and link.auth.opener is not None
+            link.start_mac(link.auth.sealer, link.auth.opener)
+            self._inbound_ready(link, answered=True)
+        else:
+            raise messages.BadMessage("a frame before the handshake")
+
+    def _on_answer(self, link: _Link, meta: dict[str, Any]) -> None:
+        """The acceptor's HANDSHAKE on our outbound link."""
+        link.peer_id = check_proto(meta)
+        link.answered = True
+        if link.auth is None:
+            if "p" in meta or "secret" in meta:
+                raise auth.AuthError("it uses a cluster secret and we have none")
+            link.loosen()
+            return
+        if "p" not in meta:
+            raise auth.AuthError("it has no cluster secret")
+        reply = link.auth.check_answer(link.peer_id, meta)
+        link.write(K_AUTH, reply)
+        assert link.auth.sealer is not None and link.auth.opener is not None
+        link.start_mac(link.auth.sealer, link.auth.opener)
+        link.ready = True
+        link.loosen()
+        self._link_ready(link)
 
     def _on_handshake(self, link: _Link, meta: dict[str, Any]) -> None:
-        if meta.get("proto") != BUS_PROTO:
-            log.warning("cluster bus: %s speaks bus protocol %r, we speak %d: dropping link",
-                        link.peer_ip, meta.get("proto"), BUS_PROTO)
-            link.close()
-            return
-        if link.node is not None:
-            return  # the acceptor's answer on our outbound link
-        sender = meta.get("id")
-        if not isinstance(sender, str) or not mb.is_node_id(sender):
-            link.close()
-            return
-        link.sender_id = sender
+        """The dialer's HANDSHAKE on an inbound link."""
+        link.sender_id = check_proto(meta)
         data = meta.get("data")
-        if isinstance(data, int) and not isinstance(data, bool) and data >= 0:
-            self._on_data_link(link, data)
-        else:
+        if data is not None:
+            if type(data) is not int or not 0 <= data < 1 << 16:
+                raise messages.BadMessage("bad data link worker")
+            link.data_worker = data
+        if link.auth is None:
+            if "n" in meta:
+                link.refuse(self.handshake_meta(), "it uses a cluster secret and we have none")
+            self._inbound_ready(link, answered=False)
+            return
+        if "n" not in meta:
+            link.refuse({**self.handshake_meta(), "secret": "required"}, "it has no cluster secret")
+        link.write(K_HANDSHAKE, {**self.handshake_meta(), **link.auth.answer(link.sender_id, meta)})
+
+    def _inbound_ready(self, link: _Link, answered: bool) -> None:
+        link.ready = True
+        link.loosen()
+        if link.data_worker >= 0:
+            self._on_data_link(link, link.data_worker)
+        elif not answered:
             link.write(K_HANDSHAKE, self.handshake_meta())
 
     def _on_data_link(self, link: _Link, sender_worker: int) -> None:
@@ -407,19 +642,39 @@ class ClusterBus:
     def _on_ping(self, link: _Link, kind: int, meta: dict[str, Any]) -> None:
         if link.node is not None:
             return  # PINGs travel on the sender's outbound link only
+        sender = messages.check_header(meta)
+        if sender != link.sender_id:
+            auth.count("rejected_messages")
+            raise messages.BadMessage(f"a PING from {sender[:8]} on {link.sender_id[:8]}'s link")
         pong = self.m.on_ping(meta, kind == K_MEET, link.peer_ip, link.local_ip, now_ms())
         if pong is not None:
-            link.sender_id = str(meta.get("id"))
             link.write(K_PONG, pong)
         self._after_change_if_dirty()
 
+    def _on_pong(self, link: _Link, meta: dict[str, Any]) -> None:
+        assert link.node is not None
+        sender = messages.check_header(meta)
+        if sender != link.peer_id:
+            auth.count("rejected_messages")
+            raise messages.BadMessage(f"a PONG from {sender[:8]} on {link.peer_id[:8]}'s link")
+        self._carry_out(self.m.on_pong(link.node, meta, now_ms()))
+        self._after_change_if_dirty()
+
+    def _on_fail(self, link: _Link, meta: dict[str, Any]) -> None:
+        messages.check_fail(meta)
+        if not self.is_member(link.sender_id):
+            auth.count("rejected_messages")
+            return  # failure reports count from current members only
+        self.m.on_fail(link.sender_id, meta, now_ms())
+        self._after_change_if_dirty()
+
     def _on_job(self, link: _Link, meta: dict[str, Any], bodies: list[bytes]) -> None:
-        kind, slot, inner = meta.get("k"), meta.get("s"), meta.get("m")
-        if not isinstance(kind, str) or not isinstance(slot, int) or not isinstance(inner, dict):
-            log.warning("cluster bus: malformed job frame from %s", link.peer_ip)
-            return
-        self.job_frames_received += 1
+        kind, slot, inner = messages.check_job(meta, bodies)
         sender = link.sender_id if link.node is None else link.node.node_id
+        if not self.is_member(sender):
+            auth.count("rejected_messages")
+            return  # job traffic from current members only
+        self.job_frames_received += 1
         self.deliver(slot % self.workers, sender, kind, slot, inner, bodies)
 
     # ---- time -----------------------------------------------------------------------
@@ -436,9 +691,19 @@ class ClusterBus:
     def tick(self) -> None:
         self.m.set_node_timeout(int(self.cfg.cluster_node_timeout))
         t = now_ms()
+        self._expire_handshakes(t)
         self._carry_out(self.m.tick(t))
         self._reconcile_links(t)
         self._after_change_if_dirty()
+
+    def _expire_handshakes(self, t: int) -> None:
+        for link in [*self.inbound, *self.out.values()]:
+            if (not link.ready or not link.answered and link.node is not None) \
+                    and t - link.created_ms > handshake_timeout_ms:
+                auth.count("handshake_timeouts")
+                log.warning("%s: no handshake within %d ms", link.drop_notice(),
+                            handshake_timeout_ms)
+                link.close()
 
     def _carry_out(self, actions: list[mb.Action]) -> None:
         for a in actions:
@@ -456,6 +721,8 @@ class ClusterBus:
 
     def _reconcile_links(self, t: int) -> None:
         live = {n for n in self.m.others() if not n.noaddr}
+        for node in [n for n in self.auth_errors if n not in live]:
+            del self.auth_errors[node]  # an expired handshake or a forgotten node
         for node, link in list(self.out.items()):
             if node not in live or link.addr != (node.ip, node.port):
                 link.close()  # forgotten, or it moved (restarted on another address)
@@ -474,7 +741,8 @@ class ClusterBus:
 
     async def _connect(self, node: Node) -> None:
         try:
-            await dial(lambda: _Link(self, node), node.ip, node.port)
+            await dial(lambda: _Link(self, node), node.ip, node.port,
+                       self.tls[1] if self.tls else None)
         except (TimeoutError, OSError):
             backoff = next_backoff_ms(self.backoff_ms.get(node), connect_backoff_ms_min,
                                       connect_backoff_ms_max)
@@ -496,6 +764,12 @@ class ClusterBus:
         except OSError as exc:
             log.warning("cluster bus: cannot save %s: %s", self.conf_path, exc)
         self.publish(self.view())
+
+
+def _seal_batch(sealer: auth.Sealer, batch: list[bytes], out: list[bytes]) -> None:
+    frame = frames.encode(K_SEALED, {}, [b"".join(batch) if len(batch) > 1 else batch[0]])
+    out.append(frame)
+    out.append(sealer.seal(frame))
 
 
 def _first_bind(bind: str) -> str:

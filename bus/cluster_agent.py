@@ -24,14 +24,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
-import os
 import socket
-import struct
+import ssl
 from collections.abc import Callable
 from typing import Any, cast
 
-from bus import frames
+from bus import auth, frames
+from bus import cluster as bus_cluster
 from bus.cluster import (
     K_JOB,
     MESH_BUS_IN,
@@ -45,6 +46,7 @@ from bus.cluster import (
     now_ms,
 )
 from bus.datalink import DataIn, DataLinks, FdPass
+from bus.peercred import same_user
 from workers.replies import NULL_ARRAY, Error, Status
 
 log = logging.getLogger("disque.cluster")
@@ -86,6 +88,7 @@ class _Local(BatchedLink):
         if not same_user(transport.get_extra_info("socket")):
             # Abstract sockets have no file permissions: any local user could connect
             # and run CLUSTER RESET or inject job messages. Only our own user may.
+            auth.count("local_refused")
             log.warning("cluster agent: refusing a local connection from another user")
             self.transport.abort()
 
@@ -138,15 +141,44 @@ class ClusterAgent:
         self.fdpass: FdPass | None = None
         self.data_out: DataLinks | None = None  # workers 1..: our data links to peers
         self.data_in: set[DataIn] = set()  # data links handed to us
+        self.keyring = auth.Keyring()  # the cluster secret (bus/auth.py), shared by our links
+        self.members: frozenset[str] = frozenset()  # data links: job traffic from these only
+        # tls-cluster: (server, client) SSL contexts for bus and data links, set by make_agent
+        self.tls: tuple[ssl.SSLContext, ssl.SSLContext] | None = None
 
     # ---- lifecycle --------------------------------------------------------------
 
+    def configure_secret(self) -> str | None:
+        """(Re)read ``cluster-secret-file``; the reason when it cannot be used (the keys
+        in use then stay). Links already up keep their session keys."""
+        try:
+            self.keyring.configure(getattr(self.cfg, "cluster_secret_file", ""))
+        except auth.SecretError as exc:
+            return str(exc)
+        return None
+
+    def _warn_open_bus(self) -> None:
+        if self.keyring.enabled:
+            return
+        binds = str(self.cfg.bind).split() or ["0.0.0.0"]
+        if any(not _loopback(addr) for addr in binds):
+            log.warning("WARNING: the cluster bus (port %d) listens on %s without a cluster "
+                        "secret: anyone who reaches it can join the cluster and read or inject "
+                        "jobs. Set cluster-secret-file (see README, Security).",
+                        self.cfg.port + bus_cluster.BUS_PORT_OFFSET, " ".join(binds))
+
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        err = self.configure_secret()
+        if err is not None:
+            log.warning("Fatal error in cluster-secret-file: %s", err)
+            raise SystemExit(1)  # never run an open bus when a secret was asked for
+        bus_cluster.set_peer_frame_max(int(getattr(self.cfg, "proto_max_bulk_len", 0)))
         if self.index == 0:
+            self._warn_open_bus()
             self.fdpass = FdPass(self.cfg.port, self.node_id, 0, lambda sock, state: sock.close())
             self.bus = ClusterBus(self.cfg, self.node_id, self._deliver, self._publish,
-                                  self.workers)
+                                  self.workers, keyring=self.keyring, tls=self.tls)
             self.bus.adopt_data = self._adopt_data
             self.server = await loop.create_unix_server(
                 lambda: _Local(self, -1), path=socket_name(self.cfg.port, self.node_id))
@@ -154,7 +186,8 @@ class ClusterAgent:
         else:
             self.fdpass = FdPass(self.cfg.port, self.node_id, self.index, self._on_data_socket)
             self.data_out = DataLinks(self.index, self.cfg.port, lambda: str(self.view["myid"]),
-                                      now_ms)
+                                      now_ms, self.keyring,
+                                      self.tls[1] if self.tls is not None else None)
             self.connector = asyncio.create_task(self._connect_loop())
             # Be ready only once CLUSTER and Sends can reach worker 0 (it starts at the
             # same time); if it does not come, start anyway and keep trying.
@@ -243,13 +276,15 @@ class ClusterAgent:
     def _adopt_data(self, link: Any, sender_worker: int) -> bool:
         """Worker 0: hand a data link from a peer's worker k to our worker k % N."""
         target = sender_worker % self.workers
-        if target == 0 or target not in self.peers or self.fdpass is None:
+        if target == 0 or target not in self.peers or self.fdpass is None or self.tls is not None:
+            # (a TLS session lives in this process: worker 0 keeps reading the link)
             return False  # ours, or that worker is not up: worker 0 reads it
         sock = link.transport.get_extra_info("socket")
         if sock is None:
             return False
         link.transport.pause_reading()
-        if not self.fdpass.give(target, sock.fileno(), {"id": link.sender_id}):
+        state = {"id": link.sender_id, "auth": link.session()}
+        if not self.fdpass.give(target, sock.fileno(), state):
             link.transport.resume_reading()
             return False
         link.close()  # our descriptor only: the connection lives on in the target
@@ -261,9 +296,13 @@ class ClusterAgent:
         if not isinstance(sender, str) or self.closing:
             sock.close()
             return
+        session = auth.import_session(state.get("auth"))
+        if session is None and (self.keyring.enabled or state.get("auth") is not None):
+            sock.close()  # worker 0 authenticates every link before it hands it over
+            return
         sock.setblocking(False)
         link = DataIn(sender, str(self.view["myid"]), self.index, self._on_data_job,
-                      self.data_in.discard)
+                      self.data_in.discard, session)
         self.data_in.add(link)
 
         async def adopt() -> None:
@@ -277,6 +316,9 @@ class ClusterAgent:
 
     def _on_data_job(self, sender: str, kind: str, slot: int, meta: dict[str, Any],
                      bodies: list[bytes]) -> None:
+        if sender not in self.members:
+            auth.count("rejected_messages")
+            return  # job traffic from current members only (as the bus checks on worker 0)
         if slot % self.workers == self.index:
             self.on_message(sender, kind, slot, meta, bodies)
         elif self.to_owner is not None:  # hosts with different worker counts
@@ -301,6 +343,7 @@ class ClusterAgent:
                             meta.get("m") or {}, bodies)
         elif kind == MESH_VIEW:
             self.view = meta
+            self.members = members_of(meta)
             if self.data_out is not None:
                 self.data_out.on_view(meta)
             if self.on_view is not None:
@@ -341,16 +384,17 @@ class ClusterAgent:
             done(ERR_OWNER_DOWN)
 
 
-def same_user(sock: Any) -> bool:
-    """True when the process at the other end of a Unix socket runs as our user."""
-    if sock is None:
-        return False
+def members_of(view: dict[str, Any]) -> frozenset[str]:
+    """The current members in a membership snapshot (handshakes and ourselves left out)."""
+    return frozenset(str(n[0]) for n in view.get("nodes", [])
+                     if "myself" not in n[3] and "handshake" not in n[3])
+
+
+def _loopback(addr: str) -> bool:
     try:
-        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    except OSError:
-        return False
-    _pid, uid, _gid = struct.unpack("3i", raw)
-    return bool(uid == os.getuid())
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return addr == "localhost"
 
 
 async def _connect_unix(loop: asyncio.AbstractEventLoop, name: str,

@@ -9,6 +9,11 @@ number of workers on both hosts every frame on that link belongs to that
 worker's slots (the sender only owns slots ``s % N == k``); other frames are
 passed to their owner through worker 0.
 
+With a cluster secret the dialer and the peer's worker 0 run the handshake of
+bus/auth.py first (HANDSHAKE, HANDSHAKE with proof, AUTH); worker 0 then hands
+the socket over with the link's MAC state, and DATA_READY is the first frame
+with a MAC.
+
 Until DATA_READY arrives, and whenever the link is down, the agent relays
 through worker 0 as before, so data links only ever make things faster: messages
 are never lost for want of one (they stay best effort, as on every bus path).
@@ -21,14 +26,26 @@ import asyncio
 import logging
 import os
 import socket
-import struct
+import ssl
 from collections.abc import Callable
 from typing import Any, cast
 
 import orjson
 
-from bus import frames
-from bus.cluster import BUS_PROTO, K_DATA_READY, K_HANDSHAKE, K_JOB, PeerLink, dial, next_backoff_ms
+from bus import auth, frames, messages, peercred
+from bus.cluster import (
+    BUS_PROTO,
+    K_AUTH,
+    K_DATA_READY,
+    K_HANDSHAKE,
+    K_JOB,
+    K_SEALED,
+    PeerLink,
+    check_proto,
+    dial,
+    handshake_timeout_ms,
+    next_backoff_ms,
+)
 
 log = logging.getLogger("disque.cluster")
 
@@ -36,7 +53,6 @@ data_output_bytes_max = 256 << 20  # as a bus peer: a link that does not drain i
 data_backoff_ms_min = 100  # redial delay after a failure, doubling ...
 data_backoff_ms_max = 2000  # ... up to this (meanwhile worker 0 relays)
 fdpass_state_bytes_max = 4096  # one datagram beside the descriptor: the sender's ID
-_CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 OnJob = Callable[[str, str, int, dict[str, Any], list[bytes]], None]
 
@@ -57,7 +73,7 @@ class FdPass:
         self.sock.bind(fdpass_name(port, node_id, index))
         # the kernel then attaches the sender's pid/uid/gid to every datagram: abstract
         # sockets have no file permissions, so we check the sender is our own user
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        peercred.pass_credentials(self.sock)
         self.sock.setblocking(False)
         self.loop = asyncio.get_running_loop()
         self.loop.add_reader(self.sock.fileno(), self._receive)
@@ -79,19 +95,20 @@ class FdPass:
             try:
                 data, ancdata, _flags, _addr = self.sock.recvmsg(
                     fdpass_state_bytes_max,
-                    socket.CMSG_SPACE(4 * 4) + socket.CMSG_SPACE(_CRED.size))
+                    socket.CMSG_SPACE(4 * 4) + peercred.CRED_SPACE)
             except (BlockingIOError, InterruptedError):
                 return
             fds: list[int] = []
-            uid = -1
+            uid = peercred.sender_uid(ancdata)
             for level, kind, raw in ancdata:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                     arr = array.array("i")
                     arr.frombytes(raw[: len(raw) - len(raw) % arr.itemsize])
                     fds.extend(arr)
-                elif level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
-                    uid = _CRED.unpack(raw[: _CRED.size])[1]
             keep = fds[:1] if uid == os.getuid() else []
+            if fds and not keep:
+                auth.count("local_refused")
+                log.warning("cluster data link: refusing a descriptor from uid %d", uid)
             for fd in fds[len(keep):]:  # one descriptor per datagram, from our user only
                 socket.close(fd)
             if not keep:
@@ -134,7 +151,7 @@ class _DataConn(PeerLink):
             log.warning("cluster data link: peer does not drain its output, dropping it")
             self.close()
             return False
-        self.enqueue(frame)
+        self.put(frame)
         return True
 
     def close(self) -> None:
@@ -146,16 +163,20 @@ class _DataConn(PeerLink):
 class DataIn(_DataConn):
     """A data link handed to this worker: JOB frames from one sender node."""
 
-    kinds = frozenset({K_JOB})
+    kinds = frozenset({K_JOB, K_SEALED})
 
     def __init__(self, sender_id: str, my_id: str, index: int, on_job: OnJob,
-                 on_lost: Callable[[DataIn], None]) -> None:
+                 on_lost: Callable[[DataIn], None],
+                 session: tuple[auth.Sealer, auth.Opener] | None = None) -> None:
         super().__init__()
         self.sender_id = sender_id
         self.my_id = my_id
         self.index = index
         self.on_job = on_job
         self.on_lost = on_lost
+        self.loosen()  # worker 0 ran the handshake
+        if session is not None:
+            self.start_mac(*session)
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
@@ -167,16 +188,14 @@ class DataIn(_DataConn):
                                                 "w": self.index}))
 
     def on_frame(self, kind: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
-        job_kind, slot, inner = meta.get("k"), meta.get("s"), meta.get("m")
-        if not isinstance(job_kind, str) or not isinstance(slot, int) or not isinstance(inner, dict):
-            raise frames.FrameError("malformed job frame")
+        job_kind, slot, inner = messages.check_job(meta, bodies)
         self.on_job(self.sender_id, job_kind, slot, inner, bodies)
 
 
 class DataOut(_DataConn):
     """Our data link to one peer node; usable once the peer says DATA_READY."""
 
-    kinds = frozenset({K_HANDSHAKE, K_DATA_READY})
+    kinds = frozenset({K_HANDSHAKE, K_DATA_READY, K_SEALED})
 
     def __init__(self, links: DataLinks, node_id: str, addr: tuple[str, int]) -> None:
         super().__init__()
@@ -184,18 +203,40 @@ class DataOut(_DataConn):
         self.node_id = node_id
         self.addr = addr
         self.ready = False
+        self.created_ms = links.now_ms()
+        keys = links.keyring.keys
+        self.auth = auth.LinkAuth(keys, True, links.my_id()) if keys else None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        self.write(frames.encode(K_HANDSHAKE, self.links.handshake_meta()))
+        meta = self.links.handshake_meta()
+        if self.auth is not None:
+            meta.update(self.auth.hello())
+        self.write(frames.encode(K_HANDSHAKE, meta))
+
+    def drop_notice(self) -> str:
+        return f"cluster data link to {self.node_id[:8]}: dropping it"
 
     def on_frame(self, kind: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
-        if kind != K_DATA_READY:
-            return
-        if meta.get("proto") != BUS_PROTO or meta.get("id") != self.node_id:
-            raise frames.FrameError(f"data link answered by {meta.get('id')!r}, "
-                                    f"protocol {meta.get('proto')!r}")
-        self.ready = True
+        # The peer's frames stay tiny (HANDSHAKE, DATA_READY): the reader keeps its
+        # handshake bounds for the whole life of the link.
+        if self.ready:
+            raise messages.BadMessage("a frame after DATA_READY")
+        if check_proto(meta) != self.node_id:
+            raise messages.BadMessage(f"data link answered by {str(meta.get('id'))[:8]}")
+        if kind == K_HANDSHAKE:  # the answer with a secret, or a refusal
+            if self.auth is None:
+                raise auth.AuthError("it uses a cluster secret and we have none")
+            if self.auth.done or "p" not in meta:
+                raise auth.AuthError("its answer carries no proof")
+            reply = self.auth.check_answer(self.node_id, meta)
+            self.write(frames.encode(K_AUTH, reply))
+            assert self.auth.sealer is not None and self.auth.opener is not None
+            self.start_mac(self.auth.sealer, self.auth.opener)
+        elif self.auth is None or self.auth.done:  # K_DATA_READY
+            self.ready = True
+        else:
+            raise auth.AuthError("DATA_READY before the handshake")
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
@@ -206,7 +247,10 @@ class DataLinks:
     """Worker k's data links to every peer node (k > 0; worker 0 has the bus)."""
 
     def __init__(self, index: int, port: int, my_id: Callable[[], str],
-                 now_ms: Callable[[], int]) -> None:
+                 now_ms: Callable[[], int], keyring: auth.Keyring | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
+        self.keyring = keyring if keyring is not None else auth.Keyring()
+        self.tls = tls  # tls-cluster: dial over TLS
         self.index = index
         self.port = port
         self.my_id = my_id
@@ -225,6 +269,10 @@ class DataLinks:
         (the caller relays through worker 0 meanwhile)."""
         link = self.links.get(node_id)
         if link is not None:
+            if not link.ready and self.now_ms() - link.created_ms > handshake_timeout_ms:
+                auth.count("handshake_timeouts")
+                link.close()  # the peer never finished: redial after the backoff
+                self.lost(link)
             return link if link.ready and not link.closed else None
         if node_id in self.addrs and not self.closing \
                 and self.now_ms() >= self.retry_at_ms.get(node_id, 0):
@@ -250,7 +298,7 @@ class DataLinks:
 
     async def _connect(self, link: DataOut) -> None:
         try:
-            await dial(lambda: link, link.addr[0], link.addr[1])
+            await dial(lambda: link, link.addr[0], link.addr[1], self.tls)
         except (OSError, TimeoutError):
             self.lost(link)
 

@@ -44,15 +44,24 @@ def encode(kind: int, meta: dict[str, Any], bodies: list[bytes] | tuple[bytes, .
 
 
 class FrameReader:
-    __slots__ = ("_buf", "_pos", "kinds")
+    """``frame_max`` / ``buffer_max`` default to the global bounds; a cluster bus link
+    tightens them until the peer's handshake is done. With ``mac`` set (an object with
+    ``size`` and ``check(buf, start, length) -> bool``, see bus/auth.py) every frame is
+    followed by a MAC trailer of ``size`` bytes, checked before the frame is parsed."""
 
-    def __init__(self, kinds: frozenset[int] | None = None) -> None:
+    __slots__ = ("_buf", "_pos", "kinds", "frame_max", "buffer_max", "mac")
+
+    def __init__(self, kinds: frozenset[int] | None = None, frame_max: int = frame_bytes_max,
+                 buffer_max: int = reader_buffer_bytes_max) -> None:
         self._buf = bytearray()
         self._pos = 0
         self.kinds = kinds
+        self.frame_max = frame_max
+        self.buffer_max = buffer_max
+        self.mac: Any = None
 
     def feed(self, data: bytes) -> None:
-        if len(self._buf) - self._pos + len(data) > reader_buffer_bytes_max:
+        if len(self._buf) - self._pos + len(data) > self.buffer_max:
             raise FrameError("frame reader buffer over its bound")
         self._buf += data
 
@@ -71,17 +80,20 @@ class FrameReader:
             raise FrameError(f"unsupported frame version {version}")
         if self.kinds is not None and kind not in self.kinds:
             raise FrameError(f"unknown frame kind {kind}")
-        if meta_len > frame_meta_bytes_max:
+        if meta_len > frame_meta_bytes_max or _HEAD.size + 4 * n + meta_len > self.frame_max:
             raise FrameError("frame metadata over its bound")
         lens_at = pos + _HEAD.size
         if len(buf) - lens_at < 4 * n:
             return None
         lens = struct.unpack_from(f">{n}I", buf, lens_at) if n else ()
         total = _HEAD.size + 4 * n + meta_len + sum(lens)
-        if total > frame_bytes_max:
+        if total > self.frame_max:
             raise FrameError("frame over its bound")
-        if len(buf) - pos < total:
+        trailer = 0 if self.mac is None else self.mac.size
+        if len(buf) - pos < total + trailer:
             return None
+        if trailer and not self.mac.check(buf, pos, total):
+            raise FrameError("bad frame MAC")
         at = lens_at + 4 * n
         try:
             meta = orjson.loads(bytes(buf[at : at + meta_len])) if meta_len else {}
@@ -94,7 +106,7 @@ class FrameReader:
         for ln in lens:
             bodies.append(bytes(buf[at : at + ln]))
             at += ln
-        self._pos = pos + total
+        self._pos = pos + total + trailer
         if self._pos > 65536 and self._pos * 2 > len(buf):
             del buf[: self._pos]
             self._pos = 0

@@ -35,12 +35,15 @@ from __future__ import annotations
 import array
 import asyncio
 import logging
+import os
 import socket
 from collections.abc import Callable
 from typing import Any
 
 import orjson
 
+from bus import auth as bus_auth
+from bus import peercred
 from bus.frames import FrameError, FrameReader, encode
 from workers.invariant import InvariantError
 from workers.replies import NULL_ARRAY, Error, Status
@@ -135,6 +138,13 @@ class Link(asyncio.Protocol):
         self.blocked: dict[int, int] = {}  # owner side: asker's GETJOB token -> shard token
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self.peer < 0 and not peercred.same_user(transport.get_extra_info("socket")):
+            # abstract sockets have no permissions: another local user must not run
+            # node-wide commands (a flush) through us
+            bus_auth.count("local_refused")
+            self.mesh.log("mesh: refusing a local connection from another user")
+            transport.abort()  # type: ignore[attr-defined]
+            return
         self.transport = transport  # type: ignore[assignment]
         self.reader = FrameReader(KINDS)
         if self.outq:
@@ -398,6 +408,7 @@ class Handoff:
         self.on_socket = on_socket
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(socket_name(port, node_id, index, ".fd"))
+        peercred.pass_credentials(self.sock)  # a socket marked authenticated: our user only
         self.sock.setblocking(False)
         self.loop = asyncio.get_event_loop()
         self.loop.add_reader(self.sock.fileno(), self._receive)
@@ -419,18 +430,23 @@ class Handoff:
         while True:
             try:
                 data, ancdata, _flags, _addr = self.sock.recvmsg(
-                    handoff_state_bytes_max, socket.CMSG_SPACE(4 * 4))
+                    handoff_state_bytes_max, socket.CMSG_SPACE(4 * 4) + peercred.CRED_SPACE)
             except (BlockingIOError, InterruptedError):
                 return
+            foreign = peercred.sender_uid(ancdata) != os.getuid()
             fds: list[int] = []
             for level, kind, raw in ancdata:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                     arr = array.array("i")
                     arr.frombytes(raw[: len(raw) - len(raw) % arr.itemsize])
                     fds.extend(arr)
-            for fd in fds[1:]:  # one descriptor per message; never leak extras
+            if foreign:
+                bus_auth.count("local_refused")
+                logging.getLogger("disque_mp.mesh").warning(
+                    "handoff: refusing a socket from another user")
+            for fd in fds[0 if foreign else 1:]:  # one descriptor per message; never leak extras
                 socket.close(fd)
-            if fds:
+            if fds and not foreign:
                 sock = socket.socket(fileno=fds[0])
                 self.on_socket(sock, orjson.loads(data) if data else {})
 

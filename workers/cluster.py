@@ -43,7 +43,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Final
 
 from workers.effects import AofAppend, Send, Wake
-from workers.ids import is_at_most_once_id, slot_of_job_id
+from workers.ids import is_at_most_once_id, is_valid_job_id, slot_of_job_id
 from workers.job import (
     ACKED,
     ACTIVE,
@@ -335,10 +335,9 @@ class ClusterOps:
         handler = _HANDLERS.get(kind)
         if handler is None:
             return
-        try:
-            handler(self, sender, meta, bodies, now_ms)
-        except (KeyError, ValueError, TypeError, IndexError, UnicodeDecodeError):
-            return  # a malformed message from a peer never crashes the worker
+        # Shapes and values were checked at the edge (bus/messages.py); only the job
+        # records inside are parsed here (``_peer_job``).
+        handler(self, sender, meta, bodies, now_ms)
 
     def _job_of(self: Shard, meta: dict[str, Any]) -> Job | None:
         jid = meta["j"]
@@ -348,7 +347,9 @@ class ClusterOps:
 
     def _on_repljob(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
                     now_ms: int) -> None:
-        job = Job.from_record(bodies[0])
+        job = _peer_job(bodies[0])
+        if job is None:
+            return
         if self._gone and self._is_gone(job.id, now_ms):
             return  # acknowledged or deleted already: a late copy would be queued again
         old = self.lookup(job.id)
@@ -727,8 +728,9 @@ class ClusterOps:
         n = 0
         touched: list[Queue] = []  # served once the whole batch is queued (COUNT > 1)
         for rec in bodies:
-            job = Job.from_record(rec)
-            if job.etime_ms <= now_ms or (self._gone and self._is_gone(job.id, now_ms)):
+            job = _peer_job(rec)
+            if job is None or job.etime_ms <= now_ms or (
+                    self._gone and self._is_gone(job.id, now_ms)):
                 continue
             q = self._queue(job.queue, now_ms)
             if not touched or touched[-1] is not q:
@@ -784,6 +786,16 @@ class ClusterOps:
                   now_ms: int) -> None:
         flags = int(meta["f"]) & (PAUSED_IN | PAUSED_OUT)
         self._set_pause(bytes(bodies[0]), flags, now_ms)
+
+
+def _peer_job(rec: bytes) -> Job | None:
+    """A job record from a peer, or None when it is malformed (dropped, as Disque
+    drops a message it cannot parse)."""
+    try:
+        job = Job.from_record(rec)
+    except ValueError:  # also UnicodeDecodeError: the record's documented failures
+        return None
+    return job if is_valid_job_id(job.id) else None
 
 
 _HANDLERS: dict[str, Any] = {

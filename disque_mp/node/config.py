@@ -171,6 +171,16 @@ class Config:
     http_metrics_queues_max: int = 100  # queues with their own series (largest first)
     http_api_jobs_max: int = 1000  # jobs one API call lists or moves
     http_request_bytes_max: int = 1 << 20  # request line + headers + body
+    # security (README "Security"): the cluster secret, Redis' protected mode
+    cluster_secret_file: str = ""  # keys, one per line; relative to dir; "" = open bus
+    protected_mode: bool = True
+    tls_port: int = 0  # 0 = no TLS listener (Redis' directive names, disque_mp/node/tls.py)
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_ca_cert_file: str = ""
+    tls_auth_clients: str = "yes"  # yes | no | optional
+    tls_cluster: bool = False  # bus and data links over mutual TLS (the MAC stays on top)
+    tls_protocols: str = ""  # e.g. "TLSv1.2 TLSv1.3"; "" = TLS 1.2 and up
 
 
 class ConfigValueError(ValueError):
@@ -339,6 +349,17 @@ DIRECTIVES: tuple[Directive, ...] = (
     _d("http-metrics-queues-max", "int", True, "Invalid http-metrics-queues-max value", lo=0),
     _d("http-api-jobs-max", "int", True, "Invalid http-api-jobs-max value", lo=1),
     _d("http-request-bytes-max", "mem", True, "Invalid http-request-bytes-max value", lo=1024),
+    # ours: security (CONFIG GET shows the secret file's name, never a key)
+    _d("cluster-secret-file", "special", True),
+    _d("protected-mode", "bool", True),
+    _d("tls-port", "int", False, "Invalid tls-port", lo=0, hi=65535),
+    _d("tls-cert-file", "str", False),
+    _d("tls-key-file", "str", False),
+    _d("tls-ca-cert-file", "str", False),
+    _d("tls-auth-clients", "enum", False, "argument must be 'yes', 'no' or 'optional'",
+       choices=("yes", "no", "optional")),
+    _d("tls-cluster", "bool", False),
+    _d("tls-protocols", "special", False, nargs=0),
 )
 BY_NAME: dict[str, Directive] = {d.name: d for d in DIRECTIVES}
 # Names Redis users know for our limit directives (same field, same units).
@@ -375,6 +396,20 @@ def _special_value(cfg: Config, d: Directive, args: list[str], at_startup: bool)
         if len(args) > bind_addresses_max:
             raise ConfigValueError("Too many bind addresses specified.")
         return " ".join(args)
+    if name == "tls-protocols":
+        words = " ".join(args).split()
+        if any(w.lower() not in ("tlsv1.2", "tlsv1.3") for w in words):
+            raise ConfigValueError("tls-protocols: only TLSv1.2 and TLSv1.3 are supported")
+        return " ".join(words)
+    if name == "cluster-secret-file":
+        if not at_startup and v:  # at start-up the worker reads it, from inside dir
+            from bus.auth import SecretError, load_keys
+
+            try:
+                load_keys(v)
+            except SecretError as exc:
+                raise ConfigValueError(str(exc)) from None
+        return v
     if name == "appendfilename":
         if "/" in v or not v:
             raise ConfigValueError("appendfilename can't be a path, just a filename")

@@ -25,6 +25,7 @@ import asyncio
 import ctypes
 import functools
 import gc
+import ipaddress
 import logging
 import os
 import random
@@ -35,6 +36,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
+from bus import auth as bus_auth
 from bus import mesh as meshmod
 from bus.mesh import Handoff, Link, Mesh, pack, unpack
 from disque_mp.node.commands import admin as cmd_node
@@ -88,6 +90,36 @@ _FROM: Final = frozenset((b"FROM", b"from"))
 _NOHANG: Final = frozenset((b"NOHANG", b"nohang"))
 _COUNT: Final = frozenset((b"COUNT", b"count"))
 _TIMEOUT: Final = frozenset((b"TIMEOUT", b"timeout"))
+
+
+# Redis' text, word for word (redis-cli users search for it)
+DENIED_PROTECTED: Final = (
+    b"-DENIED Redis is running in protected mode because protected mode is enabled and no "
+    b"password is set for the default user. In this mode connections are only accepted from "
+    b"the loopback interface. If you want to connect from external computers to Redis you may "
+    b"adopt one of the following solutions: 1) Just disable protected mode sending the command "
+    b"'CONFIG SET protected-mode no' from the loopback interface by connecting to Redis from the "
+    b"same host the server is running, however MAKE SURE Redis is not publicly accessible from "
+    b"internet if you do so. Use CONFIG REWRITE to make this change permanent. 2) Alternatively "
+    b"you can just disable the protected mode by editing the Redis configuration file, and "
+    b"setting the protected mode option to 'no', and then restarting the server. 3) If you "
+    b"started the server manually just for testing, restart it with the '--protected-mode no' "
+    b"option. 4) Set up an authentication password for the default user. NOTE: You only need "
+    b"to do one of the above things in order for the server to start accepting connections "
+    b"from the outside.\r\n")
+
+
+def is_loopback_addr(addr: str, with_port: bool = True) -> bool:
+    """``addr`` is ``ip:port`` as ClientConn.addr holds it (or a bare IP with
+    ``with_port=False``); "" (a Unix socket) and "localhost" count as loopback."""
+    if not addr or addr == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(addr.rpartition(":")[0] if with_port else addr)
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
 
 
 _perf_ns = time.perf_counter_ns  # INFO commandstats; a local name saves a lookup per command
@@ -177,6 +209,8 @@ class Worker:
         cmd_jobs.apply_limits(cfg)
         self.view_seen = False  # a membership view reached the shard (on_view)
         self.oom = False  # past maxmemory: denyoom commands answer ERR_OOM (disque_mp/node/memory.py)
+        # protected mode (Redis'): no password and bound beyond loopback -> loopback clients only
+        self.protected_bind = any(not is_loopback_addr(a, False) for a in cfg.bind.split() or ["*"])
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -197,6 +231,7 @@ class Worker:
         await self.mesh.start()
         for sock in listen_sockets(self.cfg.bind, self.cfg.port, self.cfg.tcp_backlog):
             self.servers.append(await self.loop.create_server(lambda: ClientConn(self), sock=sock))
+        await self._start_tls()
         await self._start_http()
         self.loop.add_signal_handler(signal.SIGTERM, self.request_stop)
         self.loop.add_signal_handler(signal.SIGHUP, self.reopen_log)
@@ -253,6 +288,21 @@ class Worker:
 
         self.servers += await http.start(self)
 
+    async def _start_tls(self) -> None:
+        """``tls-port``: the same clients over TLS (disque_mp/node/tls.py)."""
+        if not self.cfg.tls_port:
+            return
+        from disque_mp.node import tls
+
+        try:
+            ctx = tls.server_context(self.cfg)
+        except tls.TlsConfigError as exc:
+            log.warning("Fatal TLS configuration error: %s", exc)
+            raise SystemExit(1) from None
+        for sock in listen_sockets(self.cfg.bind, self.cfg.tls_port, self.cfg.tcp_backlog):
+            self.servers.append(await self.loop.create_server(lambda: ClientConn(self), sock=sock,
+                                                              ssl=ctx))
+
     def reopen_log(self) -> None:
         """SIGHUP (the supervisor forwards its own): reopen the log file, as after logrotate."""
         try:
@@ -304,6 +354,14 @@ class Worker:
         return self.next_client * self.workers + self.index  # unique over the node
 
     def conn_opened(self, conn: ClientConn) -> None:
+        if self.protected_bind and self.cfg.protected_mode and not self.cfg.requirepass \
+                and not conn.handoffs and not is_loopback_addr(conn.addr):
+            self.rejected_connections += 1
+            assert conn.transport is not None
+            conn.transport.write(DENIED_PROTECTED)
+            conn.transport.close()
+            conn.closing = True
+            return
         if len(self.conns) * self.workers >= self.cfg.maxclients:
             self.rejected_connections += 1
             assert conn.transport is not None
@@ -887,7 +945,8 @@ class Worker:
                 or transport.get_write_buffer_size() or self.stopping):
             return
         sock = transport.get_extra_info("socket")
-        if sock is None:
+        if sock is None or transport.get_extra_info("sslcontext") is not None:
+            conn.handoffs = handoff_per_conn_max  # TLS state lives here: forward, never hand off
             return
         if not self.handoff.give(owner, sock.fileno(), conn.state()):
             conn.streak = 0
@@ -930,6 +989,7 @@ class Worker:
             "shard": self.shard.info(),
             "aof": self.aof.info() if self.aof is not None else None,
             "mem": self.memory.stats() if self.memory is not None else None,
+            "bus": dict(bus_auth.STATS),
         }
 
 

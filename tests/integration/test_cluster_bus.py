@@ -8,6 +8,7 @@ node processes (tests/nodeproc.py) joined with CLUSTER MEET.
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import random
 import re
@@ -32,7 +33,14 @@ from bus.cluster_agent import socket_name as agent_socket_name
 from disque_mp.node.commands import cluster as cmd_cluster
 from disque_mp.node.config import Config
 from tests.nodeproc import NodeProc, free_port
+from workers.ids import slot_of
 from workers.replies import ERR_SYNTAX, OK, Error, Status
+
+
+def job_id_for(slot: int) -> str:
+    """A well-formed job ID carrying ``slot`` (the bus checks job messages' shapes)."""
+    return "D-00000000-" + base64.b64encode(slot.to_bytes(2, "big") + bytes(16)).decode() + "-0001"
+
 
 wait_s = 20.0  # generous: other engineers' tests share the 2 cores
 
@@ -102,7 +110,7 @@ async def _bus_scenario(tmp: Path) -> None:
         assert a.bus.send(c.bus.my_id, "REPLJOB", 7, {"id": "x"}, [body]) == 1
         await until(lambda: len(c.received) == 1, "REPLJOB at C")
         assert c.received[0] == (7 % 3, a.bus.my_id, "REPLJOB", 7, {"id": "x"}, [body])
-        assert a.bus.send("*", "PAUSE", 1, {}) == 2
+        assert a.bus.send("*", "PAUSE", slot_of(b"q"), {"f": 0}, [b"q"]) == 2
         await until(lambda: len(b.received) == 1 and len(c.received) == 2, "broadcast")
         assert a.bus.send("f" * 40, "GOTJOB", 1, {}) == 0  # unknown node: dropped
 
@@ -143,10 +151,10 @@ async def _bus_scenario(tmp: Path) -> None:
 class AgentHost:
     """One host of 2 workers: two ClusterAgents (worker 0 owns the bus) in this loop."""
 
-    def __init__(self, tmp: Path, name: str) -> None:
+    def __init__(self, tmp: Path, name: str, secret: str = "") -> None:
         self.cfg = Config(port=free_port(), bind="127.0.0.1", workers=2,
                           cluster_config_file=str(tmp / f"{name}.conf"),
-                          cluster_node_timeout=1000)
+                          cluster_node_timeout=1000, cluster_secret_file=secret)
         nc, _ = nodes_conf.load_or_create(self.cfg.cluster_config_file, "127.0.0.1", self.cfg.port)
         self.node_id = nc.node_id
         self.got: list[list[tuple[str, str, int, dict[str, Any], list[bytes]]]] = [[], []]
@@ -174,12 +182,18 @@ async def run_cluster(agent: Any, *words: str) -> Any:
 
 
 @pytest.mark.parametrize("loop_kind", LOOPS)
-def test_agents_route_commands_views_and_job_messages(tmp_path: Path, loop_kind: str) -> None:
-    run_in(loop_kind, _agent_scenario(tmp_path))
+@pytest.mark.parametrize("secret", [False, True], ids=["open", "secret"])
+def test_agents_route_commands_views_and_job_messages(tmp_path: Path, loop_kind: str,
+                                                      secret: bool) -> None:
+    path = ""
+    if secret:  # the same scenario with authenticated bus and data links
+        (tmp_path / "secret").write_text("the secret of both hosts of this test\n")
+        path = str(tmp_path / "secret")
+    run_in(loop_kind, _agent_scenario(tmp_path, path))
 
 
-async def _agent_scenario(tmp: Path) -> None:
-    a, b = AgentHost(tmp, "a"), AgentHost(tmp, "b")
+async def _agent_scenario(tmp: Path, secret: str) -> None:
+    a, b = AgentHost(tmp, "a", secret), AgentHost(tmp, "b", secret)
     await a.start()
     await b.start()
     try:
@@ -210,10 +224,10 @@ async def _agent_scenario(tmp: Path) -> None:
 
         # a Send from worker 1 of A reaches the owner of the slot on B, bodies intact
         a1.send(b.node_id, "REPLJOB", 3, {"j": 1}, [b"\x00body\xff"])
-        a.agents[0].send(b.node_id, "GOTJOB", 8, {"j": 2})
+        a.agents[0].send(b.node_id, "GOTJOB", 8, {"j": job_id_for(8)})
         await until(lambda: len(b.got[1]) == 1 and len(b.got[0]) == 1, "job messages at B")
         assert b.got[1][0] == (a.node_id, "REPLJOB", 3, {"j": 1}, [b"\x00body\xff"])
-        assert b.got[0][0] == (a.node_id, "GOTJOB", 8, {"j": 2}, [])
+        assert b.got[0][0] == (a.node_id, "GOTJOB", 8, {"j": job_id_for(8)}, [])
 
         # once A's worker 1 has its own data link to B, its messages skip both worker 0s:
         # B's worker 1 reads them (slot 5) and passes on what is not its own (slot 10)
@@ -225,11 +239,11 @@ async def _agent_scenario(tmp: Path) -> None:
         relayed_before = b.agents[0].bus.job_frames_received
         for i in range(100):
             a1.send(b.node_id, "REPLJOB", 5, {"i": i}, [b"x" * i])
-        a1.send(b.node_id, "GOTJOB", 10, {"i": -1})
+        a1.send(b.node_id, "GOTJOB", 10, {"j": job_id_for(10), "i": -1})
         await until(lambda: len(b.got[1]) == 101 and len(b.got[0]) == 2, "direct messages")
         assert [m[3]["i"] for m in b.got[1][1:]] == list(range(100))  # in order
         assert b.got[1][-1][4] == [b"x" * 99]
-        assert b.got[0][1] == (a.node_id, "GOTJOB", 10, {"i": -1}, [])
+        assert b.got[0][1] == (a.node_id, "GOTJOB", 10, {"j": job_id_for(10), "i": -1}, [])
         assert b.agents[0].bus.job_frames_received == relayed_before  # none via B's bus link
 
         # LEAVING set through worker 1 of B: HELLO on every worker of A shows 100

@@ -11,6 +11,7 @@ Scan cursors over workers: global = local * workers + index (contracts.md).
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
 import platform
 import signal
@@ -162,13 +163,27 @@ def cmd_time(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
 
 
 def cmd_auth(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
+    """``AUTH password`` (Disque) and ``AUTH default password`` (Redis 6+: redis-py
+    sends it when given a username); "default" is the only user."""
+    if len(cmd) > 3:
+        return ERR_SYNTAX
+    if len(cmd) == 3:
+        if cmd[1] != b"default" or (w.cfg.requirepass and not _password_ok(w, cmd[2])):
+            conn.authed = False
+            return Error("WRONGPASS invalid username-password pair or user is disabled.")
+        conn.authed = True
+        return OK
     if not w.cfg.requirepass:
         return Error("ERR Client sent AUTH, but no password is set")
-    if _text(cmd[1]) != w.cfg.requirepass:
+    if not _password_ok(w, cmd[1]):
         conn.authed = False
         return Error("ERR invalid password")
     conn.authed = True
     return OK
+
+
+def _password_ok(w: Worker, given: bytes) -> bool:
+    return hmac.compare_digest(given, w.cfg.requirepass.encode("utf-8", "surrogateescape"))
 
 
 def cmd_hello(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
@@ -199,7 +214,8 @@ def _hello_options(w: Worker, conn: ClientConn, opts: list[bytes]) -> Error | No
     while i < len(opts):
         opt = opts[i].lower()
         if opt == b"auth" and len(opts) - i >= 3:
-            if not w.cfg.requirepass or _text(opts[i + 2]) != w.cfg.requirepass:
+            if opts[i + 1] != b"default" or not w.cfg.requirepass \
+                    or not _password_ok(w, opts[i + 2]):
                 return Error("WRONGPASS invalid username-password pair or user is disabled.")
             conn.authed = True
             i += 3
@@ -464,7 +480,16 @@ def _info_stats(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tuple[str
             ("total_net_output_bytes", _sum(parts, "net_out")),
             ("instantaneous_input_kbps", f"{sum(p['in_kbps'] for p in parts):.2f}"),
             ("instantaneous_output_kbps", f"{sum(p['out_kbps'] for p in parts):.2f}"),
-            ("rejected_connections", _sum(parts, "rejected")), ("latest_fork_usec", 0)]
+            ("rejected_connections", _sum(parts, "rejected")), ("latest_fork_usec", 0),
+            *_bus_security_stats(parts)]
+
+
+def _bus_security_stats(parts: list[Any]) -> list[tuple[str, Any]]:
+    """Counters of bus/auth.py, summed over the workers (README, Security)."""
+    names = ("auth_failures", "bad_frames", "handshake_timeouts", "links_refused",
+             "rejected_messages", "local_refused")
+    return [(f"cluster_bus_{n}", sum(int((p.get("bus") or {}).get(n, 0)) for p in parts))
+            for n in names]
 
 
 def _info_cpu(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
@@ -560,6 +585,10 @@ def _apply_config(w: Worker, name: str, value: str) -> Any:
     if w.memory is not None and name == "maxmemory":
         w.memory.update()  # the level follows the new budget at once (the reference
         # measures at every command), not a sample later
+    if name == "cluster-secret-file" and w.agent is not None:
+        reason = w.agent.configure_secret()  # checked by config_set: only a race fails here
+        if reason is not None:
+            return Error(f"ERR cluster-secret-file: {reason}")
     return OK
 
 

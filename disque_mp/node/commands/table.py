@@ -56,7 +56,7 @@ TABLE: dict[bytes, Command] = {
         Command("time", 1, (_R, _F), "local"),
         Command("command", 0, (_R, _L), "local"),
         Command("client", -2, (_R, _A), "local"),
-        Command("auth", 2, (_R, _L, _F), "local"),
+        Command("auth", -2, (_R, _L, _F), "local"),
         Command("shutdown", -1, (_R, _A, _L), "local"),
     )
 }

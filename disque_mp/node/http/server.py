@@ -237,13 +237,9 @@ class HttpConn(asyncio.Protocol):
 def ssl_context(cfg: Any) -> ssl.SSLContext | None:
     """HTTPS when the node has a TLS certificate configured (``tls-cert-file`` and
     ``tls-key-file``, the directives of the RESP port's TLS); plain HTTP otherwise."""
-    cert = getattr(cfg, "tls_cert_file", "") or ""
-    key = getattr(cfg, "tls_key_file", "") or ""
-    if not cert or not key:
-        return None
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.load_cert_chain(cert, key)
-    return ctx
+    from disque_mp.node.tls import https_context
+
+    return https_context(cfg)
 
 
 async def start(w: Worker, ctx: ssl.SSLContext | None = None) -> list[asyncio.AbstractServer]:

@@ -1,0 +1,119 @@
+"""The node's local sockets (mesh, connection handoff, cluster agent) refuse a
+process of another uid; our own uid still gets in (the positive control)."""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import pwd
+import socket
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from bus import frames
+from bus.mesh import K_SCATTER
+from tests.nodeproc import NodeProc, unique_queue
+
+
+def intrude(prefix: str, flush_frame: bytes) -> dict[str, str]:
+    """What another user's process gets from each local socket (run in a forked child)."""
+
+    def stream(name: str, payload: bytes) -> str:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(5)
+        try:
+            s.connect(prefix + name)
+            s.sendall(payload)
+            return "answered" if s.recv(4096) else "closed"
+        except (ConnectionResetError, BrokenPipeError):
+            return "closed"
+        except TimeoutError:
+            return "open"
+        finally:
+            s.close()
+
+    out = {"mesh": stream(".0", flush_frame), "agent": stream(".cluster", flush_frame)}
+    mine, theirs = socket.socketpair()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as d:
+        d.sendmsg([json.dumps({"authed": True}).encode()],
+                  [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [theirs.fileno()]))],
+                  0, prefix + ".1.fd")
+    theirs.close()
+    mine.settimeout(3)
+    try:
+        mine.sendall(b"PING\r\n")
+        out["handoff"] = "answered" if mine.recv(100) else "closed"
+    except (BrokenPipeError, ConnectionResetError):
+        out["handoff"] = "closed"  # the node closed the only other copy at once
+    except TimeoutError:
+        out["handoff"] = "ignored"
+    return out
+
+
+def as_user(uid: int, fn: Callable[[], dict[str, str]]) -> dict[str, str]:
+    """Run ``fn`` in a forked child switched to ``uid``; its result comes back as JSON."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        code = 1
+        try:
+            os.close(read_fd)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            os.write(write_fd, json.dumps(fn()).encode())
+            code = 0
+        except BaseException:
+            traceback.print_exc()  # shown by pytest as the child's stderr
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as f:
+        data = f.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    result: dict[str, str] = json.loads(data)
+    return result
+
+
+def _uid_of(name: str) -> int:
+    try:
+        return pwd.getpwnam(name).pw_uid
+    except KeyError:
+        return -1
+
+
+@pytest.mark.skipif(os.getuid() != 0 or _uid_of("nobody") < 0,
+                    reason="needs root to run a helper process as the user nobody")
+def test_another_uid_is_refused_on_mesh_handoff_and_agent(tmp_path: Path) -> None:
+    with NodeProc(tmp_path, workers=2) as node:
+        r = node.client(protocol=2)
+        node_id = r.execute_command("CLUSTER", "MYID").decode()
+        q = unique_queue()
+        r.execute_command("ADDJOB", q, "keep me", 0)
+        prefix = f"\0disque-mp.{node.port}.{node_id[:16]}"
+        flush = frames.encode(K_SCATTER, {"r": 1, "op": "flushall", "a": None})
+        outcome = as_user(_uid_of("nobody"), lambda: intrude(prefix, flush))
+        assert outcome["mesh"] == "closed" and outcome["agent"] == "closed", outcome
+        assert outcome["handoff"] in ("closed", "ignored"), outcome
+        assert r.execute_command("QLEN", q) == 1  # the flush never ran
+        stats = r.execute_command("INFO", "stats")
+        assert int(stats["cluster_bus_local_refused"]) >= 3
+
+        # our own uid: a handed-in socket is served
+        mine, theirs = socket.socketpair()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as d:
+            d.sendmsg([json.dumps({"authed": True}).encode()],
+                      [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [theirs.fileno()]))],
+                      0, prefix + ".1.fd")
+        theirs.close()
+        mine.settimeout(10)
+        mine.sendall(b"PING\r\n")
+        assert mine.recv(100) == b"+PONG\r\n"
+        mine.close()
+        assert "Traceback" not in node.log_text()
+        r.close()
