@@ -795,8 +795,3 @@ def mesh_bus_in(sender: str, kind: str, slot: int, meta: dict[str, Any],
 
 def mesh_view(view: dict[str, Any]) -> bytes:
     return frames.encode(MESH_VIEW, view)
-
-
-def parse_bus_in(meta: dict[str, Any]) -> tuple[str, str, int, dict[str, Any]]:
-    """(sender, kind, slot, meta) of a MESH_BUS_IN frame, for Shard.on_message."""
-    return str(meta["f"]), str(meta["k"]), int(meta["s"]), dict(meta["m"])

@@ -46,8 +46,9 @@ from bus.cluster import (
     now_ms,
 )
 from bus.datalink import DataIn, DataLinks, FdPass
+from bus.mesh import pack, unpack
 from bus.peercred import same_user
-from workers.replies import NULL_ARRAY, Error, Status
+from workers.replies import Error
 
 log = logging.getLogger("disque.cluster")
 
@@ -410,38 +411,3 @@ async def _connect_unix(loop: asyncio.AbstractEventLoop, name: str,
         raise
     _, link = await loop.create_unix_connection(factory, sock=sock)
     return link
-
-
-# ---- replies over the local socket (the few shapes CLUSTER answers with) -------------
-
-def pack(value: Any, bodies: list[bytes]) -> Any:
-    if isinstance(value, Status):
-        return {"s": str(value)}
-    if isinstance(value, Error):
-        return {"e": str(value)}
-    if isinstance(value, bytes):
-        bodies.append(value)
-        return {"b": len(bodies) - 1}
-    if isinstance(value, str):
-        return {"t": value}
-    if isinstance(value, list | tuple):
-        return [pack(v, bodies) for v in value]
-    if value is NULL_ARRAY:
-        return {"n": 1}
-    return value  # int, None
-
-
-def unpack(value: Any, bodies: list[bytes]) -> Any:
-    if isinstance(value, dict):
-        if "s" in value:
-            return Status(value["s"])
-        if "e" in value:
-            return Error(value["e"])
-        if "b" in value:
-            return bodies[value["b"]]
-        if "t" in value:
-            return value["t"]
-        return NULL_ARRAY
-    if isinstance(value, list):
-        return [unpack(v, bodies) for v in value]
-    return value

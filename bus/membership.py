@@ -165,17 +165,8 @@ class Membership:
     def size(self) -> int:
         return sum(1 for n in self.nodes.values() if not (n.handshake or n.noaddr))
 
-    def reachable_others(self) -> list[Node]:
-        return [n for n in self.others() if n.reachable]
-
     def ping_interval_ms(self) -> int:
         return max(ping_interval_ms_min, min(self.node_timeout_ms // 10, ping_interval_ms_max))
-
-    def find_by_addr(self, ip: str, port: int) -> Node | None:
-        for n in self.others():
-            if n.ip == ip and n.port == port and not n.noaddr:
-                return n
-        return None
 
     # ---- commands ------------------------------------------------------------
 
