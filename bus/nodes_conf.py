@@ -24,6 +24,8 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from bus.durable import write_atomic
+
 FORMAT_VERSION = 1
 HEADER = "# disque-mp cluster state (written by the node; do not edit while it runs)"
 _ID_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -147,19 +149,7 @@ def load(path: str) -> NodesConf | None:
 
 def save(path: str, nc: NodesConf) -> None:
     """Write atomically: temp file, fsync, rename over, fsync the directory."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, render(nc).encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    write_atomic(path, render(nc).encode())
 
 
 def load_or_create(path: str, ip: str, port: int) -> tuple[NodesConf, bool]:
