@@ -7,8 +7,8 @@ each command by the command table (DESIGN.md, "Request path"):
     queue    owner of the queue's slot: inline when it is us, else a mesh CMD
     ids      every ID checked first (-BADID), split by owner, ints summed
     getjob   ``GetJob`` below: owners asked left to right, blocked at all of them
-    scatter  node-wide commands (``cmd_node.py``) gathered from every worker
-    local    answered here (``cmd_node.py``)
+    scatter  node-wide commands (``commands/admin.py``) gathered from every worker
+    local    answered here (``commands/admin.py``)
 
 Effects of the shard are drained after every batch of calls: ``Wake`` answers a
 pending client (ours or a peer's), ``Send`` goes to the cluster bus, and
@@ -41,7 +41,7 @@ from bus import mesh as meshmod
 from bus.mesh import Handoff, Link, Mesh, pack, unpack
 from disque_mp.node.commands import admin as cmd_node
 from disque_mp.node.commands import jobs as cmd_jobs
-from disque_mp.node.commands.table import TABLE, Command
+from disque_mp.node.commands.table import TABLE, Command, run_on_shard
 from disque_mp.node.config import Config
 from disque_mp.node.connection import ClientConn, Slot, listen_sockets
 from disque_mp.node.log import setup_logging
@@ -403,7 +403,12 @@ class Worker:
         routes = {"queue": self.cmd_queue, "ids": self.cmd_ids, "getjob": self.cmd_getjob}
         out = {}
         for name, cmd in TABLE.items():
-            handler = routes.get(cmd.route) or functools.partial(cmd_node.HANDLERS[cmd.name], self)
+            handler = routes.get(cmd.route)
+            if handler is None:  # scatter and local: the table's handler, run here
+                own = cmd.handler
+                if own is None:
+                    raise InvariantError(f"command {cmd.name} has no handler")
+                handler = functools.partial(own, self)
             stat = self.cmdstats.setdefault(cmd.name, [0, 0])
             entry = (cmd, handler, stat)
             out[name] = entry
@@ -590,7 +595,7 @@ class Worker:
         return encode(err_unknown(cmd[0].decode("utf-8", "replace")))
 
     def run_local(self, name: bytes, args: list[bytes], token: int) -> Any:
-        return cmd_jobs.run(self.shard, name, args, token, self.now_ms)
+        return run_on_shard(self.shard, name, args, token, self.now_ms)
 
     def _aof_must_hold(self, before: int, reply: Any) -> bool:
         """appendfsync always: a reply whose records are not durable yet waits for

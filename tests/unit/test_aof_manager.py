@@ -10,6 +10,7 @@ import pytest
 
 from disque_mp.node import aof
 from disque_mp.node.aof import AofManager, FileHeader, RecordReader, ShardAdapter
+from disque_mp.node.commands.table import run_on_shard
 from disque_mp.node.config import Config
 from workers.effects import AofAppend
 from workers.ids import owner_of_job_id, owner_of_queue
@@ -369,13 +370,12 @@ def test_the_shard_logs_its_own_changes_and_they_replay_to_the_same_jobs(
         tmp_path: Path) -> None:
     """No manual logging here: the real command layer, the shard's own AofAppend
     effects (switched on by the manager), a restart."""
-    from disque_mp.node.commands import jobs as cmd_jobs
 
     shard, mgr = start(tmp_path, 0, 1)
     assert shard.aof is True
 
     def run(*words: bytes) -> object:
-        reply = cmd_jobs.run(shard, words[0], list(words[1:]), 0, NOW_MS)
+        reply = run_on_shard(shard, words[0], list(words[1:]), 0, NOW_MS)
         drain(shard, mgr)
         return reply
 

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from disque_mp.node.commands import jobs as C
+from disque_mp.node.commands.table import run_on_shard
 from workers.replies import ERR_BADID, ERR_SYNTAX, NULL_ARRAY, PENDING, Error, Status
 from workers.shard import Shard
 
@@ -23,7 +24,7 @@ def shard() -> Shard:
 
 def run(shard: Shard, *words: str | bytes) -> Any:
     args = [w.encode() if isinstance(w, str) else w for w in words]
-    return C.run(shard, args[0].lower(), args[1:], 1, T0)
+    return run_on_shard(shard, args[0].lower(), args[1:], 1, T0)
 
 
 @pytest.mark.parametrize(
@@ -200,7 +201,7 @@ def test_fuzz_never_raises(shard: Shard) -> None:
              b"nack", b"enqueue", b"dequeue", b"deljob", b"working", b"show"]
     for _ in range(3000):
         args = [rng.choice(vocab) for _ in range(rng.randrange(0, 8))]
-        C.run(shard, rng.choice(names), args, 1, T0)
+        run_on_shard(shard, rng.choice(names), args, 1, T0)
         C.parse_getjob(args)
         C.parse_qscan(args)
         C.parse_jscan(args)

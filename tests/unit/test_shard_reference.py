@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from disque_mp.node.commands import jobs as cmd_jobs
+from disque_mp.node.commands.table import run_on_shard
 from workers.replies import NULL_ARRAY, PENDING, Error, Status
 from workers.shard import Shard
 
@@ -123,7 +124,7 @@ class Replayer:
         if name == b"debug":
             s.op_flushall()
             return Status("OK")
-        return cmd_jobs.run(s, name, args, 1, self.now)
+        return run_on_shard(s, name, args, 1, self.now)
 
     def scan(self, name: bytes, args: list[bytes]) -> Any:
         s = self.shard

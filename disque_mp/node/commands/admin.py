@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 from bus import mesh as meshmod
 from bus.mesh import unpack
 from disque_mp.node import config as configmod
-from disque_mp.node.commands.table import TABLE
 from disque_mp.node.resp import encode
 from workers.replies import ERR_SYNTAX, OK, PENDING, Error, Status
 
@@ -45,8 +44,6 @@ scan_rounds_max = 16
 INFO_DEFAULT = ("server", "clients", "memory", "jobs", "queues", "persistence", "stats", "cpu",
                 "workers")
 INFO_ALL = (*INFO_DEFAULT, "commandstats")
-
-Handler = Callable[["Worker", "ClientConn", list[bytes]], Any]
 
 
 def _text(raw: bytes) -> str:
@@ -342,7 +339,15 @@ def client_line(w: Worker, c: ClientConn) -> str:
             f"worker={w.index}\n")
 
 
+def _table() -> dict[bytes, Any]:
+    """The command table (it names this module's handlers, so it is read here late)."""
+    from disque_mp.node.commands.table import TABLE
+
+    return TABLE
+
+
 def cmd_command(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
+    TABLE = _table()
     if len(cmd) == 1:
         return [_command_entry(c.name) for c in TABLE.values()]
     sub = cmd[1].lower()
@@ -357,7 +362,7 @@ def cmd_command(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
 
 
 def _command_entry(name: str) -> list[Any]:
-    c = TABLE[name.encode()]
+    c = _table()[name.encode()]
     return [name.encode(), c.arity, [Status(f) for f in c.flags], 0, 0, 0]
 
 
@@ -506,7 +511,7 @@ def _info_commandstats(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tu
             m[0] += calls
             m[1] += ns
     out = []
-    for name in TABLE:  # the table's order, like the reference's
+    for name in _table():  # the table's order, like the reference's
         key = name.decode()
         if key in merged:
             calls, ns = merged[key]
@@ -767,12 +772,3 @@ def _scan(w: Worker, conn: ClientConn, op: str, spec: Any, arg: Callable[[int], 
     if first is not PENDING:
         got(first)
     return PENDING
-
-
-HANDLERS: dict[str, Handler] = {
-    "ping": cmd_ping, "time": cmd_time, "auth": cmd_auth, "hello": cmd_hello,
-    "client": cmd_client, "command": cmd_command, "shutdown": cmd_shutdown,
-    "info": cmd_info, "config": cmd_config, "debug": cmd_debug, "cluster": cmd_cluster,
-    "bgrewriteaof": cmd_bgrewriteaof, "qscan": cmd_qscan, "jscan": cmd_jscan,
-    "slowlog": cmd_slowlog,
-}

@@ -451,26 +451,9 @@ def cmd_pause(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
     return shard.op_pause(args[0], opts, now_ms)
 
 
-_HANDLERS: dict[bytes, Callable[[Shard, list[bytes], int, int], Any]] = {
-    b"addjob": cmd_addjob,
-    b"qlen": cmd_qlen,
-    b"qpeek": cmd_qpeek,
-    b"qstat": cmd_qstat,
-    b"pause": cmd_pause,
-    b"ackjob": _ids_cmd("op_ackjob"),
-    b"fastack": _ids_cmd("op_fastack"),
-    b"nack": _ids_cmd("op_nack"),
-    b"enqueue": _ids_cmd("op_enqueue"),
-    b"dequeue": _ids_cmd("op_dequeue"),
-    b"deljob": _ids_cmd("op_deljob"),
-    b"working": cmd_working,
-    b"show": cmd_show,
-}
-
-
-def run(shard: Shard, name: bytes, args: list[bytes], token: int, now_ms: int) -> Any:
-    """Run a ``queue``- or ``ids``-routed command (``name`` lowercase, args after it)."""
-    handler = _HANDLERS.get(name)
-    if handler is None:
-        return Error(f"ERR unknown command '{name.decode('latin-1')}'")
-    return handler(shard, args, token, now_ms)
+cmd_ackjob: Final = _ids_cmd("op_ackjob")
+cmd_fastack: Final = _ids_cmd("op_fastack")
+cmd_nack: Final = _ids_cmd("op_nack")
+cmd_enqueue: Final = _ids_cmd("op_enqueue")
+cmd_dequeue: Final = _ids_cmd("op_dequeue")
+cmd_deljob: Final = _ids_cmd("op_deljob")

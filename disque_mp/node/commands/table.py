@@ -1,4 +1,5 @@
-"""The command table: one entry per command (name, arity, flags, route).
+"""The command table: one entry per command (name, arity, flags, route, handler,
+fast path). Adding a command is one line here and its handler.
 
 Arity follows Redis/Disque: positive = exactly that many words (name included),
 negative = at least that many. Flags are the reference's (see
@@ -9,11 +10,24 @@ the reference server's COMMAND reply). The route says where a command runs:
     getjob   queues after FROM: the coordinator asks owners left to right
     scatter  node-wide: run on every worker and merge (INFO, QSCAN, JSCAN, ...)
     local    answered by the connection's worker (PING, TIME, HELLO, CLIENT ...)
+
+The handler's signature follows the route: ``queue`` and ``ids`` handlers run on
+the owner's shard, ``handler(shard, args, token, now_ms)`` with the arguments after
+the name (``commands/jobs.py``); ``scatter`` and ``local`` handlers run on the
+connection's worker, ``handler(worker, conn, cmd)`` (``commands/admin.py``), and
+gather from the other workers themselves; ``getjob`` has none: the worker's GETJOB
+coordinator runs it. ``fast`` says the worker has a fast path for the command's
+common shape (``Worker._fast_<name>``), tried before the general path.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+from disque_mp.node.commands import admin, jobs
+from workers.replies import Error
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +36,8 @@ class Command:
     arity: int
     flags: tuple[str, ...]
     route: str
+    handler: Callable[..., Any] | None = None
+    fast: bool = False
 
 
 _W, _R, _F, _A, _L, _D = "write", "readonly", "fast", "admin", "loading", "denyoom"
@@ -29,34 +45,43 @@ _W, _R, _F, _A, _L, _D = "write", "readonly", "fast", "admin", "loading", "denyo
 TABLE: dict[bytes, Command] = {
     c.name.encode(): c
     for c in (
-        Command("addjob", -4, (_W, _D, _F), "queue"),
-        Command("getjob", -2, (_W, _F), "getjob"),
-        Command("ackjob", -1, (_W, _F), "ids"),
-        Command("fastack", -1, (_W, _F), "ids"),
-        Command("nack", -1, (_W, _D, _F), "ids"),
-        Command("working", 2, (_W, _F), "ids"),
-        Command("enqueue", -1, (_W, _D, _F), "ids"),
-        Command("dequeue", -1, (_W, _F), "ids"),
-        Command("deljob", -1, (_W, _F), "ids"),
-        Command("show", 2, (_R, _F), "ids"),
-        Command("qlen", 2, (_R, _F), "queue"),
-        Command("qpeek", 3, (_R,), "queue"),
-        Command("qstat", 2, (_R, _F), "queue"),
-        Command("pause", -3, (_R, _F), "queue"),
-        Command("qscan", -1, (_R,), "scatter"),
-        Command("jscan", -1, (_R,), "scatter"),
-        Command("info", -1, (_R, _L), "scatter"),
-        Command("debug", -2, (_A,), "scatter"),
-        Command("config", -2, (_R, _A), "scatter"),
-        Command("cluster", -2, (_R, _A), "scatter"),
-        Command("bgrewriteaof", 1, (_R, _A), "scatter"),
-        Command("slowlog", -2, (_R,), "scatter"),
-        Command("hello", -1, (_R, _F), "local"),
-        Command("ping", -1, (_R, _F), "local"),
-        Command("time", 1, (_R, _F), "local"),
-        Command("command", 0, (_R, _L), "local"),
-        Command("client", -2, (_R, _A), "local"),
-        Command("auth", -2, (_R, _L, _F), "local"),
-        Command("shutdown", -1, (_R, _A, _L), "local"),
+        Command("addjob", -4, (_W, _D, _F), "queue", jobs.cmd_addjob, fast=True),
+        Command("getjob", -2, (_W, _F), "getjob", fast=True),
+        Command("ackjob", -1, (_W, _F), "ids", jobs.cmd_ackjob, fast=True),
+        Command("fastack", -1, (_W, _F), "ids", jobs.cmd_fastack, fast=True),
+        Command("nack", -1, (_W, _D, _F), "ids", jobs.cmd_nack),
+        Command("working", 2, (_W, _F), "ids", jobs.cmd_working),
+        Command("enqueue", -1, (_W, _D, _F), "ids", jobs.cmd_enqueue),
+        Command("dequeue", -1, (_W, _F), "ids", jobs.cmd_dequeue),
+        Command("deljob", -1, (_W, _F), "ids", jobs.cmd_deljob),
+        Command("show", 2, (_R, _F), "ids", jobs.cmd_show),
+        Command("qlen", 2, (_R, _F), "queue", jobs.cmd_qlen),
+        Command("qpeek", 3, (_R,), "queue", jobs.cmd_qpeek),
+        Command("qstat", 2, (_R, _F), "queue", jobs.cmd_qstat),
+        Command("pause", -3, (_R, _F), "queue", jobs.cmd_pause),
+        Command("qscan", -1, (_R,), "scatter", admin.cmd_qscan),
+        Command("jscan", -1, (_R,), "scatter", admin.cmd_jscan),
+        Command("info", -1, (_R, _L), "scatter", admin.cmd_info),
+        Command("debug", -2, (_A,), "scatter", admin.cmd_debug),
+        Command("config", -2, (_R, _A), "scatter", admin.cmd_config),
+        Command("cluster", -2, (_R, _A), "scatter", admin.cmd_cluster),
+        Command("bgrewriteaof", 1, (_R, _A), "scatter", admin.cmd_bgrewriteaof),
+        Command("slowlog", -2, (_R,), "scatter", admin.cmd_slowlog),
+        Command("hello", -1, (_R, _F), "local", admin.cmd_hello),
+        Command("ping", -1, (_R, _F), "local", admin.cmd_ping),
+        Command("time", 1, (_R, _F), "local", admin.cmd_time),
+        Command("command", 0, (_R, _L), "local", admin.cmd_command),
+        Command("client", -2, (_R, _A), "local", admin.cmd_client),
+        Command("auth", -2, (_R, _L, _F), "local", admin.cmd_auth),
+        Command("shutdown", -1, (_R, _A, _L), "local", admin.cmd_shutdown),
     )
 }
+
+
+def run_on_shard(shard: Any, name: bytes, args: list[bytes], token: int, now_ms: int) -> Any:
+    """Run a ``queue``- or ``ids``-routed command on the owner's shard (``name``
+    lowercase, ``args`` after it): locally, or for another worker that forwarded it."""
+    c = TABLE.get(name)
+    if c is None or c.route not in ("queue", "ids") or c.handler is None:
+        return Error(f"ERR unknown command '{name.decode('latin-1')}'")
+    return c.handler(shard, args, token, now_ms)
