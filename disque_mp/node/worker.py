@@ -468,8 +468,10 @@ class Worker:
 
     def _build_fast(self) -> dict[bytes, Callable[[ClientConn, list[bytes]], bytes | None]]:
         out: dict[bytes, Callable[[ClientConn, list[bytes]], bytes | None]] = {}
-        for name, fn in ((b"addjob", self._fast_addjob), (b"getjob", self._fast_getjob),
-                         (b"ackjob", self._fast_ackjob), (b"fastack", self._fast_fastack)):
+        for name, cmd in TABLE.items():  # the table says which commands have one
+            if not cmd.fast:
+                continue
+            fn = getattr(self, f"_fast_{cmd.name}")
             out[name] = out[name.upper()] = fn
         return out
 
