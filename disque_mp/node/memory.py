@@ -92,7 +92,8 @@ _malloc_trim = _load_malloc_trim()
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 
-def _rss_bytes() -> int:
+def rss_bytes() -> int:
+    """This process's resident set size (bytes; 0 where /proc cannot tell)."""
     try:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * _PAGE_BYTES
@@ -216,10 +217,10 @@ class Monitor:
         self.trim_high = local
         self.trim_at_ms = now
         if _malloc_trim is not None:
-            before = _rss_bytes()
+            before = rss_bytes()
             _malloc_trim(0)
             log.log(VERBOSE, "malloc_trim after the data shrank: RSS %s -> %s", human(before),
-                     human(_rss_bytes()))
+                     human(rss_bytes()))
 
     def _evict_pass(self, now: int) -> None:
         jobs, queues = evict_step(self.w.shard, self.cursor, now)

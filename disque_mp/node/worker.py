@@ -45,7 +45,7 @@ from disque_mp.node.commands.table import TABLE, Command, run_on_shard
 from disque_mp.node.config import Config
 from disque_mp.node.connection import ClientConn, Slot, listen_sockets
 from disque_mp.node.log import setup_logging
-from disque_mp.node.memory import ERR_OOM, Monitor
+from disque_mp.node.memory import ERR_OOM, Monitor, rss_bytes
 from disque_mp.node.resp import NULL3, NULL_ARRAY2, encode, encode_jobs
 from disque_mp.node.slowlog import SlowLog
 from workers.effects import AofAppend, Send, Wake
@@ -989,7 +989,7 @@ class Worker:
             "blocked": blocked, "conns_received": self.connections_received,
             "commands": self.commands_processed, "net_in": self.net_in_bytes,
             "net_out": self.net_out_bytes, "rejected": self.rejected_connections,
-            "cpu_sys": usage.ru_stime, "cpu_user": usage.ru_utime, "rss": _rss_bytes(),
+            "cpu_sys": usage.ru_stime, "cpu_user": usage.ru_utime, "rss": rss_bytes(),
             "peak": usage.ru_maxrss * 1024, "handed_off": self.handed_off,
             "ops_per_sec": self.rates[0], "in_kbps": self.rates[1], "out_kbps": self.rates[2],
             "cmdstats": {k: v for k, v in self.cmdstats.items() if v[0]},
@@ -1003,14 +1003,6 @@ class Worker:
 def _blocked(link: Link) -> dict[int, int]:
     """Waiters a peer registered over ``link``: its token -> our shard token."""
     return link.blocked
-
-
-def _rss_bytes() -> int:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 def _merge_counts(results: list[Any]) -> Any:
