@@ -1,0 +1,151 @@
+"""The history of a fault run and its checker (Jepsen's "total queue").
+
+Every client operation is one record, written when it completes:
+
+    {"p": "c2", "n": 1, "f": "dequeue", "type": "ok", "t0": 12.301, "t1": 12.344,
+     "v": [["<value>", "<job id>"], ...]}
+
+``p`` the client, ``n`` the node it spoke to, ``f`` enqueue | dequeue | ack,
+``t0``/``t1`` invocation and completion in seconds since the start of the run,
+``type`` the outcome: ``ok``; ``fail`` when the node said it did nothing (for
+ADDJOB: ``-NOREPL Not enough reachable nodes``, ``-OOM``, ``-PAUSED``,
+``-LEAVING``); ``info`` when we cannot know (a timeout, a lost connection, an
+ADDJOB that timed out while its copies were on their way: those copies may
+live on and be delivered). Enqueued values are unique strings
+``<run>:<stream>:<producer>:<seq>``; the stream ``r2`` is at-least-once
+(RETRY > 0), ``r0`` at-most-once (RETRY 0).
+
+``check(ops, ...)`` reads the whole history afterwards, as sets, never in the
+middle of a fault:
+
+- lost: an ``r2`` value whose ADDJOB answered a job ID and that no GETJOB ever
+  returned (after the heal and the drain). Must be empty.
+- unexpected: a value no client enqueued, or whose ADDJOB definitely failed.
+  Must be empty.
+- duplicated: values delivered more than once, and the extra deliveries.
+  Allowed for ``r2`` (at-least-once, counted and reported), must be 0 for ``r0``.
+- ``r0`` values lost: at-most-once delivery may lose a job when a holder
+  crashes (its jobs come back active, never queued again) or a GETJOB's reply
+  is lost; counted, and must be 0 only in a run without crash and without an
+  indeterminate GETJOB.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+streams = ("r2", "r0")
+crash_kinds = ("kill9", "kill-worker")
+
+
+class History:
+    """Thread-safe, append-only list of operation records and fault windows."""
+
+    def __init__(self) -> None:
+        self.t_start = time.monotonic()
+        self.ops: list[dict[str, Any]] = []
+        self.faults: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def now(self) -> float:
+        return round(time.monotonic() - self.t_start, 4)
+
+    def record(self, p: str, n: int, f: str, type_: str, t0: float, **extra: Any) -> None:
+        op = {"p": p, "n": n, "f": f, "type": type_, "t0": t0, "t1": self.now(), **extra}
+        with self._lock:
+            self.ops.append(op)
+
+    def fault(self, kind: str, targets: Any, t0: float, t1: float, **extra: Any) -> None:
+        with self._lock:
+            self.faults.append({"kind": kind, "targets": targets, "t0": t0, "t1": t1, **extra})
+
+    def dump(self, path: Path, **meta: Any) -> None:
+        """One JSON document: meta, faults, then one op per line (diffable, greppable)."""
+        with self._lock:
+            ops = list(self.ops)
+            faults = list(self.faults)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w") as f:
+            f.write("{\n")
+            for k, v in meta.items():
+                f.write(f"{json.dumps(k)}: {json.dumps(v, sort_keys=True)},\n")
+            f.write('"faults": [\n')
+            f.write(",\n".join(json.dumps(x, sort_keys=True) for x in faults))
+            f.write('\n],\n"ops": [\n')
+            f.write(",\n".join(json.dumps(x, sort_keys=True) for x in ops))
+            f.write("\n]\n}\n")
+
+
+def load(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(Path(path).read_text())
+    return data
+
+
+def stream_of(value: str, run: str) -> str | None:
+    """The stream of a value this run enqueued, None for anything else."""
+    parts = value.split(":")
+    if len(parts) != 4 or parts[0] != run or parts[1] not in streams:
+        return None
+    return parts[1]
+
+
+def check(ops: list[dict[str, Any]], faults: list[dict[str, Any]], run: str) -> dict[str, Any]:
+    """The verdict on a history: counts, the offending values, ``valid`` and why not."""
+    outcome: dict[str, str] = {}
+    for op in ops:
+        if op["f"] == "enqueue":
+            outcome[op["v"]] = op["type"]
+    deliveries: Counter[str] = Counter()
+    dequeue_info = 0
+    for op in ops:
+        if op["f"] != "dequeue":
+            continue
+        if op["type"] == "ok":
+            for value, _job_id in op["v"]:
+                deliveries[value] += 1
+        elif op["type"] == "info":
+            dequeue_info += 1
+    res: dict[str, Any] = {"operations": len(ops), "faults": len(faults),
+                           "dequeue_info": dequeue_info}
+    for s in streams:
+        mine = {v: o for v, o in outcome.items() if stream_of(v, run) == s}
+        ok = {v for v, o in mine.items() if o == "ok"}
+        got = {v for v in deliveries if stream_of(v, run) == s}
+        dup = {v: c for v, c in deliveries.items() if c > 1 and stream_of(v, run) == s}
+        res[s] = {
+            "attempted": len(mine),
+            "ok": len(ok),
+            "fail": sum(1 for o in mine.values() if o == "fail"),
+            "info": sum(1 for o in mine.values() if o == "info"),
+            "info_delivered": sum(1 for v, o in mine.items() if o == "info" and v in got),
+            "delivered": len(got),
+            "deliveries": sum(deliveries[v] for v in got),
+            "lost": sorted(ok - got),
+            "duplicated": len(dup),
+            "extra_deliveries": sum(c - 1 for c in dup.values()),
+            "duplicated_values": sorted(dup)[:50],
+        }
+    unexpected = sorted(v for v in deliveries
+                        if stream_of(v, run) is None or outcome.get(v) in (None, "fail"))
+    res["unexpected"] = unexpected
+    crashed = any(f["kind"] in crash_kinds for f in faults)
+    r0_loss_allowed = crashed or dequeue_info > 0
+    res["r0_loss_allowed"] = r0_loss_allowed
+    problems = []
+    if res["r2"]["lost"]:
+        problems.append(f"{len(res['r2']['lost'])} acknowledged RETRY>0 values lost")
+    if unexpected:
+        problems.append(f"{len(unexpected)} unexpected values delivered")
+    if res["r0"]["duplicated"]:
+        problems.append(f"{res['r0']['duplicated']} RETRY 0 values delivered more than once")
+    if res["r0"]["lost"] and not r0_loss_allowed:
+        problems.append(f"{len(res['r0']['lost'])} RETRY 0 values lost without a crash "
+                        "or a lost GETJOB reply")
+    res["problems"] = problems
+    res["valid"] = not problems
+    return res
