@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kinds", nargs="+", default=list(all_kinds), choices=all_kinds)
     ap.add_argument("--replicate", type=int, default=3)
     ap.add_argument("--rate", type=float, default=6.0, help="ADDJOB/s per producer")
+    ap.add_argument("--keep", action="store_true", help="keep the node dirs of passing seeds")
     ap.add_argument("--out", type=Path, default=Path("bench/results/chaos"))
     args = ap.parse_args(argv)
     why_not = missing_requirements()
@@ -62,9 +63,9 @@ def main(argv: list[str] | None = None) -> int:
                f"{'yes' if res['valid'] else 'NO'} | {time.monotonic() - t0:.0f} s |")
         rows.append(row)
         print(row, flush=True)
-        if res["valid"]:
+        if res["valid"] and not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
-        else:
+        elif not res["valid"]:
             failed = True
             print(f"chaos: seed {seed} FAILED; history {history}, node logs in {workdir}:\n  "
                   + "\n  ".join(res["problems"]), flush=True)

@@ -73,12 +73,18 @@ class History:
         with open(path, "w") as f:
             f.write("{\n")
             for k, v in meta.items():
-                f.write(f"{json.dumps(k)}: {json.dumps(v, sort_keys=True)},\n")
+                f.write(f"{json.dumps(k)}: {json.dumps(v, sort_keys=True, default=_jsonable)},\n")
             f.write('"faults": [\n')
-            f.write(",\n".join(json.dumps(x, sort_keys=True) for x in faults))
+            f.write(",\n".join(json.dumps(x, sort_keys=True, default=_jsonable) for x in faults))
             f.write('\n],\n"ops": [\n')
-            f.write(",\n".join(json.dumps(x, sort_keys=True) for x in ops))
+            f.write(",\n".join(json.dumps(x, sort_keys=True, default=_jsonable) for x in ops))
             f.write("\n]\n}\n")
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, bytes):
+        return x.decode(errors="replace")
+    raise TypeError(f"{type(x).__name__} in a history")
 
 
 def load(path: Path) -> dict[str, Any]:

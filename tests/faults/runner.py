@@ -115,6 +115,7 @@ def run(cfg: FaultRun, workdir: Path, history_path: Path) -> dict[str, Any]:
                 history.t_start = time.monotonic()
                 extra += _play(cfg, plan, net, nodes, history, rng, run_id)
                 result = hist.check(history.ops, history.faults, run_id)
+                result["lost_show"] = _show_lost(nodes, history, result)
                 extra += _node_checks(nodes, cfg)
             finally:
                 for n in nodes:
@@ -135,7 +136,7 @@ def _play(cfg: FaultRun, plan: list[Fault], net: Net, nodes: list[FaultNode],
     """Workload and nemesis for ``duration_s``, then heal, converge and drain."""
     problems: list[str] = []
     clients = Clients(nodes, history, run_id, replicate=cfg.replicate,
-                      rate_per_s=cfg.rate_per_s, seed=cfg.seed)
+                      rate_per_s=cfg.rate_per_s, seed=cfg.seed, workers=cfg.workers)
     nemesis = Nemesis(plan, net, nodes, history, rng)
     clients.start()
     nemesis.start()
@@ -158,6 +159,35 @@ def _play(cfg: FaultRun, plan: list[Fault], net: Net, nodes: list[FaultNode],
     clients.drain(expected, cfg.drain_quiet_s, cfg.drain_max_s)
     problems += clients.errors + nemesis.errors
     return problems
+
+
+show_lost_max = 20  # lost values looked up with SHOW on every node, for the diagnosis
+
+
+def _show_lost(nodes: list[FaultNode], history: hist.History,
+               result: dict[str, Any]) -> dict[str, Any]:
+    """What every node still knows of the first lost values (SHOW <job id>)."""
+    lost = (result["r2"]["lost"] + result["r0"]["lost"])[:show_lost_max]
+    ids = {op["v"]: op["id"] for op in history.ops
+           if op["f"] == "enqueue" and op["type"] == "ok" and op["v"] in set(lost)}
+    out: dict[str, Any] = {}
+    for value, job_id in ids.items():
+        seen: dict[str, Any] = {}
+        for n in nodes:
+            try:
+                r = n.client(socket_timeout=5)
+                try:
+                    reply = r.execute_command("SHOW", job_id)
+                finally:
+                    r.close()
+            except (redis.RedisError, OSError) as e:
+                seen[n.name] = repr(e)
+                continue
+            if reply:
+                fields = dict(zip(reply[::2], reply[1::2], strict=False))
+                seen[n.name] = {k.decode(): v for k, v in fields.items() if k != b"body"}
+        out[value] = {"id": job_id, "show": seen}
+    return out
 
 
 def _node_checks(nodes: list[FaultNode], cfg: FaultRun) -> list[str]:

@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 import redis
+from blake3 import blake3
 
 from tests.faults.history import History
 from tests.faults.nodes import FaultNode
@@ -31,11 +32,28 @@ drain_count = 100  # GETJOB COUNT while draining
 retry_s = 2  # RETRY of r2 values
 r0_every = 4  # one value in r0_every belongs to the at-most-once stream
 
-# -NOREPL for want of nodes, -OOM, -PAUSED, -LEAVING: the node created no job.
+# -NOREPL for want of nodes, -OOM, -PAUSED, -LEAVING: the node created no job. A
+# connection that could not even be opened sent nothing: also a definite failure.
 definite_addjob_errors = ("NOREPL Not enough reachable nodes", "OOM", "PAUSED", "LEAVING")
 
 
+def queue_names(prefix: str, workers: int) -> list[str]:
+    """One queue name per worker of a node, so every worker holds jobs and a killed
+    worker is a real holder (a queue's owner is slot % workers, with the slot taken
+    from blake3 of its name as every node computes it)."""
+    names: dict[int, str] = {}
+    for i in range(1000):  # bounded; each try hits a given worker with odds 1/workers
+        name = f"{prefix}-{i}"
+        slot = int.from_bytes(blake3(name.encode()).digest()[:2], "big") % 16384
+        names.setdefault(slot % workers, name)
+        if len(names) == workers:
+            break
+    return [names[w] for w in sorted(names)]
+
+
 def _outcome(e: Exception) -> str:
+    if isinstance(e, redis.ConnectionError) and "connecting to" in str(e):
+        return "fail"  # refused or unreachable before the command was sent
     if isinstance(e, redis.ResponseError):
         text = str(e)
         if any(text.startswith(p) for p in definite_addjob_errors):
@@ -45,15 +63,15 @@ def _outcome(e: Exception) -> str:
 
 class Clients:
     def __init__(self, nodes: list[FaultNode], history: History, run: str, *, replicate: int,
-                 rate_per_s: float, seed: int) -> None:
+                 rate_per_s: float, seed: int, workers: int) -> None:
         self.nodes = nodes
         self.history = history
         self.run = run
         self.replicate = replicate
         self.interval_s = 1.0 / rate_per_s
         self.seed = seed
-        self.q_r2 = f"faults-{run}-r2"
-        self.q_r0 = f"faults-{run}-r0"
+        self.q_r2 = queue_names(f"faults-{run}-r2", workers)
+        self.q_r0 = queue_names(f"faults-{run}-r0", workers)
         self.stop_event = threading.Event()
         self.threads: list[threading.Thread] = []
         self.errors: list[str] = []
@@ -97,10 +115,10 @@ class Clients:
             stream = "r0" if seq % r0_every == 0 else "r2"
             value = f"{self.run}:{stream}:{k}:{seq}"
             if stream == "r2":
-                args: list[Any] = ["ADDJOB", self.q_r2, value, addjob_timeout_ms,
+                args: list[Any] = ["ADDJOB", self.q_r2[seq % len(self.q_r2)], value, addjob_timeout_ms,
                                    "REPLICATE", self.replicate, "RETRY", retry_s]
             else:
-                args = ["ADDJOB", self.q_r0, value, addjob_timeout_ms,
+                args = ["ADDJOB", self.q_r0[(seq // r0_every) % len(self.q_r0)], value, addjob_timeout_ms,
                         "REPLICATE", 1, "RETRY", 0]
             t0 = self.history.now()
             try:
@@ -142,7 +160,7 @@ class Clients:
         try:
             r = self._conn(conns, node, wait_s)
             reply = r.execute_command("GETJOB", *block, "COUNT", count,
-                                      "FROM", self.q_r2, self.q_r0)
+                                      "FROM", *self.q_r2, *self.q_r0)
         except (redis.RedisError, OSError) as e:
             self.history.record(p, node, "dequeue", "info", t0, err=str(e)[:120])
             return 0
@@ -168,7 +186,7 @@ class Clients:
         deadline = time.monotonic() + max_s
         last_job = time.monotonic()
         missing = set(expected)
-        seen_ops = len(self.history.ops)
+        seen_ops = 0  # values delivered before the drain count too
         while time.monotonic() < deadline:
             got = 0
             for n in range(len(self.nodes)):
