@@ -5,7 +5,7 @@ of figures per seed.
     python -m tests.faults.chaos --seeds 1 2 3 [--nodes 5] [--duration-s 600] \
         [--out bench/results/chaos]
 
-Writes ``<out>/history-seed<N>.json``, ``<out>/timeline-seed<N>.png`` and
+Writes ``<out>/history-seed<N>.json.gz``, ``<out>/timeline-seed<N>.png`` and
 ``<out>/summary.md``; exits 1 if any seed failed (its node logs are kept and
 their directory printed), 2 where network namespaces cannot be used.
 """
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
                        duration_s=args.duration_s, healthy_s=(8.0, 15.0), faulty_s=(10.0, 20.0),
                        replicate=args.replicate, rate_per_s=args.rate, drain_max_s=180.0)
         workdir = Path(tempfile.mkdtemp(prefix=f"disque-mp-chaos-seed{seed}-"))
-        history = args.out / f"history-seed{seed}.json"
+        history = args.out / f"history-seed{seed}.json.gz"
         print(f"chaos: seed {seed}, {args.nodes} nodes, {args.duration_s:.0f} s, "
               f"kinds {' '.join(args.kinds)}", flush=True)
         t0 = time.monotonic()
