@@ -53,8 +53,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"chaos: seed {seed}, {args.nodes} nodes, {args.duration_s:.0f} s, "
               f"kinds {' '.join(args.kinds)}", flush=True)
         t0 = time.monotonic()
-        res = run(cfg, workdir, history)
-        plot(load(history), args.out / f"timeline-seed{seed}.png")
+        try:
+            res = run(cfg, workdir, history)
+        except Exception as e:  # noqa: BLE001 - one broken seed must not hide the others
+            res = {"valid": False, "problems": [f"run broke off: {e!r}"]}
+        if history.exists():
+            plot(load(history), args.out / f"timeline-seed{seed}.png")
         r2, r0 = res.get("r2", {}), res.get("r0", {})
         row = (f"| {seed} | {res.get('operations')} | {res.get('faults')} | "
                f"{r2.get('ok')} / {r0.get('ok')} | {len(r2.get('lost', []))} | "
