@@ -23,6 +23,8 @@ middle of a fault:
 - unexpected: a value no client enqueued, or whose ADDJOB definitely failed.
   Must be empty.
 - duplicated: values delivered more than once, and the extra deliveries.
+- one value delivered under several job IDs: must not happen (each ADDJOB is
+  sent once: the clients have redis-py's own retries off).
   Allowed for ``r2`` (at-least-once, counted and reported), must be 0 for ``r0``.
 - ``r0`` values lost: at-most-once delivery may lose a job in a fault: its
   holder crashes (its jobs come back active, never queued again), the
@@ -112,13 +114,15 @@ def check(ops: list[dict[str, Any]], faults: list[dict[str, Any]], run: str) -> 
         if op["f"] == "enqueue":
             outcome[op["v"]] = op["type"]
     deliveries: Counter[str] = Counter()
+    ids_of: dict[str, set[str]] = {}
     dequeue_info = 0
     for op in ops:
         if op["f"] != "dequeue":
             continue
         if op["type"] == "ok":
-            for value, _job_id in op["v"]:
+            for value, job_id in op["v"]:
                 deliveries[value] += 1
+                ids_of.setdefault(value, set()).add(job_id)
         elif op["type"] == "info":
             dequeue_info += 1
     res: dict[str, Any] = {"operations": len(ops), "faults": len(faults),
@@ -144,6 +148,10 @@ def check(ops: list[dict[str, Any]], faults: list[dict[str, Any]], run: str) -> 
     unexpected = sorted(v for v in deliveries
                         if stream_of(v, run) is None or outcome.get(v) in (None, "fail"))
     res["unexpected"] = unexpected
+    # Each ADDJOB is sent once, so a value is one job: several IDs mean a client re-sent
+    # a command or a node minted a second job.
+    several_ids = sorted(v for v, ids in ids_of.items() if len(ids) > 1)
+    res["values_with_several_ids"] = several_ids
     # The last moment something could have lost an at-most-once job in transit.
     last_fault_s = max([f["t1"] for f in faults]
                        + [op["t1"] for op in ops if op["f"] == "dequeue" and op["type"] == "info"],
@@ -158,6 +166,8 @@ def check(ops: list[dict[str, Any]], faults: list[dict[str, Any]], run: str) -> 
         problems.append(f"{len(unexpected)} unexpected values delivered")
     if res["r0"]["duplicated"]:
         problems.append(f"{res['r0']['duplicated']} RETRY 0 values delivered more than once")
+    if several_ids:
+        problems.append(f"{len(several_ids)} values delivered under several job IDs")
     if r0_unexplained:
         problems.append(f"{len(r0_unexplained)} RETRY 0 values lost with no fault "
                         "at or after their ADDJOB")

@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from tests.faults.netns import Net
 
@@ -110,6 +112,10 @@ class FaultNode:
             return b""
 
     def client(self, **kw: Any) -> redis.Redis:
+        """redis-py without its own retries (redis-py 8 re-sends a command up to 10
+        times after a timeout or a lost connection): a history must hold each
+        invocation once, an ADDJOB sent twice is two jobs with one value."""
+        kw.setdefault("retry", Retry(NoBackoff(), 0))
         kw.setdefault("socket_timeout", 10)
         kw.setdefault("socket_connect_timeout", 5)
         kw.setdefault("protocol", 2)

@@ -44,6 +44,15 @@ def test_lost_unexpected_and_duplicates_are_found() -> None:
     assert len(res["problems"]) == 3  # r2 lost, unexpected, r0 duplicated
 
 
+def test_one_value_under_two_job_ids_is_a_problem() -> None:
+    value = f"{RUN}:r2:0:1"
+    deq = _deq([value, value])
+    deq["v"][1][1] = "D-y"
+    res = check([_enq(value, "ok"), deq], [], RUN)
+    assert res["values_with_several_ids"] == [value]
+    assert not res["valid"]
+
+
 def test_a_lost_at_most_once_value_needs_a_fault_after_it() -> None:
     early, late = f"{RUN}:r0:0:4", f"{RUN}:r0:0:8"
     ops = [_enq(early, "ok", t0=1.0), _enq(late, "ok", t0=20.0)]
