@@ -32,6 +32,7 @@ def _seed() -> int:
     return int(env) if env else random.SystemRandom().randrange(1, 1 << 31)
 
 
+@pytest.mark.timeout(900)  # every phase is bounded (FaultRun); their sum on a loaded host
 def test_total_queue_under_partitions_and_kill9(tmp_path: Path) -> None:
     seed = _seed()
     history = tmp_path / f"history-seed{seed}.json"
