@@ -7,7 +7,7 @@ VENV5 := .venv-redis5
 NATIVE_SO = $(shell find workers disque_mp -name '*.so')
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test lint typecheck unit bench sysdeps clean pure compile
+.PHONY: run test lint typecheck unit bench chaos sysdeps clean pure compile
 
 # The node's own virtualenv; re-installed when pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml
@@ -73,6 +73,13 @@ test: sysdeps $(VENV)/.compiled $(VENV5)/.installed lint
 
 bench: sysdeps $(VENV)/.compiled
 	$(PY) -m bench.run_all
+
+# The long fault suite: 5 nodes in network namespaces (needs root and iproute2), every
+# fault kind, about 10 minutes per seed, three seeds in a row; history JSON, PNG
+# timelines and summary.md in bench/results/chaos/ (tests/faults/chaos.py).
+CHAOS_SEEDS ?= 1 2 3
+chaos: $(VENV)/.compiled
+	$(PY) -m tests.faults.chaos --seeds $(CHAOS_SEEDS) --out bench/results/chaos
 
 clean:
 	rm -rf $(VENV) $(VENV5) build *.egg-info $(NATIVE_SO) *__mypyc*.so disque_mp/.native-stamp.json .pytest_cache .mypy_cache .ruff_cache

@@ -47,6 +47,7 @@ from workers.ids import is_at_most_once_id, is_valid_job_id, slot_of_job_id
 from workers.job import (
     ACKED,
     ACTIVE,
+    FLAG_DELIVERED,
     FLAG_QUEUED_ONCE,
     FLAG_REPLICA,
     FLAG_WILLQUEUE_SENT,
@@ -738,9 +739,11 @@ class ClusterOps:
             old = self.lookup(job.id)
             if old is not None:
                 old.delivered = union(old.delivered, (sender,))
-                # An at-most-once job we already hold was queued once already (or a
-                # duplicate message): queueing it again could deliver it twice.
-                if old.state == ACTIVE and old.retry_s:
+                # An at-most-once job we already hold comes back: we gave it away by
+                # YOURJOBS and the node that queued it since popped it to send it, so
+                # it is queued nowhere; dropping it would lose it with no fault at all.
+                # Queue it again unless we served it to a client (a second delivery).
+                if old.state == ACTIVE and (old.retry_s or not old.flags & FLAG_DELIVERED):
                     self._unschedule(old)
                     self._enqueue(old, q, now_ms, False)
                     n += 1
