@@ -42,7 +42,7 @@ class ClientConn(asyncio.Protocol):
         "node", "transport", "parser", "out", "slots", "resp3", "authed", "name",
         "lib_name", "lib_ver", "id", "ctime_s", "last_cmd", "last_s", "closing",
         "waiters", "dirty", "streak_owner", "streak", "handoffs", "addr", "gone",
-        "close_after_write",
+        "close_after_write", "unfilled", "forwarded",
     )
 
     def __init__(self, node: Worker, state: dict[str, Any] | None = None) -> None:
@@ -71,6 +71,8 @@ class ClientConn(asyncio.Protocol):
         self.streak = 0
         self.handoffs = 0
         self.addr = ""
+        self.unfilled = 0  # deferred replies not known yet
+        self.forwarded = 0  # ... of which hot commands forwarded to their owner (RAW)
         if state:
             self._restore(state)
 
@@ -126,7 +128,11 @@ class ClientConn(asyncio.Protocol):
             self.closing = True
             self.close_after_write = True
             node.log(f"client {self.addr}: {error}, closing")
-        self.write_out()
+        if not self.unfilled or self.unfilled != self.forwarded or self.close_after_write:
+            self.write_out()
+        # else every reply still missing is a forwarded hot command, due within one
+        # mesh round trip: the ready prefix leaves with them in one write (``fill``),
+        # not in a write of its own (each loopback send also wakes the client).
         if not self.closing and self.streak >= node.handoff_streak_min:
             node.maybe_handoff(self)
 
@@ -139,6 +145,7 @@ class ClientConn(asyncio.Protocol):
             self.out.append(data)
 
     def defer(self) -> Slot:
+        self.unfilled += 1
         slot = Slot()
         if self.slots is None:
             self.slots = deque()
@@ -148,6 +155,7 @@ class ClientConn(asyncio.Protocol):
     def fill(self, slot: Slot, data: bytes) -> None:
         """Complete a deferred reply; the ready prefix is written this loop turn."""
         slot.data = data
+        self.unfilled -= 1
         slots = self.slots
         if slots is None or self.gone:
             return
