@@ -271,6 +271,7 @@ def roles(workdir: Path, pipeline: int = 32) -> dict[str, Any]:
         forward_us = 2 * med["mixed"]["a_us"] - local_us
         executed_us = 2 * med["mixed"]["b_us"]
         return {"pipeline": pipeline, "rounds": roles_rounds, "seconds": roles_seconds,
+                "conns": xworker.conns_wanted,
                 "rows": rows, "medians": med, "local_us": local_us,
                 "forward_relay_us": forward_us, "executed_for_other_us": executed_us}
 
@@ -322,6 +323,7 @@ def fit(many: dict[str, Any], role: dict[str, Any], pipeline: int = 32) -> dict[
     return {"pipeline": pipeline, "local_us": local, "forward_relay_us": fwd,
             "executed_for_other_us": exe, "client_us": client_us, "cores_here": cores,
             "check": check, "predicted_rps": predicted,
+            "speedup_2_here": check[2]["model_rps"] / check[1]["model_rps"],
             "speedup_16": predicted[16] / predicted[1]}
 
 

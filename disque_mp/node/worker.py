@@ -656,11 +656,23 @@ class Worker:
         flags = bodies[1]
         reader = self.raw_reader
         reader.feed(bodies[2])
+        if link.transport is None:
+            return  # the asker is gone
         for i in range(len(rids)):
             cmd = reader.gets()
-            self._serve_raw_one(link, rids[i], cmd, flags[i] == 1)
+            reply = self._serve_raw_one(cmd, flags[i] == 1)
+            if reply is None:
+                self._serve_raw_general(link, rids[i], cmd[0].lower(), cmd, flags[i] == 1)
+                continue
+            replies: Any = link.rawrep_rids  # fetched each time: a general command may close the batch
+            if not replies:
+                self.mesh.mark(link)
+            replies.append(rids[i])
+            link.rawrep_lens.append(len(reply))
+            link.rawrep_parts.append(reply)
 
-    def _serve_raw_one(self, link: Link, rid: int, cmd: list[bytes], resp3: bool) -> None:
+    def _serve_raw_one(self, cmd: list[bytes], resp3: bool) -> bytes | None:
+        """A RAW command in a fast path's shape: its reply, else None."""
         name = cmd[0].lower()
         reply: bytes | None = None
         if name == b"addjob":
@@ -671,10 +683,7 @@ class Worker:
                 reply = self._getjob_here(cmd[-1], shape[0], shape[1], resp3, cmd)
         elif name == b"ackjob" or name == b"fastack":
             reply = self._ack_here([a.decode() for a in cmd[1:]], name == b"fastack", cmd)
-        if reply is not None:
-            link.raw_reply(rid, reply)
-            return
-        self._serve_raw_general(link, rid, name, cmd, resp3)
+        return reply
 
     def _serve_raw_general(self, link: Link, rid: int, name: bytes, cmd: list[bytes],
                            resp3: bool) -> None:
