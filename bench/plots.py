@@ -137,17 +137,19 @@ def scaling_section(rows: list[dict[str, Any]]) -> list[str]:
              "Model: with N workers and queues spread evenly, 1/N of the commands run where they "
              "arrive and the rest pay both sides of the hop; each worker uses at most one core, "
              "node and load generator together at most the machine's cores.", "",
-             "| workers | measured here | model here | predicted, a core per worker (+1 client) |",
-             "|---|---|---|---|"]
+             "| workers | req/s measured here | model here (cores the run got) | node CPU us/req "
+             "measured | model | predicted req/s, a core per worker (+1 client) |",
+             "|---|---|---|---|---|---|"]
+    check = {str(k): v for k, v in m["check"].items()}
+    pred = {str(k): v for k, v in m["predicted_rps"].items()}
     for n in ("1", "2", "4", "8", "16"):
-        c = m["check"].get(n) or m["check"].get(int(n)) if isinstance(m["check"], dict) else None
-        meas = f"{c['measured_rps']:,.0f}" if c else ""
-        mod = f"{c['model_rps']:,.0f}" if c else ""
-        pred = m["predicted_rps"].get(n) or m["predicted_rps"].get(int(n))
-        lines.append(f"| {n} | {meas} | {mod} | {pred:,.0f} |")
-    lines += ["", f"On this machine the model's 2-worker figure is {m['speedup_2_here']:.2f}x its "
-              f"1-worker one; with a core per worker it predicts {m['speedup_16']:.1f}x for 16 "
-              "workers over one. Plot: `model_vs_workers.png`.", "",
+        c = check.get(n)
+        here = (f"{c['measured_rps']:,.0f} | {c['model_rps']:,.0f} ({c['cores_used']:.2f} cores) | "
+                f"{c['measured_node_us']:.2f} | {c['model_node_us']:.2f}") if c else " | | | "
+        lines.append(f"| {n} | {here} | {pred[n]:,.0f} |")
+    lines += ["", f"Node CPU per request, 2 workers over 1: measured {m['node_us_ratio_measured']:.2f}x, "
+              f"model {m['node_us_ratio_model']:.2f}x. With a core per worker the model predicts "
+              f"{m['speedup_16']:.1f}x for 16 workers over one. Plot: `model_vs_workers.png`.", "",
               "Commands (ports are free ones picked per run; -c 50 -n 200000, -P 1 and -P 32):", ""]
     many = sc["many_queues"]
     one = sc["one_queue"]

@@ -41,7 +41,7 @@ from typing import Any
 from bench.redisq import children_of, redis_benchmark
 
 REPO = Path(__file__).resolve().parent.parent
-REFERENCE_TARBALL = REPO.parent / "shared" / "reference-src" / "disque-0192ba7-src.tar.gz"
+REFERENCE_NAME = "disque-0192ba7-src.tar.gz"
 CLIENTS = 50  # redis-benchmark -c, as in the targets
 REQUESTS = 200_000  # redis-benchmark -n, as in the targets
 RANDOM_QUEUES = 10_000  # redis-benchmark -r: queue names q:000000000000 .. q:000000009999
@@ -115,22 +115,41 @@ def disque_mp_node(workdir: Path, workers: int) -> Iterator[tuple[int, list[int]
         node.stop()
 
 
+def reference_tarball() -> Path:
+    """``../shared/reference-src/`` beside the repository, or beside the main
+    checkout when this one is a git worktree (``git rev-parse --git-common-dir``)."""
+    roots = [REPO]
+    try:
+        common = subprocess.run(["git", "rev-parse", "--path-format=absolute", "--git-common-dir"],
+                                cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip()
+        if common:
+            roots.append(Path(common).parent)
+    except (OSError, subprocess.SubprocessError):
+        pass  # not a git checkout: only the repository's own parent
+    for root in roots:
+        path = root.parent / "shared" / "reference-src" / REFERENCE_NAME
+        if path.exists():
+            return path
+    return REPO.parent / "shared" / "reference-src" / REFERENCE_NAME
+
+
 def reference_binary() -> tuple[Path | None, str]:
     """Build (once per tarball digest, in the temp dir) the reference disque-server.
     Returns (binary, status); binary None means skipped, status says why."""
-    if not REFERENCE_TARBALL.exists():
-        return None, f"skipped: {REFERENCE_TARBALL} is absent (a clone without ../shared)"
+    tarball = reference_tarball()
+    if not tarball.exists():
+        return None, f"skipped: {tarball} is absent (a clone without ../shared)"
     if shutil.which("make") is None or (shutil.which("cc") is None and shutil.which("gcc") is None):
         return None, "skipped: no C compiler or make on this machine"
-    digest = hashlib.sha256(REFERENCE_TARBALL.read_bytes()).hexdigest()[:12]
+    digest = hashlib.sha256(tarball.read_bytes()).hexdigest()[:12]
     root = Path(tempfile.gettempdir()) / f"disque-mp-reference-{digest}"
     binary = root / "disque-0192ba7" / "src" / "disque-server"
     if binary.exists():
-        return binary, f"built from {REFERENCE_TARBALL.name} (cached in {root})"
+        return binary, f"built from {tarball.name} (cached in {root})"
     scratch = Path(tempfile.mkdtemp(prefix="disque-mp-reference-"))
     t0 = time.monotonic()
     try:
-        subprocess.run(["tar", "xzf", str(REFERENCE_TARBALL), "-C", str(scratch)], check=True,
+        subprocess.run(["tar", "xzf", str(tarball), "-C", str(scratch)], check=True,
                        capture_output=True, timeout=120)
         out = subprocess.run(["make", "-C", str(scratch / "disque-0192ba7"), "-j2", "CFLAGS=-fcommon"],
                              capture_output=True, text=True, timeout=reference_build_timeout_s)
@@ -144,7 +163,7 @@ def reference_binary() -> tuple[Path | None, str]:
         scratch.rename(root)
     except OSError:  # another run built it meanwhile
         shutil.rmtree(scratch, ignore_errors=True)
-    return binary, f"built from {REFERENCE_TARBALL.name} in {time.monotonic() - t0:.0f} s ({root})"
+    return binary, f"built from {tarball.name} in {time.monotonic() - t0:.0f} s ({root})"
 
 
 @contextmanager
@@ -303,9 +322,10 @@ def model(workers: int, cores: float, local_us: float, forward_relay_us: float, 
 
 
 def fit(many: dict[str, Any], role: dict[str, Any], pipeline: int = 32) -> dict[str, Any]:
-    """Role costs measured under load, checked against the 1- and 2-worker runs on
-    this machine (2 cores, redis-benchmark on them too), then predicted for a host
-    with a core per worker plus the client's."""
+    """The role costs (pinned connections) checked against the redis-benchmark runs
+    of 1 and 2 workers: node CPU per request, and throughput on this machine with the
+    CPU the node and redis-benchmark actually got there (other work shares it); then
+    predicted for a host with a core per worker plus the client's."""
     local = role["local_us"]
     fwd = role["forward_relay_us"]
     exe = role["executed_for_other_us"]
@@ -315,8 +335,10 @@ def fit(many: dict[str, Any], role: dict[str, Any], pipeline: int = 32) -> dict[
     cores = os.cpu_count() or 2
     check = {}
     for n, row in ((1, w1), (2, w2)):
-        check[n] = {"measured_rps": row["rps"],
-                    "model_rps": model(n, cores, local, fwd, exe, client_us),
+        # the cores this run really had: CPU used by node + client over its wall time
+        got = (sum(row["cpu_s"]) + row["client_cpu_s"]) / max(row["wall_s"], 1e-9)
+        check[n] = {"measured_rps": row["rps"], "cores_used": got,
+                    "model_rps": model(n, min(got, cores), local, fwd, exe, client_us),
                     "measured_node_us": row["server_us_per_req"],
                     "model_node_us": node_us_per_req(n, local, fwd, exe)}
     predicted = {n: model(n, n + 1, local, fwd, exe, client_us) for n in (1, 2, 4, 8, 16)}
@@ -324,12 +346,15 @@ def fit(many: dict[str, Any], role: dict[str, Any], pipeline: int = 32) -> dict[
             "executed_for_other_us": exe, "client_us": client_us, "cores_here": cores,
             "check": check, "predicted_rps": predicted,
             "speedup_2_here": check[2]["model_rps"] / check[1]["model_rps"],
+            "node_us_ratio_measured": w2["server_us_per_req"] / w1["server_us_per_req"],
+            "node_us_ratio_model": node_us_per_req(2, local, fwd, exe) / local,
             "speedup_16": predicted[16] / predicted[1]}
 
 
 def plot_model(fitted: dict[str, Any], out: Path) -> Path:
     """Predicted req/s for 1..16 workers (a core each plus the client's), and the
-    measured points of this machine (2 cores shared with redis-benchmark)."""
+    measured points of this machine (its cores shared with redis-benchmark and
+    whatever else runs) beside the model's figure for the CPU they got."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -343,11 +368,12 @@ def plot_model(fitted: dict[str, Any], out: Path) -> Path:
             label="model: a core per worker (+1 for the client)")
     ax.plot(ns, [n * 1e6 / a[0] for n in ns], ":", color="C2",
             label="no hop (clients routed to the owner)")
-    ax.plot(ns, [model(n, fitted["cores_here"], *a[:3], a[3]) for n in ns], "--", color="C1",
-            label=f"model: this machine ({fitted['cores_here']} cores)")
     for n, c in fitted["check"].items():
+        first = int(n) == 1
         ax.plot([int(n)], [c["measured_rps"]], "o", color="C3",
-                label="measured here" if int(n) == 1 else None)
+                label=f"measured here ({fitted['cores_here']} shared cores)" if first else None)
+        ax.plot([int(n)], [c["model_rps"]], "x", color="C1",
+                label="model with the CPU those runs got" if first else None)
     ax.set_xlabel("workers")
     ax.set_ylabel(f"ADDJOB/s, 10,000 random queues, -P {fitted['pipeline']}")
     ax.set_title("throughput against workers: model and measurements")
