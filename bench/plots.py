@@ -113,10 +113,16 @@ def scaling_rows(rows: list[dict[str, Any]]) -> list[tuple[str, str, float | Non
         stem = key.rsplit("_", 1)[0]
         a, b = ("w2", "w1") if part == "many_queues" else ("disque_mp", "reference")
         ra, rb = data[f"{stem}_{a}"], data[f"{stem}_{b}"]
+        got = [(sum(r["cpu_s"]) + r["client_cpu_s"]) / max(r["wall_s"], 1e-9) for r in (ra, rb)]
+        capacity = ""
+        if part == "many_queues":  # what the ratio is when every worker has a core of its own
+            capacity = (f"; with a core per worker (CPU per request): "
+                        f"{2 * rb['server_us_per_req'] / ra['server_us_per_req']:.2f}x")
         out.append((label, need, data[key],
                     f"{ra['rps']:,.0f} vs {rb['rps']:,.0f} req/s; server CPU {ra['server_us_per_req']:.2f}"
                     f" vs {rb['server_us_per_req']:.2f} us/req, redis-benchmark "
-                    f"{ra['client_us_per_req']:.2f} / {rb['client_us_per_req']:.2f} us/req"))
+                    f"{ra['client_us_per_req']:.2f} / {rb['client_us_per_req']:.2f} us/req; the runs got "
+                    f"{got[0]:.2f} / {got[1]:.2f} cores{capacity}"))
     return out
 
 
@@ -126,7 +132,8 @@ def scaling_section(rows: list[dict[str, Any]]) -> list[str]:
         return []
     m, r = sc["model"], sc["roles"]
     lines = ["", "## Workers and the model (bench/scaling.py)", "",
-             f"Reference Disque: {sc['one_queue'].get('reference', 'not run')}.", "",
+             f"Reference Disque: {sc['one_queue'].get('reference', 'not run')}. Load average "
+             f"around these figures: {sc.get('loadavg_1m')}. {sc.get('rerun_note', '')}", "",
              f"CPU per command of each role (2-worker node, {r.get('conns', '?')} connections pinned "
              f"to one worker, pipelined ADDJOB -P {r['pipeline']}, per-process utime+stime, "
              f"medians of {r['rounds']} rounds): run where it arrived **{r['local_us']:.2f} us**; "
