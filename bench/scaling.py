@@ -237,14 +237,18 @@ def one_queue_vs_reference(workdir: Path, rounds: int = ROUNDS) -> dict[str, Any
     add = ("ADDJOB", "q", "x", "0")
     get = ("GETJOB", "NOHANG", "FROM", "q")
     runs: dict[str, list[dict[str, Any]]] = {}
-    with disque_mp_node(workdir, 2) as (port, pids), reference_server(binary, workdir) as (rport, rpids):
-        sides = [("disque_mp", port, pids), ("reference", rport, rpids)]
-        for i in range(rounds):
-            for pipeline in (1, 32):
-                for side, p, ps in sides if i % 2 == 0 else sides[::-1]:
-                    for cmd, args in (("addjob", add), ("getjob", get)):
-                        runs.setdefault(f"{cmd}_p{pipeline}_{side}", []).append(
-                            bench_cpu(p, ps, *args, pipeline=pipeline))
+    try:
+        with disque_mp_node(workdir, 2) as (port, pids), reference_server(binary, workdir) as (rport, rpids):
+            sides = [("disque_mp", port, pids), ("reference", rport, rpids)]
+            for i in range(rounds):
+                for pipeline in (1, 32):
+                    for side, p, ps in sides if i % 2 == 0 else sides[::-1]:
+                        for cmd, args in (("addjob", add), ("getjob", get)):
+                            runs.setdefault(f"{cmd}_p{pipeline}_{side}", []).append(
+                                bench_cpu(p, ps, *args, pipeline=pipeline))
+    except RuntimeError as e:  # the reference would not start or a run failed: say so
+        out["reference"] = f"{status}; the comparison failed: {str(e)[-300:]}"
+        return out
     out["runs"] = runs
     for key, rows in runs.items():
         out[key] = median_row(rows)
