@@ -154,8 +154,9 @@ class ClientConn(asyncio.Protocol):
 
     def fill(self, slot: Slot, data: bytes) -> None:
         """Complete a deferred reply; the ready prefix is written this loop turn."""
+        if slot.data is None:
+            self.unfilled -= 1
         slot.data = data
-        self.unfilled -= 1
         slots = self.slots
         if slots is None or self.gone:
             return

@@ -659,8 +659,17 @@ class Worker:
         if link.transport is None:
             return  # the asker is gone
         for i in range(len(rids)):
-            cmd = reader.gets()
-            reply = self._serve_raw_one(cmd, flags[i] == 1)
+            cmd: Any = None
+            try:
+                cmd = reader.gets()
+                reply = self._serve_raw_one(cmd, flags[i] == 1)
+            except InvariantError:
+                raise
+            except Exception:  # a bug: answer it, or the asking client waits forever
+                log.exception("command %r from a peer failed", cmd)
+                reply = encode(ERR_INTERNAL)
+                if type(cmd) is not list:  # the frame itself is broken: start afresh
+                    self.raw_reader = reader = hiredis.Reader()
             if reply is None:
                 self._serve_raw_general(link, rids[i], cmd[0].lower(), cmd, flags[i] == 1)
                 continue
