@@ -13,7 +13,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip 'setuptools>=77'
-	DISQUE_MP_PURE=1 $(PY) -m pip install -q -e '.[test,spark]'
+	DISQUE_MP_PURE=1 $(PY) -m pip install -q -e '.[test,spark,celery,dramatiq]'
 	touch $@
 
 # The modules of disque_mp/compiled.py compiled with mypyc, in place (setup.py):
@@ -32,7 +32,8 @@ $(VENV5)/.installed: pyproject.toml
 	touch $@
 
 # System packages the tests use: redis-server/redis-cli/redis-benchmark (reference
-# side of the benchmarks, redis-cli transcripts) and a Java 17 runtime for PySpark.
+# side of the benchmarks, redis-cli transcripts), a Java 17 runtime for PySpark, and
+# Debian's chromium + chromium-driver for the dashboard's browser tests (tests/browser/).
 sysdeps:
 	@if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null || ! command -v redis-benchmark >/dev/null; then \
 		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null; \
@@ -42,15 +43,21 @@ sysdeps:
 	@if ! command -v java >/dev/null || ! java -version 2>&1 | grep -qE 'version "(17|21)'; then \
 		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null; \
 	fi
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	fi
 
 compile: $(VENV)/.compiled
 
 pure:
 	rm -f $(VENV)/.compiled $(NATIVE_SO) *__mypyc*.so disque_mp/.native-stamp.json
 
+HTTP_PORT ?= 7780
+
 run: $(VENV)/.compiled
 	mkdir -p run
-	$(VENV)/bin/disque-mp --bind 127.0.0.1 --port 7711 --dir run
+	@echo "Dashboard: http://127.0.0.1:$(HTTP_PORT)/  (metrics: http://127.0.0.1:$(HTTP_PORT)/metrics)"
+	$(VENV)/bin/disque-mp --bind 127.0.0.1 --port 7711 --dir run --http-port $(HTTP_PORT) --http-bind 127.0.0.1
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

@@ -2,7 +2,7 @@
 
 mypyc (part of mypy, already a dependency) turns the typed, pure modules of
 ``workers/`` into C extension modules: the same source, about twice as fast
-(issue 5: per-job Python in the shard was the measured limit). Nothing here is
+(per-job Python in the shard was the measured limit). Nothing here is
 required: with ``DISQUE_MP_PURE=1`` in the environment, or without mypyc, the
 package installs as plain Python and behaves the same.
 

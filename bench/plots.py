@@ -12,7 +12,7 @@ from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
-# The targets of issue 5: (name, what is compared, the ratio needed).
+# The performance targets: (name, what is compared, the ratio needed).
 TARGETS = [
     ("ADDJOB vs LPUSH, -P 1", ">= 1.00x", 1.00),
     ("GETJOB NOHANG vs RPOP, -P 1", ">= 0.95x", 0.95),
@@ -169,7 +169,7 @@ def scaling_section(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def ratio_rows(rows: list[dict[str, Any]]) -> list[tuple[str, str, float | None, str]]:
-    """(target, needed, measured ratio or None, detail) for every target of issue 5."""
+    """(target, needed, measured ratio or None, detail) for every performance target."""
     rb = {r["pipeline"]: r for r in by_group(rows, "redis-benchmark")}
     out: list[tuple[str, str, float | None, str]] = []
     for (name, need, _), (p, key, ref) in zip(TARGETS, [(1, "addjob", "lpush"), (1, "getjob", "rpop"),

@@ -9,9 +9,10 @@ Three measurements, all with redis-benchmark and per-process CPU counters
   q:__rand_int__`` on a 1-worker and a 2-worker node (both prefilled), -P 1 and
   -P 32, rounds interleaved; the ratio is 2 workers over 1 worker.
 - one queue: ``ADDJOB q x 0`` and ``GETJOB NOHANG FROM q`` against the reference
-  Disque (C, 1.0-rc1) built from ``../shared/reference-src`` into a temporary
-  directory (cached there by the tarball's digest), rounds interleaved. Without
-  ``../shared`` or a C compiler this part is skipped and says why.
+  Disque (C, 1.0-rc1) built from its source tarball (``reference_tarball()``)
+  into a temporary directory (cached there by the tarball's digest), rounds
+  interleaved. Without the tarball or a C compiler this part is skipped and
+  says why.
 - roles: CPU per command of each role a worker plays, on a 2-worker node with
   connections pinned to one worker (``bench/xworker.py``): a command run where
   it arrived (local), the same command arriving at the other worker and
@@ -116,8 +117,9 @@ def disque_mp_node(workdir: Path, workers: int) -> Iterator[tuple[int, list[int]
 
 
 def reference_tarball() -> Path:
-    """``../shared/reference-src/`` beside the repository, or beside the main
-    checkout when this one is a git worktree (``git rev-parse --git-common-dir``)."""
+    """The reference's source tarball in the machine's shared directory next to the
+    repository, or next to the main checkout when this one is a git worktree
+    (``git rev-parse --git-common-dir``)."""
     roots = [REPO]
     try:
         common = subprocess.run(["git", "rev-parse", "--path-format=absolute", "--git-common-dir"],
@@ -138,7 +140,7 @@ def reference_binary() -> tuple[Path | None, str]:
     Returns (binary, status); binary None means skipped, status says why."""
     tarball = reference_tarball()
     if not tarball.exists():
-        return None, f"skipped: {tarball} is absent (a clone without ../shared)"
+        return None, f"skipped: {tarball} is absent (no reference source on this machine)"
     if shutil.which("make") is None or (shutil.which("cc") is None and shutil.which("gcc") is None):
         return None, "skipped: no C compiler or make on this machine"
     digest = hashlib.sha256(tarball.read_bytes()).hexdigest()[:12]

@@ -138,7 +138,7 @@ def test_redis_benchmark_addjob_getjob(benchmark: Any, tmp_path: Path, redis_ser
 
 def test_scaling(benchmark: Any, tmp_path: Path) -> None:
     """Every core pays? 1 vs 2 workers over 10,000 random queues, one queue against the
-    reference C Disque (built from ../shared/reference-src when present), CPU per role
+    reference C Disque (built from its source where the machine has it), CPU per role
     and the model of throughput against workers (bench/scaling.py)."""
     from bench import scaling
 

@@ -87,6 +87,8 @@ class FrameReader:
             meta = orjson.loads(bytes(buf[at : at + meta_len])) if meta_len else {}
         except orjson.JSONDecodeError as exc:
             raise FrameError(f"bad frame metadata: {exc}") from None
+        if not isinstance(meta, dict):  # every receiver reads it with meta.get()
+            raise FrameError("frame metadata is not an object")
         at += meta_len
         bodies = []
         view = memoryview(buf)

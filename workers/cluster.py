@@ -17,7 +17,7 @@ REPLJOB    {}                                     [job record]
 GOTJOB     {"j": id}
 ENQUEUE    {"j": id, "d": [node, ...]}
 WILLQUEUE  {"j": id}
-QUEUED     {"j": id}
+QUEUED     {"j": id[, "f": 2|4 (increment nacks|deliveries)]}
 WORKING    {"j": id}
 SETACK     {"j": id, "m": may-have}
 GOTACK     {"j": id, "k": 0|1 (known)}
@@ -40,7 +40,7 @@ per queue that asked for jobs) sits in the heap as its own target.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from workers.effects import AofAppend, Send, Wake
 from workers.ids import is_at_most_once_id, slot_of_job_id
@@ -48,17 +48,25 @@ from workers.job import (
     ACKED,
     ACTIVE,
     FLAG_QUEUED_ONCE,
+    FLAG_REPLICA,
     FLAG_WILLQUEUE_SENT,
     QUEUED,
     US_PER_MS,
     WAIT_REPL,
     Job,
+    job_nodes_max,
+    node_id_bytes_max,
 )
 from workers.queue import PAUSED_IN, PAUSED_OUT, Queue
 from workers.replies import ERR_LEAVING, PENDING, Error, Status
 
 if TYPE_CHECKING:
     from workers.shard import Shard
+
+# QUEUED's "f": the counter the sender's requeue incremented, which every holder
+# increments too (Disque's CLUSTERMSG_FLAG0_INCR_NACKS / _INCR_DELIV).
+QUEUED_INCR_NACKS: Final = 2
+QUEUED_INCR_DELIVERIES: Final = 4
 
 ERR_NOREPL_TIMEOUT = Error(
     "NOREPL Timeout reached before replicating to the requested number of nodes"
@@ -72,6 +80,14 @@ repl_step_ms = 50
 gc_first_ms = 1000
 gc_backoff_max_ms = 60_000
 gc_attempts_max = 30
+# IDs of jobs this node saw acknowledged or deleted cluster-wide (DELJOB, a
+# SETACK for a job it did not hold, a GC it completed) are kept this long: a
+# REPLJOB or YOURJOBS for one arriving later (a message that took worker 0's relay
+# while a newer one took the just-ready direct data link, or a replication step
+# re-sent before the ACK) must not bring back a copy that would be queued again
+# after RETRY. Bounded: the oldest are forgotten first.
+gone_ids_keep_ms = 30_000
+gone_ids_max = 100_000
 # Federation (spec FAQ): ad hoc NEEDJOBS to recent sources 25 ms .. 2 s apart,
 # broadcast to everyone 100 ms .. 30 s apart, doubling while nothing arrives.
 needjobs_adhoc_min_ms = 25
@@ -333,6 +349,8 @@ class ClusterOps:
     def _on_repljob(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
                     now_ms: int) -> None:
         job = Job.from_record(bodies[0])
+        if self._gone and self._is_gone(job.id, now_ms):
+            return  # acknowledged or deleted already: a late copy would be queued again
         old = self.lookup(job.id)
         if old is not None:
             old.delivered = union(old.delivered, job.delivered)
@@ -350,6 +368,7 @@ class ClusterOps:
         job.state = ACTIVE
         job.delivered = union(job.delivered, (self.node_id, sender))
         job.confirmed = ()
+        job.flags |= FLAG_REPLICA
         if job.retry_s:
             job.qtime_ms = (now_ms + (job.delay_s + job.retry_s) * 1000
                             + self._jitter())
@@ -378,8 +397,9 @@ class ClusterOps:
         if job is None:
             return
         nodes = meta.get("d")
-        if type(nodes) is list and all(type(n) is str for n in nodes):
-            job.delivered = union(job.delivered, nodes)
+        if (type(nodes) is list and len(nodes) <= job_nodes_max
+                and all(type(n) is str and len(n) <= node_id_bytes_max for n in nodes)):
+            job.delivered = union(job.delivered, nodes)  # bounded: the record must encode
         if job.state != ACTIVE:
             return
         if not job.retry_s and job.flags & FLAG_QUEUED_ONCE:
@@ -409,6 +429,11 @@ class ClusterOps:
             self._send_job([sender], "SETACK", job, {"j": job.id, "m": len(job.delivered)})
             return
         job.delivered = union(job.delivered, (sender,))
+        incr = meta.get("f", 0)
+        if incr == QUEUED_INCR_DELIVERIES:  # the sender counted a further delivery
+            job.additional_deliveries += 1
+        elif incr == QUEUED_INCR_NACKS:
+            job.nacks += 1
         if job.state == QUEUED and sender > self.node_id:
             self._dequeue(job, self._queues[job.queue], now_ms)  # the greater ID keeps it
         if job.retry_s:
@@ -435,10 +460,10 @@ class ClusterOps:
         job.flags &= ~FLAG_WILLQUEUE_SENT
         self._reschedule(job)
 
-    def _send_queued(self: Shard, job: Job) -> None:
+    def _send_queued(self: Shard, job: Job, incr: int = 0) -> None:
         others = self._others(job)
         if others:
-            self._send_job(others, "QUEUED", job)
+            self._send_job(others, "QUEUED", job, {"j": job.id, "f": incr} if incr else None)
 
     # ------------------------------------------------------------------ acks and GC
 
@@ -479,6 +504,7 @@ class ClusterOps:
                 # later): the GC is complete.
                 self._send_job(self._others(job), "DELJOB", job)
                 self._unregister(job, now_ms)
+                self._remember_gone(job.id, now_ms)
                 return
             self._send_job(todo, "SETACK", job, {"j": job.id, "m": may_have})
         self._arm_gc(job, now_ms)
@@ -520,6 +546,8 @@ class ClusterOps:
             return
         if job is None:
             self._send(sender, "GOTACK", slot, {"j": jid, "k": 0})
+            if type(jid) is str and len(jid) == 40:
+                self._remember_gone(jid, now_ms)  # acked elsewhere before its copy came
             return
         n = len(job.delivered)
         if may_have == 0:
@@ -552,15 +580,32 @@ class ClusterOps:
             if all(n in job.confirmed for n in job.delivered):
                 self._send_job(self._others(job), "DELJOB", job)
                 self._unregister(job, now_ms)
+                self._remember_gone(job.id, now_ms)
 
     def _on_deljob(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
                    now_ms: int) -> None:
         job = self._job_of(meta)
-        if job is None:
-            return
-        if job.state == WAIT_REPL:
+        if job is not None and job.state == WAIT_REPL:
             return  # our own pending ADDJOB: its timer decides
-        self._unregister(job, now_ms)
+        jid = meta["j"]
+        if type(jid) is str and len(jid) == 40:
+            self._remember_gone(jid, now_ms)
+        if job is not None:
+            self._unregister(job, now_ms)
+
+    def _remember_gone(self: Shard, job_id: str, now_ms: int) -> None:
+        gone = self._gone
+        gone.pop(job_id, None)  # keep insertion order = time order
+        while gone:
+            first = next(iter(gone))
+            if gone[first] > now_ms and len(gone) < gone_ids_max:
+                break
+            del gone[first]
+        gone[job_id] = now_ms + gone_ids_keep_ms
+
+    def _is_gone(self: Shard, job_id: str, now_ms: int) -> bool:
+        until = self._gone.get(job_id)
+        return until is not None and until > now_ms
 
     def _fastack_cluster(self: Shard, job_id: str, job: Job | None) -> None:
         if job is None:
@@ -683,7 +728,7 @@ class ClusterOps:
         touched: list[Queue] = []  # served once the whole batch is queued (COUNT > 1)
         for rec in bodies:
             job = Job.from_record(rec)
-            if job.etime_ms <= now_ms:
+            if job.etime_ms <= now_ms or (self._gone and self._is_gone(job.id, now_ms)):
                 continue
             q = self._queue(job.queue, now_ms)
             if not touched or touched[-1] is not q:

@@ -37,7 +37,7 @@ class Send:
 
 @dataclass(slots=True)
 class AofAppend:
-    """Append one persistence record (issue 4)."""
+    """Append one persistence record."""
 
     record: bytes
 

@@ -41,6 +41,12 @@ FLAG_DELIVERED: Final = 1  # served to a client at least once (at-most-once jobs
 FLAG_IN_DEQUE: Final = 2  # the record sits in its queue's deque (possibly as a stale entry)
 FLAG_WILLQUEUE_SENT: Final = 4  # WILLQUEUE went out for the current requeue time (cluster)
 FLAG_QUEUED_ONCE: Final = 8  # was queued at least once (an at-most-once job is never queued again)
+# A copy from REPLJOB: its creator queues the job, so a requeue here is a further
+# delivery (Disque's JOB_FLAG_BCAST_QUEUED, set on REPLJOB copies).
+FLAG_REPLICA: Final = 16
+# A requeue counts as an additional delivery when the job was delivered or queued
+# before (here, or by its creator for a replica), as Disque's enqueueJob does.
+FLAG_REQUEUE_COUNTS: Final = 1 | 8 | 16  # FLAG_DELIVERED | FLAG_QUEUED_ONCE | FLAG_REPLICA
 _FLAG_TRANSIENT: Final = FLAG_IN_DEQUE | FLAG_WILLQUEUE_SENT  # never persisted nor sent
 _FLAG_BITS: Final = 8  # flags above this hold delay_s
 _FLAG_MASK: Final = (1 << _FLAG_BITS) - 1
@@ -68,6 +74,22 @@ def node_pair(delivered: tuple[str, ...], confirmed: tuple[str, ...]) -> NodePai
         pair = _node_pairs[key] = key
     _last_pair = pair
     return pair
+
+# Bounds that keep every job encodable (``to_record``: AOF, REPLJOB, YOURJOBS,
+# rewrite). ADDJOB refuses more with a clear error and ``from_record`` refuses a
+# record past them, so a job the shard holds can always be written. Ten years of
+# TTL, RETRY or DELAY keeps qtime_ms = now + (DELAY + RETRY) * 1000 far inside the
+# record's 64-bit fields; the queue name and body lengths are its 16- and 32-bit
+# length fields.
+ttl_max_s: Final = 10 * 365 * 24 * 3600
+retry_max_s: Final = ttl_max_s
+delay_max_s: Final = ttl_max_s
+queue_name_bytes_max: Final = 0xFFFF
+body_bytes_max: Final = 0xFFFF_FFFF
+# Nodes a job record may name (delivered + confirmed): the cluster is far smaller
+# (membership keeps at most 1000 nodes); the record's count fields are 16-bit.
+job_nodes_max: Final = 4096
+node_id_bytes_max: Final = 64  # node IDs are 40 hex characters
 
 NS_PER_MS: Final = 1_000_000
 US_PER_MS: Final = 1_000
@@ -167,7 +189,7 @@ class Job:
     def __repr__(self) -> str:
         return f"Job({self.id} {self.queue!r} {STATE_NAMES[self.state]})"
 
-    # --- persisted form (AOF, issue 4; also usable for REPLJOB) ---
+    # --- persisted form (AOF; also usable for REPLJOB) ---
 
     def to_record(self) -> bytes:
         """Serialize: a version byte, fixed fields, then length-prefixed strings."""
@@ -208,6 +230,10 @@ class Job:
             raise ValueError(f"unsupported job record version {version}")
         if state > ACKED:
             raise ValueError(f"bad job state {state}")
+        if ttl_s > ttl_max_s or retry_s > retry_max_s or delay_s > delay_max_s:
+            raise ValueError("job record TTL, RETRY or DELAY out of range")
+        if n_deliv + n_conf > job_nodes_max:
+            raise ValueError("job record names too many nodes")
         at = _REC_HEAD.size
         end = at + id_len + q_len + body_len
         if end > len(rec):

@@ -36,7 +36,7 @@ NULL_ARRAY = _NullArray()
 
 OK = Status("OK")
 
-# Texts the reference server answers with (see ../shared/reference/).
+# Texts the reference server answers with (recorded from the reference Disque 1.0-rc1 server).
 ERR_SYNTAX = Error("ERR syntax error")
 ERR_BADID = Error("BADID Invalid Job ID format.")
 ERR_NOJOB = Error("NOJOB Job not known in the context of this node.")

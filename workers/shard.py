@@ -30,28 +30,44 @@ from __future__ import annotations
 
 import heapq
 import random
+from bisect import bisect_left
 from collections.abc import Set as AbstractSet
+from operator import attrgetter
 from typing import Any, Final
 
-from workers.cluster import ERR_NOREPL_TIMEOUT, ClusterOps, Fed, ReplWait
+from workers.cluster import (
+    ERR_NOREPL_TIMEOUT,
+    QUEUED_INCR_DELIVERIES,
+    QUEUED_INCR_NACKS,
+    ClusterOps,
+    Fed,
+    ReplWait,
+)
 from workers.effects import AofAppend, Effect, Wake
 from workers.ids import JobIdGen, slot_of
 from workers.invariant import InvariantError, invariant
 from workers.job import (
+    _FLAG_BITS,
     ACKED,
     ACTIVE,
     DEL_RECORD_TAG,
     DELETED,
     FLAG_DELIVERED,
     FLAG_QUEUED_ONCE,
+    FLAG_REQUEUE_COUNTS,
     FLAG_WILLQUEUE_SENT,
     QUEUED,
     STATE_NAMES,
     US_PER_MS,
     WAIT_REPL,
     Job,
+    body_bytes_max,
     del_record,
+    delay_max_s,
     job_id_of_record,
+    queue_name_bytes_max,
+    retry_max_s,
+    ttl_max_s,
 )
 from workers.queue import PAUSE_NAMES, PAUSED_IN, PAUSED_OUT, Queue
 from workers.replies import (
@@ -94,6 +110,13 @@ ERR_RETRY0: Final = Error(
 ERR_DELAY_TTL: Final = Error(
     "ERR The specified DELAY is greater than TTL. Job refused since would never be delivered"
 )
+# Past the named maxima of workers/job.py: the reference has no bound (its 32-bit
+# fields wrap); ours refuses with the bound in the text, so every job encodes.
+ERR_TTL_MAX: Final = Error(f"ERR TTL must be at most {ttl_max_s} seconds")
+ERR_RETRY_MAX: Final = Error(f"ERR RETRY time must be at most {retry_max_s} seconds")
+ERR_DELAY_MAX: Final = Error(f"ERR DELAY time must be at most {delay_max_s} seconds")
+ERR_QUEUE_NAME_MAX: Final = Error(f"ERR queue name too long (at most {queue_name_bytes_max} bytes)")
+ERR_BODY_MAX: Final = Error(f"ERR job body too large (at most {body_bytes_max} bytes)")
 ERR_NOREPL_LEAVING: Final = Error(
     "NOREPL Not enough reachable nodes for the requested replication level, since I'm "
     "unable to hold a copy of the message for the following reason: I'm leaving the cluster"
@@ -108,6 +131,14 @@ ERR_TOOLATE: Final = Error(
     "TOOLATE Half of job TTL already elapsed, you are no longer allowed to postpone "
     "the next delivery."
 )
+
+# Observability (/metrics, disque_mp/node/http/): histogram bounds in ms of a job's wait
+# (ADDJOB to its first delivery) and processing (a delivery to its ACK); one extra
+# bucket past the last bound. The shard only counts; the HTTP side exports seconds.
+latency_bounds_ms: Final = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000,
+                            60_000, 300_000, 900_000, 3_600_000)
+_FLAGS_WITH_DELAY: Final = 1 << _FLAG_BITS  # job.flags at or above this: a DELAY was given
+_live = attrgetter("live")  # a queue's queued jobs: the key of the largest queues
 
 _K_NACKS: Final = b"nacks"
 _K_ADD_DELIV: Final = b"additional-deliveries"
@@ -170,6 +201,18 @@ class Shard(ClusterOps):
         # Emit AofAppend effects (job records, deletions): the worker sets this
         # while appendonly is on, so the records cost nothing otherwise.
         self.aof = False
+        # Totals for /metrics: monotonic over the process (FLUSHALL keeps them).
+        self.stat_added = 0  # jobs created by ADDJOB here
+        self.stat_delivered = 0  # jobs taken from a queue for a GETJOB
+        self.stat_acked = 0  # known jobs acknowledged by ACKJOB / FASTACK
+        self.stat_nacked = 0  # requeued by NACK
+        self.stat_requeued_retry = 0  # requeued because RETRY elapsed without an ACK
+        self.stat_requeued_enqueue = 0  # requeued by ENQUEUE
+        self.stat_expired = 0  # deleted because their TTL elapsed
+        self.wait_counts = [0] * (len(latency_bounds_ms) + 1)
+        self.wait_sum_ms = 0
+        self.proc_counts = [0] * (len(latency_bounds_ms) + 1)
+        self.proc_sum_ms = 0
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -185,8 +228,14 @@ class Shard(ClusterOps):
         self._waiters: dict[int, Waiter] = {}
         self._repl: dict[str, ReplWait] = {}  # wait-repl jobs -> the blocked ADDJOB
         self._gc_tries: dict[str, int] = {}  # acked jobs -> GC attempts made
+        self._gone: dict[str, int] = {}  # acked/deleted job IDs -> kept until (ms)
         self._fed: dict[bytes, Fed] = {}  # queues with federation state
         self._asks: dict[bytes, tuple[str, int]] = {}  # queue -> (asker, until ms)
+        # /metrics: delivered and not acked jobs (ID -> delivery ms; per queue count),
+        # jobs waiting for their DELAY per queue. Entries exist only while non-zero.
+        self._delivered_at: dict[str, int] = {}
+        self._active: dict[bytes, int] = {}
+        self._delayed: dict[bytes, int] = {}
 
     # ------------------------------------------------------------------ plumbing
 
@@ -218,12 +267,12 @@ class Shard(ClusterOps):
         self._memory_level = level
 
     def lookup(self, job_id: str) -> Job | None:
-        b = self._jobs[(ord(job_id[14]) * 97 + ord(job_id[15])) & _JOB_BUCKET_MASK]
+        b = self._jobs[job_bucket(job_id)]
         return None if b is None else b.get(job_id)
 
     def _register(self, job: Job) -> None:
         jid = job.id
-        i = (ord(jid[14]) * 97 + ord(jid[15])) & _JOB_BUCKET_MASK
+        i = job_bucket(jid)
         b = self._jobs[i]
         if b is None:
             b = self._jobs[i] = {}
@@ -232,10 +281,12 @@ class Shard(ClusterOps):
         b[jid] = job
         self._njobs += 1
         self.body_bytes += len(job.body)
+        if job.flags >= _FLAGS_WITH_DELAY and not job.flags & FLAG_QUEUED_ONCE:
+            self._delayed[job.queue] = self._delayed.get(job.queue, 0) + 1
 
     def _unregister(self, job: Job, now_ms: int) -> None:
         jid = job.id
-        b = self._jobs[(ord(jid[14]) * 97 + ord(jid[15])) & _JOB_BUCKET_MASK]
+        b = self._jobs[job_bucket(jid)]
         if b is None or b.pop(jid, None) is not job:
             raise InvariantError(f"unregister of unknown job {jid}")
         self._njobs -= 1
@@ -248,6 +299,10 @@ class Shard(ClusterOps):
                 self._effects.append(Wake(rw.token, ERR_NOREPL_TIMEOUT))
         if self._gc_tries:
             self._gc_tries.pop(jid, None)
+        if self._delivered_at:
+            self._forget_delivery(job)
+        if job.flags >= _FLAGS_WITH_DELAY and not job.flags & FLAG_QUEUED_ONCE:
+            self._undelay(job)
         was = job.state
         job.state = DELETED
         # Stale timer-bucket and deque entries keep the record until purged (up to
@@ -382,6 +437,7 @@ class Shard(ClusterOps):
             if job.state == WAIT_REPL:
                 self._repl_failed(job, now_ms)
             else:
+                self.stat_expired += 1
                 self._unregister(job, now_ms)
             return
         if job.state == WAIT_REPL:
@@ -405,9 +461,13 @@ class Shard(ClusterOps):
                 # paused in input: never requeue now, try again after another retry period
                 job.qtime_ms = now_ms + max(job.retry_s, 1) * 1000 + self._jitter()
             else:
-                if job.flags & FLAG_DELIVERED:
+                incr = 0
+                if job.flags & FLAG_REQUEUE_COUNTS:
                     job.additional_deliveries += 1
-                self._requeue(job, q, now_ms)
+                    incr = QUEUED_INCR_DELIVERIES
+                if job.flags & FLAG_QUEUED_ONCE:  # not the end of a DELAY
+                    self.stat_requeued_retry += 1
+                self._requeue(job, q, now_ms, incr)
         if job.state != DELETED:
             self._schedule(job, self._due(job))
 
@@ -426,12 +486,14 @@ class Shard(ClusterOps):
 
     # ------------------------------------------------------------------ queue moves
 
-    def _requeue(self, job: Job, q: Queue, now_ms: int) -> None:
+    def _requeue(self, job: Job, q: Queue, now_ms: int, incr: int = 0) -> None:
         """Queue a known job again (retry timer, NACK, ENQUEUE): QUEUED to the
-        other holders as the re-queueing state machine says, and log the state."""
+        other holders as the re-queueing state machine says, and log the state.
+        ``incr`` (QUEUED_INCR_*): the counter this requeue incremented here, which
+        the other holders increment too."""
         self._enqueue(job, q, now_ms)
         if job.nodes[0] is not self._me and job.state == QUEUED:
-            self._send_queued(job)
+            self._send_queued(job, incr)
         if self.aof:
             self._effects.append(AofAppend(job.to_record()))
 
@@ -439,7 +501,12 @@ class Shard(ClusterOps):
         """Disque's enqueueJob minus its checks: the job becomes QUEUED in ``q``.
         ``serve=False``: the caller queues a batch and serves waiters after it."""
         job.state = QUEUED
-        job.flags = (job.flags & ~FLAG_WILLQUEUE_SENT) | FLAG_QUEUED_ONCE
+        flags = job.flags
+        if flags >= _FLAGS_WITH_DELAY and not flags & FLAG_QUEUED_ONCE:
+            self._undelay(job)
+        if flags & FLAG_DELIVERED and self._delivered_at:
+            self._forget_delivery(job)  # queued again (retry, NACK, ENQUEUE, a peer's QUEUED)
+        job.flags = (flags & ~FLAG_WILLQUEUE_SENT) | FLAG_QUEUED_ONCE
         if job.retry_s:
             job.qtime_ms = now_ms + job.retry_s * 1000 + int(self._rng.random() * time_error_ms)
         else:
@@ -466,7 +533,15 @@ class Shard(ClusterOps):
     def _deliver(self, job: Job, q: Queue, now_ms: int, withcounters: bool) -> list[Any]:
         """``job`` was just popped from ``q`` for a client: make it ACTIVE, build its entry."""
         job.state = ACTIVE
-        job.flags |= FLAG_DELIVERED
+        if not job.flags & FLAG_DELIVERED:
+            wait_ms = now_ms - job.ctime_us // US_PER_MS
+            self.wait_counts[bisect_left(latency_bounds_ms, wait_ms)] += 1
+            self.wait_sum_ms += wait_ms
+            job.flags |= FLAG_DELIVERED
+        self.stat_delivered += 1
+        if self._delivered_at.get(job.id) is None:
+            self._active[q.name] = self._active.get(q.name, 0) + 1
+        self._delivered_at[job.id] = now_ms
         q.jobs_out += 1
         q.atime_ms = now_ms
         if job.qtime_ms:
@@ -524,6 +599,11 @@ class Shard(ClusterOps):
         now_ms: int,
     ) -> Any:
         """ADDJOB after argument parsing; checks in the reference's order."""
+        if len(queue) > queue_name_bytes_max or len(body) > body_bytes_max:
+            return ERR_QUEUE_NAME_MAX if len(queue) > queue_name_bytes_max else ERR_BODY_MAX
+        if ttl_s > ttl_max_s or delay_s > delay_max_s or (retry_s is not None and retry_s > retry_max_s):
+            return ERR_TTL_MAX if ttl_s > ttl_max_s else (
+                ERR_DELAY_MAX if delay_s > delay_max_s else ERR_RETRY_MAX)
         peers = len(self._peers)  # reachable nodes that can take a copy
         flexible = replicate is None
         if replicate is None:
@@ -564,6 +644,7 @@ class Shard(ClusterOps):
         job_id = self._ids.make(q.slot, ttl_s, retry_s)
         job = Job(job_id, q.name, body, ACTIVE, replicate, ttl_s, ctime_us, delay_s, retry_s,
                   0, self._me)
+        self.stat_added += 1
         if additional:
             return self._addjob_cluster(job, q, additional, extrepl, timeout_ms, async_, token,
                                         now_ms, flexible)
@@ -669,6 +750,7 @@ class Shard(ClusterOps):
             q = self._queue(job.queue, now_ms)
             if not job.nacks and not job.additional_deliveries:
                 job.flags &= ~FLAG_DELIVERED  # that take was its only delivery
+            self._forget_delivery(job)
             if q.jobs_out:
                 q.jobs_out -= 1
             job.state = QUEUED
@@ -688,7 +770,9 @@ class Shard(ClusterOps):
                     self._ackjob_unknown(job_id, now_ms)  # dummy ACK (not counted, as Disque)
                 continue
             known += 1
+            self._observe_processing(job, now_ms)
             self._ack(job, now_ms)
+        self.stat_acked += known
         return known
 
     def _ack(self, job: Job, now_ms: int) -> None:
@@ -710,11 +794,13 @@ class Shard(ClusterOps):
             job = self.lookup(job_id)
             if job is not None:
                 known += 1
+                self._observe_processing(job, now_ms)
                 if job.nodes[0] is not self._me:
                     self._fastack_cluster(job_id, job)
                 self._unregister(job, now_ms)
             elif self._known:
                 self._fastack_cluster(job_id, None)
+        self.stat_acked += known
         return known
 
     def op_deljob(self, job_ids: list[str], now_ms: int) -> int:
@@ -740,11 +826,17 @@ class Shard(ClusterOps):
             if job is None or job.state != ACTIVE or not job.qtime_ms:
                 continue
             q = self._queue(job.queue, now_ms)
+            incr = 0
             if nack:
                 job.nacks += 1
-            elif job.flags & FLAG_DELIVERED:
-                job.additional_deliveries += 1
-            self._requeue(job, q, now_ms)
+                self.stat_nacked += 1
+                incr = QUEUED_INCR_NACKS
+            else:
+                self.stat_requeued_enqueue += 1
+                if job.flags & FLAG_DELIVERED:  # ENQUEUE of a job never served here: no delivery
+                    job.additional_deliveries += 1
+                    incr = QUEUED_INCR_DELIVERIES
+            self._requeue(job, q, now_ms, incr)
             done += 1
         return done
 
@@ -990,11 +1082,14 @@ class Shard(ClusterOps):
 
     # ------------------------------------------------------------------ node-wide
 
-    def op_flushall(self) -> None:
-        """DEBUG FLUSHALL: forget every job and queue (blocked clients stay blocked)."""
+    def op_flushall(self, keep_waiters: bool = True) -> None:
+        """DEBUG FLUSHALL: forget every job and queue. Blocked clients stay blocked
+        unless ``keep_waiters`` is False: the node's front end then answers every
+        blocked GETJOB itself (as the reference's flushServerData) and the queues
+        they waited on go too."""
         for rw in self._repl.values():
             self._effects.append(Wake(rw.token, ERR_NOREPL_TIMEOUT))  # their jobs are gone
-        waiters = list(self._waiters.values())
+        waiters = list(self._waiters.values()) if keep_waiters else []
         for q in self._queues.values():
             q.drop_all()
         self._reset_state()
@@ -1013,6 +1108,75 @@ class Shard(ClusterOps):
             "registered_queues": len(self._queues),
             "blocked_clients": len(self._waiters),
         }
+
+    # ------------------------------------------------------------------ observability
+
+    def _forget_delivery(self, job: Job) -> int:
+        """The job is no longer delivered-and-unacked: its delivery ms, or -1."""
+        at = self._delivered_at.pop(job.id, -1)
+        if at >= 0:
+            n = self._active.get(job.queue, 0) - 1
+            if n > 0:
+                self._active[job.queue] = n
+            else:
+                self._active.pop(job.queue, None)
+        return at
+
+    def _observe_processing(self, job: Job, now_ms: int) -> None:
+        at = self._forget_delivery(job) if self._delivered_at else -1
+        if at >= 0:
+            took_ms = now_ms - at if now_ms > at else 0
+            self.proc_counts[bisect_left(latency_bounds_ms, took_ms)] += 1
+            self.proc_sum_ms += took_ms
+
+    def _undelay(self, job: Job) -> None:
+        n = self._delayed.get(job.queue, 0) - 1
+        if n > 0:
+            self._delayed[job.queue] = n
+        else:
+            self._delayed.pop(job.queue, None)
+
+    def metrics(self, queues_max: int, now_ms: int) -> dict[str, Any]:
+        """Counters, histograms and the ``queues_max`` largest queues (by queued jobs)
+        for /metrics and the HTTP API; a queue row is [name, queued, active, delayed,
+        oldest queued age ms (-1: empty), jobs in, jobs out, blocked clients, pause
+        state, import rate]. O(queues) to find the largest: read once per scrape."""
+        queues = self._queues
+        rows: list[list[Any]] = []
+        if queues_max > 0:
+            if len(queues) > queues_max:
+                names = [q.name for q in heapq.nlargest(queues_max, queues.values(), key=_live)]
+            else:  # room for all, and for evicted queues that still have jobs out
+                names = list(queues)
+                names += [n for n in {*self._active, *self._delayed} if n not in queues]
+                names = names[:queues_max]
+            rows = [self._queue_row(name, now_ms) for name in names]
+        return {
+            "added": self.stat_added, "delivered": self.stat_delivered,
+            "acked": self.stat_acked, "nacked": self.stat_nacked,
+            "requeued_retry": self.stat_requeued_retry,
+            "requeued_nack": self.stat_nacked,
+            "requeued_enqueue": self.stat_requeued_enqueue, "expired": self.stat_expired,
+            "jobs": self._njobs, "queues": len(queues),
+            "queued": sum(q.live for q in queues.values()),
+            "active": len(self._delivered_at), "delayed": sum(self._delayed.values()),
+            "blocked": len(self._waiters),
+            "wait_counts": list(self.wait_counts), "wait_sum_ms": self.wait_sum_ms,
+            "proc_counts": list(self.proc_counts), "proc_sum_ms": self.proc_sum_ms,
+            "queue_rows": rows,
+        }  # fmt: skip
+
+    def _queue_row(self, name: bytes, now_ms: int) -> list[Any]:
+        q = self._queues.get(name)
+        if q is None:  # evicted while some of its jobs are delivered or delayed
+            return [name, 0, self._active.get(name, 0), self._delayed.get(name, 0), -1,
+                    0, 0, 0, "none", 0]
+        oldest = q.oldest(1)
+        age_ms = max(0, now_ms - oldest[0].ctime_us // US_PER_MS) if oldest else -1
+        rate = self._qstat_import(q, now_ms)[1] if self._fed else 0
+        return [name, q.live, self._active.get(name, 0), self._delayed.get(name, 0), age_ms,
+                q.jobs_in, q.jobs_out, 0 if q.waiters is None else len(q.waiters),
+                PAUSE_NAMES[q.paused], rate]
 
     def jobs(self) -> list[Job]:
         """Every registered job (tests, AOF rewrite)."""
@@ -1051,3 +1215,20 @@ class Shard(ClusterOps):
                 invariant(wq is not None and wq.waiters and w.token in wq.waiters,
                           f"waiter {w.token} not on queue {name!r}")
         invariant(len(self._heap) == len(self._timers), "timer heap and buckets differ")
+        self._check_metrics(jobs)
+
+    def _check_metrics(self, jobs: list[Job]) -> None:
+        """The /metrics bookkeeping agrees with the jobs (tests; O(jobs))."""
+        active: dict[bytes, int] = {}
+        for jid in self._delivered_at:
+            job = self.lookup(jid)
+            invariant(job is not None and job.state in (ACTIVE, ACKED),
+                      f"delivered job {jid} is not active")
+            if job is not None:
+                active[job.queue] = active.get(job.queue, 0) + 1
+        invariant(active == self._active, f"active per queue {self._active} != {active}")
+        delayed: dict[bytes, int] = {}
+        for job in jobs:
+            if job.flags >= _FLAGS_WITH_DELAY and not job.flags & FLAG_QUEUED_ONCE:
+                delayed[job.queue] = delayed.get(job.queue, 0) + 1
+        invariant(delayed == self._delayed, f"delayed per queue {self._delayed} != {delayed}")

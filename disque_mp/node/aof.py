@@ -49,9 +49,10 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 import orjson
 
+from bus.durable import fsync_dir
 from disque_mp.node import config
 from disque_mp.node.config import Config
-from workers.ids import SLOTS, slot_of_job_id
+from workers.ids import SLOTS, owner_of_slot, slot_of_job_id
 from workers.job import job_id_of_record
 from workers.replies import Error
 
@@ -125,7 +126,7 @@ class FileHeader:
         return h
 
     def claims(self, slot: int) -> bool:
-        return slot % self.workers == self.index
+        return owner_of_slot(slot, self.workers) == self.index
 
 
 # --- reading ---
@@ -140,7 +141,7 @@ class Damage:
     tail: bool  # True when the damage reaches end of file (a torn write)
 
 
-class FrameReader:
+class RecordReader:
     """Yields the payloads of a file's good frames; afterwards ``damage`` says
     whether (and where) a bad frame stopped the scan."""
 
@@ -286,14 +287,6 @@ def superseded(files: list[AofFile]) -> list[AofFile]:
 
 def max_gen(files: list[AofFile]) -> int:
     return max((f.header.gen for f in files), default=0)
-
-
-def fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def truncate_file(path: str, size: int) -> None:
@@ -557,7 +550,7 @@ class AofManager:
         return loaded
 
     def _load_file(self, path: str, bitmap: bytearray, enqueue: bool, now_ms: int) -> int:
-        reader = FrameReader(path)
+        reader = RecordReader(path)
         loaded = 0
         try:
             frames = iter(reader)
@@ -579,7 +572,7 @@ class AofManager:
             self._damaged(reader, loaded)
         return loaded
 
-    def _damaged(self, reader: FrameReader, loaded: int) -> None:
+    def _damaged(self, reader: RecordReader, loaded: int) -> None:
         d = reader.damage
         assert d is not None
         fix = f"Make a backup, then run 'disque-mp check-aof --fix {reader.path}'"
@@ -1149,14 +1142,6 @@ def _merge_state(a: str, b: str) -> str:
     if a == b:
         return a
     return "wait_rewrite" if "wait_rewrite" in (a, b) or "on" in (a, b) else "off"
-
-
-def merge_bgrewrite(replies: list[str]) -> str:
-    """BGREWRITEAOF across workers: the first error, else the started text."""
-    for r in replies:
-        if r.startswith("ERR "):
-            return r
-    return replies[0] if replies else "Background append only file rewriting started"
 
 
 def _fsync_fd(fd: int) -> None:

@@ -23,6 +23,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
+from bus.durable import write_atomic
+
 # --- Redis' sdssplitargs / sdscatrepr ---
 
 
@@ -146,15 +148,29 @@ class Config:
     syslog_enabled: bool = False
     syslog_ident: str = "disque"
     syslog_facility: str = "local0"
-    client_output_buffer_limit: str = "normal 0 0 0"
+    # Redis' semantics (hard bytes, soft bytes, soft seconds; 0 = none). Not the
+    # reference's "normal 0 0 0": a client that never reads its replies must not
+    # grow the node without bound (README, Limits).
+    client_output_buffer_limit: str = f"normal {1 << 30} {256 << 20} 60"
     # Limits on client input (bad input must never hurt other clients).
     client_query_buffer_bytes_max: int = 1 << 30  # Redis' client-query-buffer-limit
     proto_max_bulk_len: int = 512 << 20  # largest bulk argument accepted
     proto_max_multibulk_len: int = 1024 * 1024  # most arguments in one command
+    # Work one command may do (a worker also serves other clients and, worker 0,
+    # the cluster bus): past these a reply is cut and scans continue by cursor.
+    getjob_count_max: int = 10_000  # jobs one GETJOB returns, whatever its COUNT
+    qpeek_count_max: int = 10_000  # jobs one QPEEK returns, whatever its count
+    scan_count_max: int = 1_000  # QSCAN/JSCAN COUNT (and BUSYLOOP) per shard call
     # ours
     workers: int = field(default_factory=lambda: usable_cpus())
     # where the config came from (CONFIG REWRITE target, INFO config_file)
     config_file: str = ""
+    # HTTP endpoint: /metrics, the JSON admin API, the dashboard (disque_mp/node/http/)
+    http_port: int = 0  # 0 = off (make run serves 7780)
+    http_bind: str = "127.0.0.1"  # one or more addresses, space separated
+    http_metrics_queues_max: int = 100  # queues with their own series (largest first)
+    http_api_jobs_max: int = 1000  # jobs one API call lists or moves
+    http_request_bytes_max: int = 1 << 20  # request line + headers + body
 
 
 class ConfigValueError(ValueError):
@@ -311,8 +327,18 @@ DIRECTIVES: tuple[Directive, ...] = (
        "Invalid client-query-buffer-bytes-max value", lo=1024),
     _d("proto-max-bulk-len", "mem", True, "Invalid proto-max-bulk-len value", lo=1),
     _d("proto-max-multibulk-len", "int", True, "Invalid proto-max-multibulk-len value", lo=1),
+    # ours: the work one command may do (README, Limits)
+    _d("getjob-count-max", "int", True, "Invalid getjob-count-max value", lo=1),
+    _d("qpeek-count-max", "int", True, "Invalid qpeek-count-max value", lo=1),
+    _d("scan-count-max", "int", True, "Invalid scan-count-max value", lo=1),
     _d("workers", "int", False, f"workers must be between 1 and {workers_max}",
        lo=1, hi=workers_max),
+    # ours: the HTTP endpoint (metrics, admin API, dashboard)
+    _d("http-port", "int", False, "Invalid http-port (0 = off)", lo=0, hi=65535),
+    _d("http-bind", "str", False),
+    _d("http-metrics-queues-max", "int", True, "Invalid http-metrics-queues-max value", lo=0),
+    _d("http-api-jobs-max", "int", True, "Invalid http-api-jobs-max value", lo=1),
+    _d("http-request-bytes-max", "mem", True, "Invalid http-request-bytes-max value", lo=1024),
 )
 BY_NAME: dict[str, Directive] = {d.name: d for d in DIRECTIVES}
 # Names Redis users know for our limit directives (same field, same units).
@@ -623,27 +649,7 @@ def rewrite(cfg: Config, path: str = "") -> None:
         mode = os.stat(path).st_mode & 0o7777
     except FileNotFoundError:
         old, mode = "", 0o644
-    _write_atomic(path, rewrite_text(cfg, old), mode)
-
-
-def _write_atomic(path: str, text: str, mode: int) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        os.write(fd, text.encode("utf-8", errors="surrogateescape"))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(os.path.abspath(path)))
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_atomic(path, rewrite_text(cfg, old).encode("utf-8", errors="surrogateescape"), mode)
 
 
 def field_names() -> list[str]:

@@ -42,7 +42,7 @@ class ClientConn(asyncio.Protocol):
         "node", "transport", "parser", "out", "slots", "resp3", "authed", "name",
         "lib_name", "lib_ver", "id", "ctime_s", "last_cmd", "last_s", "closing",
         "waiters", "dirty", "streak_owner", "streak", "handoffs", "addr", "gone",
-        "close_after_write", "unfilled", "forwarded",
+        "close_after_write", "soft_since_s", "unfilled", "forwarded",
     )
 
     def __init__(self, node: Worker, state: dict[str, Any] | None = None) -> None:
@@ -71,6 +71,7 @@ class ClientConn(asyncio.Protocol):
         self.streak = 0
         self.handoffs = 0
         self.addr = ""
+        self.soft_since_s = 0.0  # output over the soft limit since then (0: it is not)
         self.unfilled = 0  # deferred replies not known yet
         self.forwarded = 0  # ... of which hot commands forwarded to their owner (RAW)
         if state:
@@ -113,6 +114,8 @@ class ClientConn(asyncio.Protocol):
             node.begin_batch()
             self.last_s = node.now_ms / 1000
             execute = node.execute
+            hard, soft, soft_s = output_limits(node.cfg.client_output_buffer_limit)
+            queued = 0
             for cmd in cmds:
                 reply = execute(self, cmd)
                 if reply is not None:
@@ -120,6 +123,9 @@ class ClientConn(asyncio.Protocol):
                         self.slots.append(reply)
                     else:
                         self.out.append(reply)
+                    if hard or soft:  # a pipeline of big replies is cut as it grows
+                        queued += len(reply)
+                        self.check_output(queued, hard, soft, soft_s)
                 if self.closing:
                     break
             node.end_batch()
@@ -160,6 +166,7 @@ class ClientConn(asyncio.Protocol):
         slots = self.slots
         if slots is None or self.gone:
             return
+        moved = False
         while slots:
             head = slots[0]
             if type(head) is Slot:
@@ -169,6 +176,12 @@ class ClientConn(asyncio.Protocol):
             else:
                 self.out.append(head)  # type: ignore[arg-type]
             slots.popleft()
+            moved = True
+        if not moved:
+            return  # a reply behind one still missing: nothing new to write or count
+        hard, soft, soft_s = output_limits(self.node.cfg.client_output_buffer_limit)
+        if hard or soft:  # replies from other workers count as they arrive
+            self.check_output(sum(map(len, self.out)), hard, soft, soft_s)
         if self.out:
             self.node.mark_dirty(self)
 
@@ -184,8 +197,45 @@ class ClientConn(asyncio.Protocol):
             out.clear()
             self.node.net_out_bytes += len(data)
             transport.write(data)
+            hard, soft, soft_s = output_limits(self.node.cfg.client_output_buffer_limit)
+            if hard or soft:
+                self.check_output(0, hard, soft, soft_s)
         if self.close_after_write and not self.slots:
             transport.close()
+
+    def check_output(self, queued: int, hard: int, soft: int, soft_s: int) -> None:
+        """Redis' client-output-buffer-limit: past ``hard`` bytes of unread replies,
+        or past ``soft`` for more than ``soft_s`` seconds, the client is closed
+        (and logged); what it has not read is dropped."""
+        transport = self.transport
+        if transport is None or self.closing:
+            return
+        size = queued + transport.get_write_buffer_size()
+        over = bool(hard) and size > hard
+        if not over and soft and size > soft:
+            now = time.monotonic()
+            if not self.soft_since_s:
+                self.soft_since_s = now  # the first time: not closed yet (as Redis)
+                # A client that reads nothing sends nothing either (backpressure stops
+                # reading it): look again once its seconds are over.
+                asyncio.get_running_loop().call_later(soft_s + soft_recheck_s, self._recheck_soft)
+            elif now - self.soft_since_s > soft_s:
+                over = True
+        elif not over:
+            self.soft_since_s = 0.0
+        if not over:
+            return
+        self.closing = True
+        self.out.clear()
+        self.slots = None
+        self.node.log(f"Client id={self.id} addr={self.addr} closed for overcoming of output "
+                      f"buffer limits ({size} bytes unread)")
+        transport.abort()
+
+    def _recheck_soft(self) -> None:
+        hard, soft, soft_s = output_limits(self.node.cfg.client_output_buffer_limit)
+        if self.soft_since_s and soft:
+            self.check_output(sum(map(len, self.out)), hard, soft, soft_s)
 
     def pending(self) -> bool:
         return bool(self.slots) or bool(self.out)
@@ -206,6 +256,25 @@ class ClientConn(asyncio.Protocol):
         self.id = int(state.get("id", self.id))
         self.ctime_s = float(state.get("ctime", self.ctime_s))
         self.handoffs = int(state.get("handoffs", 0))
+
+
+soft_recheck_s = 0.1  # past the soft seconds, when to look at a silent client again
+_limits_text = ""
+_limits: tuple[int, int, int] = (0, 0, 0)
+
+
+def output_limits(text: str) -> tuple[int, int, int]:
+    """(hard, soft, soft seconds) of ``client-output-buffer-limit`` ("normal H S T",
+    as the config keeps it); 0 = no such limit. Parsed once per value."""
+    global _limits_text, _limits
+    if text is not _limits_text:
+        words = text.split()
+        try:
+            _limits = (int(words[1]), int(words[2]), int(words[3]))
+        except (IndexError, ValueError):
+            _limits = (0, 0, 0)
+        _limits_text = text
+    return _limits
 
 
 def _tune(sock: Any, keepalive_s: int) -> None:

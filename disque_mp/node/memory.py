@@ -198,6 +198,14 @@ class Monitor:
         if used > self.peak:
             self.peak = used
 
+    def flushed(self) -> None:
+        """DEBUG FLUSHALL or CLUSTER RESET emptied every worker: their last figures
+        are stale now, and the level must lift at once (the next sample corrects
+        any job added meanwhile)."""
+        for j in self.peers:
+            self.peers[j] = 0
+        self.update()
+
     def _maybe_trim(self, now: int) -> None:
         local = self.local_used()
         still, self.last_local = local == self.last_local, local

@@ -66,7 +66,7 @@ class RequestParser:
 
     def feed(self, data: bytes) -> tuple[list[list[bytes]], str | None]:
         """Commands complete in what was fed so far, and the error that ends the stream."""
-        if self._buf or self._chunks or data[:1] != b"*":
+        if self._buf or self._chunks or data[:1] != b"*" or _hiredis_lists(data):
             return self._feed_python(data)
         # Fast path: a read that holds only whole multibulk commands (the usual
         # case, pipelined or not) is parsed by hiredis. Anything else (a command
@@ -78,7 +78,9 @@ class RequestParser:
         args_max, bulk_max = self.args_max, self.bulk_max
         try:
             while (cmd := reader.gets()) is not False:
-                if cmd:  # `*0` and `*-1` are ignored, as in Redis
+                if type(cmd) is not list:  # inline text hiredis took for a RESP3 value:
+                    raise _SlowPath  # `_`, `:0`, `#f`, `$-1` ... would vanish unanswered
+                if cmd:  # `*0` is ignored, as in Redis
                     # bytes.__len__ also rejects non-bulk elements (TypeError)
                     if len(cmd) > args_max or max(map(bytes.__len__, cmd)) > bulk_max:
                         raise _SlowPath
@@ -194,6 +196,13 @@ class RequestParser:
         if args:
             cmds.append(args)
         return nl + 1
+
+
+def _hiredis_lists(data: bytes) -> bool:
+    """Inline text hiredis would read as a RESP3 set, push or attribute (a list, like
+    a command) or as a boolean (false looks like "no reply yet") may follow a
+    multibulk here: only the Python parser reads it right."""
+    return b"\n~" in data or b"\n>" in data or b"\n|" in data or b"\n#" in data
 
 
 def split_inline(line: bytes) -> list[bytes]:

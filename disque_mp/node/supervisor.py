@@ -40,6 +40,7 @@ from typing import Any
 import multiprocess
 
 from bus import nodes_conf
+from bus.durable import write_atomic
 from disque_mp import __version__, compiled
 from disque_mp.node import config, sdnotify
 from disque_mp.node.config import Config
@@ -190,11 +191,8 @@ class Supervisor:
         path = self.cfg.pidfile
         if not path:
             return
-        tmp = f"{path}.tmp-{os.getpid()}"
         try:
-            with open(tmp, "w") as f:
-                f.write(f"{os.getpid()}\n")
-            os.replace(tmp, path)
+            write_atomic(path, f"{os.getpid()}\n".encode())
         except OSError as e:
             raise StartupError(f"Can't write the pidfile {path}: {e.strerror}") from None
         self.pidfile_written = os.path.abspath(path)

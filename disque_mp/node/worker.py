@@ -70,7 +70,11 @@ shutdown_drain_s = 3.0  # SIGTERM: longest wait for in-flight replies to be writ
 owner_cache_max = 65536  # queue name -> owner memo; cleared when full (names are unbounded)
 handoff_streak_min = 16  # consecutive commands for one other worker before moving the socket
 handoff_per_conn_max = 4  # a connection whose traffic keeps changing owner stays put after this
-# The cyclic collector (issue 5): job records are GC-tracked, and with the default
+# At start, wait this long for the first membership view before serving anyway (worker
+# 0 publishes it from nodes.conf at once; the others get it from worker 0).
+view_wait_s = 10.0
+view_poll_s = 0.005
+# The cyclic collector: job records are GC-tracked, and with the default
 # thresholds every 25 % growth of the job table triggers a full pass over all of it
 # (measured in-process: 400k ADDJOB on a growing table 5.2 s default, 3.5 s with these).
 # gen0 10,000: a young pass stays a few ms; gen2 only after 100 gen1 passes (10M
@@ -175,6 +179,8 @@ class Worker:
         self.aof: Any = None
         self.agent: Any = None
         self.memory: Monitor | None = None
+        cmd_jobs.apply_limits(cfg)
+        self.view_seen = False  # a membership view reached the shard (on_view)
         self.oom = False  # past maxmemory: denyoom commands answer ERR_OOM (disque_mp/node/memory.py)
 
     # ------------------------------------------------------------------ lifecycle
@@ -188,11 +194,15 @@ class Worker:
         gc.freeze()  # the loaded job table and start-up objects: never rescanned
         gc.set_threshold(*gc_thresholds)
         self.mesh = Mesh(self.cfg.port, self.node_id, self.index, self.workers, self)
-        await self.mesh.start()
         self.handoff = Handoff(self.cfg.port, self.node_id, self.index, self.adopt)
+        # The membership view first: a shard serving before it knows its peers (a
+        # command forwarded by a worker already up) answers ADDJOB with -NOREPL.
+        # Other workers' requests wait in their mesh links meanwhile.
         await self._start_cluster()
+        await self.mesh.start()
         for sock in listen_sockets(self.cfg.bind, self.cfg.port, self.cfg.tcp_backlog):
             self.servers.append(await self.loop.create_server(lambda: ClientConn(self), sock=sock))
+        await self._start_http()
         self.loop.add_signal_handler(signal.SIGTERM, self.request_stop)
         self.loop.add_signal_handler(signal.SIGHUP, self.reopen_log)
         self.loop.call_later(parent_poll_s, self._check_parent)
@@ -235,6 +245,18 @@ class Worker:
                                             self.on_cluster_message, self.on_view)
         await self.agent.start()
         self.send_hook = self._send_to_bus
+        deadline = self.loop.time() + view_wait_s
+        while not self.view_seen and self.loop.time() < deadline:
+            await asyncio.sleep(view_poll_s)
+        if not self.view_seen:
+            log.warning("Worker %d serving without a cluster view after %.0f s", self.index,
+                        view_wait_s)
+
+    async def _start_http(self) -> None:
+        """/metrics, the admin API and the dashboard on http-port (disque_mp/node/http/)."""
+        from disque_mp.node import http
+
+        self.servers += await http.start(self)
 
     def reopen_log(self) -> None:
         """SIGHUP (the supervisor forwards its own): reopen the log file, as after logrotate."""
@@ -376,7 +398,7 @@ class Worker:
             return None
         return encode(reply, conn.resp3)
 
-    # --- fast paths: the common shapes of the three hot commands (issue 5) ---
+    # --- fast paths: the common shapes of the three hot commands ---
     #
     # Each returns the encoded reply, or None before doing anything when the
     # command is not of its shape (another owner, options, appendfsync always):
@@ -829,6 +851,7 @@ class Worker:
         # reachable, which are leaving, our own LEAVING flag and our ID (RESET HARD).
         peers = [(p.node_id, p.reachable, p.leaving) for p in mb.peers(view)]
         self.shard.set_view(view.get("myid", self.node_id), peers, bool(view.get("leaving")))
+        self.view_seen = True
         self.drain_effects()  # LEAVING releases blocked clients with -LEAVING
 
     def _tick(self) -> None:
@@ -1219,6 +1242,11 @@ class GetJob:
         if not self.done:
             self._finish(NULL_ARRAY)
 
+    def release(self) -> None:
+        """DEBUG FLUSHALL / CLUSTER RESET: answered as on timeout (the reference's
+        flushServerData unblocks GETJOB clients with the timeout reply)."""
+        self._timeout()
+
     def _finish(self, reply: Any, woken_by: int = -1) -> None:
         self.done = True
         self._unblock(skip=woken_by)
@@ -1278,6 +1306,8 @@ def _getjob_shape(cmd: list[bytes]) -> tuple[int, bool] | None:
             count = cmd_jobs.parse_int(cmd[i + 1]) or 0
             if count <= 0:
                 return None
+            if count > cmd_jobs.limits.getjob_count_max:
+                count = cmd_jobs.limits.getjob_count_max
             i += 2
         elif word in _TIMEOUT and i + 1 < end:
             if type(cmd_jobs.parse_timeout_ms(cmd[i + 1])) is not int:

@@ -31,9 +31,8 @@ process had taken is re-planned empty (its jobs come back through Disque).
 Streaming write: the same as the batch write, per micro-batch.
 
 Rows read carry the job ID and the delivery counters, so sinks can
-de-duplicate. Pitfalls this module minds are in
-``../shared/docs/pyspark-datasource.md`` (connect lazily, picklable partitions,
-RESP2, no CLIENT SETINFO).
+de-duplicate. Pitfalls this module minds are listed in ``docs/client-spark.md``
+("PySpark facts": connect lazily, picklable partitions, RESP2, no CLIENT SETINFO).
 """
 
 from __future__ import annotations
@@ -815,7 +814,7 @@ def find_java17_home() -> str | None:
 
 
 def local_session(app_name: str = "disque-mp", cores: int = 2, **conf: str) -> Any:
-    """A local SparkSession set up as ../shared/docs/pyspark-datasource.md advises,
+    """A local SparkSession set up as docs/client-spark.md ("PySpark facts") advises,
     with the ``disque`` format registered. Call before any other Spark code."""
     import os
     import sys

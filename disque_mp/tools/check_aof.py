@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 import sys
 
-from disque_mp.node.aof import FileHeader, FrameReader, truncate_file
+from disque_mp.node.aof import FileHeader, RecordReader, truncate_file
 from workers.ids import is_valid_job_id
 from workers.job import DEL_RECORD_TAG, Job, job_id_of_record
 
@@ -31,7 +31,7 @@ class Report:
 
     __slots__ = ("reader", "header", "problem", "bad_offset")
 
-    def __init__(self, reader: FrameReader) -> None:
+    def __init__(self, reader: RecordReader) -> None:
         self.reader = reader
         self.header: FileHeader | None = None
         self.problem = ""
@@ -43,7 +43,7 @@ class Report:
 
 def check(path: str) -> Report:
     """Scan ``path`` frame by frame; decode the header and every job record."""
-    rep = Report(FrameReader(path))
+    rep = Report(RecordReader(path))
     offset = 0
     for payload in rep.reader:
         if rep.header is None:
@@ -111,7 +111,7 @@ def main(argv: list[str]) -> int:
 
 def _records_before(path: str, offset: int) -> int:
     """Job records (header excluded) that end at or before ``offset``."""
-    reader = FrameReader(path)
+    reader = RecordReader(path)
     n = 0
     for _ in reader:
         if reader.good_bytes > offset:

@@ -1,6 +1,6 @@
 """One local[2] SparkSession for every Spark test, and one real disque-mp node.
 
-Settings from ../shared/docs/pyspark-datasource.md (applied by
+Settings from docs/client-spark.md, "PySpark facts" (applied by
 ``disque_mp.spark.local_session``): workers run this interpreter
 (PYSPARK_PYTHON), loopback only, Java 17, no UI.
 """

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from disque_mp.node import aof
-from disque_mp.node.aof import AofFile, AofWriter, FileHeader, FrameReader
+from disque_mp.node.aof import AofFile, AofWriter, FileHeader, RecordReader
 from disque_mp.tools import check_aof as aof_check
 from workers.ids import SLOTS, JobIdGen, slot_of
 from workers.job import ACTIVE, Job
@@ -41,8 +41,8 @@ def write_aof(directory: Path, records: list[bytes], gen: int = 1, workers: int 
     return Path(path)
 
 
-def read_all(path: Path) -> tuple[list[bytes], FrameReader]:
-    reader = FrameReader(str(path))
+def read_all(path: Path) -> tuple[list[bytes], RecordReader]:
+    reader = RecordReader(str(path))
     payloads = list(reader)
     return payloads[1:], reader
 

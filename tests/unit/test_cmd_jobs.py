@@ -47,8 +47,8 @@ def test_parse_int_rejects(raw: bytes) -> None:
 def test_addjob_options_parsed(shard: Shard) -> None:
     a = C.parse_addjob([b"q", b"b", b"100", b"REPLICATE", b"1", b"delay", b"5", b"Retry", b"7",
                         b"TTL", b"60", b"MAXLEN", b"3", b"ASYNC"])
-    assert a == C.AddJob(b"q", b"b", 100, 1, 5, 7, 60, 3, True)
-    assert C.parse_addjob([b"q", b"b", b"0"]) == C.AddJob(b"q", b"b", 0)
+    assert a == C.AddJobArgs(b"q", b"b", 100, 1, 5, 7, 60, 3, True)
+    assert C.parse_addjob([b"q", b"b", b"0"]) == C.AddJobArgs(b"q", b"b", 0)
 
 
 @pytest.mark.parametrize(
@@ -94,8 +94,8 @@ def test_addjob_success_and_binary_body(shard: Shard) -> None:
 def test_getjob_parse() -> None:
     g = C.parse_getjob([b"NOHANG", b"TIMEOUT", b"100", b"COUNT", b"5", b"WITHCOUNTERS",
                         b"FROM", b"a", b"FROM", b"nohang"])
-    assert g == C.GetJob(True, 100, 5, True, [b"a", b"FROM", b"nohang"])
-    assert C.parse_getjob([b"from", b"q"]) == C.GetJob(False, 0, 1, False, [b"q"])
+    assert g == C.GetJobArgs(True, 100, 5, True, [b"a", b"FROM", b"nohang"])
+    assert C.parse_getjob([b"from", b"q"]) == C.GetJobArgs(False, 0, 1, False, [b"q"])
 
 
 @pytest.mark.parametrize(
@@ -117,10 +117,10 @@ def test_getjob_errors(words: list[bytes], err: str) -> None:
 
 def test_run_getjob_paths(shard: Shard) -> None:
     g = C.parse_getjob([b"NOHANG", b"FROM", b"q"])
-    assert isinstance(g, C.GetJob)
+    assert isinstance(g, C.GetJobArgs)
     assert C.run_getjob(shard, g, 1, T0) is NULL_ARRAY
     g2 = C.parse_getjob([b"FROM", b"q"])
-    assert isinstance(g2, C.GetJob)
+    assert isinstance(g2, C.GetJobArgs)
     assert C.run_getjob(shard, g2, 2, T0) is PENDING
     jid = run(shard, "ADDJOB", "q", "x", "0")
     (wake,) = shard.take_effects()
@@ -130,9 +130,10 @@ def test_run_getjob_paths(shard: Shard) -> None:
 def test_qscan_parse() -> None:
     assert C.parse_qscan([]) == C.QScan(0, 100, False, 0, 0, 0)
     assert C.parse_qscan([b"COUNT", b"10", b"MINLEN", b"1"]) == C.QScan(0, 10, False, 1, 0, 0)
-    assert C.parse_qscan([b"0", b"BUSYLOOP"]) == C.QScan(0, 100, True, 0, 0, 0)
+    busy = C.limits.scan_count_max  # BUSYLOOP: as much as one call may do
+    assert C.parse_qscan([b"0", b"BUSYLOOP"]) == C.QScan(0, busy, True, 0, 0, 0)
     assert C.parse_qscan([b"busyloop", b"42", b"maxlen", b"3", b"importrate", b"2"]) == (
-        C.QScan(42, 100, True, 0, 3, 2))
+        C.QScan(42, busy, True, 0, 3, 2))
     assert C.parse_qscan([b"x"]) == "ERR invalid cursor"
     assert C.parse_qscan([b"1", b"2"]) == ERR_SYNTAX
     assert C.parse_qscan([b"COUNT", b"x"]) == "ERR value is not an integer or out of range"
@@ -142,7 +143,7 @@ def test_qscan_parse() -> None:
 def test_jscan_parse() -> None:
     assert C.parse_jscan([]) == C.JScan(0, 100, False, None, None, False)
     j = C.parse_jscan([b"0", b"BUSYLOOP", b"QUEUE", b"q4", b"REPLY", b"all"])
-    assert j == C.JScan(0, 100, True, b"q4", None, True)
+    assert j == C.JScan(0, C.limits.scan_count_max, True, b"q4", None, True)
     j = C.parse_jscan([b"STATE", b"queued", b"COUNT", b"5", b"STATE", b"ACKED", b"7"])
     assert isinstance(j, C.JScan) and j.states == {2, 3} and j.cursor == 7 and j.count == 5
     assert C.parse_jscan([b"STATE", b"bogus"]) == "ERR Invalid job state name"
@@ -204,3 +205,22 @@ def test_fuzz_never_raises(shard: Shard) -> None:
         C.parse_qscan(args)
         C.parse_jscan(args)
     shard.check()
+
+
+def test_counts_are_clamped_to_the_configured_limits() -> None:
+    from disque_mp.node.commands import jobs as cmd_jobs
+
+    saved = (cmd_jobs.limits.getjob_count_max, cmd_jobs.limits.scan_count_max)
+    try:
+        cmd_jobs.limits.getjob_count_max, cmd_jobs.limits.scan_count_max = 7, 3
+        g = cmd_jobs.parse_getjob([b"COUNT", b"9223372036854775807", b"FROM", b"q"])
+        assert isinstance(g, cmd_jobs.GetJobArgs) and g.count == 7
+        g = cmd_jobs.parse_getjob([b"COUNT", b"5", b"FROM", b"q"])
+        assert isinstance(g, cmd_jobs.GetJobArgs) and g.count == 5
+        for parse in (cmd_jobs.parse_qscan, cmd_jobs.parse_jscan):
+            s = parse([b"COUNT", b"1000000"])
+            assert not isinstance(s, cmd_jobs.Error) and s.count == 3
+            s = parse([b"BUSYLOOP"])
+            assert not isinstance(s, cmd_jobs.Error) and s.count == 3
+    finally:
+        cmd_jobs.limits.getjob_count_max, cmd_jobs.limits.scan_count_max = saved

@@ -36,6 +36,8 @@ REFERENCE_VALUES = {
     "appendfsync": "everysec", "syslog-facility": "local0", "appendonly": "no",
     "client-output-buffer-limit": "normal 0 0 0", "unixsocketperm": "0", "bind": "127.0.0.1",
 }
+# Deliberate differences from the reference's defaults (README, Limits).
+REFERENCE_VALUES["client-output-buffer-limit"] = "normal 1073741824 268435456 60"
 
 
 def fatal(text: str) -> c.ConfigError:

@@ -124,3 +124,41 @@ def test_encode_jobs_matches_the_generic_encoder(items: list[tuple[bytes, bytes,
                        else [queue, job_id, body])
     assert encode_jobs(entries) == encode(entries)
     assert encode_jobs(entries) == encode(entries)  # second time from the header cache
+
+
+# Byte by byte: whatever the input (well-formed commands, inline ones, garbage
+# spliced in), feeding it one byte at a time gives the same commands and the same
+# error as feeding it at once, only protocol errors come out, and the buffer bound
+# holds at every step.
+_piece = st.one_of(
+    st.lists(st.binary(max_size=30), min_size=1, max_size=5).map(lambda a: cmd(*a)),
+    st.lists(st.text(alphabet="abcXYZ 019\"'\\", max_size=20), max_size=4)
+    .map(lambda words: " ".join(words).encode() + b"\r\n"),
+    st.binary(max_size=40),
+    st.sampled_from([b"*", b"$", b"*-1\r\n", b"*0\r\n", b"$-1\r\n", b"*2\r\n$3\r\n", b"\r\n",
+                     b"*99999999999\r\n", b"$99999999999\r\n", b"*1\r\n$5\r\nab", b"\n",
+                     b"_\r\n", b"~1\r\n", b">0\r\n", b"|0\r\n", b"#f\r\n", b":0\r\n"]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_piece, max_size=8))
+def test_byte_by_byte_fuzz_matches_one_feed(pieces: list[bytes]) -> None:
+    data = b"".join(pieces)
+    whole, whole_err = parser(bulk_max=64, args_max=8, buffer_max=256).feed(data)
+    p = parser(bulk_max=64, args_max=8, buffer_max=256)
+    got, err = feed_all(p, [data[i : i + 1] for i in range(len(data))])
+    assert (got, err) == (whole, whole_err)
+    assert err is None or err.startswith("Protocol error: ")
+    assert all(len(c) <= 8 and all(len(a) <= 64 for a in c) for c in got)
+
+
+@pytest.mark.parametrize("inline", [b"_", b":0", b"#f", b",0", b"$-1", b"%0", b"~0", b">0", b"|0",
+                                    b"*-1"])
+def test_inline_text_after_a_multibulk_in_one_read_is_never_swallowed(inline: bytes) -> None:
+    """The hiredis fast path read such lines as RESP3 values (null, 0, false...) and
+    dropped them: the client got fewer replies than it sent commands."""
+    for tail in (cmd(b"PING"), b""):
+        cmds, err = parser().feed(cmd(b"PING") + inline + b"\r\n" + tail)
+        want = [[b"PING"]] + ([] if inline == b"*-1" else [[inline]]) + ([[b"PING"]] if tail else [])
+        assert (cmds, err) == (want, None), tail

@@ -19,7 +19,10 @@ from workers.job import (
     RECORD_VERSION,
     Job,
     del_record,
+    delay_max_s,
     job_id_of_record,
+    retry_max_s,
+    ttl_max_s,
 )
 from workers.shard import Shard
 
@@ -45,8 +48,13 @@ def test_record_round_trip() -> None:
     assert fields(back) == fields(j)
     assert not back.flags & FLAG_IN_DEQUE  # deque membership is not part of a job
     assert job_id_of_record(rec) == JID
-    big = Job(JID, b"q", b"", ACKED, 1, 2**40, 2**50, 2**33, 2**33, 0, ())
+    big = Job(JID, b"q", b"", ACKED, 1, ttl_max_s, 2**50, delay_max_s, retry_max_s, 2**63, ())
     assert fields(Job.from_record(big.to_record())) == fields(big)
+    # Past the named maxima a record is refused: such a job could not be re-encoded
+    # once its requeue time is computed.
+    for ttl, delay, retry in ((2**40, 0, 1), (60, 2**33, 1), (60, 0, 2**33)):
+        with pytest.raises(ValueError):
+            Job.from_record(Job(JID, b"q", b"", ACKED, 1, ttl, 1, delay, retry, 0, ()).to_record())
 
 
 @pytest.mark.parametrize("cut", [0, 1, 10, 60, -1])

@@ -450,3 +450,44 @@ def test_working_postpones_the_requeue_on_every_copy() -> None:
     assert QUEUED not in net.holders(jid).values()
     net.run(3000)  # it stopped: some node requeues (once)
     assert list(net.holders(jid).values()).count(QUEUED) == 1
+
+
+def test_a_copy_arriving_after_its_ack_is_not_kept() -> None:
+    """A REPLJOB (or YOURJOBS) overtaken by the ACK's SETACK or DELJOB (it took worker
+    0's relay while the ACK took a just-ready direct data link) used to create a copy
+    that was queued again RETRY later: an acknowledged job delivered twice."""
+    net = Net(3, seed=7)
+    a, b, c = net.ids
+    jid = _added(net, a, replicate=3, retry_s=2)
+    rec = net.nodes[a].shard.lookup(jid).to_record()  # type: ignore[union-attr]
+    assert net.take(a)
+    net.ack(a, [jid])
+    net.run(3000)
+    assert net.holders(jid) == {}
+    for late_after in ("DELJOB", "SETACK"):
+        node = b if late_after == "DELJOB" else c
+        shard = net.nodes[node].shard
+        shard.on_message(a, late_after, {"j": jid, "m": 3}, [], net.now)  # the ACK first...
+        shard.on_message(a, "REPLJOB", {}, [rec], net.now)  # ...then the late replica
+        shard.on_message(a, "YOURJOBS", {}, [rec], net.now)
+        net.drain(node)
+        assert shard.lookup(jid) is None, late_after
+    net.run(10_000)  # past RETRY: nobody queues it again
+    assert all(net.nodes[n].shard.op_qlen(b"q") == 0 for n in (a, b, c))
+    assert net.holders(jid) == {}
+    net.check()
+
+
+def test_a_peer_cannot_make_a_job_unencodable() -> None:
+    """Node lists from a peer's ENQUEUE are bounded, so the job record (AOF,
+    REPLJOB, YOURJOBS) still encodes."""
+    net = Net(2, seed=9)
+    a, b = net.ids
+    jid = _added(net, a, replicate=2)
+    shard = net.nodes[b].shard
+    shard.on_message(a, "ENQUEUE", {"j": jid, "d": ["x" * 70_000]}, [], net.now)
+    shard.on_message(a, "ENQUEUE", {"j": jid, "d": [f"{i:040x}" for i in range(70_000)]}, [],
+                     net.now)
+    job = shard.lookup(jid)
+    assert job is not None and len(job.delivered) == 2
+    assert job.to_record()

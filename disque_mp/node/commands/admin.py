@@ -58,6 +58,17 @@ def _text(raw: bytes) -> str:
 def gather(w: Worker, conn: ClientConn, op: str, arg: Any, finish: Callable[[list[Any]], Any]) -> Any:
     """Run ``local_op(op, arg)`` on every worker; reply ``finish(results by index)``."""
     slot = conn.defer()
+
+    def reply(results: list[Any]) -> None:
+        errors = [r for r in results if isinstance(r, Error)]
+        conn.fill(slot, encode(errors[0] if errors else finish(results), conn.resp3))
+
+    on_every_worker(w, op, arg, reply)
+    return PENDING
+
+
+def on_every_worker(w: Worker, op: str, arg: Any, done: Callable[[list[Any]], None]) -> None:
+    """Run ``local_op(op, arg)`` on every worker; ``done(results by index)`` once all answered."""
     results: list[Any] = [None] * w.workers
     left = [w.workers]
 
@@ -65,16 +76,13 @@ def gather(w: Worker, conn: ClientConn, op: str, arg: Any, finish: Callable[[lis
         results[index] = value
         left[0] -= 1
         if left[0] == 0:
-            errors = [r for r in results if isinstance(r, Error)]
-            reply = errors[0] if errors else finish(results)
-            conn.fill(slot, encode(reply, conn.resp3))
+            done(results)
 
     for j in range(w.workers):
         if j == w.index:
             put(j, local_op(w, op, arg))
         else:
             w.mesh.request(j, meshmod.K_SCATTER, {"op": op, "a": arg}, (), _putter(put, j))
-    return PENDING
 
 
 def _putter(put: Callable[[int, Any], None], j: int) -> Callable[[dict[str, Any], list[bytes]], None]:
@@ -83,6 +91,10 @@ def _putter(put: Callable[[int, Any], None], j: int) -> Callable[[dict[str, Any]
 
 def local_op(w: Worker, op: str, arg: Any) -> Any:
     """This worker's part of a node-wide command."""
+    if op.startswith("http."):  # the HTTP endpoint's gathers (disque_mp/node/http/ops.py)
+        from disque_mp.node.http.ops import local_op as http_local_op
+
+        return http_local_op(w, op, arg)
     if op == "info":
         return w.local_stats()
     if op == "qscan":
@@ -96,10 +108,16 @@ def local_op(w: Worker, op: str, arg: Any) -> Any:
                                       reply_all, w.now_ms)
         return [nxt, items]
     if op == "flushall":
-        w.shard.op_flushall()
+        # Blocked GETJOBs are answered as on timeout (the reference's flushServerData);
+        # every worker does the same for its own, so no waiter is kept.
+        for getjob in list(w.getjobs.values()):
+            getjob.release()
+        w.shard.op_flushall(keep_waiters=False)
         if w.aof is not None:  # a fresh empty AOF, or flushed jobs come back at restart
             w.aof.flushed()
         w.drain_effects()
+        if w.memory is not None:  # the memory level follows at once, not a sample later
+            w.memory.flushed()
         return OK
     if op == "config_set":
         return _apply_config(w, arg[0], arg[1])
@@ -533,8 +551,15 @@ def _apply_config(w: Worker, name: str, value: str) -> Any:
         from disque_mp.node.log import set_loglevel
 
         set_loglevel(w.cfg.loglevel)
+    if name in ("getjob-count-max", "qpeek-count-max", "scan-count-max"):
+        from disque_mp.node.commands import jobs as cmd_jobs
+
+        cmd_jobs.apply_limits(w.cfg)
     if w.aof is not None and name in ("appendonly", "appendfsync"):
         w.aof.apply_config()
+    if w.memory is not None and name == "maxmemory":
+        w.memory.update()  # the level follows the new budget at once (the reference
+        # measures at every command), not a sample later
     return OK
 
 
@@ -602,7 +627,19 @@ def cmd_cluster(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
     from disque_mp.node.commands import cluster as cmd_cluster
 
     slot = conn.defer()
-    cmd_cluster.cluster(w.agent, cmd[1:], lambda reply: conn.fill(slot, encode(reply, conn.resp3)))
+    if cmd[1].lower() != b"reset":
+        cmd_cluster.cluster(w.agent, cmd[1:], lambda reply: conn.fill(slot, encode(reply, conn.resp3)))
+        return PENDING
+
+    def reset_done(reply: Any) -> None:
+        if isinstance(reply, Error):
+            conn.fill(slot, encode(reply, conn.resp3))
+            return
+        # The reference's clusterReset ends with flushServerData: a reset node holds
+        # no jobs and no queues (their node lists name nodes it no longer knows).
+        on_every_worker(w, "flushall", None, lambda parts: conn.fill(slot, encode(reply, conn.resp3)))
+
+    cmd_cluster.cluster(w.agent, cmd[1:], reset_done)
     return PENDING
 
 
@@ -651,7 +688,11 @@ def cmd_jscan(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
 
 
 def _scan(w: Worker, conn: ClientConn, op: str, spec: Any, arg: Callable[[int], Any]) -> Any:
-    """Walk workers from the cursor's one; move on while a call found fewer than COUNT."""
+    """Walk workers from the cursor's one; move on while a call found fewer than COUNT.
+
+    BUSYLOOP too stops at the bounds of one call (its COUNT is scan-count-max, and
+    at most scan_rounds_max shard calls): the client continues by cursor, and no
+    call stalls the worker (worker 0 also serves the cluster bus)."""
     n = w.workers
     state = {"worker": spec.cursor % n, "local": spec.cursor // n, "rounds": 0}
     if state["worker"] >= n:
@@ -672,13 +713,13 @@ def _scan(w: Worker, conn: ClientConn, op: str, spec: Any, arg: Callable[[int], 
             worker = state["worker"]
             state["rounds"] += 1
             if nxt:
-                if not spec.busyloop and (len(items) >= spec.count or state["rounds"] >= scan_rounds_max):
+                if len(items) >= spec.count or state["rounds"] >= scan_rounds_max:
                     return done(nxt * n + worker)
                 state["local"] = nxt
             else:
                 if worker + 1 >= n:
                     return done(0)
-                if not spec.busyloop and (len(items) >= spec.count or state["rounds"] >= scan_rounds_max):
+                if len(items) >= spec.count or state["rounds"] >= scan_rounds_max:
                     return done(worker + 1)
                 state["worker"], state["local"] = worker + 1, 0
             value = ask()

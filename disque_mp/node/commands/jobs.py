@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from workers.ids import is_valid_job_id
-from workers.job import STATE_BY_NAME
+from workers.job import STATE_BY_NAME, delay_max_s, retry_max_s, ttl_max_s
 from workers.replies import (
     ERR_BADID,
     ERR_SYNTAX,
@@ -24,7 +24,15 @@ from workers.replies import (
     Error,
     err_arity,
 )
-from workers.shard import Shard, jscan_count_default, qscan_count_default, ttl_default_s
+from workers.shard import (
+    ERR_DELAY_MAX,
+    ERR_RETRY_MAX,
+    ERR_TTL_MAX,
+    Shard,
+    jscan_count_default,
+    qscan_count_default,
+    ttl_default_s,
+)
 
 ERR_TIMEOUT_NOT_INT: Final = Error("ERR timeout is not an integer or out of range")
 ERR_TIMEOUT_NEGATIVE: Final = Error("ERR timeout is negative")
@@ -39,6 +47,27 @@ ERR_STATE: Final = Error("ERR Invalid job state name")
 ERR_CURSOR: Final = Error("ERR invalid cursor")
 
 replicate_max: Final = 65535  # Disque's bound (a 16-bit field on the wire)
+
+
+class Limits:
+    """The work one command may do (config getjob-count-max, qpeek-count-max,
+    scan-count-max): each worker applies its config here at start and on CONFIG SET."""
+
+    __slots__ = ("getjob_count_max", "qpeek_count_max", "scan_count_max")
+
+    def __init__(self) -> None:
+        self.getjob_count_max = 10_000
+        self.qpeek_count_max = 10_000
+        self.scan_count_max = 1_000
+
+
+limits: Final = Limits()
+
+
+def apply_limits(cfg: Any) -> None:
+    limits.getjob_count_max = int(cfg.getjob_count_max)
+    limits.qpeek_count_max = int(cfg.qpeek_count_max)
+    limits.scan_count_max = int(cfg.scan_count_max)
 
 # Redis' string2ll: optional minus, no leading zeros, no plus, no spaces, 64-bit.
 _INT_RE = re.compile(rb"\A(?:0|-?[1-9][0-9]{0,18})\Z")
@@ -85,7 +114,7 @@ def _job_ids(args: list[bytes]) -> list[str] | Error:
 
 
 @dataclass(slots=True)
-class AddJob:
+class AddJobArgs:
     queue: bytes
     body: bytes
     timeout_ms: int
@@ -97,11 +126,11 @@ class AddJob:
     async_: bool = False
 
 
-def parse_addjob(args: list[bytes]) -> AddJob | Error:
+def parse_addjob(args: list[bytes]) -> AddJobArgs | Error:
     """``queue body ms-timeout [options]``: options first, then the timeout (Disque's order)."""
     if len(args) < 3:
         return err_arity("addjob")
-    a = AddJob(args[0], args[1], 0)
+    a = AddJobArgs(args[0], args[1], 0)
     i, n = 3, len(args)
     while i < n:
         opt = args[i].lower()
@@ -123,42 +152,48 @@ def parse_addjob(args: list[bytes]) -> AddJob | Error:
     return a
 
 
-def _opt_replicate(a: AddJob, v: int | None) -> Error | None:
+def _opt_replicate(a: AddJobArgs, v: int | None) -> Error | None:
     if v is None or not 1 <= v <= replicate_max:
         return ERR_REPLICATE
     a.replicate = v
     return None
 
 
-def _opt_ttl(a: AddJob, v: int | None) -> Error | None:
+def _opt_ttl(a: AddJobArgs, v: int | None) -> Error | None:
     if v is None or v <= 0:
         return ERR_TTL
+    if v > ttl_max_s:
+        return ERR_TTL_MAX
     a.ttl_s = v
     return None
 
 
-def _opt_retry(a: AddJob, v: int | None) -> Error | None:
+def _opt_retry(a: AddJobArgs, v: int | None) -> Error | None:
     if v is None or v < 0:
         return ERR_RETRY
+    if v > retry_max_s:
+        return ERR_RETRY_MAX
     a.retry_s = v
     return None
 
 
-def _opt_delay(a: AddJob, v: int | None) -> Error | None:
+def _opt_delay(a: AddJobArgs, v: int | None) -> Error | None:
     if v is None or v < 0:
         return ERR_DELAY
+    if v > delay_max_s:
+        return ERR_DELAY_MAX
     a.delay_s = v
     return None
 
 
-def _opt_maxlen(a: AddJob, v: int | None) -> Error | None:
+def _opt_maxlen(a: AddJobArgs, v: int | None) -> Error | None:
     if v is None or v <= 0:
         return ERR_MAXLEN
     a.maxlen = v
     return None
 
 
-_ADDJOB_OPTS: dict[bytes, Callable[[AddJob, int | None], Error | None]] = {
+_ADDJOB_OPTS: dict[bytes, Callable[[AddJobArgs, int | None], Error | None]] = {
     b"replicate": _opt_replicate,
     b"ttl": _opt_ttl,
     b"retry": _opt_retry,
@@ -187,7 +222,7 @@ def cmd_addjob(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
 
 
 @dataclass(slots=True)
-class GetJob:
+class GetJobArgs:
     nohang: bool
     timeout_ms: int  # 0 = block forever
     count: int
@@ -195,9 +230,9 @@ class GetJob:
     queues: list[bytes]
 
 
-def parse_getjob(args: list[bytes]) -> GetJob | Error:
+def parse_getjob(args: list[bytes]) -> GetJobArgs | Error:
     """``[NOHANG] [TIMEOUT ms] [COUNT n] [WITHCOUNTERS] FROM q1 ... qN``."""
-    g = GetJob(False, 0, 1, False, [])
+    g = GetJobArgs(False, 0, 1, False, [])
     i, n = 0, len(args)
     while i < n:
         opt = args[i].lower()
@@ -218,7 +253,7 @@ def parse_getjob(args: list[bytes]) -> GetJob | Error:
                 return ERR_NOT_INT
             if c <= 0:
                 return ERR_COUNT
-            g.count = c
+            g.count = c if c <= limits.getjob_count_max else limits.getjob_count_max
             i += 1
         elif opt == b"from":
             g.queues = args[i + 1 :]
@@ -231,7 +266,7 @@ def parse_getjob(args: list[bytes]) -> GetJob | Error:
     return g
 
 
-def run_getjob(shard: Shard, g: GetJob, token: int, now_ms: int) -> Any:
+def run_getjob(shard: Shard, g: GetJobArgs, token: int, now_ms: int) -> Any:
     """GETJOB when one shard owns every queue named: reply now or PENDING (Wake later)."""
     entries = shard.op_take(g.queues, g.count, g.withcounters, now_ms)
     if entries:
@@ -287,7 +322,7 @@ def parse_qscan(args: list[bytes]) -> QScan | Error:
             if opt == b"count":
                 if v < 1:
                     return ERR_SYNTAX
-                s.count = v
+                s.count = min(v, limits.scan_count_max)
             else:
                 setattr(s, opt.decode(), v)
             i += 1
@@ -297,6 +332,8 @@ def parse_qscan(args: list[bytes]) -> QScan | Error:
                 return ERR_SYNTAX if cursor_set else ERR_CURSOR
             s.cursor, cursor_set = c, True
         i += 1
+    if s.busyloop:  # "everything in one call", within the bound of one call
+        s.count = limits.scan_count_max
     return s
 
 
@@ -316,7 +353,7 @@ def parse_jscan(args: list[bytes]) -> JScan | Error:
                 return v
             if v < 1:
                 return ERR_SYNTAX
-            s.count = v
+            s.count = min(v, limits.scan_count_max)
             i += 1
         elif opt == b"queue" and not last:
             s.queue = args[i + 1]
@@ -339,6 +376,8 @@ def parse_jscan(args: list[bytes]) -> JScan | Error:
                 return ERR_SYNTAX if cursor_set else ERR_CURSOR
             s.cursor, cursor_set = c, True
         i += 1
+    if s.busyloop:
+        s.count = limits.scan_count_max
     return s
 
 
@@ -388,6 +427,8 @@ def cmd_qpeek(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
     count = parse_int(args[1])
     if count is None:
         return ERR_NOT_INT
+    cap = limits.qpeek_count_max
+    count = cap if count > cap else (-cap if count < -cap else count)
     return shard.op_qpeek(args[0], count)
 
 

@@ -2,7 +2,7 @@
 
 Arity follows Redis/Disque: positive = exactly that many words (name included),
 negative = at least that many. Flags are the reference's (see
-../shared/reference/03-*.txt, COMMAND). The route says where a command runs:
+the reference server's COMMAND reply). The route says where a command runs:
 
     queue    arg 1 is a queue name: run on the worker owning its slot
     ids      args 1.. are job IDs: split by owner, run there, merge the replies

@@ -1,0 +1,301 @@
+"""A Dramatiq broker on Disque, through ``disque_mp.client.Disque``.
+
+- enqueue: ``ADDJOB queue <message> 0 RETRY <visibility_timeout> TTL <message_ttl>``;
+  a ``delay`` (ms) becomes ``DELAY ceil(delay / 1000)`` seconds: Disque counts
+  whole seconds, so a delay is rounded **up** (250 ms waits 1 s) and a message
+  never runs early. No delay queue and no ``eta`` option: the node holds the
+  job until it is due, the worker runs what it receives.
+- consume: ``GETJOB TIMEOUT <ms> COUNT <free prefetch slots> FROM queue``;
+  while a message is held (prefetched or running) a heartbeat thread sends
+  ``WORKING`` for it, so a long task is not delivered twice while its worker
+  lives, and a worker killed mid-task sees its messages again after
+  ``visibility_timeout``.
+- ack: ``ACKJOB``; nack (the message failed for good, e.g. Retries gave up):
+  ``ADDJOB <queue>.XQ`` (Dramatiq's dead-letter queue name, TTL
+  ``dead_message_ttl``) then ``ACKJOB``; requeue (a consumer that stops with
+  messages it did not run): ``NACK``, which queues them again at once.
+- Retries middleware works unchanged: it enqueues the retry with a delay.
+- Failover across nodes and ``-LEAVING`` come from the client.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from dramatiq.broker import Broker, Consumer, MessageProxy
+from dramatiq.common import xq_name
+from dramatiq.errors import BrokerConnectionError, DecodeError
+from dramatiq.message import Message
+from dramatiq.middleware import Middleware
+
+from disque_mp.client import Disque, DisqueConnectionError, DisqueError, Heartbeat
+
+log = logging.getLogger("disque_mp.dramatiq")
+
+# Disque's default RETRY: a message neither acked nor kept alive by the
+# heartbeat is delivered again after this long.
+visibility_timeout_default_s = 300
+# A message nobody consumed is dropped after this long (Disque's default TTL).
+message_ttl_default_s = 24 * 3600
+# Dead-lettered messages are kept this long (Dramatiq's Redis broker: 7 days).
+dead_message_ttl_default_s = 7 * 24 * 3600
+# One GETJOB blocks at most this long (the consumer's own timeout is usually 1 s).
+block_ms_max = 1000
+# Sleep between checks while the prefetch limit is reached (no GETJOB then).
+prefetch_full_sleep_s = 0.005
+# purge: IDs peeked and acked per round, rounds at most (a producer faster than
+# the purge would keep it going forever)
+purge_batch_jobs = 1000
+purge_rounds_max = 10_000
+# join(): how often it looks at the queue
+join_poll_s = 0.1
+url_scheme = "disque://"
+
+
+def delay_seconds(delay_ms: int | float | None) -> int | None:
+    """Dramatiq's delay (ms) as Disque's DELAY (whole seconds, rounded up); None for none."""
+    if delay_ms is None or delay_ms <= 0:
+        return None
+    return math.ceil(delay_ms / 1000)
+
+
+def nodes_from_url(url: str) -> list[str]:
+    """``disque://h1:7711,h2:7712`` (or ``h1:7711,h2:7712``) -> ``["h1:7711", "h2:7712"]``
+    (the client checks each address)."""
+    rest = url[len(url_scheme):] if url.startswith(url_scheme) else url
+    rest = rest.split("/", 1)[0]
+    return [n.strip() for n in rest.split(",") if n.strip()]
+
+
+class DisqueMessage(MessageProxy):
+    """A delivered message and the Disque job that carries it."""
+
+    def __init__(self, message: Message, job_id: str) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+
+
+class DisqueBroker(Broker):
+    """``DisqueBroker(nodes=[...])`` or ``DisqueBroker(url="disque://h1:7711,h2:7712")``.
+
+    ``visibility_timeout`` (s): Disque RETRY of every message. ``message_ttl``
+    (s): how long a message waits for a consumer at most (a delay is added to
+    it). ``dead_message_ttl`` (s): life of dead-lettered messages.
+    ``replicate``: copies per job in a cluster (node default when None).
+    ``heartbeat``: WORKING for held messages (default on). ``client``: an
+    existing ``Disque`` to use instead of creating one.
+    """
+
+    def __init__(
+        self,
+        *,
+        url: str | None = None,
+        nodes: str | Sequence[str | tuple[str, int]] | None = None,
+        middleware: list[Middleware] | None = None,
+        visibility_timeout: int = visibility_timeout_default_s,
+        message_ttl: int = message_ttl_default_s,
+        dead_message_ttl: int = dead_message_ttl_default_s,
+        replicate: int | None = None,
+        heartbeat: bool = True,
+        password: str | None = None,
+        client: Disque | None = None,
+    ) -> None:
+        super().__init__(middleware=middleware)
+        if visibility_timeout < 1:
+            raise ValueError("visibility_timeout must be >= 1 s (RETRY 0 is at-most-once)")
+        if message_ttl < 1 or dead_message_ttl < 1:
+            raise ValueError("message_ttl and dead_message_ttl must be >= 1 s")
+        if url is not None and nodes is not None:
+            raise ValueError("give url or nodes, not both")
+        seeds = nodes_from_url(url) if url is not None else nodes
+        self.client = client or Disque(seeds, password=password)  # ValueError on a bad address
+        self.visibility_timeout_s = int(visibility_timeout)
+        self.message_ttl_s = int(message_ttl)
+        self.dead_message_ttl_s = int(dead_message_ttl)
+        self.replicate = replicate
+        self.heartbeat = heartbeat
+        self.queues: set[str] = set()
+
+    # ---- queues
+
+    def declare_queue(self, queue_name: str) -> None:
+        if queue_name in self.queues:
+            return
+        self.emit_before("declare_queue", queue_name)
+        self.queues.add(queue_name)  # Disque creates queues on the first job
+        self.emit_after("declare_queue", queue_name)
+
+    def get_declared_queues(self) -> set[str]:
+        return self.queues.copy()
+
+    def get_declared_delay_queues(self) -> set[str]:
+        return set()  # delays are Disque's DELAY: no delay queues to consume
+
+    # ---- produce
+
+    def enqueue(self, message: Message, *, delay: int | None = None) -> Message:
+        delay_s = delay_seconds(delay)
+        self.logger.debug("Enqueueing message %r on queue %r.", message.message_id,
+                          message.queue_name)
+        self.emit_before("enqueue", message, delay)
+        try:
+            self.client.add_job(message.queue_name, message.encode(), replicate=self.replicate,
+                                delay=delay_s, retry=self.visibility_timeout_s,
+                                ttl=self.message_ttl_s + (delay_s or 0))
+        except DisqueConnectionError as exc:
+            raise BrokerConnectionError(str(exc)) from exc
+        self.emit_after("enqueue", message, delay)
+        return message
+
+    def dead_letter(self, queue_name: str, body: bytes) -> None:
+        self.client.add_job(xq_name(queue_name), body, replicate=self.replicate,
+                            retry=self.visibility_timeout_s, ttl=self.dead_message_ttl_s)
+
+    # ---- consume
+
+    def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 30000) -> Consumer:
+        return DisqueConsumer(self, queue_name, prefetch, timeout)
+
+    # ---- maintenance
+
+    def flush(self, queue_name: str) -> None:
+        """Ack every job queued on the connected node in the queue and its dead letters."""
+        for name in (queue_name, xq_name(queue_name)):
+            for _ in range(purge_rounds_max):
+                jobs = self.client.qpeek(name, purge_batch_jobs)
+                if not jobs:
+                    break
+                self.client.ack(jobs)
+
+    def flush_all(self) -> None:
+        for queue_name in self.queues:
+            self.flush(queue_name)
+
+    def pending(self, queue_name: str) -> int:
+        """Jobs of the queue queued or being worked on (active) on the connected node."""
+        return sum(1 for _ in self.client.iter_jobs(queue=queue_name, states=["queued"])) + \
+            sum(1 for _ in self.client.iter_jobs(queue=queue_name, states=["active"]))
+
+    def join(self, queue_name: str, *, timeout: int | None = None) -> None:
+        """Wait until the queue has nothing queued, delayed or in flight on the
+        connected node (a test helper, as on Dramatiq's other brokers)."""
+        from dramatiq.errors import QueueJoinTimeout
+
+        deadline = None if timeout is None else time.monotonic() + timeout / 1000
+        while self.pending(queue_name):
+            if deadline is not None and time.monotonic() > deadline:
+                raise QueueJoinTimeout(queue_name)
+            time.sleep(join_poll_s)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class DisqueConsumer(Consumer):
+    """Messages of one queue, at most ``prefetch`` held (taken and not yet acked)."""
+
+    def __init__(self, broker: DisqueBroker, queue_name: str, prefetch: int,
+                 timeout_ms: int) -> None:
+        self.broker = broker
+        self.client = broker.client
+        self.queue_name = queue_name
+        self.prefetch = max(1, int(prefetch))
+        self.timeout_ms = max(1, int(timeout_ms))
+        self._buffer: deque[DisqueMessage] = deque()
+        self._held: set[str] = set()  # job IDs taken, not yet acked/nacked/requeued
+        self._lock = threading.Lock()
+        self._beat = Heartbeat(self.client.working) if broker.heartbeat else None
+
+    def __next__(self) -> DisqueMessage | None:
+        deadline = time.monotonic() + self.timeout_ms / 1000
+        while True:
+            if self._buffer:
+                return self._buffer.popleft()
+            with self._lock:
+                free = self.prefetch - len(self._held)
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if free > 0:
+                self._fetch(free, max(1, min(block_ms_max, remaining_ms)))
+                if self._buffer:
+                    continue
+            else:
+                time.sleep(prefetch_full_sleep_s)
+            if time.monotonic() >= deadline:
+                return None
+
+    def _fetch(self, count: int, block_ms: int) -> None:
+        try:
+            jobs = self.client.get_jobs(self.queue_name, timeout_ms=block_ms, count=count)
+        except DisqueConnectionError as exc:
+            raise BrokerConnectionError(str(exc)) from exc
+        for job in jobs:
+            try:
+                message = Message.decode(job.body)
+            except DecodeError as exc:
+                log.error("job %s in queue %r is not a Dramatiq message (%s): moved to %r",
+                          job.id, job.queue, exc, xq_name(self.queue_name))
+                self.broker.dead_letter(self.queue_name, job.body)
+                self.client.ack(job.id)
+                continue
+            with self._lock:
+                self._held.add(job.id)
+            if self._beat is not None:
+                self._beat.add(job.id)
+            self._buffer.append(DisqueMessage(message, job.id))
+
+    def _release(self, messages: Iterable[DisqueMessage]) -> list[str]:
+        """Forget messages (idempotent: a retried ack must not free a slot twice)."""
+        ids = []
+        for m in messages:
+            if self._beat is not None:
+                self._beat.remove(m.job_id)
+            ids.append(m.job_id)
+        with self._lock:
+            self._held.difference_update(ids)
+        return ids
+
+    def ack(self, message: MessageProxy) -> None:
+        assert isinstance(message, DisqueMessage)
+        ids = self._release([message])
+        self._call(self.client.ack, ids)
+
+    def nack(self, message: MessageProxy) -> None:
+        assert isinstance(message, DisqueMessage)
+        ids = self._release([message])
+        try:
+            self.broker.dead_letter(self.queue_name, message._message.encode())
+        except DisqueConnectionError as exc:
+            raise BrokerConnectionError(str(exc)) from exc
+        self._call(self.client.ack, ids)
+
+    def requeue(self, messages: Iterable[MessageProxy]) -> None:
+        held = [m for m in messages if isinstance(m, DisqueMessage)]
+        ids = self._release(held)
+        if ids:
+            self._call(self.client.nack, ids)
+
+    def _call(self, command: Any, ids: list[str]) -> None:
+        try:
+            command(ids)
+        except DisqueConnectionError as exc:
+            raise BrokerConnectionError(str(exc)) from exc
+        except DisqueError as exc:
+            # not lost: Disque delivers the job again after its retry time
+            log.warning("%s of %s failed: %s", command.__name__, ids, exc)
+
+    def close(self) -> None:
+        """Give back prefetched messages the worker never saw (NACK: queued again now)."""
+        try:
+            if self._buffer:
+                self.requeue(list(self._buffer))
+                self._buffer.clear()
+        finally:
+            if self._beat is not None:
+                self._beat.close()
+                self._beat = None

@@ -1,0 +1,18 @@
+"""Celery/kombu broker on Disque: importing this package registers ``disque://``.
+
+    import disque_mp.kombu
+    app = Celery("tasks", broker="disque://127.0.0.1:7711")
+
+or, without the import, ``broker_transport="disque_mp.kombu:Transport"``.
+See ``disque_mp.kombu.transport`` for the mapping and the transport options.
+"""
+
+from __future__ import annotations
+
+from kombu.transport import TRANSPORT_ALIASES
+
+from disque_mp.kombu.transport import BroadcastNotSupported, Channel, QoS, Transport
+
+TRANSPORT_ALIASES.setdefault("disque", "disque_mp.kombu:Transport")
+
+__all__ = ["BroadcastNotSupported", "Channel", "QoS", "Transport"]

@@ -1,0 +1,479 @@
+"""A kombu virtual transport on Disque: Celery's ``disque://`` broker.
+
+    import disque_mp.kombu                     # registers the disque:// scheme
+    app = Celery("tasks", broker="disque://127.0.0.1:7711;disque://127.0.0.1:7712")
+
+How kombu's operations map onto Disque (everything goes through
+``disque_mp.client.Disque``, which also moves to another node on ``-LEAVING``
+or a lost connection):
+
+- publish: ``ADDJOB queue <message as JSON> 0 RETRY <visibility_timeout>``, plus
+  ``DELAY`` for a Celery ``eta``/``countdown`` (seconds, rounded up) and ``TTL``
+  from ``expires`` (else ``message_ttl``);
+- consume: ``GETJOB TIMEOUT <ms> COUNT <free prefetch slots> FROM q1 q2 ...``
+  (left to right: the first queue that has jobs wins);
+- ack: ``ACKJOB``; reject with requeue: ``NACK``; reject without requeue:
+  ``ACKJOB``, after copying the message to ``dead_letter_queue`` when set;
+- unacked messages of a channel that closes (worker shutdown) go back with
+  ``NACK``, never by publishing them again (that would duplicate them);
+- queue size: ``QLEN``; purge: ``QPEEK`` + ``ACKJOB`` until the queue is empty.
+
+The delivery tag of a message is its Disque job ID. While a message is held
+unacked, a heartbeat thread sends ``WORKING`` for it (first after 0.5 s, then
+every half of its retry), so a task longer than the visibility timeout is not
+delivered twice while its worker lives; a worker that dies stops the heartbeat
+and its jobs come back after the visibility timeout.
+
+Disque has no broadcast primitive, and kombu's virtual transports keep exchange
+bindings in the memory of each process: fanout exchanges (Celery's remote
+control: ``celery inspect``, ``celery control``) are refused with
+``BroadcastNotSupported``; a Celery worker on this transport starts without
+remote control, as on SQS. Celery events (``-E``, ``celery events``, Flower)
+are dropped with a warning naming the reason (see ``_warn_events_once``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from queue import Empty
+from typing import Any
+
+from kombu.transport import virtual
+
+import disque_mp
+from disque_mp.client import (
+    Disque,
+    DisqueConnectionError,
+    DisqueError,
+    Heartbeat,
+    Job,
+)
+
+log = logging.getLogger("disque_mp.kombu")
+
+DEFAULT_PORT = 7711
+# Disque's own default RETRY: a message not acked (and not kept alive by the
+# heartbeat) is delivered again after this long.
+visibility_timeout_default_s = 300
+# Disque's default TTL: a message nobody consumed is dropped after a day.
+message_ttl_default_s = 24 * 3600
+# A GETJOB blocks at most this long, so the worker loop regains control often
+# enough to notice a shutdown and to send its pending operations.
+block_ms_max = 1000
+# Jobs asked for by one GETJOB when the channel has no prefetch limit.
+fetch_count_default = 100
+# Sleep between polls while the prefetch limit is reached (no GETJOB is sent then).
+polling_interval_default_s = 0.01
+# Purge: job IDs peeked and acked per round, and the rounds before giving up
+# (a producer that outpaces the purge would otherwise keep it going forever).
+purge_batch_jobs = 1000
+purge_rounds_max = 10_000
+# IDs per NACK when a closing channel returns its unacked messages.
+nack_batch_ids = 1000
+# Where a message that is not kombu's JSON goes (the queue name plus this),
+# when no dead_letter_queue is set: moved aside, never dropped.
+invalid_queue_suffix = ".invalid"
+# Priority queues: a message of priority p goes to the queue of the highest
+# step <= p, named like kombu's Redis transport does (name + sep + step).
+priority_separator = "\x06\x16"
+# Celery's event exchange (configurable there as event_exchange).
+celery_event_exchange = "celeryev"
+
+E_BROADCAST = (
+    "the disque:// transport cannot {what}: Disque has no broadcast primitive, and "
+    "kombu keeps exchange bindings per process. Celery remote control (celery inspect/"
+    "control, broadcast) and events (worker -E, celery events, Flower) are not supported "
+    "on this broker; use a result backend and task-level monitoring instead."
+)
+
+
+class BroadcastNotSupported(NotImplementedError):
+    """A fanout exchange (Celery remote control) was declared on disque://."""
+
+
+_events_warned = False
+
+
+def _warn_events_once() -> None:
+    """Celery events are dropped, with this warning once per process.
+
+    Raising instead would not stop them: a Celery worker started with ``-E``
+    keeps every event it failed to publish in an unbounded in-memory buffer
+    (its dispatcher's ``buffer_while_offline``). Published to an exchange no
+    queue of this process is bound to, an event goes nowhere, and nothing grows.
+    """
+    global _events_warned
+    if not _events_warned:
+        _events_warned = True
+        log.warning(E_BROADCAST.format(what="deliver Celery events")
+                    + " Events published by this process are dropped.")
+
+
+def seconds_until(stamp: Any, now_s: float) -> int | None:
+    """Whole seconds (rounded up, >= 0) from ``now_s`` to an ISO-8601 time or a
+    UNIX timestamp; None when there is no stamp. Naive times are UTC."""
+    if stamp is None or stamp == "":
+        return None
+    if isinstance(stamp, int | float):
+        when = float(stamp)
+    else:
+        parsed = datetime.fromisoformat(str(stamp))
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=UTC)
+        when = parsed.timestamp()
+    return max(0, math.ceil(when - now_s))
+
+
+def job_times(headers: dict[str, Any], now_s: float,
+              message_ttl_s: int) -> tuple[int, int]:
+    """(DELAY, TTL) of the job for a message's ``eta`` and ``expires`` headers.
+
+    Disque requires DELAY < TTL. A message that expires before its eta gets a
+    TTL one second past the delay: the worker then receives it and revokes it as
+    expired (Celery's behaviour), instead of ADDJOB failing.
+    """
+    delay_s = seconds_until(headers.get("eta"), now_s) or 0
+    expires_s = seconds_until(headers.get("expires"), now_s)
+    if expires_s is None:
+        ttl_s = message_ttl_s + delay_s
+    else:
+        ttl_s = max(1, expires_s, delay_s + 1)
+    return delay_s, ttl_s
+
+
+class QoS(virtual.QoS):
+    """Unacked messages by delivery tag (= job ID); ack, reject and restore speak Disque."""
+
+    def __init__(self, channel: Channel, prefetch_count: int = 0) -> None:
+        super().__init__(channel, prefetch_count)
+        self._beat: Heartbeat | None = None
+        if channel.heartbeat:
+            self._beat = Heartbeat(channel.client.working)
+
+    def append(self, message: Any, delivery_tag: str) -> None:
+        super().append(message, delivery_tag)
+        if self._beat is not None:
+            self._beat.add(delivery_tag)
+
+    def ack(self, delivery_tag: str) -> None:
+        if self._beat is not None:
+            self._beat.remove(delivery_tag)
+        self.channel.client.ack(delivery_tag)
+        self._quick_ack(delivery_tag)
+
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        if self._beat is not None:
+            self._beat.remove(delivery_tag)
+        if requeue:
+            self.channel.client.nack(delivery_tag)
+        else:
+            message = self._delivered.get(delivery_tag)
+            self.channel.dead_letter(delivery_tag, message)
+        self._quick_ack(delivery_tag)
+
+    def restore_unacked(self) -> list[tuple[BaseException, Any]]:
+        """NACK every message delivered and not acked: Disque queues them again now."""
+        self._flush()
+        tags = list(self._delivered)
+        errors: list[tuple[BaseException, Any]] = []
+        for start in range(0, len(tags), nack_batch_ids):
+            chunk = tags[start:start + nack_batch_ids]
+            try:
+                self.channel.client.nack(chunk)
+            except DisqueError as exc:
+                # not lost: Disque delivers them again after the visibility timeout
+                log.warning("NACK of %d unacked jobs failed (%s): they come back after "
+                            "their retry time", len(chunk), exc)
+                errors += [(exc, self._delivered[t]) for t in chunk]
+        for tag in tags:
+            if self._beat is not None:
+                self._beat.remove(tag)
+        self._delivered.clear()
+        return errors
+
+    def restore_unacked_once(self, stderr: Any = None) -> None:
+        # The base class dumps unrestorable messages to a file for re-publishing;
+        # here they are still safe in Disque (requeued after their retry time).
+        self._on_collect.cancel()
+        self._flush()
+        state = self._delivered
+        if not self.restore_at_shutdown or getattr(state, "restored", False):
+            return
+        try:
+            if state:
+                log.info("returning %d unacked messages to Disque with NACK", len(state))
+                self.restore_unacked()
+        finally:
+            state.restored = True  # type: ignore[attr-defined]  # kombu's own marker
+
+    def close(self) -> None:
+        if self._beat is not None:
+            self._beat.close()
+            self._beat = None
+
+
+class Channel(virtual.Channel):
+    """One kombu channel; the Disque client is the connection's (thread-safe)."""
+
+    QoS = QoS
+    do_restore = True
+    supports_fanout = False
+
+    from_transport_options: Any = virtual.Channel.from_transport_options + (
+        "visibility_timeout", "message_ttl", "replicate", "async_replication",
+        "dead_letter_queue", "priority_steps", "heartbeat", "fetch_count",
+    )
+    visibility_timeout: int = visibility_timeout_default_s
+    message_ttl: int = message_ttl_default_s
+    replicate: int | None = None
+    async_replication: bool = False
+    dead_letter_queue: str | None = None
+    priority_steps: Sequence[int] = (0,)
+    heartbeat: bool = True
+    fetch_count: int = fetch_count_default
+
+    def __init__(self, connection: Transport, **kwargs: Any) -> None:
+        super().__init__(connection, **kwargs)
+        self._check_options()
+
+    def _check_options(self) -> None:
+        if int(self.visibility_timeout) < 1:
+            raise ValueError("disque:// visibility_timeout must be >= 1 second "
+                             "(RETRY 0 would make delivery at-most-once)")
+        if int(self.message_ttl) < 1:
+            raise ValueError("disque:// message_ttl must be >= 1 second")
+        steps = sorted(int(s) for s in self.priority_steps)
+        if not steps or steps[0] != 0:
+            raise ValueError("disque:// priority_steps must start with 0, e.g. [0, 3, 6, 9]")
+        self.priority_steps = steps
+
+    @property
+    def client(self) -> Disque:
+        return self.connection.disque
+
+    # ---- exchanges: no broadcast
+
+    def exchange_declare(self, exchange: str | None = None, type: str = "direct",
+                         *args: Any, **kwargs: Any) -> None:
+        if type == "fanout":
+            raise BroadcastNotSupported(E_BROADCAST.format(
+                what=f"declare the fanout exchange {exchange!r}"))
+        if exchange == celery_event_exchange:
+            _warn_events_once()
+        super().exchange_declare(exchange, type, *args, **kwargs)
+
+    # ---- queue names and priority
+
+    def _queue_for(self, queue: str, priority: int) -> str:
+        step = max(s for s in self.priority_steps if s <= priority) if priority > 0 else 0
+        return queue if step == 0 else f"{queue}{priority_separator}{step}"
+
+    def _all_queues(self, queue: str) -> list[str]:
+        """A kombu queue's Disque queues, the one consumed first (priority 0) first."""
+        return [self._queue_for(queue, s) for s in self.priority_steps]
+
+    @staticmethod
+    def _kombu_queue(disque_queue: str) -> str:
+        return disque_queue.split(priority_separator, 1)[0]
+
+    # ---- the virtual transport's primitives
+
+    def _new_queue(self, queue: str, **kwargs: Any) -> None:
+        """Disque creates queues on the first job: nothing to do."""
+
+    def _has_queue(self, queue: str, **kwargs: Any) -> bool:
+        return True
+
+    def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
+        delay_s, ttl_s = job_times(message.get("headers") or {}, time.time(),
+                                   int(self.message_ttl))
+        priority = self._get_message_priority(message, reverse=False)
+        self.client.add_job(self._queue_for(queue, priority),
+                            json.dumps(message, separators=(",", ":")),
+                            replicate=self.replicate, delay=delay_s or None,
+                            retry=int(self.visibility_timeout), ttl=ttl_s,
+                            async_=bool(self.async_replication))
+
+    def _get(self, queue: str, timeout: float | None = None) -> dict[str, Any]:
+        """One message (basic_get): NOHANG, Empty when there is none."""
+        jobs = self.client.get_jobs(self._all_queues(queue), nohang=True, count=1)
+        for job in jobs:
+            payload = self._decode(job)
+            if payload is not None:
+                return payload
+        raise Empty()
+
+    def _get_many(self, queues: Iterable[str], timeout: float | None = None) -> None:
+        """GETJOB over every consumed queue; deliver what came (Empty if nothing)."""
+        names = [q for queue in queues for q in self._all_queues(queue)]
+        if not names:
+            raise Empty()
+        count = self.qos.can_consume_max_estimate() or int(self.fetch_count)
+        block_ms = block_ms_max if timeout is None else int(timeout * 1000)
+        block_ms = max(1, min(block_ms_max, block_ms))  # TIMEOUT 0 would block forever
+        jobs = self.client.get_jobs(names, timeout_ms=block_ms, count=count)
+        delivered = 0
+        for job in jobs:
+            payload = self._decode(job)
+            if payload is not None:
+                self.connection._deliver(payload, self._kombu_queue(job.queue))
+                delivered += 1
+        if not delivered:
+            raise Empty()
+
+    def _decode(self, job: Job) -> dict[str, Any] | None:
+        """The kombu message of a job, its delivery tag set to the job ID; a job
+        that is not one is moved aside (never lost, never retried forever)."""
+        try:
+            payload = json.loads(job.body)
+            props = payload["properties"]
+            props["delivery_tag"] = job.id
+            props.setdefault("delivery_info", {})
+            return payload
+        except (ValueError, KeyError, TypeError) as exc:
+            target = self.dead_letter_queue or job.queue + invalid_queue_suffix
+            log.error("job %s in queue %r is not a kombu message (%s): moved to %r",
+                      job.id, job.queue, exc, target)
+            self.client.add_job(target, job.body, retry=int(self.visibility_timeout),
+                                ttl=int(self.message_ttl))
+            self.client.ack(job.id)
+            return None
+
+    def dead_letter(self, job_id: str, message: Any) -> None:
+        """Reject without requeue: copy to ``dead_letter_queue`` when set, then ACKJOB."""
+        if self.dead_letter_queue and message is not None:
+            raw = message.serializable() if hasattr(message, "serializable") else message
+            self.client.add_job(self.dead_letter_queue,
+                                json.dumps(raw, separators=(",", ":")),
+                                retry=int(self.visibility_timeout), ttl=int(self.message_ttl))
+        self.client.ack(job_id)
+
+    def _restore(self, message: Any) -> None:
+        """Redeliver (basic_recover, a message nobody consumes here): NACK, not re-publish."""
+        self.client.nack(message.delivery_tag)
+
+    def _size(self, queue: str) -> int:
+        return sum(self.client.qlen(q) for q in self._all_queues(queue))
+
+    def _purge(self, queue: str) -> int:
+        """Ack every job queued on the node we are connected to; returns how many.
+
+        Jobs queued on other nodes of a cluster (or being worked on) stay: Disque
+        has no cluster-wide "empty this queue"."""
+        purged = 0
+        for name in self._all_queues(queue):
+            for _ in range(purge_rounds_max):
+                jobs = self.client.qpeek(name, purge_batch_jobs)
+                if not jobs:
+                    break
+                purged += self.client.ack(jobs)
+        return purged
+
+    def _delete(self, queue: str, *args: Any, **kwargs: Any) -> None:
+        self._purge(queue)
+
+    def close(self) -> None:
+        qos = self._qos
+        super().close()  # returns the unacked messages (NACK)
+        if qos is not None:
+            qos.close()
+
+
+class Transport(virtual.Transport):
+    """kombu transport ``disque``: ``Connection("disque://host:7711")``.
+
+    Nodes: the URL's host (``disque://h1:7711;disque://h2:7712`` gives kombu's
+    alternates, all used as seeds) plus ``transport_options["nodes"]``.
+    Transport options: ``visibility_timeout`` (RETRY, s), ``message_ttl`` (TTL of
+    messages without ``expires``, s), ``replicate``, ``async_replication``,
+    ``dead_letter_queue``, ``priority_steps``, ``heartbeat`` (WORKING for unacked
+    messages), ``fetch_count``, ``polling_interval``, ``socket_timeout``,
+    ``connect_timeout``, ``password`` (or in the URL).
+    """
+
+    Channel = Channel
+    default_port: Any = DEFAULT_PORT
+    driver_type = "disque"
+    driver_name = "disque"
+    polling_interval = polling_interval_default_s
+
+    implements = virtual.Transport.implements.extend(
+        asynchronous=False,
+        exchange_type=frozenset(["direct", "topic"]),
+        heartbeats=False,
+    )
+    # kombu (and Celery) reconnect on connection_errors; a node that answers with
+    # an error reply is a channel error
+    connection_errors: Any = (*virtual.Transport.connection_errors, DisqueConnectionError)
+    channel_errors: Any = (*virtual.Transport.channel_errors, DisqueError)
+
+    def __init__(self, client: Any, **kwargs: Any) -> None:
+        super().__init__(client, **kwargs)
+        self._disque: Disque | None = None
+
+    def seeds(self) -> list[str]:
+        """Every node named by the URL(s) and the ``nodes`` transport option, as
+        ``host:port`` (the client checks them)."""
+        out: list[str] = []
+        conninfo: Any = self.client
+        for url in conninfo.alt or []:
+            host, port = _url_address(url)
+            out.append(f"{host or conninfo.hostname or '127.0.0.1'}:{port or DEFAULT_PORT}")
+        if not out:
+            out.append(f"{conninfo.hostname or '127.0.0.1'}:{conninfo.port or DEFAULT_PORT}")
+        for node in conninfo.transport_options.get("nodes") or []:
+            if str(node) not in out:
+                out.append(str(node))
+        return out
+
+    @property
+    def disque(self) -> Disque:
+        if self._disque is None:
+            conninfo: Any = self.client
+            opts = conninfo.transport_options
+            self._disque = Disque(self.seeds(), socket_timeout=opts.get("socket_timeout"),
+                                  connect_timeout=float(opts.get("connect_timeout", 2.0)),
+                                  password=conninfo.password or opts.get("password"))
+        return self._disque
+
+    def establish_connection(self) -> Transport:
+        self.disque.ping()  # DisqueConnectionError (a connection error) if no node answers
+        return super().establish_connection()
+
+    def close_connection(self, connection: Any) -> None:
+        super().close_connection(connection)
+        if self._disque is not None:
+            self._disque.close()
+            self._disque = None
+
+    def drain_events(self, connection: Any, timeout: Any = None, **kwargs: Any) -> Any:
+        # The base loop sleeps polling_interval after every empty round; our
+        # GETJOB already blocked, so only sleep when nothing was asked for
+        # (every channel at its prefetch limit).
+        cycle = self.cycle
+        assert cycle is not None  # set by the constructor
+        start = time.monotonic()
+        while True:
+            try:
+                cycle.get(self._deliver, timeout=timeout)
+                return
+            except Empty:
+                if timeout is not None and time.monotonic() - start >= timeout:
+                    raise TimeoutError() from None
+                if not any(c._consumers and c.qos.can_consume() for c in self.channels):
+                    time.sleep(self.polling_interval or 0)
+
+    def driver_version(self) -> str:
+        return disque_mp.__version__
+
+
+def _url_address(url: str) -> tuple[str | None, int | None]:
+    from kombu.utils.url import parse_url
+
+    parts = parse_url(url)
+    return parts.get("hostname"), parts.get("port")

@@ -1,0 +1,457 @@
+"""Routes of the HTTP endpoint: the dashboard's files, ``/metrics`` and the JSON API.
+
+The API has the semantics of the commands because it runs them (``commands.call``):
+
+    GET    /api/overview                 node totals (INFO-like), per worker
+    GET    /api/queues[?limit=N]         largest queues with sizes and in/out rates
+    GET    /api/queues/{queue}           QSTAT, first queued jobs (QPEEK), active jobs (JSCAN)
+    POST   /api/queues/{queue}/pause     {"state": "in"|"out"|"all"|"none"} (default all)
+    POST   /api/queues/{queue}/resume    PAUSE queue none
+    POST   /api/queues/{queue}/requeue   dead-letter queue -> its queue (dead:q -> q)
+    GET    /api/jobs/{id}                SHOW
+    DELETE /api/jobs/{id}                DELJOB
+    POST   /api/jobs/{id}/ack            ACKJOB
+    POST   /api/jobs/{id}/nack           NACK (only an active job)
+    POST   /api/jobs/{id}/dead           move to the dead-letter queue dead:{queue}
+    GET    /api/nodes                    HELLO and the cluster view (flags, links)
+
+Errors are ``{"error": text, "status": code}``: 400 bad job ID or body, 404 unknown
+path, queue or job, 405 wrong method (with ``Allow``), 409 a job in a state the
+action does not apply to, 415 a POST without ``Content-Type: application/json``
+(a cross-site form cannot send one without a preflight, which is refused).
+Queue names travel percent-encoded in the path; names that are not UTF-8 are
+shown with replacement characters and cannot be acted on from the API.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.parse
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from disque_mp.node.http import metrics as metricsmod
+from disque_mp.node.http.commands import ReplyError, call
+from disque_mp.node.http.ops import gather
+from disque_mp.node.http.server import Request, Response
+from workers.ids import is_valid_job_id
+
+if TYPE_CHECKING:
+    from disque_mp.node.worker import Worker
+
+DEAD_PREFIX = "dead:"  # the dead-letter queue of queue q is dead:q
+queue_jobs_default = 50  # jobs shown by GET /api/queues/{queue} without ?count
+queues_default = 100  # queues listed by GET /api/queues without ?limit
+jscan_calls_max = 8  # JSCAN calls one queue view spends looking for its active jobs
+requeue_batch = 100  # jobs a requeue takes per GETJOB
+add_timeout_ms = 5000  # ADDJOB's replication timeout for jobs the API moves
+rate_interval_ms = 1000  # queue rates are recomputed at most this often
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+STATIC_TYPES = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
+                "app.css": "text/css; charset=utf-8", "favicon.svg": "image/svg+xml"}
+
+Handler = Callable[["Worker", Request, list[str]], Awaitable[Response]]
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(text)
+        self.status = status
+
+
+def error(status: int, text: str, headers: dict[str, str] | None = None) -> Response:
+    return Response(status, orjson.dumps({"error": text, "status": status}), headers=headers)
+
+
+def ok(value: Any, status: int = 200) -> Response:
+    return Response(status, orjson.dumps(value))
+
+
+def text(raw: Any) -> Any:
+    """A reply value made JSON-able: bytes as UTF-8 text (replacement characters)."""
+    if isinstance(raw, bytes):
+        return raw.decode("utf-8", "replace")
+    if isinstance(raw, list):
+        return [text(v) for v in raw]
+    return raw
+
+
+def pairs(reply: list[Any]) -> dict[str, Any]:
+    """A flat [key, value, ...] reply (SHOW, QSTAT) as a dict."""
+    return {text(reply[i]): text(reply[i + 1]) for i in range(0, len(reply) - 1, 2)}
+
+
+# ------------------------------------------------------------------ static files and metrics
+
+
+def _static(name: str) -> Response:
+    ctype = STATIC_TYPES.get(name)
+    if ctype is None:
+        return error(404, "no such file")
+    try:
+        body = (STATIC_DIR / name).read_bytes()
+    except OSError:
+        return error(404, "no such file")
+    return Response(200, body, ctype)
+
+
+async def get_index(w: Worker, req: Request, args: list[str]) -> Response:
+    return _static("index.html")
+
+
+async def get_static(w: Worker, req: Request, args: list[str]) -> Response:
+    return _static(args[0])
+
+
+async def get_metrics(w: Worker, req: Request, args: list[str]) -> Response:
+    parts = await gather(w, "http.metrics", w.cfg.http_metrics_queues_max)
+    return Response(200, metricsmod.render(w, parts), metricsmod.CONTENT_TYPE)
+
+
+# ------------------------------------------------------------------ node and queues
+
+
+def _alive(parts: list[Any]) -> list[dict[str, Any]]:
+    return [p for p in parts if isinstance(p, dict)]
+
+
+async def get_overview(w: Worker, req: Request, args: list[str]) -> Response:
+    parts = await gather(w, "http.metrics", 0)
+    live = _alive(parts)
+
+    def total(key: str) -> int:
+        return sum(int(p["metrics"][key]) for p in live)
+
+    mem = [p.get("mem") or {} for p in live]
+    return ok({
+        "node_id": w.node_id, "port": w.cfg.port, "workers": w.workers,
+        "uptime_s": int(time.time() - w.start_s),
+        "jobs": total("jobs"), "queues": total("queues"), "queued": total("queued"),
+        "active": total("active"), "delayed": total("delayed"),
+        "added": total("added"), "delivered": total("delivered"), "acked": total("acked"),
+        "nacked": total("nacked"), "expired": total("expired"),
+        "clients": sum(int(p["clients"]) for p in live),
+        "blocked": sum(int(p["blocked"]) for p in live),
+        "ops_per_sec": sum(int(p["ops_per_sec"]) for p in live),
+        "memory_used": sum(int(m.get("used", 0)) for m in mem), "maxmemory": w.cfg.maxmemory,
+        "memory_level": max([int(m.get("level", 0)) for m in mem] or [0]),
+        "per_worker": [None if not isinstance(p, dict) else {
+            "worker": i, "pid": p["pid"], "jobs": p["metrics"]["jobs"],
+            "queues": p["metrics"]["queues"], "clients": p["clients"], "rss": p["rss"],
+            "ops_per_sec": p["ops_per_sec"]} for i, p in enumerate(parts)],
+    })
+
+
+class Rates:
+    """Per-queue in/out rates for the API, from the totals of successive requests
+    served by this worker (each worker keeps its own: bounded by the queues listed)."""
+
+    def __init__(self) -> None:
+        self.last: dict[bytes, tuple[int, int, int]] = {}
+        self.rates: dict[bytes, tuple[float, float]] = {}
+
+    def update(self, name: bytes, now_ms: int, jobs_in: int, jobs_out: int) -> tuple[float, float]:
+        prev = self.last.get(name)
+        if prev is None or jobs_in < prev[1] or jobs_out < prev[2]:
+            self.last[name] = (now_ms, jobs_in, jobs_out)
+            return self.rates.get(name, (0.0, 0.0))
+        dt_ms = now_ms - prev[0]
+        if dt_ms >= rate_interval_ms:
+            self.rates[name] = ((jobs_in - prev[1]) * 1000 / dt_ms, (jobs_out - prev[2]) * 1000 / dt_ms)
+            self.last[name] = (now_ms, jobs_in, jobs_out)
+        return self.rates.get(name, (0.0, 0.0))
+
+    def bound(self, keep_max: int) -> None:
+        if len(self.last) > keep_max:
+            self.last.clear()
+            self.rates.clear()
+
+
+_rates = Rates()
+
+
+def _int_param(req: Request, name: str, default: int, hi: int) -> int:
+    values = urllib.parse.parse_qs(req.query).get(name)
+    if not values:
+        return min(default, hi)
+    if not values[0].isdigit():
+        raise ApiError(400, f"{name} must be a non-negative integer")
+    return min(int(values[0]), hi)
+
+
+async def get_queues(w: Worker, req: Request, args: list[str]) -> Response:
+    cap = w.cfg.http_metrics_queues_max
+    limit = _int_param(req, "limit", queues_default, cap)
+    parts = await gather(w, "http.metrics", limit)
+    live = _alive(parts)
+    rows = metricsmod.merge_queue_rows(live, limit)
+    now_ms = time.time_ns() // 1_000_000
+    _rates.bound(4 * max(cap, 1))
+    out = []
+    for name, queued, active, delayed, age_ms, jin, jout, blocked, pause, imp in rows:
+        in_rate, out_rate = _rates.update(name, now_ms, jin, jout)
+        out.append({"name": text(name), "queued": queued, "active": active, "delayed": delayed,
+                    "oldest_age_s": age_ms / 1000 if age_ms >= 0 else None, "jobs_in": jin,
+                    "jobs_out": jout, "in_rate": round(in_rate, 2), "out_rate": round(out_rate, 2),
+                    "blocked": blocked, "pause": pause, "import_rate": imp})
+    return ok({"queues": out, "total": sum(int(p["metrics"]["queues"]) for p in live),
+               "limit": limit, "time_ms": now_ms})
+
+
+def _queue_name(raw: str) -> bytes:
+    name = urllib.parse.unquote_to_bytes(raw)
+    if not name:
+        raise ApiError(400, "empty queue name")
+    return name
+
+
+async def _qstat(w: Worker, name: bytes) -> dict[str, Any]:
+    reply = await call(w, b"QSTAT", name)
+    if reply is None:
+        raise ApiError(404, f"unknown queue '{text(name)}'")
+    return pairs(reply)
+
+
+async def get_queue(w: Worker, req: Request, args: list[str]) -> Response:
+    name = _queue_name(args[0])
+    count = _int_param(req, "count", queue_jobs_default, w.cfg.http_api_jobs_max)
+    stat = await _qstat(w, name)
+    peek = await call(w, b"QPEEK", name, count)
+    queued = [{"id": text(e[1]), "body": text(e[2]), "state": "queued"} for e in peek]
+    active, complete = await _scan_jobs(w, name, "active", count)
+    return ok({"queue": stat, "jobs": queued, "active": active, "active_scan_complete": complete})
+
+
+async def _scan_jobs(w: Worker, name: bytes, state: str, count: int) -> tuple[list[Any], bool]:
+    """Jobs of ``name`` in ``state`` (JSCAN ... REPLY all), at most ``count``, with a
+    bounded number of JSCAN calls; False when the scan stopped before the end."""
+    cursor = b"0"
+    found: list[Any] = []
+    for _ in range(jscan_calls_max):
+        reply = await call(w, b"JSCAN", cursor, b"COUNT", max(count, 100), b"QUEUE", name,
+                           b"STATE", state, b"REPLY", b"all")
+        cursor, items = reply[0], reply[1]
+        found += [pairs(item) for item in items]
+        if cursor == b"0" or len(found) >= count:
+            return found[:count], cursor == b"0"
+    return found[:count], False
+
+
+async def post_pause(w: Worker, req: Request, args: list[str]) -> Response:
+    name = _queue_name(args[0])
+    body = _json_body(req)
+    state = body.get("state", "all")
+    if state not in ("in", "out", "all", "none"):
+        raise ApiError(400, "state must be one of in, out, all, none")
+    await _qstat(w, name)
+    reply = await call(w, b"PAUSE", name, state)
+    return ok({"queue": text(name), "pause": text(reply)})
+
+
+async def post_resume(w: Worker, req: Request, args: list[str]) -> Response:
+    name = _queue_name(args[0])
+    _json_body(req)
+    await _qstat(w, name)
+    reply = await call(w, b"PAUSE", name, b"none")
+    return ok({"queue": text(name), "pause": text(reply)})
+
+
+async def post_requeue(w: Worker, req: Request, args: list[str]) -> Response:
+    """Every job of a dead-letter queue back to its queue (at most http-api-jobs-max
+    per call; ``left`` says how many remain). Each job is added again (new ID, its
+    remaining TTL) before its dead-letter copy is acknowledged."""
+    dead = _queue_name(args[0])
+    _json_body(req)
+    if not dead.startswith(DEAD_PREFIX.encode()) or len(dead) == len(DEAD_PREFIX):
+        raise ApiError(400, f"not a dead-letter queue (names start with '{DEAD_PREFIX}')")
+    await _qstat(w, dead)
+    target = dead[len(DEAD_PREFIX):]
+    moved = 0
+    limit = w.cfg.http_api_jobs_max
+    while moved < limit:
+        taken = await call(w, b"GETJOB", b"NOHANG", b"COUNT", min(requeue_batch, limit - moved),
+                           b"FROM", dead)
+        if not taken:
+            break
+        for i, (_, job_id, body) in enumerate(taken):
+            try:
+                await _add_copy(w, target, body, job_id)
+            except ReplyError as e:  # give the rest back to the dead-letter queue
+                await call(w, b"NACK", *[t[1] for t in taken[i:]])
+                raise ApiError(409, f"requeued {moved}, then {target.decode('utf-8', 'replace')}: {e}") from None
+            await call(w, b"ACKJOB", job_id)
+            moved += 1
+    left = await call(w, b"QLEN", dead)
+    return ok({"from": text(dead), "to": text(target), "requeued": moved, "left": left})
+
+
+async def _add_copy(w: Worker, queue: bytes, body: bytes, old_id: bytes) -> bytes:
+    shown = await call(w, b"SHOW", old_id)
+    ttl_s = 0
+    if shown is not None:
+        ttl_s = int(pairs(shown).get("ttl", 0))
+    args: list[bytes | int] = [b"ADDJOB", queue, body, add_timeout_ms]
+    if ttl_s > 1:
+        args += [b"TTL", ttl_s]
+    new_id: bytes = await call(w, *args)
+    return new_id
+
+
+# ------------------------------------------------------------------ jobs
+
+
+def _job_id(raw: str) -> bytes:
+    job_id = urllib.parse.unquote_to_bytes(raw)
+    if not is_valid_job_id(job_id):
+        raise ApiError(400, "invalid job ID")
+    return job_id
+
+
+async def _show(w: Worker, job_id: bytes) -> dict[str, Any]:
+    reply = await call(w, b"SHOW", job_id)
+    if reply is None:
+        raise ApiError(404, f"unknown job '{job_id.decode()}'")
+    return pairs(reply)
+
+
+async def get_job(w: Worker, req: Request, args: list[str]) -> Response:
+    return ok(await _show(w, _job_id(args[0])))
+
+
+async def delete_job(w: Worker, req: Request, args: list[str]) -> Response:
+    job_id = _job_id(args[0])
+    if not await call(w, b"DELJOB", job_id):
+        raise ApiError(404, f"unknown job '{job_id.decode()}'")
+    return ok({"id": job_id.decode(), "deleted": 1})
+
+
+async def post_ack(w: Worker, req: Request, args: list[str]) -> Response:
+    job_id = _job_id(args[0])
+    _json_body(req)
+    if not await call(w, b"ACKJOB", job_id):
+        raise ApiError(404, f"unknown job '{job_id.decode()}'")
+    return ok({"id": job_id.decode(), "acked": 1})
+
+
+async def post_nack(w: Worker, req: Request, args: list[str]) -> Response:
+    job_id = _job_id(args[0])
+    _json_body(req)
+    if not await call(w, b"NACK", job_id):
+        job = await _show(w, job_id)  # 404 when unknown
+        raise ApiError(409, f"job is {job['state']}: only an active job can be NACKed")
+    return ok({"id": job_id.decode(), "nacked": 1, "job": await _show(w, job_id)})
+
+
+async def post_dead(w: Worker, req: Request, args: list[str]) -> Response:
+    job_id = _job_id(args[0])
+    _json_body(req)
+    job = await _show(w, job_id)
+    queue = str(job["queue"])
+    if queue.startswith(DEAD_PREFIX):
+        raise ApiError(409, "the job is already in a dead-letter queue")
+    if job["state"] not in ("queued", "active"):
+        raise ApiError(409, f"job is {job['state']}: only a queued or active job can be moved")
+    raw = await call(w, b"SHOW", job_id)
+    fields = {raw[i]: raw[i + 1] for i in range(0, len(raw) - 1, 2)}
+    dead = DEAD_PREFIX.encode() + fields[b"queue"]
+    try:
+        new_id = await _add_copy(w, dead, fields[b"body"], job_id)
+    except ReplyError as e:
+        raise ApiError(409, f"cannot add to {text(dead)}: {e}") from None
+    await call(w, b"ACKJOB", job_id)
+    return ok({"id": job_id.decode(), "moved_to": text(dead), "new_id": text(new_id)})
+
+
+# ------------------------------------------------------------------ nodes
+
+
+async def get_nodes(w: Worker, req: Request, args: list[str]) -> Response:
+    hello = await call(w, b"HELLO")
+    priorities = {text(n[0]): int(n[3]) for n in hello[2:]}
+    view: dict[str, Any] = w.agent.view if w.agent is not None else {}
+    nodes = []
+    for node_id, ip, port, flags, ping_ms, pong_ms, link in view.get("nodes") or []:
+        nodes.append({"id": node_id, "ip": ip, "port": port, "flags": list(flags),
+                      "myself": "myself" in flags, "link": bool(link), "ping_sent_ms": ping_ms,
+                      "pong_received_ms": pong_ms, "priority": priorities.get(node_id)})
+    if not nodes:
+        nodes = [{"id": w.node_id, "ip": "", "port": w.cfg.port, "flags": ["myself"],
+                  "myself": True, "link": True, "ping_sent_ms": 0, "pong_received_ms": 0,
+                  "priority": priorities.get(w.node_id)}]
+    return ok({"myid": text(hello[1]), "nodes": nodes})
+
+
+# ------------------------------------------------------------------ routing
+
+
+def _json_body(req: Request) -> dict[str, Any]:
+    """A POST body: JSON object (or empty), sent as application/json."""
+    ctype = req.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype != "application/json":
+        raise ApiError(415, "POST wants Content-Type: application/json")
+    if not req.body.strip():
+        return {}
+    try:
+        value = orjson.loads(req.body)
+    except orjson.JSONDecodeError:
+        raise ApiError(400, "the body is not valid JSON") from None
+    if not isinstance(value, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    return value
+
+
+_SEG = r"([^/]+)"
+# A job ID contains '/' (base64): taken whole, raw or percent-encoded
+_JOB = r"(D-[0-9a-f]{8}-[A-Za-z0-9+/]{24}-[0-9a-f]{4}|[^/]+)"
+ROUTES: list[tuple[re.Pattern[str], dict[str, Handler]]] = [
+    (re.compile(r"/(?:index\.html)?"), {"GET": get_index}),
+    (re.compile(r"/static/([a-z]+\.[a-z]+)"), {"GET": get_static}),
+    (re.compile(r"/metrics"), {"GET": get_metrics}),
+    (re.compile(r"/api/overview"), {"GET": get_overview}),
+    (re.compile(r"/api/queues"), {"GET": get_queues}),
+    (re.compile(rf"/api/queues/{_SEG}"), {"GET": get_queue}),
+    (re.compile(rf"/api/queues/{_SEG}/pause"), {"POST": post_pause}),
+    (re.compile(rf"/api/queues/{_SEG}/resume"), {"POST": post_resume}),
+    (re.compile(rf"/api/queues/{_SEG}/requeue"), {"POST": post_requeue}),
+    (re.compile(rf"/api/jobs/{_JOB}"), {"GET": get_job, "DELETE": delete_job}),
+    (re.compile(rf"/api/jobs/{_JOB}/ack"), {"POST": post_ack}),
+    (re.compile(rf"/api/jobs/{_JOB}/nack"), {"POST": post_nack}),
+    (re.compile(rf"/api/jobs/{_JOB}/dead"), {"POST": post_dead}),
+    (re.compile(r"/api/nodes"), {"GET": get_nodes}),
+]
+
+
+async def handle(w: Worker, req: Request) -> Response:
+    for pattern, methods in ROUTES:
+        m = pattern.fullmatch(req.path)
+        if m is None:
+            continue
+        method = "GET" if req.method == "HEAD" else req.method
+        handler = methods.get(method)
+        if handler is None:
+            allow = ", ".join(sorted({*methods, "HEAD"} if "GET" in methods else methods))
+            return error(405, f"method {req.method} not allowed here", {"Allow": allow})
+        try:
+            return await handler(w, req, list(m.groups()))
+        except ApiError as e:
+            return error(e.status, str(e))
+        except ReplyError as e:
+            return error(_status_of(str(e)), str(e))
+    return error(404, f"no such path '{req.path}'")
+
+
+def _status_of(reply_error: str) -> int:
+    """A command's error reply as an HTTP status."""
+    code = reply_error.split(" ", 1)[0]
+    if code == "BADID":
+        return 400
+    if code in ("PAUSED", "MAXLEN", "LEAVING", "TOOLATE"):
+        return 409
+    if code in ("NOREPL", "OOM"):
+        return 503
+    return 400

@@ -1,0 +1,65 @@
+"""What every worker contributes to an HTTP request, and how the serving worker gathers it.
+
+The worker that holds the HTTP connection asks every worker (itself inline, the
+others over the local mesh, as INFO does) for ``local_op("http.<name>", arg)``;
+values cross the mesh packed like any reply (JSON, bytes moved to frame bodies).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+from bus import mesh as meshmod
+from bus.mesh import unpack
+from workers.replies import Error
+
+if TYPE_CHECKING:
+    from disque_mp.node.worker import Worker
+
+PREFIX = "http."
+
+
+def local_op(w: Worker, op: str, arg: Any) -> Any:
+    """This worker's part (called by ``commands.admin.local_op`` for ``http.*`` ops)."""
+    if op == "http.metrics":
+        return worker_snapshot(w, int(arg))
+    return Error(f"ERR unknown node operation '{op}'")
+
+
+def worker_snapshot(w: Worker, queues_max: int) -> dict[str, Any]:
+    """Counters of this worker's shard and process: one scrape's worth."""
+    stats = w.local_stats()
+    stats.pop("shard", None)
+    now_ms = time.time_ns() // 1_000_000
+    stats["metrics"] = w.shard.metrics(queues_max, now_ms)
+    stats["slowlog_len"] = len(w.slowlog.entries)
+    stats["now_ms"] = now_ms
+    return stats
+
+
+def gather(w: Worker, op: str, arg: Any) -> asyncio.Future[list[Any]]:
+    """``local_op(op, arg)`` of every worker, by index; an ``Error`` for a worker that
+    is down (the mesh answers for it), so one dead worker never hangs a scrape."""
+    fut: asyncio.Future[list[Any]] = w.loop.create_future()
+    results: list[Any] = [None] * w.workers
+    left = [w.workers]
+
+    def put(index: int, value: Any) -> None:
+        results[index] = value
+        left[0] -= 1
+        if left[0] == 0 and not fut.done():
+            fut.set_result(results)
+
+    for j in range(w.workers):
+        if j == w.index:
+            put(j, local_op(w, op, arg))
+        else:
+            w.mesh.request(j, meshmod.K_SCATTER, {"op": op, "a": arg}, (),
+                           _putter(put, j))
+    return fut
+
+
+def _putter(put: Any, j: int) -> Any:
+    return lambda meta, bodies: put(j, unpack(meta.get("v"), bodies))

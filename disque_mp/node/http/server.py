@@ -1,0 +1,260 @@
+"""A small HTTP/1.1 server on the worker's own event loop.
+
+Every worker binds ``http-port`` with SO_REUSEPORT, as it binds the client
+port: the kernel spreads HTTP connections too, and the worker that holds one
+answers it by gathering from every worker. No framework: the node serves a
+handful of routes (``api.py``), and an asyncio Protocol with bounded parsing is
+less code than adapting one, with nothing new to install.
+
+Requests are read up to ``http-request-bytes-max`` (line, headers and body);
+keep-alive and pipelined requests are answered in order, one at a time. With
+``requirepass`` set, every path wants HTTP basic auth with that password (any
+user name). An ``ssl.SSLContext`` makes it HTTPS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hmac
+import logging
+import ssl
+from typing import TYPE_CHECKING, Any
+
+from disque_mp.node.connection import listen_sockets
+
+if TYPE_CHECKING:
+    from disque_mp.node.worker import Worker
+
+log = logging.getLogger("disque_mp.node.http")
+
+header_count_max = 100  # headers in one request; a real browser sends about 20
+keepalive_idle_s = 60.0  # an idle keep-alive connection is closed after this
+linger_s = 2.0  # after an error answer, input is drained this long before closing
+REASONS = {200: "OK", 204: "No Content", 400: "Bad Request", 401: "Unauthorized",
+           404: "Not Found", 405: "Method Not Allowed", 409: "Conflict",
+           411: "Length Required", 413: "Content Too Large", 500: "Internal Server Error",
+           415: "Unsupported Media Type", 501: "Not Implemented", 503: "Service Unavailable"}
+
+
+class Request:
+    __slots__ = ("method", "target", "path", "query", "headers", "body")
+
+    def __init__(self, method: str, target: str, headers: dict[str, str], body: bytes) -> None:
+        self.method = method
+        self.target = target
+        path, _, query = target.partition("?")
+        self.path = path
+        self.query = query
+        self.headers = headers
+        self.body = body
+
+
+class Response:
+    __slots__ = ("status", "body", "content_type", "headers")
+
+    def __init__(self, status: int, body: bytes, content_type: str = "application/json",
+                 headers: dict[str, str] | None = None) -> None:
+        self.status = status
+        self.body = body
+        self.content_type = content_type
+        self.headers = headers or {}
+
+    def encode(self, keep_alive: bool, head_only: bool = False) -> bytes:
+        lines = [f"HTTP/1.1 {self.status} {REASONS.get(self.status, 'Unknown')}",
+                 f"Content-Type: {self.content_type}", f"Content-Length: {len(self.body)}",
+                 "Cache-Control: no-store", "X-Content-Type-Options: nosniff",
+                 "Connection: " + ("keep-alive" if keep_alive else "close")]
+        lines += [f"{k}: {v}" for k, v in self.headers.items()]
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        return head if head_only else head + self.body
+
+
+class BadRequest(Exception):
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(text)
+        self.status = status
+
+
+def parse_head(head: bytes) -> tuple[str, str, dict[str, str]]:
+    """Request line and headers (names lowercased); raises BadRequest."""
+    lines = head.decode("latin-1").split("\r\n")  # latin-1: any byte is a character
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not parts[1].startswith("/"):
+        raise BadRequest(400, "bad request line")
+    if len(lines) - 1 > header_count_max:
+        raise BadRequest(400, "too many headers")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep or not name or name != name.strip():
+            raise BadRequest(400, "bad header line")
+        headers[name.lower()] = value.strip()
+    return parts[0], parts[1], headers
+
+
+def authorized(header: str, password: str) -> bool:
+    """HTTP basic auth against ``requirepass`` (any user name), in constant time."""
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "basic":
+        return False
+    try:
+        decoded = base64.b64decode(token.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return False
+    _, sep, given = decoded.partition(":")
+    return bool(sep) and hmac.compare_digest(given.encode(), password.encode())
+
+
+class HttpConn(asyncio.Protocol):
+    """One HTTP connection: requests parsed from ``buf`` and answered in order."""
+
+    def __init__(self, w: Worker, handle: Any) -> None:
+        self.w = w
+        self.handle = handle  # async (Worker, Request) -> Response
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.busy = False
+        self.closing = False
+        self.idle: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self._arm_idle()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        if self.idle is not None:
+            self.idle.cancel()
+
+    def _arm_idle(self) -> None:
+        if self.idle is not None:
+            self.idle.cancel()
+        self.idle = self.w.loop.call_later(keepalive_idle_s, self._close)
+
+    def _close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        self.buf += data
+        if len(self.buf) > self.w.cfg.http_request_bytes_max:
+            if self.busy:  # pipelined requests pile up behind a slow one: stop reading
+                if self.transport is not None:
+                    self.transport.pause_reading()
+                return
+            self._fail(413, "request too large (http-request-bytes-max)")
+            return
+        self._next()
+
+    def _next(self) -> None:
+        if self.busy or self.closing or self.transport is None:
+            return
+        end = self.buf.find(b"\r\n\r\n")
+        limit = self.w.cfg.http_request_bytes_max
+        if end < 0:
+            if len(self.buf) > limit:
+                self._fail(413, "request too large (http-request-bytes-max)")
+            return
+        try:
+            method, target, headers = parse_head(bytes(self.buf[:end]))
+            if "transfer-encoding" in headers:
+                raise BadRequest(501, "chunked request bodies are not supported")
+            length_text = headers.get("content-length", "0")
+            if not length_text.isdigit():
+                raise BadRequest(400, "bad Content-Length")
+            length = int(length_text)
+            if end + 4 + length > limit:
+                raise BadRequest(413, "request too large (http-request-bytes-max)")
+        except BadRequest as e:
+            self._fail(e.status, str(e))
+            return
+        if len(self.buf) < end + 4 + length:
+            return  # the body is still coming
+        body = bytes(self.buf[end + 4:end + 4 + length])
+        del self.buf[:end + 4 + length]
+        req = Request(method, target, headers, body)
+        keep = headers.get("connection", "").lower() != "close"
+        self.busy = True
+        self._arm_idle()
+        self.w.loop.create_task(self._serve(req, keep))
+
+    async def _serve(self, req: Request, keep: bool) -> None:
+        try:
+            resp = await self._answer(req)
+        except Exception:  # a bug: answer it, keep the node and the connection
+            log.exception("HTTP %s %s failed", req.method, req.path)
+            from disque_mp.node.http.api import error
+
+            resp = error(500, "internal error, see the server log")
+        self.busy = False
+        if self.transport is None:
+            return
+        self.transport.write(resp.encode(keep, head_only=req.method == "HEAD"))
+        if not keep:
+            self.closing = True
+            self.transport.close()
+            return
+        self.transport.resume_reading()
+        self._next()
+
+    async def _answer(self, req: Request) -> Response:
+        password = self.w.cfg.requirepass
+        if password and not authorized(req.headers.get("authorization", ""), password):
+            from disque_mp.node.http.api import error
+
+            return error(401, "authentication required",
+                         {"WWW-Authenticate": 'Basic realm="disque-mp", charset="UTF-8"'})
+        resp: Response = await self.handle(self.w, req)
+        return resp
+
+    def _fail(self, status: int, text: str) -> None:
+        """Answer a request we will not serve, then close. The rest of what the client
+        sends is read and dropped for up to ``linger_s``: closing a socket with unread
+        input sends a reset, which can destroy the answer before the client reads it."""
+        from disque_mp.node.http.api import error
+
+        self.closing = True
+        transport = self.transport
+        if transport is None:
+            return
+        transport.write(error(status, text).encode(False))
+        if transport.can_write_eof():
+            transport.write_eof()
+            if self.idle is not None:
+                self.idle.cancel()
+            self.idle = self.w.loop.call_later(linger_s, self._close)
+        else:
+            transport.close()
+
+    def eof_received(self) -> bool:
+        return False  # the client is done sending: close
+
+
+def ssl_context(cfg: Any) -> ssl.SSLContext | None:
+    """HTTPS when the node has a TLS certificate configured (``tls-cert-file`` and
+    ``tls-key-file``, the directives of the RESP port's TLS); plain HTTP otherwise."""
+    cert = getattr(cfg, "tls_cert_file", "") or ""
+    key = getattr(cfg, "tls_key_file", "") or ""
+    if not cert or not key:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+    return ctx
+
+
+async def start(w: Worker, ctx: ssl.SSLContext | None = None) -> list[asyncio.AbstractServer]:
+    """Listen on ``http-bind``:``http-port`` (nothing when the port is 0)."""
+    from disque_mp.node.http.api import handle
+
+    if not w.cfg.http_port:
+        return []
+    if ctx is None:
+        ctx = ssl_context(w.cfg)
+    servers: list[asyncio.AbstractServer] = []
+    for sock in listen_sockets(w.cfg.http_bind, w.cfg.http_port, w.cfg.tcp_backlog):
+        servers.append(await w.loop.create_server(lambda: HttpConn(w, handle), sock=sock, ssl=ctx))
+    return servers

@@ -1,0 +1,105 @@
+"""Celery on disque-mp: a worker, tasks with a countdown, a retry, a dead letter.
+
+    make run                                       # a node on 127.0.0.1:7711 (other terminal)
+    .venv/bin/python examples/celery_demo.py [--nodes 127.0.0.1:7711,127.0.0.1:7712]
+
+The script starts a real ``celery worker`` on this module, sends tasks, and reads
+what the tasks report from a Disque queue (the broker carries the tasks; results
+need a result backend of their own, so this demo has tasks ADDJOB their output).
+Your own app only needs the first lines:
+
+    import disque_mp.kombu                         # registers disque://
+    app = Celery("demo", broker="disque://127.0.0.1:7711;disque://127.0.0.1:7712")
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from celery import Celery
+
+import disque_mp.kombu  # noqa: F401  (registers disque://)
+from disque_mp.client import Disque
+
+NODES = os.environ.get("DEMO_NODES", "127.0.0.1:7711")
+QUEUE = "celery-demo"
+REPORTS = "celery-demo-reports"  # what the tasks did, for this script to print
+DEAD = "celery-demo-dead"
+
+app = Celery("celery_demo", broker=";".join(f"disque://{n}" for n in NODES.split(",")))
+app.conf.update(
+    task_default_queue=QUEUE,
+    task_acks_late=True,  # ack after the task ran: a worker that dies mid-task loses nothing
+    task_acks_on_failure_or_timeout=False,  # a task that fails for good is rejected ...
+    broker_transport_options={"visibility_timeout": 60,  # ... Disque RETRY
+                              "dead_letter_queue": DEAD},  # ... and lands here
+    worker_hijack_root_logger=False,
+    broker_connection_retry_on_startup=True,
+)
+
+
+def report(text: str) -> None:
+    with Disque(NODES) as d:
+        d.add_job(REPORTS, text)
+
+
+@app.task
+def add(x: int, y: int) -> int:
+    report(f"add({x}, {y}) = {x + y} at {time.strftime('%X')}")
+    return x + y
+
+
+@app.task(bind=True, max_retries=2)
+def unreliable(self, what: str) -> None:
+    report(f"unreliable({what!r}) attempt {self.request.retries + 1}")
+    raise self.retry(countdown=1, exc=RuntimeError(f"{what}: backend down"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", default=NODES)
+    args = ap.parse_args()
+    env = dict(os.environ, DEMO_NODES=args.nodes)
+    if args.nodes != NODES:  # the app was configured at import: start again with these nodes
+        os.execve(sys.executable, [sys.executable, __file__, "--nodes", args.nodes], env)
+    here = Path(__file__).resolve().parent
+    worker = subprocess.Popen([sys.executable, "-m", "celery", "--workdir", str(here), "-A",
+                               "celery_demo", "worker", "-c", "2", "-l", "warning"],
+                              env=env, start_new_session=True)
+    try:
+        with Disque(args.nodes) as d:
+            print(f"sending to {QUEUE!r}: 3 additions (one with countdown=3) and a failing task")
+            print(f"sent at {time.strftime('%X')}")
+            add.delay(1, 2)
+            add.delay(3, 4)
+            add.apply_async((5, 6), countdown=3)  # Disque DELAY 3: queued 3 s from now
+            unreliable.delay("payment")
+            seen = 0
+            deadline = time.monotonic() + 60
+            while seen < 6 and time.monotonic() < deadline:
+                for job in d.get_jobs(REPORTS, timeout_ms=500, count=10):
+                    print("  task said:", job.body.decode())
+                    d.ack(job)
+                    seen += 1
+            while d.qlen(DEAD) == 0 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            print(f"dead letters in {DEAD!r}: {d.qlen(DEAD)} (the task that failed 3 times)")
+            for job in d.qpeek(DEAD, 10):
+                d.ack(job)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""The Celery app the broker tests run in a real ``celery -A tests.brokers.celery_app
+worker``. Settings come from the environment the test gives the worker:
+DISQUE_BROKER_URL, BROKER_TEST_QUEUE, BROKER_RECORD_FILE (one JSON line per
+task run), DISQUE_VISIBILITY_S."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from celery import Celery
+
+import disque_mp.kombu  # noqa: F401  (registers disque://)
+from tests.brokers.record import record
+
+QUEUE = os.environ.get("BROKER_TEST_QUEUE", "celery-test")
+
+app = Celery("celery_app", broker=os.environ.get("DISQUE_BROKER_URL", "disque://127.0.0.1:7711"))
+app.conf.update(
+    broker_transport_options={
+        "visibility_timeout": int(os.environ.get("DISQUE_VISIBILITY_S", "3")),
+        "dead_letter_queue": QUEUE + ".dead",
+    },
+    broker_connection_retry_on_startup=True,
+    task_acks_late=True,
+    task_acks_on_failure_or_timeout=False,  # a task that fails for good is rejected: dead letter
+    worker_prefetch_multiplier=1,
+    worker_hijack_root_logger=False,
+    task_default_queue=QUEUE,
+)
+
+
+@app.task(bind=True)
+def echo(self, n: int, sent_at: float) -> int:
+    record("echo", self.request.id, n=n, sent_at=sent_at,
+           retries=self.request.retries)
+    return n
+
+
+@app.task(bind=True, max_retries=2)
+def flaky(self, n: int) -> None:
+    record("flaky", self.request.id, n=n, retries=self.request.retries)
+    raise self.retry(countdown=1, exc=RuntimeError(f"flaky {n} fails every time"))
+
+
+@app.task(bind=True)
+def nap(self, seconds: float) -> None:
+    record("nap-start", self.request.id)
+    time.sleep(seconds)
+    record("nap-done", self.request.id)
+
+
+@app.task(bind=True)
+def slow(self, marker: str) -> None:
+    """Sleeps a minute the first time (the test kills the worker meanwhile)."""
+    record("slow", self.request.id, marker=marker)
+    path = Path(marker)
+    if not path.exists():
+        path.write_text("started")
+        time.sleep(60)
+    record("slow-done", self.request.id, marker=marker)

@@ -1,0 +1,117 @@
+"""Real nodes and real worker processes (celery, dramatiq) for the broker tests.
+
+Nodes come from tests/nodeproc.py (free ports, own process group). A worker is
+started with ``WorkerProc`` in its own process group too, its output in a file;
+teardown SIGKILLs the whole group whatever happened."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from tests.brokers.record import read_records
+from tests.nodeproc import REPO, NodeProc, form_cluster, wait_until
+
+# Bounds, not timed assertions: the machine is small and shared.
+cluster_form_timeout_s = 60.0
+worker_stop_timeout_s = 20.0
+tasks_done_timeout_s = 60.0
+# The visibility timeout (Disque RETRY) the test apps use: short so that a killed
+# worker's task comes back quickly; WORKING every half of it leaves a loaded
+# machine 2 s of slack before a live worker's task would be requeued.
+visibility_s = 4
+
+
+def node_url(*nodes: NodeProc) -> str:
+    return ";".join(f"disque://127.0.0.1:{n.port}" for n in nodes)
+
+
+class WorkerProc:
+    """A celery/dramatiq worker command in its own process group."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.args, self.env, self.log_path = args, env, log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> WorkerProc:
+        env = dict(os.environ)
+        env.update(self.env)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        with open(self.log_path, "ab") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", *self.args], cwd=str(REPO),
+                                         env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    def log_tail(self) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return text[-5000:]
+
+    def kill(self) -> None:
+        """SIGKILL every process of the worker (the main one and its children)."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=worker_stop_timeout_s)
+
+    def stop(self) -> None:
+        """SIGTERM (warm shutdown), then SIGKILL the group in any case."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=worker_stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()
+
+    def __enter__(self) -> WorkerProc:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def wait_records(path: Path, cond: Callable[[list[dict[str, Any]]], bool], what: str,
+                 worker: WorkerProc, timeout_s: float = tasks_done_timeout_s) -> list[dict[str, Any]]:
+    """Poll the record file until ``cond(records)``; the worker's log on timeout."""
+    wait_until(lambda: cond(read_records(path)), timeout_s, what, poll_s=0.1,
+               detail=lambda: f"records: {read_records(path)[-10:]}\nworker:\n{worker.log_tail()}")
+    return read_records(path)
+
+
+def raw(node: NodeProc) -> redis.Redis:
+    return redis.Redis(host="127.0.0.1", port=node.port, protocol=2, socket_timeout=10)
+
+
+@pytest.fixture(scope="session")
+def broker_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProc]:
+    with NodeProc(Path(tmp_path_factory.mktemp("broker-node")), workers=2) as node:
+        yield node
+
+
+@pytest.fixture(scope="session")
+def broker_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[NodeProc]]:
+    base = Path(tmp_path_factory.mktemp("broker-cluster"))
+    nodes = [NodeProc(base / f"n{i}", workers=1, conf={"cluster-node-timeout": 3000})
+             for i in range(3)]
+    try:
+        for n in nodes:
+            n.start()
+        form_cluster(nodes, cluster_form_timeout_s)
+        yield nodes
+    finally:
+        for n in nodes:
+            n.stop()

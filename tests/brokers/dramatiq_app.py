@@ -1,0 +1,42 @@
+"""The Dramatiq actors the broker tests run in a real ``dramatiq`` worker process.
+Settings from the environment: DISQUE_BROKER_URL, BROKER_TEST_QUEUE,
+BROKER_RECORD_FILE (one JSON line per actor run), DISQUE_VISIBILITY_S."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import dramatiq
+
+from disque_mp.dramatiq import DisqueBroker
+from tests.brokers.record import record
+
+QUEUE = os.environ.get("BROKER_TEST_QUEUE", "dramatiq-test")
+
+broker = DisqueBroker(url=os.environ.get("DISQUE_BROKER_URL", "disque://127.0.0.1:7711"),
+                      visibility_timeout=int(os.environ.get("DISQUE_VISIBILITY_S", "3")))
+dramatiq.set_broker(broker)
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0)
+def echo(n: int, sent_at: float) -> None:
+    record("echo", n, n=n, sent_at=sent_at)
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=2, min_backoff=200, max_backoff=1000)
+def flaky(n: int) -> None:
+    record("flaky", n, n=n)
+    raise RuntimeError(f"flaky {n} fails every time")
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0, time_limit=120_000)
+def slow(marker: str) -> None:
+    """Sleeps a minute the first time (the test kills the worker meanwhile)."""
+    record("slow", marker, marker=marker)
+    path = Path(marker)
+    if not path.exists():
+        path.write_text("started")
+        time.sleep(60)
+    record("slow-done", marker, marker=marker)

@@ -1,0 +1,187 @@
+"""Celery on disque:// with real ``celery worker`` processes and real nodes: tasks
+run, a failing task is retried then dead-lettered, a task whose worker is
+SIGKILLed is delivered again after the visibility timeout, a countdown is
+honoured, and a worker follows its node's ``-LEAVING`` in a 3-node cluster."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+import disque_mp.kombu  # noqa: F401  (registers disque://)
+from disque_mp.client import Disque
+from tests.brokers.conftest import WorkerProc, node_url, raw, visibility_s, wait_records
+from tests.nodeproc import NodeProc, unique_queue, wait_until
+
+TASKS = "tests.brokers.celery_app"
+
+
+def worker(url: str, queue: str, tmp_path: Path, name: str = "worker",
+           extra: tuple[str, ...] = ()) -> WorkerProc:
+    env = {"DISQUE_BROKER_URL": url, "BROKER_TEST_QUEUE": queue,
+           "BROKER_RECORD_FILE": str(tmp_path / "records.jsonl"),
+           "DISQUE_VISIBILITY_S": str(visibility_s)}
+    args = ["celery", "-A", TASKS, "worker", "-Q", queue, "-c", "2", "-l", "info",
+            "-n", f"{name}@%h", "--without-mingle", "--without-gossip", *extra]
+    return WorkerProc(args, env, tmp_path / f"{name}.log")
+
+
+def producer(url: str) -> Celery:
+    app = Celery("producer", broker=url, set_as_current=False)
+    app.conf.broker_transport_options = {"visibility_timeout": visibility_s}
+    return app
+
+
+def send(app: Celery, task: str, queue: str, *args: Any, **options: Any) -> str:
+    return app.send_task(f"{TASKS}.{task}", args=args, queue=queue, **options).id
+
+
+def test_tasks_run_and_a_countdown_is_honoured(broker_node: NodeProc, tmp_path: Path) -> None:
+    q = unique_queue("cel")
+    url = node_url(broker_node)
+    app = producer(url)
+    rec = tmp_path / "records.jsonl"
+    with worker(url, q, tmp_path) as w:
+        delayed_id = send(app, "echo", q, -1, time.time(), countdown=2)
+        for i in range(20):
+            send(app, "echo", q, i, time.time())
+        records = wait_records(rec, lambda r: len(r) >= 21, "21 echo tasks run", w)
+    assert sorted(r["n"] for r in records) == [-1, *range(20)]
+    delayed = next(r for r in records if r["id"] == delayed_id)
+    assert delayed["t"] - delayed["sent_at"] >= 1.9  # DELAY 2: never early
+    assert records[-1]["id"] == delayed_id  # the 20 others did not wait for it
+    with Disque([f"127.0.0.1:{broker_node.port}"]) as d:
+        assert d.qlen(q) == 0
+
+
+def test_a_failing_task_is_retried_then_dead_lettered(broker_node: NodeProc,
+                                                      tmp_path: Path) -> None:
+    q = unique_queue("cel")
+    url = node_url(broker_node)
+    rec = tmp_path / "records.jsonl"
+    with worker(url, q, tmp_path) as w:
+        task_id = send(producer(url), "flaky", q, 7)
+        wait_records(rec, lambda r: len(r) >= 3, "three runs of the failing task", w)
+        with Disque([f"127.0.0.1:{broker_node.port}"]) as d:
+            wait_until(lambda: d.qlen(q + ".dead") == 1, 30, "the dead letter",
+                       detail=w.log_tail)
+            [dead] = d.qpeek(q + ".dead", 1)
+    runs = [r for r in read(rec) if r["id"] == task_id]
+    assert [r["retries"] for r in runs] == [0, 1, 2]
+    # each retry waited for its countdown (1 s) in Disque (DELAY)
+    assert all(b["t"] - a["t"] >= 0.9 for a, b in zip(runs, runs[1:], strict=False))
+    message = json.loads(dead.body)
+    assert message["headers"]["id"] == task_id and message["headers"]["retries"] == 2
+
+
+def blocked_getjob(nodes: list[NodeProc]) -> bool:
+    """Some connection of these nodes runs GETJOB (CLIENT LIST's cmd)."""
+    for node in nodes:
+        r = raw(node)
+        try:
+            if b"cmd=getjob" in r.execute_command("CLIENT", "LIST"):
+                return True
+        finally:
+            r.close()
+    return False
+
+
+def read(path: Path) -> list[dict[str, Any]]:
+    from tests.brokers.record import read_records
+
+    return read_records(path)
+
+
+def test_a_task_whose_worker_is_killed_is_delivered_again(broker_node: NodeProc,
+                                                          tmp_path: Path) -> None:
+    q = unique_queue("cel")
+    url = node_url(broker_node)
+    rec = tmp_path / "records.jsonl"
+    marker = tmp_path / "marker"
+    first = worker(url, q, tmp_path, "first").start()
+    try:
+        task_id = send(producer(url), "slow", q, str(marker))
+        wait_records(rec, lambda r: any(x["task"] == "slow" for x in r), "the slow task to start",
+                     first)
+        time.sleep(visibility_s)  # the heartbeat keeps it ours meanwhile (acks_late)
+        with Disque([f"127.0.0.1:{broker_node.port}"]) as d:
+            assert d.qlen(q) == 0
+        first.kill()
+        killed_at = time.time()
+    finally:
+        first.stop()
+    with worker(url, q, tmp_path, "second") as second:
+        records = wait_records(rec, lambda r: any(x["task"] == "slow-done" for x in r),
+                               "the slow task to run again and finish", second)
+    starts = [r for r in records if r["task"] == "slow"]
+    assert [r["id"] for r in starts] == [task_id, task_id]
+    # requeued by Disque once the heartbeat stopped and RETRY elapsed, not earlier
+    assert starts[1]["t"] - killed_at >= visibility_s / 2 - 0.5
+
+
+def test_worker_shutdown_returns_held_tasks_with_nack(broker_node: NodeProc,
+                                                     tmp_path: Path) -> None:
+    q = unique_queue("cel")
+    url = node_url(broker_node)
+    rec = tmp_path / "records.jsonl"
+    app = producer(url)
+    # one pool process, prefetch 2: one task runs, one waits reserved in the worker
+    w = worker(url, q, tmp_path, extra=("--concurrency", "1", "--prefetch-multiplier", "2"))
+    ids = [send(app, "nap", q, 5.0) for _ in range(3)]
+    with Disque([f"127.0.0.1:{broker_node.port}"]) as d:
+        with w:
+            wait_records(rec, lambda r: any(x["task"] == "nap-start" for x in r),
+                         "the first task to start", w)
+            wait_until(lambda: d.qlen(q) == 1, 30, "two tasks held by the worker",
+                       detail=w.log_tail)
+            # cold shutdown: the running task is abandoned (acks_late), the reserved one
+            # never runs; the channel's close gives both back. (A warm shutdown runs
+            # what the worker reserved, then has nothing to give back.)
+            assert w.proc is not None
+            w.proc.send_signal(signal.SIGQUIT)
+            w.proc.wait(timeout=60)
+        # back at once, long before the visibility timeout, and not published again:
+        # the same jobs, their NACK counted
+        assert d.qlen(q) == 3
+        queued = d.get_jobs(q, nohang=True, count=3, withcounters=True)
+        d.ack(queued)
+    assert sorted(j.nacks or 0 for j in queued) == [0, 1, 1]
+    assert {json.loads(j.body)["headers"]["id"] for j in queued} == set(ids)
+    assert [r["task"] for r in read(rec)] == ["nap-start"]
+
+
+def test_cluster_worker_and_producer_on_different_nodes_and_leaving(
+        broker_cluster: list[NodeProc], tmp_path: Path) -> None:
+    worker_node, producer_node = broker_cluster[0], broker_cluster[1]
+    q = unique_queue("cel")
+    rec = tmp_path / "records.jsonl"
+    app = producer(node_url(producer_node))
+    leaving = raw(worker_node)
+    with worker(node_url(worker_node), q, tmp_path) as w:
+        for i in range(10):
+            send(app, "echo", q, i, time.time())
+        wait_records(rec, lambda r: len(r) >= 10, "10 tasks produced on another node", w)
+        wait_until(lambda: blocked_getjob([worker_node]), 30, "the worker's GETJOB on its node",
+                   detail=w.log_tail)
+        assert leaving.execute_command("CLUSTER", "LEAVING", "yes") in (b"OK", True)
+        try:
+            for i in range(10, 20):
+                send(app, "echo", q, i, time.time())
+            records = wait_records(rec, lambda r: len(r) >= 20,
+                                   "10 more tasks after the worker's node started leaving", w)
+            # with nothing queued there, a leaving node answers GETJOB with -LEAVING...
+            with pytest.raises(Exception, match="LEAVING"):
+                leaving.execute_command("GETJOB", "TIMEOUT", 100, "FROM", q)
+            # ...so the worker now blocks in GETJOB on another node
+            wait_until(lambda: blocked_getjob(broker_cluster[1:]), 30,
+                       "the worker's GETJOB on a node that is not leaving", detail=w.log_tail)
+        finally:
+            leaving.execute_command("CLUSTER", "LEAVING", "no")
+            leaving.close()
+    assert sorted(r["n"] for r in records) == list(range(20))

@@ -1,0 +1,134 @@
+"""Dramatiq on DisqueBroker with real ``dramatiq`` worker processes and real nodes:
+messages run, a failing actor is retried (Retries middleware, unchanged) then
+dead-lettered, a message whose worker is SIGKILLed is delivered again after the
+visibility timeout, a delay is honoured (rounded up to whole seconds), and a
+worker follows its node's ``-LEAVING`` in a 3-node cluster."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dramatiq import Message
+
+from disque_mp.client import Disque
+from disque_mp.dramatiq import DisqueBroker
+from tests.brokers.conftest import WorkerProc, raw, visibility_s, wait_records
+from tests.brokers.record import read_records
+from tests.brokers.test_celery import blocked_getjob
+from tests.nodeproc import NodeProc, unique_queue, wait_until
+
+
+def url(node: NodeProc) -> str:
+    return f"disque://127.0.0.1:{node.port}"
+
+
+def worker(broker_url: str, queue: str, tmp_path: Path, name: str = "worker") -> WorkerProc:
+    env = {"DISQUE_BROKER_URL": broker_url, "BROKER_TEST_QUEUE": queue,
+           "BROKER_RECORD_FILE": str(tmp_path / "records.jsonl"),
+           "DISQUE_VISIBILITY_S": str(visibility_s)}
+    args = ["dramatiq", "tests.brokers.dramatiq_app", "--processes", "1", "--threads", "2"]
+    return WorkerProc(args, env, tmp_path / f"{name}.log")
+
+
+def send(broker: DisqueBroker, queue: str, actor: str, *args: Any,
+         delay: int | None = None) -> Message:
+    return broker.enqueue(Message(queue_name=queue, actor_name=actor, args=args, kwargs={},
+                                  options={}), delay=delay)
+
+
+def test_messages_run_and_a_delay_is_honoured(broker_node: NodeProc, tmp_path: Path) -> None:
+    q = unique_queue("dq")
+    broker = DisqueBroker(url=url(broker_node), visibility_timeout=visibility_s)
+    rec = tmp_path / "records.jsonl"
+    with worker(url(broker_node), q, tmp_path) as w:
+        send(broker, q, "echo", -1, time.time(), delay=1500)  # rounded up: DELAY 2
+        for i in range(20):
+            send(broker, q, "echo", i, time.time())
+        records = wait_records(rec, lambda r: len(r) >= 21, "21 messages run", w)
+        broker.join(q, timeout=30_000)
+    assert sorted(r["n"] for r in records) == [-1, *range(20)]
+    delayed = next(r for r in records if r["n"] == -1)
+    assert delayed["t"] - delayed["sent_at"] >= 1.9
+    assert records[-1]["n"] == -1
+    assert broker.client.qlen(q) == 0
+    broker.close()
+
+
+def test_a_failing_actor_is_retried_then_dead_lettered(broker_node: NodeProc,
+                                                       tmp_path: Path) -> None:
+    q = unique_queue("dq")
+    broker = DisqueBroker(url=url(broker_node), visibility_timeout=visibility_s)
+    rec = tmp_path / "records.jsonl"
+    with worker(url(broker_node), q, tmp_path) as w:
+        sent = send(broker, q, "flaky", 7)
+        wait_records(rec, lambda r: len(r) >= 3, "three runs of the failing actor", w)
+        wait_until(lambda: broker.client.qlen(q + ".XQ") == 1, 30, "the dead letter",
+                   detail=w.log_tail)
+    [dead] = broker.client.qpeek(q + ".XQ", 1)
+    message = Message.decode(dead.body)
+    assert message.message_id == sent.message_id
+    assert message.options["retries"] == 3  # Retries counts the failures: 3 > max_retries
+    assert len(read_records(rec)) == 3  # max_retries=2: one run and two retries
+    assert broker.client.qlen(q) == 0
+    broker.close()
+
+
+def test_a_message_whose_worker_is_killed_is_delivered_again(broker_node: NodeProc,
+                                                             tmp_path: Path) -> None:
+    q = unique_queue("dq")
+    broker = DisqueBroker(url=url(broker_node), visibility_timeout=visibility_s)
+    rec = tmp_path / "records.jsonl"
+    marker = tmp_path / "marker"
+    first = worker(url(broker_node), q, tmp_path, "first").start()
+    try:
+        send(broker, q, "slow", str(marker))
+        wait_records(rec, lambda r: any(x["task"] == "slow" for x in r), "the slow actor to start",
+                     first)
+        time.sleep(visibility_s)  # the heartbeat keeps it ours meanwhile
+        assert broker.client.qlen(q) == 0
+        first.kill()
+        killed_at = time.time()
+    finally:
+        first.stop()
+    with worker(url(broker_node), q, tmp_path, "second") as second:
+        records = wait_records(rec, lambda r: any(x["task"] == "slow-done" for x in r),
+                               "the slow actor to run again and finish", second)
+    starts = [r for r in records if r["task"] == "slow"]
+    assert len(starts) == 2
+    assert starts[1]["t"] - killed_at >= visibility_s / 2 - 0.5
+    broker.close()
+
+
+def test_cluster_worker_and_producer_on_different_nodes_and_leaving(
+        broker_cluster: list[NodeProc], tmp_path: Path) -> None:
+    worker_node, producer_node = broker_cluster[0], broker_cluster[1]
+    q = unique_queue("dq")
+    rec = tmp_path / "records.jsonl"
+    broker = DisqueBroker(nodes=[f"127.0.0.1:{producer_node.port}"])
+    leaving = raw(worker_node)
+    with worker(url(worker_node), q, tmp_path) as w:
+        for i in range(10):
+            send(broker, q, "echo", i, time.time())
+        wait_records(rec, lambda r: len(r) >= 10, "10 messages produced on another node", w)
+        wait_until(lambda: blocked_getjob([worker_node]), 30, "the worker's GETJOB on its node",
+                   detail=w.log_tail)
+        assert leaving.execute_command("CLUSTER", "LEAVING", "yes") in (b"OK", True)
+        try:
+            for i in range(10, 20):
+                send(broker, q, "echo", i, time.time())
+            records = wait_records(rec, lambda r: len(r) >= 20,
+                                   "10 more messages after the worker's node started leaving", w)
+            with pytest.raises(Exception, match="LEAVING"):
+                leaving.execute_command("GETJOB", "TIMEOUT", 100, "FROM", q)
+            wait_until(lambda: blocked_getjob(broker_cluster[1:]), 30,
+                       "the worker's GETJOB on a node that is not leaving", detail=w.log_tail)
+        finally:
+            leaving.execute_command("CLUSTER", "LEAVING", "no")
+            leaving.close()
+    assert sorted(r["n"] for r in records) == list(range(20))
+    with Disque([f"127.0.0.1:{producer_node.port}"]) as d:
+        assert d.hello().nodes  # the producer node still serves
+    broker.close()
