@@ -73,21 +73,99 @@ def plot_pipeline(rows: list[dict[str, Any]], out: Path) -> None:
 
 
 def plot_workers(rows: list[dict[str, Any]], out: Path) -> None:
-    sw = by_group(rows, "workers sweep")
-    if not sw:
+    sc = next(iter(by_group(rows, "scaling")), None)
+    if sc is None:
         return
+    many = sc["many_queues"]
     fig, ax = _axes()
-    for pipeline in sorted({r["pipeline"] for r in sw}):
-        pts = sorted((r for r in sw if r["pipeline"] == pipeline), key=lambda r: r["workers"])
-        xs = [r["workers"] for r in pts]
-        ax.plot(xs, [r["addjob_many_queues"]["rps"] for r in pts], "o-",
-                label=f"ADDJOB, 10k queues, -P {pipeline}")
-        ax.plot(xs, [r["addjob_one_queue"]["rps"] for r in pts], "s--",
-                label=f"ADDJOB, one queue, -P {pipeline}")
+    for cmd, style in (("addjob", "o-"), ("getjob", "s--")):
+        for pipeline in (1, 32):
+            ax.plot([1, 2], [many[f"{cmd}_p{pipeline}_w{w}"]["rps"] for w in (1, 2)], style,
+                    label=f"{cmd.upper()}, 10,000 random queues, -P {pipeline}")
     ax.set_yscale("log")
-    ax.set_xticks(sorted({r["workers"] for r in sw}))
+    ax.set_xticks([1, 2])
     ax.set_xlabel("worker processes")
-    _save(fig, ax, out, "Throughput vs workers count")
+    _save(fig, ax, out, "Throughput vs workers count (medians of interleaved rounds)")
+
+
+# Targets of "every core pays": (label, needed, ratio key, where).
+SCALING_TARGETS = [
+    ("many queues ADDJOB, 2 workers / 1, -P 32", ">= 1.50x", "addjob_p32_ratio", "many_queues"),
+    ("many queues GETJOB NOHANG, 2 workers / 1, -P 32", ">= 1.50x", "getjob_p32_ratio", "many_queues"),
+    ("many queues ADDJOB, 2 workers / 1, -P 1", ">= 1.00x", "addjob_p1_ratio", "many_queues"),
+    ("many queues GETJOB NOHANG, 2 workers / 1, -P 1", ">= 1.00x", "getjob_p1_ratio", "many_queues"),
+    ("one queue ADDJOB vs reference Disque, -P 1", ">= 1.00x", "addjob_p1_ratio", "one_queue"),
+    ("one queue GETJOB NOHANG vs reference Disque, -P 1", ">= 1.00x", "getjob_p1_ratio", "one_queue"),
+    ("one queue ADDJOB vs reference Disque, -P 32", ">= 1.00x", "addjob_p32_ratio", "one_queue"),
+    ("one queue GETJOB NOHANG vs reference Disque, -P 32", ">= 1.00x", "getjob_p32_ratio", "one_queue"),
+]
+
+
+def scaling_rows(rows: list[dict[str, Any]]) -> list[tuple[str, str, float | None, str]]:
+    sc = next(iter(by_group(rows, "scaling")), None)
+    out: list[tuple[str, str, float | None, str]] = []
+    for label, need, key, part in SCALING_TARGETS:
+        data = sc.get(part, {}) if sc else {}
+        if key not in data:
+            why = data.get("reference", "not run") if part == "one_queue" else "not run"
+            out.append((label, need, None, why))
+            continue
+        stem = key.rsplit("_", 1)[0]
+        a, b = ("w2", "w1") if part == "many_queues" else ("disque_mp", "reference")
+        ra, rb = data[f"{stem}_{a}"], data[f"{stem}_{b}"]
+        got = [(sum(r["cpu_s"]) + r["client_cpu_s"]) / max(r["wall_s"], 1e-9) for r in (ra, rb)]
+        capacity = ""
+        if part == "many_queues":  # what the ratio is when every worker has a core of its own
+            capacity = (f"; with a core per worker (CPU per request): "
+                        f"{2 * rb['server_us_per_req'] / ra['server_us_per_req']:.2f}x")
+        out.append((label, need, data[key],
+                    f"{ra['rps']:,.0f} vs {rb['rps']:,.0f} req/s; server CPU {ra['server_us_per_req']:.2f}"
+                    f" vs {rb['server_us_per_req']:.2f} us/req, redis-benchmark "
+                    f"{ra['client_us_per_req']:.2f} / {rb['client_us_per_req']:.2f} us/req; the runs got "
+                    f"{got[0]:.2f} / {got[1]:.2f} cores{capacity}"))
+    return out
+
+
+def scaling_section(rows: list[dict[str, Any]]) -> list[str]:
+    sc = next(iter(by_group(rows, "scaling")), None)
+    if sc is None:
+        return []
+    m, r = sc["model"], sc["roles"]
+    lines = ["", "## Workers and the model (bench/scaling.py)", "",
+             f"Reference Disque: {sc['one_queue'].get('reference', 'not run')}. Load average "
+             f"around these figures: {sc.get('loadavg_1m')}. {sc.get('rerun_note', '')}", "",
+             f"CPU per command of each role (2-worker node, {r.get('conns', '?')} connections pinned "
+             f"to one worker, pipelined ADDJOB -P {r['pipeline']}, per-process utime+stime, "
+             f"medians of {r['rounds']} rounds): run where it arrived **{r['local_us']:.2f} us**; "
+             f"arrived at the other worker, forwarded out and its reply relayed "
+             f"**{r['forward_relay_us']:.2f} us** there; executed for another worker "
+             f"**{r['executed_for_other_us']:.2f} us**. redis-benchmark: {m['client_us']:.2f} us "
+             "per request.", "",
+             "Model: with N workers and queues spread evenly, 1/N of the commands run where they "
+             "arrive and the rest pay both sides of the hop; each worker uses at most one core, "
+             "node and load generator together at most the machine's cores.", "",
+             "| workers | req/s measured here | model here (cores the run got) | node CPU us/req "
+             "measured | model | predicted req/s, a core per worker (+1 client) |",
+             "|---|---|---|---|---|---|"]
+    check = {str(k): v for k, v in m["check"].items()}
+    pred = {str(k): v for k, v in m["predicted_rps"].items()}
+    for n in ("1", "2", "4", "8", "16"):
+        c = check.get(n)
+        here = (f"{c['measured_rps']:,.0f} | {c['model_rps']:,.0f} ({c['cores_used']:.2f} cores) | "
+                f"{c['measured_node_us']:.2f} | {c['model_node_us']:.2f}") if c else " | | | "
+        lines.append(f"| {n} | {here} | {pred[n]:,.0f} |")
+    lines += ["", f"Node CPU per request, 2 workers over 1: measured {m['node_us_ratio_measured']:.2f}x, "
+              f"model {m['node_us_ratio_model']:.2f}x. With a core per worker the model predicts "
+              f"{m['speedup_16']:.1f}x for 16 workers over one. Plot: `model_vs_workers.png`.", "",
+              "Commands (ports are free ones picked per run; -c 50 -n 200000, -P 1 and -P 32):", ""]
+    many = sc["many_queues"]
+    one = sc["one_queue"]
+    for key in ("addjob_p32_w2", "getjob_p32_w2", "addjob_p1_w1"):
+        lines.append(f"- `{many[key]['command']}`")
+    for key in ("addjob_p32_reference", "getjob_p32_reference"):
+        if key in one:
+            lines.append(f"- `{one[key]['command']}` (reference)")
+    return lines
 
 
 def ratio_rows(rows: list[dict[str, Any]]) -> list[tuple[str, str, float | None, str]]:
@@ -150,15 +228,18 @@ def summary(rows: list[dict[str, Any]], machine: dict[str, Any]) -> str:
              f"average at the start {machine.get('loadavg_1m_at_start')} (each figure below "
              "lists the load before and after it: `loadavg_1m`).", "",
              "| target | needed | measured | met | detail |", "|---|---|---|---|---|"]
-    for name, need, value, detail in ratio_rows(rows):
+    for name, need, value, detail in ratio_rows(rows) + scaling_rows(rows):
         shown = "n/a" if value is None else (
             f"{value:.0f} B" if need.endswith("B") else
             f"{value:.1f} %" if need.endswith("%") else f"{value:.2f}x")
         lines.append(f"| {name} | {need} | {shown} | {met(name, need, value)} | {detail} |")
+    lines += scaling_section(rows)
     lines += ["", "## All macro figures", ""]
     for r in rows:
-        lines.append(f"- `{r['name']}`: " + short(r))
-    lines += ["", "Plots: `throughput_vs_pipeline.png`, `throughput_vs_workers.png`.", "",
+        if r["group"] != "scaling":
+            lines.append(f"- `{r['name']}`: " + short(r))
+    lines += ["", "Plots: `throughput_vs_pipeline.png`, `throughput_vs_workers.png`, "
+              "`model_vs_workers.png`.", "",
               "## Commands", "",
               "Ports are free ones picked per run. Load generator runs are `bench.loadgen.run()`",
               "with the settings stored in macro.json (`disque-mp bench cycle --procs 2 "
@@ -199,6 +280,11 @@ def render(macro_json: Path, machine: dict[str, Any]) -> Path:
     rows = load(macro_json)
     plot_pipeline(rows, RESULTS / "throughput_vs_pipeline.png")
     plot_workers(rows, RESULTS / "throughput_vs_workers.png")
+    sc = next(iter(by_group(rows, "scaling")), None)
+    if sc is not None:
+        from bench.scaling import plot_model
+
+        plot_model(sc["model"], RESULTS / "model_vs_workers.png")
     out = RESULTS / "summary.md"
     out.write_text(summary(rows, machine))
     return out

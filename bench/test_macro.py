@@ -136,25 +136,18 @@ def test_redis_benchmark_addjob_getjob(benchmark: Any, tmp_path: Path, redis_ser
         assert qlen == 0, qlen
 
 
-@pytest.mark.parametrize("pipeline", [1, 32])
-@pytest.mark.parametrize("workers", [1, 2])
-def test_workers_sweep(benchmark: Any, tmp_path: Path, workers: int, pipeline: int) -> None:
-    """ADDJOB over 10,000 random queues (spread over every worker) and to one queue."""
-    benchmark.group = "workers sweep"
-    n = node(tmp_path, workers)
-    try:
-        def measure() -> dict[str, Any]:
-            kw = {"clients": CLIENTS, "requests": REQUESTS, "pipeline": pipeline}
-            many = bench_retry(n.port, "-r", "10000", "ADDJOB", "q:__rand_int__", "x", "0", **kw)
-            one = bench_retry(n.port, "ADDJOB", "q", "x", "0", **kw)
-            return {"workers": workers, "pipeline": pipeline, "addjob_many_queues": many,
-                    "addjob_one_queue": one}
+def test_scaling(benchmark: Any, tmp_path: Path) -> None:
+    """Every core pays? 1 vs 2 workers over 10,000 random queues, one queue against the
+    reference C Disque (built from its source where the machine has it), CPU per role
+    and the model of throughput against workers (bench/scaling.py)."""
+    from bench import scaling
 
-        info = once(benchmark, measure)
-    finally:
-        n.stop()
+    benchmark.group = "scaling"
+    info = once(benchmark, lambda: scaling.run())
     benchmark.extra_info.update(info)
-    assert info["addjob_many_queues"]["rps"] > 0
+    for key in ("addjob_p1_ratio", "addjob_p32_ratio", "getjob_p1_ratio", "getjob_p32_ratio"):
+        assert info["many_queues"][key] > 0
+    assert info["roles"]["local_us"] > 0 and info["roles"]["executed_for_other_us"] > 0
 
 
 def cycle_settings(target: str, port: int, pipeline: int, rate: float) -> loadgen.Settings:

@@ -32,7 +32,7 @@ class FrameError(Exception):
 
 
 def encode(kind: int, meta: dict[str, Any], bodies: list[bytes] | tuple[bytes, ...] = ()) -> bytes:
-    m = orjson.dumps(meta)
+    m = orjson.dumps(meta) if meta else b""  # no metadata: the reader gives {}
     n = len(bodies)
     if n > frame_bodies_max:
         raise FrameError(f"too many bodies in one frame: {n}")
@@ -103,9 +103,11 @@ class FrameReader:
             raise FrameError("frame metadata is not an object")
         at += meta_len
         bodies = []
+        view = memoryview(buf)
         for ln in lens:
-            bodies.append(bytes(buf[at : at + ln]))
+            bodies.append(bytes(view[at : at + ln]))  # one copy (a bytearray slice is two)
             at += ln
+        view.release()  # the buffer may be resized again
         self._pos = pos + total + trailer
         if self._pos > 65536 and self._pos * 2 > len(buf):
             del buf[: self._pos]

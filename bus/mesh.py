@@ -17,6 +17,15 @@ Frame kinds (meta is an orjson object, bodies raw bytes, see ``bus/frames.py``):
     CMDS     {"r": [rid], "n": [command], "c": [argc]}  bodies: all args
     REPLIES  {"r": [rid], "v": [value]}   bodies: shared by the values
     REPLY / REPLIES / WAKE carry packed reply values (``pack``/``unpack``).
+    RAW      {}  bodies: [request ids, RESP3 flags, the commands as RESP] -> RAWREPLIES
+    RAWREPLIES {}  bodies: [request ids, reply lengths, the replies as RESP bytes]
+
+RAW is the hot path of forwarding (``Worker.forward_raw``): the commands of
+one loop turn travel as the RESP a client would send (the owner parses them
+with hiredis, in C), and their answers come back already encoded for each
+client's protocol, so the asking worker splices the bytes into the client's
+reply stream without decoding anything. Ids and lengths are native-endian
+u32 arrays (both ends are processes of one host); no JSON in either direction.
 
 Job commands forwarded during one loop turn travel as one CMDS frame per
 peer, and the answers ready in one turn as one REPLIES frame: a frame per
@@ -50,7 +59,8 @@ from workers.replies import NULL_ARRAY, Error, Status
 
 K_CMD, K_REPLY, K_TAKE, K_BLOCK, K_UNBLOCK, K_WAKE, K_RETURN, K_SCATTER = range(1, 9)
 K_CMDS, K_REPLIES = 9, 10
-KINDS = frozenset(range(1, 11))
+K_RAW, K_RAWREPLIES = 11, 12
+KINDS = frozenset(range(1, 13))
 
 # Frames queued for a peer that is not connected yet (start-up, restart): past
 # this the requests fail instead of growing memory without end.
@@ -135,6 +145,14 @@ class Link(asyncio.Protocol):
         self.reply_rids: list[int] = []
         self.reply_values: list[Any] = []
         self.reply_bodies: list[bytes] = []
+        # open RAW batch (outgoing) and RAWREPLIES batch (incoming); see Worker.forward_raw
+        self.raw_rids: array.array[int] = array.array("I")
+        self.raw_flags = bytearray()
+        self.raw_parts: list[bytes] = []
+        self.raw_pending: dict[int, Any] = {}  # rid -> (client connection, reply slot)
+        self.rawrep_rids: array.array[int] = array.array("I")
+        self.rawrep_lens: array.array[int] = array.array("I")
+        self.rawrep_parts: list[bytes] = []
         self.blocked: dict[int, int] = {}  # owner side: asker's GETJOB token -> shard token
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -171,7 +189,7 @@ class Link(asyncio.Protocol):
         self.mesh.lost(self)
 
     def queue(self, frame: bytes) -> None:
-        if self.cmd_rids or self.reply_rids:
+        if self.cmd_rids or self.reply_rids or self.raw_rids or self.rawrep_rids:
             self.close_batches()
         self._queue(frame)
 
@@ -184,6 +202,8 @@ class Link(asyncio.Protocol):
             self.mesh.mark(self)
 
     def add_command(self, rid: int, name: str, args: list[bytes]) -> None:
+        if self.raw_rids:
+            self.close_raw()  # the RAW commands before this one run first
         if not self.cmd_rids:
             self.mesh.mark(self)
         self.cmd_rids.append(rid)
@@ -200,7 +220,37 @@ class Link(asyncio.Protocol):
         self.reply_rids.append(rid)
         self.reply_values.append(pack(value, self.reply_bodies))
 
+    def raw_reply(self, rid: int, data: bytes) -> None:
+        """Answer RAW request ``rid`` with its encoded reply (batched per turn)."""
+        if self.transport is None:
+            return  # the asker is gone
+        if not self.rawrep_rids:
+            self.mesh.mark(self)
+        self.rawrep_rids.append(rid)
+        self.rawrep_lens.append(len(data))
+        self.rawrep_parts.append(data)
+
+    def close_raw(self) -> None:
+        """Queue the open RAW batch (the worker calls it before a CMDS command)."""
+        rids = self.raw_rids
+        frame = encode(K_RAW, {}, (rids.tobytes(), bytes(self.raw_flags), b"".join(self.raw_parts)))
+        self.raw_rids, self.raw_flags, self.raw_parts = array.array("I"), bytearray(), []
+        try:
+            self._queue(frame)
+        except ConnectionError as exc:
+            self.mesh.fail_raw(self, rids, f"ERR {exc}")
+
     def close_batches(self) -> None:
+        if self.raw_rids:
+            self.close_raw()
+        if self.rawrep_rids:
+            frame = encode(K_RAWREPLIES, {}, (self.rawrep_rids.tobytes(), self.rawrep_lens.tobytes(),
+                                              b"".join(self.rawrep_parts)))
+            self.rawrep_rids, self.rawrep_lens, self.rawrep_parts = array.array("I"), array.array("I"), []
+            try:
+                self._queue(frame)
+            except ConnectionError:
+                pass  # incoming links always have a transport while they exist
         if self.cmd_rids:
             meta = {"r": self.cmd_rids, "n": self.cmd_names, "c": self.cmd_argc}
             frame, rids = encode(K_CMDS, meta, self.cmd_args), self.cmd_rids
@@ -220,7 +270,7 @@ class Link(asyncio.Protocol):
 
     def flush(self) -> None:
         self.dirty = False
-        if self.cmd_rids or self.reply_rids:
+        if self.cmd_rids or self.reply_rids or self.raw_rids or self.rawrep_rids:
             self.close_batches()
         if self.transport is None or not self.outq:
             return
@@ -240,6 +290,8 @@ class Mesh:
     ``link.send``); ``on_wake(peer, meta, bodies)`` receives a WAKE for one of our
     blocked GETJOBs; ``on_peer_up(peer)`` runs after every (re)connection;
     ``on_incoming_lost(link)`` lets the owner drop what that peer registered;
+    ``on_raw_replies(link, bodies)`` splices RAWREPLIES into client replies and
+    ``raw_failed([(conn, slot)], error text)`` answers RAW requests that are lost;
     ``after_batch()`` runs after each read of frames (flush client replies).
     """
 
@@ -301,7 +353,9 @@ class Mesh:
             self.handler.on_incoming_lost(link)
             return
         pending, link.pending = link.pending, {}
+        raw_pending, link.raw_pending = link.raw_pending, {}
         link.cmd_rids, link.cmd_names, link.cmd_argc, link.cmd_args = [], [], [], []
+        link.raw_rids, link.raw_flags, link.raw_parts = array.array("I"), bytearray(), []
         # Frames not written yet belong to requests failed below: a restarted
         # peer must not run them (their replies would go nowhere).
         link.outq.clear()
@@ -309,6 +363,8 @@ class Mesh:
         lost = Error(f"ERR worker {link.peer} is unavailable, try again")
         for callback in pending.values():
             callback({"v": {"e": str(lost)}}, [])
+        if raw_pending:
+            self.handler.raw_failed(list(raw_pending.values()), str(lost))
         if not self.closing:
             self._tasks.append(self.loop.create_task(self._connect(link)))
 
@@ -366,6 +422,10 @@ class Mesh:
             if callback is not None:
                 callback({"v": {"e": text}}, [])
 
+    def fail_raw(self, link: Link, rids: Any, text: str) -> None:
+        waiting = [w for w in (link.raw_pending.pop(rid, None) for rid in rids) if w is not None]
+        self.handler.raw_failed(waiting, text)
+
     def send(self, peer: int, kind: int, meta: dict[str, Any], bodies: Any = ()) -> None:
         link = self.links[peer]
         assert link is not None, "no mesh link to ourselves"
@@ -379,6 +439,8 @@ class Mesh:
     def dispatch(self, link: Link, kind: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
         if link.peer < 0:
             self.handler.on_request(link, kind, meta, bodies)
+        elif kind == K_RAWREPLIES:
+            self.handler.on_raw_replies(link, bodies)
         elif kind == K_REPLIES:
             pending = link.pending
             for rid, value in zip(meta["r"], meta["v"], strict=True):

@@ -42,7 +42,7 @@ class ClientConn(asyncio.Protocol):
         "node", "transport", "parser", "out", "slots", "resp3", "authed", "name",
         "lib_name", "lib_ver", "id", "ctime_s", "last_cmd", "last_s", "closing",
         "waiters", "dirty", "streak_owner", "streak", "handoffs", "addr", "gone",
-        "close_after_write", "soft_since_s",
+        "close_after_write", "soft_since_s", "unfilled", "forwarded",
     )
 
     def __init__(self, node: Worker, state: dict[str, Any] | None = None) -> None:
@@ -72,6 +72,8 @@ class ClientConn(asyncio.Protocol):
         self.handoffs = 0
         self.addr = ""
         self.soft_since_s = 0.0  # output over the soft limit since then (0: it is not)
+        self.unfilled = 0  # deferred replies not known yet
+        self.forwarded = 0  # ... of which hot commands forwarded to their owner (RAW)
         if state:
             self._restore(state)
 
@@ -132,7 +134,11 @@ class ClientConn(asyncio.Protocol):
             self.closing = True
             self.close_after_write = True
             node.log(f"client {self.addr}: {error}, closing")
-        self.write_out()
+        if not self.unfilled or self.unfilled != self.forwarded or self.close_after_write:
+            self.write_out()
+        # else every reply still missing is a forwarded hot command, due within one
+        # mesh round trip: the ready prefix leaves with them in one write (``fill``),
+        # not in a write of its own (each loopback send also wakes the client).
         if not self.closing and self.streak >= node.handoff_streak_min:
             node.maybe_handoff(self)
 
@@ -145,6 +151,7 @@ class ClientConn(asyncio.Protocol):
             self.out.append(data)
 
     def defer(self) -> Slot:
+        self.unfilled += 1
         slot = Slot()
         if self.slots is None:
             self.slots = deque()
@@ -153,10 +160,13 @@ class ClientConn(asyncio.Protocol):
 
     def fill(self, slot: Slot, data: bytes) -> None:
         """Complete a deferred reply; the ready prefix is written this loop turn."""
+        if slot.data is None:
+            self.unfilled -= 1
         slot.data = data
         slots = self.slots
         if slots is None or self.gone:
             return
+        moved = False
         while slots:
             head = slots[0]
             if type(head) is Slot:
@@ -166,6 +176,9 @@ class ClientConn(asyncio.Protocol):
             else:
                 self.out.append(head)  # type: ignore[arg-type]
             slots.popleft()
+            moved = True
+        if not moved:
+            return  # a reply behind one still missing: nothing new to write or count
         hard, soft, soft_s = output_limits(self.node.cfg.client_output_buffer_limit)
         if hard or soft:  # replies from other workers count as they arrive
             self.check_output(sum(map(len, self.out)), hard, soft, soft_s)

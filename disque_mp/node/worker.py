@@ -21,6 +21,7 @@ costs about a third of the throughput (DESIGN.md), moving the socket nothing.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import ctypes
 import functools
@@ -35,6 +36,8 @@ import socket
 import time
 from collections.abc import Callable
 from typing import Any, Final
+
+import hiredis
 
 from bus import auth as bus_auth
 from bus import mesh as meshmod
@@ -180,6 +183,8 @@ class Worker:
         self.next_token = 0
         self.next_client = 0
         self.owner_cache: dict[bytes, int] = {}
+        self.raw_rid = 0  # ids of RAW mesh requests (u32, wraps)
+        self.raw_reader = hiredis.Reader()  # parses the RAW frames peers send us
         self.handoff_streak_min = handoff_streak_min if self.workers > 1 else 1 << 62
         # stats (INFO)
         self.net_in_bytes = 0
@@ -430,7 +435,7 @@ class Worker:
         if fast is not None and conn.authed and not self.oom:
             reply = fast(conn, cmd)
             if reply is not None:
-                return reply
+                return reply or None  # b"": forwarded, the reply comes later
         return self._execute(conn, cmd)
 
     def _execute(self, conn: ClientConn, cmd: list[bytes]) -> bytes | None:
@@ -485,93 +490,112 @@ class Worker:
         # ACKJOB / FASTACK id..., every ID valid and owned here: each ID is checked
         # once (the general path validates in the router and again in cmd_jobs).
         n = len(cmd)
-        if n < 2 or self.cfg.appendfsync == "always":
+        if n < 2:
             return None
         workers = self.workers
-        index = self.index
+        owner = self.index
         ids: list[str] = []
         for i in range(1, n):
             raw = cmd[i]
             if not is_valid_job_id(raw):
                 return None  # the general path answers -BADID
             job_id = raw.decode()
-            if workers > 1 and owner_of_job_id(job_id, workers) != index:
-                return None
+            if workers > 1:
+                at = owner_of_job_id(job_id, workers)
+                if i == 1:
+                    owner = at
+                elif at != owner:
+                    return None  # several owners: the general path splits them
             ids.append(job_id)
+        if owner != self.index:
+            return self.forward_raw(conn, owner, cmd, "fastack" if fast else "ackjob")
+        reply = self._ack_here(ids, fast, cmd)
+        if reply is not None:
+            conn.streak = 0
+            conn.last_cmd = "fastack" if fast else "ackjob"
+        return reply
+
+    def _ack_here(self, ids: list[str], fast: bool, cmd: list[bytes]) -> bytes | None:
+        if self.cfg.appendfsync == "always":
+            return None
         t0 = _perf_ns()
-        conn.streak = 0
         if fast:
             acked = self.shard.op_fastack(ids, self.now_ms)
-            self._count("fastack", conn, t0, cmd)
+            self._count("fastack", t0, cmd)
         else:
             acked = self.shard.op_ackjob(ids, self.now_ms)
-            self._count("ackjob", conn, t0, cmd)
+            self._count("ackjob", t0, cmd)
         return b":%d\r\n" % acked
 
     def _fast_addjob(self, conn: ClientConn, cmd: list[bytes]) -> bytes | None:
-        if len(cmd) != 4 or self.cfg.appendfsync == "always":
+        if len(cmd) != 4:
             return None
-        queue = cmd[1]
-        if self.workers > 1 and self.owner_of(queue) != self.index:
-            return None
-        if self.shard.has_peers():
+        if self.workers > 1:
+            owner = self.owner_of(cmd[1])
+            if owner != self.index:
+                return self.forward_raw(conn, owner, cmd, "addjob")
+        reply = self._addjob_here(cmd)
+        if reply is not None:
+            conn.streak = 0
+            conn.last_cmd = "addjob"
+        return reply
+
+    def _addjob_here(self, cmd: list[bytes]) -> bytes | None:
+        """``ADDJOB q body timeout`` of a queue we own, or None for the general path."""
+        if self.cfg.appendfsync == "always" or self.shard.has_peers():
             return None  # it waits for replication: the general path defers the reply
         timeout = cmd[3]
         timeout_ms = 0 if timeout == b"0" else cmd_jobs.parse_timeout_ms(timeout)
         if type(timeout_ms) is not int:
             return None  # the general path answers the error
         t0 = _perf_ns()
-        conn.streak = 0
         self.next_token = token = self.next_token + 1
-        reply = self.shard.op_addjob(queue, cmd[2], timeout_ms=timeout_ms, replicate=None,
+        reply = self.shard.op_addjob(cmd[1], cmd[2], timeout_ms=timeout_ms, replicate=None,
                                      delay_s=0, retry_s=None, ttl_s=cmd_jobs.ttl_default_s,
                                      maxlen=0, async_=False, token=token, now_ms=self.now_ms)
-        self._count("addjob", conn, t0, cmd)
+        self._count("addjob", t0, cmd)
         if type(reply) is Status:
             return f"+{reply}\r\n".encode()
-        return encode(reply, conn.resp3)  # an error: with no peers nothing is PENDING
+        return encode(reply)  # an error (same bytes in RESP2 and 3): with no peers nothing is PENDING
 
     def _fast_getjob(self, conn: ClientConn, cmd: list[bytes]) -> bytes | None:
         # GETJOB [NOHANG] [TIMEOUT ms] [COUNT n] FROM q, when q has jobs or NOHANG
-        n = len(cmd)
-        if n < 3 or n > 8 or cmd[-2] not in _FROM:
+        shape = _getjob_shape(cmd)
+        if shape is None:
             return None
+        count, nohang = shape
         queue = cmd[-1]
-        if self.workers > 1 and self.owner_of(queue) != self.index:
-            return None
-        nohang = False
-        count = 1
-        i, end = 1, n - 2
-        while i < end:
-            word = cmd[i]
-            if word in _NOHANG:
-                nohang = True
-                i += 1
-            elif word in _COUNT and i + 1 < end:
-                count = cmd_jobs.parse_int(cmd[i + 1]) or 0
-                if count <= 0:
-                    return None  # the general path answers the error
-                if count > cmd_jobs.limits.getjob_count_max:
-                    count = cmd_jobs.limits.getjob_count_max
-                i += 2
-            elif word in _TIMEOUT and i + 1 < end:
-                if type(cmd_jobs.parse_timeout_ms(cmd[i + 1])) is not int:
-                    return None
-                i += 2  # only a blocked GETJOB uses it: that takes the general path
-            else:
-                return None
+        owner = self.owner_of(queue) if self.workers > 1 else self.index
+        if owner != self.index:
+            # NOHANG never blocks, so the owner answers it alone; a GETJOB that
+            # may block needs the coordinator (GetJob): the general path
+            return self.forward_raw(conn, owner, cmd, "getjob") if nohang else None
+        reply = self._getjob_here(queue, count, nohang, conn.resp3, cmd)
+        if reply is not None:
+            conn.streak = 0
+            conn.last_cmd = "getjob"
+        return reply
+
+    def _getjob_here(self, queue: bytes, count: int, nohang: bool, resp3: bool,
+                     cmd: list[bytes]) -> bytes | None:
         t0 = _perf_ns()
-        conn.streak = 0
         entries = self.shard.op_take([queue], count, False, self.now_ms)
         if not entries and not nohang:
             return None  # it blocks: the general path registers the waiter
-        self._count("getjob", conn, t0, cmd)
+        self._count("getjob", t0, cmd)
         if not entries:
-            return NULL3 if conn.resp3 else NULL_ARRAY2
+            return NULL3 if resp3 else NULL_ARRAY2
         return encode_jobs(entries)
 
-    def _count(self, name: str, conn: ClientConn, t0: int, cmd: list[bytes]) -> None:
-        self._account(self.cmdstats[name], name, conn, t0, cmd)
+    def _count(self, name: str, t0: int, cmd: list[bytes]) -> None:
+        """A fast path's command ran from ``t0``: commandstats, slowlog, counters."""
+        took = _perf_ns() - t0
+        stat = self.cmdstats[name]
+        stat[0] += 1
+        stat[1] += took
+        if took >= self.slowlog_min_ns >= 0:
+            self.slowlog.add(cmd, took)
+        self.commands_processed += 1
 
     def _account(self, stat: list[int], name: str, conn: ClientConn, t0: int,
                  cmd: list[bytes]) -> None:
@@ -663,6 +687,125 @@ class Worker:
         """Run a job command on another worker; ``done(reply value)``."""
         self.mesh.command(owner, name.decode(), args,
                           lambda meta, bodies: done(unpack(meta.get("v"), bodies)))
+
+    # --- forwarding, hot path: RESP in, RESP out (mesh RAW / RAWREPLIES) ---
+
+    def forward_raw(self, conn: ClientConn, owner: int, cmd: list[bytes], name: str) -> bytes:
+        """Send a hot command to its owner as RESP; its reply bytes will fill a slot
+        of ``conn``. Returns b"" (the reply comes later). The owner counts the
+        command (commandstats, slowlog), as it runs it."""
+        self._count_streak(conn, owner)
+        conn.last_cmd = name
+        conn.forwarded += 1
+        slot = conn.defer()
+        link: Any = self.mesh.links[owner]  # a Link: never ourselves
+        if link.cmd_rids:
+            link.close_batches()  # CMDS commands queued before this one run first
+        rids = link.raw_rids
+        if not rids:
+            self.mesh.mark(link)
+        self.raw_rid = rid = (self.raw_rid + 1) & 0xFFFFFFFF
+        rids.append(rid)
+        link.raw_flags.append(1 if conn.resp3 else 0)
+        _append_resp(link.raw_parts, cmd)
+        link.raw_pending[rid] = (conn, slot)
+        return b""
+
+    def on_raw_replies(self, link: Link, bodies: list[bytes]) -> None:
+        """RAWREPLIES from an owner: splice each reply into its client's stream."""
+        rids = array.array("I")
+        rids.frombytes(bodies[0])
+        lens = array.array("I")
+        lens.frombytes(bodies[1])
+        data = bodies[2]
+        pending = link.raw_pending
+        at = 0
+        for i in range(len(rids)):
+            end = at + lens[i]
+            waiting = pending.pop(rids[i], None)
+            if waiting is not None:
+                conn, slot = waiting
+                conn.forwarded -= 1
+                conn.fill(slot, data[at:end])
+            at = end
+
+    def raw_failed(self, waiting: list[Any], text: str) -> None:
+        """RAW requests whose owner went away: the client gets the error."""
+        reply = encode(Error(text))
+        for conn, slot in waiting:
+            conn.forwarded -= 1
+            conn.fill(slot, reply)
+
+    def _serve_raw(self, link: Link, bodies: list[bytes]) -> None:
+        """A RAW frame: a peer's hot commands of one loop turn, as RESP."""
+        rids = array.array("I")
+        rids.frombytes(bodies[0])
+        flags = bodies[1]
+        reader = self.raw_reader
+        reader.feed(bodies[2])
+        if link.transport is None:
+            return  # the asker is gone
+        for i in range(len(rids)):
+            cmd: Any = None
+            try:
+                cmd = reader.gets()
+                reply = self._serve_raw_one(cmd, flags[i] == 1)
+            except InvariantError:
+                raise
+            except Exception:  # a bug: answer it, or the asking client waits forever
+                log.exception("command %r from a peer failed", cmd)
+                reply = encode(ERR_INTERNAL)
+                if type(cmd) is not list:  # the frame itself is broken: start afresh
+                    self.raw_reader = reader = hiredis.Reader()
+            if reply is None:
+                self._serve_raw_general(link, rids[i], cmd[0].lower(), cmd, flags[i] == 1)
+                continue
+            replies: Any = link.rawrep_rids  # fetched each time: a general command may close the batch
+            if not replies:
+                self.mesh.mark(link)
+            replies.append(rids[i])
+            link.rawrep_lens.append(len(reply))
+            link.rawrep_parts.append(reply)
+
+    def _serve_raw_one(self, cmd: list[bytes], resp3: bool) -> bytes | None:
+        """A RAW command in a fast path's shape: its reply, else None."""
+        name = cmd[0].lower()
+        reply: bytes | None = None
+        if name == b"addjob":
+            reply = self._addjob_here(cmd)
+        elif name == b"getjob":
+            shape = _getjob_shape(cmd)
+            if shape is not None:
+                reply = self._getjob_here(cmd[-1], shape[0], shape[1], resp3, cmd)
+        elif name == b"ackjob" or name == b"fastack":
+            reply = self._ack_here([a.decode() for a in cmd[1:]], name == b"fastack", cmd)
+        return reply
+
+    def _serve_raw_general(self, link: Link, rid: int, name: bytes, cmd: list[bytes],
+                           resp3: bool) -> None:
+        """What a RAW command's fast path does not take (options, peers, appendfsync
+        always): the general route, as for a client of ours."""
+        token = self.new_token()
+        before = self.aof.appended if self.aof is not None else 0
+        t0 = _perf_ns()
+        try:
+            reply = self.run_local(name, cmd[1:], token)
+        except InvariantError:
+            raise
+        except Exception:  # a bug: answer it, or the asking client waits forever
+            log.exception("command %r from a peer failed", name)
+            reply = ERR_INTERNAL
+        self._count(name.decode(), t0, cmd)
+
+        def deliver(value: Any) -> None:
+            link.raw_reply(rid, encode(value, resp3))
+
+        if self.cfg.appendfsync == "always" and self._aof_must_hold(before, reply):
+            self.aof.hold(self.aof.appended, deliver, reply)
+        elif reply is PENDING:
+            self.tokens[token] = self._durable(deliver)
+        else:
+            deliver(reply)
 
     # --- route: ids ---
 
@@ -826,7 +969,9 @@ class Worker:
 
     def on_request(self, link: Link, kind: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
         self.now_ms = now_ms()
-        if kind == meshmod.K_CMDS:
+        if kind == meshmod.K_RAW:
+            self._serve_raw(link, bodies)
+        elif kind == meshmod.K_CMDS:
             self._serve_cmds(link, meta, bodies)
         elif kind == meshmod.K_CMD:
             self._serve_cmd(link, meta, bodies)
@@ -1200,6 +1345,45 @@ class GetJob:
                 w.shard.op_unblock(self.token, now_ms())
             else:
                 w.mesh.send(owner, meshmod.K_UNBLOCK, {"t": self.token})
+
+
+def _getjob_shape(cmd: list[bytes]) -> tuple[int, bool] | None:
+    """(COUNT, NOHANG) of ``GETJOB [NOHANG] [TIMEOUT ms] [COUNT n] FROM q``, or None
+    for any other shape or a bad value (the general path answers those)."""
+    n = len(cmd)
+    if n < 3 or n > 8 or cmd[-2] not in _FROM:
+        return None
+    nohang = False
+    count = 1
+    i, end = 1, n - 2
+    while i < end:
+        word = cmd[i]
+        if word in _NOHANG:
+            nohang = True
+            i += 1
+        elif word in _COUNT and i + 1 < end:
+            count = cmd_jobs.parse_int(cmd[i + 1]) or 0
+            if count <= 0:
+                return None
+            if count > cmd_jobs.limits.getjob_count_max:
+                count = cmd_jobs.limits.getjob_count_max
+            i += 2
+        elif word in _TIMEOUT and i + 1 < end:
+            if type(cmd_jobs.parse_timeout_ms(cmd[i + 1])) is not int:
+                return None
+            i += 2  # only a blocked GETJOB uses it: that takes the general path
+        else:
+            return None
+    return count, nohang
+
+
+def _append_resp(parts: list[bytes], cmd: list[bytes]) -> None:
+    """``cmd`` as the RESP multibulk a client sends (the RAW mesh frame's payload)."""
+    parts.append(b"*%d\r\n" % len(cmd))
+    for arg in cmd:
+        parts.append(b"$%d\r\n" % len(arg))
+        parts.append(arg)
+        parts.append(b"\r\n")
 
 
 def _owner_runs(w: Worker, queues: list[bytes]) -> list[tuple[int, list[bytes]]]:

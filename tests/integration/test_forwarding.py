@@ -1,0 +1,93 @@
+"""Hot commands forwarded to their queue's owner as RESP (mesh RAW frames): replies
+spliced into the client's stream in order, in the client's protocol, counted once,
+and an error (not silence) when the owner dies with requests in flight."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from tests.integration.conftest import (
+    NULL_ARRAY,
+    Err,
+    RawClient,
+    Status,
+    connect_to_worker,
+    encode_command,
+)
+from tests.nodeproc import NodeProc
+from workers.ids import owner_of_queue
+
+
+def queues_of(index: int, n: int, prefix: str) -> list[str]:
+    out = [f"{prefix}{i}" for i in range(2000) if owner_of_queue(f"{prefix}{i}".encode(), 2) == index]
+    return out[:n]
+
+
+def test_pipelined_mixed_owners_keep_order_and_protocol(node2: NodeProc) -> None:
+    mine, theirs = queues_of(0, 4, "fw"), queues_of(1, 4, "fw")
+    for resp3 in (False, True):
+        c = connect_to_worker(node2.port, 0)
+        if resp3:
+            assert isinstance(c.call("HELLO", 3), dict)
+        batch, queues = [], []
+        for i in range(40):  # alternate owners: the connection is never handed over
+            q = (mine if i % 2 else theirs)[i % 4]
+            queues.append(q)
+            batch.append(encode_command("ADDJOB", q, f"body{i}", 0))
+        c.send(b"".join(batch))
+        ids = [c.read() for _ in range(40)]
+        assert all(isinstance(i, Status) for i in ids), ids
+        batch = [encode_command("GETJOB", "NOHANG", "FROM", q) for q in queues]
+        batch.append(encode_command("GETJOB", "NOHANG", "FROM", theirs[0]))  # now empty
+        c.send(b"".join(batch))
+        got = [c.read() for _ in range(41)]
+        for i, q in enumerate(queues):
+            assert got[i][0][0] == q.encode()
+        assert {g[0][1].decode() for g in got[:40]} == set(ids)
+        assert got[40] == (None if resp3 else NULL_ARRAY)  # RESP3 null from the owner
+        c.send(b"".join(encode_command("ACKJOB", i) for i in ids) + encode_command("FASTACK", ids[0]))
+        assert [c.read() for _ in range(41)] == [1] * 40 + [0]
+        assert c.call("ACKJOB", "not-an-id") == Err("BADID Invalid Job ID format.")
+        assert c.call("ADDJOB", theirs[0], "x", "-1") == Err("ERR timeout is negative")
+        c.close()
+    stats = RawClient(node2.port).call("INFO", "commandstats").decode()
+    assert "cmdstat_addjob:calls=82," in stats, stats  # 2 x 40 + the two errors
+    assert "cmdstat_getjob:calls=82," in stats, stats
+    assert "cmdstat_ackjob:calls=82," in stats, stats  # a BADID is a call too (as in Redis)
+
+
+def test_forwarded_options_take_the_general_path_at_the_owner(node2: NodeProc) -> None:
+    q = queues_of(1, 1, "opt")[0]
+    c = connect_to_worker(node2.port, 0)
+    job_id = c.call("ADDJOB", q, "delayed", 0)
+    assert c.call("GETJOB", "NOHANG", "WITHCOUNTERS", "FROM", q)[0][:3] == [
+        q.encode(), job_id.encode(), b"delayed"]
+    assert c.call("GETJOB", "NOHANG", "COUNT", "x", "FROM", q) == Err(
+        "ERR value is not an integer or out of range")
+    c.close()
+
+
+def test_owner_killed_with_forwarded_commands_in_flight(node2: NodeProc) -> None:
+    q = queues_of(1, 1, "kill")[0]
+    c = connect_to_worker(node2.port, 0)
+    info = c.call("INFO", "workers").decode()
+    pid1 = int(info.split("worker1:pid=")[1].split(",")[0])
+    os.kill(pid1, signal.SIGSTOP)  # requests queue up at the owner, unanswered
+    try:
+        c.send(b"".join(encode_command("ADDJOB", q, f"x{i}", 0) for i in range(5)))
+        time.sleep(0.3)
+    finally:
+        os.kill(pid1, signal.SIGKILL)
+        os.kill(pid1, signal.SIGCONT)
+    replies = [c.read() for _ in range(5)]
+    assert all(r == Err("ERR worker 1 is unavailable, try again") for r in replies), replies
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the restarted owner serves again
+        reply = c.call("ADDJOB", q, "after", 0)
+        if isinstance(reply, Status):
+            break
+        time.sleep(0.05)
+    assert isinstance(reply, Status)
+    c.close()
