@@ -42,6 +42,16 @@ def test_auth_both_forms(tmp_path: Path) -> None:
         c.close()
 
 
+def test_a_failed_auth_keeps_an_open_node_open(tmp_path: Path) -> None:
+    # no requirepass: every connection is authenticated and a wrong AUTH does not undo it
+    with NodeProc(tmp_path, workers=1) as node:
+        replies = raw(node.port, [b"AUTH someone pw", b"PING", b"AUTH default pw", b"PING",
+                                  b"AUTH pw", b"PING"])
+        assert replies == [b"-WRONGPASS invalid username-password pair or user is disabled.",
+                           b"+PONG", b"+OK", b"+PONG",
+                           b"-ERR Client sent AUTH, but no password is set", b"+PONG"]
+
+
 def raw(port: int, lines: list[bytes]) -> list[bytes]:
     """Inline commands on one connection; the first line of each reply."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:

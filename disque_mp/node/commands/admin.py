@@ -166,7 +166,8 @@ def cmd_auth(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
         return ERR_SYNTAX
     if len(cmd) == 3:
         if cmd[1] != b"default" or (w.cfg.requirepass and not _password_ok(w, cmd[2])):
-            conn.authed = False
+            # Redis 6's form keeps the connection as it was (without requirepass every
+            # connection is, and stays, authenticated)
             return Error("WRONGPASS invalid username-password pair or user is disabled.")
         conn.authed = True
         return OK
