@@ -1,4 +1,4 @@
-"""Slots and job IDs (DESIGN.md, "Ownership: slots and job IDs").
+"""Slots and job IDs (docs/architecture.md, "Invariants").
 
 Job ID: ``D-`` + 8 hex of the node ID + ``-`` + 24 chars base64 of 18 bytes + ``-``
 + 4 hex of the TTL in minutes (odd when RETRY > 0, even for at-most-once jobs).

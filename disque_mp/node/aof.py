@@ -1,4 +1,4 @@
-"""Append-only file persistence: one file per worker (DESIGN.md, "Persistence").
+"""Append-only file persistence: one file per worker (docs/architecture.md, "Invariants").
 
 Two layers live here:
 

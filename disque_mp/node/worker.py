@@ -2,7 +2,7 @@
 
 ``run_worker(cfg, index, node_id, ready)`` is what the supervisor forks. The
 worker binds the client port (SO_REUSEPORT), serves its connections and routes
-each command by the command table (DESIGN.md, "Request path"):
+each command by the command table (docs/architecture.md, "Invariants"):
 
     queue    owner of the queue's slot: inline when it is us, else a mesh CMD
     ids      every ID checked first (-BADID), split by owner, ints summed
@@ -16,7 +16,7 @@ pending client (ours or a peer's), ``Send`` goes to the cluster bus, and
 
 A connection whose commands all go to one other worker is handed to it
 (``Handoff``, SCM_RIGHTS) once nothing is buffered or pending on it: forwarding
-costs about a third of the throughput (DESIGN.md), moving the socket nothing.
+costs about a third of the throughput (measured with a throwaway sketch before the node was built), moving the socket nothing.
 """
 
 from __future__ import annotations
@@ -1160,7 +1160,7 @@ def _merge_counts(results: list[Any]) -> Any:
 
 
 class GetJob:
-    """One GETJOB coordinated by this worker (DESIGN.md, "Blocking GETJOB")."""
+    """One GETJOB coordinated by this worker (docs/architecture.md, "Invariants")."""
 
     __slots__ = ("w", "conn", "spec", "runs", "i", "got", "token", "slot", "blocked_at",
                  "timer", "done")
