@@ -33,6 +33,14 @@ def _versions(ctx: ssl.SSLContext, protocols: str) -> None:
                                else ssl.TLSVersion.TLSv1_2)
 
 
+def _no_session_tickets(ctx: ssl.SSLContext) -> None:
+    """No TLS 1.3 session tickets: every worker has its own ticket keys, so a ticket
+    could not resume a session on the worker the kernel picks next, and tickets sent
+    right after the handshake are bytes a client finds waiting before its first
+    command (redis-py then drops the fresh connection as "not ready")."""
+    ctx.num_tickets = 0
+
+
 def _load(ctx: ssl.SSLContext, cfg: Any, need_ca: bool) -> None:
     if not cfg.tls_cert_file or not cfg.tls_key_file:
         raise TlsConfigError("tls-cert-file and tls-key-file are required for TLS")
@@ -49,6 +57,7 @@ def _load(ctx: ssl.SSLContext, cfg: Any, need_ca: bool) -> None:
 def server_context(cfg: Any) -> ssl.SSLContext:
     """The client port's TLS (``tls-port``)."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    _no_session_tickets(ctx)
     _versions(ctx, cfg.tls_protocols)
     mode = cfg.tls_auth_clients
     _load(ctx, cfg, need_ca=mode != "no")
@@ -63,6 +72,7 @@ def https_context(cfg: Any) -> ssl.SSLContext | None:
     if not cfg.tls_cert_file or not cfg.tls_key_file:
         return None
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    _no_session_tickets(ctx)
     _versions(ctx, cfg.tls_protocols)
     _load(ctx, cfg, need_ca=False)
     return ctx
@@ -82,4 +92,5 @@ def bus_contexts(cfg: Any) -> tuple[ssl.SSLContext, ssl.SSLContext] | None:
         _load(ctx, cfg, need_ca=True)
         ctx.verify_mode = ssl.CERT_REQUIRED
     client.check_hostname = False
+    _no_session_tickets(server)
     return server, client
