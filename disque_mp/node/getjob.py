@@ -22,7 +22,7 @@ from workers.ids import owner_of_job_id
 from workers.replies import ERR_LEAVING, NULL_ARRAY, PENDING, Error
 
 if TYPE_CHECKING:
-    from disque_mp.node.connection import ClientConn, Slot
+    from disque_mp.node.connection import ClientConn, PendingReply
     from disque_mp.node.worker import Worker
 
 
@@ -40,7 +40,7 @@ class GetJob:
         self.i = 0
         self.got: list[Any] = []
         self.token = 0
-        self.slot: Slot | None = None
+        self.slot: PendingReply | None = None
         self.blocked_at: dict[int, list[bytes]] = {}
         self.timer: asyncio.TimerHandle | None = None
         self.done = False

@@ -47,7 +47,7 @@ from disque_mp.node.commands import admin as cmd_node
 from disque_mp.node.commands import jobs as cmd_jobs
 from disque_mp.node.commands.table import TABLE, Command, run_on_shard
 from disque_mp.node.config import Config
-from disque_mp.node.connection import ClientConn, Slot, listen_sockets
+from disque_mp.node.connection import ClientConn, PendingReply, listen_sockets
 from disque_mp.node.getjob import GetJob
 from disque_mp.node.log import setup_logging
 from disque_mp.node.memory import ERR_OOM, Monitor, rss_bytes
@@ -343,7 +343,7 @@ class Worker:
     def _in_flight(self, conn: ClientConn) -> bool:
         if conn.transport is None:
             return False
-        blocked = bool(conn.waiters) and all(type(s) is Slot and s.data is None for s in (conn.slots or ()))
+        blocked = bool(conn.waiters) and all(type(s) is PendingReply and s.data is None for s in (conn.slots or ()))
         return not blocked and (conn.pending() or conn.transport.get_write_buffer_size() > 0)
 
     def log(self, text: str) -> None:
