@@ -38,6 +38,7 @@ COMPILED_MODULES = (
     "disque_mp.node.connection",
     "disque_mp.node.commands.jobs",
     "disque_mp.node.worker",
+    "disque_mp.node.getjob",
 )
 
 

@@ -6,7 +6,7 @@ spreads new connections over the workers. A connection is an asyncio Protocol
 
 Replies: each read is parsed into commands that run in order; a reply that is
 ready goes to ``out``; a reply that will come later (forwarded to another
-worker, blocked GETJOB, node-wide gather) reserves a ``Slot``, and every later
+worker, blocked GETJOB, node-wide gather) reserves a ``PendingReply``, and every later
 reply queues behind it in ``slots`` until the slot is filled. Whatever is ready
 when a read has been handled leaves in one ``transport.write``; replies
 completed by other callbacks (mesh, timers) are written once per loop turn by
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from disque_mp.node.worker import Worker
 
 
-class Slot:
+class PendingReply:
     """A reply that is not known yet; ``data`` is set once it is."""
 
     __slots__ = ("data",)
@@ -52,7 +52,7 @@ class ClientConn(asyncio.Protocol):
         self.parser = RequestParser(cfg.proto_max_bulk_len, cfg.proto_max_multibulk_len,
                                     cfg.client_query_buffer_bytes_max)
         self.out: list[bytes] = []
-        self.slots: deque[bytes | Slot] | None = None
+        self.slots: deque[bytes | PendingReply] | None = None
         self.resp3 = False
         self.authed = not cfg.requirepass
         self.name = b""
@@ -150,15 +150,15 @@ class ClientConn(asyncio.Protocol):
         else:
             self.out.append(data)
 
-    def defer(self) -> Slot:
+    def defer(self) -> PendingReply:
         self.unfilled += 1
-        slot = Slot()
+        slot = PendingReply()
         if self.slots is None:
             self.slots = deque()
         self.slots.append(slot)
         return slot
 
-    def fill(self, slot: Slot, data: bytes) -> None:
+    def fill(self, slot: PendingReply, data: bytes) -> None:
         """Complete a deferred reply; the ready prefix is written this loop turn."""
         if slot.data is None:
             self.unfilled -= 1
@@ -169,7 +169,7 @@ class ClientConn(asyncio.Protocol):
         moved = False
         while slots:
             head = slots[0]
-            if type(head) is Slot:
+            if type(head) is PendingReply:
                 if head.data is None:
                     break
                 self.out.append(head.data)

@@ -66,7 +66,7 @@ class StartupError(Exception):
     """The node cannot start; the message says why."""
 
 
-class Slot:
+class WorkerSlot:
     """One worker position: its index survives the processes that fill it."""
 
     __slots__ = ("index", "proc", "ready", "started_at", "backoff_s", "due_at",
@@ -101,7 +101,7 @@ class Supervisor:
         self.cfg = cfg
         self.worker_target = worker_target
         self.ctx = multiprocess.get_context("fork")
-        self.slots = [Slot(i) for i in range(cfg.workers)]
+        self.slots = [WorkerSlot(i) for i in range(cfg.workers)]
         self.node_id = ""
         self.signals: list[int] = []
         self.stopping = False
@@ -249,7 +249,7 @@ class Supervisor:
 
     # --- workers ---
 
-    def _start(self, slot: Slot) -> None:
+    def _start(self, slot: WorkerSlot) -> None:
         slot.ready = self.ctx.Event()
         self._drain_sets(slot)  # the last reports of the worker this one replaces
         sets_r, sets_w = os.pipe()
@@ -280,7 +280,7 @@ class Supervisor:
                 continue
             self._schedule_restart(slot, pid, code)
 
-    def _schedule_restart(self, slot: Slot, pid: int, code: int | None) -> None:
+    def _schedule_restart(self, slot: WorkerSlot, pid: int, code: int | None) -> None:
         now = time.monotonic()
         ran_s = now - slot.started_at
         if slot.was_ready:
@@ -355,7 +355,7 @@ class Supervisor:
 
     # --- CONFIG SET in the workers, mirrored here for the workers we restart ---
 
-    def _read_sets(self, slot: Slot) -> None:
+    def _read_sets(self, slot: WorkerSlot) -> None:
         try:
             data = os.read(slot.sets_fd, 65536)
         except BlockingIOError:
@@ -384,7 +384,7 @@ class Supervisor:
         else:
             log.warning("CONFIG SET %s from W%d not kept: %s", name, index, err)
 
-    def _drain_sets(self, slot: Slot) -> None:
+    def _drain_sets(self, slot: WorkerSlot) -> None:
         """Read what a dead worker reported, then close its pipe."""
         for _ in range(64):  # bound: 64 reads of 64 KB, far more than it can have sent
             if slot.sets_fd < 0:
@@ -392,7 +392,7 @@ class Supervisor:
             self._read_sets(slot)
         self._close_sets(slot)
 
-    def _close_sets(self, slot: Slot) -> None:
+    def _close_sets(self, slot: WorkerSlot) -> None:
         if slot.sets_fd >= 0:
             os.close(slot.sets_fd)
             slot.sets_fd, slot.sets_buf = -1, b""

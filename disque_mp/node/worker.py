@@ -6,7 +6,7 @@ each command by the command table (docs/architecture.md, "Invariants"):
 
     queue    owner of the queue's slot: inline when it is us, else a mesh CMD
     ids      every ID checked first (-BADID), split by owner, ints summed
-    getjob   ``GetJob`` below: owners asked left to right, blocked at all of them
+    getjob   ``GetJob`` (getjob.py): owners asked left to right, blocked at all of them
     scatter  node-wide commands (``commands/admin.py``) gathered from every worker
     local    answered here (``commands/admin.py``)
 
@@ -42,11 +42,13 @@ import hiredis
 from bus import auth as bus_auth
 from bus import mesh as meshmod
 from bus.mesh import Handoff, Link, Mesh, pack, unpack
+from disque_mp.node.clock import now_ms
 from disque_mp.node.commands import admin as cmd_node
 from disque_mp.node.commands import jobs as cmd_jobs
 from disque_mp.node.commands.table import TABLE, Command, run_on_shard
 from disque_mp.node.config import Config
-from disque_mp.node.connection import ClientConn, Slot, listen_sockets
+from disque_mp.node.connection import ClientConn, PendingReply, listen_sockets
+from disque_mp.node.getjob import GetJob
 from disque_mp.node.log import setup_logging
 from disque_mp.node.memory import ERR_OOM, Monitor, rss_bytes
 from disque_mp.node.resp import NULL3, NULL_ARRAY2, encode, encode_jobs
@@ -56,7 +58,6 @@ from workers.ids import is_valid_job_id, owner_of_job_id, owner_of_queue
 from workers.invariant import InvariantError
 from workers.replies import (
     ERR_BADID,
-    ERR_LEAVING,
     NULL_ARRAY,
     PENDING,
     Error,
@@ -126,10 +127,6 @@ def is_loopback_addr(addr: str, with_port: bool = True) -> bool:
 
 
 _perf_ns = time.perf_counter_ns  # INFO commandstats; a local name saves a lookup per command
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def run_worker(cfg: Config, index: int, node_id: str, ready: Any) -> None:
@@ -346,7 +343,7 @@ class Worker:
     def _in_flight(self, conn: ClientConn) -> bool:
         if conn.transport is None:
             return False
-        blocked = bool(conn.waiters) and all(type(s) is Slot and s.data is None for s in (conn.slots or ()))
+        blocked = bool(conn.waiters) and all(type(s) is PendingReply and s.data is None for s in (conn.slots or ()))
         return not blocked and (conn.pending() or conn.transport.get_write_buffer_size() > 0)
 
     def log(self, text: str) -> None:
@@ -1159,194 +1156,6 @@ def _merge_counts(results: list[Any]) -> Any:
     return total
 
 
-class GetJob:
-    """One GETJOB coordinated by this worker (docs/architecture.md, "Invariants")."""
-
-    __slots__ = ("w", "conn", "spec", "runs", "i", "got", "token", "slot", "blocked_at",
-                 "timer", "done")
-
-    def __init__(self, w: Worker, conn: ClientConn, spec: Any) -> None:
-        self.w = w
-        self.conn = conn
-        self.spec = spec
-        self.runs = _owner_runs(w, list(spec.queues))
-        self.i = 0
-        self.got: list[Any] = []
-        self.token = 0
-        self.slot: Slot | None = None
-        self.blocked_at: dict[int, list[bytes]] = {}
-        self.timer: asyncio.TimerHandle | None = None
-        self.done = False
-
-    def start(self) -> Any:
-        """Fast path: everything local and answered at once; else PENDING."""
-        reply = self._take_local_prefix()
-        if reply is not None:
-            return reply
-        self.slot = self.conn.defer()
-        self.conn.waiters.add(self)
-        self._step()
-        return PENDING
-
-    def _take_local_prefix(self) -> Any:
-        w, spec = self.w, self.spec
-        while self.i < len(self.runs):
-            owner, queues = self.runs[self.i]
-            if owner != w.index:
-                return None
-            need = spec.count - len(self.got)
-            self.got += w.shard.op_take(queues, need, spec.withcounters, w.now_ms)
-            self.i += 1
-            if len(self.got) >= spec.count:
-                return self.got
-        if self.got:
-            return self.got
-        if spec.nohang:
-            return NULL_ARRAY
-        if w.leaving():
-            return ERR_LEAVING  # a leaving node does not block clients (reference 03)
-        if all(owner == w.index for owner, _ in self.runs):
-            return self._block_local_only()
-        return None
-
-    def _block_local_only(self) -> Any:
-        self.slot = self.conn.defer()
-        self.conn.waiters.add(self)
-        self._block()
-        return PENDING
-
-    def _step(self) -> None:
-        w, spec = self.w, self.spec
-        while self.i < len(self.runs) and not self.done:
-            owner, queues = self.runs[self.i]
-            need = spec.count - len(self.got)
-            if owner == w.index:
-                self._took(w.shard.op_take(queues, need, spec.withcounters, w.now_ms))
-                continue
-            meta: dict[str, Any] = {"c": need, "w": spec.withcounters}
-            w.mesh.request(owner, meshmod.K_TAKE, meta, queues, self._take_reply(owner))
-            return
-        if self.done:
-            return
-        if self.got:
-            self._finish(self.got)
-        elif spec.nohang:
-            self._finish(NULL_ARRAY)
-        elif w.leaving():
-            self._finish(ERR_LEAVING)
-        else:
-            self._block()
-
-    def _take_reply(self, owner: int) -> Callable[[dict[str, Any], list[bytes]], None]:
-        return lambda meta, bodies: self._remote_took(owner, unpack(meta.get("v"), bodies))
-
-    def _took(self, entries: list[Any]) -> None:
-        self.got += entries
-        self.i += 1
-        if len(self.got) >= self.spec.count:
-            self._finish(self.got)
-
-    def _remote_took(self, owner: int, entries: Any) -> None:
-        if isinstance(entries, Error):
-            entries = []  # that worker is down: serve from the others
-        if self.done:
-            self.w.return_jobs(owner, entries)
-            return
-        self.w.now_ms = now_ms()
-        self._took(entries)
-        self._step()
-
-    def _block(self) -> None:
-        w = self.w
-        self.token = w.new_token()
-        w.getjobs[self.token] = self
-        for owner, queues in self.runs:
-            self.blocked_at.setdefault(owner, []).extend(queues)
-        for owner, queues in self.blocked_at.items():
-            self._block_at(owner, queues)
-        timeout_ms = self.spec.timeout_ms
-        if timeout_ms and not self.done:
-            self.timer = w.loop.call_later(timeout_ms / 1000, self._timeout)
-
-    def _block_at(self, owner: int, queues: list[bytes]) -> None:
-        w = self.w
-        if owner == w.index:
-            w.tokens[self.token] = lambda entries: self.woken(w.index, entries)
-            w.shard.op_block(self.token, queues, self.spec.count, self.spec.withcounters, w.now_ms)
-        else:
-            meta = {"t": self.token, "c": self.spec.count, "w": self.spec.withcounters}
-            w.mesh.send(owner, meshmod.K_BLOCK, meta, queues)
-
-    def reblock(self, peer: int) -> None:
-        """A peer (re)connected: it lost our waiter if it restarted."""
-        if not self.done and peer in self.blocked_at:
-            self._block_at(peer, self.blocked_at[peer])
-
-    def woken(self, owner: int, entries: Any) -> None:
-        """Jobs from an owner this GETJOB blocked at, or the error that released the
-        waiter there (-LEAVING): a list of entries or an ``Error``."""
-        if isinstance(entries, Error):
-            if not self.done:
-                self._finish(entries, woken_by=owner)
-            return
-        if self.done:
-            self.w.return_jobs(owner, entries)
-            return
-        if not entries:
-            return
-        self._finish(entries, woken_by=owner)
-
-    def _timeout(self) -> None:
-        self.timer = None
-        if not self.done:
-            self._finish(NULL_ARRAY)
-
-    def release(self) -> None:
-        """DEBUG FLUSHALL / CLUSTER RESET: answered as on timeout (the reference's
-        flushServerData unblocks GETJOB clients with the timeout reply)."""
-        self._timeout()
-
-    def _finish(self, reply: Any, woken_by: int = -1) -> None:
-        self.done = True
-        self._unblock(skip=woken_by)
-        conn = self.conn
-        conn.waiters.discard(self)
-        if self.slot is not None:
-            conn.fill(self.slot, encode(reply, conn.resp3))
-
-    def cancel(self) -> None:
-        """The client went away: nothing will be delivered to it."""
-        if not self.done:
-            self.done = True
-            self._unblock()
-            by_owner: dict[int, list[Any]] = {}
-            for entry in self.got:
-                by_owner.setdefault(self._owner_of(entry), []).append(entry)
-            for owner, entries in by_owner.items():
-                self.w.return_jobs(owner, entries)
-            self.got = []
-
-    def _owner_of(self, entry: Any) -> int:
-        return owner_of_job_id(str(entry[1]), self.w.workers)
-
-    def _unblock(self, skip: int = -1) -> None:
-        w = self.w
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        if not self.token:
-            return
-        w.getjobs.pop(self.token, None)
-        for owner in self.blocked_at:
-            if owner == skip:
-                continue
-            if owner == w.index:
-                w.tokens.pop(self.token, None)
-                w.shard.op_unblock(self.token, now_ms())
-            else:
-                w.mesh.send(owner, meshmod.K_UNBLOCK, {"t": self.token})
-
-
 def _getjob_shape(cmd: list[bytes]) -> tuple[int, bool] | None:
     """(COUNT, NOHANG) of ``GETJOB [NOHANG] [TIMEOUT ms] [COUNT n] FROM q``, or None
     for any other shape or a bad value (the general path answers those)."""
@@ -1384,15 +1193,3 @@ def _append_resp(parts: list[bytes], cmd: list[bytes]) -> None:
         parts.append(b"$%d\r\n" % len(arg))
         parts.append(arg)
         parts.append(b"\r\n")
-
-
-def _owner_runs(w: Worker, queues: list[bytes]) -> list[tuple[int, list[bytes]]]:
-    """Queues cut into runs of consecutive queues with one owner (left-to-right priority)."""
-    runs: list[tuple[int, list[bytes]]] = []
-    for q in queues:
-        owner = w.owner_of(q) if w.workers > 1 else w.index
-        if runs and runs[-1][0] == owner:
-            runs[-1][1].append(q)
-        else:
-            runs.append((owner, [q]))
-    return runs
