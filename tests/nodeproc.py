@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,20 @@ def port_free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def proc_stats() -> Iterator[tuple[int, list[str]]]:
+    """(pid, the fields of /proc/<pid>/stat after the command name) of every process:
+    state, ppid, pgrp, ... (the name may hold spaces and parentheses)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited while we looked
+        yield int(entry), fields
 
 
 def unique_queue(prefix: str = "q") -> str:
@@ -236,19 +250,9 @@ class NodeProc:
         """Live processes of this node's process group (supervisor and workers)."""
         if self.pgid is None:
             return []
-        pids = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            # fields[0] = state, fields[2] = pgrp; zombies hold no ports
-            if int(fields[2]) == self.pgid and _any_task_alive(entry):
-                pids.append(int(entry))
-        return pids
+        # fields[2] = pgrp; zombies hold no ports
+        return [pid for pid, fields in proc_stats()
+                if int(fields[2]) == self.pgid and _any_task_alive(str(pid))]
 
     def worker_pids(self) -> list[int]:
         """Live workers: the group minus the supervisor."""

@@ -29,6 +29,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from tests.faults.netns import Net
+from tests.nodeproc import proc_stats
 
 REPO = Path(__file__).resolve().parent.parent.parent
 node_port = 7711
@@ -151,18 +152,8 @@ class FaultNode:
         if self.proc is None:
             return []
         sup = self.proc.pid
-        pids = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == sup and fields[0] != "Z":
-                pids.append(int(entry))
-        return sorted(pids)
+        # fields[0] = state, fields[1] = ppid
+        return sorted(pid for pid, fields in proc_stats() if int(fields[1]) == sup and fields[0] != "Z")
 
     def kill_worker(self, rng: random.Random) -> int | None:
         """SIGKILL one worker chosen by ``rng``; its pid, None if none was found."""
