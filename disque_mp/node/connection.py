@@ -115,6 +115,9 @@ class ClientConn(asyncio.Protocol):
             self.last_s = node.now_ms / 1000
             execute = node.execute
             hard, soft, soft_s = output_limits(node.cfg.client_output_buffer_limit)
+            # A pipeline of big replies is cut as it grows: ``check_output`` runs once
+            # this read's replies pass the smaller limit (less what is still buffered).
+            room = _room(self.transport, hard, soft)
             queued = 0
             for cmd in cmds:
                 reply = execute(self, cmd)
@@ -123,8 +126,8 @@ class ClientConn(asyncio.Protocol):
                         self.slots.append(reply)
                     else:
                         self.out.append(reply)
-                    if hard or soft:  # a pipeline of big replies is cut as it grows
-                        queued += len(reply)
+                    queued += len(reply)
+                    if queued > room:
                         self.check_output(queued, hard, soft, soft_s)
                 if self.closing:
                     break
@@ -198,7 +201,7 @@ class ClientConn(asyncio.Protocol):
             self.node.net_out_bytes += len(data)
             transport.write(data)
             hard, soft, soft_s = output_limits(self.node.cfg.client_output_buffer_limit)
-            if hard or soft:
+            if self.soft_since_s or _room(transport, hard, soft) < 0:
                 self.check_output(0, hard, soft, soft_s)
         if self.close_after_write and not self.slots:
             transport.close()
@@ -275,6 +278,15 @@ def output_limits(text: str) -> tuple[int, int, int]:
             _limits = (0, 0, 0)
         _limits_text = text
     return _limits
+
+
+def _room(transport: asyncio.Transport | None, hard: int, soft: int) -> int:
+    """Bytes of replies that still fit under the smaller output limit (a huge
+    number when there is none)."""
+    low = hard if not soft or (hard and hard < soft) else soft
+    if not low or transport is None:
+        return 1 << 62
+    return low - transport.get_write_buffer_size()
 
 
 def _tune(sock: Any, keepalive_s: int) -> None:

@@ -23,6 +23,7 @@ array replies keep their RESP2 shape on RESP3 connections.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final
 
 import hiredis
@@ -202,7 +203,12 @@ def _hiredis_lists(data: bytes) -> bool:
     """Inline text hiredis would read as a RESP3 set, push or attribute (a list, like
     a command) or as a boolean (false looks like "no reply yet") may follow a
     multibulk here: only the Python parser reads it right."""
-    return b"\n~" in data or b"\n>" in data or b"\n|" in data or b"\n#" in data
+    # One regex scan: ``bytes in bytes`` first tries the needle as an int and formats
+    # the TypeError it raises (four of those per read cost ~1 us under mypyc).
+    return _RESP3_AFTER_LINE.search(data) is not None
+
+
+_RESP3_AFTER_LINE: Final = re.compile(rb"\n[~>|#]")
 
 
 def split_inline(line: bytes) -> list[bytes]:
