@@ -33,7 +33,7 @@ from typing import Any, cast
 import orjson
 
 from bus import auth, frames, messages, peercred
-from bus.cluster import (
+from bus.hostbus import (
     BUS_PROTO,
     K_AUTH,
     K_DATA_READY,

@@ -31,9 +31,9 @@ import ssl
 from collections.abc import Callable
 from typing import Any, cast
 
-from bus import auth, frames
-from bus import cluster as bus_cluster
-from bus.cluster import (
+from bus import auth, frames, hostbus
+from bus.datalink import DataIn, DataLinks, FdPass
+from bus.hostbus import (
     K_JOB,
     MESH_BUS_IN,
     MESH_BUS_OUT,
@@ -45,7 +45,6 @@ from bus.cluster import (
     mesh_view,
     now_ms,
 )
-from bus.datalink import DataIn, DataLinks, FdPass
 from bus.mesh import pack, unpack
 from bus.peercred import same_user
 from workers.replies import Error
@@ -166,7 +165,7 @@ class ClusterAgent:
             log.warning("WARNING: the cluster bus (port %d) listens on %s without a cluster "
                         "secret: anyone who reaches it can join the cluster and read or inject "
                         "jobs. Set cluster-secret-file (see README, Security).",
-                        self.cfg.port + bus_cluster.BUS_PORT_OFFSET, " ".join(binds))
+                        self.cfg.port + hostbus.BUS_PORT_OFFSET, " ".join(binds))
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -174,7 +173,7 @@ class ClusterAgent:
         if err is not None:
             log.warning("Fatal error in cluster-secret-file: %s", err)
             raise SystemExit(1)  # never run an open bus when a secret was asked for
-        bus_cluster.set_peer_frame_max(int(getattr(self.cfg, "proto_max_bulk_len", 0)))
+        hostbus.set_peer_frame_max(int(getattr(self.cfg, "proto_max_bulk_len", 0)))
         if self.index == 0:
             self._warn_open_bus()
             self.fdpass = FdPass(self.cfg.port, self.node_id, 0, lambda sock, state: sock.close())
