@@ -20,7 +20,7 @@ Handshake (dialer D, acceptor A; every bus link and every data link):
 fresh random bytes each) and both node IDs, compared in constant time. Each
 side proves it holds K against the other's fresh nonce, so nothing recorded
 from an earlier link can be replayed. Then the frames of each write travel in
-one SEALED frame (bus/cluster.py) followed by a MAC (``mac_bytes``): blake3
+one SEALED frame (bus/hostbus.py) followed by a MAC (``mac_bytes``): blake3
 keyed with that direction's session key (derived from K and both nonces) over
 an implicit sequence number (sealed frames counted from 0 in that direction)
 and the sealed frame. A bad, replayed, reordered, truncated or dropped frame

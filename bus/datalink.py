@@ -3,7 +3,7 @@
 Without them every job message of workers 1..N-1 takes two extra local hops
 (to worker 0 here, from worker 0 there). With them, worker k dials the peer's
 bus port itself; the HANDSHAKE says ``"data": k``; the peer's worker 0 passes the
-socket (SCM_RIGHTS over a datagram socket, ``FdPass``) to its worker
+socket (SCM_RIGHTS over a datagram socket, ``bus/sockpass.py``) to its worker
 ``k % workers``, which answers DATA_READY and reads JOB frames. With the same
 number of workers on both hosts every frame on that link belongs to that
 worker's slots (the sender only owns slots ``s % N == k``); other frames are
@@ -21,19 +21,14 @@ are never lost for want of one (they stay best effort, as on every bus path).
 
 from __future__ import annotations
 
-import array
 import asyncio
 import logging
-import os
-import socket
 import ssl
 from collections.abc import Callable
 from typing import Any, cast
 
-import orjson
-
-from bus import auth, frames, messages, peercred
-from bus.cluster import (
+from bus import auth, frames, messages
+from bus.hostbus import (
     BUS_PROTO,
     K_AUTH,
     K_DATA_READY,
@@ -52,78 +47,12 @@ log = logging.getLogger("disque.cluster")
 data_output_bytes_max = 256 << 20  # as a bus peer: a link that does not drain is dropped
 data_backoff_ms_min = 100  # redial delay after a failure, doubling ...
 data_backoff_ms_max = 2000  # ... up to this (meanwhile worker 0 relays)
-fdpass_state_bytes_max = 4096  # one datagram beside the descriptor: the sender's ID
+# Worker 0 passes a data link to worker i over i's datagram socket "...cluster.fd.<i>"
+# (bus/sockpass.py).
+FDPASS_PURPOSE = "cluster.fd.{index}"
+fdpass_state_bytes_max = 4096  # one datagram beside the descriptor: sender's ID, MAC state
 
 OnJob = Callable[[str, str, int, dict[str, Any], list[bytes]], None]
-
-
-def fdpass_name(port: int, node_id: str, index: int) -> str:
-    return f"\0disque-mp.{port}.{node_id[:16]}.cluster.fd.{index}"
-
-
-class FdPass:
-    """Sockets between the workers of one host: a datagram socket per worker."""
-
-    def __init__(self, port: int, node_id: str, index: int,
-                 on_socket: Callable[[socket.socket, dict[str, Any]], None]) -> None:
-        self.port = port
-        self.node_id = node_id
-        self.on_socket = on_socket
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(fdpass_name(port, node_id, index))
-        # the kernel then attaches the sender's pid/uid/gid to every datagram: abstract
-        # sockets have no file permissions, so we check the sender is our own user
-        peercred.pass_credentials(self.sock)
-        self.sock.setblocking(False)
-        self.loop = asyncio.get_running_loop()
-        self.loop.add_reader(self.sock.fileno(), self._receive)
-
-    def give(self, peer: int, fd: int, state: dict[str, Any]) -> bool:
-        data = orjson.dumps(state)
-        if len(data) > fdpass_state_bytes_max:
-            return False
-        try:
-            self.sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                        array.array("i", [fd]))],
-                              0, fdpass_name(self.port, self.node_id, peer))
-        except OSError:
-            return False  # that worker is down or restarting: worker 0 keeps the link
-        return True
-
-    def _receive(self) -> None:
-        while True:
-            try:
-                data, ancdata, _flags, _addr = self.sock.recvmsg(
-                    fdpass_state_bytes_max,
-                    socket.CMSG_SPACE(4 * 4) + peercred.CRED_SPACE)
-            except (BlockingIOError, InterruptedError):
-                return
-            fds: list[int] = []
-            uid = peercred.sender_uid(ancdata)
-            for level, kind, raw in ancdata:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    arr = array.array("i")
-                    arr.frombytes(raw[: len(raw) - len(raw) % arr.itemsize])
-                    fds.extend(arr)
-            keep = fds[:1] if uid == os.getuid() else []
-            if fds and not keep:
-                auth.count("local_refused")
-                log.warning("cluster data link: refusing a descriptor from uid %d", uid)
-            for fd in fds[len(keep):]:  # one descriptor per datagram, from our user only
-                socket.close(fd)
-            if not keep:
-                continue
-            sock = socket.socket(fileno=keep[0])
-            try:
-                state = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                sock.close()
-                continue
-            self.on_socket(sock, state if isinstance(state, dict) else {})
-
-    def close(self) -> None:
-        self.loop.remove_reader(self.sock.fileno())
-        self.sock.close()
 
 
 class _DataConn(PeerLink):

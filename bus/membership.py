@@ -1,6 +1,6 @@
 """Cluster membership, gossip and failure detection: pure logic, no I/O.
 
-One process per host (worker 0) owns a ``Membership``; ``bus/cluster.py`` feeds it
+One process per host (worker 0) owns a ``Membership``; ``bus/hostbus.py`` feeds it
 the frames it receives and the time, and carries out what it asks for (PINGs to
 send, links to drop, FAIL to broadcast). Nothing here reads a clock, touches a
 socket or uses the global random module: ``now_ms`` (wall clock ms) and a seeded

@@ -35,8 +35,8 @@ frame is queued on its link, so frames keep their order. Frames for one peer
 produced during one loop turn leave in one write.
 
 Connections (client sockets) move between workers over a datagram socket
-beside the mesh (``Handoff``): SCM_RIGHTS carries the descriptor, the datagram
-the connection's state.
+beside the mesh (``bus/sockpass.py`` with ``HANDOFF_PURPOSE``): SCM_RIGHTS
+carries the descriptor, the datagram the connection's state.
 """
 
 from __future__ import annotations
@@ -44,12 +44,9 @@ from __future__ import annotations
 import array
 import asyncio
 import logging
-import os
 import socket
 from collections.abc import Callable
 from typing import Any
-
-import orjson
 
 from bus import auth as bus_auth
 from bus import peercred
@@ -66,11 +63,14 @@ KINDS = frozenset(range(1, 13))
 # this the requests fail instead of growing memory without end.
 backlog_bytes_max = 64 << 20
 reconnect_delay_s = 0.05  # peers start within a few hundred ms of each other
+# Connection handoff (bus/sockpass.py): worker i's datagram socket "...<i>.fd",
+# beside its mesh listener "...<i>".
+HANDOFF_PURPOSE = "{index}.fd"
 handoff_state_bytes_max = 64 * 1024  # one datagram: a connection's small state
 
 
-def socket_name(port: int, node_id: str, index: int, suffix: str = "") -> str:
-    return f"\0disque-mp.{port}.{node_id[:16]}.{index}{suffix}"
+def socket_name(port: int, node_id: str, index: int) -> str:
+    return f"\0disque-mp.{port}.{node_id[:16]}.{index}"
 
 
 # ----- reply values over the mesh -------------------------------------------
@@ -456,62 +456,3 @@ class Mesh:
 
     def after_batch(self) -> None:
         self.handler.after_batch()
-
-
-# ----- connection handoff ---------------------------------------------------
-
-
-class Handoff:
-    """Moves client sockets between workers (SCM_RIGHTS over a datagram socket)."""
-
-    def __init__(self, port: int, node_id: str, index: int, on_socket: Callable[[socket.socket, dict[str, Any]], None]) -> None:
-        self.port = port
-        self.node_id = node_id
-        self.on_socket = on_socket
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(socket_name(port, node_id, index, ".fd"))
-        peercred.pass_credentials(self.sock)  # a socket marked authenticated: our user only
-        self.sock.setblocking(False)
-        self.loop = asyncio.get_event_loop()
-        self.loop.add_reader(self.sock.fileno(), self._receive)
-
-    def give(self, peer: int, fd: int, state: dict[str, Any]) -> bool:
-        """Send ``fd`` with ``state`` to worker ``peer``; False if it could not go."""
-        data = orjson.dumps(state)
-        if len(data) > handoff_state_bytes_max:
-            return False
-        fds = array.array("i", [fd])
-        try:
-            self.sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)],
-                              0, socket_name(self.port, self.node_id, peer, ".fd"))
-        except OSError:
-            return False
-        return True
-
-    def _receive(self) -> None:
-        while True:
-            try:
-                data, ancdata, _flags, _addr = self.sock.recvmsg(
-                    handoff_state_bytes_max, socket.CMSG_SPACE(4 * 4) + peercred.CRED_SPACE)
-            except (BlockingIOError, InterruptedError):
-                return
-            foreign = peercred.sender_uid(ancdata) != os.getuid()
-            fds: list[int] = []
-            for level, kind, raw in ancdata:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    arr = array.array("i")
-                    arr.frombytes(raw[: len(raw) - len(raw) % arr.itemsize])
-                    fds.extend(arr)
-            if foreign:
-                bus_auth.count("local_refused")
-                logging.getLogger("disque_mp.mesh").warning(
-                    "handoff: refusing a socket from another user")
-            for fd in fds[0 if foreign else 1:]:  # one descriptor per message; never leak extras
-                socket.close(fd)
-            if fds and not foreign:
-                sock = socket.socket(fileno=fds[0])
-                self.on_socket(sock, orjson.loads(data) if data else {})
-
-    def close(self) -> None:
-        self.loop.remove_reader(self.sock.fileno())
-        self.sock.close()

@@ -6,7 +6,7 @@ the shard only ever see well-formed messages (they do not catch KeyError or
 TypeError). A message that fails raises ``BadMessage`` (a ``FrameError``): the
 link is closed and the frame counted (INFO ``cluster_bus_bad_frames``).
 
-Job messages (``workers/cluster.py`` lists their meta): the slot is in range
+Job messages (``workers/federation.py`` lists their meta): the slot is in range
 and, for a message about a job, is the slot of its job ID (so it reaches the
 worker that owns the job); a kind added there must add its rule here.
 """

@@ -27,7 +27,7 @@ from typing import Any
 
 COMPILED_MODULES = (
     "workers.shard",
-    "workers.cluster",
+    "workers.federation",
     "workers.job",
     "workers.queue",
     "workers.ids",

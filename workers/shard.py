@@ -35,7 +35,8 @@ from collections.abc import Set as AbstractSet
 from operator import attrgetter
 from typing import Any, Final
 
-from workers.cluster import (
+from workers.effects import AofAppend, Effect, Wake
+from workers.federation import (
     ERR_NOREPL_TIMEOUT,
     QUEUED_INCR_DELIVERIES,
     QUEUED_INCR_NACKS,
@@ -43,7 +44,6 @@ from workers.cluster import (
     Fed,
     ReplWait,
 )
-from workers.effects import AofAppend, Effect, Wake
 from workers.ids import JobIdGen, slot_of
 from workers.invariant import InvariantError, invariant
 from workers.job import (

@@ -41,7 +41,8 @@ import hiredis
 
 from bus import auth as bus_auth
 from bus import mesh as meshmod
-from bus.mesh import Handoff, Link, Mesh, pack, unpack
+from bus.mesh import HANDOFF_PURPOSE, Link, Mesh, handoff_state_bytes_max, pack, unpack
+from bus.sockpass import SocketPass
 from disque_mp.node.clock import now_ms
 from disque_mp.node.commands import admin as cmd_node
 from disque_mp.node.commands import jobs as cmd_jobs
@@ -225,7 +226,7 @@ class Worker:
         gc.freeze()  # the loaded job table and start-up objects: never rescanned
         gc.set_threshold(*gc_thresholds)
         self.mesh = Mesh(self.cfg.port, self.node_id, self.index, self.workers, self)
-        self.handoff = Handoff(self.cfg.port, self.node_id, self.index, self.adopt)
+        self.handoff = SocketPass(self.cfg.port, self.node_id, self.index, HANDOFF_PURPOSE, self.adopt, handoff_state_bytes_max)
         # The membership view first: a shard serving before it knows its peers (a
         # command forwarded by a worker already up) answers ADDJOB with -NOREPL.
         # Other workers' requests wait in their mesh links meanwhile.

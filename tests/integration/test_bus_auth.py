@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from bus import auth, frames
-from bus.cluster import BUS_PROTO, K_AUTH, K_FAIL, K_HANDSHAKE, K_JOB, K_PING, K_PONG, K_SEALED
+from bus.hostbus import BUS_PROTO, K_AUTH, K_FAIL, K_HANDSHAKE, K_JOB, K_PING, K_PONG, K_SEALED
 from tests.nodeproc import NodeProc, form_cluster, unique_queue, wait_until
 
 SECRET = "the cluster secret, shared by every node of this test"

@@ -27,9 +27,9 @@ import uvloop
 
 from bus import frames, nodes_conf
 from bus import membership as mb
-from bus.cluster import K_HANDSHAKE, K_PING, ClusterBus
-from bus.cluster_agent import AGENT_CMD, AGENT_HELLO
-from bus.cluster_agent import socket_name as agent_socket_name
+from bus.agent import AGENT_CMD, AGENT_HELLO
+from bus.agent import socket_name as agent_socket_name
+from bus.hostbus import K_HANDSHAKE, K_PING, ClusterBus
 from disque_mp.node.commands import cluster as cmd_cluster
 from disque_mp.node.config import Config
 from tests.nodeproc import NodeProc, free_port

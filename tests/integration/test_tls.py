@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from bus import frames
-from bus.cluster import K_HANDSHAKE
+from bus.hostbus import K_HANDSHAKE
 from disque_mp.client import Disque
 from tests.nodeproc import NodeProc, form_cluster, free_port, unique_queue, wait_until
 

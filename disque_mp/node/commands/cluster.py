@@ -8,7 +8,7 @@ The front end calls:
     hello(agent) -> reply        # HELLO with no argument, from the latest membership view
     agent.send(node_id, kind, slot, meta, bodies)   # a shard's Send effect
 
-CLUSTER runs on worker 0, which owns membership (``bus/cluster_agent.py`` carries
+CLUSTER runs on worker 0, which owns membership (``bus/agent.py`` carries
 it there from other workers). Error texts are the reference's (reference/03) or,
 where it has none, Redis Cluster's, which Disque's cluster.c shares.
 """
@@ -18,8 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 from bus import membership as mb
-from bus.cluster import ClusterBus
-from bus.cluster_agent import ClusterAgent, Done, OnMessage, OnView
+from bus.agent import ClusterAgent, Done, OnMessage, OnView
+from bus.hostbus import ClusterBus
 from workers.replies import ERR_SYNTAX, OK, Error, Status
 
 ERR_WRONG = Error("ERR Wrong CLUSTER subcommand or number of arguments")

@@ -31,9 +31,9 @@ import ssl
 from collections.abc import Callable
 from typing import Any, cast
 
-from bus import auth, frames
-from bus import cluster as bus_cluster
-from bus.cluster import (
+from bus import auth, frames, hostbus
+from bus.datalink import FDPASS_PURPOSE, DataIn, DataLinks, fdpass_state_bytes_max
+from bus.hostbus import (
     K_JOB,
     MESH_BUS_IN,
     MESH_BUS_OUT,
@@ -45,9 +45,9 @@ from bus.cluster import (
     mesh_view,
     now_ms,
 )
-from bus.datalink import DataIn, DataLinks, FdPass
 from bus.mesh import pack, unpack
 from bus.peercred import same_user
+from bus.sockpass import SocketPass
 from workers.replies import Error
 
 log = logging.getLogger("disque.cluster")
@@ -139,7 +139,7 @@ class ClusterAgent:
         self.server: asyncio.AbstractServer | None = None
         self.connector: asyncio.Task[None] | None = None
         self.closing = False
-        self.fdpass: FdPass | None = None
+        self.fdpass: SocketPass | None = None
         self.data_out: DataLinks | None = None  # workers 1..: our data links to peers
         self.data_in: set[DataIn] = set()  # data links handed to us
         self.keyring = auth.Keyring()  # the cluster secret (bus/auth.py), shared by our links
@@ -166,7 +166,7 @@ class ClusterAgent:
             log.warning("WARNING: the cluster bus (port %d) listens on %s without a cluster "
                         "secret: anyone who reaches it can join the cluster and read or inject "
                         "jobs. Set cluster-secret-file (see README, Security).",
-                        self.cfg.port + bus_cluster.BUS_PORT_OFFSET, " ".join(binds))
+                        self.cfg.port + hostbus.BUS_PORT_OFFSET, " ".join(binds))
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -174,10 +174,11 @@ class ClusterAgent:
         if err is not None:
             log.warning("Fatal error in cluster-secret-file: %s", err)
             raise SystemExit(1)  # never run an open bus when a secret was asked for
-        bus_cluster.set_peer_frame_max(int(getattr(self.cfg, "proto_max_bulk_len", 0)))
+        hostbus.set_peer_frame_max(int(getattr(self.cfg, "proto_max_bulk_len", 0)))
         if self.index == 0:
             self._warn_open_bus()
-            self.fdpass = FdPass(self.cfg.port, self.node_id, 0, lambda sock, state: sock.close())
+            self.fdpass = SocketPass(self.cfg.port, self.node_id, 0, FDPASS_PURPOSE,
+                                     lambda sock, state: sock.close(), fdpass_state_bytes_max)
             self.bus = ClusterBus(self.cfg, self.node_id, self._deliver, self._publish,
                                   self.workers, keyring=self.keyring, tls=self.tls)
             self.bus.adopt_data = self._adopt_data
@@ -185,7 +186,8 @@ class ClusterAgent:
                 lambda: _Local(self, -1), path=socket_name(self.cfg.port, self.node_id))
             await self.bus.start()
         else:
-            self.fdpass = FdPass(self.cfg.port, self.node_id, self.index, self._on_data_socket)
+            self.fdpass = SocketPass(self.cfg.port, self.node_id, self.index, FDPASS_PURPOSE,
+                                     self._on_data_socket, fdpass_state_bytes_max)
             self.data_out = DataLinks(self.index, self.cfg.port, lambda: str(self.view["myid"]),
                                       now_ms, self.keyring,
                                       self.tls[1] if self.tls is not None else None)

@@ -81,7 +81,7 @@ handshake_timeout_ms = 5000  # connect to AUTH on loopback or a LAN takes millis
 inbound_links_max = 4096  # every peer host keeps one bus link to worker 0 (data links move on)
 inbound_handshakes_max = 64  # inbound links still in their handshake
 # After the handshake: one job record (a body up to proto-max-bulk-len) or a YOURJOBS
-# batch (bodies up to 4 MB, workers/cluster.py) plus its metadata.
+# batch (bodies up to 4 MB, workers/federation.py) plus its metadata.
 peer_frame_overhead_bytes = 8 << 20
 sealed_batch_bytes_max = 1 << 20  # frames joined under one MAC (a larger frame goes alone)
 refusal_log_interval_ms = 60_000  # a stranger redials every second: log its refusal once a minute
