@@ -205,10 +205,10 @@ def _hiredis_lists(data: bytes) -> bool:
     multibulk here: only the Python parser reads it right."""
     # One regex scan: ``bytes in bytes`` first tries the needle as an int and formats
     # the TypeError it raises (four of those per read cost ~1 us under mypyc).
-    return _RESP3_AFTER_LINE.search(data) is not None
+    return _resp3_after_line(data) is not None
 
 
-_RESP3_AFTER_LINE: Final = re.compile(rb"\n[~>|#]")
+_resp3_after_line: Final = re.compile(rb"\n[~>|#]").search
 
 
 def split_inline(line: bytes) -> list[bytes]:
