@@ -57,6 +57,7 @@ from disque_mp.node.slowlog import SlowLog
 from workers.effects import AofAppend, Send, Wake
 from workers.ids import is_valid_job_id, owner_of_job_id, owner_of_queue
 from workers.invariant import InvariantError
+from workers.shard import Shard
 from workers.replies import (
     ERR_BADID,
     NULL_ARRAY,
@@ -165,6 +166,8 @@ def _die_with_parent() -> None:
 
 
 class Worker:
+    shard: Shard  # made in main(), once the process is the worker
+
     def __init__(self, cfg: Config, index: int, node_id: str) -> None:
         self.cfg = cfg
         self.index = index
@@ -248,9 +251,7 @@ class Worker:
         await self.stopped
         await self._shutdown(self.rewrite_aof_at_exit)
 
-    def _make_shard(self) -> Any:
-        from workers.shard import Shard
-
+    def _make_shard(self) -> Shard:
         rng = random.Random(os.urandom(16))
         return Shard(self.node_id, self.index, self.workers, os.urandom(16), rng, now_ms())
 
