@@ -6,8 +6,8 @@
         await d.ack(job)
     await d.aclose()
 
-Node selection, reply parsing and error mapping are shared with the sync
-client (``disque_mp.client``); only the I/O differs.
+Node selection, argument building, reply parsing and error mapping come from the
+core (``disque_mp.client.core``), shared with the sync client; only the I/O differs.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import redis.asyncio as aredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from disque_mp.client import (
+from disque_mp.client import core
+from disque_mp.client.core import (
     ClientSettings,
     DisqueConnectionError,
     DisqueError,
@@ -38,8 +39,6 @@ from disque_mp.client import (
     consume_done,
     consume_poll_ms,
     getjob_args,
-    heartbeat_first_s,
-    heartbeat_retry_fraction,
     jscan_args,
     map_redis_error,
     parse_hello,
@@ -47,8 +46,6 @@ from disque_mp.client import (
     parse_jobs,
     parse_pairs,
     parse_scan,
-    pipeline_bytes_max,
-    pipeline_commands_max,
     qscan_args,
 )
 
@@ -124,7 +121,9 @@ class AsyncDisque(ClientSettings):
             r = await self._client()
             try:
                 return await r.execute_command(*args)
-            except (redis.ResponseError, redis.ConnectionError, redis.TimeoutError) as exc:
+            except redis.ResponseError as exc:
+                self._raise_unless_retrying(map_redis_error(exc), attempt, str(args[0]))
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
                 self._raise_unless_retrying(exc, attempt, str(args[0]))
             attempt += 1
             await self._failover(r)
@@ -170,7 +169,7 @@ class AsyncDisque(ClientSettings):
         batch: list[list[Any]] = []
         for queue, body in items:
             batch.append(addjob_args(queue, body, timeout_ms, **options))
-            if len(batch) >= pipeline_commands_max:
+            if len(batch) >= core.pipeline_commands_max:
                 ids += await self._pipeline(batch)
                 batch = []
         if batch:
@@ -179,7 +178,7 @@ class AsyncDisque(ClientSettings):
 
     async def _pipeline(self, commands: list[list[Any]]) -> list[str]:
         out: list[str] = []
-        for chunk in _chunks_by_size(commands, pipeline_bytes_max):
+        for chunk in _chunks_by_size(commands, core.pipeline_bytes_max):
             out += await self._round_trip(chunk)
         return out
 
@@ -372,7 +371,7 @@ class AsyncDisque(ClientSettings):
 
     async def _heartbeat(self, job_id: str) -> None:
         """WORKING after heartbeat_first_s, then every half retry (heartbeat_retry_fraction)."""
-        delay_s = heartbeat_first_s
+        delay_s = core.heartbeat_first_s
         while True:
             await asyncio.sleep(delay_s)
             started = time.monotonic()
@@ -383,4 +382,5 @@ class AsyncDisque(ClientSettings):
                 return
             if retry_s <= 0:
                 return
-            delay_s = max(0.0, retry_s * heartbeat_retry_fraction - (time.monotonic() - started))
+            delay_s = max(0.0, retry_s * core.heartbeat_retry_fraction
+                          - (time.monotonic() - started))

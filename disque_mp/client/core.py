@@ -1,0 +1,559 @@
+"""The client's sans-I/O core: all that ``Disque`` (``disque_mp.client.sync``) and
+``AsyncDisque`` (``disque_mp.client.aio``) share, none of which does I/O.
+
+- errors: ``DisqueError`` and a subclass per error code, ``error_from_reply`` (an
+  error reply's text -> exception), ``map_redis_error`` (a redis-py error reply ->
+  exception), ``is_leaving`` (whether an error means "use another node");
+- records and parsers: ``Job``, ``NodeInfo``, ``Hello``, and ``parse_*`` for the
+  replies as redis-py returns them in RESP2 (bytes, ints, nested lists, None);
+- argument building: ``addjob_args``, ``getjob_args``, ``qscan_args``,
+  ``jscan_args``, and the splitting of a pipeline into round trips;
+- ``Topology``: the nodes HELLO reported, which to try next, when to follow the
+  producer of the jobs received;
+- ``ClientSettings``: the seeds, connection settings and failover budget, and the
+  decision whether a failed command is raised or sent to another node; plus the
+  consume loop's decisions (``consume_done``, ``consume_batch``).
+
+A client builds a command's arguments here, sends them its own way (redis-py with
+threads in ``sync``, redis.asyncio in ``aio``), hands the reply to a parser, a failure
+to ``ClientSettings._raise_unless_retrying``, and each HELLO to ``Topology.learn``;
+``Topology.candidates`` then says which node to connect to. This module imports
+neither asyncio, threading nor redis, opens no socket and reads no clock, so all of
+it is tested without a server (``tests/unit/test_client_core.py``).
+
+The tunables below are read at call time by both clients: set them on this module.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+DEFAULT_NODE = "127.0.0.1:7711"
+
+# After this many jobs received, prefer_producer looks at where they came from.
+producer_sample_jobs = 1000
+# A foreign node must have produced at least this share of the sample to move there
+# (a clear majority: moving costs a reconnect and a HELLO).
+producer_share_min = 0.5
+# ADDJOBs sent before reading replies in add_jobs (bounds client memory, and the
+# server's output buffer for one connection).
+pipeline_commands_max = 1000
+# Bytes of commands sent in one pipelined round trip. Bounds client memory, and
+# disque-mp's front end lost framing on pipelines of ~2.5 MB (seen with 60 ACKJOBs
+# of 1000 IDs each; reported), so stay well below that.
+pipeline_bytes_max = 1 << 20
+# Consumer heartbeat: a job still in a handler after this long gets its first
+# WORKING (half of Disque's smallest RETRY, 1 s), then again every half retry.
+# The spec's example waits for 80 %; half leaves a loaded machine (late thread
+# wake-ups) a margin of half a retry, for one more WORKING per job and retry.
+heartbeat_first_s = 0.5
+heartbeat_retry_fraction = 0.5
+# How long one GETJOB of the consumer loop blocks before it re-checks its stop flag.
+consume_poll_ms = 1000
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class DisqueError(Exception):
+    """A Disque error reply (``code`` is its first word: ERR, NOJOB, ...) or a client failure."""
+
+    code = "ERR"
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+
+class CommandError(DisqueError):
+    """``-ERR ...``: a bad command or bad arguments."""
+
+
+class NoReplicationError(DisqueError):
+    """``-NOREPL``: not enough reachable nodes for the requested replication level."""
+
+    code = "NOREPL"
+
+
+class PausedError(DisqueError):
+    """``-PAUSED``: the queue is paused in input."""
+
+    code = "PAUSED"
+
+
+class LeavingError(DisqueError):
+    """``-LEAVING``: the node is leaving the cluster; connect to another one."""
+
+    code = "LEAVING"
+
+
+class NoJobError(DisqueError):
+    """``-NOJOB``: the node does not know this job (WORKING)."""
+
+    code = "NOJOB"
+
+
+class BadIdError(DisqueError):
+    """``-BADID``: not a job ID."""
+
+    code = "BADID"
+
+
+class TooLateError(DisqueError):
+    """``-TOOLATE``: WORKING refused, half of the job's TTL already elapsed."""
+
+    code = "TOOLATE"
+
+
+class OutOfMemoryError(DisqueError):
+    """``-OOM``: the node is out of memory."""
+
+    code = "OOM"
+
+
+class DisqueConnectionError(DisqueError):
+    """No node of the list could be reached (the message says which were tried)."""
+
+    code = "CONNECTION"
+
+
+_ERROR_CLASSES: dict[str, type[DisqueError]] = {
+    "ERR": CommandError,
+    "NOREPL": NoReplicationError,
+    "PAUSED": PausedError,
+    "LEAVING": LeavingError,
+    "NOJOB": NoJobError,
+    "BADID": BadIdError,
+    "OOM": OutOfMemoryError,
+    "TOOLATE": TooLateError,
+}
+
+
+def error_from_reply(text: str) -> DisqueError:
+    """The exception for an error reply's full text (``"NOJOB Job not known ..."``)."""
+    code = text.split(" ", 1)[0]
+    cls = _ERROR_CLASSES.get(code, DisqueError)
+    return cls(text, code)
+
+
+def map_redis_error(exc: Exception) -> DisqueError:
+    """A redis-py ``ResponseError`` as the DisqueError of its reply.
+
+    redis-py strips the code word of errors it knows (ERR, OOM ...) into
+    ``status_code``: put it back. Read as an attribute, so the core needs no redis.
+    """
+    text = str(exc)
+    status = getattr(exc, "status_code", None)
+    if status:
+        text = f"{status} {text}"
+    return error_from_reply(text)
+
+
+def is_leaving(err: DisqueError) -> bool:
+    """-LEAVING, or ADDJOB's NOREPL on a leaving node: both mean "use another node"."""
+    if isinstance(err, LeavingError):
+        return True
+    return isinstance(err, NoReplicationError) and "leaving the cluster" in str(err)
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(slots=True, frozen=True)
+class Job:
+    """A job as GETJOB/QPEEK return it. Counters are None unless asked for (WITHCOUNTERS)."""
+
+    queue: str
+    id: str
+    body: bytes
+    nacks: int | None = None
+    additional_deliveries: int | None = None
+
+    @property
+    def producer_prefix(self) -> str:
+        """The first 8 hex chars of the ID of the node that created the job."""
+        return self.id[2:10]
+
+
+@dataclass(slots=True, frozen=True)
+class NodeInfo:
+    id: str
+    host: str
+    port: int
+    priority: int
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(slots=True, frozen=True)
+class Hello:
+    version: int
+    node_id: str
+    nodes: tuple[NodeInfo, ...]
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def _str(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogateescape")
+    return str(value)
+
+
+def parse_address(text: str | tuple[str, int]) -> tuple[str, int]:
+    """``"host:port"`` or ``(host, port)`` -> ``(host, port)``; ValueError says what is wrong."""
+    if isinstance(text, tuple):
+        host, port = text
+        return str(host), int(port)
+    host, sep, port_text = str(text).strip().rpartition(":")
+    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"node address {text!r} is not host:port (for example 127.0.0.1:7711)")
+    return host.strip("[]"), int(port_text)
+
+
+def parse_nodes(nodes: str | Sequence[str | tuple[str, int]] | None) -> list[tuple[str, int]]:
+    if nodes is None:
+        nodes = [DEFAULT_NODE]
+    if isinstance(nodes, str):
+        nodes = [n for n in nodes.split(",") if n.strip()]
+    addresses = [parse_address(n) for n in nodes]
+    if not addresses:
+        raise ValueError("no node address given (for example nodes=['127.0.0.1:7711'])")
+    return addresses
+
+
+def parse_job(item: Sequence[Any]) -> Job:
+    nacks = extra = None
+    if len(item) >= 7:
+        counters = {_str(item[i]): item[i + 1] for i in range(3, len(item) - 1, 2)}
+        nacks = int(counters.get("nacks", 0))
+        extra = int(counters.get("additional-deliveries", 0))
+    return Job(_str(item[0]), _str(item[1]), bytes(item[2]), nacks, extra)
+
+
+def parse_jobs(reply: Any) -> list[Job]:
+    if not reply:
+        return []
+    return [parse_job(item) for item in reply]
+
+
+_SHOW_BYTES_FIELDS = frozenset({"body"})
+
+
+def parse_pairs(reply: Any) -> dict[str, Any] | None:
+    """A flat key/value array (SHOW, QSTAT, JSCAN REPLY all) -> dict; null -> None."""
+    if reply is None:
+        return None
+    if isinstance(reply, dict):  # a RESP3 map, should a server send one
+        reply = [x for kv in reply.items() for x in kv]
+    out: dict[str, Any] = {}
+    for i in range(0, len(reply) - 1, 2):
+        key = _str(reply[i])
+        value = reply[i + 1]
+        if isinstance(value, list):
+            value = [_str(v) for v in value]
+        elif isinstance(value, bytes) and key not in _SHOW_BYTES_FIELDS:
+            value = _str(value)
+        out[key] = value
+    return out
+
+
+def parse_hello(reply: Any, host: str, port: int) -> Hello:
+    """HELLO: version, my ID, then [id, ip, port, priority] per node.
+
+    A standalone reference node reports an empty IP for itself: the address we
+    connected to is used then.
+    """
+    version, my_id = int(reply[0]), _str(reply[1])
+    nodes = []
+    for entry in reply[2:]:
+        node_id, ip, node_port, priority = (_str(x) for x in entry[:4])
+        if not ip:
+            ip, node_port = (host, str(port)) if node_id == my_id else (ip, node_port)
+        if ip and node_port.isdigit():
+            nodes.append(NodeInfo(node_id, ip, int(node_port), int(priority)))
+    return Hello(version, my_id, tuple(nodes))
+
+
+def parse_scan(reply: Any) -> tuple[int, list[Any]]:
+    return int(reply[0]), list(reply[1] or [])
+
+
+def _queues(queues: str | bytes | Iterable[str | bytes]) -> list[str | bytes]:
+    if isinstance(queues, str | bytes):
+        return [queues]
+    out = list(queues)
+    if not out:
+        raise ValueError("at least one queue name is needed")
+    return out
+
+
+def _ids(ids: tuple[str | Job | Iterable[str | Job], ...]) -> list[str]:
+    """Accept job IDs, Job records, or one iterable of either."""
+    flat: list[str] = []
+    for item in ids:
+        if isinstance(item, Job):
+            flat.append(item.id)
+        elif isinstance(item, str | bytes):
+            flat.append(_str(item))
+        else:
+            flat.extend(x.id if isinstance(x, Job) else _str(x) for x in item)
+    return flat
+
+
+# --------------------------------------------------------------------------- command builders
+
+
+def addjob_args(
+    queue: str | bytes,
+    body: bytes | str,
+    timeout_ms: int = 0,
+    *,
+    replicate: int | None = None,
+    delay: int | None = None,
+    retry: int | None = None,
+    ttl: int | None = None,
+    maxlen: int | None = None,
+    async_: bool = False,
+) -> list[Any]:
+    args: list[Any] = ["ADDJOB", queue, body, int(timeout_ms)]
+    for name, value in (("REPLICATE", replicate), ("DELAY", delay), ("RETRY", retry),
+                        ("TTL", ttl), ("MAXLEN", maxlen)):
+        if value is not None:
+            args += [name, int(value)]
+    if async_:
+        args.append("ASYNC")
+    return args
+
+
+def getjob_args(
+    queues: str | bytes | Iterable[str | bytes],
+    *,
+    timeout_ms: int | None = None,
+    count: int | None = None,
+    nohang: bool = False,
+    withcounters: bool = False,
+) -> list[Any]:
+    args: list[Any] = ["GETJOB"]
+    if nohang:
+        args.append("NOHANG")
+    if timeout_ms is not None:
+        args += ["TIMEOUT", int(timeout_ms)]
+    if count is not None:
+        args += ["COUNT", int(count)]
+    if withcounters:
+        args.append("WITHCOUNTERS")
+    return args + ["FROM", *_queues(queues)]
+
+
+def qscan_args(cursor: int, count: int | None, minlen: int | None, maxlen: int | None,
+               importrate: int | None) -> list[Any]:
+    args: list[Any] = ["QSCAN", cursor]
+    for name, value in (("COUNT", count), ("MINLEN", minlen), ("MAXLEN", maxlen),
+                        ("IMPORTRATE", importrate)):
+        if value is not None:
+            args += [name, int(value)]
+    return args
+
+
+def jscan_args(cursor: int, count: int | None, queue: str | bytes | None,
+               states: Iterable[str], reply_all: bool) -> list[Any]:
+    args: list[Any] = ["JSCAN", cursor]
+    if count is not None:
+        args += ["COUNT", int(count)]
+    if queue is not None:
+        args += ["QUEUE", queue]
+    for state in states:
+        args += ["STATE", state]
+    args += ["REPLY", "all" if reply_all else "id"]
+    return args
+
+
+def _command_bytes(args: Sequence[Any]) -> int:
+    """Rough RESP size of a command (framing ~16 bytes per argument)."""
+    return sum(16 + (len(a) if isinstance(a, bytes | str) else 20) for a in args)
+
+
+def _chunks_by_size(commands: Sequence[Sequence[Any]],
+                    bytes_max: int) -> Iterator[Sequence[Sequence[Any]]]:
+    start, size = 0, 0
+    for i, args in enumerate(commands):
+        size += _command_bytes(args)
+        if size > bytes_max and i > start:
+            yield commands[start:i]
+            start, size = i, _command_bytes(args)
+    if start < len(commands):
+        yield commands[start:]
+
+
+def parse_info(text: Any) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in _str(text).splitlines():
+        if line and not line.startswith("#") and ":" in line:
+            key, _, value = line.partition(":")
+            out[key] = value
+    return out
+
+
+# --------------------------------------------------------------------------- topology
+
+
+@dataclass(slots=True)
+class Topology:
+    """Which nodes exist, which one we use, where to go next. No I/O."""
+
+    seeds: list[tuple[str, int]]
+    prefer_producer: bool = False
+    rng: random.Random = field(default_factory=random.Random)
+    hello: Hello | None = None
+    current: tuple[str, int] | None = None
+    produced: Counter[str] = field(default_factory=Counter)
+    received: int = 0
+
+    def candidates(self, avoid: tuple[str, int] | None = None) -> list[tuple[str, int]]:
+        """Nodes to try, best first: HELLO's nodes by priority (ties shuffled), then seeds."""
+        known: list[tuple[int, float, tuple[str, int]]] = []
+        if self.hello is not None:
+            known = [(n.priority, self.rng.random(), (n.host, n.port)) for n in self.hello.nodes]
+        known.sort()
+        order = [addr for _, _, addr in known]
+        seeds = [s for s in self.seeds if s not in order]
+        self.rng.shuffle(seeds)
+        order += seeds
+        if avoid is not None and avoid in order and len(order) > 1:
+            order.remove(avoid)
+            order.append(avoid)  # last resort: it may have stopped leaving
+        return order
+
+    def learn(self, hello: Hello, address: tuple[str, int]) -> None:
+        self.hello = hello
+        self.current = address
+        self.produced.clear()
+        self.received = 0
+
+    def better_nodes(self) -> list[tuple[str, int]]:
+        """Nodes advertising a better (lower) priority than the one we are on, best first."""
+        if self.hello is None:
+            return []
+        mine = [n.priority for n in self.hello.nodes if n.id == self.hello.node_id]
+        if not mine:
+            return []
+        better = [(n.priority, self.rng.random(), (n.host, n.port)) for n in self.hello.nodes
+                  if n.priority < mine[0]]
+        return [addr for _, _, addr in sorted(better)]
+
+    def note_jobs(self, jobs: Sequence[Job]) -> tuple[str, int] | None:
+        """Count producers; after a sample, name the node to move to, if any (spec step 3)."""
+        if not self.prefer_producer or not jobs or self.hello is None:
+            return None
+        for job in jobs:
+            self.produced[job.producer_prefix] += 1
+        self.received += len(jobs)
+        if self.received < producer_sample_jobs:
+            return None
+        prefix, seen = self.produced.most_common(1)[0]
+        share = seen / self.received
+        self.produced.clear()
+        self.received = 0
+        if prefix == self.hello.node_id[:8] or share < producer_share_min:
+            return None
+        best = min(self.hello.nodes, key=lambda n: n.priority)
+        for node in self.hello.nodes:
+            if node.id.startswith(prefix) and node.priority <= best.priority:
+                return (node.host, node.port)
+        return None
+
+
+# --------------------------------------------------------------------------- shared settings
+
+
+class ClientSettings:
+    """What ``Disque`` and ``AsyncDisque`` share besides parsing: the seeds and
+    topology, the connection settings, the failover budget. The I/O is theirs."""
+
+    def __init__(
+        self,
+        nodes: str | Sequence[str | tuple[str, int]] | None = None,
+        *,
+        prefer_producer: bool = False,
+        socket_timeout: float | None = None,
+        connect_timeout: float = 2.0,
+        password: str | None = None,
+        failover_attempts: int | None = None,
+        follow_priority: bool = True,
+        redis_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        self.topology = Topology(parse_nodes(nodes), prefer_producer)
+        self._follow_priority = follow_priority
+        self._socket_timeout = socket_timeout
+        self._connect_timeout = connect_timeout
+        self._password = password
+        self._failover_attempts = failover_attempts
+        self._redis_kwargs = dict(redis_kwargs or {})
+        self._init_io()
+
+    def _init_io(self) -> None:
+        """The connection and its lock: the twin's own kind (threads or asyncio)."""
+        raise NotImplementedError
+
+    def _redis_options(self, host: str, port: int) -> dict[str, Any]:
+        """redis-py's constructor arguments for one node (sync and asyncio take the same)."""
+        return dict(host=host, port=port, protocol=2, driver_info=None, password=self._password,
+                    socket_timeout=self._socket_timeout,
+                    socket_connect_timeout=self._connect_timeout, **self._redis_kwargs)
+
+    def _attempts(self) -> int:
+        if self._failover_attempts is not None:
+            return self._failover_attempts
+        known = len(self.topology.hello.nodes) if self.topology.hello else 0
+        return max(len(self.topology.seeds), known, 1)
+
+    def _raise_unless_retrying(self, exc: Exception, attempt: int, what: str) -> None:
+        """After a failed try: raise what the caller should see, or return when another
+        node should get the command (-LEAVING or a dropped connection, within budget).
+
+        ``exc`` is the error reply as a DisqueError (``map_redis_error``), or the
+        exception of a dropped connection or timeout. Called in the I/O's ``except``
+        block: a DisqueError is raised with its cause suppressed.
+        """
+        if isinstance(exc, DisqueError):
+            if not is_leaving(exc) or attempt >= self._attempts():
+                raise exc from None
+        elif attempt >= self._attempts():
+            raise DisqueConnectionError(f"{what} failed: {exc}") from exc
+
+    @property
+    def node_id(self) -> str | None:
+        """The ID of the node we are connected to (None before the first command)."""
+        return self.topology.hello.node_id if self.topology.hello else None
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        return self.topology.current
+
+
+# --------------------------------------------------------------------------- consume loop
+
+
+class _Flag(Protocol):
+    def is_set(self) -> bool: ...
+
+
+def consume_done(max_jobs: int | None, handled: int, stop: _Flag | None) -> bool:
+    """Whether a consume loop stops: ``max_jobs`` handled or ``stop`` set (both twins)."""
+    if max_jobs is not None and handled >= max_jobs:
+        return True
+    return stop is not None and stop.is_set()
+
+
+def consume_batch(count: int, max_jobs: int | None, handled: int) -> int:
+    """How many jobs the next GETJOB of a consume loop asks for: never past ``max_jobs``."""
+    return count if max_jobs is None else min(count, max_jobs - handled)

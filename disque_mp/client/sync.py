@@ -1,0 +1,515 @@
+"""The synchronous client, ``Disque``: the core (``disque_mp.client.core``) over
+redis-py, thread-safe, with a thread that keeps jobs alive while a handler runs.
+
+Connections speak RESP2 (``protocol=2``): the reference Disque rejects
+``HELLO 3`` (redis-py 8's default handshake), and disque-mp answers Disque
+commands in RESP2 shapes anyway. ``driver_info=None`` skips ``CLIENT SETINFO``.
+redis-py does not retry (``Retry(NoBackoff(), 0)``): moving to another node is ours.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Literal, overload
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from disque_mp.client import core
+from disque_mp.client.core import (
+    ClientSettings,
+    DisqueConnectionError,
+    DisqueError,
+    Hello,
+    Job,
+    _chunks_by_size,
+    _ids,
+    _queues,
+    _str,
+    addjob_args,
+    consume_batch,
+    consume_done,
+    consume_poll_ms,
+    getjob_args,
+    jscan_args,
+    map_redis_error,
+    parse_hello,
+    parse_info,
+    parse_jobs,
+    parse_pairs,
+    parse_scan,
+    qscan_args,
+)
+
+log = logging.getLogger("disque_mp.client")
+
+
+class Disque(ClientSettings):
+    """A Disque client: see the package doc. Thread-safe (redis-py's pool per node).
+
+    ``nodes``: seeds, ``"host:port"`` strings, ``(host, port)`` tuples or one
+    comma-separated string (default 127.0.0.1:7711). ``socket_timeout`` must
+    exceed the longest blocking GETJOB you send (None: no timeout).
+    ``failover_attempts``: nodes to try after -LEAVING or a drop (default: as
+    many as are known; 0 sticks to one node). ``follow_priority=False`` stays
+    on a node even when HELLO shows better ones. ``redis_kwargs`` go to
+    ``redis.Redis`` (ssl, username ...).
+    """
+
+    def _init_io(self) -> None:
+        self._redis: redis.Redis | None = None
+        self._lock = threading.RLock()
+
+    # ---- connection management
+
+    def _make_redis(self, host: str, port: int) -> redis.Redis:
+        r = redis.Redis(**self._redis_options(host, port), retry=Retry(NoBackoff(), 0))
+        r.response_callbacks.pop("INFO", None)  # keep INFO's text: Disque's own sections
+        return r
+
+    def connect(self, avoid: tuple[str, int] | None = None) -> Hello:
+        """Connect to the best reachable node (random among the seeds at first), run HELLO.
+
+        Landing on a node that advertises a worse priority than others (a leaving
+        node says 100) moves on to a better one when one answers, unless
+        ``follow_priority=False`` (a client meant for one given node).
+        """
+        with self._lock:
+            hello = self._connect_first(self.topology.candidates(avoid))
+            better = self.topology.better_nodes() if self._follow_priority else []
+            if better:
+                try:
+                    hello = self._connect_first(better)
+                except DisqueConnectionError:
+                    pass  # stay: a leaving node still serves ACKs and NOHANG GETJOBs
+            return hello
+
+    def _connect_first(self, candidates: list[tuple[str, int]]) -> Hello:
+        tried = []
+        for host, port in candidates:
+            r = self._make_redis(host, port)
+            try:
+                hello = parse_hello(r.execute_command("HELLO"), host, port)
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                tried.append(f"{host}:{port} ({exc})")
+                r.close()
+                continue
+            except redis.ResponseError as exc:
+                tried.append(f"{host}:{port} ({map_redis_error(exc)})")
+                r.close()
+                continue
+            old, self._redis = self._redis, r
+            if old is not None:
+                old.close()
+            self.topology.learn(hello, (host, port))
+            log.debug("connected to %s:%d (node %s)", host, port, hello.node_id)
+            return hello
+        raise DisqueConnectionError("no Disque node reachable; tried: " + "; ".join(tried))
+
+    def _client(self) -> redis.Redis:
+        r = self._redis
+        if r is None:
+            with self._lock:
+                if self._redis is None:
+                    self.connect()
+                r = self._redis
+        assert r is not None
+        return r
+
+    def _failover(self, broken: redis.Redis) -> None:
+        with self._lock:
+            if self._redis is broken:  # another thread may have moved already
+                self.connect(avoid=self.topology.current)
+
+    def execute(self, *args: Any) -> Any:
+        """Run one command; move to another node on -LEAVING or a dropped connection.
+
+        A command whose connection dropped is sent again on the new node, so an
+        ADDJOB may then create a second copy of the job (at-least-once).
+        """
+        attempt = 0
+        while True:
+            r = self._client()
+            try:
+                return r.execute_command(*args)
+            except redis.ResponseError as exc:
+                self._raise_unless_retrying(map_redis_error(exc), attempt, str(args[0]))
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                self._raise_unless_retrying(exc, attempt, str(args[0]))
+            attempt += 1
+            self._failover(r)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._redis is not None:
+                self._redis.close()
+                self._redis = None
+
+    def __enter__(self) -> Disque:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- commands
+
+    def hello(self) -> Hello:
+        r = self._client()
+        host, port = self.topology.current or ("", 0)
+        hello = parse_hello(self.execute("HELLO"), host, port)
+        if r is self._redis:
+            self.topology.hello = hello
+        return hello
+
+    def info(self, section: str | None = None) -> dict[str, str]:
+        return parse_info(self.execute("INFO", *([section] if section else [])))
+
+    def ping(self) -> bool:
+        return self.execute("PING") in (b"PONG", "PONG", True)
+
+    def add_job(
+        self,
+        queue: str | bytes,
+        body: bytes | str,
+        timeout_ms: int = 0,
+        *,
+        replicate: int | None = None,
+        delay: int | None = None,
+        retry: int | None = None,
+        ttl: int | None = None,
+        maxlen: int | None = None,
+        async_: bool = False,
+    ) -> str:
+        """ADDJOB; returns the job ID. Times in seconds except ``timeout_ms``."""
+        return _str(self.execute(*addjob_args(queue, body, timeout_ms, replicate=replicate,
+                                               delay=delay, retry=retry, ttl=ttl, maxlen=maxlen,
+                                               async_=async_)))
+
+    def add_jobs(
+        self,
+        items: Iterable[tuple[str | bytes, bytes | str]],
+        timeout_ms: int = 0,
+        **options: Any,
+    ) -> list[str]:
+        """ADDJOB for each (queue, body), pipelined; returns the IDs in order.
+
+        Stops at the first error reply and raises it (jobs before it were added).
+        ``options`` are add_job's keyword options.
+        """
+        ids: list[str] = []
+        batch: list[list[Any]] = []
+        for queue, body in items:
+            batch.append(addjob_args(queue, body, timeout_ms, **options))
+            if len(batch) >= core.pipeline_commands_max:
+                ids += self._pipeline(batch)
+                batch = []
+        if batch:
+            ids += self._pipeline(batch)
+        return ids
+
+    def _pipeline(self, commands: list[list[Any]]) -> list[str]:
+        return [_str(x) for x in self.execute_many(commands)]
+
+    def execute_many(self, commands: Sequence[Sequence[Any]], *,
+                     raise_on_error: bool = True) -> list[Any]:
+        """Send commands pipelined, read every reply.
+
+        An error reply raises (the first one) or, with ``raise_on_error=False``,
+        stands in the list as a DisqueError. Round trips carry at most
+        pipeline_bytes_max of commands. A dropped connection moves to another
+        node and sends that round trip again.
+        """
+        out: list[Any] = []
+        for chunk in _chunks_by_size(commands, core.pipeline_bytes_max):
+            out += self._round_trip(chunk)
+        if raise_on_error:
+            for reply in out:
+                if isinstance(reply, DisqueError):
+                    raise reply
+        return out
+
+    def _round_trip(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
+        attempt = 0
+        while True:
+            r = self._client()
+            try:
+                pipe = r.pipeline(transaction=False)
+                for args in commands:
+                    pipe.execute_command(*args)
+                replies = pipe.execute(raise_on_error=False)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                self._raise_unless_retrying(exc, attempt, "pipeline")
+                attempt += 1
+                self._failover(r)
+                continue
+            return [map_redis_error(x) if isinstance(x, redis.ResponseError) else x
+                    for x in replies]
+
+    def get_jobs(
+        self,
+        queues: str | bytes | Iterable[str | bytes],
+        *,
+        timeout_ms: int | None = None,
+        count: int | None = None,
+        nohang: bool = False,
+        withcounters: bool = False,
+    ) -> list[Job]:
+        """GETJOB; [] when the timeout elapsed (or NOHANG found nothing)."""
+        jobs = parse_jobs(self.execute(*getjob_args(queues, timeout_ms=timeout_ms, count=count,
+                                                    nohang=nohang, withcounters=withcounters)))
+        self._maybe_follow_producer(jobs)
+        return jobs
+
+    def get_job(self, queues: str | bytes | Iterable[str | bytes], **kw: Any) -> Job | None:
+        jobs = self.get_jobs(queues, count=1, **kw)
+        return jobs[0] if jobs else None
+
+    def _maybe_follow_producer(self, jobs: Sequence[Job]) -> None:
+        target = self.topology.note_jobs(jobs)
+        if target is None or target == self.topology.current:
+            return
+        log.info("most jobs come from %s:%d: moving there", *target)
+        with self._lock:
+            saved = self.topology.seeds
+            self.topology.seeds = [target]
+            hello, self.topology.hello = self.topology.hello, None
+            try:
+                self.connect()
+            except DisqueConnectionError:
+                self.topology.hello = hello
+            finally:
+                self.topology.seeds = saved
+
+    def ack(self, *ids: str | Job | Iterable[str | Job]) -> int:
+        return int(self.execute("ACKJOB", *_ids(ids)))
+
+    def fast_ack(self, *ids: str | Job | Iterable[str | Job]) -> int:
+        return int(self.execute("FASTACK", *_ids(ids)))
+
+    def nack(self, *ids: str | Job | Iterable[str | Job]) -> int:
+        return int(self.execute("NACK", *_ids(ids)))
+
+    def enqueue(self, *ids: str | Job | Iterable[str | Job]) -> int:
+        return int(self.execute("ENQUEUE", *_ids(ids)))
+
+    def dequeue(self, *ids: str | Job | Iterable[str | Job]) -> int:
+        return int(self.execute("DEQUEUE", *_ids(ids)))
+
+    def del_job(self, *ids: str | Job | Iterable[str | Job]) -> int:
+        return int(self.execute("DELJOB", *_ids(ids)))
+
+    def working(self, job: str | Job) -> int:
+        """WORKING; returns the seconds the next delivery was postponed by (the retry)."""
+        return int(self.execute("WORKING", _ids((job,))[0]))
+
+    def show(self, job: str | Job) -> dict[str, Any] | None:
+        """SHOW as a dict (None for an unknown job); ``body`` stays bytes."""
+        return parse_pairs(self.execute("SHOW", _ids((job,))[0]))
+
+    def qlen(self, queue: str | bytes) -> int:
+        return int(self.execute("QLEN", queue))
+
+    def qpeek(self, queue: str | bytes, count: int) -> list[Job]:
+        return parse_jobs(self.execute("QPEEK", queue, int(count)))
+
+    def qstat(self, queue: str | bytes) -> dict[str, Any] | None:
+        return parse_pairs(self.execute("QSTAT", queue))
+
+    def pause(self, queue: str | bytes, *options: str) -> str:
+        """PAUSE queue in|out|all|none|state [bcast]; returns the pause state."""
+        return _str(self.execute("PAUSE", queue, *options))
+
+    def iter_queues(self, *, count: int | None = None, minlen: int | None = None,
+                    maxlen: int | None = None, importrate: int | None = None) -> Iterator[str]:
+        """Every queue name (QSCAN until the cursor returns to 0; names may repeat)."""
+        cursor = 0
+        while True:
+            cursor, names = parse_scan(self.execute(*qscan_args(cursor, count, minlen, maxlen,
+                                                                importrate)))
+            yield from (_str(n) for n in names)
+            if cursor == 0:
+                return
+
+    @overload
+    def iter_jobs(self, *, queue: str | bytes | None = ..., states: Iterable[str] = ...,
+                  count: int | None = ..., reply_all: Literal[False] = ...) -> Iterator[str]: ...
+    @overload
+    def iter_jobs(self, *, queue: str | bytes | None = ..., states: Iterable[str] = ...,
+                  count: int | None = ..., reply_all: Literal[True]) -> Iterator[dict[str, Any]]: ...
+
+    def iter_jobs(self, *, queue: str | bytes | None = None, states: Iterable[str] = (),
+                  count: int | None = None, reply_all: bool = False) -> Iterator[Any]:
+        """JSCAN: job IDs, or SHOW-like dicts with ``reply_all=True``."""
+        states = list(states)
+        cursor = 0
+        while True:
+            cursor, items = parse_scan(self.execute(*jscan_args(cursor, count, queue, states,
+                                                                reply_all)))
+            for item in items:
+                yield parse_pairs(item) if reply_all else _str(item)
+            if cursor == 0:
+                return
+
+    # ---- consumer helper
+
+    @overload
+    def consume(self, queues: str | bytes | Iterable[str | bytes], handler: None = None, *,
+                count: int = ..., max_jobs: int | None = ..., stop: threading.Event | None = ...,
+                fast_ack: bool = ..., poll_ms: int = ...) -> Iterator[Job]: ...
+    @overload
+    def consume(self, queues: str | bytes | Iterable[str | bytes],
+                handler: Callable[[Job], Any], *, count: int = ..., max_jobs: int | None = ...,
+                stop: threading.Event | None = ..., fast_ack: bool = ...,
+                poll_ms: int = ...) -> int: ...
+
+    def consume(self, queues: str | bytes | Iterable[str | bytes],
+                handler: Callable[[Job], Any] | None = None, *, count: int = 1,
+                max_jobs: int | None = None, stop: threading.Event | None = None,
+                fast_ack: bool = False, poll_ms: int = consume_poll_ms) -> Iterator[Job] | int:
+        """Take jobs one by one, keep each alive with WORKING while it is worked on.
+
+        With a ``handler``: call it for each job, ACK when it returns, NACK when
+        it raises (the exception is logged, the loop goes on); returns the number
+        of jobs handled once ``max_jobs`` were handled or ``stop`` is set.
+
+        Without: an iterator. A job is ACKed when the loop asks for the next one;
+        leaving the loop (break, exception) NACKs the job in hand, so it is
+        delivered again at once (ACK it yourself before ``break`` if it is done).
+        """
+        runner = _ConsumeLoop(self, _queues(queues), count, max_jobs, stop, fast_ack, poll_ms)
+        if handler is None:
+            return runner.iterate()
+        return runner.run(handler)
+
+
+class Heartbeat:
+    """A thread that sends WORKING for jobs in hand before their retry time elapses."""
+
+    def __init__(self, working: Callable[[str], int]) -> None:
+        self._working = working
+        self._due: dict[str, float] = {}  # job ID -> monotonic time of the next WORKING
+        self._cond = threading.Condition()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="disque-heartbeat", daemon=True)
+        self._thread.start()
+
+    def add(self, job_id: str) -> None:
+        with self._cond:
+            self._due[job_id] = time.monotonic() + core.heartbeat_first_s
+            self._cond.notify()
+
+    def remove(self, job_id: str) -> None:
+        with self._cond:
+            self._due.pop(job_id, None)
+
+    def close(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+        self._thread.join()
+
+    def _next_due(self) -> tuple[str, float] | None:
+        if not self._due:
+            return None
+        job_id = min(self._due, key=self._due.__getitem__)
+        return job_id, self._due[job_id]
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                nxt = self._next_due()
+                while not self._stopped and (nxt is None or nxt[1] > time.monotonic()):
+                    self._cond.wait(None if nxt is None else nxt[1] - time.monotonic())
+                    nxt = self._next_due()
+                if self._stopped or nxt is None:
+                    return
+                job_id = nxt[0]
+            retry_s = self._beat(job_id)
+            with self._cond:
+                if job_id in self._due:
+                    if retry_s > 0:
+                        next_s = retry_s * core.heartbeat_retry_fraction
+                        self._due[job_id] = time.monotonic() + next_s
+                    else:
+                        del self._due[job_id]
+
+    def _beat(self, job_id: str) -> int:
+        try:
+            return self._working(job_id)
+        except DisqueError as exc:  # NOJOB, acked, or past 50 % of its TTL: nothing to keep
+            log.warning("WORKING %s: %s", job_id, exc)
+            return 0
+
+
+class _ConsumeLoop:
+    __slots__ = ("client", "queues", "count", "max_jobs", "stop", "fast_ack", "poll_ms", "handled")
+
+    def __init__(self, client: Disque, queues: list[str | bytes], count: int,
+                 max_jobs: int | None, stop: threading.Event | None, fast_ack: bool,
+                 poll_ms: int) -> None:
+        self.client, self.queues, self.count = client, queues, count
+        self.max_jobs, self.stop, self.fast_ack, self.poll_ms = max_jobs, stop, fast_ack, poll_ms
+        self.handled = 0
+
+    def _done(self) -> bool:
+        return consume_done(self.max_jobs, self.handled, self.stop)
+
+    def _take(self, beat: Heartbeat) -> list[Job]:
+        """The next jobs, all kept alive from now on (later ones wait for earlier ones)."""
+        want = consume_batch(self.count, self.max_jobs, self.handled)
+        jobs = self.client.get_jobs(self.queues, timeout_ms=self.poll_ms, count=want,
+                                    withcounters=True)
+        for job in jobs:
+            beat.add(job.id)
+        return jobs
+
+    def _ack(self, job: Job) -> None:
+        (self.client.fast_ack if self.fast_ack else self.client.ack)(job.id)
+
+    def run(self, handler: Callable[[Job], Any]) -> int:
+        beat = Heartbeat(self.client.working)
+        in_hand: list[Job] = []
+        try:
+            while not self._done():
+                in_hand = self._take(beat)
+                while in_hand:
+                    self._handle(handler, in_hand[0], beat)
+                    in_hand.pop(0)
+                    self.handled += 1
+        finally:
+            beat.close()
+            if in_hand:  # interrupted (KeyboardInterrupt ...): deliver the rest again now
+                self.client.nack(*(j.id for j in in_hand))
+        return self.handled
+
+    def _handle(self, handler: Callable[[Job], Any], job: Job, beat: Heartbeat) -> None:
+        try:
+            handler(job)
+        except Exception:
+            beat.remove(job.id)
+            log.exception("handler failed on job %s: NACK", job.id)
+            self.client.nack(job.id)
+        else:
+            beat.remove(job.id)
+            self._ack(job)
+
+    def iterate(self) -> Iterator[Job]:
+        beat = Heartbeat(self.client.working)
+        in_hand: list[Job] = []
+        try:
+            while not self._done():
+                in_hand = self._take(beat)
+                while in_hand:
+                    job = in_hand[0]
+                    yield job
+                    beat.remove(job.id)
+                    self._ack(in_hand.pop(0))
+                    self.handled += 1
+        finally:
+            beat.close()
+            if in_hand:  # left the loop with jobs taken but not handled: deliver again now
+                self.client.nack(*(j.id for j in in_hand))
