@@ -113,14 +113,13 @@ class ClientConn(asyncio.Protocol):
         if cmds:
             node.begin_batch()
             self.last_s = node.now_ms / 1000
-            execute = node.execute
             hard, soft, soft_s = output_limits(node.cfg.client_output_buffer_limit)
             # A pipeline of big replies is cut as it grows: ``check_output`` runs once
             # this read's replies pass the smaller limit (less what is still buffered).
             room = _room(self.transport, hard, soft)
             queued = 0
             for cmd in cmds:
-                reply = execute(self, cmd)
+                reply = node.execute(self, cmd)  # a native call (no bound method)
                 if reply is not None:
                     if self.slots:
                         self.slots.append(reply)
