@@ -58,6 +58,20 @@ def test_parse_request_parser_addjob_x32(benchmark: Any) -> None:
     assert benchmark(parse) == PIPELINE
 
 
+def test_parse_request_parser_addjob_x1(benchmark: Any) -> None:
+    """One command per read: the -P 1 case, where the per-read checks weigh most."""
+    resp = pytest.importorskip("disque_mp.node.resp")
+    data = b"*4\r\n$6\r\nADDJOB\r\n$1\r\nq\r\n$1\r\nx\r\n$1\r\n0\r\n"
+    p = resp.RequestParser(512 << 20, 1 << 20, 1 << 30)
+
+    def parse() -> int:
+        cmds, err = p.feed(data)
+        assert err is None
+        return len(cmds)
+
+    assert benchmark(parse) == 1
+
+
 def test_encode_addjob_reply(benchmark: Any) -> None:
     resp = pytest.importorskip("disque_mp.node.resp")
     from workers.replies import Status

@@ -23,7 +23,6 @@ array replies keep their RESP2 shape on RESP3 connections.
 
 from __future__ import annotations
 
-import re
 from typing import Any, Final
 
 import hiredis
@@ -67,31 +66,42 @@ class RequestParser:
 
     def feed(self, data: bytes) -> tuple[list[list[bytes]], str | None]:
         """Commands complete in what was fed so far, and the error that ends the stream."""
-        if self._buf or self._chunks or data[:1] != b"*" or _hiredis_lists(data):
+        if self._buf or self._chunks or data[:1] != b"*":
             return self._feed_python(data)
         # Fast path: a read that holds only whole multibulk commands (the usual
         # case, pipelined or not) is parsed by hiredis. Anything else (a command
         # cut by the read, inline text, a bound exceeded, odd types) is parsed
         # again from the start of this read by the exact Python parser.
+        #
+        # hiredis does not say where it stopped, so each command's canonical
+        # length (``*N``, then ``$L`` + L bytes per argument) is added up: the read
+        # held exactly these multibulks, each starting with ``*``, when the sum is
+        # its length. A partial command hiredis keeps to itself, a RESP3 set, push
+        # or boolean it took from inline text, a simple string or a padded length
+        # inside a multibulk: all end up somewhere else, and the slow path runs.
         reader = self._reader
         reader.feed(data)
         cmds: list[list[bytes]] = []
         args_max, bulk_max = self.args_max, self.bulk_max
+        at = 0
         try:
             while (cmd := reader.gets()) is not False:
-                if type(cmd) is not list:  # inline text hiredis took for a RESP3 value:
-                    raise _SlowPath  # `_`, `:0`, `#f`, `$-1` ... would vanish unanswered
-                if cmd:  # `*0` is ignored, as in Redis
-                    # bytes.__len__ also rejects non-bulk elements (TypeError)
-                    if len(cmd) > args_max or max(map(bytes.__len__, cmd)) > bulk_max:
+                if type(cmd) is not list or data[at] != 42:  # b"*"
+                    raise _SlowPath
+                n = len(cmd)
+                if n > args_max:
+                    raise _SlowPath
+                at += 3 + _digits(n)
+                for arg in cmd:
+                    size = len(arg)  # a non-bytes element (integer, error...): TypeError
+                    if size > bulk_max:
                         raise _SlowPath
+                    at += 5 + _digits(size) + size
+                if n:  # `*0` is ignored, as in Redis
                     cmds.append(cmd)
-            if reader.has_data():
+            if at != len(data):
                 raise _SlowPath
-            reader.feed(b"*0\r\n")  # hiredis hides a consumed header: probe for one
-            if reader.gets() != []:
-                raise _SlowPath
-        except (hiredis.ProtocolError, TypeError, _SlowPath):
+        except (hiredis.ProtocolError, TypeError, IndexError, _SlowPath):
             self._reader = hiredis.Reader()
             return self._feed_python(data)
         return cmds, None
@@ -199,16 +209,15 @@ class RequestParser:
         return nl + 1
 
 
-def _hiredis_lists(data: bytes) -> bool:
-    """Inline text hiredis would read as a RESP3 set, push or attribute (a list, like
-    a command) or as a boolean (false looks like "no reply yet") may follow a
-    multibulk here: only the Python parser reads it right."""
-    # One regex scan: ``bytes in bytes`` first tries the needle as an int and formats
-    # the TypeError it raises (four of those per read cost ~1 us under mypyc).
-    return _resp3_after_line(data) is not None
-
-
-_resp3_after_line: Final = re.compile(rb"\n[~>|#]").search
+def _digits(n: int) -> int:
+    """Decimal digits of a length (>= 0)."""
+    if n < 10:
+        return 1
+    if n < 100:
+        return 2
+    if n < 1000:
+        return 3
+    return len(str(n))
 
 
 def split_inline(line: bytes) -> list[bytes]:

@@ -137,7 +137,9 @@ _piece = st.one_of(
     st.binary(max_size=40),
     st.sampled_from([b"*", b"$", b"*-1\r\n", b"*0\r\n", b"$-1\r\n", b"*2\r\n$3\r\n", b"\r\n",
                      b"*99999999999\r\n", b"$99999999999\r\n", b"*1\r\n$5\r\nab", b"\n",
-                     b"_\r\n", b"~1\r\n", b">0\r\n", b"|0\r\n", b"#f\r\n", b":0\r\n"]),
+                     b"_\r\n", b"~1\r\n", b">0\r\n", b"|0\r\n", b"#f\r\n", b":0\r\n",
+                     b"*1\r\n+PING\r\n", b"*1\r\n$03\r\nabc\r\n", b"*1\r\n:1\r\n",
+                     b"*2\r\n$1\r\na\r\n$-1\r\n", b"~1\r\n$1\r\na\r\n"]),
 )
 
 
@@ -162,3 +164,22 @@ def test_inline_text_after_a_multibulk_in_one_read_is_never_swallowed(inline: by
         cmds, err = parser().feed(cmd(b"PING") + inline + b"\r\n" + tail)
         want = [[b"PING"]] + ([] if inline == b"*-1" else [[inline]]) + ([[b"PING"]] if tail else [])
         assert (cmds, err) == (want, None), tail
+
+
+@pytest.mark.parametrize("data", [
+    cmd(b"PING") + b"*1\r\n+PING\r\n",  # a simple string where a bulk belongs
+    b"*1\r\n$03\r\nabc\r\n" + cmd(b"PING"),  # a padded bulk length
+    cmd(b"PING") + b"~1\r\n$4\r\nPING\r\n",  # a RESP3 set hiredis reads as a list
+    cmd(b"PING") + b">1\r\n$4\r\nPING\r\n",  # a push, the same
+    cmd(b"PING") + b"*2\r\n$4\r\nPING",  # a command cut by the read
+    cmd(b"PING") + b"*2\r\n",  # only the header of the next one
+    b"*1\r\n:1\r\n",  # an integer element
+    cmd(b"ADDJOB", b"q", b"x" * 12345, b"0") + cmd(b"PING") * 3,
+])
+def test_the_hiredis_path_agrees_with_the_exact_parser(data: bytes) -> None:
+    """The fast path accepts a read only when it held exactly whole multibulks of
+    bulk strings; whatever else it is given, its answer is the exact parser's."""
+    fast = parser()
+    exact = parser()
+    assert fast.feed(data) == exact._feed_python(data)
+    assert fast.feed(cmd(b"PING")) == exact.feed(cmd(b"PING"))  # and the stream goes on alike
