@@ -19,7 +19,7 @@ import asyncio
 import socket
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from disque_mp.node.resp import RequestParser, encode
 from workers.replies import Error
@@ -113,10 +113,10 @@ class ClientConn(asyncio.Protocol):
         if cmds:
             node.begin_batch()
             self.last_s = node.now_ms / 1000
-            hard, soft, soft_s = output_limits(node.cfg.client_output_buffer_limit)
+            lim = output_limits(node.cfg.client_output_buffer_limit)
             # A pipeline of big replies is cut as it grows: ``check_output`` runs once
             # this read's replies pass the smaller limit (less what is still buffered).
-            room = _room(self.transport, hard, soft)
+            room = lim.room(self.transport)
             queued = 0
             for cmd in cmds:
                 reply = node.execute(self, cmd)  # a native call (no bound method)
@@ -127,7 +127,7 @@ class ClientConn(asyncio.Protocol):
                         self.out.append(reply)
                     queued += len(reply)
                     if queued > room:
-                        self.check_output(queued, hard, soft, soft_s)
+                        self.check_output(queued, lim)
                 if self.closing:
                     break
             node.end_batch()
@@ -181,9 +181,9 @@ class ClientConn(asyncio.Protocol):
             moved = True
         if not moved:
             return  # a reply behind one still missing: nothing new to write or count
-        hard, soft, soft_s = output_limits(self.node.cfg.client_output_buffer_limit)
-        if hard or soft:  # replies from other workers count as they arrive
-            self.check_output(sum(map(len, self.out)), hard, soft, soft_s)
+        lim = output_limits(self.node.cfg.client_output_buffer_limit)
+        if lim.low:  # replies from other workers count as they arrive
+            self.check_output(sum(map(len, self.out)), lim)
         if self.out:
             self.node.mark_dirty(self)
 
@@ -199,19 +199,23 @@ class ClientConn(asyncio.Protocol):
             out.clear()
             self.node.net_out_bytes += len(data)
             transport.write(data)
-            hard, soft, soft_s = output_limits(self.node.cfg.client_output_buffer_limit)
-            if self.soft_since_s or _room(transport, hard, soft) < 0:
-                self.check_output(0, hard, soft, soft_s)
+            if self.soft_since_s:
+                self.check_output(0, output_limits(self.node.cfg.client_output_buffer_limit))
+            else:
+                lim = output_limits(self.node.cfg.client_output_buffer_limit)
+                if lim.low and lim.room(transport) < 0:
+                    self.check_output(0, lim)
         if self.close_after_write and not self.slots:
             transport.close()
 
-    def check_output(self, queued: int, hard: int, soft: int, soft_s: int) -> None:
+    def check_output(self, queued: int, lim: OutputLimits) -> None:
         """Redis' client-output-buffer-limit: past ``hard`` bytes of unread replies,
         or past ``soft`` for more than ``soft_s`` seconds, the client is closed
         (and logged); what it has not read is dropped."""
         transport = self.transport
         if transport is None or self.closing:
             return
+        hard, soft, soft_s = lim.hard, lim.soft, lim.soft_s
         size = queued + transport.get_write_buffer_size()
         over = bool(hard) and size > hard
         if not over and soft and size > soft:
@@ -235,9 +239,9 @@ class ClientConn(asyncio.Protocol):
         transport.abort()
 
     def _recheck_soft(self) -> None:
-        hard, soft, soft_s = output_limits(self.node.cfg.client_output_buffer_limit)
-        if self.soft_since_s and soft:
-            self.check_output(sum(map(len, self.out)), hard, soft, soft_s)
+        lim = output_limits(self.node.cfg.client_output_buffer_limit)
+        if self.soft_since_s and lim.soft:
+            self.check_output(sum(map(len, self.out)), lim)
 
     def pending(self) -> bool:
         return bool(self.slots) or bool(self.out)
@@ -261,31 +265,45 @@ class ClientConn(asyncio.Protocol):
 
 
 soft_recheck_s = 0.1  # past the soft seconds, when to look at a silent client again
-_limits_text = ""
-_limits: tuple[int, int, int] = (0, 0, 0)
 
 
-def output_limits(text: str) -> tuple[int, int, int]:
-    """(hard, soft, soft seconds) of ``client-output-buffer-limit`` ("normal H S T",
-    as the config keeps it); 0 = no such limit. Parsed once per value."""
-    global _limits_text, _limits
-    if text is not _limits_text:
+class OutputLimits:
+    """``client-output-buffer-limit`` ("normal H S T", as the config keeps it),
+    parsed once per value: bytes (0 = no such limit) and the soft limit's seconds."""
+
+    __slots__ = ("text", "hard", "soft", "soft_s", "low")
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.hard = self.soft = self.soft_s = 0
+        self.low = 0  # the smaller limit there is (0: none)
+
+    def parse(self, text: str) -> None:
         words = text.split()
         try:
-            _limits = (int(words[1]), int(words[2]), int(words[3]))
+            self.hard, self.soft, self.soft_s = int(words[1]), int(words[2]), int(words[3])
         except (IndexError, ValueError):
-            _limits = (0, 0, 0)
-        _limits_text = text
+            self.hard = self.soft = self.soft_s = 0
+        hard, soft = self.hard, self.soft
+        self.low = hard if not soft or (hard and hard < soft) else soft
+        self.text = text
+
+    def room(self, transport: asyncio.Transport | None) -> int:
+        """Bytes of replies that still fit under the smaller limit (a huge number
+        when there is none)."""
+        if not self.low or transport is None:
+            return 1 << 62
+        return self.low - transport.get_write_buffer_size()
+
+
+_limits: Final = OutputLimits()
+
+
+def output_limits(text: str) -> OutputLimits:
+    """The parsed limits of ``text`` (the same object while the value stays)."""
+    if text is not _limits.text:
+        _limits.parse(text)
     return _limits
-
-
-def _room(transport: asyncio.Transport | None, hard: int, soft: int) -> int:
-    """Bytes of replies that still fit under the smaller output limit (a huge
-    number when there is none)."""
-    low = hard if not soft or (hard and hard < soft) else soft
-    if not low or transport is None:
-        return 1 << 62
-    return low - transport.get_write_buffer_size()
 
 
 def _tune(sock: Any, keepalive_s: int) -> None:
