@@ -695,6 +695,12 @@ class ClusterOps:
                 self._asks.clear()  # only latency is lost: askers ask again
             self._asks[name] = (sender, now_ms + needjobs_ask_ttl_ms)
             return
+        if sender not in self._peers:
+            # Not reachable from here (no PONG on our own link to it yet: it has just
+            # restarted, or a partition has just healed, and its link to us came back
+            # first). The bus would drop our YOURJOBS after the jobs left the queue,
+            # losing an at-most-once job outright. It asks again; we answer then.
+            return
         self._send_yourjobs(q, sender, min(max(count, 1), needjobs_count_max), now_ms)
 
     def _send_yourjobs(self: Shard, q: Queue, node: str, count: int, now_ms: int) -> None:

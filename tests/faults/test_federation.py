@@ -5,18 +5,26 @@ active copy) and later moved back to A, because a consumer waits on A while
 the job sits queued on B: A used to drop an at-most-once (RETRY 0) job it
 already held, while B had popped it to send it, so the job was queued nowhere
 and lost without any fault. It must come back to A's consumer, once.
+
+A node that has just restarted reaches A (its bus link to A is up) before A
+redials it: A used to answer its NEEDJOBS with a YOURJOBS that A's bus dropped
+(no link to that node yet), after the job had left A's queue, so an
+at-most-once job queued on A was lost once the fault was over. It must reach
+the restarted node's consumer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
-from tests.nodeproc import NodeProc, form_cluster, unique_queue
+from tests.nodeproc import NodeProc, form_cluster, reachable_nodes, unique_queue, wait_until
 
 form_timeout_s = 60.0
 tries_max = 5  # the set-up below is not a race, a few tries cover a slow host
@@ -85,3 +93,54 @@ def test_a_job_federation_moved_back_is_delivered(pair: tuple[NodeProc, NodeProc
     finally:
         ra.close()
         rb.close()
+
+
+restart_rounds = 2  # before the fix, each round lost the job (8 in 8 on a 2-core VM)
+failure_detection_s = 15.0  # cluster-node-timeout 2000: A flags the killed node within ~3 s
+deliver_s = 15.0  # bound on the job reaching the restarted node's consumer
+
+
+def _show(r: redis.Redis, job_id: Any) -> Any:
+    reply = r.execute_command("SHOW", job_id)
+    return reply and {k: v for k, v in zip(reply[::2], reply[1::2], strict=False) if k != b"body"}
+
+
+def test_an_at_most_once_job_reaches_a_node_that_just_restarted(tmp_path: Path) -> None:
+    """Kill -9 X, queue an at-most-once job on A, restart X and wait on X at once:
+    X's NEEDJOBS reaches A before A has redialled X."""
+    a = NodeProc(tmp_path / "a", workers=2, conf={"cluster-node-timeout": 2000})
+    x = NodeProc(tmp_path / "x", workers=2, conf={"cluster-node-timeout": 2000})
+    with contextlib.ExitStack() as stack:
+        stack.callback(x.stop)
+        stack.callback(a.stop)
+        a.start()
+        x.start()
+        form_cluster([a, x], form_timeout_s)
+        ra = a.client(protocol=2)
+        stack.callback(ra.close)
+        for _ in range(restart_rounds):
+            x.kill_group()
+            wait_until(lambda: reachable_nodes(a.port) == 0, failure_detection_s,
+                       "A flags the killed node")
+            q = unique_queue("restart")
+            job_id = ra.execute_command("ADDJOB", q, "x", 0, "REPLICATE", 1, "RETRY", 0)
+            x.start(wait=False)
+            got = None
+            deadline = time.monotonic() + deliver_s
+            while got is None and time.monotonic() < deadline:
+                try:
+                    rx = x.client(protocol=2, socket_timeout=5)
+                    try:
+                        got = rx.execute_command("GETJOB", "TIMEOUT", 100, "FROM", q)
+                    finally:
+                        rx.close()
+                except (redis.ConnectionError, redis.ResponseError):
+                    time.sleep(0.02)  # not accepting clients yet
+            x.wait_ready()
+            rx = x.client(protocol=2)
+            try:
+                assert got is not None and got[0][1] == job_id, (
+                    f"job {job_id!r} never reached the restarted node; SHOW on A: "
+                    f"{_show(ra, job_id)}, on X: {_show(rx, job_id)}")
+            finally:
+                rx.close()

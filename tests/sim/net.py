@@ -7,9 +7,13 @@ cluster for all slots, and it keeps the simulation small and fast.
 
 The network delivers ``Send`` effects after a random delay (a message can
 overtake another, as across reconnections), may drop or duplicate them, and
-never delivers across a partition or to a crashed node. Time is a fake clock
-that jumps from event to event (next message, next shard timer); randomness
-comes from one seeded ``random.Random``, so a run is a function of its seed.
+never delivers across a partition or to a crashed node. A link can also be
+down one way only (``cut_one_way``): a real node sends on its own outbound bus
+link and redials it on its own schedule, so right after a peer restarts or a
+partition heals, the peer's messages may reach us while ours are still
+dropped. Time is a fake clock that jumps from event to event (next message,
+next shard timer); randomness comes from one seeded ``random.Random``, so a
+run is a function of its seed.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ class Net:
         self.seq = 0
         self.inflight: list[tuple[int, int, str, str, str, dict[str, Any], list[bytes]]] = []
         self.cut: set[frozenset[str]] = set()
+        self.cut_out: set[tuple[str, str]] = set()  # (src, dst): src's link to dst is down
         self.nodes: dict[str, Node] = {}
         self.wakes: dict[tuple[str, int], Any] = {}  # (node, token) -> reply
         self.sent: dict[str, int] = {}  # message kind -> count (tests look at traffic)
@@ -63,7 +68,10 @@ class Net:
     # ------------------------------------------------------------------ topology
 
     def linked(self, a: str, b: str) -> bool:
-        return self.nodes[a].alive and self.nodes[b].alive and frozenset((a, b)) not in self.cut
+        """Messages from ``a`` reach ``b`` (and ``a`` sees ``b`` reachable: a node's
+        failure detection runs on its own outbound link)."""
+        return (self.nodes[a].alive and self.nodes[b].alive
+                and frozenset((a, b)) not in self.cut and (a, b) not in self.cut_out)
 
     def refresh_views(self, leaving: set[str] | None = None) -> None:
         """What failure detection would eventually tell every node."""
@@ -81,8 +89,13 @@ class Net:
                 if b not in group:
                     self.cut.add(frozenset((a, b)))
 
+    def cut_one_way(self, src: str, dst: str) -> None:
+        """``src``'s link to ``dst`` is down; ``dst``'s link to ``src`` still works."""
+        self.cut_out.add((src, dst))
+
     def heal(self) -> None:
         self.cut.clear()
+        self.cut_out.clear()
 
     def crash(self, node_id: str) -> None:
         self.nodes[node_id].alive = False

@@ -263,6 +263,29 @@ def test_federation_broadcast_finds_jobs_queued_before_the_consumer_came() -> No
     assert sum(net.nodes[n].shard.op_qlen(b"q") for n in net.ids) == 2  # never requeued
 
 
+def test_needjobs_from_a_node_we_cannot_reach_moves_no_at_most_once_job() -> None:
+    """Right after a peer restarts (or a partition heals) its outbound link to us may be
+    up while ours to it is still down: its NEEDJOBS reaches us, our YOURJOBS would be
+    dropped. The job must stay queued here until we see the asker again, or an
+    at-most-once job is lost (popped here, never queued there) with no fault left."""
+    net = Net(2, seed=19)
+    a, x = net.ids
+    net.cut_one_way(a, x)
+    net.refresh_views()  # a sees x unreachable (no PONG on its link); x sees a
+    jid = _added(net, a, replicate=1, retry_s=0)
+    tok = net.block(x)
+    net.run(1000)
+    assert net.sent.get("NEEDJOBS") and (x, tok) not in net.wakes
+    assert net.holders(jid) == {a: QUEUED}
+    net.heal()
+    net.refresh_views()
+    net.run(5000)  # x asks again (its NEEDJOBS backoff)
+    rep = net.wakes.get((x, tok))
+    assert rep is not None and rep[0][1] == jid
+    assert net.holders(jid) == {a: ACTIVE, x: ACTIVE}
+    net.check()
+
+
 def test_needjobs_backoff_while_nothing_arrives() -> None:
     net = Net(2, seed=18)
     a, b = net.ids
