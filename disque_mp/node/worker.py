@@ -57,7 +57,6 @@ from disque_mp.node.slowlog import SlowLog
 from workers.effects import AofAppend, Send, Wake
 from workers.ids import is_valid_job_id, owner_of_job_id, owner_of_queue
 from workers.invariant import InvariantError
-from workers.shard import Shard
 from workers.replies import (
     ERR_BADID,
     NULL_ARRAY,
@@ -67,6 +66,7 @@ from workers.replies import (
     err_arity,
     err_unknown,
 )
+from workers.shard import Shard
 
 log = logging.getLogger("disque_mp.node.worker")
 
