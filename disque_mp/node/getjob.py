@@ -70,13 +70,18 @@ class GetJob:
             return self.got
         if spec.nohang:
             return NULL_ARRAY
+        if all(owner == w.index for owner, _ in self.runs):
+            return self.wait_here()
         if w.leaving():
             return ERR_LEAVING  # a leaving node does not block clients (reference 03)
-        if all(owner == w.index for owner, _ in self.runs):
-            return self._block_local_only()
         return None
 
-    def _block_local_only(self) -> Any:
+    def wait_here(self) -> Any:
+        """Every queue is ours and had nothing for a GETJOB that may block: wait at
+        our shard (PENDING), or ERR_LEAVING on a leaving node, which blocks no client
+        (reference 03). The worker calls it after its own take."""
+        if self.w.leaving():
+            return ERR_LEAVING
         self.slot = self.conn.defer()
         self.conn.waiters.add(self)
         self._block()

@@ -46,6 +46,7 @@ from bus.sockpass import SocketPass
 from disque_mp.node.clock import now_ms
 from disque_mp.node.commands import admin as cmd_node
 from disque_mp.node.commands import jobs as cmd_jobs
+from disque_mp.node.commands.jobs import GetJobArgs
 from disque_mp.node.commands.table import TABLE, Command, run_on_shard
 from disque_mp.node.config import Config
 from disque_mp.node.connection import ClientConn, PendingReply, listen_sockets
@@ -89,12 +90,6 @@ PR_SET_PDEATHSIG = 1
 NOAUTH_OK: Final = frozenset({"auth", "hello", "quit"})
 ERR_NOAUTH: Final = Error("NOAUTH Authentication required.")
 ERR_INTERNAL: Final = Error("ERR internal error, see the server log")
-# Option words of the GETJOB fast path, as clients send them (other spellings take
-# the general path, which lowercases).
-_FROM: Final = frozenset((b"FROM", b"from"))
-_NOHANG: Final = frozenset((b"NOHANG", b"nohang"))
-_COUNT: Final = frozenset((b"COUNT", b"count"))
-_TIMEOUT: Final = frozenset((b"TIMEOUT", b"timeout"))
 
 
 # Redis' text, word for word (redis-cli users search for it)
@@ -459,15 +454,16 @@ class Worker:
             return None
         return encode(reply, conn.resp3)
 
-    # --- fast paths: the common shapes of the three hot commands ---
+    # --- fast paths: the common shapes of the hot commands ---
     #
     # Each returns the encoded reply, or None before doing anything when the
-    # command is not of its shape (another owner, options, appendfsync always):
-    # the general path then runs it. None after doing something would run the command
-    # twice, so a reply that comes later (ADDJOB waiting for replication) is never a
-    # fast path's. The work done is exactly the general path's for that shape (same
-    # shard call, same counters); only the table lookup, option parsing, route layers
-    # and generic encoder are skipped.
+    # command is not of its shape (options, appendfsync always, a reply that waits
+    # for replication): the general path then runs it. None after doing something
+    # would run the command twice, so a reply that comes later is never a fast
+    # path's, except GETJOB's, whose general path is the same ``getjob`` (b"": the
+    # reply comes later). The work done is exactly the general path's for that
+    # shape (the same parser and shard call, the same counters); only the table
+    # lookup, the route layers and the generic encoder are skipped.
 
     def _build_fast(self) -> dict[bytes, Callable[[ClientConn, list[bytes]], bytes | None]]:
         out: dict[bytes, Callable[[ClientConn, list[bytes]], bytes | None]] = {}
@@ -542,48 +538,43 @@ class Worker:
         """``ADDJOB q body timeout`` of a queue we own, or None for the general path."""
         if self.cfg.appendfsync == "always" or self.shard.has_peers():
             return None  # it waits for replication: the general path defers the reply
-        timeout = cmd[3]
-        timeout_ms = 0 if timeout == b"0" else cmd_jobs.parse_timeout_ms(timeout)
-        if type(timeout_ms) is not int:
-            return None  # the general path answers the error
         t0 = _perf_ns()
         self.next_token = token = self.next_token + 1
-        reply = self.shard.op_addjob(cmd[1], cmd[2], timeout_ms=timeout_ms, replicate=None,
-                                     delay_s=0, retry_s=None, ttl_s=cmd_jobs.ttl_default_s,
-                                     maxlen=0, async_=False, token=token, now_ms=self.now_ms)
+        reply = cmd_jobs.addjob_plain(self.shard, cmd[1], cmd[2], cmd[3], token, self.now_ms)
         self._count("addjob", t0, cmd)
         if type(reply) is Status:
             return f"+{reply}\r\n".encode()
         return encode(reply)  # an error (same bytes in RESP2 and 3): with no peers nothing is PENDING
 
     def _fast_getjob(self, conn: ClientConn, cmd: list[bytes]) -> bytes | None:
-        # GETJOB [NOHANG] [TIMEOUT ms] [COUNT n] FROM q, when q has jobs or NOHANG
-        shape = _getjob_shape(cmd)
-        if shape is None:
-            return None
-        count, nohang = shape
-        queue = cmd[-1]
-        owner = self.owner_of(queue) if self.workers > 1 else self.index
-        if owner != self.index:
-            # NOHANG never blocks, so the owner answers it alone; a GETJOB that
-            # may block needs the coordinator (GetJob): the general path
-            return self.forward_raw(conn, owner, cmd, "getjob") if nohang else None
-        reply = self._getjob_here(queue, count, nohang, conn.resp3, cmd)
-        if reply is not None:
-            conn.streak = 0
-            conn.last_cmd = "getjob"
-        return reply
-
-    def _getjob_here(self, queue: bytes, count: int, nohang: bool, resp3: bool,
-                     cmd: list[bytes]) -> bytes | None:
+        spec = cmd_jobs.parse_getjob(cmd, 1)
+        if not isinstance(spec, GetJobArgs):
+            return None  # the general path answers the error
+        owner = self._single_owner(spec.queues)
+        if owner != self.index and owner >= 0 and spec.nohang:
+            # NOHANG never blocks, so the owner answers it alone; a GETJOB that may
+            # block needs the coordinator here (``getjob``)
+            return self.forward_raw(conn, owner, cmd, "getjob")
         t0 = _perf_ns()
-        entries = self.shard.op_take([queue], count, False, self.now_ms)
-        if not entries and not nohang:
-            return None  # it blocks: the general path registers the waiter
+        reply = self.getjob(conn, spec, owner)
         self._count("getjob", t0, cmd)
-        if not entries:
-            return NULL3 if resp3 else NULL_ARRAY2
-        return encode_jobs(entries)
+        conn.last_cmd = "getjob"
+        if reply is PENDING:
+            return b""
+        return _encode_getjob(reply, spec.withcounters, conn.resp3)
+
+    def _getjob_here(self, cmd: list[bytes], resp3: bool) -> bytes | None:
+        """A NOHANG GETJOB another worker forwarded, its queues ours: the reply, or
+        None for a command that does not parse (the general path answers it)."""
+        spec = cmd_jobs.parse_getjob(cmd, 1)
+        if not isinstance(spec, GetJobArgs):
+            return None
+        t0 = _perf_ns()
+        reply = cmd_jobs.getjob_now(self.shard, spec, self.now_ms)
+        if reply is None:
+            return None  # not NOHANG: only the coordinator blocks (never forwarded)
+        self._count("getjob", t0, cmd)
+        return _encode_getjob(reply, spec.withcounters, resp3)
 
     def _count(self, name: str, t0: int, cmd: list[bytes]) -> None:
         """A fast path's command ran from ``t0``: commandstats, slowlog, counters."""
@@ -772,9 +763,7 @@ class Worker:
         if name == b"addjob":
             reply = self._addjob_here(cmd)
         elif name == b"getjob":
-            shape = _getjob_shape(cmd)
-            if shape is not None:
-                reply = self._getjob_here(cmd[-1], shape[0], shape[1], resp3, cmd)
+            reply = self._getjob_here(cmd, resp3)
         elif name == b"ackjob" or name == b"fastack":
             reply = self._ack_here([a.decode() for a in cmd[1:]], name == b"fastack", cmd)
         return reply
@@ -847,18 +836,22 @@ class Worker:
     # --- route: getjob ---
 
     def cmd_getjob(self, conn: ClientConn, cmd: list[bytes]) -> Any:
-        spec = cmd_jobs.parse_getjob(cmd[1:])
+        spec = cmd_jobs.parse_getjob(cmd, 1)
         if isinstance(spec, Error):
             return spec
-        owner = self._single_owner(spec.queues)
-        if owner == self.index:  # fast path: answered by our shard, no coordinator
+        return self.getjob(conn, spec, self._single_owner(spec.queues))
+
+    def getjob(self, conn: ClientConn, spec: GetJobArgs, owner: int) -> Any:
+        """GETJOB for a client of ours (``owner``: of every queue, -1 when they are
+        spread): answered by our shard when the queues are ours, else coordinated by
+        ``GetJob``; the jobs, ``NULL_ARRAY``, an error or PENDING."""
+        if owner == self.index:
             conn.streak = 0
-            entries = self.shard.op_take(spec.queues, spec.count, spec.withcounters, self.now_ms)
-            if entries:
-                return entries
-            if spec.nohang:
-                return NULL_ARRAY
-        elif owner >= 0:
+            reply = cmd_jobs.getjob_now(self.shard, spec, self.now_ms)
+            if reply is not None:
+                return reply
+            return GetJob(self, conn, spec).wait_here()
+        if owner >= 0:
             self._count_streak(conn, owner)  # a consumer of another worker's queue moves there
         return GetJob(self, conn, spec).start()
 
@@ -867,8 +860,8 @@ class Worker:
         if self.workers == 1:
             return self.index
         owner = self.owner_of(queues[0])
-        for q in queues[1:]:
-            if self.owner_of(q) != owner:
+        for i in range(1, len(queues)):
+            if self.owner_of(queues[i]) != owner:
                 return -1
         return owner
 
@@ -1157,34 +1150,13 @@ def _merge_counts(results: list[Any]) -> Any:
     return total
 
 
-def _getjob_shape(cmd: list[bytes]) -> tuple[int, bool] | None:
-    """(COUNT, NOHANG) of ``GETJOB [NOHANG] [TIMEOUT ms] [COUNT n] FROM q``, or None
-    for any other shape or a bad value (the general path answers those)."""
-    n = len(cmd)
-    if n < 3 or n > 8 or cmd[-2] not in _FROM:
-        return None
-    nohang = False
-    count = 1
-    i, end = 1, n - 2
-    while i < end:
-        word = cmd[i]
-        if word in _NOHANG:
-            nohang = True
-            i += 1
-        elif word in _COUNT and i + 1 < end:
-            count = cmd_jobs.parse_int(cmd[i + 1]) or 0
-            if count <= 0:
-                return None
-            if count > cmd_jobs.limits.getjob_count_max:
-                count = cmd_jobs.limits.getjob_count_max
-            i += 2
-        elif word in _TIMEOUT and i + 1 < end:
-            if type(cmd_jobs.parse_timeout_ms(cmd[i + 1])) is not int:
-                return None
-            i += 2  # only a blocked GETJOB uses it: that takes the general path
-        else:
-            return None
-    return count, nohang
+def _encode_getjob(reply: Any, withcounters: bool, resp3: bool) -> bytes:
+    """GETJOB's reply in the client's protocol (jobs by the dedicated encoder)."""
+    if reply is NULL_ARRAY:
+        return NULL3 if resp3 else NULL_ARRAY2
+    if type(reply) is list and not withcounters:
+        return encode_jobs(reply)
+    return encode(reply, resp3)
 
 
 def _append_resp(parts: list[bytes], cmd: list[bytes]) -> None:
