@@ -106,21 +106,12 @@ def local_op(w: Worker, op: str, arg: Any) -> Any:
                                       reply_all, w.now_ms)
         return [nxt, items]
     if op == "flushall":
-        # Blocked GETJOBs are answered as on timeout (the reference's flushServerData);
-        # every worker does the same for its own, so no waiter is kept.
-        for getjob in list(w.getjobs.values()):
-            getjob.release()
-        w.shard.op_flushall(keep_waiters=False)
-        if w.aof is not None:  # a fresh empty AOF, or flushed jobs come back at restart
-            w.aof.flushed()
-        w.drain_effects()
-        if w.memory is not None:  # the memory level follows at once, not a sample later
-            w.memory.flushed()
+        w.flush_all()  # blocked GETJOBs answered as on timeout, shard, AOF, memory level
         return OK
     if op == "config_set":
         return _apply_config(w, arg[0], arg[1])
     if op == "resetstat":
-        _reset_stats(w)
+        w.reset_stats()
         return OK
     if op == "clients":
         return [client_line(w, c) for c in w.conns]
@@ -596,13 +587,6 @@ def _apply_config(w: Worker, name: str, value: str) -> Any:
         if reason is not None:
             return Error(f"ERR cluster-secret-file: {reason}")
     return OK
-
-
-def _reset_stats(w: Worker) -> None:
-    for stat in w.cmdstats.values():
-        stat[0] = stat[1] = 0
-    w.commands_processed = w.connections_received = w.rejected_connections = 0
-    w.net_in_bytes = w.net_out_bytes = 0
 
 
 def cmd_debug(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
