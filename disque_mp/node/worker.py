@@ -365,6 +365,11 @@ class Worker:
             if conn.streak >= self.handoff.streak_min and not conn.closing:
                 self.handoff.consider(conn)
 
+    def connection(self) -> ClientConn:
+        """A connection of this worker with no client behind it, never registered
+        (not in INFO or CLIENT LIST): the HTTP API runs its commands on one."""
+        return ClientConn(self)
+
     def begin_batch(self) -> None:
         """A client's read of commands starts: the clock of this loop turn."""
         self.now_ms = now_ms()
