@@ -33,11 +33,15 @@ COMPILED_MODULES = (
     "workers.ids",
     "workers.effects",
     "workers.evict",
-    # the front end's per-command path: RESP, connections, ADDJOB/GETJOB parsing, the worker
+    # the front end's per-command path: RESP, connections, ADDJOB/GETJOB parsing, the
+    # worker and its parts (the router, the mesh serving, the handoff, GETJOB coordination)
     "disque_mp.node.resp",
     "disque_mp.node.connection",
     "disque_mp.node.commands.jobs",
     "disque_mp.node.worker",
+    "disque_mp.node.router",
+    "disque_mp.node.peers",
+    "disque_mp.node.handoff",
     "disque_mp.node.getjob",
 )
 

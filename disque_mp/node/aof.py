@@ -406,7 +406,7 @@ def _unlink_quiet(path: str) -> None:
 
 
 class ShardPort(Protocol):
-    """What the manager needs from the worker's shard (adapter in worker.py)."""
+    """What the manager needs from the worker's shard (``ShardAdapter`` below)."""
 
     def slot_of_record(self, record: bytes) -> int: ...
 

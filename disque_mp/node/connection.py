@@ -114,12 +114,13 @@ class ClientConn(asyncio.Protocol):
             node.begin_batch()
             self.last_s = node.now_ms / 1000
             lim = output_limits(node.cfg.client_output_buffer_limit)
+            router = node.router
             # A pipeline of big replies is cut as it grows: ``check_output`` runs once
             # this read's replies pass the smaller limit (less what is still buffered).
             room = lim.room(self.transport)
             queued = 0
             for cmd in cmds:
-                reply = node.execute(self, cmd)  # a native call (no bound method)
+                reply = router.execute(self, cmd)  # a native call (no bound method)
                 if reply is not None:
                     if self.slots:
                         self.slots.append(reply)
@@ -141,8 +142,8 @@ class ClientConn(asyncio.Protocol):
         # else every reply still missing is a forwarded hot command, due within one
         # mesh round trip: the ready prefix leaves with them in one write (``fill``),
         # not in a write of its own (each loopback send also wakes the client).
-        if not self.closing and self.streak >= node.handoff_streak_min:
-            node.maybe_handoff(self)
+        if not self.closing and self.streak >= node.handoff.streak_min:
+            node.handoff.consider(self)
 
     # --- replies ---
 

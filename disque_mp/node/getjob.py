@@ -70,13 +70,18 @@ class GetJob:
             return self.got
         if spec.nohang:
             return NULL_ARRAY
+        if all(owner == w.index for owner, _ in self.runs):
+            return self.wait_here()
         if w.leaving():
             return ERR_LEAVING  # a leaving node does not block clients (reference 03)
-        if all(owner == w.index for owner, _ in self.runs):
-            return self._block_local_only()
         return None
 
-    def _block_local_only(self) -> Any:
+    def wait_here(self) -> Any:
+        """Every queue is ours and had nothing for a GETJOB that may block: wait at
+        our shard (PENDING), or ERR_LEAVING on a leaving node, which blocks no client
+        (reference 03). The router calls it after its own take."""
+        if self.w.leaving():
+            return ERR_LEAVING
         self.slot = self.conn.defer()
         self.conn.waiters.add(self)
         self._block()
@@ -117,7 +122,7 @@ class GetJob:
         if isinstance(entries, Error):
             entries = []  # that worker is down: serve from the others
         if self.done:
-            self.w.return_jobs(owner, entries)
+            self.w.peers.return_jobs(owner, entries)
             return
         self.w.now_ms = now_ms()
         self._took(entries)
@@ -157,7 +162,7 @@ class GetJob:
                 self._finish(entries, woken_by=owner)
             return
         if self.done:
-            self.w.return_jobs(owner, entries)
+            self.w.peers.return_jobs(owner, entries)
             return
         if not entries:
             return
@@ -190,7 +195,7 @@ class GetJob:
             for entry in self.got:
                 by_owner.setdefault(self._owner_of(entry), []).append(entry)
             for owner, entries in by_owner.items():
-                self.w.return_jobs(owner, entries)
+                self.w.peers.return_jobs(owner, entries)
             self.got = []
 
     def _owner_of(self, entry: Any) -> int:
@@ -218,7 +223,7 @@ def _owner_runs(w: Worker, queues: list[bytes]) -> list[tuple[int, list[bytes]]]
     """Queues cut into runs of consecutive queues with one owner (left-to-right priority)."""
     runs: list[tuple[int, list[bytes]]] = []
     for q in queues:
-        owner = w.owner_of(q) if w.workers > 1 else w.index
+        owner = w.router.owner_of(q) if w.workers > 1 else w.index
         if runs and runs[-1][0] == owner:
             runs[-1][1].append(q)
         else:

@@ -37,7 +37,7 @@ from workers.evict import EvictCursor, evict_step
 from workers.replies import Error
 
 if TYPE_CHECKING:
-    from disque_mp.node.worker import Worker
+    from disque_mp.node.view import MemoryHost
 
 log = logging.getLogger("disque_mp.node.memory")
 
@@ -139,7 +139,7 @@ def human(n: int) -> str:
 class Monitor:
     """One per worker: samples memory, sets the level, evicts at level 2."""
 
-    def __init__(self, w: Worker) -> None:
+    def __init__(self, w: MemoryHost) -> None:
         self.w = w
         self.peers: dict[int, int] = {}  # worker index -> its last reported used bytes
         self.asking: set[int] = set()  # peers with a request in flight (at most one each)

@@ -1,30 +1,31 @@
 """One worker process: the shard it owns, its client connections, its mesh links.
 
 ``run_worker(cfg, index, node_id, ready)`` is what the supervisor forks. The
-worker binds the client port (SO_REUSEPORT), serves its connections and routes
-each command by the command table (docs/architecture.md, "Invariants"):
+``Worker`` starts and stops the parts and wires them together:
 
-    queue    owner of the queue's slot: inline when it is us, else a mesh CMD
-    ids      every ID checked first (-BADID), split by owner, ints summed
-    getjob   ``GetJob`` (getjob.py): owners asked left to right, blocked at all of them
-    scatter  node-wide commands (``commands/admin.py``) gathered from every worker
-    local    answered here (``commands/admin.py``)
+    the shard      ``workers/shard.py``: the queues whose slot ``s % N == index``
+    the AOF        ``aof.py``: loaded at start, appended before replies leave
+    the cluster    ``commands/cluster.py``'s agent: membership views, job messages
+    clients        ``ClientConn`` (``connection.py``) on the client port and
+                   ``tls-port``; each command takes ``router.py``'s path
+    the mesh       the other workers of the host (``bus/mesh.py``), served and
+                   heard by ``peers.py``
+    handoff        ``handoff.py``: a connection moves to the worker owning its traffic
+    HTTP           ``http/``: metrics, the admin API, the dashboard
+    memory         ``memory.py``: the maxmemory levels
 
-Effects of the shard are drained after every batch of calls: ``Wake`` answers a
-pending client (ours or a peer's), ``Send`` goes to the cluster bus, and
-``AofAppend`` to the AOF manager.
-
-A connection whose commands all go to one other worker is handed to it
-(``Handoff``, SCM_RIGHTS) once nothing is buffered or pending on it: forwarding
-costs about a third of the throughput (measured with a throwaway sketch before the node was built), moving the socket nothing.
+It also keeps what the parts share: the loop turn's clock (``now_ms``), the
+handlers waiting for a shard ``Wake`` (``tokens``) and our blocked GETJOBs
+(``getjobs``). Effects of the shard are drained after every batch of calls:
+``Wake`` answers a pending client (ours or a peer's), ``Send`` goes to the
+cluster bus, and ``AofAppend`` to the AOF manager. Ticks run the shard's timers,
+the per-second rates and the idle-client timeout.
 """
 
 from __future__ import annotations
 
-import array
 import asyncio
 import ctypes
-import functools
 import gc
 import ipaddress
 import logging
@@ -32,49 +33,31 @@ import os
 import random
 import resource
 import signal
-import socket
 import time
 from collections.abc import Callable
 from typing import Any, Final
 
-import hiredis
-
 from bus import auth as bus_auth
-from bus import mesh as meshmod
-from bus.mesh import HANDOFF_PURPOSE, Link, Mesh, handoff_state_bytes_max, pack, unpack
-from bus.sockpass import SocketPass
+from bus.mesh import Mesh
 from disque_mp.node.clock import now_ms
-from disque_mp.node.commands import admin as cmd_node
 from disque_mp.node.commands import jobs as cmd_jobs
-from disque_mp.node.commands.table import TABLE, Command, run_on_shard
 from disque_mp.node.config import Config
 from disque_mp.node.connection import ClientConn, PendingReply, listen_sockets
 from disque_mp.node.getjob import GetJob
+from disque_mp.node.handoff import Handoff
 from disque_mp.node.log import setup_logging
-from disque_mp.node.memory import ERR_OOM, Monitor, rss_bytes
-from disque_mp.node.resp import NULL3, NULL_ARRAY2, encode, encode_jobs
+from disque_mp.node.memory import Monitor, rss_bytes
+from disque_mp.node.peers import Peers
+from disque_mp.node.router import Router
 from disque_mp.node.slowlog import SlowLog
 from workers.effects import AofAppend, Send, Wake
-from workers.ids import is_valid_job_id, owner_of_job_id, owner_of_queue
 from workers.invariant import InvariantError
-from workers.replies import (
-    ERR_BADID,
-    NULL_ARRAY,
-    PENDING,
-    Error,
-    Status,
-    err_arity,
-    err_unknown,
-)
 from workers.shard import Shard
 
 log = logging.getLogger("disque_mp.node.worker")
 
 parent_poll_s = 0.5  # PDEATHSIG covers most deaths; the poll covers a parent that forked us from a thread
 shutdown_drain_s = 3.0  # SIGTERM: longest wait for in-flight replies to be written
-owner_cache_max = 65536  # queue name -> owner memo; cleared when full (names are unbounded)
-handoff_streak_min = 16  # consecutive commands for one other worker before moving the socket
-handoff_per_conn_max = 4  # a connection whose traffic keeps changing owner stays put after this
 # At start, wait this long for the first membership view before serving anyway (worker
 # 0 publishes it from nodes.conf at once; the others get it from worker 0).
 view_wait_s = 10.0
@@ -87,15 +70,6 @@ view_poll_s = 0.005
 gc_thresholds = (10_000, 10, 100)
 idle_check_ms = 1000  # `timeout` is in seconds: checking each second is exact enough
 PR_SET_PDEATHSIG = 1
-NOAUTH_OK: Final = frozenset({"auth", "hello", "quit"})
-ERR_NOAUTH: Final = Error("NOAUTH Authentication required.")
-ERR_INTERNAL: Final = Error("ERR internal error, see the server log")
-# Option words of the GETJOB fast path, as clients send them (other spellings take
-# the general path, which lowercases).
-_FROM: Final = frozenset((b"FROM", b"from"))
-_NOHANG: Final = frozenset((b"NOHANG", b"nohang"))
-_COUNT: Final = frozenset((b"COUNT", b"count"))
-_TIMEOUT: Final = frozenset((b"TIMEOUT", b"timeout"))
 
 
 # Redis' text, word for word (redis-cli users search for it)
@@ -126,9 +100,6 @@ def is_loopback_addr(addr: str, with_port: bool = True) -> bool:
         return False
     mapped = getattr(ip, "ipv4_mapped", None)
     return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
-
-
-_perf_ns = time.perf_counter_ns  # INFO commandstats; a local name saves a lookup per command
 
 
 def run_worker(cfg: Config, index: int, node_id: str, ready: Any) -> None:
@@ -166,7 +137,7 @@ def _die_with_parent() -> None:
 
 
 class Worker:
-    shard: Shard  # made in main(), once the process is the worker
+    """One worker: its lifecycle, and what its parts share."""
 
     def __init__(self, cfg: Config, index: int, node_id: str) -> None:
         self.cfg = cfg
@@ -183,21 +154,13 @@ class Worker:
         self.getjobs: dict[int, GetJob] = {}  # our blocked GETJOBs by token
         self.next_token = 0
         self.next_client = 0
-        self.owner_cache: dict[bytes, int] = {}
-        self.raw_rid = 0  # ids of RAW mesh requests (u32, wraps)
-        self.raw_reader = hiredis.Reader()  # parses the RAW frames peers send us
-        self.handoff_streak_min = handoff_streak_min if self.workers > 1 else 1 << 62
-        # stats (INFO)
+        # stats (INFO; the router counts the commands)
         self.net_in_bytes = 0
         self.net_out_bytes = 0
         self.connections_received = 0
-        self.commands_processed = 0
         self.rejected_connections = 0
-        self.handed_off = 0
-        self.cmdstats: dict[str, list[int]] = {}
         self.slowlog = SlowLog(index, self.workers)
         self.slowlog.configure(cfg.slowlog_log_slower_than, cfg.slowlog_max_len)
-        self.slowlog_min_ns = self.slowlog.min_ns  # read per command: a native attribute
         self.tick_handle: asyncio.TimerHandle | None = None
         self.tick_at = 0
         self.idle_check_at = 0
@@ -206,8 +169,6 @@ class Worker:
         self.stopping = False
         self.rewrite_aof_at_exit = False  # SHUTDOWN REWRITE-AOF
         self.servers: list[asyncio.AbstractServer] = []
-        self.lookup = self._build_lookup()
-        self.fast = self._build_fast()
         self.send_hook: Callable[[Send], None] = self._drop_send
         self.aof: Any = None
         self.agent: Any = None
@@ -217,6 +178,9 @@ class Worker:
         self.oom = False  # past maxmemory: denyoom commands answer ERR_OOM (disque_mp/node/memory.py)
         # protected mode (Redis'): no password and bound beyond loopback -> loopback clients only
         self.protected_bind = any(not is_loopback_addr(a, False) for a in cfg.bind.split() or ["*"])
+        self.router = Router(self)
+        self.peers = Peers(self, self.router)
+        self.handoff = Handoff(self)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -228,8 +192,8 @@ class Worker:
         self._start_aof()
         gc.freeze()  # the loaded job table and start-up objects: never rescanned
         gc.set_threshold(*gc_thresholds)
-        self.mesh = Mesh(self.cfg.port, self.node_id, self.index, self.workers, self)
-        self.handoff = SocketPass(self.cfg.port, self.node_id, self.index, HANDOFF_PURPOSE, self.adopt, handoff_state_bytes_max)
+        self.mesh = Mesh(self.cfg.port, self.node_id, self.index, self.workers, self.peers)
+        self.handoff.start()
         # The membership view first: a shard serving before it knows its peers (a
         # command forwarded by a worker already up) answers ADDJOB with -NOREPL.
         # Other workers' requests wait in their mesh links meanwhile.
@@ -398,482 +362,31 @@ class Worker:
             self.aof.write_before_replies()
         for conn in dirty:
             conn.write_out()
-            if conn.streak >= self.handoff_streak_min and not conn.closing:
-                self.maybe_handoff(conn)
+            if conn.streak >= self.handoff.streak_min and not conn.closing:
+                self.handoff.consider(conn)
 
-    # ------------------------------------------------------------------ commands
-
-    def _build_lookup(self) -> dict[bytes, tuple[Command, Callable[..., Any], list[int]]]:
-        routes = {"queue": self.cmd_queue, "ids": self.cmd_ids, "getjob": self.cmd_getjob}
-        out = {}
-        for name, cmd in TABLE.items():
-            handler = routes.get(cmd.route)
-            if handler is None:  # scatter and local: the table's handler, run here
-                own = cmd.handler
-                if own is None:
-                    raise InvariantError(f"command {cmd.name} has no handler")
-                handler = functools.partial(own, self)
-            stat = self.cmdstats.setdefault(cmd.name, [0, 0])
-            entry = (cmd, handler, stat)
-            out[name] = entry
-            out[name.upper()] = entry
-        return out
+    def connection(self) -> ClientConn:
+        """A connection of this worker with no client behind it, never registered
+        (not in INFO or CLIENT LIST): the HTTP API runs its commands on one."""
+        return ClientConn(self)
 
     def begin_batch(self) -> None:
+        """A client's read of commands starts: the clock of this loop turn."""
         self.now_ms = now_ms()
 
     def end_batch(self) -> None:
+        """After the commands of a read: effects, then the AOF before the replies."""
         self.drain_effects()
         if self.aof is not None:
             self.aof.write_before_replies()
-        self._reschedule_tick()
-
-    def execute(self, conn: ClientConn, cmd: list[bytes]) -> bytes | None:
-        """Run one command; its encoded reply, or None when it will come later."""
-        fast = self.fast.get(cmd[0])
-        if fast is not None and conn.authed and not self.oom:
-            reply = fast(conn, cmd)
-            if reply is not None:
-                return reply or None  # b"": forwarded, the reply comes later
-        return self._execute(conn, cmd)
-
-    def _execute(self, conn: ClientConn, cmd: list[bytes]) -> bytes | None:
-        """The general path: table lookup, checks, route, generic encoding."""
-        entry = self.lookup.get(cmd[0])
-        if entry is None:
-            entry = self.lookup.get(cmd[0].lower())
-            if entry is None:
-                return self._unknown(conn, cmd)
-        command, handler, stat = entry
-        n = len(cmd)
-        arity = command.arity
-        if (arity > 0 and n != arity) or n < -arity:
-            return encode(err_arity(command.name))
-        if not conn.authed and command.name not in NOAUTH_OK:
-            return encode(ERR_NOAUTH)
-        if self.oom and "denyoom" in command.flags:
-            return encode(ERR_OOM)
-        t0 = _perf_ns()
-        reply = handler(conn, cmd)
-        self._account(stat, command.name, conn, t0, cmd)
-        if reply is PENDING:
-            return None
-        return encode(reply, conn.resp3)
-
-    # --- fast paths: the common shapes of the three hot commands ---
-    #
-    # Each returns the encoded reply, or None before doing anything when the
-    # command is not of its shape (another owner, options, appendfsync always):
-    # the general path then runs it. None after doing something would run the command
-    # twice, so a reply that comes later (ADDJOB waiting for replication) is never a
-    # fast path's. The work done is exactly the general path's for that shape (same
-    # shard call, same counters); only the table lookup, option parsing, route layers
-    # and generic encoder are skipped.
-
-    def _build_fast(self) -> dict[bytes, Callable[[ClientConn, list[bytes]], bytes | None]]:
-        out: dict[bytes, Callable[[ClientConn, list[bytes]], bytes | None]] = {}
-        for name, cmd in TABLE.items():  # the table says which commands have one
-            if not cmd.fast:
-                continue
-            fn = getattr(self, f"_fast_{cmd.name}")
-            out[name] = out[name.upper()] = fn
-        return out
-
-    def _fast_ackjob(self, conn: ClientConn, cmd: list[bytes]) -> bytes | None:
-        return self._fast_ack(conn, cmd, False)
-
-    def _fast_fastack(self, conn: ClientConn, cmd: list[bytes]) -> bytes | None:
-        return self._fast_ack(conn, cmd, True)
-
-    def _fast_ack(self, conn: ClientConn, cmd: list[bytes], fast: bool) -> bytes | None:
-        # ACKJOB / FASTACK id..., every ID valid and owned here: each ID is checked
-        # once (the general path validates in the router and again in cmd_jobs).
-        n = len(cmd)
-        if n < 2:
-            return None
-        workers = self.workers
-        owner = self.index
-        ids: list[str] = []
-        for i in range(1, n):
-            raw = cmd[i]
-            if not is_valid_job_id(raw):
-                return None  # the general path answers -BADID
-            job_id = raw.decode()
-            if workers > 1:
-                at = owner_of_job_id(job_id, workers)
-                if i == 1:
-                    owner = at
-                elif at != owner:
-                    return None  # several owners: the general path splits them
-            ids.append(job_id)
-        if owner != self.index:
-            return self.forward_raw(conn, owner, cmd, "fastack" if fast else "ackjob")
-        reply = self._ack_here(ids, fast, cmd)
-        if reply is not None:
-            conn.streak = 0
-            conn.last_cmd = "fastack" if fast else "ackjob"
-        return reply
-
-    def _ack_here(self, ids: list[str], fast: bool, cmd: list[bytes]) -> bytes | None:
-        if self.cfg.appendfsync == "always":
-            return None
-        t0 = _perf_ns()
-        if fast:
-            acked = self.shard.op_fastack(ids, self.now_ms)
-            self._count("fastack", t0, cmd)
-        else:
-            acked = self.shard.op_ackjob(ids, self.now_ms)
-            self._count("ackjob", t0, cmd)
-        return b":%d\r\n" % acked
-
-    def _fast_addjob(self, conn: ClientConn, cmd: list[bytes]) -> bytes | None:
-        if len(cmd) != 4:
-            return None
-        if self.workers > 1:
-            owner = self.owner_of(cmd[1])
-            if owner != self.index:
-                return self.forward_raw(conn, owner, cmd, "addjob")
-        reply = self._addjob_here(cmd)
-        if reply is not None:
-            conn.streak = 0
-            conn.last_cmd = "addjob"
-        return reply
-
-    def _addjob_here(self, cmd: list[bytes]) -> bytes | None:
-        """``ADDJOB q body timeout`` of a queue we own, or None for the general path."""
-        if self.cfg.appendfsync == "always" or self.shard.has_peers():
-            return None  # it waits for replication: the general path defers the reply
-        timeout = cmd[3]
-        timeout_ms = 0 if timeout == b"0" else cmd_jobs.parse_timeout_ms(timeout)
-        if type(timeout_ms) is not int:
-            return None  # the general path answers the error
-        t0 = _perf_ns()
-        self.next_token = token = self.next_token + 1
-        reply = self.shard.op_addjob(cmd[1], cmd[2], timeout_ms=timeout_ms, replicate=None,
-                                     delay_s=0, retry_s=None, ttl_s=cmd_jobs.ttl_default_s,
-                                     maxlen=0, async_=False, token=token, now_ms=self.now_ms)
-        self._count("addjob", t0, cmd)
-        if type(reply) is Status:
-            return f"+{reply}\r\n".encode()
-        return encode(reply)  # an error (same bytes in RESP2 and 3): with no peers nothing is PENDING
-
-    def _fast_getjob(self, conn: ClientConn, cmd: list[bytes]) -> bytes | None:
-        # GETJOB [NOHANG] [TIMEOUT ms] [COUNT n] FROM q, when q has jobs or NOHANG
-        shape = _getjob_shape(cmd)
-        if shape is None:
-            return None
-        count, nohang = shape
-        queue = cmd[-1]
-        owner = self.owner_of(queue) if self.workers > 1 else self.index
-        if owner != self.index:
-            # NOHANG never blocks, so the owner answers it alone; a GETJOB that
-            # may block needs the coordinator (GetJob): the general path
-            return self.forward_raw(conn, owner, cmd, "getjob") if nohang else None
-        reply = self._getjob_here(queue, count, nohang, conn.resp3, cmd)
-        if reply is not None:
-            conn.streak = 0
-            conn.last_cmd = "getjob"
-        return reply
-
-    def _getjob_here(self, queue: bytes, count: int, nohang: bool, resp3: bool,
-                     cmd: list[bytes]) -> bytes | None:
-        t0 = _perf_ns()
-        entries = self.shard.op_take([queue], count, False, self.now_ms)
-        if not entries and not nohang:
-            return None  # it blocks: the general path registers the waiter
-        self._count("getjob", t0, cmd)
-        if not entries:
-            return NULL3 if resp3 else NULL_ARRAY2
-        return encode_jobs(entries)
-
-    def _count(self, name: str, t0: int, cmd: list[bytes]) -> None:
-        """A fast path's command ran from ``t0``: commandstats, slowlog, counters."""
-        took = _perf_ns() - t0
-        stat = self.cmdstats[name]
-        stat[0] += 1
-        stat[1] += took
-        if took >= self.slowlog_min_ns >= 0:
-            self.slowlog.add(cmd, took)
-        self.commands_processed += 1
-
-    def _account(self, stat: list[int], name: str, conn: ClientConn, t0: int,
-                 cmd: list[bytes]) -> None:
-        """A command ran from ``t0``: commandstats, the slowlog, INFO's counters."""
-        took = _perf_ns() - t0
-        stat[0] += 1
-        stat[1] += took
-        if took >= self.slowlog_min_ns >= 0:
-            self.slowlog.add(cmd, took)
-        self.commands_processed += 1
-        conn.last_cmd = name
-
-    def _pending_local(self, conn: ClientConn, token: int) -> None:
-        """A local op answered PENDING: its reply comes as Wake(token), in order."""
-        slot = conn.defer()
-        self.tokens[token] = self._durable(lambda value: conn.fill(slot, encode(value, conn.resp3)))
-
-    def _unknown(self, conn: ClientConn, cmd: list[bytes]) -> bytes:
-        if cmd[0].lower() == b"quit":
-            conn.closing = True
-            conn.close_after_write = True
-            return b"+OK\r\n"
-        return encode(err_unknown(cmd[0].decode("utf-8", "replace")))
-
-    def run_local(self, name: bytes, args: list[bytes], token: int) -> Any:
-        return run_on_shard(self.shard, name, args, token, self.now_ms)
-
-    def _aof_must_hold(self, before: int, reply: Any) -> bool:
-        """appendfsync always: a reply whose records are not durable yet waits for
-        the loop turn's commit (``aof.hold``; it becomes the AOF error if that fails)."""
-        aof = self.aof
-        if aof is None or reply is PENDING or not aof.holds_replies():
-            return False
-        self.drain_effects()
-        return bool(aof.appended != before)
-
-    def _durable(self, deliver: Callable[[Any], None]) -> Callable[[Any], None]:
-        """A reply completed later (Wake) waits for its records under appendfsync always."""
-        if self.aof is None or self.cfg.appendfsync != "always":
-            return deliver
-        return self.aof.when_durable(deliver)
-
-    def new_token(self) -> int:
-        self.next_token += 1
-        return self.next_token
-
-    # --- route: queue ---
-
-    def owner_of(self, queue: bytes) -> int:
-        owner = self.owner_cache.get(queue)
-        if owner is None:
-            if len(self.owner_cache) >= owner_cache_max:
-                self.owner_cache.clear()
-            owner = self.owner_cache[queue] = owner_of_queue(queue, self.workers)
-        return owner
-
-    def cmd_queue(self, conn: ClientConn, cmd: list[bytes]) -> Any:
-        owner = self.owner_of(cmd[1]) if self.workers > 1 else self.index
-        return self._run_at(conn, owner, cmd)
-
-    def _run_at(self, conn: ClientConn, owner: int, cmd: list[bytes]) -> Any:
-        name = cmd[0].lower()
-        if owner == self.index:
-            conn.streak = 0
-            self.next_token += 1
-            token = self.next_token
-            before = self.aof.appended if self.aof is not None else 0
-            reply = self.run_local(name, cmd[1:], token)
-            if self.cfg.appendfsync == "always" and self._aof_must_hold(before, reply):
-                slot = conn.defer()
-                self.aof.hold(self.aof.appended, lambda v: conn.fill(slot, encode(v, conn.resp3)), reply)
-                return PENDING
-            if reply is PENDING:
-                self._pending_local(conn, token)
-            return reply
-        self._count_streak(conn, owner)
-        slot = conn.defer()
-        self.forward(owner, name, cmd[1:], lambda value: conn.fill(slot, encode(value, conn.resp3)))
-        return PENDING
-
-    def _count_streak(self, conn: ClientConn, owner: int) -> None:
-        if conn.streak_owner == owner:
-            conn.streak += 1
-        else:
-            conn.streak_owner = owner
-            conn.streak = 1
-
-    def forward(self, owner: int, name: bytes, args: list[bytes], done: Callable[[Any], None]) -> None:
-        """Run a job command on another worker; ``done(reply value)``."""
-        self.mesh.command(owner, name.decode(), args,
-                          lambda meta, bodies: done(unpack(meta.get("v"), bodies)))
-
-    # --- forwarding, hot path: RESP in, RESP out (mesh RAW / RAWREPLIES) ---
-
-    def forward_raw(self, conn: ClientConn, owner: int, cmd: list[bytes], name: str) -> bytes:
-        """Send a hot command to its owner as RESP; its reply bytes will fill a slot
-        of ``conn``. Returns b"" (the reply comes later). The owner counts the
-        command (commandstats, slowlog), as it runs it."""
-        self._count_streak(conn, owner)
-        conn.last_cmd = name
-        conn.forwarded += 1
-        slot = conn.defer()
-        link: Any = self.mesh.links[owner]  # a Link: never ourselves
-        if link.cmd_rids:
-            link.close_batches()  # CMDS commands queued before this one run first
-        rids = link.raw_rids
-        if not rids:
-            self.mesh.mark(link)
-        self.raw_rid = rid = (self.raw_rid + 1) & 0xFFFFFFFF
-        rids.append(rid)
-        link.raw_flags.append(1 if conn.resp3 else 0)
-        _append_resp(link.raw_parts, cmd)
-        link.raw_pending[rid] = (conn, slot)
-        return b""
-
-    def on_raw_replies(self, link: Link, bodies: list[bytes]) -> None:
-        """RAWREPLIES from an owner: splice each reply into its client's stream."""
-        rids = array.array("I")
-        rids.frombytes(bodies[0])
-        lens = array.array("I")
-        lens.frombytes(bodies[1])
-        data = bodies[2]
-        pending = link.raw_pending
-        at = 0
-        for i in range(len(rids)):
-            end = at + lens[i]
-            waiting = pending.pop(rids[i], None)
-            if waiting is not None:
-                conn, slot = waiting
-                conn.forwarded -= 1
-                conn.fill(slot, data[at:end])
-            at = end
-
-    def raw_failed(self, waiting: list[Any], text: str) -> None:
-        """RAW requests whose owner went away: the client gets the error."""
-        reply = encode(Error(text))
-        for conn, slot in waiting:
-            conn.forwarded -= 1
-            conn.fill(slot, reply)
-
-    def _serve_raw(self, link: Link, bodies: list[bytes]) -> None:
-        """A RAW frame: a peer's hot commands of one loop turn, as RESP."""
-        rids = array.array("I")
-        rids.frombytes(bodies[0])
-        flags = bodies[1]
-        reader = self.raw_reader
-        reader.feed(bodies[2])
-        if link.transport is None:
-            return  # the asker is gone
-        for i in range(len(rids)):
-            cmd: Any = None
-            try:
-                cmd = reader.gets()
-                reply = self._serve_raw_one(cmd, flags[i] == 1)
-            except InvariantError:
-                raise
-            except Exception:  # a bug: answer it, or the asking client waits forever
-                log.exception("command %r from a peer failed", cmd)
-                reply = encode(ERR_INTERNAL)
-                if type(cmd) is not list:  # the frame itself is broken: start afresh
-                    self.raw_reader = reader = hiredis.Reader()
-            if reply is None:
-                self._serve_raw_general(link, rids[i], cmd[0].lower(), cmd, flags[i] == 1)
-                continue
-            replies: Any = link.rawrep_rids  # fetched each time: a general command may close the batch
-            if not replies:
-                self.mesh.mark(link)
-            replies.append(rids[i])
-            link.rawrep_lens.append(len(reply))
-            link.rawrep_parts.append(reply)
-
-    def _serve_raw_one(self, cmd: list[bytes], resp3: bool) -> bytes | None:
-        """A RAW command in a fast path's shape: its reply, else None."""
-        name = cmd[0].lower()
-        reply: bytes | None = None
-        if name == b"addjob":
-            reply = self._addjob_here(cmd)
-        elif name == b"getjob":
-            shape = _getjob_shape(cmd)
-            if shape is not None:
-                reply = self._getjob_here(cmd[-1], shape[0], shape[1], resp3, cmd)
-        elif name == b"ackjob" or name == b"fastack":
-            reply = self._ack_here([a.decode() for a in cmd[1:]], name == b"fastack", cmd)
-        return reply
-
-    def _serve_raw_general(self, link: Link, rid: int, name: bytes, cmd: list[bytes],
-                           resp3: bool) -> None:
-        """What a RAW command's fast path does not take (options, peers, appendfsync
-        always): the general route, as for a client of ours."""
-        token = self.new_token()
-        before = self.aof.appended if self.aof is not None else 0
-        t0 = _perf_ns()
-        try:
-            reply = self.run_local(name, cmd[1:], token)
-        except InvariantError:
-            raise
-        except Exception:  # a bug: answer it, or the asking client waits forever
-            log.exception("command %r from a peer failed", name)
-            reply = ERR_INTERNAL
-        self._count(name.decode(), t0, cmd)
-
-        def deliver(value: Any) -> None:
-            link.raw_reply(rid, encode(value, resp3))
-
-        if self.cfg.appendfsync == "always" and self._aof_must_hold(before, reply):
-            self.aof.hold(self.aof.appended, deliver, reply)
-        elif reply is PENDING:
-            self.tokens[token] = self._durable(deliver)
-        else:
-            deliver(reply)
-
-    # --- route: ids ---
-
-    def cmd_ids(self, conn: ClientConn, cmd: list[bytes]) -> Any:
-        ids = cmd[1:]
-        if self.workers == 1 or not ids:
-            return self._run_at(conn, self.index, cmd)
-        for job_id in ids:
-            if not is_valid_job_id(job_id):
-                return ERR_BADID
-        groups: dict[int, list[bytes]] = {}
-        for job_id in ids:
-            groups.setdefault(owner_of_job_id(job_id.decode(), self.workers), []).append(job_id)
-        if len(groups) == 1:
-            (owner,) = groups
-            return self._run_at(conn, owner, cmd)
-        return self._split_ids(conn, cmd[0].lower(), groups)
-
-    def _split_ids(self, conn: ClientConn, name: bytes, groups: dict[int, list[bytes]]) -> Any:
-        conn.streak = 0
-        results: list[Any] = []
-        slot = conn.defer()
-
-        def one(value: Any) -> None:
-            results.append(value)
-            if len(results) == len(groups):
-                conn.fill(slot, encode(_merge_counts(results), conn.resp3))
-
-        for owner, ids in groups.items():
-            if owner == self.index:
-                before = self.aof.appended if self.aof is not None else 0
-                value = self.run_local(name, ids, self.new_token())
-                if self._aof_must_hold(before, value):
-                    self.aof.hold(self.aof.appended, one, value)
-                else:
-                    one(value)
-            else:
-                self.forward(owner, name, ids, one)
-        return PENDING
-
-    # --- route: getjob ---
-
-    def cmd_getjob(self, conn: ClientConn, cmd: list[bytes]) -> Any:
-        spec = cmd_jobs.parse_getjob(cmd[1:])
-        if isinstance(spec, Error):
-            return spec
-        owner = self._single_owner(spec.queues)
-        if owner == self.index:  # fast path: answered by our shard, no coordinator
-            conn.streak = 0
-            entries = self.shard.op_take(spec.queues, spec.count, spec.withcounters, self.now_ms)
-            if entries:
-                return entries
-            if spec.nohang:
-                return NULL_ARRAY
-        elif owner >= 0:
-            self._count_streak(conn, owner)  # a consumer of another worker's queue moves there
-        return GetJob(self, conn, spec).start()
-
-    def _single_owner(self, queues: list[bytes]) -> int:
-        """The worker owning every queue named, or -1 when they are spread."""
-        if self.workers == 1:
-            return self.index
-        owner = self.owner_of(queues[0])
-        for q in queues[1:]:
-            if self.owner_of(q) != owner:
-                return -1
-        return owner
+        self.reschedule_tick()
 
     # ------------------------------------------------------------------ effects and time
+
+    def new_token(self) -> int:
+        """A token for a shard call whose reply may come later (``Wake``)."""
+        self.next_token += 1
+        return self.next_token
 
     def drain_effects(self) -> None:
         effects = self.shard.take_effects()
@@ -902,7 +415,7 @@ class Worker:
         if on_message is not None:
             on_message(sender, kind, meta, bodies, now_ms())
             self.drain_effects()
-            self._reschedule_tick()
+            self.reschedule_tick()
 
     def leaving(self) -> bool:
         """CLUSTER LEAVING yes on this node (the membership view says so)."""
@@ -924,7 +437,7 @@ class Worker:
         if self.now_ms >= self.idle_check_at:
             self._each_second()
         self.slowlog.configure(self.cfg.slowlog_log_slower_than, self.cfg.slowlog_max_len)
-        self.slowlog_min_ns = self.slowlog.min_ns
+        self.router.slowlog_min_ns = self.slowlog.min_ns
         due = self.shard.tick(self.now_ms)
         self.drain_effects()
         period_ms = max(1, 1000 // max(self.cfg.hz, 1))
@@ -935,7 +448,7 @@ class Worker:
         """Rates for INFO (instantaneous_*) and Redis' idle client `timeout`."""
         elapsed_ms = self.now_ms - self.idle_check_at + idle_check_ms
         self.idle_check_at = self.now_ms + idle_check_ms
-        now = (self.commands_processed, self.net_in_bytes, self.net_out_bytes)
+        now = (self.router.commands_processed, self.net_in_bytes, self.net_out_bytes)
         if 0 < elapsed_ms < 10 * idle_check_ms:
             per_s = [max(0, a - b) * 1000 / elapsed_ms for a, b in zip(now, self.rate_base, strict=True)]
             self.rates = (int(per_s[0]), per_s[1] / 1024, per_s[2] / 1024)
@@ -958,172 +471,36 @@ class Worker:
         delay_s = max(0, at_ms - now_ms()) / 1000
         self.tick_handle = self.loop.call_later(delay_s, self._tick)
 
-    def _reschedule_tick(self) -> None:
+    def reschedule_tick(self) -> None:
         """An op may have added a timer due before the planned tick (DELAY 0.x, TTL)."""
         due = getattr(self.shard, "_heap", None)
         if due and due[0] < self.tick_at:
             self._schedule_tick(due[0])
 
-    # ------------------------------------------------------------------ mesh: serving peers
+    # ------------------------------------------------------------------ node-wide operations
 
-    def on_request(self, link: Link, kind: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
-        self.now_ms = now_ms()
-        if kind == meshmod.K_RAW:
-            self._serve_raw(link, bodies)
-        elif kind == meshmod.K_CMDS:
-            self._serve_cmds(link, meta, bodies)
-        elif kind == meshmod.K_CMD:
-            self._serve_cmd(link, meta, bodies)
-        elif kind == meshmod.K_TAKE:
-            entries = self.shard.op_take(bodies, meta["c"], meta["w"], self.now_ms)
-            self.reply_peer(link, meta["r"], entries)
-        elif kind == meshmod.K_BLOCK:
-            self._serve_block(link, meta, bodies)
-        elif kind == meshmod.K_UNBLOCK:
-            token = _blocked(link).pop(meta["t"], None)
-            if token is not None:
-                self.tokens.pop(token, None)
-                self.shard.op_unblock(token, self.now_ms)
-        elif kind == meshmod.K_RETURN:
-            self.shard.op_return([b.decode() for b in bodies], self.now_ms)
-        elif kind == meshmod.K_SCATTER:
-            try:
-                reply = cmd_node.local_op(self, meta["op"], meta.get("a"))
-            except InvariantError:
-                raise
-            except Exception:  # a bug: answer it, or the asking client waits forever
-                log.exception("node operation %r failed", meta.get("op"))
-                reply = ERR_INTERNAL
-            self.reply_peer(link, meta["r"], reply)
-        self.drain_effects()
+    def flush_all(self) -> None:
+        """DEBUG FLUSHALL and CLUSTER RESET, this worker's part: blocked GETJOBs are
+        answered as on timeout (the reference's flushServerData; every worker does
+        the same for its own, so no waiter is kept), the shard emptied, the AOF
+        started afresh (or flushed jobs come back at restart), and the memory level
+        follows at once, not a sample later."""
+        for getjob in list(self.getjobs.values()):
+            getjob.release()
+        self.shard.op_flushall(keep_waiters=False)
         if self.aof is not None:
-            self.aof.write_before_replies()  # the reply frames leave later this turn
-        self._reschedule_tick()
-
-    def _serve_cmd(self, link: Link, meta: dict[str, Any], bodies: list[bytes]) -> None:
-        self._serve_one(link, meta["r"], meta["n"].encode(), bodies)
-
-    def _serve_cmds(self, link: Link, meta: dict[str, Any], bodies: list[bytes]) -> None:
-        """A CMDS frame: the job commands a peer forwarded during one loop turn."""
-        at = 0
-        for rid, name, argc in zip(meta["r"], meta["n"], meta["c"], strict=True):
-            self._serve_one(link, rid, name.encode(), bodies[at : at + argc])
-            at += argc
-
-    def _serve_one(self, link: Link, rid: int, name: bytes, args: list[bytes]) -> None:
-        token = self.new_token()
-        before = self.aof.appended if self.aof is not None else 0
-        try:
-            reply = self.run_local(name, args, token)
-        except InvariantError:
-            raise
-        except Exception:  # a bug: answer it, or the asking client waits forever
-            log.exception("command %r from a peer failed", name)
-            reply = ERR_INTERNAL
-        if self.cfg.appendfsync == "always" and self._aof_must_hold(before, reply):
-            self.aof.hold(self.aof.appended, lambda v: link.reply(rid, v), reply)
-            return
-        if reply is PENDING:
-            self.tokens[token] = self._durable(lambda value: link.reply(rid, value))
-        else:
-            link.reply(rid, reply)
-
-    def _serve_block(self, link: Link, meta: dict[str, Any], bodies: list[bytes]) -> None:
-        remote = meta["t"]
-        token = self.new_token()
-        blocked = _blocked(link)
-        blocked[remote] = token
-
-        def wake(entries: Any) -> None:
-            blocked.pop(remote, None)
-            out: list[bytes] = []
-            value = pack(entries, out)
-            if link.transport is None:
-                if not isinstance(entries, Error):  # asker is gone: give the jobs back
-                    self.shard.op_return([e[1] for e in entries], self.now_ms)
-                return
-            link.send(meshmod.K_WAKE, {"t": remote, "v": value}, out)
-
-        self.tokens[token] = wake
-        self.shard.op_block(token, bodies, meta["c"], meta["w"], self.now_ms)
-
-    def reply_peer(self, link: Link, rid: int, value: Any) -> None:
-        link.reply(rid, value)
-
-    def on_incoming_lost(self, link: Link) -> None:
-        for token in _blocked(link).values():
-            self.tokens.pop(token, None)
-            self.shard.op_unblock(token, now_ms())
+            self.aof.flushed()
         self.drain_effects()
+        if self.memory is not None:
+            self.memory.flushed()
 
-    def on_wake(self, peer: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
-        entries = unpack(meta.get("v"), bodies)
-        job = self.getjobs.get(meta["t"])
-        if job is None:
-            if not isinstance(entries, Error):
-                self.return_jobs(peer, entries)
-        else:
-            job.woken(peer, entries)
-
-    def on_peer_up(self, peer: int) -> None:
-        for job in list(self.getjobs.values()):
-            job.reblock(peer)
-
-    def after_batch(self) -> None:
-        """After a read of mesh frames: reply callbacks may have called the shard
-        (a GETJOB blocking here after remote owners had nothing)."""
-        self.drain_effects()
-        self._reschedule_tick()
-
-    def return_jobs(self, owner: int, entries: list[Any]) -> None:
-        """Give back jobs taken for a GETJOB that no longer wants them."""
-        if not entries:
-            return
-        ids = [str(e[1]) for e in entries]
-        if owner == self.index:
-            self.shard.op_return(ids, now_ms())
-            self.drain_effects()
-        else:
-            self.mesh.send(owner, meshmod.K_RETURN, {}, [i.encode() for i in ids])
-
-    # ------------------------------------------------------------------ handoff
-
-    def maybe_handoff(self, conn: ClientConn) -> None:
-        owner = conn.streak_owner
-        transport = conn.transport
-        if (owner < 0 or owner == self.index or transport is None or conn.pending()
-                or conn.waiters or conn.parser.buffered() or conn.handoffs >= handoff_per_conn_max
-                or transport.get_write_buffer_size() or self.stopping):
-            return
-        sock = transport.get_extra_info("socket")
-        if sock is None or transport.get_extra_info("sslcontext") is not None:
-            conn.handoffs = handoff_per_conn_max  # TLS state lives here: forward, never hand off
-            return
-        if not self.handoff.give(owner, sock.fileno(), conn.state()):
-            conn.streak = 0
-            return
-        self.handed_off += 1
-        conn.gone = True
-        self.conns.discard(conn)
-        transport.pause_reading()
-        transport.close()  # closes our descriptor only: no FIN while the peer holds it
-
-    def adopt(self, sock: socket.socket, state: dict[str, Any]) -> None:
-        """A connection handed to us by another worker."""
-        if self.stopping:
-            sock.close()
-            return
-        sock.setblocking(False)
-
-        async def connect() -> None:
-            try:
-                await self.loop.connect_accepted_socket(lambda: ClientConn(self, state), sock=sock)
-            except OSError:
-                sock.close()
-
-        self.loop.create_task(connect())
-
-    # ------------------------------------------------------------------ INFO helpers
+    def reset_stats(self) -> None:
+        """CONFIG RESETSTAT, this worker's part."""
+        for stat in self.router.cmdstats.values():
+            stat[0] = stat[1] = 0
+        self.router.commands_processed = 0
+        self.connections_received = self.rejected_connections = 0
+        self.net_in_bytes = self.net_out_bytes = 0
 
     def local_stats(self) -> dict[str, Any]:
         usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -1131,67 +508,14 @@ class Worker:
         return {
             "index": self.index, "pid": os.getpid(), "clients": len(self.conns),
             "blocked": blocked, "conns_received": self.connections_received,
-            "commands": self.commands_processed, "net_in": self.net_in_bytes,
+            "commands": self.router.commands_processed, "net_in": self.net_in_bytes,
             "net_out": self.net_out_bytes, "rejected": self.rejected_connections,
             "cpu_sys": usage.ru_stime, "cpu_user": usage.ru_utime, "rss": rss_bytes(),
-            "peak": usage.ru_maxrss * 1024, "handed_off": self.handed_off,
+            "peak": usage.ru_maxrss * 1024, "handed_off": self.handoff.handed_off,
             "ops_per_sec": self.rates[0], "in_kbps": self.rates[1], "out_kbps": self.rates[2],
-            "cmdstats": {k: v for k, v in self.cmdstats.items() if v[0]},
+            "cmdstats": {k: v for k, v in self.router.cmdstats.items() if v[0]},
             "shard": self.shard.info(),
             "aof": self.aof.info() if self.aof is not None else None,
             "mem": self.memory.stats() if self.memory is not None else None,
             "bus": dict(bus_auth.STATS),
         }
-
-
-def _blocked(link: Link) -> dict[int, int]:
-    """Waiters a peer registered over ``link``: its token -> our shard token."""
-    return link.blocked
-
-
-def _merge_counts(results: list[Any]) -> Any:
-    total = 0
-    for value in results:
-        if isinstance(value, Error):
-            return value
-        total += int(value)
-    return total
-
-
-def _getjob_shape(cmd: list[bytes]) -> tuple[int, bool] | None:
-    """(COUNT, NOHANG) of ``GETJOB [NOHANG] [TIMEOUT ms] [COUNT n] FROM q``, or None
-    for any other shape or a bad value (the general path answers those)."""
-    n = len(cmd)
-    if n < 3 or n > 8 or cmd[-2] not in _FROM:
-        return None
-    nohang = False
-    count = 1
-    i, end = 1, n - 2
-    while i < end:
-        word = cmd[i]
-        if word in _NOHANG:
-            nohang = True
-            i += 1
-        elif word in _COUNT and i + 1 < end:
-            count = cmd_jobs.parse_int(cmd[i + 1]) or 0
-            if count <= 0:
-                return None
-            if count > cmd_jobs.limits.getjob_count_max:
-                count = cmd_jobs.limits.getjob_count_max
-            i += 2
-        elif word in _TIMEOUT and i + 1 < end:
-            if type(cmd_jobs.parse_timeout_ms(cmd[i + 1])) is not int:
-                return None
-            i += 2  # only a blocked GETJOB uses it: that takes the general path
-        else:
-            return None
-    return count, nohang
-
-
-def _append_resp(parts: list[bytes], cmd: list[bytes]) -> None:
-    """``cmd`` as the RESP multibulk a client sends (the RAW mesh frame's payload)."""
-    parts.append(b"*%d\r\n" % len(cmd))
-    for arg in cmd:
-        parts.append(b"$%d\r\n" % len(arg))
-        parts.append(arg)
-        parts.append(b"\r\n")

@@ -392,6 +392,36 @@ def test_hot_command_shapes_match_the_general_path(node2: NodeProc, held_by: int
     c.close()
 
 
+@pytest.mark.parametrize("held_by", [0, 1])
+def test_getjob_shapes_take_one_path(node2: NodeProc, held_by: int) -> None:
+    """GETJOB of several queues of one owner, WITHCOUNTERS and odd spellings answer
+    alike whether the connection's worker owns the queues (taken here) or not (NOHANG
+    goes to the owner as RAW, a GETJOB that may block through the coordinator), in
+    RESP2 and RESP3, and in the queues' order."""
+    a, b = queue_owned_by(0, prefix="ga"), queue_owned_by(0, prefix="gb")
+    c = connect_to_worker(node2.port, held_by)
+    for resp3 in (False, True):
+        if resp3:
+            assert c.call("HELLO", 3)[b"proto"] == 3
+        empty = None if resp3 else NULL_ARRAY
+        for getjob, nohang, frm in (("GETJOB", "NOHANG", "FROM"), ("GetJob", "NoHang", "From")):
+            ja, jb = c.call("ADDJOB", a, "x", 0), c.call("ADDJOB", b, "y", 0)
+            assert c.call(getjob, nohang, "COUNT", 3, frm, b, a) == [
+                [b.encode(), jb.encode(), b"y"], [a.encode(), ja.encode(), b"x"]]
+            jc = c.call("ADDJOB", b, "z", 0)
+            got = c.call(getjob, nohang, "WITHCOUNTERS", frm, a, b)
+            assert len(got) == 1 and len(got[0]) == 7
+            assert got[0][:4] == [b.encode(), jc.encode(), b"z", b"nacks"]
+            jd = c.call("ADDJOB", a, "w", 0)
+            assert c.call(getjob, "TIMEOUT", 1000, "WITHCOUNTERS", frm, b, a)[0][:3] == [
+                a.encode(), jd.encode(), b"w"]
+            assert c.call(getjob, nohang, frm, a, b) == empty
+            assert c.call(getjob, "TIMEOUT", 30, frm, a, b) == empty
+            assert c.call(getjob, nohang, "COUNT", 0, frm, a) == Err(
+                "ERR COUNT must be a number greater than zero")
+    c.close()
+
+
 def test_pure_python_on_request(tmp_path: Path) -> None:
     """DISQUE_MP_PURE=1 runs the plain source even where the mypyc build sits beside
     it; INFO says which build serves, and both serve the same replies."""

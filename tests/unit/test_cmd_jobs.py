@@ -99,6 +99,29 @@ def test_getjob_parse() -> None:
     assert C.parse_getjob([b"from", b"q"]) == C.GetJobArgs(False, 0, 1, False, [b"q"])
 
 
+def test_getjob_parse_whole_command_any_case() -> None:
+    """The router's fast path parses the whole command from index 1, with the same
+    result as the general path for every spelling of the option words."""
+    for words in ([b"NOHANG", b"COUNT", b"2", b"FROM", b"q"], [b"nohang", b"count", b"2", b"from", b"q"],
+                  [b"NoHang", b"Count", b"2", b"From", b"q"]):
+        assert C.parse_getjob([b"GETJOB", *words], 1) == C.parse_getjob(words) \
+            == C.GetJobArgs(True, 0, 2, False, [b"q"])
+    assert C.parse_getjob([b"getjob", b"FROM"], 1) == ERR_SYNTAX
+
+
+def test_getjob_now_and_addjob_plain(shard: Shard) -> None:
+    """The one non-blocking GETJOB and the one short ADDJOB both paths run."""
+    g = C.parse_getjob([b"FROM", b"q"])
+    assert isinstance(g, C.GetJobArgs)
+    assert C.getjob_now(shard, g, T0) is None  # would block: the caller decides
+    g.nohang = True
+    assert C.getjob_now(shard, g, T0) is NULL_ARRAY
+    assert C.addjob_plain(shard, b"q", b"b", b"x", 1, T0) == "ERR timeout is not an integer or out of range"
+    jid = C.addjob_plain(shard, b"q", b"b", b"0", 2, T0)
+    assert isinstance(jid, Status)
+    assert C.getjob_now(shard, g, T0) == [[b"q", jid, b"b"]]
+
+
 @pytest.mark.parametrize(
     ("words", "err"),
     [

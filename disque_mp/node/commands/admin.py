@@ -4,6 +4,7 @@ Handlers take ``(worker, conn, cmd)`` and return a reply value, or ``PENDING``
 after reserving a reply slot (``gather`` does that for commands that need every
 worker). ``local_op`` is what each worker runs for a gathered command; its
 result crosses the mesh as a packed value, so it is built from JSON-able parts.
+The worker is seen through ``view.NodeView``: what these commands use of it.
 
 Scan cursors over workers: global = local * workers + index (contracts.md).
 """
@@ -28,7 +29,7 @@ from workers.replies import ERR_SYNTAX, OK, PENDING, Error, Status
 
 if TYPE_CHECKING:
     from disque_mp.node.connection import ClientConn
-    from disque_mp.node.worker import Worker
+    from disque_mp.node.view import NodeView
 
 DISQUE_VERSION = "1.0-rc1"  # the API level we answer for (INFO, HELLO 3)
 ERR_NOPROTO = Error("NOPROTO unsupported protocol version")
@@ -53,7 +54,7 @@ def _text(raw: bytes) -> str:
 # ------------------------------------------------------------------ gathering
 
 
-def gather(w: Worker, conn: ClientConn, op: str, arg: Any, finish: Callable[[list[Any]], Any]) -> Any:
+def gather(w: NodeView, conn: ClientConn, op: str, arg: Any, finish: Callable[[list[Any]], Any]) -> Any:
     """Run ``local_op(op, arg)`` on every worker; reply ``finish(results by index)``."""
     slot = conn.defer()
 
@@ -65,7 +66,7 @@ def gather(w: Worker, conn: ClientConn, op: str, arg: Any, finish: Callable[[lis
     return PENDING
 
 
-def on_every_worker(w: Worker, op: str, arg: Any, done: Callable[[list[Any]], None]) -> None:
+def on_every_worker(w: NodeView, op: str, arg: Any, done: Callable[[list[Any]], None]) -> None:
     """Run ``local_op(op, arg)`` on every worker; ``done(results by index)`` once all answered."""
     results: list[Any] = [None] * w.workers
     left = [w.workers]
@@ -87,7 +88,7 @@ def _putter(put: Callable[[int, Any], None], j: int) -> Callable[[dict[str, Any]
     return lambda meta, bodies: put(j, unpack(meta.get("v"), bodies))
 
 
-def local_op(w: Worker, op: str, arg: Any) -> Any:
+def local_op(w: NodeView, op: str, arg: Any) -> Any:
     """This worker's part of a node-wide command."""
     if op.startswith("http."):  # the HTTP endpoint's gathers (disque_mp/node/http/ops.py)
         from disque_mp.node.http.ops import local_op as http_local_op
@@ -106,21 +107,12 @@ def local_op(w: Worker, op: str, arg: Any) -> Any:
                                       reply_all, w.now_ms)
         return [nxt, items]
     if op == "flushall":
-        # Blocked GETJOBs are answered as on timeout (the reference's flushServerData);
-        # every worker does the same for its own, so no waiter is kept.
-        for getjob in list(w.getjobs.values()):
-            getjob.release()
-        w.shard.op_flushall(keep_waiters=False)
-        if w.aof is not None:  # a fresh empty AOF, or flushed jobs come back at restart
-            w.aof.flushed()
-        w.drain_effects()
-        if w.memory is not None:  # the memory level follows at once, not a sample later
-            w.memory.flushed()
+        w.flush_all()  # blocked GETJOBs answered as on timeout, shard, AOF, memory level
         return OK
     if op == "config_set":
         return _apply_config(w, arg[0], arg[1])
     if op == "resetstat":
-        _reset_stats(w)
+        w.reset_stats()
         return OK
     if op == "clients":
         return [client_line(w, c) for c in w.conns]
@@ -148,18 +140,18 @@ def local_op(w: Worker, op: str, arg: Any) -> Any:
 # ------------------------------------------------------------------ connection commands
 
 
-def cmd_ping(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
+def cmd_ping(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
     if len(cmd) > 2:
         return Error("ERR wrong number of arguments for 'ping' command")
     return cmd[1] if len(cmd) == 2 else Status("PONG")
 
 
-def cmd_time(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
+def cmd_time(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
     now_us = time.time_ns() // 1000
     return [str(now_us // 1_000_000).encode(), str(now_us % 1_000_000).encode()]
 
 
-def cmd_auth(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
+def cmd_auth(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
     """``AUTH password`` (Disque) and ``AUTH default password`` (Redis 6+: redis-py
     sends it when given a username); "default" is the only user."""
     if len(cmd) > 3:
@@ -180,11 +172,11 @@ def cmd_auth(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
     return OK
 
 
-def _password_ok(w: Worker, given: bytes) -> bool:
+def _password_ok(w: NodeView, given: bytes) -> bool:
     return hmac.compare_digest(given, w.cfg.requirepass.encode("utf-8", "surrogateescape"))
 
 
-def cmd_hello(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
+def cmd_hello(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
     if len(cmd) == 1:
         if not conn.authed:
             return Error("NOAUTH Authentication required.")
@@ -207,7 +199,7 @@ def cmd_hello(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
             "mode": "standalone", "role": "master", "modules": []}
 
 
-def _hello_options(w: Worker, conn: ClientConn, opts: list[bytes]) -> Error | None:
+def _hello_options(w: NodeView, conn: ClientConn, opts: list[bytes]) -> Error | None:
     i = 0
     while i < len(opts):
         opt = opts[i].lower()
@@ -227,7 +219,7 @@ def _hello_options(w: Worker, conn: ClientConn, opts: list[bytes]) -> Error | No
     return None
 
 
-def _disque_hello(w: Worker) -> Any:
+def _disque_hello(w: NodeView) -> Any:
     if w.agent is not None:
         from disque_mp.node.commands import cluster as cmd_cluster
 
@@ -240,7 +232,7 @@ def _valid_name(name: bytes) -> bool:
     return all(33 <= ch <= 126 for ch in name)
 
 
-def cmd_client(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
+def cmd_client(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
     sub = cmd[1].lower()
     n = len(cmd)
     if sub == b"setname" and n == 3:
@@ -267,7 +259,7 @@ def cmd_client(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
 _CLIENT_TYPES = ("normal", "slave", "replica", "master", "pubsub")
 
 
-def _client_kill(w: Worker, conn: ClientConn, args: list[bytes]) -> Any:
+def _client_kill(w: NodeView, conn: ClientConn, args: list[bytes]) -> Any:
     """CLIENT KILL ip:port (+OK or -ERR No such client, the caller included) or the
     filters ID / ADDR / TYPE / SKIPME (the count killed; SKIPME yes by default), as
     Redis; every worker closes its own matching connections."""
@@ -301,7 +293,7 @@ def _client_kill(w: Worker, conn: ClientConn, args: list[bytes]) -> Any:
     return gather(w, conn, "client_kill", flt + [conn.id], sum)
 
 
-def kill_clients(w: Worker, flt: list[Any]) -> int:
+def kill_clients(w: NodeView, flt: list[Any]) -> int:
     """This worker's part of CLIENT KILL: close the matching connections. The caller's
     own connection is closed after its reply, as Redis does."""
     want_id, addr, ctype, spare, caller = flt
@@ -331,7 +323,7 @@ def _client_setinfo(conn: ClientConn, attr: bytes, value: bytes) -> Any:
     return OK
 
 
-def client_line(w: Worker, c: ClientConn) -> str:
+def client_line(w: NodeView, c: ClientConn) -> str:
     now = time.time()
     return (f"id={c.id} addr={c.addr} name={_text(c.name)} age={int(now - c.ctime_s)} "
             f"idle={int(now - c.last_s)} flags={'b' if c.waiters else 'N'} db=0 sub=0 psub=0 "
@@ -347,7 +339,7 @@ def _table() -> dict[bytes, Any]:
     return TABLE
 
 
-def cmd_command(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
+def cmd_command(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
     TABLE = _table()
     if len(cmd) == 1:
         return [_command_entry(c.name) for c in TABLE.values()]
@@ -367,7 +359,7 @@ def _command_entry(name: str) -> list[Any]:
     return [name.encode(), c.arity, [Status(f) for f in c.flags], 0, 0, 0]
 
 
-def cmd_shutdown(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
+def cmd_shutdown(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
     opts = {a.lower() for a in cmd[1:]}
     if not opts <= {b"nosave", b"save", b"rewrite-aof", b"now", b"force", b"abort"}:
         return ERR_SYNTAX
@@ -389,7 +381,7 @@ def cmd_shutdown(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
 # ------------------------------------------------------------------ node-wide commands
 
 
-def cmd_info(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
+def cmd_info(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
     if len(cmd) > 2:
         return ERR_SYNTAX
     which = cmd[1].lower().decode("latin-1") if len(cmd) == 2 else "default"
@@ -404,7 +396,7 @@ def cmd_info(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
     return gather(w, conn, "info", None, lambda parts: info_text(w, conn, sections, parts).encode())
 
 
-def info_text(w: Worker, conn: ClientConn, sections: tuple[str, ...], parts: list[Any]) -> str:
+def info_text(w: NodeView, conn: ClientConn, sections: tuple[str, ...], parts: list[Any]) -> str:
     blocks = []
     for name in sections:
         fields = _INFO_SECTIONS[name](w, conn, parts)
@@ -417,11 +409,11 @@ def _sum(parts: list[Any], key: str) -> int:
     return sum(int(p[key]) for p in parts)
 
 
-def _run_id(w: Worker) -> str:
+def _run_id(w: NodeView) -> str:
     return hashlib.sha1(f"{w.node_id}:{w.parent_pid}".encode()).hexdigest()
 
 
-def _info_server(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
+def _info_server(w: NodeView, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
     uptime = int(time.time() - w.start_s)
     uname = platform.uname()
     return [
@@ -437,7 +429,7 @@ def _info_server(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tuple[st
     ]
 
 
-def _info_clients(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
+def _info_clients(w: NodeView, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
     return [("connected_clients", _sum(parts, "clients")), ("client_longest_output_list", 0),
             ("client_biggest_input_buf", 0), ("blocked_clients", _sum(parts, "blocked"))]
 
@@ -449,17 +441,17 @@ def _human(n: int) -> str:
     return f"{n}B"
 
 
-def _info_memory(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
+def _info_memory(w: NodeView, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
     from disque_mp.node import memory
 
     return memory.info_fields(w.cfg.maxmemory, w.cfg.maxmemory_policy, parts)
 
 
-def _info_jobs(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
+def _info_jobs(w: NodeView, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
     return [("registered_jobs", sum(int(p["shard"]["registered_jobs"]) for p in parts))]
 
 
-def _info_queues(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
+def _info_queues(w: NodeView, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
     return [("registered_queues", sum(int(p["shard"]["registered_queues"]) for p in parts))]
 
 
@@ -469,7 +461,7 @@ _AOF_OFF = [("loading", 0), ("aof_enabled", 0), ("aof_state", "off"),
             ("aof_last_bgrewrite_status", "ok"), ("aof_last_write_status", "ok")]
 
 
-def _info_persistence(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
+def _info_persistence(w: NodeView, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
     aof_parts = [[tuple(f) for f in p["aof"]] for p in parts if p.get("aof")]
     if not aof_parts:
         return list(_AOF_OFF)
@@ -478,7 +470,7 @@ def _info_persistence(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tup
     return list(merge_info(aof_parts))
 
 
-def _info_stats(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
+def _info_stats(w: NodeView, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
     return [("total_connections_received", _sum(parts, "conns_received")),
             ("total_commands_processed", _sum(parts, "commands")),
             ("instantaneous_ops_per_sec", _sum(parts, "ops_per_sec")),
@@ -498,13 +490,13 @@ def _bus_security_stats(parts: list[Any]) -> list[tuple[str, Any]]:
             for n in names]
 
 
-def _info_cpu(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
+def _info_cpu(w: NodeView, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
     return [("used_cpu_sys", f"{sum(p['cpu_sys'] for p in parts):.2f}"),
             ("used_cpu_user", f"{sum(p['cpu_user'] for p in parts):.2f}"),
             ("used_cpu_sys_children", "0.00"), ("used_cpu_user_children", "0.00")]
 
 
-def _info_commandstats(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
+def _info_commandstats(w: NodeView, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
     merged: dict[str, list[int]] = {}
     for p in parts:
         for name, (calls, ns) in p["cmdstats"].items():
@@ -521,7 +513,7 @@ def _info_commandstats(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tu
     return out
 
 
-def _info_workers(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
+def _info_workers(w: NodeView, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
     from disque_mp import compiled
 
     out: list[tuple[str, Any]] = [("workers", w.workers), ("connection_worker", w.index),
@@ -535,7 +527,7 @@ def _info_workers(w: Worker, conn: ClientConn, parts: list[Any]) -> list[tuple[s
     return out
 
 
-_INFO_SECTIONS: dict[str, Callable[[Worker, ClientConn, list[Any]], list[tuple[str, Any]]]] = {
+_INFO_SECTIONS: dict[str, Callable[[NodeView, ClientConn, list[Any]], list[tuple[str, Any]]]] = {
     "server": _info_server, "clients": _info_clients, "memory": _info_memory,
     "jobs": _info_jobs, "queues": _info_queues, "persistence": _info_persistence,
     "stats": _info_stats, "cpu": _info_cpu, "commandstats": _info_commandstats,
@@ -543,7 +535,7 @@ _INFO_SECTIONS: dict[str, Callable[[Worker, ClientConn, list[Any]], list[tuple[s
 }
 
 
-def cmd_config(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
+def cmd_config(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
     sub = cmd[1].lower()
     n = len(cmd)
     if sub == b"get":
@@ -574,7 +566,7 @@ def cmd_config(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
     return ERR_CONFIG
 
 
-def _apply_config(w: Worker, name: str, value: str) -> Any:
+def _apply_config(w: NodeView, name: str, value: str) -> Any:
     err = configmod.config_set(w.cfg, name, value)
     if err is not None:
         return Error("ERR " + err)
@@ -598,14 +590,7 @@ def _apply_config(w: Worker, name: str, value: str) -> Any:
     return OK
 
 
-def _reset_stats(w: Worker) -> None:
-    for stat in w.cmdstats.values():
-        stat[0] = stat[1] = 0
-    w.commands_processed = w.connections_received = w.rejected_connections = 0
-    w.net_in_bytes = w.net_out_bytes = 0
-
-
-def cmd_debug(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
+def cmd_debug(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
     sub = cmd[1].lower()
     if sub == b"flushall" and len(cmd) == 2:
         return gather(w, conn, "flushall", None, lambda parts: OK)
@@ -621,7 +606,7 @@ def cmd_debug(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
 ERR_SLOWLOG = Error("ERR Unknown SLOWLOG subcommand or wrong # of args. Try GET, RESET, LEN.")
 
 
-def cmd_slowlog(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
+def cmd_slowlog(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
     """SLOWLOG GET [count] | LEN | RESET over every worker's log (disque_mp/node/slowlog.py)."""
     from disque_mp.node import slowlog
 
@@ -644,7 +629,7 @@ def cmd_slowlog(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
     return ERR_SLOWLOG
 
 
-def cmd_bgrewriteaof(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
+def cmd_bgrewriteaof(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
     def finish(parts: list[Any]) -> Any:
         texts = [str(p) for p in parts]
         for t in texts:
@@ -655,7 +640,7 @@ def cmd_bgrewriteaof(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
     return gather(w, conn, "bgrewriteaof", None, finish)
 
 
-def cmd_cluster(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
+def cmd_cluster(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
     """CLUSTER: handed to the cluster work (``cmd_cluster.cluster``, run on worker 0)."""
     if w.agent is None:
         return _cluster_single(w, cmd)
@@ -678,7 +663,7 @@ def cmd_cluster(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
     return PENDING
 
 
-def _cluster_single(w: Worker, cmd: list[bytes]) -> Any:
+def _cluster_single(w: NodeView, cmd: list[bytes]) -> Any:
     sub = cmd[1].lower()
     if sub == b"myid" and len(cmd) == 2:
         return w.node_id.encode()
@@ -694,7 +679,7 @@ def _cluster_single(w: Worker, cmd: list[bytes]) -> Any:
 # ------------------------------------------------------------------ scans
 
 
-def cmd_qscan(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
+def cmd_qscan(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
     from disque_mp.node.commands import jobs as cmd_jobs
 
     spec = cmd_jobs.parse_qscan(cmd[1:])
@@ -707,7 +692,7 @@ def cmd_qscan(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
     return _scan(w, conn, "qscan", spec, arg)
 
 
-def cmd_jscan(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
+def cmd_jscan(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
     from disque_mp.node.commands import jobs as cmd_jobs
 
     spec = cmd_jobs.parse_jscan(cmd[1:])
@@ -722,7 +707,7 @@ def cmd_jscan(w: Worker, conn: ClientConn, cmd: list[bytes]) -> Any:
     return _scan(w, conn, "jscan", spec, arg)
 
 
-def _scan(w: Worker, conn: ClientConn, op: str, spec: Any, arg: Callable[[int], Any]) -> Any:
+def _scan(w: NodeView, conn: ClientConn, op: str, spec: Any, arg: Callable[[int], Any]) -> Any:
     """Walk workers from the cursor's one; move on while a call found fewer than COUNT.
 
     BUSYLOOP too stops at the bounds of one call (its COUNT is scan-count-max, and

@@ -1,8 +1,10 @@
 """Argument parsing for the job and queue commands, with the reference's error texts.
 
-``run()`` executes the commands routed ``queue`` and ``ids`` on the owning
+The ``cmd_*`` handlers run the commands routed ``queue`` and ``ids`` on the owning
 worker's shard; ``parse_getjob``, ``parse_qscan`` and ``parse_jscan`` give the
-coordinator typed values for the commands it spreads over several workers.
+router typed values for the commands it spreads over several workers. The fast
+paths (``router.py``) use the same code for the same shapes: ``addjob_plain`` for
+``ADDJOB q body timeout``, ``parse_getjob`` and ``getjob_now`` for every GETJOB.
 Arity was already checked by the front end; the checks here still guard
 against short argument lists so no input can raise.
 """
@@ -202,14 +204,21 @@ _ADDJOB_OPTS: dict[bytes, Callable[[AddJobArgs, int | None], Error | None]] = {
 }
 
 
+def addjob_plain(shard: Shard, queue: bytes, body: bytes, timeout: bytes, token: int,
+                 now_ms: int) -> Any:
+    """``ADDJOB queue body timeout``, the common form: no options, no allocations
+    beyond the job (the general path and the router's fast path both run it)."""
+    t = parse_timeout_ms(timeout)
+    if isinstance(t, Error):
+        return t
+    return shard.op_addjob(queue, body, timeout_ms=t, replicate=None, delay_s=0,
+                           retry_s=None, ttl_s=ttl_default_s, maxlen=0, async_=False,
+                           token=token, now_ms=now_ms)
+
+
 def cmd_addjob(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
-    if len(args) == 3:  # the common form: no options, no allocations beyond the job
-        t = parse_timeout_ms(args[2])
-        if isinstance(t, Error):
-            return t
-        return shard.op_addjob(args[0], args[1], timeout_ms=t, replicate=None, delay_s=0,
-                               retry_s=None, ttl_s=ttl_default_s, maxlen=0, async_=False,
-                               token=token, now_ms=now_ms)
+    if len(args) == 3:
+        return addjob_plain(shard, args[0], args[1], args[2], token, now_ms)
     a = parse_addjob(args)
     if isinstance(a, Error):
         return a
@@ -230,49 +239,74 @@ class GetJobArgs:
     queues: list[bytes]
 
 
-def parse_getjob(args: list[bytes]) -> GetJobArgs | Error:
-    """``[NOHANG] [TIMEOUT ms] [COUNT n] [WITHCOUNTERS] FROM q1 ... qN``."""
-    g = GetJobArgs(False, 0, 1, False, [])
-    i, n = 0, len(args)
+# GETJOB's option words; the spellings clients send are found without lowercasing.
+_NOHANG: Final = 1
+_WITHCOUNTERS: Final = 2
+_TIMEOUT: Final = 3
+_COUNT: Final = 4
+_FROM: Final = 5
+_GETJOB_WORDS: Final = {
+    spelling: code
+    for code, word in ((_NOHANG, b"nohang"), (_WITHCOUNTERS, b"withcounters"),
+                       (_TIMEOUT, b"timeout"), (_COUNT, b"count"), (_FROM, b"from"))
+    for spelling in (word, word.upper())
+}
+
+
+def parse_getjob(args: list[bytes], start: int = 0) -> GetJobArgs | Error:
+    """``[NOHANG] [TIMEOUT ms] [COUNT n] [WITHCOUNTERS] FROM q1 ... qN``, read from
+    ``args[start]`` on (the router passes the whole command and 1)."""
+    nohang = withcounters = False
+    timeout_ms = 0
+    count = 1
+    i, n = start, len(args)
     while i < n:
-        opt = args[i].lower()
+        word = args[i]
+        opt = _GETJOB_WORDS.get(word)
+        if opt is None:
+            opt = _GETJOB_WORDS.get(word.lower(), 0)
         last = i == n - 1
-        if opt == b"nohang":
-            g.nohang = True
-        elif opt == b"withcounters":
-            g.withcounters = True
-        elif opt == b"timeout" and not last:
+        if opt == _NOHANG:
+            nohang = True
+        elif opt == _WITHCOUNTERS:
+            withcounters = True
+        elif opt == _TIMEOUT and not last:
             t = parse_timeout_ms(args[i + 1])
             if isinstance(t, Error):
                 return t
-            g.timeout_ms = t
+            timeout_ms = t
             i += 1
-        elif opt == b"count" and not last:
+        elif opt == _COUNT and not last:
             c = parse_int(args[i + 1])
             if c is None:
                 return ERR_NOT_INT
             if c <= 0:
                 return ERR_COUNT
-            g.count = c if c <= limits.getjob_count_max else limits.getjob_count_max
+            count = c if c <= limits.getjob_count_max else limits.getjob_count_max
             i += 1
-        elif opt == b"from":
-            g.queues = args[i + 1 :]
-            break
+        elif opt == _FROM and not last:
+            return GetJobArgs(nohang, timeout_ms, count, withcounters, args[i + 1 :])
         else:
             return ERR_SYNTAX
         i += 1
-    if not g.queues:
-        return ERR_SYNTAX
-    return g
+    return ERR_SYNTAX  # no FROM, or no queue after it
+
+
+def getjob_now(shard: Shard, g: GetJobArgs, now_ms: int) -> Any:
+    """GETJOB over queues this shard owns, without blocking: the jobs taken,
+    ``NULL_ARRAY`` for NOHANG, or None when the client is to wait (the caller
+    blocks it). The router's fast and general paths and its mesh serving all run it."""
+    entries = shard.op_take(g.queues, g.count, g.withcounters, now_ms)
+    if entries:
+        return entries
+    return NULL_ARRAY if g.nohang else None
 
 
 def run_getjob(shard: Shard, g: GetJobArgs, token: int, now_ms: int) -> Any:
     """GETJOB when one shard owns every queue named: reply now or PENDING (Wake later)."""
-    entries = shard.op_take(g.queues, g.count, g.withcounters, now_ms)
-    if entries:
-        return entries
-    if g.nohang:
-        return NULL_ARRAY
+    reply = getjob_now(shard, g, now_ms)
+    if reply is not None:
+        return reply
     shard.op_block(token, g.queues, g.count, g.withcounters, now_ms)
     return PENDING
 

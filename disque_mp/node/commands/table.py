@@ -15,9 +15,9 @@ The handler's signature follows the route: ``queue`` and ``ids`` handlers run on
 the owner's shard, ``handler(shard, args, token, now_ms)`` with the arguments after
 the name (``commands/jobs.py``); ``scatter`` and ``local`` handlers run on the
 connection's worker, ``handler(worker, conn, cmd)`` (``commands/admin.py``), and
-gather from the other workers themselves; ``getjob`` has none: the worker's GETJOB
-coordinator runs it. ``fast`` says the worker has a fast path for the command's
-common shape (``Worker._fast_<name>``), tried before the general path.
+gather from the other workers themselves; ``getjob`` has none: the router's GETJOB
+path runs it (``Router.getjob``). ``fast`` says the worker has a fast path for the command's
+common shape (``Router._fast_<name>``, ``router.py``), tried before the general path.
 """
 
 from __future__ import annotations

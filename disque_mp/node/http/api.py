@@ -41,7 +41,7 @@ from disque_mp.node.http.server import Request, Response
 from workers.ids import is_valid_job_id
 
 if TYPE_CHECKING:
-    from disque_mp.node.worker import Worker
+    from disque_mp.node.view import NodeView
 
 DEAD_PREFIX = "dead:"  # the dead-letter queue of queue q is dead:q
 queue_jobs_default = 50  # jobs shown by GET /api/queues/{queue} without ?count
@@ -55,7 +55,7 @@ STATIC_DIR = Path(__file__).resolve().parent / "static"
 STATIC_TYPES = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
                 "app.css": "text/css; charset=utf-8", "favicon.svg": "image/svg+xml"}
 
-Handler = Callable[["Worker", Request, list[str]], Awaitable[Response]]
+Handler = Callable[["NodeView", Request, list[str]], Awaitable[Response]]
 
 
 class ApiError(Exception):
@@ -100,15 +100,15 @@ def _static(name: str) -> Response:
     return Response(200, body, ctype)
 
 
-async def get_index(w: Worker, req: Request, args: list[str]) -> Response:
+async def get_index(w: NodeView, req: Request, args: list[str]) -> Response:
     return _static("index.html")
 
 
-async def get_static(w: Worker, req: Request, args: list[str]) -> Response:
+async def get_static(w: NodeView, req: Request, args: list[str]) -> Response:
     return _static(args[0])
 
 
-async def get_metrics(w: Worker, req: Request, args: list[str]) -> Response:
+async def get_metrics(w: NodeView, req: Request, args: list[str]) -> Response:
     parts = await gather(w, "http.metrics", w.cfg.http_metrics_queues_max)
     return Response(200, metricsmod.render(w, parts), metricsmod.CONTENT_TYPE)
 
@@ -120,7 +120,7 @@ def _alive(parts: list[Any]) -> list[dict[str, Any]]:
     return [p for p in parts if isinstance(p, dict)]
 
 
-async def get_overview(w: Worker, req: Request, args: list[str]) -> Response:
+async def get_overview(w: NodeView, req: Request, args: list[str]) -> Response:
     parts = await gather(w, "http.metrics", 0)
     live = _alive(parts)
 
@@ -184,7 +184,7 @@ def _int_param(req: Request, name: str, default: int, hi: int) -> int:
     return min(int(values[0]), hi)
 
 
-async def get_queues(w: Worker, req: Request, args: list[str]) -> Response:
+async def get_queues(w: NodeView, req: Request, args: list[str]) -> Response:
     cap = w.cfg.http_metrics_queues_max
     limit = _int_param(req, "limit", queues_default, cap)
     parts = await gather(w, "http.metrics", limit)
@@ -210,14 +210,14 @@ def _queue_name(raw: str) -> bytes:
     return name
 
 
-async def _qstat(w: Worker, name: bytes) -> dict[str, Any]:
+async def _qstat(w: NodeView, name: bytes) -> dict[str, Any]:
     reply = await call(w, b"QSTAT", name)
     if reply is None:
         raise ApiError(404, f"unknown queue '{text(name)}'")
     return pairs(reply)
 
 
-async def get_queue(w: Worker, req: Request, args: list[str]) -> Response:
+async def get_queue(w: NodeView, req: Request, args: list[str]) -> Response:
     name = _queue_name(args[0])
     count = _int_param(req, "count", queue_jobs_default, w.cfg.http_api_jobs_max)
     stat = await _qstat(w, name)
@@ -227,7 +227,7 @@ async def get_queue(w: Worker, req: Request, args: list[str]) -> Response:
     return ok({"queue": stat, "jobs": queued, "active": active, "active_scan_complete": complete})
 
 
-async def _scan_jobs(w: Worker, name: bytes, state: str, count: int) -> tuple[list[Any], bool]:
+async def _scan_jobs(w: NodeView, name: bytes, state: str, count: int) -> tuple[list[Any], bool]:
     """Jobs of ``name`` in ``state`` (JSCAN ... REPLY all), at most ``count``, with a
     bounded number of JSCAN calls; False when the scan stopped before the end."""
     cursor = b"0"
@@ -242,7 +242,7 @@ async def _scan_jobs(w: Worker, name: bytes, state: str, count: int) -> tuple[li
     return found[:count], False
 
 
-async def post_pause(w: Worker, req: Request, args: list[str]) -> Response:
+async def post_pause(w: NodeView, req: Request, args: list[str]) -> Response:
     name = _queue_name(args[0])
     body = _json_body(req)
     state = body.get("state", "all")
@@ -253,7 +253,7 @@ async def post_pause(w: Worker, req: Request, args: list[str]) -> Response:
     return ok({"queue": text(name), "pause": text(reply)})
 
 
-async def post_resume(w: Worker, req: Request, args: list[str]) -> Response:
+async def post_resume(w: NodeView, req: Request, args: list[str]) -> Response:
     name = _queue_name(args[0])
     _json_body(req)
     await _qstat(w, name)
@@ -261,7 +261,7 @@ async def post_resume(w: Worker, req: Request, args: list[str]) -> Response:
     return ok({"queue": text(name), "pause": text(reply)})
 
 
-async def post_requeue(w: Worker, req: Request, args: list[str]) -> Response:
+async def post_requeue(w: NodeView, req: Request, args: list[str]) -> Response:
     """Every job of a dead-letter queue back to its queue (at most http-api-jobs-max
     per call; ``left`` says how many remain). Each job is added again (new ID, its
     remaining TTL) before its dead-letter copy is acknowledged."""
@@ -290,7 +290,7 @@ async def post_requeue(w: Worker, req: Request, args: list[str]) -> Response:
     return ok({"from": text(dead), "to": text(target), "requeued": moved, "left": left})
 
 
-async def _add_copy(w: Worker, queue: bytes, body: bytes, old_id: bytes) -> bytes:
+async def _add_copy(w: NodeView, queue: bytes, body: bytes, old_id: bytes) -> bytes:
     shown = await call(w, b"SHOW", old_id)
     ttl_s = 0
     if shown is not None:
@@ -312,25 +312,25 @@ def _job_id(raw: str) -> bytes:
     return job_id
 
 
-async def _show(w: Worker, job_id: bytes) -> dict[str, Any]:
+async def _show(w: NodeView, job_id: bytes) -> dict[str, Any]:
     reply = await call(w, b"SHOW", job_id)
     if reply is None:
         raise ApiError(404, f"unknown job '{job_id.decode()}'")
     return pairs(reply)
 
 
-async def get_job(w: Worker, req: Request, args: list[str]) -> Response:
+async def get_job(w: NodeView, req: Request, args: list[str]) -> Response:
     return ok(await _show(w, _job_id(args[0])))
 
 
-async def delete_job(w: Worker, req: Request, args: list[str]) -> Response:
+async def delete_job(w: NodeView, req: Request, args: list[str]) -> Response:
     job_id = _job_id(args[0])
     if not await call(w, b"DELJOB", job_id):
         raise ApiError(404, f"unknown job '{job_id.decode()}'")
     return ok({"id": job_id.decode(), "deleted": 1})
 
 
-async def post_ack(w: Worker, req: Request, args: list[str]) -> Response:
+async def post_ack(w: NodeView, req: Request, args: list[str]) -> Response:
     job_id = _job_id(args[0])
     _json_body(req)
     if not await call(w, b"ACKJOB", job_id):
@@ -338,7 +338,7 @@ async def post_ack(w: Worker, req: Request, args: list[str]) -> Response:
     return ok({"id": job_id.decode(), "acked": 1})
 
 
-async def post_nack(w: Worker, req: Request, args: list[str]) -> Response:
+async def post_nack(w: NodeView, req: Request, args: list[str]) -> Response:
     job_id = _job_id(args[0])
     _json_body(req)
     if not await call(w, b"NACK", job_id):
@@ -347,7 +347,7 @@ async def post_nack(w: Worker, req: Request, args: list[str]) -> Response:
     return ok({"id": job_id.decode(), "nacked": 1, "job": await _show(w, job_id)})
 
 
-async def post_dead(w: Worker, req: Request, args: list[str]) -> Response:
+async def post_dead(w: NodeView, req: Request, args: list[str]) -> Response:
     job_id = _job_id(args[0])
     _json_body(req)
     job = await _show(w, job_id)
@@ -370,7 +370,7 @@ async def post_dead(w: Worker, req: Request, args: list[str]) -> Response:
 # ------------------------------------------------------------------ nodes
 
 
-async def get_nodes(w: Worker, req: Request, args: list[str]) -> Response:
+async def get_nodes(w: NodeView, req: Request, args: list[str]) -> Response:
     hello = await call(w, b"HELLO")
     priorities = {text(n[0]): int(n[3]) for n in hello[2:]}
     view: dict[str, Any] = w.agent.view if w.agent is not None else {}
@@ -426,7 +426,7 @@ ROUTES: list[tuple[re.Pattern[str], dict[str, Handler]]] = [
 ]
 
 
-async def handle(w: Worker, req: Request) -> Response:
+async def handle(w: NodeView, req: Request) -> Response:
     for pattern, methods in ROUTES:
         m = pattern.fullmatch(req.path)
         if m is None:

@@ -17,10 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import hiredis
 
-from disque_mp.node.connection import ClientConn
-
 if TYPE_CHECKING:
-    from disque_mp.node.worker import Worker
+    from disque_mp.node.view import NodeView
 
 
 class ReplyError(Exception):
@@ -71,11 +69,11 @@ def encode_command(args: list[bytes]) -> bytes:
     return b"".join(out)
 
 
-async def call(w: Worker, *args: bytes | str | int) -> Any:
+async def call(w: NodeView, *args: bytes | str | int) -> Any:
     """One command's reply (bytes, int, list ...); raises ``ReplyError`` for an error."""
     raw = [a if isinstance(a, bytes) else str(a).encode() for a in args]
     fut: asyncio.Future[Any] = w.loop.create_future()
-    conn = ClientConn(w)
+    conn = w.connection()
     conn.authed = True
     conn.addr = "http"
     conn.transport = _Sink(fut)

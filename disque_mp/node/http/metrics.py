@@ -25,7 +25,7 @@ from prometheus_client.core import (
 from workers.shard import latency_bounds_ms
 
 if TYPE_CHECKING:
-    from disque_mp.node.worker import Worker
+    from disque_mp.node.view import NodeView
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PAUSE_VALUES = {"none": 0, "in": 1, "out": 2, "all": 3}
@@ -50,7 +50,7 @@ def merge_queue_rows(parts: list[dict[str, Any]], queues_max: int) -> list[list[
 class SnapshotCollector:
     """Yields the families of one scrape from the gathered worker snapshots."""
 
-    def __init__(self, w: Worker, parts: list[Any]) -> None:
+    def __init__(self, w: NodeView, parts: list[Any]) -> None:
         self.w = w
         self.indexed = list(enumerate(parts))
         self.parts: list[dict[str, Any]] = [p for p in parts if isinstance(p, dict)]
@@ -252,7 +252,7 @@ def _seconds(bound_ms: int) -> str:
     return repr(bound_ms / 1000)
 
 
-def render(w: Worker, parts: list[Any]) -> bytes:
+def render(w: NodeView, parts: list[Any]) -> bytes:
     """The exposition text of one scrape."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(w, parts))

@@ -16,19 +16,19 @@ from bus.mesh import unpack
 from workers.replies import Error
 
 if TYPE_CHECKING:
-    from disque_mp.node.worker import Worker
+    from disque_mp.node.view import NodeView
 
 PREFIX = "http."
 
 
-def local_op(w: Worker, op: str, arg: Any) -> Any:
+def local_op(w: NodeView, op: str, arg: Any) -> Any:
     """This worker's part (called by ``commands.admin.local_op`` for ``http.*`` ops)."""
     if op == "http.metrics":
         return worker_snapshot(w, int(arg))
     return Error(f"ERR unknown node operation '{op}'")
 
 
-def worker_snapshot(w: Worker, queues_max: int) -> dict[str, Any]:
+def worker_snapshot(w: NodeView, queues_max: int) -> dict[str, Any]:
     """Counters of this worker's shard and process: one scrape's worth."""
     stats = w.local_stats()
     stats.pop("shard", None)
@@ -39,7 +39,7 @@ def worker_snapshot(w: Worker, queues_max: int) -> dict[str, Any]:
     return stats
 
 
-def gather(w: Worker, op: str, arg: Any) -> asyncio.Future[list[Any]]:
+def gather(w: NodeView, op: str, arg: Any) -> asyncio.Future[list[Any]]:
     """``local_op(op, arg)`` of every worker, by index; an ``Error`` for a worker that
     is down (the mesh answers for it), so one dead worker never hangs a scrape."""
     fut: asyncio.Future[list[Any]] = w.loop.create_future()

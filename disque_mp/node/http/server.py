@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from disque_mp.node.connection import listen_sockets
 
 if TYPE_CHECKING:
-    from disque_mp.node.worker import Worker
+    from disque_mp.node.view import NodeView
 
 log = logging.getLogger("disque_mp.node.http")
 
@@ -110,9 +110,9 @@ def authorized(header: str, password: str) -> bool:
 class HttpConn(asyncio.Protocol):
     """One HTTP connection: requests parsed from ``buf`` and answered in order."""
 
-    def __init__(self, w: Worker, handle: Any) -> None:
+    def __init__(self, w: NodeView, handle: Any) -> None:
         self.w = w
-        self.handle = handle  # async (Worker, Request) -> Response
+        self.handle = handle  # async (NodeView, Request) -> Response
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
         self.busy = False
@@ -242,7 +242,7 @@ def ssl_context(cfg: Any) -> ssl.SSLContext | None:
     return https_context(cfg)
 
 
-async def start(w: Worker, ctx: ssl.SSLContext | None = None) -> list[asyncio.AbstractServer]:
+async def start(w: NodeView, ctx: ssl.SSLContext | None = None) -> list[asyncio.AbstractServer]:
     """Listen on ``http-bind``:``http-port`` (nothing when the port is 0)."""
     from disque_mp.node.http.api import handle
 

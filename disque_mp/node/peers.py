@@ -1,0 +1,286 @@
+"""This worker's end of the local mesh: what the other workers of the host ask of
+it, and their answers to what it asked them.
+
+``Peers`` is the ``Mesh``'s handler (``bus/mesh.py``). As the owner of queues and
+jobs it serves the other workers' requests:
+
+    RAW       hot commands as RESP, answered with RAWREPLIES already encoded: the
+              router's fast paths (``addjob_here``, ``getjob_here``, ``ack_here``),
+              else the general route, as for a client of ours
+    CMD(S)    job commands by name, answered with REPLY(IES)
+    TAKE      a GETJOB coordinator's non-blocking take
+    BLOCK     a waiter for a peer's blocked GETJOB, answered later with WAKE;
+              UNBLOCK drops it, and so does the loss of the peer's link
+    RETURN    jobs a GETJOB took and no longer wants, requeued uncounted
+    SCATTER   this worker's part of a node-wide command (``admin.local_op``)
+
+As the asker it takes in RAWREPLIES (spliced into the clients' reply streams,
+in order), WAKE for its own blocked GETJOBs, and the (re)connection of a peer,
+which may have lost the GETJOB waiters registered with it.
+"""
+
+from __future__ import annotations
+
+import array
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Final
+
+import hiredis
+
+from bus import mesh as meshmod
+from bus.mesh import Link, pack, unpack
+from disque_mp.node.clock import now_ms
+from disque_mp.node.commands import admin as cmd_node
+from disque_mp.node.resp import encode
+from workers.invariant import InvariantError
+from workers.replies import PENDING, Error
+
+if TYPE_CHECKING:
+    from disque_mp.node.router import Router
+    from disque_mp.node.worker import Worker
+
+log = logging.getLogger("disque_mp.node.peers")
+_perf_ns: Final = time.perf_counter_ns
+
+ERR_INTERNAL: Final = Error("ERR internal error, see the server log")
+
+
+class Peers:
+    """The other workers, as worker ``w`` serves and hears them on the mesh."""
+
+    def __init__(self, w: Worker, router: Router) -> None:
+        self.w = w
+        self.router = router
+        self.raw_reader = hiredis.Reader()  # parses the RAW frames peers send us
+
+    def log(self, text: str) -> None:
+        self.w.log(text)
+
+    # ------------------------------------------------------------------ requests
+
+    def on_request(self, link: Link, kind: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
+        w = self.w
+        w.now_ms = now_ms()
+        if kind == meshmod.K_RAW:
+            self._serve_raw(link, bodies)
+        elif kind == meshmod.K_CMDS:
+            self._serve_cmds(link, meta, bodies)
+        elif kind == meshmod.K_CMD:
+            self._serve_one(link, meta["r"], meta["n"].encode(), bodies)
+        elif kind == meshmod.K_TAKE:
+            entries = w.shard.op_take(bodies, meta["c"], meta["w"], w.now_ms)
+            link.reply(meta["r"], entries)
+        elif kind == meshmod.K_BLOCK:
+            self._serve_block(link, meta, bodies)
+        elif kind == meshmod.K_UNBLOCK:
+            token = _blocked(link).pop(meta["t"], None)
+            if token is not None:
+                w.tokens.pop(token, None)
+                w.shard.op_unblock(token, w.now_ms)
+        elif kind == meshmod.K_RETURN:
+            w.shard.op_return([b.decode() for b in bodies], w.now_ms)
+        elif kind == meshmod.K_SCATTER:
+            try:
+                reply = cmd_node.local_op(w, meta["op"], meta.get("a"))
+            except InvariantError:
+                raise
+            except Exception:  # a bug: answer it, or the asking client waits forever
+                log.exception("node operation %r failed", meta.get("op"))
+                reply = ERR_INTERNAL
+            link.reply(meta["r"], reply)
+        w.drain_effects()
+        if w.aof is not None:
+            w.aof.write_before_replies()  # the reply frames leave later this turn
+        w.reschedule_tick()
+
+    def _serve_cmds(self, link: Link, meta: dict[str, Any], bodies: list[bytes]) -> None:
+        """A CMDS frame: the job commands a peer forwarded during one loop turn."""
+        at = 0
+        for rid, name, argc in zip(meta["r"], meta["n"], meta["c"], strict=True):
+            self._serve_one(link, rid, name.encode(), bodies[at : at + argc])
+            at += argc
+
+    def _serve_one(self, link: Link, rid: int, name: bytes, args: list[bytes]) -> None:
+        w, router = self.w, self.router
+        token = w.new_token()
+        aof = w.aof
+        before = aof.appended if aof is not None else 0
+        try:
+            reply = router.run_local(name, args, token)
+        except InvariantError:
+            raise
+        except Exception:  # a bug: answer it, or the asking client waits forever
+            log.exception("command %r from a peer failed", name)
+            reply = ERR_INTERNAL
+        if w.cfg.appendfsync == "always" and router.aof_must_hold(before, reply):
+            aof.hold(aof.appended, lambda v: link.reply(rid, v), reply)
+            return
+        if reply is PENDING:
+            w.tokens[token] = router.durable(lambda value: link.reply(rid, value))
+        else:
+            link.reply(rid, reply)
+
+    def _serve_block(self, link: Link, meta: dict[str, Any], bodies: list[bytes]) -> None:
+        w = self.w
+        remote = meta["t"]
+        token = w.new_token()
+        blocked = _blocked(link)
+        blocked[remote] = token
+
+        def wake(entries: Any) -> None:
+            blocked.pop(remote, None)
+            out: list[bytes] = []
+            value = pack(entries, out)
+            if link.transport is None:
+                if not isinstance(entries, Error):  # asker is gone: give the jobs back
+                    w.shard.op_return([e[1] for e in entries], w.now_ms)
+                return
+            link.send(meshmod.K_WAKE, {"t": remote, "v": value}, out)
+
+        w.tokens[token] = wake
+        w.shard.op_block(token, bodies, meta["c"], meta["w"], w.now_ms)
+
+    def on_incoming_lost(self, link: Link) -> None:
+        w = self.w
+        for token in _blocked(link).values():
+            w.tokens.pop(token, None)
+            w.shard.op_unblock(token, now_ms())
+        w.drain_effects()
+
+    # ------------------------------------------------------------------ RAW (hot commands)
+
+    def _serve_raw(self, link: Link, bodies: list[bytes]) -> None:
+        """A RAW frame: a peer's hot commands of one loop turn, as RESP."""
+        rids = array.array("I")
+        rids.frombytes(bodies[0])
+        flags = bodies[1]
+        reader = self.raw_reader
+        reader.feed(bodies[2])
+        if link.transport is None:
+            return  # the asker is gone
+        for i in range(len(rids)):
+            cmd: Any = None
+            try:
+                cmd = reader.gets()
+                reply = self._serve_raw_one(cmd, flags[i] == 1)
+            except InvariantError:
+                raise
+            except Exception:  # a bug: answer it, or the asking client waits forever
+                log.exception("command %r from a peer failed", cmd)
+                reply = encode(ERR_INTERNAL)
+                if type(cmd) is not list:  # the frame itself is broken: start afresh
+                    self.raw_reader = reader = hiredis.Reader()
+            if reply is None:
+                self._serve_raw_general(link, rids[i], cmd[0].lower(), cmd, flags[i] == 1)
+                continue
+            replies: Any = link.rawrep_rids  # fetched each time: a general command may close the batch
+            if not replies:
+                self.w.mesh.mark(link)
+            replies.append(rids[i])
+            link.rawrep_lens.append(len(reply))
+            link.rawrep_parts.append(reply)
+
+    def _serve_raw_one(self, cmd: list[bytes], resp3: bool) -> bytes | None:
+        """A RAW command in a fast path's shape: its reply, else None."""
+        name = cmd[0].lower()
+        router = self.router
+        reply: bytes | None = None
+        if name == b"addjob":
+            reply = router.addjob_here(cmd)
+        elif name == b"getjob":
+            reply = router.getjob_here(cmd, resp3)
+        elif name == b"ackjob" or name == b"fastack":
+            reply = router.ack_here([a.decode() for a in cmd[1:]], name == b"fastack", cmd)
+        return reply
+
+    def _serve_raw_general(self, link: Link, rid: int, name: bytes, cmd: list[bytes],
+                           resp3: bool) -> None:
+        """What a RAW command's fast path does not take (options, peers, appendfsync
+        always): the general route, as for a client of ours."""
+        w, router = self.w, self.router
+        token = w.new_token()
+        aof = w.aof
+        before = aof.appended if aof is not None else 0
+        t0 = _perf_ns()
+        try:
+            reply = router.run_local(name, cmd[1:], token)
+        except InvariantError:
+            raise
+        except Exception:  # a bug: answer it, or the asking client waits forever
+            log.exception("command %r from a peer failed", name)
+            reply = ERR_INTERNAL
+        router.count(name.decode(), t0, cmd)
+
+        def deliver(value: Any) -> None:
+            link.raw_reply(rid, encode(value, resp3))
+
+        if w.cfg.appendfsync == "always" and router.aof_must_hold(before, reply):
+            aof.hold(aof.appended, deliver, reply)
+        elif reply is PENDING:
+            w.tokens[token] = router.durable(deliver)
+        else:
+            deliver(reply)
+
+    def on_raw_replies(self, link: Link, bodies: list[bytes]) -> None:
+        """RAWREPLIES from an owner: splice each reply into its client's stream."""
+        rids = array.array("I")
+        rids.frombytes(bodies[0])
+        lens = array.array("I")
+        lens.frombytes(bodies[1])
+        data = bodies[2]
+        pending = link.raw_pending
+        at = 0
+        for i in range(len(rids)):
+            end = at + lens[i]
+            waiting = pending.pop(rids[i], None)
+            if waiting is not None:
+                conn, slot = waiting
+                conn.forwarded -= 1
+                conn.fill(slot, data[at:end])
+            at = end
+
+    def raw_failed(self, waiting: list[Any], text: str) -> None:
+        """RAW requests whose owner went away: the client gets the error."""
+        reply = encode(Error(text))
+        for conn, slot in waiting:
+            conn.forwarded -= 1
+            conn.fill(slot, reply)
+
+    # ------------------------------------------------------------------ our GETJOBs
+
+    def on_wake(self, peer: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
+        entries = unpack(meta.get("v"), bodies)
+        job = self.w.getjobs.get(meta["t"])
+        if job is None:
+            if not isinstance(entries, Error):
+                self.return_jobs(peer, entries)
+        else:
+            job.woken(peer, entries)
+
+    def on_peer_up(self, peer: int) -> None:
+        for job in list(self.w.getjobs.values()):
+            job.reblock(peer)
+
+    def return_jobs(self, owner: int, entries: list[Any]) -> None:
+        """Give back jobs taken for a GETJOB that no longer wants them."""
+        if not entries:
+            return
+        w = self.w
+        ids = [str(e[1]) for e in entries]
+        if owner == w.index:
+            w.shard.op_return(ids, now_ms())
+            w.drain_effects()
+        else:
+            w.mesh.send(owner, meshmod.K_RETURN, {}, [i.encode() for i in ids])
+
+    def after_batch(self) -> None:
+        """After a read of mesh frames: reply callbacks may have called the shard
+        (a GETJOB blocking here after remote owners had nothing)."""
+        self.w.drain_effects()
+        self.w.reschedule_tick()
+
+
+def _blocked(link: Link) -> dict[int, int]:
+    """Waiters a peer registered over ``link``: its token -> our shard token."""
+    return link.blocked

@@ -1,0 +1,467 @@
+"""The path of one client command, on the worker that holds the connection.
+
+``Router.execute(conn, cmd)`` is what ``ClientConn`` calls for every command.
+It tries the command's **fast path** first (the common shapes of ADDJOB, GETJOB,
+ACKJOB and FASTACK: no table lookup, no generic encoder), else the **general
+path**: the command table (``commands/table.py``: arity, AUTH, OOM), then the
+route (docs/architecture.md, "Invariants"):
+
+    queue    owner of the queue's slot: inline when it is us, else forwarded on the mesh
+    ids      every ID checked first (-BADID), split by owner, ints summed
+    getjob   answered here when every queue is ours; else ``GetJob`` (getjob.py)
+    scatter  node-wide commands (``commands/admin.py``) gathered from every worker
+    local    answered here (``commands/admin.py``)
+
+Forwarding to the owner: the hot commands travel as RESP in RAW frames and their
+replies come back already encoded (``forward_raw``; ``peers.py`` splices them
+in); the others as CMDS frames (``forward``). The router also keeps the
+accounting of the commands it runs: INFO commandstats, the slowlog, the counter.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+from bus.mesh import unpack
+from disque_mp.node.commands import jobs as cmd_jobs
+from disque_mp.node.commands.jobs import GetJobArgs
+from disque_mp.node.commands.table import TABLE, Command, run_on_shard
+from disque_mp.node.connection import ClientConn
+from disque_mp.node.getjob import GetJob
+from disque_mp.node.memory import ERR_OOM
+from disque_mp.node.resp import NULL3, NULL_ARRAY2, encode, encode_jobs
+from workers.ids import is_valid_job_id, owner_of_job_id, owner_of_queue
+from workers.invariant import InvariantError
+from workers.replies import ERR_BADID, NULL_ARRAY, PENDING, Error, Status, err_arity, err_unknown
+
+if TYPE_CHECKING:
+    from disque_mp.node.worker import Worker
+
+owner_cache_max = 65536  # queue name -> owner memo; cleared when full (names are unbounded)
+NOAUTH_OK: Final = frozenset({"auth", "hello", "quit"})
+ERR_NOAUTH: Final = Error("NOAUTH Authentication required.")
+
+_perf_ns: Final = time.perf_counter_ns  # INFO commandstats; compiled in, no lookup per command
+
+class Router:
+    """The per-command path of worker ``w`` (one per worker)."""
+
+    def __init__(self, w: Worker) -> None:
+        self.w = w
+        self.cfg = w.cfg
+        self.index = w.index
+        self.workers = w.workers
+        self.owner_cache: dict[bytes, int] = {}
+        self.raw_rid = 0  # ids of RAW mesh requests (u32, wraps)
+        # accounting: INFO commandstats and total_commands_processed, the slowlog
+        self.commands_processed = 0
+        self.cmdstats: dict[str, list[int]] = {}
+        self.slowlog = w.slowlog
+        self.slowlog_min_ns = w.slowlog.min_ns  # read per command: a native attribute
+        self.lookup = self._build_lookup()
+        self.fast = self._build_fast()
+
+    def _build_lookup(self) -> dict[bytes, tuple[Command, Callable[..., Any], list[int]]]:
+        routes = {"queue": self.cmd_queue, "ids": self.cmd_ids, "getjob": self.cmd_getjob}
+        out = {}
+        for name, cmd in TABLE.items():
+            handler = routes.get(cmd.route)
+            if handler is None:  # scatter and local: the table's handler, run here
+                own = cmd.handler
+                if own is None:
+                    raise InvariantError(f"command {cmd.name} has no handler")
+                handler = functools.partial(own, self.w)
+            stat = self.cmdstats.setdefault(cmd.name, [0, 0])
+            entry = (cmd, handler, stat)
+            out[name] = entry
+            out[name.upper()] = entry
+        return out
+
+    def execute(self, conn: ClientConn, cmd: list[bytes]) -> bytes | None:
+        """Run one command; its encoded reply, or None when it will come later."""
+        fast = self.fast.get(cmd[0])
+        if fast is not None and conn.authed and not self.w.oom:
+            reply = fast(conn, cmd)
+            if reply is not None:
+                return reply or None  # b"": forwarded, the reply comes later
+        return self._execute(conn, cmd)
+
+    def _execute(self, conn: ClientConn, cmd: list[bytes]) -> bytes | None:
+        """The general path: table lookup, checks, route, generic encoding."""
+        entry = self.lookup.get(cmd[0])
+        if entry is None:
+            entry = self.lookup.get(cmd[0].lower())
+            if entry is None:
+                return self._unknown(conn, cmd)
+        command, handler, stat = entry
+        n = len(cmd)
+        arity = command.arity
+        if (arity > 0 and n != arity) or n < -arity:
+            return encode(err_arity(command.name))
+        if not conn.authed and command.name not in NOAUTH_OK:
+            return encode(ERR_NOAUTH)
+        if self.w.oom and "denyoom" in command.flags:
+            return encode(ERR_OOM)
+        t0 = _perf_ns()
+        reply = handler(conn, cmd)
+        self._account(stat, command.name, conn, t0, cmd)
+        if reply is PENDING:
+            return None
+        return encode(reply, conn.resp3)
+
+    def _unknown(self, conn: ClientConn, cmd: list[bytes]) -> bytes:
+        if cmd[0].lower() == b"quit":
+            conn.closing = True
+            conn.close_after_write = True
+            return b"+OK\r\n"
+        return encode(err_unknown(cmd[0].decode("utf-8", "replace")))
+
+    # ------------------------------------------------------------------ accounting
+
+    def count(self, name: str, t0: int, cmd: list[bytes]) -> None:
+        """A fast path's command ran from ``t0``: commandstats, slowlog, counters."""
+        took = _perf_ns() - t0
+        stat = self.cmdstats[name]
+        stat[0] += 1
+        stat[1] += took
+        if took >= self.slowlog_min_ns >= 0:
+            self.slowlog.add(cmd, took)
+        self.commands_processed += 1
+
+    def _account(self, stat: list[int], name: str, conn: ClientConn, t0: int,
+                 cmd: list[bytes]) -> None:
+        """A command ran from ``t0``: commandstats, the slowlog, INFO's counters."""
+        took = _perf_ns() - t0
+        stat[0] += 1
+        stat[1] += took
+        if took >= self.slowlog_min_ns >= 0:
+            self.slowlog.add(cmd, took)
+        self.commands_processed += 1
+        conn.last_cmd = name
+
+    # ------------------------------------------------------------------ fast paths
+    #
+    # The common shapes of the hot commands. Each returns the encoded reply, or
+    # None before doing anything when the command is not of its shape (options,
+    # appendfsync always, a reply that waits for replication): the general path
+    # then runs it. None after doing something would run the command twice, so a
+    # reply that comes later is never a fast path's, except GETJOB's, whose
+    # general path is the same ``getjob`` (b"": the reply comes later). The work
+    # done is exactly the general path's for that shape (the same parser and
+    # shard call, the same counters); only the table lookup, the route layers and
+    # the generic encoder are skipped. ``peers.py`` runs the ``*_here`` parts for
+    # the RAW frames other workers forward.
+
+    def _build_fast(self) -> dict[bytes, Callable[[ClientConn, list[bytes]], bytes | None]]:
+        out: dict[bytes, Callable[[ClientConn, list[bytes]], bytes | None]] = {}
+        for name, cmd in TABLE.items():  # the table says which commands have one
+            if not cmd.fast:
+                continue
+            fn = getattr(self, f"_fast_{cmd.name}")
+            out[name] = out[name.upper()] = fn
+        return out
+
+    def _fast_addjob(self, conn: ClientConn, cmd: list[bytes]) -> bytes | None:
+        if len(cmd) != 4:
+            return None
+        if self.workers > 1:
+            owner = self.owner_of(cmd[1])
+            if owner != self.index:
+                return self.forward_raw(conn, owner, cmd, "addjob")
+        reply = self.addjob_here(cmd)
+        if reply is not None:
+            conn.streak = 0
+            conn.last_cmd = "addjob"
+        return reply
+
+    def addjob_here(self, cmd: list[bytes]) -> bytes | None:
+        """``ADDJOB q body timeout`` of a queue we own, or None for the general path."""
+        w = self.w
+        shard = w.shard
+        if self.cfg.appendfsync == "always" or shard.has_peers():
+            return None  # it waits for replication: the general path defers the reply
+        t0 = _perf_ns()
+        w.next_token = token = w.next_token + 1
+        reply = cmd_jobs.addjob_plain(shard, cmd[1], cmd[2], cmd[3], token, w.now_ms)
+        self.count("addjob", t0, cmd)
+        if type(reply) is Status:
+            return f"+{reply}\r\n".encode()
+        return encode(reply)  # an error (same bytes in RESP2 and 3): with no peers nothing is PENDING
+
+    def _fast_getjob(self, conn: ClientConn, cmd: list[bytes]) -> bytes | None:
+        spec = cmd_jobs.parse_getjob(cmd, 1)
+        if not isinstance(spec, GetJobArgs):
+            return None  # the general path answers the error
+        owner = self.single_owner(spec.queues)
+        if owner != self.index and owner >= 0 and spec.nohang:
+            # NOHANG never blocks, so the owner answers it alone; a GETJOB that may
+            # block needs the coordinator here (``getjob``)
+            return self.forward_raw(conn, owner, cmd, "getjob")
+        t0 = _perf_ns()
+        reply = self.getjob(conn, spec, owner)
+        self.count("getjob", t0, cmd)
+        conn.last_cmd = "getjob"
+        if reply is PENDING:
+            return b""
+        return encode_getjob(reply, spec.withcounters, conn.resp3)
+
+    def getjob_here(self, cmd: list[bytes], resp3: bool) -> bytes | None:
+        """A NOHANG GETJOB another worker forwarded, its queues ours: the reply, or
+        None for a command that does not parse (the general path answers it)."""
+        spec = cmd_jobs.parse_getjob(cmd, 1)
+        if not isinstance(spec, GetJobArgs):
+            return None
+        t0 = _perf_ns()
+        reply = cmd_jobs.getjob_now(self.w.shard, spec, self.w.now_ms)
+        if reply is None:
+            return None  # not NOHANG: only the coordinator blocks (never forwarded)
+        self.count("getjob", t0, cmd)
+        return encode_getjob(reply, spec.withcounters, resp3)
+
+    def _fast_ackjob(self, conn: ClientConn, cmd: list[bytes]) -> bytes | None:
+        return self._fast_ack(conn, cmd, False)
+
+    def _fast_fastack(self, conn: ClientConn, cmd: list[bytes]) -> bytes | None:
+        return self._fast_ack(conn, cmd, True)
+
+    def _fast_ack(self, conn: ClientConn, cmd: list[bytes], fast: bool) -> bytes | None:
+        # ACKJOB / FASTACK id..., every ID valid and owned here: each ID is checked
+        # once (the general path validates in the router and again in cmd_jobs).
+        n = len(cmd)
+        if n < 2:
+            return None
+        workers = self.workers
+        owner = self.index
+        ids: list[str] = []
+        for i in range(1, n):
+            raw = cmd[i]
+            if not is_valid_job_id(raw):
+                return None  # the general path answers -BADID
+            job_id = raw.decode()
+            if workers > 1:
+                at = owner_of_job_id(job_id, workers)
+                if i == 1:
+                    owner = at
+                elif at != owner:
+                    return None  # several owners: the general path splits them
+            ids.append(job_id)
+        if owner != self.index:
+            return self.forward_raw(conn, owner, cmd, "fastack" if fast else "ackjob")
+        reply = self.ack_here(ids, fast, cmd)
+        if reply is not None:
+            conn.streak = 0
+            conn.last_cmd = "fastack" if fast else "ackjob"
+        return reply
+
+    def ack_here(self, ids: list[str], fast: bool, cmd: list[bytes]) -> bytes | None:
+        """ACKJOB / FASTACK of valid IDs we own, or None for the general path."""
+        if self.cfg.appendfsync == "always":
+            return None
+        w = self.w
+        t0 = _perf_ns()
+        if fast:
+            acked = w.shard.op_fastack(ids, w.now_ms)
+            self.count("fastack", t0, cmd)
+        else:
+            acked = w.shard.op_ackjob(ids, w.now_ms)
+            self.count("ackjob", t0, cmd)
+        return b":%d\r\n" % acked
+
+    # ------------------------------------------------------------------ running here
+
+    def run_local(self, name: bytes, args: list[bytes], token: int) -> Any:
+        return run_on_shard(self.w.shard, name, args, token, self.w.now_ms)
+
+    def aof_must_hold(self, before: int, reply: Any) -> bool:
+        """appendfsync always: a reply whose records are not durable yet waits for
+        the loop turn's commit (``aof.hold``; it becomes the AOF error if that fails)."""
+        aof = self.w.aof
+        if aof is None or reply is PENDING or not aof.holds_replies():
+            return False
+        self.w.drain_effects()
+        return bool(aof.appended != before)
+
+    def durable(self, deliver: Callable[[Any], None]) -> Callable[[Any], None]:
+        """A reply completed later (Wake) waits for its records under appendfsync always."""
+        aof = self.w.aof
+        if aof is None or self.cfg.appendfsync != "always":
+            return deliver
+        return aof.when_durable(deliver)
+
+    def _pending_local(self, conn: ClientConn, token: int) -> None:
+        """A local op answered PENDING: its reply comes as Wake(token), in order."""
+        slot = conn.defer()
+        self.w.tokens[token] = self.durable(lambda value: conn.fill(slot, encode(value, conn.resp3)))
+
+    # ------------------------------------------------------------------ route: queue
+
+    def owner_of(self, queue: bytes) -> int:
+        owner = self.owner_cache.get(queue)
+        if owner is None:
+            if len(self.owner_cache) >= owner_cache_max:
+                self.owner_cache.clear()
+            owner = self.owner_cache[queue] = owner_of_queue(queue, self.workers)
+        return owner
+
+    def cmd_queue(self, conn: ClientConn, cmd: list[bytes]) -> Any:
+        owner = self.owner_of(cmd[1]) if self.workers > 1 else self.index
+        return self._run_at(conn, owner, cmd)
+
+    def _run_at(self, conn: ClientConn, owner: int, cmd: list[bytes]) -> Any:
+        name = cmd[0].lower()
+        if owner == self.index:
+            w = self.w
+            conn.streak = 0
+            token = w.new_token()
+            aof = w.aof
+            before = aof.appended if aof is not None else 0
+            reply = self.run_local(name, cmd[1:], token)
+            if self.cfg.appendfsync == "always" and self.aof_must_hold(before, reply):
+                slot = conn.defer()
+                aof.hold(aof.appended, lambda v: conn.fill(slot, encode(v, conn.resp3)), reply)
+                return PENDING
+            if reply is PENDING:
+                self._pending_local(conn, token)
+            return reply
+        self._count_streak(conn, owner)
+        slot = conn.defer()
+        self.forward(owner, name, cmd[1:], lambda value: conn.fill(slot, encode(value, conn.resp3)))
+        return PENDING
+
+    def _count_streak(self, conn: ClientConn, owner: int) -> None:
+        if conn.streak_owner == owner:
+            conn.streak += 1
+        else:
+            conn.streak_owner = owner
+            conn.streak = 1
+
+    def forward(self, owner: int, name: bytes, args: list[bytes], done: Callable[[Any], None]) -> None:
+        """Run a job command on another worker; ``done(reply value)``."""
+        self.w.mesh.command(owner, name.decode(), args,
+                            lambda meta, bodies: done(unpack(meta.get("v"), bodies)))
+
+    def forward_raw(self, conn: ClientConn, owner: int, cmd: list[bytes], name: str) -> bytes:
+        """Send a hot command to its owner as RESP (mesh RAW); its reply bytes will
+        fill a slot of ``conn`` (``Peers.on_raw_replies``). Returns b"" (the reply
+        comes later). The owner counts the command (commandstats, slowlog), as it
+        runs it."""
+        self._count_streak(conn, owner)
+        conn.last_cmd = name
+        conn.forwarded += 1
+        slot = conn.defer()
+        mesh = self.w.mesh
+        link: Any = mesh.links[owner]  # a Link: never ourselves
+        if link.cmd_rids:
+            link.close_batches()  # CMDS commands queued before this one run first
+        rids = link.raw_rids
+        if not rids:
+            mesh.mark(link)
+        self.raw_rid = rid = (self.raw_rid + 1) & 0xFFFFFFFF
+        rids.append(rid)
+        link.raw_flags.append(1 if conn.resp3 else 0)
+        _append_resp(link.raw_parts, cmd)
+        link.raw_pending[rid] = (conn, slot)
+        return b""
+
+    # ------------------------------------------------------------------ route: ids
+
+    def cmd_ids(self, conn: ClientConn, cmd: list[bytes]) -> Any:
+        ids = cmd[1:]
+        if self.workers == 1 or not ids:
+            return self._run_at(conn, self.index, cmd)
+        for job_id in ids:
+            if not is_valid_job_id(job_id):
+                return ERR_BADID
+        groups: dict[int, list[bytes]] = {}
+        for job_id in ids:
+            groups.setdefault(owner_of_job_id(job_id.decode(), self.workers), []).append(job_id)
+        if len(groups) == 1:
+            (owner,) = groups
+            return self._run_at(conn, owner, cmd)
+        return self._split_ids(conn, cmd[0].lower(), groups)
+
+    def _split_ids(self, conn: ClientConn, name: bytes, groups: dict[int, list[bytes]]) -> Any:
+        conn.streak = 0
+        results: list[Any] = []
+        slot = conn.defer()
+
+        def one(value: Any) -> None:
+            results.append(value)
+            if len(results) == len(groups):
+                conn.fill(slot, encode(_merge_counts(results), conn.resp3))
+
+        w = self.w
+        for owner, ids in groups.items():
+            if owner == self.index:
+                aof = w.aof
+                before = aof.appended if aof is not None else 0
+                value = self.run_local(name, ids, w.new_token())
+                if self.aof_must_hold(before, value):
+                    aof.hold(aof.appended, one, value)
+                else:
+                    one(value)
+            else:
+                self.forward(owner, name, ids, one)
+        return PENDING
+
+    # ------------------------------------------------------------------ route: getjob
+
+    def cmd_getjob(self, conn: ClientConn, cmd: list[bytes]) -> Any:
+        spec = cmd_jobs.parse_getjob(cmd, 1)
+        if isinstance(spec, Error):
+            return spec
+        return self.getjob(conn, spec, self.single_owner(spec.queues))
+
+    def getjob(self, conn: ClientConn, spec: GetJobArgs, owner: int) -> Any:
+        """GETJOB for a client of ours (``owner``: of every queue, -1 when they are
+        spread): answered by our shard when the queues are ours, else coordinated by
+        ``GetJob``; the jobs, ``NULL_ARRAY``, an error or PENDING."""
+        if owner == self.index:
+            conn.streak = 0
+            reply = cmd_jobs.getjob_now(self.w.shard, spec, self.w.now_ms)
+            if reply is not None:
+                return reply
+            return GetJob(self.w, conn, spec).wait_here()
+        if owner >= 0:
+            self._count_streak(conn, owner)  # a consumer of another worker's queue moves there
+        return GetJob(self.w, conn, spec).start()
+
+    def single_owner(self, queues: list[bytes]) -> int:
+        """The worker owning every queue named, or -1 when they are spread."""
+        if self.workers == 1:
+            return self.index
+        owner = self.owner_of(queues[0])
+        for i in range(1, len(queues)):
+            if self.owner_of(queues[i]) != owner:
+                return -1
+        return owner
+
+
+def encode_getjob(reply: Any, withcounters: bool, resp3: bool) -> bytes:
+    """GETJOB's reply in the client's protocol (jobs by the dedicated encoder)."""
+    if reply is NULL_ARRAY:
+        return NULL3 if resp3 else NULL_ARRAY2
+    if type(reply) is list and not withcounters:
+        return encode_jobs(reply)
+    return encode(reply, resp3)
+
+
+def _merge_counts(results: list[Any]) -> Any:
+    total = 0
+    for value in results:
+        if isinstance(value, Error):
+            return value
+        total += int(value)
+    return total
+
+
+def _append_resp(parts: list[bytes], cmd: list[bytes]) -> None:
+    """``cmd`` as the RESP multibulk a client sends (the RAW mesh frame's payload)."""
+    parts.append(b"*%d\r\n" % len(cmd))
+    for arg in cmd:
+        parts.append(b"$%d\r\n" % len(arg))
+        parts.append(arg)
+        parts.append(b"\r\n")

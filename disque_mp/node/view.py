@@ -1,0 +1,93 @@
+"""What the node-wide parts see of their worker: narrow, typed views.
+
+The node-wide commands (``commands/admin.py``), the HTTP endpoint (``http/``)
+and the memory monitor (``memory.py``) run inside a worker but do not import
+it: each takes one of these protocols, which list exactly what it uses. The
+``Worker`` (``worker.py``) satisfies them all (mypy checks it where it passes
+itself), so these parts depend on this module and never on the worker.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from bus.mesh import Mesh
+    from disque_mp.node.config import Config
+    from disque_mp.node.connection import ClientConn
+    from disque_mp.node.slowlog import SlowLog
+    from workers.shard import Shard
+
+
+class MemoryHost(Protocol):
+    """What ``memory.Monitor`` uses of its worker."""
+
+    @property
+    def cfg(self) -> Config: ...
+    @property
+    def index(self) -> int: ...
+    @property
+    def workers(self) -> int: ...
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+    @property
+    def mesh(self) -> Mesh: ...  # to ask the other workers for their figures
+    @property
+    def shard(self) -> Shard: ...
+
+    oom: bool  # set at level 3: denyoom commands answer ERR_OOM
+
+    def drain_effects(self) -> None: ...  # after an eviction pass (the AOF's DELJOBs)
+
+
+class MemoryGauge(Protocol):
+    """What node-wide commands use of the memory monitor."""
+
+    def local_used(self) -> int: ...
+    def update(self) -> None: ...  # CONFIG SET maxmemory: the level follows at once
+
+
+class NodeView(Protocol):
+    """What the node-wide and connection commands (``commands/admin.py``) and the
+    HTTP endpoint (``http/``) use of the worker that runs them."""
+
+    @property
+    def cfg(self) -> Config: ...
+    @property
+    def index(self) -> int: ...
+    @property
+    def workers(self) -> int: ...
+    @property
+    def node_id(self) -> str: ...
+    @property
+    def parent_pid(self) -> int: ...  # the supervisor: SHUTDOWN signals it; INFO's process_id
+    @property
+    def start_s(self) -> float: ...
+    @property
+    def now_ms(self) -> int: ...
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+    @property
+    def mesh(self) -> Mesh: ...  # gathering from every worker
+    @property
+    def shard(self) -> Shard: ...
+    @property
+    def aof(self) -> Any: ...  # the AOF manager, or None
+    @property
+    def agent(self) -> Any: ...  # the cluster agent, or None (no bus in this build)
+    @property
+    def memory(self) -> MemoryGauge | None: ...
+    @property
+    def conns(self) -> set[ClientConn]: ...  # CLIENT LIST / KILL
+    @property
+    def slowlog(self) -> SlowLog: ...
+
+    rewrite_aof_at_exit: bool  # SHUTDOWN REWRITE-AOF
+
+    def log(self, text: str) -> None: ...
+    def local_stats(self) -> dict[str, Any]: ...  # INFO, metrics: this worker's figures
+    def flush_all(self) -> None: ...  # DEBUG FLUSHALL, CLUSTER RESET
+    def reset_stats(self) -> None: ...  # CONFIG RESETSTAT
+    def connection(self) -> ClientConn: ...  # the HTTP API runs commands on one
