@@ -20,7 +20,7 @@ Frame kinds (meta is an orjson object, bodies raw bytes, see ``bus/frames.py``):
     RAW      {}  bodies: [request ids, RESP3 flags, the commands as RESP] -> RAWREPLIES
     RAWREPLIES {}  bodies: [request ids, reply lengths, the replies as RESP bytes]
 
-RAW is the hot path of forwarding (``Worker.forward_raw``): the commands of
+RAW is the hot path of forwarding (``Router.forward_raw``): the commands of
 one loop turn travel as the RESP a client would send (the owner parses them
 with hiredis, in C), and their answers come back already encoded for each
 client's protocol, so the asking worker splices the bytes into the client's
@@ -145,7 +145,7 @@ class Link(asyncio.Protocol):
         self.reply_rids: list[int] = []
         self.reply_values: list[Any] = []
         self.reply_bodies: list[bytes] = []
-        # open RAW batch (outgoing) and RAWREPLIES batch (incoming); see Worker.forward_raw
+        # open RAW batch (outgoing) and RAWREPLIES batch (incoming); see Router.forward_raw
         self.raw_rids: array.array[int] = array.array("I")
         self.raw_flags = bytearray()
         self.raw_parts: list[bytes] = []

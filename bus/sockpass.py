@@ -2,7 +2,7 @@
 
 Two uses, each with its own datagram socket per worker (its own ``purpose``):
 
-- the front end's connection handoff (``disque_mp/node/worker.py``): a client
+- the front end's connection handoff (``disque_mp/node/handoff.py``): a client
   connection moves to the worker its commands go to, with the connection's state
   (RESP version, auth, name, id); bound by ``bus.mesh.handoff_state_bytes_max``;
 - the data links (``bus/datalink.py``): worker 0 passes a data link's socket to
