@@ -111,6 +111,7 @@ class Job:
         "nodes",
         "flags",
         "awake_ms",
+        "dtime_ms",
     )
 
     id: str
@@ -127,6 +128,9 @@ class Job:
     nodes: NodePair  # (delivered: may have a copy, confirmed: GOTJOB / GOTACK)
     flags: int  # FLAG_* bits, delay_s above _FLAG_BITS
     awake_ms: int  # key of the timer bucket holding this job, 0 = none
+    # /metrics: when a client got it and has not acknowledged it since (ms); -1 = not
+    # outstanding. Never persisted nor sent: it is this node's view of its clients.
+    dtime_ms: int
 
     def __init__(
         self,
@@ -157,6 +161,7 @@ class Job:
         self.nodes = node_pair(delivered, confirmed)
         self.flags = delay_s << _FLAG_BITS
         self.awake_ms = 0
+        self.dtime_ms = -1
 
     @property
     def delay_s(self) -> int:

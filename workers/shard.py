@@ -233,7 +233,7 @@ class Shard(ClusterOps):
         self._asks: dict[bytes, tuple[str, int]] = {}  # queue -> (asker, until ms)
         # /metrics: delivered and not acked jobs (ID -> delivery ms; per queue count),
         # jobs waiting for their DELAY per queue. Entries exist only while non-zero.
-        self._delivered_at: dict[str, int] = {}
+        self._outstanding = 0  # jobs delivered and not acked (Job.dtime_ms >= 0)
         self._active: dict[bytes, int] = {}
         self._delayed: dict[bytes, int] = {}
 
@@ -299,7 +299,7 @@ class Shard(ClusterOps):
                 self._effects.append(Wake(rw.token, ERR_NOREPL_TIMEOUT))
         if self._gc_tries:
             self._gc_tries.pop(jid, None)
-        if self._delivered_at:
+        if job.dtime_ms >= 0:
             self._forget_delivery(job)
         if job.flags >= _FLAGS_WITH_DELAY and not job.flags & FLAG_QUEUED_ONCE:
             self._undelay(job)
@@ -504,7 +504,7 @@ class Shard(ClusterOps):
         flags = job.flags
         if flags >= _FLAGS_WITH_DELAY and not flags & FLAG_QUEUED_ONCE:
             self._undelay(job)
-        if flags & FLAG_DELIVERED and self._delivered_at:
+        if job.dtime_ms >= 0:
             self._forget_delivery(job)  # queued again (retry, NACK, ENQUEUE, a peer's QUEUED)
         job.flags = (flags & ~FLAG_WILLQUEUE_SENT) | FLAG_QUEUED_ONCE
         if job.retry_s:
@@ -539,9 +539,10 @@ class Shard(ClusterOps):
             self.wait_sum_ms += wait_ms
             job.flags |= FLAG_DELIVERED
         self.stat_delivered += 1
-        if self._delivered_at.get(job.id) is None:
+        if job.dtime_ms < 0:
             self._active[q.name] = self._active.get(q.name, 0) + 1
-        self._delivered_at[job.id] = now_ms
+            self._outstanding += 1
+        job.dtime_ms = now_ms
         q.jobs_out += 1
         q.atime_ms = now_ms
         if job.qtime_ms:
@@ -1113,8 +1114,10 @@ class Shard(ClusterOps):
 
     def _forget_delivery(self, job: Job) -> int:
         """The job is no longer delivered-and-unacked: its delivery ms, or -1."""
-        at = self._delivered_at.pop(job.id, -1)
+        at = job.dtime_ms
         if at >= 0:
+            job.dtime_ms = -1
+            self._outstanding -= 1
             n = self._active.get(job.queue, 0) - 1
             if n > 0:
                 self._active[job.queue] = n
@@ -1123,7 +1126,7 @@ class Shard(ClusterOps):
         return at
 
     def _observe_processing(self, job: Job, now_ms: int) -> None:
-        at = self._forget_delivery(job) if self._delivered_at else -1
+        at = self._forget_delivery(job) if job.dtime_ms >= 0 else -1
         if at >= 0:
             took_ms = now_ms - at if now_ms > at else 0
             self.proc_counts[bisect_left(latency_bounds_ms, took_ms)] += 1
@@ -1159,7 +1162,7 @@ class Shard(ClusterOps):
             "requeued_enqueue": self.stat_requeued_enqueue, "expired": self.stat_expired,
             "jobs": self._njobs, "queues": len(queues),
             "queued": sum(q.live for q in queues.values()),
-            "active": len(self._delivered_at), "delayed": sum(self._delayed.values()),
+            "active": self._outstanding, "delayed": sum(self._delayed.values()),
             "blocked": len(self._waiters),
             "wait_counts": list(self.wait_counts), "wait_sum_ms": self.wait_sum_ms,
             "proc_counts": list(self.proc_counts), "proc_sum_ms": self.proc_sum_ms,
@@ -1220,13 +1223,15 @@ class Shard(ClusterOps):
     def _check_metrics(self, jobs: list[Job]) -> None:
         """The /metrics bookkeeping agrees with the jobs (tests; O(jobs))."""
         active: dict[bytes, int] = {}
-        for jid in self._delivered_at:
-            job = self.lookup(jid)
-            invariant(job is not None and job.state in (ACTIVE, ACKED),
-                      f"delivered job {jid} is not active")
-            if job is not None:
+        outstanding = 0
+        for job in jobs:
+            if job.dtime_ms >= 0:
+                invariant(job.state in (ACTIVE, ACKED), f"delivered job {job.id} is not active")
                 active[job.queue] = active.get(job.queue, 0) + 1
+                outstanding += 1
         invariant(active == self._active, f"active per queue {self._active} != {active}")
+        invariant(outstanding == self._outstanding,
+                  f"{self._outstanding} jobs counted outstanding, {outstanding} are")
         delayed: dict[bytes, int] = {}
         for job in jobs:
             if job.flags >= _FLAGS_WITH_DELAY and not job.flags & FLAG_QUEUED_ONCE:

@@ -115,17 +115,30 @@ def _job_ids(args: list[bytes]) -> list[str] | Error:
 # ------------------------------------------------------------------ ADDJOB
 
 
-@dataclass(slots=True)
+@dataclass(init=False)  # the __init__ below compiles to a native one (a dataclass's would not)
 class AddJobArgs:
     queue: bytes
     body: bytes
     timeout_ms: int
-    replicate: int | None = None
-    delay_s: int = 0
-    retry_s: int | None = None
-    ttl_s: int = ttl_default_s
-    maxlen: int = 0
-    async_: bool = False
+    replicate: int | None
+    delay_s: int
+    retry_s: int | None
+    ttl_s: int
+    maxlen: int
+    async_: bool
+
+    def __init__(self, queue: bytes, body: bytes, timeout_ms: int, replicate: int | None = None,
+                 delay_s: int = 0, retry_s: int | None = None, ttl_s: int = ttl_default_s,
+                 maxlen: int = 0, async_: bool = False) -> None:
+        self.queue = queue
+        self.body = body
+        self.timeout_ms = timeout_ms
+        self.replicate = replicate
+        self.delay_s = delay_s
+        self.retry_s = retry_s
+        self.ttl_s = ttl_s
+        self.maxlen = maxlen
+        self.async_ = async_
 
 
 def parse_addjob(args: list[bytes]) -> AddJobArgs | Error:
@@ -230,13 +243,21 @@ def cmd_addjob(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
 # ------------------------------------------------------------------ GETJOB
 
 
-@dataclass(slots=True)
+@dataclass(init=False)  # the __init__ below compiles to a native one (a dataclass's would not)
 class GetJobArgs:
     nohang: bool
     timeout_ms: int  # 0 = block forever
     count: int
     withcounters: bool
     queues: list[bytes]
+
+    def __init__(self, nohang: bool, timeout_ms: int, count: int, withcounters: bool,
+                 queues: list[bytes]) -> None:
+        self.nohang = nohang
+        self.timeout_ms = timeout_ms
+        self.count = count
+        self.withcounters = withcounters
+        self.queues = queues
 
 
 # GETJOB's option words; the spellings clients send are found without lowercasing.
