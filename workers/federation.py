@@ -55,6 +55,7 @@ from workers.job import (
     US_PER_MS,
     WAIT_REPL,
     Job,
+    Timed,
     job_nodes_max,
     node_id_bytes_max,
 )
@@ -131,11 +132,11 @@ class ReplWait:
         self.flexible = flexible
 
 
-class Fed:
+class Fed(Timed):
     """Federation state of one queue: recent sources, NEEDJOBS backoff, import rate."""
 
     __slots__ = ("queue", "responders", "adhoc_ms", "adhoc_attempt", "bcast_ms",
-                 "bcast_attempt", "rate_sec", "rate_now", "rate_prev", "awake_ms")
+                 "bcast_attempt", "rate_sec", "rate_now", "rate_prev")
 
     def __init__(self, queue: Queue) -> None:
         self.queue = queue

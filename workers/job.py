@@ -95,7 +95,17 @@ NS_PER_MS: Final = 1_000_000
 US_PER_MS: Final = 1_000
 
 
-class Job:
+class Timed:
+    """Anything the shard's timers examine (a job, a queue, a queue's federation
+    state): ``awake_ms`` is the key of the timer bucket holding it, 0 = none. One
+    base class, so the shard reads and writes it natively whatever the target."""
+
+    __slots__ = ("awake_ms",)
+
+    awake_ms: int
+
+
+class Job(Timed):
     __slots__ = (
         "id",
         "queue",
@@ -110,7 +120,6 @@ class Job:
         "qtime_ms",
         "nodes",
         "flags",
-        "awake_ms",
         "dtime_ms",
     )
 
@@ -127,7 +136,6 @@ class Job:
     qtime_ms: int  # when an active job is queued again; 0 = never (at-most-once, queued once)
     nodes: NodePair  # (delivered: may have a copy, confirmed: GOTJOB / GOTACK)
     flags: int  # FLAG_* bits, delay_s above _FLAG_BITS
-    awake_ms: int  # key of the timer bucket holding this job, 0 = none
     # /metrics: when a client got it and has not acknowledged it since (ms); -1 = not
     # outstanding. Never persisted nor sent: it is this node's view of its clients.
     dtime_ms: int

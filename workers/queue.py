@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any, Final
 
-from workers.job import FLAG_IN_DEQUE, QUEUED, Job
+from workers.job import FLAG_IN_DEQUE, QUEUED, Job, Timed
 
 # Purge stale entries once there are more than this many and more than live ones:
 # small queues never pay for a purge, big ones pay O(n) only after n removals.
@@ -45,7 +45,7 @@ def _ctime(job: Job) -> int:
     return job.ctime_us
 
 
-class Queue:
+class Queue(Timed):
     __slots__ = (
         "name",
         "slot",
@@ -59,7 +59,6 @@ class Queue:
         "paused",
         "waiters",
         "scan_idx",
-        "awake_ms",
     )
 
     def __init__(self, name: bytes, slot: int, now_ms: int) -> None:

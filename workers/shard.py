@@ -33,7 +33,7 @@ import random
 from bisect import bisect_left
 from collections.abc import Set as AbstractSet
 from operator import attrgetter
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from workers.effects import AofAppend, Effect, Wake
 from workers.federation import (
@@ -61,6 +61,7 @@ from workers.job import (
     US_PER_MS,
     WAIT_REPL,
     Job,
+    Timed,
     body_bytes_max,
     del_record,
     delay_max_s,
@@ -166,7 +167,7 @@ class _TimerBucket:
 
     def __init__(self, key: int) -> None:
         self.key = key
-        self.items: list[Any] = []  # Job or Queue
+        self.items: list[Timed] = []  # jobs, queues, federation states
         self.stale = 0
 
 
@@ -360,7 +361,7 @@ class Shard(ClusterOps):
 
     # ------------------------------------------------------------------ timers
 
-    def _schedule(self, target: Any, due_ms: int) -> None:
+    def _schedule(self, target: Timed, due_ms: int) -> None:
         """Make sure ``target`` is examined at ``due_ms`` or earlier (never before due)."""
         key = -(-due_ms // timer_resolution_ms) * timer_resolution_ms
         if key < self._firing_key:
@@ -377,7 +378,7 @@ class Shard(ClusterOps):
         target.awake_ms = b.key  # one shared int object for every target in the bucket
         b.items.append(target)
 
-    def _unschedule(self, target: Any) -> None:
+    def _unschedule(self, target: Timed) -> None:
         key = target.awake_ms
         if not key:
             return
@@ -413,7 +414,7 @@ class Shard(ClusterOps):
                 elif type(t) is Queue:
                     self._fire_queue(t, now_ms)
                 else:
-                    self._fire_fed(t, now_ms)
+                    self._fire_fed(cast(Fed, t), now_ms)
             self._firing_key = 0
             invariant(heapq.heappop(heap) == key, "timer heap top changed while firing")
             del self._timers[key]
