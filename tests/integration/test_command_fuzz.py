@@ -13,8 +13,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from tests.integration.conftest import Err, RawClient, Status, connect_to_worker
 from tests.nodeproc import NodeProc, form_cluster
+from tests.rawclient import Err, RawClient, Status, connect_to_worker
 
 # Commands that would end the test's node or connection, or switch the reply
 # protocol; each has tests of its own.

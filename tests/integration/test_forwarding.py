@@ -8,7 +8,8 @@ import os
 import signal
 import time
 
-from tests.integration.conftest import (
+from tests.nodeproc import NodeProc
+from tests.rawclient import (
     NULL_ARRAY,
     Err,
     RawClient,
@@ -16,7 +17,6 @@ from tests.integration.conftest import (
     connect_to_worker,
     encode_command,
 )
-from tests.nodeproc import NodeProc
 from workers.ids import owner_of_queue
 
 

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 from bus import frames
-from tests.integration.conftest import Err, RawClient, encode_command
 from tests.nodeproc import NodeProc, wait_until
+from tests.rawclient import Err, RawClient, encode_command
 from workers.job import delay_max_s, queue_name_bytes_max, retry_max_s, ttl_max_s
 
 INT64_MAX = 9223372036854775807

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import redis
 
-from tests.integration.conftest import NULL_ARRAY, Err, RawClient, encode_command
 from tests.nodeproc import NodeProc, form_cluster, wait_until
 from tests.nodeproc import unique_queue as _q
+from tests.rawclient import NULL_ARRAY, Err, RawClient, encode_command
 from workers.ids import owner_of_queue
 
 form_timeout_s = 60.0  # cold nodes on 2 cores shared with other test runs
