@@ -8,6 +8,8 @@ import os
 import signal
 import time
 
+import pytest
+
 from tests.nodeproc import NodeProc
 from tests.rawclient import (
     NULL_ARRAY,
@@ -18,6 +20,8 @@ from tests.rawclient import (
     encode_command,
 )
 from workers.ids import owner_of_queue
+
+pytestmark = pytest.mark.integration
 
 
 def queues_of(index: int, n: int, prefix: str) -> list[str]:

@@ -24,6 +24,8 @@ from tests.rawclient import (
 )
 from workers.ids import owner_of_queue
 
+pytestmark = pytest.mark.integration
+
 
 def queue_owned_by(index: int, workers: int = 2, prefix: str = "q") -> str:
     for n in range(10_000):

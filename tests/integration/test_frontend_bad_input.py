@@ -11,6 +11,8 @@ import pytest
 from tests.nodeproc import NodeProc
 from tests.rawclient import Err, RawClient, Status
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def small_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProc]:

@@ -14,6 +14,8 @@ from tests.httpclient import get
 from tests.nodeproc import NodeProc, free_port, unique_queue
 from tests.rawclient import RawClient
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProc]:

@@ -19,6 +19,8 @@ from tests.nodeproc import unique_queue as _q
 from tests.rawclient import NULL_ARRAY, Err, RawClient, encode_command
 from workers.ids import owner_of_queue
 
+pytestmark = pytest.mark.integration
+
 form_timeout_s = 60.0  # cold nodes on 2 cores shared with other test runs
 wait_s = 30.0
 node_timeout_ms = 2000

@@ -16,6 +16,8 @@ import pytest
 from tests.nodeproc import NodeProc
 from tests.rawclient import NULL_ARRAY, NULL_BULK, Err, RawClient, Status
 
+pytestmark = pytest.mark.integration
+
 REFERENCE = Path("/work/shared/reference")
 JOB_ID = re.compile(r"^D-[0-9a-f]{8}-[A-Za-z0-9+/]{24}-[0-9a-f]{4}$")
 NODE_ID = re.compile(r"^[0-9a-f]{40}$")
