@@ -70,8 +70,9 @@ test: sysdeps $(VENV)/.compiled $(VENV5)/.installed lint
 	$(PY) -m pytest -q
 	# the same source uncompiled (DISQUE_MP_PURE=1): shard, simulation, front end (the
 	# tests without the integration marker, plus the front end's end-to-end tests)
-	DISQUE_MP_PURE=1 $(PY) -m pytest -q -p no:cacheprovider -m "not integration" tests/unit tests/sim
-	DISQUE_MP_PURE=1 $(PY) -m pytest -q -p no:cacheprovider tests/integration/test_frontend.py
+	DISQUE_MP_PURE=1 $(PY) -m pytest -q -p no:cacheprovider -m "not integration" \
+		tests/workers tests/bus tests/node tests/client tests/bench tests/sim
+	DISQUE_MP_PURE=1 $(PY) -m pytest -q -p no:cacheprovider tests/node/test_frontend.py
 
 bench: sysdeps $(VENV)/.compiled
 	$(PY) -m bench.run_all
