@@ -68,8 +68,11 @@ lint: $(VENV)/.installed
 
 test: sysdeps $(VENV)/.compiled $(VENV5)/.installed lint
 	$(PY) -m pytest -q
-	# the same source uncompiled (DISQUE_MP_PURE=1): shard, simulation, front end
-	DISQUE_MP_PURE=1 $(PY) -m pytest -q -p no:cacheprovider tests/unit tests/sim tests/integration/test_frontend.py
+	# the same source uncompiled (DISQUE_MP_PURE=1): shard, simulation, front end (the
+	# tests without the integration marker, plus the front end's end-to-end tests)
+	DISQUE_MP_PURE=1 $(PY) -m pytest -q -p no:cacheprovider -m "not integration" \
+		tests/workers tests/bus tests/node tests/client tests/bench tests/sim
+	DISQUE_MP_PURE=1 $(PY) -m pytest -q -p no:cacheprovider tests/node/test_frontend.py
 
 bench: sysdeps $(VENV)/.compiled
 	$(PY) -m bench.run_all

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.integration.test_tls import make_pki
+from tests.node.test_tls import make_pki
 from tests.nodeproc import NodeProc, form_cluster, free_port, port_free
 
 

@@ -19,7 +19,7 @@ threads in ``sync``, redis.asyncio in ``aio``), hands the reply to a parser, a f
 to ``ClientSettings._raise_unless_retrying``, and each HELLO to ``Topology.learn``;
 ``Topology.candidates`` then says which node to connect to. This module imports
 neither asyncio, threading nor redis, opens no socket and reads no clock, so all of
-it is tested without a server (``tests/unit/test_client_core.py``).
+it is tested without a server (``tests/client/test_client_core.py``).
 
 The tunables below are read at call time by both clients: set them on this module.
 """

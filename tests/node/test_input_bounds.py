@@ -9,10 +9,14 @@ import socket
 import time
 from pathlib import Path
 
+import pytest
+
 from bus import frames
-from tests.integration.conftest import Err, RawClient, encode_command
 from tests.nodeproc import NodeProc, wait_until
+from tests.rawclient import Err, RawClient, encode_command
 from workers.job import delay_max_s, queue_name_bytes_max, retry_max_s, ttl_max_s
+
+pytestmark = pytest.mark.integration
 
 INT64_MAX = 9223372036854775807
 

@@ -28,6 +28,8 @@ from disque_mp.node import aof
 from tests.nodeproc import NodeProc
 from workers.ids import owner_of_queue
 
+pytestmark = pytest.mark.integration
+
 ALWAYS = {"appendonly": "yes", "appendfsync": "always"}
 
 

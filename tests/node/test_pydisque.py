@@ -12,6 +12,8 @@ import pytest
 
 from tests.nodeproc import REPO, NodeProc
 
+pytestmark = pytest.mark.integration
+
 VENV5_PYTHON = REPO / ".venv-redis5" / "bin" / "python"
 
 SCRIPT = r'''

@@ -13,9 +13,11 @@ from typing import Any
 import pytest
 import redis
 
-from tests.integration.conftest import Status, connect_to_worker
 from tests.nodeproc import NodeProc, form_cluster, reachable_nodes, wait_until
 from tests.nodeproc import unique_queue as _q
+from tests.rawclient import Status, connect_to_worker
+
+pytestmark = pytest.mark.integration
 
 form_timeout_s = 60.0  # cold nodes on 2 cores shared with other test runs
 wait_s = 30.0

@@ -635,7 +635,7 @@ def test_timer_scheduled_in_the_past_during_tick_fires(env: Env) -> None:
 
 def test_peers_make_addjob_replicate(env: Env) -> None:
     """With one peer the default REPLICATE is 2: the job waits for a GOTJOB
-    (tests/unit/test_shard_cluster.py runs the whole exchange)."""
+    (tests/workers/test_shard_cluster.py runs the whole exchange)."""
     from workers.replies import PENDING
 
     env.s.set_peers(["dcb833cf8f42fbb7924d92335ff6d67d3cea6e3d", NODE])

@@ -15,10 +15,12 @@ from typing import Any
 import pytest
 
 from disque_mp.node import aof, memory
-from tests.integration.conftest import NULL_ARRAY, NULL_BULK, Err, RawClient
 from tests.nodeproc import NodeProc
+from tests.rawclient import NULL_ARRAY, NULL_BULK, Err, RawClient
 from workers.ids import JobIdGen, owner_of_queue, slot_of
 from workers.job import ACKED, QUEUED, Job
+
+pytestmark = pytest.mark.integration
 
 BODY = b"b" * 65536
 OOM = "OOM command not allowed when used memory > 'maxmemory'."

@@ -8,7 +8,10 @@ import os
 import signal
 import time
 
-from tests.integration.conftest import (
+import pytest
+
+from tests.nodeproc import NodeProc
+from tests.rawclient import (
     NULL_ARRAY,
     Err,
     RawClient,
@@ -16,8 +19,9 @@ from tests.integration.conftest import (
     connect_to_worker,
     encode_command,
 )
-from tests.nodeproc import NodeProc
 from workers.ids import owner_of_queue
+
+pytestmark = pytest.mark.integration
 
 
 def queues_of(index: int, n: int, prefix: str) -> list[str]:

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.integration.conftest import (
+from tests.nodeproc import NodeProc, wait_until
+from tests.rawclient import (
     NULL_ARRAY,
     NULL_BULK,
     Err,
@@ -21,8 +22,9 @@ from tests.integration.conftest import (
     encode_command,
     worker_of,
 )
-from tests.nodeproc import NodeProc, wait_until
 from workers.ids import owner_of_queue
+
+pytestmark = pytest.mark.integration
 
 
 def queue_owned_by(index: int, workers: int = 2, prefix: str = "q") -> str:

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Err, RawClient, Status
 from tests.nodeproc import NodeProc
+from tests.rawclient import Err, RawClient, Status
+
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")

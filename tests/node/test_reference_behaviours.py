@@ -14,10 +14,12 @@ from typing import Any
 import pytest
 import redis
 
-from tests.integration.conftest import NULL_ARRAY, Err, RawClient, encode_command
 from tests.nodeproc import NodeProc, form_cluster, wait_until
 from tests.nodeproc import unique_queue as _q
+from tests.rawclient import NULL_ARRAY, Err, RawClient, encode_command
 from workers.ids import owner_of_queue
+
+pytestmark = pytest.mark.integration
 
 form_timeout_s = 60.0  # cold nodes on 2 cores shared with other test runs
 wait_s = 30.0

@@ -10,7 +10,9 @@ import pytest
 
 from tests.nodeproc import NodeProc
 
-pytestmark = pytest.mark.skipif(shutil.which("redis-cli") is None, reason="redis-cli not installed")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(shutil.which("redis-cli") is None,
+                                 reason="redis-cli not installed")]
 
 
 def cli(node: NodeProc, *args: str, stdin: str | None = None) -> str:

@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import NULL_ARRAY, NULL_BULK, Err, RawClient, Status
 from tests.nodeproc import NodeProc
+from tests.rawclient import NULL_ARRAY, NULL_BULK, Err, RawClient, Status
+
+pytestmark = pytest.mark.integration
 
 REFERENCE = Path("/work/shared/reference")
 JOB_ID = re.compile(r"^D-[0-9a-f]{8}-[A-Za-z0-9+/]{24}-[0-9a-f]{4}$")

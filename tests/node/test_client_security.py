@@ -11,6 +11,8 @@ import redis
 
 from tests.nodeproc import NodeProc
 
+pytestmark = pytest.mark.integration
+
 PASSWORD = "s3cret pass"
 
 

@@ -35,6 +35,8 @@ from tests.nodeproc import NodeProc
 from tests.nodeproc import unique_queue as _q
 from workers.ids import is_valid_job_id
 
+pytestmark = pytest.mark.integration
+
 UNKNOWN_ID = "D-dcb833cf-8YL1NT17e9+wsA/09NqxscQI-05a1"
 
 

@@ -36,6 +36,8 @@ from tests.nodeproc import NodeProc, free_port
 from workers.ids import slot_of
 from workers.replies import ERR_SYNTAX, OK, Error, Status
 
+pytestmark = pytest.mark.integration
+
 
 def job_id_for(slot: int) -> str:
     """A well-formed job ID carrying ``slot`` (the bus checks job messages' shapes)."""

@@ -13,8 +13,12 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from tests.integration.conftest import Err, RawClient, Status, connect_to_worker
+import pytest
+
 from tests.nodeproc import NodeProc, form_cluster
+from tests.rawclient import Err, RawClient, Status, connect_to_worker
+
+pytestmark = pytest.mark.integration
 
 # Commands that would end the test's node or connection, or switch the reply
 # protocol; each has tests of its own.

@@ -18,6 +18,8 @@ from bus import auth, frames
 from bus.hostbus import BUS_PROTO, K_AUTH, K_FAIL, K_HANDSHAKE, K_JOB, K_PING, K_PONG, K_SEALED
 from tests.nodeproc import NodeProc, form_cluster, unique_queue, wait_until
 
+pytestmark = pytest.mark.integration
+
 SECRET = "the cluster secret, shared by every node of this test"
 OTHER = "another cluster's secret, which must not get in"
 NEW = "the secret we rotate to, second of this test"

@@ -11,8 +11,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.httpclient import get
-from tests.integration.conftest import RawClient
 from tests.nodeproc import NodeProc, free_port, unique_queue
+from tests.rawclient import RawClient
+
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")

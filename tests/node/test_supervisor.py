@@ -24,7 +24,7 @@ from disque_mp import cli
 from disque_mp.node import sdnotify
 from tests.nodeproc import REPO, NodeProc, free_port, port_free
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -1,17 +1,11 @@
-"""Helpers for front-end tests: real nodes (tests/nodeproc.py) and a raw RESP client
-that keeps reply types apart (status vs bulk, null bulk vs null array), which
-redis-py and hiredis do not."""
+"""A raw RESP client for tests against real nodes (tests/nodeproc.py) that keeps
+reply types apart (status vs bulk, null bulk vs null array), which redis-py and
+hiredis do not."""
 
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
-
-import pytest
-
-from tests.nodeproc import NodeProc
 
 raw_timeout_s = 20.0  # generous: other engineers' tests share the 2 cores
 
@@ -131,18 +125,6 @@ class RawClient:
             return False
         except ConnectionResetError:
             return True
-
-
-@pytest.fixture(params=[1, 2], ids=["1worker", "2workers"])
-def node(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[NodeProc]:
-    with NodeProc(tmp_path / "node", workers=request.param) as n:
-        yield n
-
-
-@pytest.fixture
-def node2(tmp_path: Path) -> Iterator[NodeProc]:
-    with NodeProc(tmp_path / "node2", workers=2) as n:
-        yield n
 
 
 def worker_of(client: RawClient) -> int:

@@ -16,6 +16,8 @@ from disque_mp.client.aio import AsyncDisque
 from tests.nodeproc import NodeProc, form_cluster, wait_until
 from tests.nodeproc import unique_queue as _q
 
+pytestmark = pytest.mark.integration
+
 cluster_form_timeout_s = 60.0  # three cold nodes on 2 busy cores
 leaving_seen_timeout_s = 30.0
 

@@ -18,8 +18,9 @@ from bus.hostbus import K_HANDSHAKE
 from disque_mp.client import Disque
 from tests.nodeproc import NodeProc, form_cluster, free_port, unique_queue, wait_until
 
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None,
-                                reason="the openssl CLI is needed to make test certificates")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(shutil.which("openssl") is None,
+                                 reason="the openssl CLI is needed to make test certificates")]
 wait_s = 40.0
 
 

@@ -13,6 +13,8 @@ import pytest
 from tests.httpclient import get, post, request
 from tests.nodeproc import NodeProc, free_port, unique_queue
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProc]:

@@ -18,6 +18,8 @@ from bus import frames
 from bus.mesh import K_SCATTER
 from tests.nodeproc import NodeProc, unique_queue
 
+pytestmark = pytest.mark.integration
+
 
 def intrude(prefix: str, flush_frame: bytes) -> dict[str, str]:
     """What another user's process gets from each local socket (run in a forked child)."""
