@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -183,3 +184,25 @@ def test_route_to_owner_against_a_node_without_worker_ports(tmp_path: Path) -> N
         job_id = d.add_job(q, "x")
         assert [j.id for j in d.get_jobs(q, nohang=True)] == [job_id]
         assert d.ack(job_id) == 1
+
+
+def test_async_route_to_owner_without_the_hop(node: PortsNode) -> None:
+    from disque_mp.client.aio import AsyncDisque
+
+    async def run() -> None:
+        async with AsyncDisque([f"127.0.0.1:{node.port}"], socket_timeout=30,
+                               route_to_owner=True) as d:
+            await d.ping()
+            assert d.routes is not None
+            assert d.routes.layout == WorkerLayout(2, (node.base, node.base + 1))
+            tag = _q("aio")
+            queues = [f"{tag}-{i}" for i in range(100)]
+            ids = await d.add_jobs([(q, "x") for q in queues])
+            ids.append(await d.add_job(queues[0], "y"))
+            got = [j for q in queues for j in await d.get_jobs(q, nohang=True, count=5)]
+            assert sorted(j.id for j in got) == sorted(ids)
+            assert sum([await d.ack(i) for i in ids]) == len(ids)
+
+    before = forwarded(node.port)
+    asyncio.run(run())
+    assert forwarded(node.port) == before
