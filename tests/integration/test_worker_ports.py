@@ -206,3 +206,27 @@ def test_async_route_to_owner_without_the_hop(node: PortsNode) -> None:
     before = forwarded(node.port)
     asyncio.run(run())
     assert forwarded(node.port) == before
+
+
+def test_worker_ports_ask_for_the_password_too(tmp_path: Path) -> None:
+    port = free_port()
+    base = free_worker_ports(2, port)
+    with NodeProc(tmp_path, workers=2, port=port, conf={"worker-ports-base": base}):
+        r = _redis(port)  # readiness is checked without a password: set it once up
+        try:
+            assert r.execute_command("CONFIG", "SET", "requirepass", "s3cret") == b"OK"
+        finally:
+            r.close()
+        r = _redis(base + 1)
+        try:
+            with pytest.raises(redis.AuthenticationError):
+                r.execute_command("ADDJOB", _queue_of(1), "x", 0)
+        finally:
+            r.close()
+        with Disque([f"127.0.0.1:{port}"], socket_timeout=30, password="s3cret",
+                    route_to_owner=True) as d:
+            assert d.ping() and d.routes is not None
+            q = _queue_of(1)
+            job_id = d.add_job(q, "x")
+            assert d.ack(job_id) == 1
+            assert 1 not in d.routes.down_until and 1 in d._workers
