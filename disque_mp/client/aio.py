@@ -60,6 +60,7 @@ class AsyncDisque(ClientSettings):
     def _init_io(self) -> None:
         self._redis: aredis.Redis | None = None
         self._lock = asyncio.Lock()
+        self._workers: dict[int, aredis.Redis] = {}  # route_to_owner: worker index -> client
 
     def _make_redis(self, host: str, port: int) -> aredis.Redis:
         r = aredis.Redis(**self._redis_options(host, port), retry=Retry(NoBackoff(), 0))
@@ -98,8 +99,62 @@ class AsyncDisque(ClientSettings):
             if old is not None:
                 await old.aclose()
             self.topology.learn(hello, (host, port))
+            await self._learn_workers(r, host)
             return hello
         raise DisqueConnectionError("no Disque node reachable; tried: " + "; ".join(tried))
+
+    async def _learn_workers(self, r: aredis.Redis, host: str) -> None:
+        """With route_to_owner: the worker ports the node announces (see Disque)."""
+        await self._close_workers()
+        self.routes = None
+        if not self._route_to_owner:
+            return
+        try:
+            layout = core.parse_worker_layout(parse_info(await r.execute_command("INFO", "workers")))
+        except (redis.RedisError, OSError) as exc:
+            log.debug("INFO workers failed (%s): no routing to worker ports", exc)
+            return
+        if layout is not None:
+            self.routes = core.WorkerRoutes(host, layout)
+
+    async def _close_workers(self) -> None:
+        workers, self._workers = self._workers, {}
+        for r in workers.values():
+            await r.aclose()
+
+    def _worker_client(self, routes: core.WorkerRoutes, k: int) -> aredis.Redis:
+        if self.routes is not routes:  # moved to another node meanwhile
+            raise redis.ConnectionError("the node changed")
+        r = self._workers.get(k)
+        if r is None:
+            r = self._workers[k] = self._make_redis(routes.host, routes.port_of(k))
+        return r
+
+    async def _worker_failed(self, routes: core.WorkerRoutes, k: int, exc: Exception) -> None:
+        log.info("worker port %s:%d failed (%s): using the main port for %.0f s",
+                 routes.host, routes.port_of(k), exc, core.worker_port_retry_s)
+        routes.mark_down(k, time.monotonic())
+        if self.routes is routes:
+            r = self._workers.pop(k, None)
+            if r is not None:
+                await r.aclose()
+
+    async def _execute_routed(self, routes: core.WorkerRoutes,
+                              args: Sequence[Any]) -> tuple[bool, Any]:
+        """(True, reply) from the owner's worker port, or (False, None): main connection."""
+        k = routes.route(args, time.monotonic())
+        if k is None:
+            return False, None
+        try:
+            return True, await self._worker_client(routes, k).execute_command(*args)
+        except redis.ResponseError as exc:
+            err = map_redis_error(exc)
+            if core.is_leaving(err):
+                return False, None
+            raise err from None
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            await self._worker_failed(routes, k, exc)
+            return False, None
 
     async def _client(self) -> aredis.Redis:
         if self._redis is None:
@@ -116,6 +171,11 @@ class AsyncDisque(ClientSettings):
 
     async def execute(self, *args: Any) -> Any:
         """One command; another node on -LEAVING or a dropped connection (see Disque.execute)."""
+        routes = self.routes
+        if routes is not None:
+            done, reply = await self._execute_routed(routes, args)
+            if done:
+                return reply
         attempt = 0
         while True:
             r = await self._client()
@@ -129,6 +189,7 @@ class AsyncDisque(ClientSettings):
             await self._failover(r)
 
     async def aclose(self) -> None:
+        await self._close_workers()
         if self._redis is not None:
             await self._redis.aclose()
             self._redis = None
@@ -179,8 +240,51 @@ class AsyncDisque(ClientSettings):
     async def _pipeline(self, commands: list[list[Any]]) -> list[str]:
         out: list[str] = []
         for chunk in _chunks_by_size(commands, core.pipeline_bytes_max):
-            out += await self._round_trip(chunk)
+            routes = self.routes
+            out += (await self._round_trip(chunk) if routes is None
+                    else await self._routed_trip(routes, chunk))
         return out
+
+    async def _routed_trip(self, routes: core.WorkerRoutes,
+                           commands: Sequence[Sequence[Any]]) -> list[str]:
+        """Each worker port's commands in one round trip, all at once; the rest (and a
+        failed port's) on the main connection."""
+        groups = list(routes.split(commands, time.monotonic()).items())
+
+        async def one(k: int | None, indices: list[int]) -> list[Any]:
+            part = [commands[i] for i in indices]
+            replies = None if k is None else await self._worker_trip(routes, k, part)
+            return replies if replies is not None else await self._round_trip(part)
+
+        results = await asyncio.gather(*(one(k, idx) for k, idx in groups),
+                                       return_exceptions=True)
+        out: list[Any] = [None] * len(commands)
+        first_error: tuple[int, BaseException] | None = None
+        for (_, indices), replies in zip(groups, results, strict=True):
+            if isinstance(replies, BaseException):
+                if first_error is None or indices[0] < first_error[0]:
+                    first_error = (indices[0], replies)
+                continue
+            for i, reply in zip(indices, replies, strict=True):
+                out[i] = reply
+        if first_error is not None:
+            raise first_error[1]
+        return out
+
+    async def _worker_trip(self, routes: core.WorkerRoutes, k: int,
+                           commands: Sequence[Sequence[Any]]) -> list[str] | None:
+        try:
+            pipe = self._worker_client(routes, k).pipeline(transaction=False)
+            for args in commands:
+                pipe.execute_command(*args)
+            replies = await pipe.execute(raise_on_error=False)
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            await self._worker_failed(routes, k, exc)
+            return None
+        for reply in replies:
+            if isinstance(reply, redis.ResponseError):
+                raise map_redis_error(reply)
+        return [_str(x) for x in replies]
 
     async def _round_trip(self, commands: Sequence[Sequence[Any]]) -> list[str]:
         attempt = 0

@@ -12,7 +12,10 @@
   producer of the jobs received;
 - ``ClientSettings``: the seeds, connection settings and failover budget, and the
   decision whether a failed command is raised or sent to another node; plus the
-  consume loop's decisions (``consume_done``, ``consume_batch``).
+  consume loop's decisions (``consume_done``, ``consume_batch``);
+- worker ports (``route_to_owner=True``): ``parse_worker_layout`` reads what
+  ``INFO workers`` announces, ``owner_of_command`` names the worker owning a
+  command's queue or job IDs, ``WorkerRoutes`` picks the port (or the main one).
 
 A client builds a command's arguments here, sends them its own way (redis-py with
 threads in ``sync``, redis.asyncio in ``aio``), hands the reply to a parser, a failure
@@ -31,6 +34,8 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from workers.ids import is_valid_job_id, owner_of_job_id, owner_of_queue
 
 DEFAULT_NODE = "127.0.0.1:7711"
 
@@ -472,6 +477,120 @@ class Topology:
         return None
 
 
+# --------------------------------------------------------------------------- worker ports
+
+# Commands sent straight to the worker owning their target when the node announces
+# worker ports (``route_to_owner=True``): ADDJOB by its queue, GETJOB by its one
+# queue, these by the job IDs they name (all of one owner). Everything else, and
+# these when the target is spread or unknown, goes to the main connection.
+ROUTED_BY_IDS: frozenset[str] = frozenset({"ACKJOB", "FASTACK", "NACK", "WORKING", "ENQUEUE",
+                                            "DEQUEUE", "DELJOB", "SHOW"})
+# A worker port that failed is left alone (its commands take the main port) this long.
+worker_port_retry_s = 5.0
+_GETJOB_FLAGS = frozenset({"NOHANG", "WITHCOUNTERS"})
+_GETJOB_VALUED = frozenset({"TIMEOUT", "COUNT"})
+
+
+@dataclass(slots=True, frozen=True)
+class WorkerLayout:
+    """What ``INFO workers`` announces: the worker count, worker k's own port."""
+
+    workers: int
+    ports: tuple[int, ...]
+
+
+def parse_worker_layout(info: dict[str, str]) -> WorkerLayout | None:
+    """The layout from ``INFO workers`` (``parse_info``'s dict); None when the node
+    announces no worker ports (off, an older node, the reference Disque)."""
+    try:
+        workers = int(info.get("workers", "0"))
+        ports = tuple(int(p) for p in info.get("worker_ports", "").split(",") if p.strip())
+    except ValueError:
+        return None
+    if workers < 1 or len(ports) != workers or not all(0 < p < 65536 for p in ports):
+        return None
+    return WorkerLayout(workers, ports)
+
+
+def _bytes(value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    return str(value).encode("utf-8", "surrogateescape")
+
+
+def owner_of_command(args: Sequence[Any], workers: int) -> int | None:
+    """The worker owning what the command addresses (``workers.ids``' slot rule, the
+    node's own), or None when it should go to the main connection."""
+    if not args or workers < 1:
+        return None
+    name = _str(args[0]).upper()
+    if name == "ADDJOB":
+        return owner_of_queue(_bytes(args[1]), workers) if len(args) >= 4 else None
+    if name == "GETJOB":
+        queue = _getjob_single_queue(args)
+        return None if queue is None else owner_of_queue(queue, workers)
+    if name in ROUTED_BY_IDS and len(args) >= 2:
+        owner: int | None = None
+        for job_id in args[1:]:
+            text = _str(job_id)
+            if not is_valid_job_id(text):
+                return None  # the main connection answers -BADID
+            k = owner_of_job_id(text, workers)
+            if owner is not None and k != owner:
+                return None  # spread: the node splits it
+            owner = k
+        return owner
+    return None
+
+
+def _getjob_single_queue(args: Sequence[Any]) -> bytes | None:
+    """GETJOB's queue when it names exactly one (after FROM), else None."""
+    i, n = 1, len(args)
+    while i < n:
+        word = _str(args[i]).upper()
+        if word == "FROM":
+            return _bytes(args[i + 1]) if n - i == 2 else None
+        if word in _GETJOB_VALUED:
+            i += 2
+        elif word in _GETJOB_FLAGS:
+            i += 1
+        else:
+            return None  # not a shape we know: let the node answer it
+    return None
+
+
+@dataclass(slots=True)
+class WorkerRoutes:
+    """Which worker port a command goes to on the node we are connected to; a port
+    that failed rests ``worker_port_retry_s``. The clock is the caller's (no I/O)."""
+
+    host: str
+    layout: WorkerLayout
+    down_until: dict[int, float] = field(default_factory=dict)
+
+    def port_of(self, worker: int) -> int:
+        return self.layout.ports[worker]
+
+    def route(self, args: Sequence[Any], now: float) -> int | None:
+        """The worker to send ``args`` to, None for the main connection."""
+        k = owner_of_command(args, self.layout.workers)
+        if k is None or self.down_until.get(k, 0.0) > now:
+            return None
+        return k
+
+    def split(self, commands: Sequence[Sequence[Any]],
+              now: float) -> dict[int | None, list[int]]:
+        """Indices of ``commands`` by the worker each goes to (None: main connection),
+        each list in order, so one queue's commands keep their order."""
+        groups: dict[int | None, list[int]] = {}
+        for i, args in enumerate(commands):
+            groups.setdefault(self.route(args, now), []).append(i)
+        return groups
+
+    def mark_down(self, worker: int, now: float) -> None:
+        self.down_until[worker] = now + worker_port_retry_s
+
+
 # --------------------------------------------------------------------------- shared settings
 
 
@@ -490,8 +609,11 @@ class ClientSettings:
         failover_attempts: int | None = None,
         follow_priority: bool = True,
         redis_kwargs: dict[str, Any] | None = None,
+        route_to_owner: bool = False,
     ) -> None:
         self.topology = Topology(parse_nodes(nodes), prefer_producer)
+        self._route_to_owner = route_to_owner
+        self.routes: WorkerRoutes | None = None  # set on connect when the node has worker ports
         self._follow_priority = follow_priority
         self._socket_timeout = socket_timeout
         self._connect_timeout = connect_timeout

@@ -58,11 +58,17 @@ class Disque(ClientSettings):
     many as are known; 0 sticks to one node). ``follow_priority=False`` stays
     on a node even when HELLO shows better ones. ``redis_kwargs`` go to
     ``redis.Redis`` (ssl, username ...).
+
+    ``route_to_owner=True``: when the node announces worker ports (``INFO
+    workers``, ``worker-ports-base``), job commands go straight to the worker
+    owning their queue or job IDs over one more connection per worker (no hop
+    between workers); a worker port that fails sends them the normal way.
     """
 
     def _init_io(self) -> None:
         self._redis: redis.Redis | None = None
         self._lock = threading.RLock()
+        self._workers: dict[int, redis.Redis] = {}  # worker index -> its port's client
 
     # ---- connection management
 
@@ -106,9 +112,67 @@ class Disque(ClientSettings):
             if old is not None:
                 old.close()
             self.topology.learn(hello, (host, port))
+            self._learn_workers(r, host)
             log.debug("connected to %s:%d (node %s)", host, port, hello.node_id)
             return hello
         raise DisqueConnectionError("no Disque node reachable; tried: " + "; ".join(tried))
+
+    def _learn_workers(self, r: redis.Redis, host: str) -> None:
+        """With route_to_owner: the worker ports the node announces (none: no routing)."""
+        self._close_workers()
+        self.routes = None
+        if not self._route_to_owner:
+            return
+        try:
+            layout = core.parse_worker_layout(parse_info(r.execute_command("INFO", "workers")))
+        except (redis.RedisError, OSError) as exc:
+            log.debug("INFO workers failed (%s): no routing to worker ports", exc)
+            return
+        if layout is not None:
+            self.routes = core.WorkerRoutes(host, layout)
+
+    def _close_workers(self) -> None:
+        workers, self._workers = self._workers, {}
+        for r in workers.values():
+            r.close()
+
+    def _worker_client(self, routes: core.WorkerRoutes, k: int) -> redis.Redis:
+        r = self._workers.get(k)
+        if r is None:
+            with self._lock:
+                if self.routes is not routes:  # moved to another node meanwhile
+                    raise redis.ConnectionError("the node changed")
+                r = self._workers.get(k)
+                if r is None:
+                    r = self._workers[k] = self._make_redis(routes.host, routes.port_of(k))
+        return r
+
+    def _worker_failed(self, routes: core.WorkerRoutes, k: int, exc: Exception) -> None:
+        log.info("worker port %s:%d failed (%s): using the main port for %.0f s",
+                 routes.host, routes.port_of(k), exc, core.worker_port_retry_s)
+        with self._lock:
+            routes.mark_down(k, time.monotonic())
+            if self.routes is routes:
+                r = self._workers.pop(k, None)
+                if r is not None:
+                    r.close()
+
+    def _execute_routed(self, routes: core.WorkerRoutes, args: Sequence[Any]) -> tuple[bool, Any]:
+        """(True, reply) when the owner's worker port answered; (False, None) when the
+        command must take the main connection (not routable, the port failed, -LEAVING)."""
+        k = routes.route(args, time.monotonic())
+        if k is None:
+            return False, None
+        try:
+            return True, self._worker_client(routes, k).execute_command(*args)
+        except redis.ResponseError as exc:
+            err = map_redis_error(exc)
+            if core.is_leaving(err):
+                return False, None  # the main path moves to another node
+            raise err from None
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            self._worker_failed(routes, k, exc)
+            return False, None
 
     def _client(self) -> redis.Redis:
         r = self._redis
@@ -131,6 +195,11 @@ class Disque(ClientSettings):
         A command whose connection dropped is sent again on the new node, so an
         ADDJOB may then create a second copy of the job (at-least-once).
         """
+        routes = self.routes
+        if routes is not None:
+            done, reply = self._execute_routed(routes, args)
+            if done:
+                return reply
         attempt = 0
         while True:
             r = self._client()
@@ -145,6 +214,7 @@ class Disque(ClientSettings):
 
     def close(self) -> None:
         with self._lock:
+            self._close_workers()
             if self._redis is not None:
                 self._redis.close()
                 self._redis = None
@@ -225,12 +295,40 @@ class Disque(ClientSettings):
         """
         out: list[Any] = []
         for chunk in _chunks_by_size(commands, core.pipeline_bytes_max):
-            out += self._round_trip(chunk)
+            routes = self.routes
+            out += self._round_trip(chunk) if routes is None else self._routed_trip(routes, chunk)
         if raise_on_error:
             for reply in out:
                 if isinstance(reply, DisqueError):
                     raise reply
         return out
+
+    def _routed_trip(self, routes: core.WorkerRoutes,
+                     commands: Sequence[Sequence[Any]]) -> list[Any]:
+        """One round trip per worker port (each owner's commands in order), the rest
+        (and a failed port's) on the main connection."""
+        groups = routes.split(commands, time.monotonic())
+        out: list[Any] = [None] * len(commands)
+        for k, indices in groups.items():
+            part = [commands[i] for i in indices]
+            replies = None if k is None else self._worker_trip(routes, k, part)
+            if replies is None:
+                replies = self._round_trip(part)
+            for i, reply in zip(indices, replies, strict=True):
+                out[i] = reply
+        return out
+
+    def _worker_trip(self, routes: core.WorkerRoutes, k: int,
+                     commands: Sequence[Sequence[Any]]) -> list[Any] | None:
+        try:
+            pipe = self._worker_client(routes, k).pipeline(transaction=False)
+            for args in commands:
+                pipe.execute_command(*args)
+            replies = pipe.execute(raise_on_error=False)
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            self._worker_failed(routes, k, exc)
+            return None
+        return [map_redis_error(x) if isinstance(x, redis.ResponseError) else x for x in replies]
 
     def _round_trip(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
         attempt = 0

@@ -163,6 +163,8 @@ class Config:
     scan_count_max: int = 1_000  # QSCAN/JSCAN COUNT (and BUSYLOOP) per shard call
     # ours
     workers: int = field(default_factory=lambda: usable_cpus())
+    # worker k also listens alone on worker-ports-base + k (0 = off; README "Worker ports")
+    worker_ports_base: int = 0
     # where the config came from (CONFIG REWRITE target, INFO config_file)
     config_file: str = ""
     # HTTP endpoint: /metrics, the JSON admin API, the dashboard (disque_mp/node/http/)
@@ -343,6 +345,7 @@ DIRECTIVES: tuple[Directive, ...] = (
     _d("scan-count-max", "int", True, "Invalid scan-count-max value", lo=1),
     _d("workers", "int", False, f"workers must be between 1 and {workers_max}",
        lo=1, hi=workers_max),
+    _d("worker-ports-base", "int", False, "Invalid worker-ports-base (0 = off)", lo=0, hi=65535),
     # ours: the HTTP endpoint (metrics, admin API, dashboard)
     _d("http-port", "int", False, "Invalid http-port (0 = off)", lo=0, hi=65535),
     _d("http-bind", "str", False),
@@ -552,7 +555,33 @@ def load(path: str | None, overrides: list[list[str]] | None = None) -> Config:
             apply(cfg, words[0], words[1:])
         except ConfigValueError as e:
             raise ConfigError(str(e), no, line, "") from None
+    reason = check_worker_ports(cfg)
+    if reason:
+        raise ConfigError(reason, 0, f"worker-ports-base {cfg.worker_ports_base}",
+                          cfg.config_file)
     return cfg
+
+
+def worker_ports(cfg: Config) -> list[int]:
+    """The port of each worker (index order), [] when worker-ports-base is 0."""
+    base = cfg.worker_ports_base
+    return [base + k for k in range(cfg.workers)] if base > 0 else []
+
+
+def check_worker_ports(cfg: Config) -> str:
+    """What is wrong with worker-ports-base given the other ports ("" = nothing):
+    every worker port must exist and none may be the client, bus, TLS or HTTP port."""
+    ports = worker_ports(cfg)
+    if not ports:
+        return ""
+    if ports[-1] > 65535:
+        return f"worker-ports-base {ports[0]} + {cfg.workers} workers goes past port 65535"
+    others = (("port", cfg.port), ("the cluster bus port", cfg.port + 10000),
+              ("tls-port", cfg.tls_port), ("http-port", cfg.http_port))
+    for name, port in others:
+        if port and ports[0] <= port <= ports[-1]:
+            return f"{name} {port} is one of the worker ports {ports[0]}-{ports[-1]}"
+    return ""
 
 
 # --- CONFIG GET / SET ---

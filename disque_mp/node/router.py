@@ -58,6 +58,7 @@ class Router:
         self.raw_rid = 0  # ids of RAW mesh requests (u32, wraps)
         # accounting: INFO commandstats and total_commands_processed, the slowlog
         self.commands_processed = 0
+        self.forwarded = 0  # commands sent to their owner over the mesh (INFO workers)
         self.cmdstats: dict[str, list[int]] = {}
         self.slowlog = w.slowlog
         self.slowlog_min_ns = w.slowlog.min_ns  # read per command: a native attribute
@@ -340,6 +341,7 @@ class Router:
 
     def forward(self, owner: int, name: bytes, args: list[bytes], done: Callable[[Any], None]) -> None:
         """Run a job command on another worker; ``done(reply value)``."""
+        self.forwarded += 1
         self.w.mesh.command(owner, name.decode(), args,
                             lambda meta, bodies: done(unpack(meta.get("v"), bodies)))
 
@@ -349,6 +351,7 @@ class Router:
         comes later). The owner counts the command (commandstats, slowlog), as it
         runs it."""
         self._count_streak(conn, owner)
+        self.forwarded += 1
         conn.last_cmd = name
         conn.forwarded += 1
         slot = conn.defer()

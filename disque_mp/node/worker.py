@@ -6,8 +6,8 @@
     the shard      ``workers/shard.py``: the queues whose slot ``s % N == index``
     the AOF        ``aof.py``: loaded at start, appended before replies leave
     the cluster    ``commands/cluster.py``'s agent: membership views, job messages
-    clients        ``ClientConn`` (``connection.py``) on the client port and
-                   ``tls-port``; each command takes ``router.py``'s path
+    clients        ``ClientConn`` (``connection.py``) on the client port,
+                   ``tls-port`` and its own worker port (``worker-ports-base``); each command takes ``router.py``'s path
     the mesh       the other workers of the host (``bus/mesh.py``), served and
                    heard by ``peers.py``
     handoff        ``handoff.py``: a connection moves to the worker owning its traffic
@@ -33,6 +33,7 @@ import os
 import random
 import resource
 import signal
+import socket
 import time
 from collections.abc import Callable
 from typing import Any, Final
@@ -100,6 +101,30 @@ def is_loopback_addr(addr: str, with_port: bool = True) -> bool:
         return False
     mapped = getattr(ip, "ipv4_mapped", None)
     return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
+
+
+def listen_own_sockets(bind: str, port: int, backlog: int) -> list[socket.socket]:
+    """One listening socket per bind address, without SO_REUSEPORT: a worker port
+    is one process's alone, so a second node configured onto it fails to bind
+    instead of taking half of its connections."""
+    socks: list[socket.socket] = []
+    for addr in bind.split() or ["0.0.0.0"]:
+        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind((addr, port))
+            sock.listen(backlog)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            for s in socks:
+                s.close()
+            raise
+        socks.append(sock)
+    return socks
 
 
 def run_worker(cfg: Config, index: int, node_id: str, ready: Any) -> None:
@@ -201,6 +226,7 @@ class Worker:
         await self.mesh.start()
         for sock in listen_sockets(self.cfg.bind, self.cfg.port, self.cfg.tcp_backlog):
             self.servers.append(await self.loop.create_server(lambda: ClientConn(self), sock=sock))
+        await self._start_worker_port()
         await self._start_tls()
         await self._start_http()
         self.loop.add_signal_handler(signal.SIGTERM, self.request_stop)
@@ -255,6 +281,21 @@ class Worker:
         from disque_mp.node import http
 
         self.servers += await http.start(self)
+
+    async def _start_worker_port(self) -> None:
+        """``worker-ports-base``: this worker alone also listens on base + index, so
+        a client that knows the layout reaches a queue's owner without the mesh hop
+        (README, "Worker ports"). Its connections are like any other client's."""
+        if self.cfg.worker_ports_base <= 0:
+            return
+        port = self.cfg.worker_ports_base + self.index
+        try:
+            socks = listen_own_sockets(self.cfg.bind, port, self.cfg.tcp_backlog)
+        except OSError as e:
+            log.warning("Fatal: worker %d can't listen on its worker port %d: %s", self.index, port, e)
+            raise SystemExit(1) from None
+        for sock in socks:
+            self.servers.append(await self.loop.create_server(lambda: ClientConn(self), sock=sock))
 
     async def _start_tls(self) -> None:
         """``tls-port``: the same clients over TLS (disque_mp/node/tls.py)."""
@@ -499,6 +540,7 @@ class Worker:
         for stat in self.router.cmdstats.values():
             stat[0] = stat[1] = 0
         self.router.commands_processed = 0
+        self.router.forwarded = 0
         self.connections_received = self.rejected_connections = 0
         self.net_in_bytes = self.net_out_bytes = 0
 
@@ -512,6 +554,7 @@ class Worker:
             "net_out": self.net_out_bytes, "rejected": self.rejected_connections,
             "cpu_sys": usage.ru_stime, "cpu_user": usage.ru_utime, "rss": rss_bytes(),
             "peak": usage.ru_maxrss * 1024, "handed_off": self.handoff.handed_off,
+            "forwarded": self.router.forwarded,
             "ops_per_sec": self.rates[0], "in_kbps": self.rates[1], "out_kbps": self.rates[2],
             "cmdstats": {k: v for k, v in self.router.cmdstats.items() if v[0]},
             "shard": self.shard.info(),

@@ -455,3 +455,87 @@ def test_the_sample_size_is_read_from_the_core_module(monkeypatch: pytest.Monkey
     topo.learn(_three(1, 1, 1), A)
     assert topo.note_jobs(_jobs(NODE_B, 3)) is None
     assert topo.note_jobs(_jobs(NODE_B, 1)) == B
+
+
+# ----------------------------------------------------------------------------- worker ports
+
+
+def _id_of_slot(slot: int) -> str:
+    """A valid job ID carrying ``slot`` (the node's layout: workers.ids)."""
+    import base64
+
+    mid = base64.b64encode(slot.to_bytes(2, "big") + bytes(16)).decode()
+    return f"D-fdcf7c55-{mid}-000b"
+
+
+def test_parse_worker_layout() -> None:
+    info = parse_info(b"# Workers\r\nworkers:2\r\nconnection_worker:1\r\n"
+                      b"worker_ports:7800,7801\r\nworker0:pid=1,clients=0\r\n")
+    assert core.parse_worker_layout(info) == core.WorkerLayout(2, (7800, 7801))
+    for bad in ({"workers": "2", "worker_ports": ""},          # off
+                {"workers": "2"},                              # an older node
+                {},                                            # the reference Disque
+                {"workers": "3", "worker_ports": "7800,7801"},  # not one per worker
+                {"workers": "2", "worker_ports": "7800,x"},
+                {"workers": "1", "worker_ports": "70000"}):
+        assert core.parse_worker_layout(bad) is None
+
+
+def test_owner_of_command_follows_the_nodes_slot_rule() -> None:
+    from workers.ids import owner_of_job_id, owner_of_queue
+
+    for q in ("a", "b", "emails", "q-17", "ü"):
+        want = owner_of_queue(q.encode(), 4)
+        assert core.owner_of_command(addjob_args(q, b"x", 0, retry=5), 4) == want
+        assert core.owner_of_command(addjob_args(q.encode(), b"x"), 4) == want
+        assert core.owner_of_command(getjob_args(q), 4) == want
+        assert core.owner_of_command(getjob_args([q], timeout_ms=10, count=3, nohang=True,
+                                                 withcounters=True), 4) == want
+    ids = [_id_of_slot(s) for s in (1, 5, 9, 2)]  # owners with 4 workers: 1, 1, 1, 2
+    assert [owner_of_job_id(i, 4) for i in ids] == [1, 1, 1, 2]
+    for name in ("ACKJOB", "FASTACK", "NACK", "WORKING", "SHOW", "ackjob", "DELJOB"):
+        assert core.owner_of_command([name, ids[0]], 4) == 1
+    assert core.owner_of_command(["ACKJOB", *ids[:3]], 4) == 1
+    assert core.owner_of_command(["FASTACK", *[i.encode() for i in ids[:3]]], 4) == 1
+
+
+def test_owner_of_command_leaves_the_rest_to_the_main_connection() -> None:
+    ids = [_id_of_slot(1), _id_of_slot(2)]
+    for args in (["ACKJOB", *ids],                       # spread over two workers
+                 ["ACKJOB", ids[0], "not-an-id"],        # the node answers -BADID
+                 ["ACKJOB"],
+                 getjob_args(["a", "b"]),                # two queues: the node coordinates
+                 ["GETJOB", "FROM"], ["GETJOB", "BOGUS", "FROM", "a"],
+                 ["ADDJOB", "q"],                        # wrong arity: the node answers
+                 ["QLEN", "q"], ["INFO"], ["HELLO"], []):
+        assert core.owner_of_command(args, 2) is None, args
+    assert core.owner_of_command(["ADDJOB", "q", "x", 0], 0) is None
+    assert core.owner_of_command(["ADDJOB", "q", "x", 0], 1) == 0
+
+
+def test_worker_routes_split_and_rest_a_failed_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    from workers.ids import owner_of_queue
+
+    routes = core.WorkerRoutes("127.0.0.1", core.WorkerLayout(2, (7800, 7801)))
+    queues = [f"q{i}" for i in range(40)]
+    cmds: list[list[Any]] = [addjob_args(q, b"x") for q in queues] + [["QLEN", "q0"]]
+    groups = routes.split(cmds, now=100.0)
+    assert groups[None] == [40]
+    for k in (0, 1):
+        assert groups[k] == [i for i, q in enumerate(queues) if owner_of_queue(q.encode(), 2) == k]
+    assert routes.port_of(1) == 7801
+    monkeypatch.setattr(core, "worker_port_retry_s", 5.0)
+    routes.mark_down(1, now=100.0)
+    one = next(q for q in queues if owner_of_queue(q.encode(), 2) == 1)
+    assert routes.route(addjob_args(one, b"x"), now=104.9) is None  # resting: main port
+    assert routes.route(addjob_args(one, b"x"), now=105.0) == 1     # tried again
+    assert set(routes.split(cmds, now=101.0)) == {0, None}
+
+
+def test_route_to_owner_is_off_by_default() -> None:
+    class Settings(ClientSettings):
+        def _init_io(self) -> None:
+            pass
+
+    assert Settings()._route_to_owner is False and Settings().routes is None
+    assert Settings(route_to_owner=True)._route_to_owner is True

@@ -368,3 +368,29 @@ def test_config_set_never_raises(name: str, value: str) -> None:
     finally:
         os.chdir(cwd)  # a valid `dir` changes directory, as Disque does
     assert result is None or isinstance(result, str)
+
+
+def test_worker_ports_base(tmp_path: Path) -> None:
+    cfg = c.parse_text("workers 3\nport 7711\n")
+    assert cfg.worker_ports_base == 0 and c.worker_ports(cfg) == []
+    assert c.config_get(cfg, "worker-ports-base") == [("worker-ports-base", "0")]
+    cfg = c.parse_text("workers 3\nworker-ports-base 7800\n")
+    assert c.worker_ports(cfg) == [7800, 7801, 7802]
+    assert c.check_worker_ports(cfg) == ""
+    assert c.config_get(cfg, "worker-ports-base") == [("worker-ports-base", "7800")]
+    # a start-up directive, like port
+    assert c.config_set(cfg, "worker-ports-base", "7900") == \
+        "Unsupported CONFIG parameter: worker-ports-base"
+    for bad in ("-1", "65536", "x"):
+        with pytest.raises(c.ConfigError, match="Invalid worker-ports-base"):
+            c.parse_text(f"worker-ports-base {bad}")
+    path = tmp_path / "d.conf"
+    for text, reason in (("port 7801", "port 7801 is one of the worker ports 7800-7802"),
+                         ("tls-port 7802", "tls-port 7802 is one of"),
+                         ("port 17711\nworker-ports-base 27710", "the cluster bus port 27711"),
+                         ("worker-ports-base 65534", "goes past port 65535")):
+        path.write_text(f"workers 3\nworker-ports-base 7800\n{text}\n")
+        with pytest.raises(c.ConfigError, match=reason):
+            c.load(str(path))
+    path.write_text("workers 3\nworker-ports-base 7800\n")
+    assert c.worker_ports(c.load(str(path), [["workers", "2"]])) == [7800, 7801]

@@ -516,14 +516,17 @@ def _info_commandstats(w: NodeView, conn: ClientConn, parts: list[Any]) -> list[
 def _info_workers(w: NodeView, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
     from disque_mp import compiled
 
+    ports = configmod.worker_ports(w.cfg)  # "" when off (README, "Worker ports")
     out: list[tuple[str, Any]] = [("workers", w.workers), ("connection_worker", w.index),
-                                  ("shard_build", compiled.summary())]
+                                  ("shard_build", compiled.summary()),
+                                  ("worker_ports", ",".join(map(str, ports)))]
     for p in parts:
         sh = p["shard"]
         out.append((f"worker{p['index']}",
                      f"pid={p['pid']},clients={p['clients']},jobs={sh['registered_jobs']},"
                      f"queues={sh['registered_queues']},commands={p['commands']},"
-                     f"handed_off={p['handed_off']},used_memory_rss={p['rss']}"))
+                     f"handed_off={p['handed_off']},forwarded={p.get('forwarded', 0)},"
+                     f"used_memory_rss={p['rss']}"))
     return out
 
 
