@@ -205,6 +205,9 @@ class RequestParser:
         if len(args) > self.args_max:
             raise ProtocolError("Protocol error: invalid multibulk length")
         if args:
+            # an inline line is at most 64 KB, but proto-max-bulk-len may be set lower
+            if max(map(len, args)) > self.bulk_max:
+                raise ProtocolError("Protocol error: invalid bulk length")
             cmds.append(args)
         return nl + 1
 

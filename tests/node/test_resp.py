@@ -183,3 +183,11 @@ def test_the_hiredis_path_agrees_with_the_exact_parser(data: bytes) -> None:
     exact = parser()
     assert fast.feed(data) == exact._feed_python(data)
     assert fast.feed(cmd(b"PING")) == exact.feed(cmd(b"PING"))  # and the stream goes on alike
+
+
+def test_an_inline_argument_is_bounded_by_the_bulk_limit_too() -> None:
+    """proto-max-bulk-len below an inline line's 64 KB applies to inline arguments."""
+    cmds, err = parser(bulk_max=64, args_max=8, buffer_max=256).feed(b"\x00" * 70 + b"\r\n")
+    assert (cmds, err) == ([], "Protocol error: invalid bulk length")
+    cmds, err = parser(bulk_max=64, args_max=8, buffer_max=256).feed(b"a" * 64 + b"\r\n")
+    assert (cmds, err) == ([[b"a" * 64]], None)
