@@ -481,18 +481,19 @@ def test_slowlog(node2: NodeProc) -> None:
     assert c0.call("CONFIG", "SET", "slowlog-log-slower-than", "0") == Status("OK")
     assert c0.call("SLOWLOG", "RESET") == Status("OK")
 
-    def wait_len(at_least: int) -> int:  # the threshold reaches each worker within a tick
-        n = 0
-        for _ in range(100):
-            n = c0.call("SLOWLOG", "LEN")
-            if n >= at_least:
-                return int(n)
-            c0.call("PING")
-            c1.call("PING")
+    def both_log() -> bool:  # the threshold reaches each worker within a tick
+        for _ in range(200):
+            c0.call("PING", "from-worker-0")
+            c1.call("PING", "from-worker-1")
+            logged = {bytes(e[3][1]) for e in c0.call("SLOWLOG", "GET", 100)
+                      if len(e[3]) == 2 and e[3][0] == b"PING"}
+            if {b"from-worker-0", b"from-worker-1"} <= logged:
+                return True
             time.sleep(0.02)
-        return int(n)
+        return False
 
-    assert wait_len(4) >= 4
+    assert both_log()
+    assert c0.call("SLOWLOG", "LEN") >= 1
     assert c0.call("SLOWLOG", "RESET") == Status("OK")
     q = queue_owned_by(1, prefix="slow")
     c1.call("ADDJOB", q, "y" * 200, 0)
