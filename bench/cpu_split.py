@@ -29,7 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from bench.plots import RESULTS
-from bench.scaling import bench_cpu, disque_mp_node, median_row, reference_binary, reference_server
+from bench.redisq import redis_benchmark
+from bench.scaling import (
+    REQUESTS,
+    bench_cpu,
+    disque_mp_node,
+    median_row,
+    reference_binary,
+    reference_server,
+)
 
 record_hz = 2000  # samples per second per process
 record_s = 2.0  # recorded while the second run is under way
@@ -81,21 +89,40 @@ def record(pids: list[int], seconds: float) -> dict[str, float]:
     return parts
 
 
-def measure(port: int, pids: list[int], cmd: list[str], pipeline: int) -> dict[str, Any]:
-    rows = [bench_cpu(port, pids, *cmd, pipeline=pipeline) for _ in range(rounds)]
+def flush(port: int, prefill: str, jobs: int) -> None:
+    """Empty the server between runs (DEBUG FLUSHALL, which both servers have: a long
+    ADDJOB run would otherwise take the reference to its maxmemory), then queue
+    ``jobs`` jobs in ``prefill`` when one is named (for GETJOB runs)."""
+    import redis
+
+    redis.Redis(port=port, protocol=2).execute_command("DEBUG", "FLUSHALL")
+    if prefill:
+        redis_benchmark(port, "ADDJOB", prefill, "x", "0", requests=jobs, pipeline=32)
+
+
+def measure(port: int, pids: list[int], cmd: list[str], pipeline: int,
+            prefill: str = "") -> dict[str, Any]:
+    rows = []
+    for _ in range(rounds):
+        flush(port, prefill, REQUESTS)
+        rows.append(bench_cpu(port, pids, *cmd, pipeline=pipeline))
     row = median_row(rows)
     # the profile: a run of the same load with perf attached meanwhile
     shares: dict[str, float] = {}
 
     def prof() -> None:
         time.sleep(record_delay_s)
-        shares.update(record(pids, record_s))
+        try:
+            shares.update(record(pids, record_s))
+        except subprocess.SubprocessError as e:  # reported; that column's parts stay empty
+            print(f"perf record of {pids} failed: {e}")
 
+    # long enough to cover the recording, at the rate just measured
+    requests = int(row["rps"] * (record_delay_s + record_s + 1.0))
+    flush(port, prefill, requests)
     t = threading.Thread(target=prof)
     t.start()
-    # long enough to cover the recording, at the rate just measured
-    bench_cpu(port, pids, *cmd, pipeline=pipeline,
-              requests=int(row["rps"] * (record_delay_s + record_s + 1.0)))
+    bench_cpu(port, pids, *cmd, pipeline=pipeline, requests=requests)
     t.join()
     total = sum(shares.values()) or 1.0
     us = row["server_us_per_req"]
@@ -125,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pipeline", type=int, nargs="+", default=[1, 32])
     ap.add_argument("--cmd", default="ADDJOB q x 0")
     ap.add_argument("--out", default="")
+    ap.add_argument("--prefill", default="", metavar="QUEUE",
+                    help="before each run, queue as many jobs in QUEUE as the run has requests")
     args = ap.parse_args(argv)
     if shutil.which("perf") is None:
         print("perf is not installed: nothing to record")
@@ -134,17 +163,18 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="cpu-split-"))
     try:
         with disque_mp_node(work, args.workers) as (port, pids):
-            results[f"disque-mp {args.workers}w"] = {p: measure(port, pids, cmd, p) for p in args.pipeline}
+            results[f"disque-mp {args.workers}w"] = {p: measure(port, pids, cmd, p, args.prefill) for p in args.pipeline}
         binary, status = reference_binary()
         if binary is not None:
             with reference_server(binary, work) as (port, pids):
-                results["reference"] = {p: measure(port, pids, cmd, p) for p in args.pipeline}
+                results["reference"] = {p: measure(port, pids, cmd, p, args.prefill) for p in args.pipeline}
     finally:
         shutil.rmtree(work, ignore_errors=True)
     name = args.out or "-".join(cmd[:1]).lower() + f"-w{args.workers}"
     text = [f"# CPU per request by part: `{args.cmd}`", "",
             f"`python -m bench.cpu_split --workers {args.workers} --pipeline "
-            f"{' '.join(map(str, args.pipeline))} --cmd \"{args.cmd}\"` at "
+            f"{' '.join(map(str, args.pipeline))} --cmd \"{args.cmd}\""
+            f"{' --prefill ' + args.prefill if args.prefill else ''}` at "
             f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC; redis-benchmark -c 50 -n 200000. "
             f"Reference: {status}. Server CPU per request: median of {rounds} runs "
             f"(utime + stime of the server's processes); parts: perf samples of a further run "
