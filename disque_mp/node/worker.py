@@ -33,7 +33,6 @@ import os
 import random
 import resource
 import signal
-import socket
 import time
 from collections.abc import Callable
 from typing import Any, Final
@@ -101,30 +100,6 @@ def is_loopback_addr(addr: str, with_port: bool = True) -> bool:
         return False
     mapped = getattr(ip, "ipv4_mapped", None)
     return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
-
-
-def listen_own_sockets(bind: str, port: int, backlog: int) -> list[socket.socket]:
-    """One listening socket per bind address, without SO_REUSEPORT: a worker port
-    is one process's alone, so a second node configured onto it fails to bind
-    instead of taking half of its connections."""
-    socks: list[socket.socket] = []
-    for addr in bind.split() or ["0.0.0.0"]:
-        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            sock.bind((addr, port))
-            sock.listen(backlog)
-            sock.setblocking(False)
-        except OSError:
-            sock.close()
-            for s in socks:
-                s.close()
-            raise
-        socks.append(sock)
-    return socks
 
 
 def run_worker(cfg: Config, index: int, node_id: str, ready: Any) -> None:
@@ -290,7 +265,7 @@ class Worker:
             return
         port = self.cfg.worker_ports_base + self.index
         try:
-            socks = listen_own_sockets(self.cfg.bind, port, self.cfg.tcp_backlog)
+            socks = listen_sockets(self.cfg.bind, port, self.cfg.tcp_backlog, shared=False)
         except OSError as e:
             log.warning("Fatal: worker %d can't listen on its worker port %d: %s", self.index, port, e)
             raise SystemExit(1) from None

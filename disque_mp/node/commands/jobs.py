@@ -12,6 +12,7 @@ against short argument lists so no input can raise.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -154,11 +155,16 @@ def parse_addjob(args: list[bytes]) -> AddJobArgs | Error:
             a.async_ = True
             i += 1
             continue
-        if last or opt not in _ADDJOB_OPTS:
+        spec = None if last else _ADDJOB_OPTS.get(opt)
+        if spec is None:
             return ERR_SYNTAX
-        err = _ADDJOB_OPTS[opt](a, parse_int(args[i + 1]))
-        if err is not None:
-            return err
+        field, lowest, highest, err_low, err_high = spec
+        v = parse_int(args[i + 1])
+        if v is None or v < lowest:
+            return err_low
+        if v > highest:
+            return err_high
+        setattr(a, field, v)
         i += 2
     t = parse_timeout_ms(args[2])
     if isinstance(t, Error):
@@ -167,53 +173,15 @@ def parse_addjob(args: list[bytes]) -> AddJobArgs | Error:
     return a
 
 
-def _opt_replicate(a: AddJobArgs, v: int | None) -> Error | None:
-    if v is None or not 1 <= v <= replicate_max:
-        return ERR_REPLICATE
-    a.replicate = v
-    return None
-
-
-def _opt_ttl(a: AddJobArgs, v: int | None) -> Error | None:
-    if v is None or v <= 0:
-        return ERR_TTL
-    if v > ttl_max_s:
-        return ERR_TTL_MAX
-    a.ttl_s = v
-    return None
-
-
-def _opt_retry(a: AddJobArgs, v: int | None) -> Error | None:
-    if v is None or v < 0:
-        return ERR_RETRY
-    if v > retry_max_s:
-        return ERR_RETRY_MAX
-    a.retry_s = v
-    return None
-
-
-def _opt_delay(a: AddJobArgs, v: int | None) -> Error | None:
-    if v is None or v < 0:
-        return ERR_DELAY
-    if v > delay_max_s:
-        return ERR_DELAY_MAX
-    a.delay_s = v
-    return None
-
-
-def _opt_maxlen(a: AddJobArgs, v: int | None) -> Error | None:
-    if v is None or v <= 0:
-        return ERR_MAXLEN
-    a.maxlen = v
-    return None
-
-
-_ADDJOB_OPTS: dict[bytes, Callable[[AddJobArgs, int | None], Error | None]] = {
-    b"replicate": _opt_replicate,
-    b"ttl": _opt_ttl,
-    b"retry": _opt_retry,
-    b"delay": _opt_delay,
-    b"maxlen": _opt_maxlen,
+# ADDJOB's numeric options: the field each sets, its smallest and largest value, the
+# error below the smallest (or not a number) and above the largest (the reference's
+# texts; the maxima are ours, see workers/job.py).
+_ADDJOB_OPTS: Final[dict[bytes, tuple[str, int, int, Error, Error]]] = {
+    b"replicate": ("replicate", 1, replicate_max, ERR_REPLICATE, ERR_REPLICATE),
+    b"ttl": ("ttl_s", 1, ttl_max_s, ERR_TTL, ERR_TTL_MAX),
+    b"retry": ("retry_s", 0, retry_max_s, ERR_RETRY, ERR_RETRY_MAX),
+    b"delay": ("delay_s", 0, delay_max_s, ERR_DELAY, ERR_DELAY_MAX),
+    b"maxlen": ("maxlen", 1, sys.maxsize, ERR_MAXLEN, ERR_MAXLEN),
 }
 
 
