@@ -21,8 +21,9 @@ if TYPE_CHECKING:
     from workers.shard import Shard
 
 
-class MemoryHost(Protocol):
-    """What ``memory.Monitor`` uses of its worker."""
+class WorkerBasics(Protocol):
+    """What every node-wide part uses of its worker: the config, where it sits, its
+    loop, the mesh to the other workers and its shard."""
 
     @property
     def cfg(self) -> Config: ...
@@ -37,6 +38,10 @@ class MemoryHost(Protocol):
     @property
     def shard(self) -> Shard: ...
 
+
+class MemoryHost(WorkerBasics, Protocol):
+    """What ``memory.Monitor`` uses of its worker."""
+
     oom: bool  # set at level 3: denyoom commands answer ERR_OOM
 
     def drain_effects(self) -> None: ...  # after an eviction pass (the AOF's DELJOBs)
@@ -49,16 +54,10 @@ class MemoryGauge(Protocol):
     def update(self) -> None: ...  # CONFIG SET maxmemory: the level follows at once
 
 
-class NodeView(Protocol):
+class NodeView(WorkerBasics, Protocol):
     """What the node-wide and connection commands (``commands/admin.py``) and the
     HTTP endpoint (``http/``) use of the worker that runs them."""
 
-    @property
-    def cfg(self) -> Config: ...
-    @property
-    def index(self) -> int: ...
-    @property
-    def workers(self) -> int: ...
     @property
     def node_id(self) -> str: ...
     @property
@@ -67,12 +66,6 @@ class NodeView(Protocol):
     def start_s(self) -> float: ...
     @property
     def now_ms(self) -> int: ...
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop: ...
-    @property
-    def mesh(self) -> Mesh: ...  # gathering from every worker
-    @property
-    def shard(self) -> Shard: ...
     @property
     def aof(self) -> Any: ...  # the AOF manager, or None
     @property
