@@ -75,8 +75,10 @@ def test_cluster_reset_empties_the_node(three: list[NodeProc], mode: str) -> Non
         c.close()
     wait_until(lambda: _info(three[0], "clients")["blocked_clients"] == 0, wait_s, "unblocked")
     assert _info(three[0], "jobs")["registered_jobs"] == 0
-    assert _info(three[0], "queues")["registered_queues"] == 0
-    assert _scan_all(a, "QSCAN") == []
+    left = _scan_all(a, "QSCAN")
+    assert _info(three[0], "queues")["registered_queues"] == 0, [
+        (q, a.execute_command("QSTAT", q)) for q in left]
+    assert left == []
     assert _scan_all(a, "JSCAN") == []
     for job_id in ids:
         assert a.execute_command("SHOW", job_id) is None
