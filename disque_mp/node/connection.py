@@ -42,7 +42,7 @@ class ClientConn(asyncio.Protocol):
         "node", "transport", "parser", "out", "slots", "resp3", "authed", "name",
         "lib_name", "lib_ver", "id", "ctime_s", "last_cmd", "last_s", "closing",
         "waiters", "dirty", "streak_owner", "streak", "handoffs", "addr", "gone",
-        "close_after_write", "soft_since_s", "unfilled", "forwarded",
+        "close_after_write", "soft_since_s", "unfilled", "forwarded", "out_bytes",
     )
 
     def __init__(self, node: Worker, state: dict[str, Any] | None = None) -> None:
@@ -52,6 +52,7 @@ class ClientConn(asyncio.Protocol):
         self.parser = RequestParser(cfg.proto_max_bulk_len, cfg.proto_max_multibulk_len,
                                     cfg.client_query_buffer_bytes_max)
         self.out: list[bytes] = []
+        self.out_bytes = 0  # bytes in ``out`` (the output limits' count between writes)
         self.slots: deque[bytes | PendingReply] | None = None
         self.resp3 = False
         self.authed = not cfg.requirepass
@@ -126,6 +127,7 @@ class ClientConn(asyncio.Protocol):
                         self.slots.append(reply)
                     else:
                         self.out.append(reply)
+                        self.out_bytes += len(reply)
                     queued += len(reply)
                     if queued > room:
                         self.check_output(queued, lim)
@@ -152,6 +154,7 @@ class ClientConn(asyncio.Protocol):
             self.slots.append(data)
         else:
             self.out.append(data)
+            self.out_bytes += len(data)
 
     def defer(self) -> PendingReply:
         self.unfilled += 1
@@ -170,21 +173,26 @@ class ClientConn(asyncio.Protocol):
         if slots is None or self.gone:
             return
         moved = False
+        out = self.out
         while slots:
             head = slots[0]
+            ready: bytes
             if type(head) is PendingReply:
                 if head.data is None:
                     break
-                self.out.append(head.data)
+                ready = head.data
             else:
-                self.out.append(head)  # type: ignore[arg-type]
+                ready = head  # type: ignore[assignment]
+            out.append(ready)
+            self.out_bytes += len(ready)
             slots.popleft()
             moved = True
         if not moved:
             return  # a reply behind one still missing: nothing new to write or count
         lim = output_limits(self.node.cfg.client_output_buffer_limit)
-        if lim.low:  # replies from other workers count as they arrive
-            self.check_output(sum(map(len, self.out)), lim)
+        # replies from other workers count as they arrive
+        if lim.low and self.out_bytes > lim.room(self.transport):
+            self.check_output(self.out_bytes, lim)
         if self.out:
             self.node.mark_dirty(self)
 
@@ -193,11 +201,13 @@ class ClientConn(asyncio.Protocol):
         transport = self.transport
         if transport is None:
             self.out.clear()
+            self.out_bytes = 0
             return
         out = self.out
         if out:
             data = out[0] if len(out) == 1 else b"".join(out)
             out.clear()
+            self.out_bytes = 0
             self.node.net_out_bytes += len(data)
             transport.write(data)
             if self.soft_since_s:
@@ -234,6 +244,7 @@ class ClientConn(asyncio.Protocol):
             return
         self.closing = True
         self.out.clear()
+        self.out_bytes = 0
         self.slots = None
         self.node.log(f"Client id={self.id} addr={self.addr} closed for overcoming of output "
                       f"buffer limits ({size} bytes unread)")
@@ -242,7 +253,7 @@ class ClientConn(asyncio.Protocol):
     def _recheck_soft(self) -> None:
         lim = output_limits(self.node.cfg.client_output_buffer_limit)
         if self.soft_since_s and lim.soft:
-            self.check_output(sum(map(len, self.out)), lim)
+            self.check_output(self.out_bytes, lim)
 
     def pending(self) -> bool:
         return bool(self.slots) or bool(self.out)
