@@ -113,7 +113,7 @@ _INT_OPTIONS = {  # name -> (minimum, what it is)
     "max_jobs_per_batch": (1, "jobs"),
     "num_partitions": (1, "partitions"),
 }
-_BOOL_OPTIONS = ("async", "heartbeat", "fast_ack", "prefetch")
+_BOOL_OPTIONS = ("async", "heartbeat", "fast_ack", "prefetch", "route_to_owner")
 _STR_OPTIONS = ("nodes", "queue", "queue_column", "body_column", "report_file", "states")
 JOB_STATES = ("wait-repl", "active", "queued", "acked")
 KNOWN_OPTIONS = frozenset(_INT_OPTIONS) | frozenset(_BOOL_OPTIONS) | frozenset(_STR_OPTIONS)
@@ -140,6 +140,7 @@ class Options:
     heartbeat: bool = True
     fast_ack: bool = False
     prefetch: bool = False  # measured: no gain on 2 cores shared by Spark and the node
+    route_to_owner: bool = False  # clients send job commands to the owning worker's port
     report_file: str | None = None
     states: list[str] = field(default_factory=list)
 
@@ -201,7 +202,7 @@ def parse_options(raw: Mapping[str, str]) -> Options:
         if name in given:
             setattr(opts, name, _parse_int(name, given[name]))
     opts.async_ = _parse_bool("async", given["async"]) if "async" in given else False
-    for name in ("heartbeat", "fast_ack", "prefetch"):
+    for name in ("heartbeat", "fast_ack", "prefetch", "route_to_owner"):
         if name in given:
             setattr(opts, name, _parse_bool(name, given[name]))
     return opts
@@ -314,10 +315,14 @@ def _write_rows(plan: WritePlan, rows: Iterator[Any]) -> WriteReport:
     opts = plan.opts
     default_queue = opts.queues[0] if opts.queues else None
     add_options = opts.addjob_options()
-    client = Disque(opts.nodes)
+    client = Disque(opts.nodes, route_to_owner=opts.route_to_owner)
     written = 0
     batch: list[list[Any]] = []
     try:
+        if opts.route_to_owner:
+            # the worker ports are learnt on connect; a lazy connect inside the
+            # first execute_many would send that whole pipeline the normal way
+            client.connect()
         for row in rows:
             queue = row[plan.queue_index] if plan.queue_index is not None else default_queue
             body = row[plan.body_index]
@@ -459,7 +464,8 @@ class StreamState:
 
     def __init__(self, opts: Options) -> None:
         self.opts = opts
-        self.client = Disque(opts.nodes)  # HELLO, QLEN, and ACKs whose node is gone
+        # HELLO, QLEN, and ACKs whose node is gone
+        self.client = Disque(opts.nodes, route_to_owner=opts.route_to_owner)
         self.take_lock = threading.Lock()  # one taker at a time: latestOffset or prefetcher
         # written under take_lock (entries are only added):
         self.node_clients: dict[Address, Disque] = {}  # one per node HELLO lists
@@ -502,8 +508,14 @@ class StreamState:
             for node in self.client.hello().nodes:
                 address = (node.host, node.port)
                 if address not in self.node_clients:
-                    self.node_clients[address] = Disque([address], failover_attempts=0,
-                                                        follow_priority=False)
+                    client = Disque([address], failover_attempts=0, follow_priority=False,
+                                    route_to_owner=self.opts.route_to_owner)
+                    if self.opts.route_to_owner:  # worker ports are learnt on connect
+                        try:
+                            client.connect()
+                        except DisqueError:  # down: _getjob skips it and tries again
+                            pass
+                    self.node_clients[address] = client
         nodes = list(self.node_clients.items())
         self.next_node = (self.next_node + 1) % max(1, len(nodes))
         return nodes[self.next_node:] + nodes[:self.next_node]
