@@ -169,9 +169,15 @@ class AsyncDisque(ClientSettings):
             if self._redis is broken:
                 await self._connect(self.topology.current)
 
+    async def _current_routes(self) -> core.WorkerRoutes | None:
+        """The worker routes, once known (route_to_owner: the first command connects first)."""
+        if self._route_to_owner and self._redis is None:
+            await self._client()
+        return self.routes
+
     async def execute(self, *args: Any) -> Any:
         """One command; another node on -LEAVING or a dropped connection (see Disque.execute)."""
-        routes = self.routes
+        routes = await self._current_routes()
         if routes is not None:
             done, reply = await self._execute_routed(routes, args)
             if done:
@@ -240,7 +246,7 @@ class AsyncDisque(ClientSettings):
     async def _pipeline(self, commands: list[list[Any]]) -> list[str]:
         out: list[str] = []
         for chunk in _chunks_by_size(commands, core.pipeline_bytes_max):
-            routes = self.routes
+            routes = await self._current_routes()
             out += (await self._round_trip(chunk) if routes is None
                     else await self._routed_trip(routes, chunk))
         return out

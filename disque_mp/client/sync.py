@@ -189,13 +189,20 @@ class Disque(ClientSettings):
             if self._redis is broken:  # another thread may have moved already
                 self.connect(avoid=self.topology.current)
 
+    def _current_routes(self) -> core.WorkerRoutes | None:
+        """The worker routes, once known: with route_to_owner the first command
+        connects first, so that it is routed too."""
+        if self._route_to_owner and self._redis is None:
+            self._client()
+        return self.routes
+
     def execute(self, *args: Any) -> Any:
         """Run one command; move to another node on -LEAVING or a dropped connection.
 
         A command whose connection dropped is sent again on the new node, so an
         ADDJOB may then create a second copy of the job (at-least-once).
         """
-        routes = self.routes
+        routes = self._current_routes()
         if routes is not None:
             done, reply = self._execute_routed(routes, args)
             if done:
@@ -295,7 +302,7 @@ class Disque(ClientSettings):
         """
         out: list[Any] = []
         for chunk in _chunks_by_size(commands, core.pipeline_bytes_max):
-            routes = self.routes
+            routes = self._current_routes()
             out += self._round_trip(chunk) if routes is None else self._routed_trip(routes, chunk)
         if raise_on_error:
             for reply in out:

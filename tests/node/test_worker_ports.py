@@ -157,6 +157,30 @@ def test_route_to_owner_adds_gets_acks_without_the_hop(node: PortsNode) -> None:
         assert forwarded(node.port) - before > 0
 
 
+def test_a_fresh_clients_first_pipeline_is_routed_too(node: PortsNode) -> None:
+    """The client learns the ports when it connects; with route_to_owner it connects
+    before its first command, so even a first pipeline takes no hop."""
+    from disque_mp.client.aio import AsyncDisque
+
+    tag = _q("fresh")
+    queues = [f"{tag}-{i}" for i in range(60)]
+    before = forwarded(node.port)
+    with Disque([f"127.0.0.1:{node.port}"], socket_timeout=30, route_to_owner=True) as d:
+        ids = d.add_jobs([(q, "x") for q in queues])
+        assert forwarded(node.port) == before
+        assert d.fast_ack(*ids) == len(ids)
+
+    async def run() -> int:
+        async with AsyncDisque([f"127.0.0.1:{node.port}"], socket_timeout=30,
+                               route_to_owner=True) as a:
+            before = forwarded(node.port)
+            ids = await a.add_jobs([(q, "y") for q in queues])
+            assert len(ids) == len(queues)
+            return forwarded(node.port) - before
+
+    assert asyncio.run(run()) == 0
+
+
 def test_a_worker_port_that_fails_sends_its_commands_the_normal_way(node: PortsNode) -> None:
     with socket.socket() as closed, \
             Disque([f"127.0.0.1:{node.port}"], socket_timeout=30, route_to_owner=True) as d:
