@@ -526,6 +526,7 @@ class ClusterBus:
         if self.out.get(link.node) is link:
             del self.out[link.node]
             self.m.link_lost(link.node)
+            self._after_change_if_dirty()  # workers stop moving jobs to it at once
             wait = connect_backoff_ms_max if link.failed else connect_backoff_ms_min
             self.retry_at_ms[link.node] = now_ms() + wait
 

@@ -113,6 +113,14 @@ class Node:
     def reachable(self) -> bool:
         return not (self.pfail or self.fail or self.handshake or self.noaddr)
 
+    @property
+    def linked(self) -> bool:
+        """Our outbound link to it is up and has carried a PONG: a message we send
+        now is written, not dropped. A peer loaded from nodes.conf, or whose link
+        has just been lost (it restarted within the node timeout), is reachable
+        but not linked until our new link answers a PING."""
+        return self.link_up and self.pong_received_ms >= self.link_ctime_ms
+
     def __repr__(self) -> str:
         return f"Node({self.node_id[:8]} {self.ip}:{self.port} {self.flags_text()})"
 
@@ -215,6 +223,8 @@ class Membership:
         node.link_ctime_ms = now_ms
 
     def link_lost(self, node: Node) -> None:
+        if node.linked:
+            self.dirty = True  # the workers must stop counting on this link
         node.link_up = False
 
     # ---- messages ------------------------------------------------------------
@@ -282,7 +292,10 @@ class Membership:
             node.noaddr = True
             self.dirty = True
             return [DropLink(node)]
+        was_linked = node.linked
         node.pong_received_ms = now_ms
+        if node.linked and not was_linked:
+            self.dirty = True  # the first PONG on this link: the workers may use it
         node.ping_sent_ms = 0
         if node.pfail or node.fail:
             node.pfail = node.fail = False
@@ -498,6 +511,8 @@ def snapshot(m: Membership, wall_offset_ms: int = 0) -> dict[str, Any]:
         "received": m.stats_received,
         "nodes": [[n.node_id, n.ip, n.port, n.flags(), wall(n.ping_sent_ms),
                    wall(n.pong_received_ms), n.myself or n.link_up] for n in _ordered(m)],
+        # other nodes our outbound link to has carried a PONG (Node.linked)
+        "linked": sorted(n.node_id for n in m.others() if n.linked),
     }
 
 
@@ -548,19 +563,32 @@ def hello_reply(view: dict[str, Any]) -> list[Any]:
 class Peer:
     """What the shard needs to know about another node."""
 
-    __slots__ = ("node_id", "reachable", "leaving")
+    __slots__ = ("node_id", "reachable", "leaving", "linked")
 
-    def __init__(self, node_id: str, reachable: bool, leaving: bool) -> None:
+    def __init__(self, node_id: str, reachable: bool, leaving: bool,
+                 linked: bool | None = None) -> None:
         self.node_id = node_id
         self.reachable = reachable
         self.leaving = leaving
+        # a message to it is written now (Node.linked); reachable, without a link,
+        # means failure detection has not noticed a lost link yet
+        self.linked = reachable if linked is None else linked
 
     def __repr__(self) -> str:
-        return f"Peer({self.node_id[:8]} reachable={self.reachable} leaving={self.leaving})"
+        return (f"Peer({self.node_id[:8]} reachable={self.reachable} leaving={self.leaving}"
+                f" linked={self.linked})")
 
 
 def peers(view: dict[str, Any]) -> list[Peer]:
-    """Every other known node (handshakes excluded), sorted by ID."""
-    return [Peer(node_id, _healthy(flags), "leaving" in flags)
-            for node_id, _ip, _port, flags, *_ in view["nodes"]
-            if "myself" not in flags and "handshake" not in flags]
+    """Every other known node (handshakes excluded), sorted by ID. A view without
+    ``linked`` (built by hand) counts every reachable node as linked."""
+    linked = view.get("linked")
+    have = set(linked) if isinstance(linked, list) else None
+    out = []
+    for node_id, _ip, _port, flags, *_ in view["nodes"]:
+        if "myself" in flags or "handshake" in flags:
+            continue
+        reachable = _healthy(flags)
+        out.append(Peer(node_id, reachable, "leaving" in flags,
+                        None if have is None else reachable and node_id in have))
+    return out

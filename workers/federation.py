@@ -176,18 +176,24 @@ class Fed(Timed):
 class ClusterOps:
     """Cluster messages and the cluster side of client commands (mixin of Shard)."""
 
+    # reachable peers our bus link has no PONG on yet (set_view): not sent YOURJOBS
+    _unlinked: frozenset[str] = frozenset()
+
     # ------------------------------------------------------------------ view
 
     def set_view(self: Shard, myid: str, peers: list[tuple[str, bool, bool]] | list[Any],
                  leaving: bool) -> None:
         """The membership view: our ID, every other known node as (id, reachable,
-        leaving), our own LEAVING flag. Replication targets are the reachable
-        nodes that are not leaving."""
+        leaving[, linked]), our own LEAVING flag. Replication targets are the
+        reachable nodes that are not leaving. ``linked`` (default: reachable) is
+        False while our bus link to the node has not carried a PONG: a message
+        to it would be dropped (membership.Node.linked)."""
         if myid and myid != self.node_id:
             self._set_node_id(myid)
         known = tuple(p[0] for p in peers if p[0] != self.node_id)
         self._known = known
         self._peers = tuple(p[0] for p in peers if p[1] and not p[2] and p[0] != self.node_id)
+        self._unlinked = frozenset(p[0] for p in peers if p[1] and len(p) > 3 and not p[3])
         self.set_leaving(leaving)
 
     def set_leaving(self: Shard, leaving: bool) -> None:
@@ -696,13 +702,20 @@ class ClusterOps:
                 self._asks.clear()  # only latency is lost: askers ask again
             self._asks[name] = (sender, now_ms + needjobs_ask_ttl_ms)
             return
-        if sender not in self._peers:
-            # Not reachable from here (no PONG on our own link to it yet: it has just
-            # restarted, or a partition has just healed, and its link to us came back
-            # first). The bus would drop our YOURJOBS after the jobs left the queue,
-            # losing an at-most-once job outright. It asks again; we answer then.
+        if not self._can_move_jobs_to(sender):
+            # No PONG on our own link to it yet: it is not reachable from here (a
+            # partition has just healed and its link to us came back first), or it
+            # is but our link is not up (we or it have just restarted: a peer from
+            # nodes.conf, or one whose link broke within the node timeout). The bus
+            # would drop our YOURJOBS after the jobs left the queue, losing an
+            # at-most-once job outright. It asks again; we answer then.
             return
         self._send_yourjobs(q, sender, min(max(count, 1), needjobs_count_max), now_ms)
+
+    def _can_move_jobs_to(self: Shard, node: str) -> bool:
+        """A YOURJOBS to ``node`` would be written: reachable, and our bus link to it
+        has carried a PONG (set_view)."""
+        return node in self._peers and node not in self._unlinked
 
     def _send_yourjobs(self: Shard, q: Queue, node: str, count: int, now_ms: int) -> None:
         """Move up to ``count`` queued jobs to ``node``. Each leaves the queue as it is
@@ -779,7 +792,7 @@ class ClusterOps:
         """A job was queued in an otherwise empty queue with no local consumer: if a
         node asked for this queue recently, it gets the job now (a late YOURJOBS)."""
         ask = self._asks.pop(q.name, None)  # one push per NEEDJOBS: askers ask again
-        if ask is None or ask[1] < now_ms or ask[0] not in self._peers:
+        if ask is None or ask[1] < now_ms or not self._can_move_jobs_to(ask[0]):
             return
         self._send_yourjobs(q, ask[0], needjobs_count_min, now_ms)
 

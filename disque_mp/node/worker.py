@@ -441,8 +441,9 @@ class Worker:
         from bus import membership as mb
 
         # The shard needs every known node (default REPLICATE = cluster size), which are
-        # reachable, which are leaving, our own LEAVING flag and our ID (RESET HARD).
-        peers = [(p.node_id, p.reachable, p.leaving) for p in mb.peers(view)]
+        # reachable, which are leaving, which our bus link has a PONG on (jobs moved
+        # to a node without one would be dropped), our own LEAVING flag and our ID.
+        peers = [(p.node_id, p.reachable, p.leaving, p.linked) for p in mb.peers(view)]
         self.shard.set_view(view.get("myid", self.node_id), peers, bool(view.get("leaving")))
         self.view_seen = True
         self.drain_effects()  # LEAVING releases blocked clients with -LEAVING

@@ -106,6 +106,8 @@ async def _bus_scenario(tmp: Path) -> None:
         info = mb.info_text(a.bus.view())
         assert "cluster_known_nodes:3\r\n" in info and "cluster_reachable_nodes:2\r\n" in info
         assert a.views[-1]["myid"] == a.bus.my_id and len(a.views[-1]["nodes"]) == 3
+        # the workers learn which peers our links have a PONG on (jobs sent are written)
+        await until(lambda: set(a.views[-1]["linked"]) == {b.bus.my_id, c.bus.my_id}, "linked")
 
         # a job message lands at the owner of its slot, with raw bodies
         body = bytes(range(256)) * 10
@@ -124,6 +126,11 @@ async def _bus_scenario(tmp: Path) -> None:
         # C goes away: PFAIL then FAIL (majority of 3) on A and B
         c_id, c_port = c.bus.my_id, c.cfg.port
         await c.bus.close()
+        # the link is gone: unlinked at once, before failure detection says anything
+        seen = len(a.views)
+        await until(lambda: c_id not in a.views[-1]["linked"], "C unlinked")
+        unlinked = next(v for v in a.views[seen:] if c_id not in v["linked"])
+        assert [p.reachable for p in mb.peers(unlinked) if p.node_id == c_id] == [True]
         await until(lambda: a.flags(c) == ["fail"] and b.flags(c) == ["fail"], "C failing")
 
         # C comes back with its nodes.conf: same ID, flags cleared everywhere
@@ -135,7 +142,12 @@ async def _bus_scenario(tmp: Path) -> None:
         c2.bus = ClusterBus(c2.cfg, nc.node_id, c2.deliver, c2.views.append, 3)
         c = c2
         await c.bus.start()
+        # its peers from nodes.conf: reachable in its first view, linked only after a PONG
+        first = mb.peers(c.views[0])
+        assert [(p.reachable, p.linked) for p in first] == [(True, False), (True, False)]
         await until(lambda: a.flags(c) == [] and b.flags(c) == [] and c.knows(a, b), "C back")
+        await until(lambda: set(c.views[-1]["linked"]) == {a.bus.my_id, b.bus.my_id},
+                    "C linked")
 
         # FORGET on A: gone and stays gone although B and C still know A and it
         assert a.bus.forget(c_id) is None

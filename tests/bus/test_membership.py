@@ -271,6 +271,60 @@ def test_restarted_node_with_its_conf_rejoins() -> None:
     assert net.ids(7003) == {m.my_id for m in net.nodes.values()}
 
 
+def linked_peers(m: Membership) -> set[str]:
+    return {p.node_id for p in mb.peers(mb.snapshot(m)) if p.linked}
+
+
+def test_peer_loaded_from_conf_is_linked_only_after_a_pong_on_our_link() -> None:
+    """A restarted node's peers from nodes.conf are reachable (no flag says
+    otherwise) before its own links to them are up; the bus drops a message for
+    a node without a link, so they count as linked only after a PONG on it."""
+    net = joined(3)
+    c = net.nodes[7003]
+    conf, c_id = c.to_conf(), c.my_id
+    c2 = Membership(c_id, "127.0.0.1", 7003, random.Random(9), net.now_ms, TIMEOUT_MS)
+    c2.load_conf(nodes_conf.parse(nodes_conf.render(conf)), net.now_ms)
+    others = {m.my_id for p, m in net.nodes.items() if p != 7003}
+    view = mb.snapshot(c2)
+    assert {p.node_id for p in mb.peers(view) if p.reachable} == others
+    assert linked_peers(c2) == set()
+    a = c2.nodes[net.nodes[7001].my_id]
+    c2.link_connected(a, net.now_ms)
+    assert linked_peers(c2) == set()  # connected, no PONG yet
+    c2.dirty = False
+    pong = net.nodes[7001].on_ping(c2.make_ping(a), False, "127.0.0.1", "127.0.0.1",
+                                   net.now_ms)
+    assert pong is not None
+    c2.on_pong(a, pong, net.now_ms + 1)
+    assert linked_peers(c2) == {a.node_id} and c2.dirty  # republished to the workers
+    c2.dirty = False
+    c2.link_lost(a)
+    assert linked_peers(c2) == set() and c2.dirty
+    assert a.node_id in {p.node_id for p in mb.peers(mb.snapshot(c2)) if p.reachable}
+
+
+def test_lost_link_unlinks_until_a_pong_on_the_new_one() -> None:
+    """A peer that restarts within the node timeout stays reachable, but the
+    PONGs of the old link do not count for the new one."""
+    net = joined(2)
+    a, b = net.nodes[7001], net.nodes[7002]
+    assert linked_peers(a) == {b.my_id}
+    node = a.nodes[b.my_id]
+    a.link_lost(node)
+    net.now_ms += 10
+    a.link_connected(node, net.now_ms)
+    assert node.reachable and linked_peers(a) == set()
+    net.run(2000)
+    assert linked_peers(a) == {b.my_id}
+
+
+def test_hand_built_view_counts_reachable_peers_as_linked() -> None:
+    view = {"myid": "a" * 40, "nodes": [["a" * 40, "127.0.0.1", 7001, ["myself"], 0, 0, True],
+                                        ["b" * 40, "127.0.0.1", 7002, [], 0, 0, False],
+                                        ["c" * 40, "127.0.0.1", 7003, ["fail?"], 0, 0, True]]}
+    assert [(p.reachable, p.linked) for p in mb.peers(view)] == [(True, True), (False, False)]
+
+
 def test_gossip_ignores_garbage() -> None:
     net = joined(2)
     a, b = net.nodes[7001], net.nodes[7002]

@@ -98,6 +98,7 @@ def test_a_job_federation_moved_back_is_delivered(pair: tuple[NodeProc, NodeProc
 restart_rounds = 2  # before the fix, each round lost the job (8 in 8 on a 2-core VM)
 failure_detection_s = 15.0  # cluster-node-timeout 2000: A flags the killed node within ~3 s
 deliver_s = 15.0  # bound on the job reaching the restarted node's consumer
+lost_link_s = 0.5  # A's link to a killed node is gone by then (a reset, not a timeout)
 
 
 def _show(r: redis.Redis, job_id: Any) -> Any:
@@ -105,11 +106,16 @@ def _show(r: redis.Redis, job_id: Any) -> Any:
     return reply and {k: v for k, v in zip(reply[::2], reply[1::2], strict=False) if k != b"body"}
 
 
-def test_an_at_most_once_job_reaches_a_node_that_just_restarted(tmp_path: Path) -> None:
+@pytest.mark.parametrize("within_timeout", [False, True], ids=["flagged", "within-timeout"])
+def test_an_at_most_once_job_reaches_a_node_that_just_restarted(tmp_path: Path,
+                                                                within_timeout: bool) -> None:
     """Kill -9 X, queue an at-most-once job on A, restart X and wait on X at once:
-    X's NEEDJOBS reaches A before A has redialled X."""
-    a = NodeProc(tmp_path / "a", workers=2, conf={"cluster-node-timeout": 2000})
-    x = NodeProc(tmp_path / "x", workers=2, conf={"cluster-node-timeout": 2000})
+    X's NEEDJOBS reaches A before A has redialled X. Either A has flagged X by
+    then (unreachable until a PONG on A's new link), or X is back within the node
+    timeout: A still sees it reachable, but its link to X is gone (not linked)."""
+    timeout_ms = 30000 if within_timeout else 2000
+    a = NodeProc(tmp_path / "a", workers=2, conf={"cluster-node-timeout": timeout_ms})
+    x = NodeProc(tmp_path / "x", workers=2, conf={"cluster-node-timeout": timeout_ms})
     with contextlib.ExitStack() as stack:
         stack.callback(x.stop)
         stack.callback(a.stop)
@@ -120,8 +126,12 @@ def test_an_at_most_once_job_reaches_a_node_that_just_restarted(tmp_path: Path) 
         stack.callback(ra.close)
         for _ in range(restart_rounds):
             x.kill_group()
-            wait_until(lambda: reachable_nodes(a.port) == 0, failure_detection_s,
-                       "A flags the killed node")
+            if within_timeout:
+                time.sleep(lost_link_s)  # A sees its link to X drop, X not flagged
+                assert reachable_nodes(a.port) == 1
+            else:
+                wait_until(lambda: reachable_nodes(a.port) == 0, failure_detection_s,
+                           "A flags the killed node")
             q = unique_queue("restart")
             job_id = ra.execute_command("ADDJOB", q, "x", 0, "REPLICATE", 1, "RETRY", 0)
             x.start(wait=False)

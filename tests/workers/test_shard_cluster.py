@@ -286,6 +286,55 @@ def test_needjobs_from_a_node_we_cannot_reach_moves_no_at_most_once_job() -> Non
     net.check()
 
 
+def test_needjobs_from_a_reachable_node_without_our_link_moves_no_at_most_once_job() -> None:
+    """A restarted node loads its peers from nodes.conf: reachable (no flag says
+    otherwise) before its outbound links to them have carried a PONG. The view
+    says so (linked False); a NEEDJOBS then must not move an at-most-once job
+    that the bus would drop."""
+    net = Net(2, seed=19)
+    a, x = net.ids
+    net.cut_one_way(a, x)
+    net.refresh_views()
+    net.nodes[a].shard.set_view(a, [(x, True, False, False)], False)  # reachable, no link
+    net.drain(a)
+    jid = _added(net, a, replicate=1, retry_s=0)
+    tok = net.block(x)
+    net.run(1000)
+    assert net.sent.get("NEEDJOBS") and (x, tok) not in net.wakes
+    assert net.holders(jid) == {a: QUEUED}
+    net.heal()
+    net.refresh_views()  # the first PONG on a's link to x
+    net.run(5000)
+    rep = net.wakes.get((x, tok))
+    assert rep is not None and rep[0][1] == jid
+    assert net.holders(jid) == {a: ACTIVE, x: ACTIVE}
+    net.check()
+
+
+def test_late_yourjobs_to_a_reachable_asker_without_our_link_waits_for_the_link() -> None:
+    """The remembered ask (a NEEDJOBS for a queue we had nothing in) gets a late
+    YOURJOBS when a job arrives: not while our link to the asker has no PONG."""
+    net = Net(2, seed=19)
+    a, x = net.ids
+    net.cut_one_way(a, x)
+    net.refresh_views()
+    net.nodes[a].shard.set_view(a, [(x, True, False, False)], False)  # reachable, no link
+    net.drain(a)
+    tok = net.block(x)
+    net.run(300)  # x's NEEDJOBS reaches a, which remembers the ask
+    assert net.sent.get("NEEDJOBS")
+    jid = _added(net, a, replicate=1, retry_s=0)
+    net.run(50)
+    assert (x, tok) not in net.wakes and net.holders(jid) == {a: QUEUED}
+    net.heal()
+    net.refresh_views()
+    net.run(5000)
+    rep = net.wakes.get((x, tok))
+    assert rep is not None and rep[0][1] == jid
+    assert net.holders(jid) == {a: ACTIVE, x: ACTIVE}
+    net.check()
+
+
 def test_needjobs_backoff_while_nothing_arrives() -> None:
     net = Net(2, seed=18)
     a, b = net.ids
