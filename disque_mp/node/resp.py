@@ -73,12 +73,13 @@ class RequestParser:
         # cut by the read, inline text, a bound exceeded, odd types) is parsed
         # again from the start of this read by the exact Python parser.
         #
-        # hiredis does not say where it stopped, so each command's canonical
-        # length (``*N``, then ``$L`` + L bytes per argument) is added up: the read
-        # held exactly these multibulks, each starting with ``*``, when the sum is
-        # its length. A partial command hiredis keeps to itself, a RESP3 set, push
-        # or boolean it took from inline text, a simple string or a padded length
-        # inside a multibulk: all end up somewhere else, and the slow path runs.
+        # hiredis does not say where it stopped, so the read is walked along the
+        # values it returned, each in its canonical form (``*N``, then ``$L`` + L
+        # bytes per argument, every header's type byte and CRLF where it must be):
+        # the read held exactly these multibulks when the walk ends at its length.
+        # A partial command hiredis keeps to itself, a RESP3 set, push or boolean
+        # it took from inline text, a simple string, a nested array or a padded
+        # length inside a multibulk: each breaks the walk, and the slow path runs.
         reader = self._reader
         reader.feed(data)
         cmds: list[list[bytes]] = []
@@ -86,17 +87,22 @@ class RequestParser:
         at = 0
         try:
             while (cmd := reader.gets()) is not False:
-                if type(cmd) is not list or data[at] != 42:  # b"*"
+                if type(cmd) is not list:
                     raise _SlowPath
                 n = len(cmd)
                 if n > args_max:
                     raise _SlowPath
-                at += 3 + _digits(n)
+                at = _canonical_header(data, at, 42, n)  # *N
                 for arg in cmd:
-                    size = len(arg)  # a non-bytes element (integer, error...): TypeError
+                    if type(arg) is not bytes:
+                        raise _SlowPath
+                    size = len(arg)
                     if size > bulk_max:
                         raise _SlowPath
-                    at += 5 + _digits(size) + size
+                    at = _canonical_header(data, at, 36, size) + size  # $L, then the bytes
+                    if data[at] != 13 or data[at + 1] != 10:
+                        raise _SlowPath
+                    at += 2
                 if n:  # `*0` is ignored, as in Redis
                     cmds.append(cmd)
             if at != len(data):
@@ -210,6 +216,16 @@ class RequestParser:
                 raise ProtocolError("Protocol error: invalid bulk length")
             cmds.append(args)
         return nl + 1
+
+
+def _canonical_header(data: bytes, at: int, kind: int, n: int) -> int:
+    """Where the value after the header ``<kind>n\r\n`` starting at ``at`` begins,
+    if ``data`` has that header there in its canonical form (else _SlowPath;
+    IndexError past the end)."""
+    end = at + 1 + _digits(n)
+    if data[at] != kind or data[end] != 13 or data[end + 1] != 10:  # CRLF after the digits
+        raise _SlowPath
+    return end + 2
 
 
 def _digits(n: int) -> int:

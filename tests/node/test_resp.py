@@ -174,6 +174,11 @@ def test_inline_text_after_a_multibulk_in_one_read_is_never_swallowed(inline: by
     cmd(b"PING") + b"*2\r\n$4\r\nPING",  # a command cut by the read
     cmd(b"PING") + b"*2\r\n",  # only the header of the next one
     b"*1\r\n:1\r\n",  # an integer element
+    # nested arrays (4 bytes over the sum each) cancelled by simple strings (3 under)
+    b"*7\r\n" + b"*1\r\n$1\r\na\r\n" * 3 + b"+x\r\n" * 4,
+    # padded lengths (1 byte over each) cancelled by a simple string (3 under)
+    b"*4\r\n" + b"$01\r\na\r\n" * 3 + b"+x\r\n",
+    b"*1\r\n$1\r\naXY",  # a bulk not followed by CRLF
     cmd(b"ADDJOB", b"q", b"x" * 12345, b"0") + cmd(b"PING") * 3,
 ])
 def test_the_hiredis_path_agrees_with_the_exact_parser(data: bytes) -> None:
