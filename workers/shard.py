@@ -232,8 +232,9 @@ class Shard(ClusterOps):
         self._gone: dict[str, int] = {}  # acked/deleted job IDs -> kept until (ms)
         self._fed: dict[bytes, Fed] = {}  # queues with federation state
         self._asks: dict[bytes, tuple[str, int]] = {}  # queue -> (asker, until ms)
-        # /metrics: delivered and not acked jobs (ID -> delivery ms; per queue count),
-        # jobs waiting for their DELAY per queue. Entries exist only while non-zero.
+        # /metrics: delivered and not acked jobs (their count, and per queue; each
+        # job keeps its delivery ms), jobs waiting for their DELAY per queue. The
+        # per-queue entries exist only while non-zero.
         self._outstanding = 0  # jobs delivered and not acked (Job.dtime_ms >= 0)
         self._active: dict[bytes, int] = {}
         self._delayed: dict[bytes, int] = {}
@@ -300,8 +301,7 @@ class Shard(ClusterOps):
                 self._effects.append(Wake(rw.token, ERR_NOREPL_TIMEOUT))
         if self._gc_tries:
             self._gc_tries.pop(jid, None)
-        if job.dtime_ms >= 0:
-            self._forget_delivery(job)
+        self._forget_delivery(job)
         if job.flags >= _FLAGS_WITH_DELAY and not job.flags & FLAG_QUEUED_ONCE:
             self._undelay(job)
         was = job.state
@@ -505,8 +505,7 @@ class Shard(ClusterOps):
         flags = job.flags
         if flags >= _FLAGS_WITH_DELAY and not flags & FLAG_QUEUED_ONCE:
             self._undelay(job)
-        if job.dtime_ms >= 0:
-            self._forget_delivery(job)  # queued again (retry, NACK, ENQUEUE, a peer's QUEUED)
+        self._forget_delivery(job)  # queued again (retry, NACK, ENQUEUE, a peer's QUEUED)
         job.flags = (flags & ~FLAG_WILLQUEUE_SENT) | FLAG_QUEUED_ONCE
         if job.retry_s:
             job.qtime_ms = now_ms + job.retry_s * 1000 + int(self._rng.random() * time_error_ms)
@@ -1127,7 +1126,7 @@ class Shard(ClusterOps):
         return at
 
     def _observe_processing(self, job: Job, now_ms: int) -> None:
-        at = self._forget_delivery(job) if job.dtime_ms >= 0 else -1
+        at = self._forget_delivery(job)
         if at >= 0:
             took_ms = now_ms - at if now_ms > at else 0
             self.proc_counts[bisect_left(latency_bounds_ms, took_ms)] += 1

@@ -191,7 +191,7 @@ class ClientConn(asyncio.Protocol):
             return  # a reply behind one still missing: nothing new to write or count
         lim = output_limits(self.node.cfg.client_output_buffer_limit)
         # replies from other workers count as they arrive
-        if lim.low and self.out_bytes > lim.room(self.transport):
+        if self.out_bytes > lim.room(self.transport):
             self.check_output(self.out_bytes, lim)
         if self.out:
             self.node.mark_dirty(self)
@@ -210,12 +210,9 @@ class ClientConn(asyncio.Protocol):
             self.out_bytes = 0
             self.node.net_out_bytes += len(data)
             transport.write(data)
-            if self.soft_since_s:
-                self.check_output(0, output_limits(self.node.cfg.client_output_buffer_limit))
-            else:
-                lim = output_limits(self.node.cfg.client_output_buffer_limit)
-                if lim.low and lim.room(transport) < 0:
-                    self.check_output(0, lim)
+            lim = output_limits(self.node.cfg.client_output_buffer_limit)
+            if self.soft_since_s or lim.room(transport) < 0:
+                self.check_output(0, lim)
         if self.close_after_write and not self.slots:
             transport.close()
 
