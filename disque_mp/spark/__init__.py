@@ -202,7 +202,7 @@ def parse_options(raw: Mapping[str, str]) -> Options:
         if name in given:
             setattr(opts, name, _parse_int(name, given[name]))
     opts.async_ = _parse_bool("async", given["async"]) if "async" in given else False
-    for name in ("heartbeat", "fast_ack", "prefetch", "route_to_owner"):
+    for name in _BOOL_OPTIONS[1:]:  # "async" is set above (its field is async_)
         if name in given:
             setattr(opts, name, _parse_bool(name, given[name]))
     return opts
@@ -319,10 +319,6 @@ def _write_rows(plan: WritePlan, rows: Iterator[Any]) -> WriteReport:
     written = 0
     batch: list[list[Any]] = []
     try:
-        if opts.route_to_owner:
-            # the worker ports are learnt on connect; a lazy connect inside the
-            # first execute_many would send that whole pipeline the normal way
-            client.connect()
         for row in rows:
             queue = row[plan.queue_index] if plan.queue_index is not None else default_queue
             body = row[plan.body_index]
@@ -508,14 +504,9 @@ class StreamState:
             for node in self.client.hello().nodes:
                 address = (node.host, node.port)
                 if address not in self.node_clients:
-                    client = Disque([address], failover_attempts=0, follow_priority=False,
-                                    route_to_owner=self.opts.route_to_owner)
-                    if self.opts.route_to_owner:  # worker ports are learnt on connect
-                        try:
-                            client.connect()
-                        except DisqueError:  # down: _getjob skips it and tries again
-                            pass
-                    self.node_clients[address] = client
+                    self.node_clients[address] = Disque(
+                        [address], failover_attempts=0, follow_priority=False,
+                        route_to_owner=self.opts.route_to_owner)
         nodes = list(self.node_clients.items())
         self.next_node = (self.next_node + 1) % max(1, len(nodes))
         return nodes[self.next_node:] + nodes[:self.next_node]
