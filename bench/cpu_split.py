@@ -38,12 +38,15 @@ from bench.scaling import (
     reference_binary,
     reference_server,
 )
+from disque_mp.compiled import COMPILED_MODULES
 
 record_hz = 2000  # samples per second per process
 record_s = 2.0  # recorded while the second run is under way
 record_delay_s = 0.5  # let the run reach its steady state first
 rounds = 3  # CPU per request: the median of this many runs
 
+# the per-module shims of the mypyc build (shard.cpython-*.so, ...) beside the shared library
+_COMPILED_LEAVES = frozenset(m.rsplit(".", 1)[1] for m in COMPILED_MODULES)
 PARTS = ("kernel", "event loop", "python runtime", "compiled project code",
          "hiredis", "libc", "server (C)", "other")
 
@@ -57,7 +60,7 @@ def part_of(dso: str, symbol: str) -> str:
         return "event loop"
     if name.startswith("libpython") or name == "python3.11":
         return "python runtime"
-    if "__mypyc" in name or name.startswith(("shard.", "connection.", "worker.", "resp.")):
+    if "__mypyc" in name or name.split(".")[0] in _COMPILED_LEAVES:
         return "compiled project code"
     if "hiredis" in name:
         return "hiredis"
