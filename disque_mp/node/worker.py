@@ -41,7 +41,7 @@ from bus import auth as bus_auth
 from bus.mesh import Mesh
 from disque_mp.node.clock import now_ms
 from disque_mp.node.commands import jobs as cmd_jobs
-from disque_mp.node.config import Config
+from disque_mp.node.config import Config, worker_ports
 from disque_mp.node.connection import ClientConn, PendingReply, listen_sockets
 from disque_mp.node.getjob import GetJob
 from disque_mp.node.handoff import Handoff
@@ -261,9 +261,10 @@ class Worker:
         """``worker-ports-base``: this worker alone also listens on base + index, so
         a client that knows the layout reaches a queue's owner without the mesh hop
         (README, "Worker ports"). Its connections are like any other client's."""
-        if self.cfg.worker_ports_base <= 0:
+        ports = worker_ports(self.cfg)
+        if not ports:
             return
-        port = self.cfg.worker_ports_base + self.index
+        port = ports[self.index]
         try:
             socks = listen_sockets(self.cfg.bind, port, self.cfg.tcp_backlog, shared=False)
         except OSError as e:
