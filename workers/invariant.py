@@ -1,7 +1,8 @@
 """Always-on invariant checks (``assert`` vanishes under ``python -O``).
 
 A broken invariant is a bug in the shard: raise, let the worker crash, and let
-the supervisor restart it (STYLE.md, "Errors").
+the supervisor restart it: a restarted worker reloads its slots from the AOF,
+while one that went on with broken state could hand out wrong jobs.
 """
 
 from __future__ import annotations

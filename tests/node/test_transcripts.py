@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 
+from tests import REFERENCE_DIR
 from tests.nodeproc import NodeProc
 from tests.rawclient import NULL_ARRAY, NULL_BULK, Err, RawClient, Status
 
 pytestmark = pytest.mark.integration
 
-REFERENCE = Path("/work/shared/reference")
+REFERENCE = REFERENCE_DIR
 JOB_ID = re.compile(r"^D-[0-9a-f]{8}-[A-Za-z0-9+/]{24}-[0-9a-f]{4}$")
 NODE_ID = re.compile(r"^[0-9a-f]{40}$")
 # Keys whose values depend on time (SHOW, QSTAT): any integer will do.

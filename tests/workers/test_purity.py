@@ -1,5 +1,6 @@
 """workers/ is a pure state machine: no I/O, no clock, no global randomness,
-and nothing from the I/O packages (STYLE.md). Checked on the source's AST."""
+and nothing from the I/O packages, so that a whole cluster of shards runs in one
+process under a seeded simulation. Checked on the source's AST."""
 
 from __future__ import annotations
 

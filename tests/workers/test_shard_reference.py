@@ -13,16 +13,13 @@ import random
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from disque_mp.node.commands import jobs as cmd_jobs
 from disque_mp.node.commands.table import run_on_shard
+from tests import REFERENCE_DIR
 from workers.replies import NULL_ARRAY, PENDING, Error, Status
 from workers.shard import Shard
 
-REF = Path(__file__).resolve().parents[3] / "shared" / "reference"
-if not REF.is_dir():
-    REF = Path("/work/shared/reference")
+REF = REFERENCE_DIR
 NODE = "739317b21b9046a3454204425426c55a12ccc07a"
 T0 = 1_795_301_808_328
 
@@ -191,8 +188,6 @@ TRANSCRIPTS = ["01-basics-and-errors.txt", "02-lifecycle-pause-scan-info.txt"]
 def test_replay_reference() -> None:
     """02 was recorded on the same server right after 01: replay them in one session."""
     paths = [REF / name for name in TRANSCRIPTS]
-    if not all(p.exists() for p in paths):
-        pytest.skip(f"reference transcripts not available in {REF}")
     rp = Replayer()
     compared = 0
     for cmd, expected in [step for p in paths for step in parse_transcript(p)]:
