@@ -36,7 +36,7 @@ from operator import attrgetter
 from typing import Any, Final, cast
 
 from workers.effects import AofAppend, Effect, Wake
-from workers.extensions import ExtOps
+from workers.extensions import ExtOps, Gather
 from workers.federation import (
     ERR_NOREPL_TIMEOUT,
     QUEUED_INCR_DELIVERIES,
@@ -197,6 +197,7 @@ class Shard(ExtOps):
         self._me: tuple[str, ...] = (node_id,)
         self._peers: tuple[str, ...] = ()  # replication targets: reachable, not leaving
         self._known: tuple[str, ...] = ()  # every other known node (cluster size - 1)
+        self._reach: tuple[str, ...] | None = None  # reachable, leaving too (set_view)
         self._leaving: bool = False
         self._memory_level = 0  # set_memory_level(): 0 ok, 1 >= 75 %, 2 >= 95 %, 3 >= 100 %
         self._effects: list[Effect] = []
@@ -242,6 +243,10 @@ class Shard(ExtOps):
         self._outstanding = 0  # jobs delivered and not acked (Job.dtime_ms >= 0)
         self._active: dict[bytes, int] = {}
         self._delayed: dict[bytes, int] = {}
+        # Extensions (workers/extensions.py): WAITJOBs by the jobs they wait on,
+        # GLOBALQLEN / DELQUEUE gathering the other nodes' answers by token.
+        self._waits: dict[str, list[Gather]] = {}
+        self._gathers: dict[int, Gather] = {}
 
     # ------------------------------------------------------------------ plumbing
 
@@ -255,6 +260,7 @@ class Shard(ExtOps):
         """Other nodes, all reachable (``set_view`` gives the full picture). Empty: single node."""
         self._peers = tuple(n for n in reachable_node_ids if n != self.node_id)
         self._known = self._peers
+        self._reach = None
 
     def has_peers(self) -> bool:
         """Other reachable nodes can take copies: a default ADDJOB then waits for
@@ -305,6 +311,8 @@ class Shard(ExtOps):
                 self._effects.append(Wake(rw.token, ERR_NOREPL_TIMEOUT))
         if self._gc_tries:
             self._gc_tries.pop(jid, None)
+        if self._waits:
+            self._job_done(jid)
         self._forget_delivery(job)
         if job.flags & FLAGS_DELAY_MASK and not job.flags & FLAG_QUEUED_ONCE:
             self._undelay(job)
@@ -417,6 +425,8 @@ class Shard(ExtOps):
                     self._fire_job(t, now_ms)
                 elif type(t) is Queue:
                     self._fire_queue(t, now_ms)
+                elif type(t) is Gather:
+                    self._fire_gather(t, now_ms)
                 else:
                     self._fire_fed(cast(Fed, t), now_ms)
             self._firing_key = 0
@@ -1119,6 +1129,7 @@ class Shard(ExtOps):
         they waited on go too."""
         for rw in self._repl.values():
             self._effects.append(Wake(rw.token, ERR_NOREPL_TIMEOUT))  # their jobs are gone
+        self._finish_all()  # WAITJOBs: every job is gone
         waiters = list(self._waiters.values()) if keep_waiters else []
         for q in self._queues.values():
             q.drop_all()
