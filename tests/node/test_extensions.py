@@ -4,6 +4,7 @@ to with redis-py, redis-cli and the project's client."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
 import threading
@@ -16,6 +17,7 @@ import pytest
 import redis
 
 from disque_mp.client import Disque
+from disque_mp.client.aio import AsyncDisque
 from tests.nodeproc import NodeProc, form_cluster, wait_until
 from tests.nodeproc import unique_queue as _q
 from workers.ids import owner_of_job_id
@@ -247,3 +249,21 @@ def test_delqueue_removes_every_copy_cluster_wide(three: list[NodeProc]) -> None
         assert r.execute_command("QLEN", q) == 0
         assert all(r.execute_command("SHOW", j) in (None,) or _show(r, j)["state"] == b"acked"
                    for j in ids)
+
+
+def test_async_client_methods(one: NodeProc) -> None:
+    async def go() -> None:
+        q = _q()
+        d = AsyncDisque(f"127.0.0.1:{one.port}", socket_timeout=20)
+        try:
+            jid = await d.add_job(q, b"x", retry=60, maxdeliver=1)
+            job = await d.get_job(q, nohang=True)
+            assert job is not None and await d.nack(job, delay=0) == 1
+            assert await d.qlen("dead:" + q) == 1 and await d.global_qlen("dead:" + q) == 1
+            assert await d.wait_jobs(jid, timeout_ms=10) == 0
+            assert await d.del_queue("dead:" + q) == 1
+            assert await d.wait_jobs(jid) == 1
+        finally:
+            await d.aclose()
+
+    asyncio.run(go())
