@@ -87,8 +87,11 @@ class Gather(Timed):
 
 
 class ExtOps(ClusterOps):
-    """NACK DELAY and MAXDELIVER on the shard (mixin of Shard). One chain of bases
+    """The extensions on the shard (a base of Shard). One chain of bases
     (ClusterOps, ExtOps, Shard): mypyc compiles single inheritance only."""
+
+    # every reachable node, leaving ones too (set_view); None: set_peers's list
+    _reach: tuple[str, ...] | None = None
 
     def on_message(self: Shard, sender: str, kind: str, meta: dict[str, Any],
                    bodies: list[bytes], now_ms: int) -> None:

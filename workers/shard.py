@@ -148,6 +148,19 @@ _K_NACKS: Final = b"nacks"
 _K_ADD_DELIV: Final = b"additional-deliveries"
 
 
+def _over_bounds(queue: bytes, body: bytes, ttl_s: int, delay_s: int, retry_s: int | None,
+                 maxdeliver: int) -> Error | None:
+    """ADDJOB past a bound of workers/job.py (the job could not be encoded)."""
+    if not 0 <= maxdeliver <= maxdeliver_max:
+        return ERR_MAXDELIVER
+    if len(queue) > queue_name_bytes_max or len(body) > body_bytes_max:
+        return ERR_QUEUE_NAME_MAX if len(queue) > queue_name_bytes_max else ERR_BODY_MAX
+    if ttl_s > ttl_max_s or delay_s > delay_max_s or (retry_s is not None and retry_s > retry_max_s):
+        return ERR_TTL_MAX if ttl_s > ttl_max_s else (
+            ERR_DELAY_MAX if delay_s > delay_max_s else ERR_RETRY_MAX)
+    return None
+
+
 def job_bucket(job_id: str) -> int:
     """JSCAN bucket: two characters of the random part of the ID (deterministic)."""
     return (ord(job_id[14]) * 97 + ord(job_id[15])) & _JOB_BUCKET_MASK
@@ -197,7 +210,7 @@ class Shard(ExtOps):
         self._me: tuple[str, ...] = (node_id,)
         self._peers: tuple[str, ...] = ()  # replication targets: reachable, not leaving
         self._known: tuple[str, ...] = ()  # every other known node (cluster size - 1)
-        self._reach: tuple[str, ...] | None = None  # reachable, leaving too (set_view)
+        self._reach = None  # reachable nodes, leaving too (ExtOps.set_view)
         self._leaving: bool = False
         self._memory_level = 0  # set_memory_level(): 0 ok, 1 >= 75 %, 2 >= 95 %, 3 >= 100 %
         self._effects: list[Effect] = []
@@ -625,15 +638,9 @@ class Shard(ExtOps):
         now_ms: int,
         maxdeliver: int = 0,
     ) -> Any:
-        """ADDJOB after argument parsing; checks in the reference's order
-        (``maxdeliver``, the extension's MAXDELIVER, checked first: 0 = none)."""
-        if not 0 <= maxdeliver <= maxdeliver_max:
-            return ERR_MAXDELIVER
-        if len(queue) > queue_name_bytes_max or len(body) > body_bytes_max:
-            return ERR_QUEUE_NAME_MAX if len(queue) > queue_name_bytes_max else ERR_BODY_MAX
-        if ttl_s > ttl_max_s or delay_s > delay_max_s or (retry_s is not None and retry_s > retry_max_s):
-            return ERR_TTL_MAX if ttl_s > ttl_max_s else (
-                ERR_DELAY_MAX if delay_s > delay_max_s else ERR_RETRY_MAX)
+        """ADDJOB after argument parsing; checks in the reference's order (maxdeliver 0: none)."""
+        if (err := _over_bounds(queue, body, ttl_s, delay_s, retry_s, maxdeliver)) is not None:
+            return err
         peers = len(self._peers)  # reachable nodes that can take a copy
         flexible = replicate is None
         if replicate is None:
@@ -662,20 +669,15 @@ class Shard(ExtOps):
         q = self._queues.get(queue)
         if q is None:
             q = self._create_queue(queue, now_ms)
-        else:
-            if maxlen and q.live >= maxlen:
-                return ERR_MAXLEN_REACHED
-            if q.paused & PAUSED_IN:
-                return ERR_PAUSED
-        ctime_us = now_ms * US_PER_MS
-        if ctime_us <= self._last_ctime_us:
-            ctime_us = self._last_ctime_us + 1
-        self._last_ctime_us = ctime_us
+        elif maxlen and q.live >= maxlen:
+            return ERR_MAXLEN_REACHED
+        elif q.paused & PAUSED_IN:
+            return ERR_PAUSED
+        ctime_us = self._next_ctime_us(now_ms)
         job_id = self._ids.make(q.slot, ttl_s, retry_s)
         job = Job(job_id, q.name, body, ACTIVE, replicate, ttl_s, ctime_us, delay_s, retry_s,
                   0, self._me)
-        if maxdeliver:
-            job.set_maxdeliver(maxdeliver)
+        job.set_maxdeliver(maxdeliver)
         self.stat_added += 1
         if additional:
             return self._addjob_cluster(job, q, additional, extrepl, timeout_ms, async_, token,
@@ -689,6 +691,14 @@ class Shard(ExtOps):
         if self.aof:
             self._effects.append(AofAppend(job.to_record()))
         return Status(job_id)
+
+    def _next_ctime_us(self, now_ms: int) -> int:
+        """Creation times are unique and increasing on a shard (+1 us on a tie)."""
+        ctime_us = now_ms * US_PER_MS
+        if ctime_us <= self._last_ctime_us:
+            ctime_us = self._last_ctime_us + 1
+        self._last_ctime_us = ctime_us
+        return ctime_us
 
     def op_take(
         self, queues: list[bytes], count: int, withcounters: bool, now_ms: int

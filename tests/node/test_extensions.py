@@ -267,3 +267,29 @@ def test_async_client_methods(one: NodeProc) -> None:
             await d.aclose()
 
     asyncio.run(go())
+
+
+def test_maxdeliver_and_nack_delay_survive_a_restart(tmp_path: Path) -> None:
+    """The AOF keeps the cap (a version 2 record), the dead letter's queue and a
+    NACK's pending delay; jobs without the extension keep version 1 records."""
+    q = _q()
+    with NodeProc(tmp_path / "aof", workers=1, conf={"appendonly": "yes",
+                                                     "appendfsync": "always"}) as n:
+        r = _r(n)
+        plain = r.execute_command("ADDJOB", q, "x", 0).decode()
+        dead = r.execute_command("ADDJOB", q, "x", 0, "RETRY", 60, "MAXDELIVER", 1).decode()
+        later = r.execute_command("ADDJOB", q, "x", 0, "RETRY", 60, "MAXDELIVER", 9).decode()
+        taken = {j[1].decode() for j in r.execute_command("GETJOB", "COUNT", 3, "FROM", q)}
+        assert taken == {plain, dead, later}
+        assert r.execute_command("NACK", dead) == 1
+        assert r.execute_command("NACK", later, "DELAY", 600) == 1
+        n.restart()
+        r = _r(n)
+        assert b"maxdeliver" not in _show(r, plain)
+        show = _show(r, dead)
+        assert show["queue"] == ("dead:" + q).encode() and show["maxdeliver"] == 1
+        show = _show(r, later)
+        assert show["maxdeliver"] == 9 and show["nacks"] == 1 and show["state"] == b"active"
+        assert show["next-requeue-within"] > 500_000  # still waiting for the delay (ms)
+        # queued before the restart: active now, queued again after RETRY (the AOF
+        # load rule, docs/persistence.md), into the dead-letter queue
