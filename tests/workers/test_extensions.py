@@ -291,3 +291,23 @@ def test_extension_messages_are_validated_at_the_edge() -> None:
                                 ("DELQDONE", {"r": 1}, [b"x" * 41])):
         with pytest.raises(BadMessage):
             check_job({"k": kind, "s": slot, "m": inner}, bodies)
+
+
+def test_a_queued_crossing_the_nack_delay_does_not_cut_it_short() -> None:
+    net = Net(2, seed=16)
+    a, b = net.ids
+    r = net.addjob(a, replicate=2, retry_s=5)
+    net.run(20)
+    jid = str(net.reply(a, r))
+    net.take(a)
+    net.nodes[a].shard.op_nack([jid], net.now, 60)
+    net.drain(a)
+    job = net.nodes[a].shard.lookup(jid)
+    assert job is not None
+    due = job.qtime_ms
+    # b requeued the job just before the NACK reached it: its QUEUED arrives now
+    net.nodes[a].shard.on_message(b, "QUEUED", {"j": jid, "f": 4}, [], net.now + 1)
+    assert job.qtime_ms == due
+    net.run(30_000)
+    assert all(st == ACTIVE for st in net.holders(jid).values())
+    net.check()
