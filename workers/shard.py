@@ -142,6 +142,8 @@ ERR_TOOLATE: Final = Error(
 # bucket past the last bound. The shard only counts; the HTTP side exports seconds.
 latency_bounds_ms: Final = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000,
                             60_000, 300_000, 900_000, 3_600_000)
+# Queueing a job ends a WILLQUEUE round and any NACK ... DELAY wait.
+_FLAGS_QUEUE_CLEARS: Final = FLAG_WILLQUEUE_SENT | FLAG_NACK_DELAYED
 _live = attrgetter("live")  # a queue's queued jobs: the key of the largest queues
 
 _K_NACKS: Final = b"nacks"
@@ -544,7 +546,7 @@ class Shard(ExtOps):
         if flags & FLAGS_DELAY_MASK and not flags & FLAG_QUEUED_ONCE:
             self._undelay(job)
         self._forget_delivery(job)  # queued again (retry, NACK, ENQUEUE, a peer's QUEUED)
-        job.flags = (flags & ~FLAG_WILLQUEUE_SENT) | FLAG_QUEUED_ONCE
+        job.flags = (flags & ~_FLAGS_QUEUE_CLEARS) | FLAG_QUEUED_ONCE
         if job.retry_s:
             job.qtime_ms = now_ms + job.retry_s * 1000 + int(self._rng.random() * time_error_ms)
         else:

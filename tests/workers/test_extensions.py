@@ -311,3 +311,13 @@ def test_a_queued_crossing_the_nack_delay_does_not_cut_it_short() -> None:
     net.run(30_000)
     assert all(st == ACTIVE for st in net.holders(jid).values())
     net.check()
+
+
+def test_enqueue_ends_a_nack_delay_and_later_retries_count(env: Env) -> None:
+    jid = env.add(retry_s=1, maxdeliver=2)
+    env.take()
+    env.s.op_nack([jid], env.now, 60)
+    assert env.s.op_enqueue([jid], env.now) == 1  # the operator queues it now
+    env.take()
+    env.advance(1600)  # RETRY: counted, and the cap (nacks 1 + deliveries 2) applies
+    assert env.s.op_qlen(b"dead:q") == 1
