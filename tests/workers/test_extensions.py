@@ -321,3 +321,21 @@ def test_enqueue_ends_a_nack_delay_and_later_retries_count(env: Env) -> None:
     env.take()
     env.advance(1600)  # RETRY: counted, and the cap (nacks 1 + deliveries 2) applies
     assert env.s.op_qlen(b"dead:q") == 1
+
+
+def test_federation_carries_maxdeliver_and_the_moved_copy_dead_letters() -> None:
+    net = Net(2, seed=17)
+    a, b = net.ids
+    jid = _added_id(net, a, replicate=1, retry_s=30, maxdeliver=1)
+    tok = net.block(b)  # a consumer on b: NEEDJOBS, then YOURJOBS from a
+    net.run(500)
+    wake = net.wakes.get((b, tok))
+    assert wake is not None and wake[0][1] == jid
+    copy = net.nodes[b].shard.lookup(jid)
+    assert copy is not None and copy.maxdeliver == 1
+    net.nodes[b].shard.op_nack([jid], net.now)
+    net.drain(b)
+    net.run(100)
+    assert net.nodes[b].shard.op_qlen(b"dead:q") == 1
+    assert net.nodes[a].shard.lookup(jid).queue == b"dead:q"  # type: ignore[union-attr]
+    net.check()
