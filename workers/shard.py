@@ -261,6 +261,7 @@ class Shard(ExtOps):
         # Extensions (workers/extensions.py): WAITJOBs by the jobs they wait on,
         # GLOBALQLEN / DELQUEUE gathering the other nodes' answers by token.
         self._waits: dict[str, list[Gather]] = {}
+        self._wait_entries = 0  # sum of the lists' lengths (waitjob_entries_max)
         self._gathers: dict[int, Gather] = {}
 
     # ------------------------------------------------------------------ plumbing

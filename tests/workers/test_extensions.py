@@ -10,6 +10,7 @@ import pytest
 from bus.messages import BadMessage, check_job
 from tests.sim.net import Net
 from tests.workers.test_shard import Env
+from workers import extensions as ext
 from workers.effects import Wake
 from workers.ids import slot_of, slot_of_job_id
 from workers.job import ACKED, ACTIVE, QUEUED, Job, maxdeliver_max
@@ -339,3 +340,13 @@ def test_federation_carries_maxdeliver_and_the_moved_copy_dead_letters() -> None
     assert net.nodes[b].shard.op_qlen(b"dead:q") == 1
     assert net.nodes[a].shard.lookup(jid).queue == b"dead:q"  # type: ignore[union-attr]
     net.check()
+
+
+def test_waitjob_entries_are_bounded(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ext, "waitjob_entries_max", 3)
+    ids = [env.add() for _ in range(4)]
+    assert env.s.op_waitjob(1, ids, 0, env.now) == ext.ERR_WAITJOB_MAX
+    assert env.s.op_waitjob(2, ids[:3], 0, env.now) is PENDING
+    assert env.s.op_waitjob(3, ids[3:], 0, env.now) == ext.ERR_WAITJOB_MAX
+    env.s.op_ackjob(ids[:1], env.now)  # its entry goes with the job
+    assert env.s.op_waitjob(4, ids[3:], 0, env.now) is PENDING
