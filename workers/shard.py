@@ -1213,6 +1213,7 @@ class Shard(ExtOps):
             "requeued_retry": self.stat_requeued_retry,
             "requeued_nack": self.stat_nacked,
             "requeued_enqueue": self.stat_requeued_enqueue, "expired": self.stat_expired,
+            "dead_lettered": self.stat_dead_lettered,
             "jobs": self._njobs, "queues": len(queues),
             "queued": sum(q.live for q in queues.values()),
             "active": self._outstanding, "delayed": sum(self._delayed.values()),

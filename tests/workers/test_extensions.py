@@ -119,7 +119,7 @@ def test_maxdeliver_by_nack_moves_to_dead_queue_with_id_and_counters(env: Env) -
     got = env.take(b"dead:q", wc=True)[0]
     assert got[:2] == [b"dead:q", jid] and got[4] == 3
     env.s.op_nack([jid], env.now)  # a dead letter stays in the dead-letter queue
-    assert env.s.op_qlen(b"dead:q") == 1 and env.s.stat_dead_lettered == 1
+    assert env.s.op_qlen(b"dead:q") == 1 and env.s.metrics(0, env.now)["dead_lettered"] == 1
 
 
 def test_maxdeliver_by_retry_moves_to_dead_queue(env: Env) -> None:
