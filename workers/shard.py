@@ -625,25 +625,16 @@ class Shard(ExtOps):
 
     # ------------------------------------------------------------------ ADDJOB / GETJOB
 
-    def op_addjob(
-        self,
-        queue: bytes,
-        body: bytes,
-        *,
-        timeout_ms: int,
-        replicate: int | None,
-        delay_s: int,
-        retry_s: int | None,
-        ttl_s: int,
-        maxlen: int,
-        async_: bool,
-        token: int,
-        now_ms: int,
-        maxdeliver: int = 0,
-    ) -> Any:
+    def op_addjob(self, queue: bytes, body: bytes, *, timeout_ms: int, replicate: int | None,
+                  delay_s: int, retry_s: int | None, ttl_s: int, maxlen: int, async_: bool,
+                  token: int, now_ms: int, maxdeliver: int = 0) -> Any:
         """ADDJOB after argument parsing; checks in the reference's order (maxdeliver 0: none)."""
-        if (err := _over_bounds(queue, body, ttl_s, delay_s, retry_s, maxdeliver)) is not None:
-            return err
+        if (maxdeliver or len(queue) > queue_name_bytes_max or len(body) > body_bytes_max
+                or ttl_s > ttl_max_s or delay_s > delay_max_s
+                or (retry_s is not None and retry_s > retry_max_s)):
+            err = _over_bounds(queue, body, ttl_s, delay_s, retry_s, maxdeliver)
+            if err is not None:
+                return err
         peers = len(self._peers)  # reachable nodes that can take a copy
         flexible = replicate is None
         if replicate is None:
@@ -676,11 +667,15 @@ class Shard(ExtOps):
             return ERR_MAXLEN_REACHED
         elif q.paused & PAUSED_IN:
             return ERR_PAUSED
-        ctime_us = self._next_ctime_us(now_ms)
+        ctime_us = now_ms * US_PER_MS
+        if ctime_us <= self._last_ctime_us:
+            ctime_us = self._last_ctime_us + 1
+        self._last_ctime_us = ctime_us
         job_id = self._ids.make(q.slot, ttl_s, retry_s)
         job = Job(job_id, q.name, body, ACTIVE, replicate, ttl_s, ctime_us, delay_s, retry_s,
                   0, self._me)
-        job.set_maxdeliver(maxdeliver)
+        if maxdeliver:
+            job.set_maxdeliver(maxdeliver)
         self.stat_added += 1
         if additional:
             return self._addjob_cluster(job, q, additional, extrepl, timeout_ms, async_, token,
@@ -694,14 +689,6 @@ class Shard(ExtOps):
         if self.aof:
             self._effects.append(AofAppend(job.to_record()))
         return Status(job_id)
-
-    def _next_ctime_us(self, now_ms: int) -> int:
-        """Creation times are unique and increasing on a shard (+1 us on a tie)."""
-        ctime_us = now_ms * US_PER_MS
-        if ctime_us <= self._last_ctime_us:
-            ctime_us = self._last_ctime_us + 1
-        self._last_ctime_us = ctime_us
-        return ctime_us
 
     def op_take(
         self, queues: list[bytes], count: int, withcounters: bool, now_ms: int
