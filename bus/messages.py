@@ -18,12 +18,15 @@ from typing import Any
 from bus.frames import FrameError
 from bus.membership import client_port_max, gossip_entries_max, is_node_id, nodes_max
 from workers.ids import SLOTS, is_valid_job_id, slot_of, slot_of_job_id
+from workers.job import delay_max_s
 
 u32_max = (1 << 32) - 1
 node_list_max = nodes_max  # ENQUEUE's holder list: at most every node of the cluster
 flags_max = 16  # gossip flags per entry (we know 6)
 queue_name_bytes_max = 64 * 1024  # NEEDJOBS / PAUSE: longer than any queue a client could name
 ip_text_max = 64
+request_id_max = (1 << 63) - 1  # a worker's request token
+queued_wait_ms_max = delay_max_s * 1000  # QUEUED "w": a NACK's DELAY, at most ADDJOB's
 
 
 class BadMessage(FrameError):
@@ -122,6 +125,15 @@ def _enqueue(slot: int, inner: dict[str, Any], bodies: list[bytes]) -> None:
         raise BadMessage("bad ENQUEUE node list")
 
 
+def _queued(slot: int, inner: dict[str, Any], bodies: list[bytes]) -> None:
+    """QUEUED's optional fields: the counter to increment, the extensions' NACK
+    DELAY wait and dead-letter move (workers/extensions.py)."""
+    _about_job(slot, inner, bodies)
+    if not (_int(inner.get("f", 0), 0, 255) and _int(inner.get("w", 0), 0, queued_wait_ms_max)
+            and _int(inner.get("dl", 0), 0, 1)):
+        raise BadMessage("bad QUEUED fields")
+
+
 def _setack(slot: int, inner: dict[str, Any], bodies: list[bytes]) -> None:
     _about_job(slot, inner, bodies)
     if not _int(inner.get("m"), 0, u32_max):
@@ -153,12 +165,32 @@ def _pause(slot: int, inner: dict[str, Any], bodies: list[bytes]) -> None:
         raise BadMessage("bad PAUSE flags")
 
 
+def _request(slot: int, inner: dict[str, Any], bodies: list[bytes]) -> None:
+    """QLENASK / DELQ (workers/extensions.py): a request number and the queue."""
+    _queue_body(slot, bodies)
+    if not _int(inner.get("r"), 0, request_id_max):
+        raise BadMessage("bad request number")
+
+
+def _qlenis(slot: int, inner: dict[str, Any], bodies: list[bytes]) -> None:
+    _no_bodies(bodies)
+    if not (_int(inner.get("r"), 0, request_id_max) and _int(inner.get("n"), 0, 1 << 62)):
+        raise BadMessage("bad QLENIS")
+
+
+def _delqdone(slot: int, inner: dict[str, Any], bodies: list[bytes]) -> None:
+    if not _int(inner.get("r"), 0, request_id_max):
+        raise BadMessage("bad request number")
+    if len(bodies) > 1 or (bodies and len(bodies[0]) % 40):
+        raise BadMessage("bad DELQDONE job IDs")
+
+
 _RULES: dict[str, Any] = {
     "REPLJOB": _repljob,
     "GOTJOB": _about_job,
     "ENQUEUE": _enqueue,
     "WILLQUEUE": _about_job,
-    "QUEUED": _about_job,
+    "QUEUED": _queued,
     "WORKING": _about_job,
     "SETACK": _setack,
     "GOTACK": _gotack,
@@ -166,4 +198,8 @@ _RULES: dict[str, Any] = {
     "NEEDJOBS": _needjobs,
     "YOURJOBS": _records,
     "PAUSE": _pause,
+    "QLENASK": _request,
+    "QLENIS": _qlenis,
+    "DELQ": _request,
+    "DELQDONE": _delqdone,
 }
