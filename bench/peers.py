@@ -83,7 +83,7 @@ def servers(setting: str, systems: list[str], work: Path, tree: Path | None,
     for system in systems:
         ports = stack.enter_context(_server(system, setting, work, n, workers, tree))
         if ports:
-            out[system] = Target(system, ports, reps)
+            out[system] = Target(system, ports, reps, tuple(srv.server_pids(ports)))
     return out
 
 

@@ -35,11 +35,13 @@ PREFETCH = 100  # RabbitMQ consumer prefetch: twice the harness's batch
 
 @dataclass(frozen=True)
 class Target:
-    """Where a driver connects and what it promises: ``replicas`` copies of a job."""
+    """Where a driver connects and what it promises: ``replicas`` copies of a job;
+    ``pids``: the servers' processes, for their CPU."""
 
     system: str
     ports: list[int]
     replicas: int = 1
+    pids: tuple[int, ...] = ()
 
 
 class Driver(Protocol):

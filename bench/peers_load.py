@@ -86,7 +86,11 @@ def _finish(procs: list[Any], timeout_s: float) -> None:
 
 
 def cycle(target: Target, queues: list[str], clients: int, seconds: float) -> dict[str, Any]:
-    """N producers, N consumers: jobs/s from the start to the last ack."""
+    """N producers, N consumers: jobs/s from the start to the last ack, and the CPU the
+    servers' processes (``target.pids``) spent per job meanwhile."""
+    from bench.scaling import cpu_s
+
+    cpu0 = sum(cpu_s(p) for p in target.pids)
     barrier = _CTX.Barrier(2 * clients + 1)
     producing = _CTX.Event()
     producing.set()
@@ -112,7 +116,9 @@ def cycle(target: Target, queues: list[str], clients: int, seconds: float) -> di
             break
     _finish(cons, 10)
     elapsed = max(lasts, default=t0) - t0
+    server_s = sum(cpu_s(p) for p in target.pids) - cpu0
     return {"jobs": acked.value, "produced": produced.value,
+            "server_us_per_job": 1e6 * server_s / max(1, acked.value) if target.pids else None,
             "jobs_per_s": acked.value / elapsed if elapsed > 0 else 0.0,
             "complete": acked.value >= produced.value}
 

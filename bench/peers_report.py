@@ -24,8 +24,9 @@ def medians(results: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[st
     for key, rows in groups.items():
         ok = [r for r in rows if "error" not in r]
         m: dict[str, float] = {"rounds": len(ok), "failed": len(rows) - len(ok)}
-        for field in ("jobs_per_s", "achieved_rate", *LATENCY_KEYS):
-            vals = [r[field] for r in ok if field in r and r[field] == r[field]]  # not NaN
+        for field in ("jobs_per_s", "server_us_per_job", "achieved_rate", *LATENCY_KEYS):
+            vals = [r[field] for r in ok if r.get(field) is not None
+                    and r[field] == r[field]]  # not NaN
             if vals:
                 m[field] = statistics.median(vals)
         incomplete = [r for r in ok if r.get("complete") is False
@@ -44,7 +45,11 @@ def command(setting: str, workload: str, system: str) -> str:
 
 def figure(workload: str, m: dict[str, float]) -> str:
     if workload.startswith("cycle"):
-        return f"{m['jobs_per_s']:,.0f} jobs/s" if "jobs_per_s" in m else "failed"
+        if "jobs_per_s" not in m:
+            return "failed"
+        cpu = (f" ({m['server_us_per_job']:.1f} us server CPU per job)"
+               if "server_us_per_job" in m else "")
+        return f"{m['jobs_per_s']:,.0f} jobs/s{cpu}"
     if "p99_ms" not in m:
         return "failed"
     return (f"p50 {m['p50_ms']:.2f} / p99 {m['p99_ms']:.2f} / p99.9 {m['p99.9_ms']:.2f} ms "

@@ -145,8 +145,11 @@ def disque_mp_nodes(workdir: Path, count: int, workers: int,
     nodes: list[TreeNode] = []
     try:
         for i in range(count):
-            nodes.append(TreeNode(workdir / f"disque-mp-{i}", tree, workers=workers,
-                                  conf={"loglevel": "warning", "maxmemory": "4gb"}).start())
+            node = TreeNode(workdir / f"disque-mp-{i}", tree, workers=workers,
+                            conf={"loglevel": "warning", "maxmemory": "4gb"}).start()
+            nodes.append(node)
+            node.wait_for(lambda n=node: len(n.worker_pids()) >= workers, start_timeout_s,
+                          "every worker started")
         ports = [n.port for n in nodes]
         if count > 1:
             meet_all(ports)
@@ -188,6 +191,42 @@ def beanstalkd(workdir: Path) -> Iterator[list[int]]:
         yield [port]
     finally:
         stop_proc(proc)
+
+
+def listening_inodes(ports: set[int]) -> set[str]:
+    """Socket inodes of the loopback listeners on ``ports`` (/proc/net/tcp, state 0A)."""
+    out = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) in ports:
+                out.add(f"socket:[{f[9]}]")
+    return out
+
+
+def server_pids(ports: list[int]) -> list[int]:
+    """The processes of the servers listening on ``ports``: each listener's holder and,
+    where it runs in a process group of its own, that whole group (a node's supervisor
+    and workers, a broker's helper processes), so a run can read their CPU from /proc."""
+    from tests.nodeproc import proc_stats
+
+    inodes = listening_inodes(set(ports))
+    holders = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            links = {os.readlink(f"/proc/{entry}/fd/{fd}") for fd in os.listdir(f"/proc/{entry}/fd")}
+        except OSError:
+            continue  # gone, or not ours to read
+        if links & inodes:
+            holders.add(int(entry))
+    groups = {os.getpgid(p) for p in holders} - {os.getpgrp()}
+    return sorted(holders | {pid for pid, f in proc_stats() if int(f[2]) in groups})
 
 
 def free_port_plain() -> int:

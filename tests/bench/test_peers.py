@@ -32,6 +32,8 @@ def check_cycle(target: Target, queues: list[str]) -> None:
     assert res["produced"] > 0
     assert res["jobs"] == res["produced"]
     assert res["complete"] and res["jobs_per_s"] > 0
+    if target.pids:
+        assert res["server_us_per_job"] > 0
 
 
 def check_paced(target: Target, q: str) -> None:
@@ -62,7 +64,9 @@ def test_redis_peers_cycle_and_paced(tmp_path: Path, system: str) -> None:
 @pytest.mark.integration
 def test_disque_mp_cycle_and_paced(tmp_path: Path) -> None:
     with srv.disque_mp_nodes(tmp_path, 1, 2) as ports:
-        target = Target("disque-mp", ports)
+        pids = srv.server_pids(ports)
+        assert len(pids) == 3  # the supervisor and both workers
+        target = Target("disque-mp", ports, 1, tuple(pids))
         check_cycle(target, ["one"])
         check_cycle(target, [f"many-{i}" for i in range(5)])
         check_paced(target, "paced")
