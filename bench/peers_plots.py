@@ -9,6 +9,8 @@ PANELS = [("single", "cycle-1q", "single node, 1 queue"),
           ("single", "cycle-100q", "single node, 100 queues"),
           ("replicated", "cycle-1q", "3 nodes, 3 copies, 1 queue")]
 CDF_RATES = [("paced-1000", "1,000 jobs/s"), ("paced-5000", "5,000 jobs/s")]
+COLORS = {"disque-mp": "C3", "disque-c": "C1", "redis-list": "C4", "redis-streams": "C5",
+          "beanstalkd": "C0", "rabbitmq": "C2", "nats": "C6"}  # one color per system
 
 
 def _plt() -> Any:
@@ -55,7 +57,8 @@ def cdf_plot(samples: dict[str, list[int]], path: Path) -> Path:
                     continue
                 xs = sorted(v / 1e6 for v in lat)
                 ys = [(k + 1) / len(xs) for k in range(len(xs))]
-                ax.plot(xs, ys, label=system, lw=2.2 if system == "disque-mp" else 1.2)
+                ax.plot(xs, ys, label=system, color=COLORS.get(system),
+                        lw=2.2 if system == "disque-mp" else 1.2)
             ax.set_xscale("log")
             ax.set_title(f"{setting}, {label}", fontsize=10)
             ax.set_xlabel("add to delivery, ms (log)")
