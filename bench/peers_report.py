@@ -94,7 +94,7 @@ def table(meds: dict[tuple[str, str, str], dict[str, float]]) -> list[str]:
 
 
 def targets(meds: dict[tuple[str, str, str], dict[str, float]]) -> list[str]:
-    """The issue's targets that this harness measures, each met or not."""
+    """The performance targets this harness measures, each met or not."""
     lines = []
 
     def cyc(setting: str, wl: str, peer: str) -> None:
