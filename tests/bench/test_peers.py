@@ -116,3 +116,15 @@ def test_report_medians_ratios_and_targets() -> None:
     text = markdown({"results": results, "samples": {}}, info)
     assert "| beanstalkd | single, cycle, 1 queue | 50 jobs/s | 2.00x |" in text
     assert "| redis-streams | single, cycle, 1 queue | failed (1 round(s) failed) |" in text
+
+
+@pytest.mark.integration
+def test_replication_probe_on_a_real_cluster(tmp_path: Path) -> None:
+    from bench.peers_probe import blocked, steps
+
+    with srv.disque_mp_nodes(tmp_path, 3, 1) as ports:
+        assert srv.hello_nodes(ports[0]) == 3
+        s = steps(ports[0], 20)
+        assert set(s) == {"addjob_r3", "getjob", "ackjob"} and min(s.values()) > 0
+        for rep in (3, 1):
+            assert blocked(ports[0], rep, 20)["delivered"] == 20
