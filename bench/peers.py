@@ -56,20 +56,6 @@ REPLICATED_WORKERS = 1  # 3 nodes share the 2 cores: one worker each, like the C
 REPLICAS = 3
 SINGLE = ["disque-mp", "disque-c", "redis-list", "redis-streams", "beanstalkd", "rabbitmq"]
 REPLICATED = ["disque-mp", "disque-c", "rabbitmq", "nats"]
-PROMISES = {  # what the replicated setting's systems promise when a node dies
-    "disque-mp": "ADDJOB REPLICATE 3 answers once 3 nodes hold the job in memory; a job "
-                 "survives the loss of any 2 of them and is queued again by a survivor after "
-                 "its RETRY time (at-least-once; a job may run twice)",
-    "disque-c": "the same as disque-mp (the reference's semantics)",
-    "rabbitmq": "a quorum queue confirms a message once a majority (2 of 3) has it in its "
-                "Raft log (written and fsynced; here on /dev/shm); it survives the loss of 1 "
-                "node, and the queue stops while a majority is missing; unacked deliveries "
-                "are redelivered",
-    "nats": "a JetStream R3 stream acks a publish once a majority (2 of 3) has stored it "
-            "(memory storage here); it survives the loss of 1 node, and the stream stops "
-            "accepting while a majority is missing; unacked messages are redelivered after "
-            "AckWait",
-}
 
 
 def servers(setting: str, systems: list[str], work: Path, tree: Path | None,
@@ -216,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     info = {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "loadavg_1m_start": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(),
             "argv": " ".join(["python -m bench.peers", *(argv if argv is not None else sys.argv[1:])]),
-            "rounds": a.rounds, "quick": a.quick}
+            "rounds": a.rounds, "quick": a.quick, "clients": CLIENTS,
+            "single_workers": SINGLE_WORKERS, "replicated_workers": REPLICATED_WORKERS}
     t0 = time.monotonic()
     data = run(settings, workloads, systems, a.rounds, a.quick, a.node_tree)
     info["loadavg_1m_end"] = round(os.getloadavg()[0], 2)

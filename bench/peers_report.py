@@ -13,6 +13,20 @@ from typing import Any
 
 LATENCY_KEYS = ("p50_ms", "p99_ms", "p99.9_ms")
 P99_VS_REDIS_LIST_MAX = 1.2  # the paced-latency target: disque-mp's p99 over Redis list's
+PROMISES = {  # what the replicated setting's systems promise when a node dies
+    "disque-mp": "ADDJOB REPLICATE 3 answers once 3 nodes hold the job in memory; a job "
+                 "survives the loss of any 2 of them and is queued again by a survivor after "
+                 "its RETRY time (at-least-once; a job may run twice)",
+    "disque-c": "the same as disque-mp (the reference's semantics)",
+    "rabbitmq": "a quorum queue confirms a message once a majority (2 of 3) has it in its "
+                "Raft log (written and fsynced; here on /dev/shm); it survives the loss of 1 "
+                "node, and the queue stops while a majority is missing; unacked deliveries "
+                "are redelivered",
+    "nats": "a JetStream R3 stream acks a publish once a majority (2 of 3) has stored it "
+            "(memory storage here); it survives the loss of 1 node, and the stream stops "
+            "accepting while a majority is missing; unacked messages are redelivered after "
+            "AckWait",
+}
 
 
 def medians(results: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, float]]:
@@ -121,8 +135,6 @@ def targets(meds: dict[tuple[str, str, str], dict[str, float]]) -> list[str]:
 
 
 def markdown(data: dict[str, Any], info: dict[str, Any]) -> str:
-    from bench.peers import CLIENTS, PROMISES, REPLICATED_WORKERS, SINGLE_WORKERS
-
     meds = medians(data["results"])
     head = [
         "# disque-mp against the queues users pick instead",
@@ -132,10 +144,11 @@ def markdown(data: dict[str, Any], info: dict[str, Any]) -> str:
         f"start and {info['loadavg_1m_end']} at the end ({info['minutes']} min)"
         + (" -- a quick smoke run, not a record." if info.get("quick") else "."),
         "",
-        f"Cycle: {CLIENTS} producers and {CLIENTS} consumers (a process each), batches of 50 "
+        f"Cycle: {info['clients']} producers and {info['clients']} consumers (a process each), batches of 50 "
         "100-byte jobs, jobs/s from the start to the last ack. Latency: one producer paced at "
         "the rate, one consumer, add-to-delivery. disque-mp runs "
-        f"{SINGLE_WORKERS} workers on the single node, {REPLICATED_WORKERS} per node replicated. "
+        f"{info['single_workers']} workers on the single node, {info['replicated_workers']} per "
+        "node replicated. "
         "Ratios are disque-mp divided by the system (jobs/s: > 1 is faster; latency: < 1 is "
         "quicker). Every server and every client shares this machine's cores.",
         "",

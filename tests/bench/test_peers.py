@@ -112,7 +112,8 @@ def test_report_medians_ratios_and_targets() -> None:
     assert "- replicated cycle, 1 queue: disque-mp / nats = 0.50x (>= 1.0x: not met)" in lines
     assert "- single cycle, 1 queue: disque-mp / beanstalkd = 2.00x (>= 1.0x: met)" in lines
     info = {"argv": "python -m bench.peers", "date": "d", "cpus": 2, "rounds": 3,
-            "loadavg_1m_start": 1.0, "loadavg_1m_end": 2.0, "minutes": 1.0}
+            "loadavg_1m_start": 1.0, "loadavg_1m_end": 2.0, "minutes": 1.0, "clients": 2,
+            "single_workers": 2, "replicated_workers": 1}
     text = markdown({"results": results, "samples": {}}, info)
     assert "| beanstalkd | single, cycle, 1 queue | 50 jobs/s | 2.00x |" in text
     assert "| redis-streams | single, cycle, 1 queue | failed (1 round(s) failed) |" in text
