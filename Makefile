@@ -7,7 +7,7 @@ VENV5 := .venv-redis5
 NATIVE_SO = $(shell find workers disque_mp -name '*.so')
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test lint typecheck unit bench chaos sysdeps clean pure compile bench-peers
+.PHONY: run test lint typecheck unit bench chaos sysdeps clean pure compile
 
 # The node's own virtualenv; re-installed when pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml
@@ -80,14 +80,15 @@ bench: sysdeps $(VENV)/.compiled
 # disque-mp head to head with RabbitMQ (classic and quorum queues), NATS JetStream, Redis
 # (lists and Streams), beanstalkd and the C reference Disque: every peer a real server on
 # free loopback ports, started and stopped by bench/peers.py; writes bench/results/peers.md,
-# peers.json and two plots (about 15 minutes on 2 cores). The Debian packages start their
-# services on install: stopped and disabled here, and the epmd RabbitMQ's started killed
-# (the benchmark runs its own on a private port).
+# peers.json and two plots (7 minutes at load 5-10 on 2 cores). The Debian packages start
+# their services on install: stopped and disabled here, and the epmd that RabbitMQ's service
+# started is killed (the benchmark runs its own on a private port).
 PEERS_DEBS := rabbitmq-server nats-server beanstalkd gcc make
 $(VENV)/.bench-installed: pyproject.toml $(VENV)/.installed
 	DISQUE_MP_PURE=1 $(PY) -m pip install -q -e '.[bench]'
 	touch $@
 
+.PHONY: bench-peers
 bench-peers: sysdeps $(VENV)/.compiled $(VENV)/.bench-installed
 	@if ! command -v nats-server >/dev/null || ! command -v beanstalkd >/dev/null || ! command -v gcc >/dev/null \
 			|| [ ! -x /usr/lib/rabbitmq/bin/rabbitmq-server ]; then \

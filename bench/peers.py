@@ -1,6 +1,6 @@
 """``make bench-peers``: disque-mp head to head with the job queues users pick instead.
 
-    python -m bench.peers                       # everything, medians of 3 (~15 min, 2 cores)
+    python -m bench.peers                       # everything, medians of 3 (~7 min, 2 cores)
     python -m bench.peers --setting single --workload cycle --systems beanstalkd,disque-mp
     python -m bench.peers --quick               # 1 round, short runs: does it all work?
 
