@@ -77,6 +77,30 @@ test: sysdeps $(VENV)/.compiled $(VENV5)/.installed lint
 bench: sysdeps $(VENV)/.compiled
 	$(PY) -m bench.run_all
 
+# disque-mp head to head with RabbitMQ (classic and quorum queues), NATS JetStream, Redis
+# (lists and Streams), beanstalkd and the C reference Disque: every peer a real server on
+# free loopback ports, started and stopped by bench/peers.py; writes bench/results/peers.md,
+# peers.json and two plots (7 minutes at load 5-10 on 2 cores). The Debian packages start
+# their services on install: stopped and disabled here, and the epmd that RabbitMQ's service
+# started is killed (the benchmark runs its own on a private port).
+PEERS_DEBS := rabbitmq-server nats-server beanstalkd gcc make
+$(VENV)/.bench-installed: pyproject.toml $(VENV)/.installed
+	DISQUE_MP_PURE=1 $(PY) -m pip install -q -e '.[bench]'
+	touch $@
+
+.PHONY: bench-peers
+bench-peers: sysdeps $(VENV)/.compiled $(VENV)/.bench-installed
+	@if ! command -v nats-server >/dev/null || ! command -v beanstalkd >/dev/null || ! command -v gcc >/dev/null \
+			|| [ ! -x /usr/lib/rabbitmq/bin/rabbitmq-server ]; then \
+		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(PEERS_DEBS) >/dev/null; \
+		for s in rabbitmq-server nats-server beanstalkd; do \
+			$(SUDO) systemctl disable --now $$s >/dev/null 2>&1 || true; \
+			$(SUDO) service $$s stop >/dev/null 2>&1 || true; \
+		done; \
+		$(SUDO) epmd -kill >/dev/null 2>&1 || true; \
+	fi
+	$(PY) -m bench.peers
+
 # The long fault suite: 5 nodes in network namespaces (needs root and iproute2), every
 # fault kind, about 10 minutes per seed, three seeds in a row; history JSON, PNG
 # timelines and summary.md in bench/results/chaos/ (tests/faults/chaos.py).

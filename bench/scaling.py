@@ -1,6 +1,7 @@
 """Does every core pay? Workers against one worker, one queue against C Disque, the model.
 
     python -m bench.scaling [--rounds 3] [--quick] [--json out.json]
+    python -m bench.scaling --only cores [--workers 1 2 4 8 16] [--md out.md]
 
 Three measurements, all with redis-benchmark and per-process CPU counters
 (utime + stime from /proc/<pid>/stat, so a figure also says where the CPU went):
@@ -19,6 +20,14 @@ Three measurements, all with redis-benchmark and per-process CPU counters
   forwarded (out + reply relayed), and executed for another worker. The model
   (``model()``) turns them into throughput against the workers count.
 
+``--only cores`` needs neither network nor redis-benchmark: its own load generator
+(``_generator``: raw sockets, pre-encoded pipelines of ADDJOB, hiredis for the replies)
+runs on the cores the node's workers leave free, pinned there with
+``os.sched_setaffinity``, worker i pinned to core i. For 1, 2, 4, 8 and 16 workers (up
+to the machine's cores) it measures random queues and one queue per connection, with
+node CPU per request, beside the model's figure for a core per worker (role costs
+measured in the same run).
+
 Every node and server runs on a free port and is stopped at the end.
 """
 
@@ -28,6 +37,7 @@ import argparse
 import hashlib
 import json
 import os
+import random
 import resource
 import shutil
 import statistics
@@ -392,6 +402,153 @@ def plot_model(fitted: dict[str, Any], out: Path) -> Path:
     return out
 
 
+# ----- cores: 1..16 workers, its own pinned load generator --------------------
+
+CORES_WORKERS = (1, 2, 4, 8, 16)
+cores_seconds = 3.0  # each (workers, shape) run; ADDJOBs pile up: ~0.5 KB each
+cores_conns = 64  # connections over all generator processes
+cores_pipeline = 32
+CORES_SHAPES = ("random", "per-connection")
+
+
+def _batches(shape: str, conn: int, rng: random.Random, pipeline: int) -> list[bytes]:
+    """Pre-encoded pipelines of ADDJOB: random queues (of RANDOM_QUEUES) or the
+    connection's own queue."""
+    def cmd(q: str) -> bytes:
+        return b"*4\r\n$6\r\nADDJOB\r\n$%d\r\n%s\r\n$1\r\nx\r\n$1\r\n0\r\n" % (len(q), q.encode())
+    if shape == "per-connection":
+        return [cmd(f"c:{conn}") * pipeline]
+    return [b"".join(cmd(f"q:{rng.randrange(RANDOM_QUEUES)}") for _ in range(pipeline))
+            for _ in range(16)]
+
+
+def _generator(port: int, cpus: list[int], conns: list[int], shape: str, seconds: float,
+               pipeline: int, out: Any) -> None:
+    """One load process, pinned to ``cpus``: every connection keeps ``pipeline``
+    ADDJOBs in flight (send a batch on each, then read each one's replies)."""
+    import socket
+
+    import hiredis
+
+    os.sched_setaffinity(0, cpus)
+    rng = random.Random(conns[0])
+    socks = [socket.create_connection(("127.0.0.1", port)) for _ in conns]
+    readers = [hiredis.Reader() for _ in conns]
+    batches = [_batches(shape, c, rng, pipeline) for c in conns]
+    done, k = 0, 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for s, b in zip(socks, batches, strict=True):
+            s.sendall(b[k % len(b)])
+        for s, r in zip(socks, readers, strict=True):
+            got = 0
+            while got < pipeline:
+                reply = r.gets()
+                if reply is False:
+                    r.feed(s.recv(65536))
+                    continue
+                got += 1
+        done += pipeline * len(socks)
+        k += 1
+    for s in socks:
+        s.close()
+    out.put(done)
+
+
+def cores_run(port: int, pids: list[int], workers: int, shape: str,
+              seconds: float = cores_seconds) -> dict[str, Any]:
+    """Pin worker i to core i, the generator to the cores left (all of them, shared,
+    when none is left); req/s and node CPU per request."""
+    import multiprocessing
+
+    total = os.cpu_count() or 1
+    pinned = total > workers
+    if pinned:
+        for i, pid in enumerate(sorted(pids)):
+            os.sched_setaffinity(pid, [i])
+    gen_cpus = list(range(workers, total)) if pinned else list(range(total))
+    procs_n = max(1, min(len(gen_cpus), cores_conns))
+    ctx = multiprocessing.get_context("fork")
+    out: Any = ctx.Queue()
+    conns = list(range(cores_conns))
+    procs = [ctx.Process(target=_generator, args=(port, [gen_cpus[j]] if pinned else gen_cpus,
+                                                  conns[j::procs_n], shape, seconds,
+                                                  cores_pipeline, out))
+             for j in range(procs_n)]
+    before = [cpu_s(p) for p in pids]
+    t0 = time.monotonic()
+    for p in procs:
+        p.start()
+    done = sum(out.get(timeout=seconds + 120) for _ in procs)
+    wall = time.monotonic() - t0
+    for p in procs:
+        p.join(30)
+    used = sum(cpu_s(p) - b for p, b in zip(pids, before, strict=True))
+    return {"workers": workers, "shape": shape, "rps": done / wall, "requests": done,
+            "node_us_per_req": 1e6 * used / max(done, 1), "pinned": pinned,
+            "generator_cpus": gen_cpus, "generator_procs": procs_n}
+
+
+def cores(workers_list: tuple[int, ...] = CORES_WORKERS, rounds: int = ROUNDS) -> dict[str, Any]:
+    """Every workers count up to the machine's cores (pinned while the generator has a
+    core left, shared beyond), both shapes, median of ``rounds``."""
+    total = os.cpu_count() or 1
+    counts = [n for n in workers_list if n <= max(total, 2)]
+    rows: dict[str, list[dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory(prefix="disque-mp-cores-") as tmp:
+        for n in counts:
+            with disque_mp_node(Path(tmp), n) as (port, pids):
+                for r in range(rounds):
+                    for shape in CORES_SHAPES if r % 2 == 0 else CORES_SHAPES[::-1]:
+                        rows.setdefault(f"{shape}_w{n}", []).append(cores_run(port, pids, n, shape))
+    med = {k: median_row(v) for k, v in rows.items()}
+    for row in med.values():
+        base = med.get(f"{row['shape']}_w1")
+        row["speedup_vs_1"] = row["rps"] / base["rps"] if base else None
+    return {"cpus": total, "cpu_model": _cpu_model(), "workers": counts, "rounds": rounds,
+            "seconds": cores_seconds, "conns": cores_conns, "pipeline": cores_pipeline,
+            "medians": med, "runs": rows}
+
+
+def _cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def cores_model(role: dict[str, Any], counts: list[int]) -> dict[str, dict[int, float]]:
+    """The model's req/s with a core per worker (the generator on cores of its own):
+    random queues pay the hop on (N-1)/N of the commands, a connection per queue none
+    (the handoff moves it to the owner)."""
+    local, fwd, exe = role["local_us"], role["forward_relay_us"], role["executed_for_other_us"]
+    return {"random": {n: n * 1e6 / node_us_per_req(n, local, fwd, exe) for n in counts},
+            "per-connection": {n: n * 1e6 / local for n in counts}}
+
+
+def cores_markdown(res: dict[str, Any], predicted: dict[str, dict[int, float]] | None) -> str:
+    lines = [f"# Workers against cores: {res['cpus']} CPUs ({res['cpu_model']})", "",
+             f"`python -m bench.scaling --only cores`: ADDJOB, {res['conns']} connections, "
+             f"-P {res['pipeline']}, {res['seconds']:g} s per run, median of {res['rounds']}; "
+             "worker i pinned to core i, the load generator to the cores left (\"shared\": "
+             "none left, everything on every core). 1-minute load average at the end: "
+             f"{os.getloadavg()[0]:.2f}.", "",
+             "| workers | traffic | req/s | node us/req | vs 1 worker | cores | model, a core each |",
+             "|---|---|---|---|---|---|---|"]
+    for n in res["workers"]:
+        for shape in CORES_SHAPES:
+            row = res["medians"].get(f"{shape}_w{n}")
+            if row is None:
+                continue
+            sp = row["speedup_vs_1"]
+            model_rps = predicted[shape].get(n) if predicted else None
+            lines.append(f"| {n} | {shape} | {row['rps']:,.0f} | {row['node_us_per_req']:.2f} | "
+                         f"{'' if sp is None else f'{sp:.2f}x'} | "
+                         f"{'pinned' if row['pinned'] else 'shared'} | "
+                         f"{'' if model_rps is None else f'{model_rps:,.0f}'} |")
+    return "\n".join(lines) + "\n"
+
+
 def run(rounds: int = ROUNDS, quick: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="disque-mp-scaling-") as tmp:
         work = Path(tmp)
@@ -407,7 +564,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.scaling")
     p.add_argument("--rounds", type=int, default=ROUNDS)
     p.add_argument("--json", type=Path, help="write the results here")
-    p.add_argument("--only", choices=["many", "one", "roles"])
+    p.add_argument("--only", choices=["many", "one", "roles", "cores"])
+    p.add_argument("--workers", type=int, nargs="+", default=list(CORES_WORKERS),
+                   help="--only cores: the workers counts (default 1 2 4 8 16)")
+    p.add_argument("--md", type=Path, help="--only cores: write the markdown table here")
     a = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="disque-mp-scaling-") as tmp:
         work = Path(tmp)
@@ -417,9 +577,15 @@ def main(argv: list[str] | None = None) -> int:
             res = one_queue_vs_reference(work, a.rounds)
         elif a.only == "roles":
             res = roles(work)
+        elif a.only == "cores":
+            res = cores(tuple(a.workers), a.rounds)
+            res["roles"] = roles(work)
+            res["model"] = cores_model(res["roles"], res["workers"])
         else:
             res = run(a.rounds)
     text = json.dumps(res, indent=1, default=str)
+    if a.only == "cores" and a.md:
+        a.md.write_text(cores_markdown(res, res["model"]))
     if a.json:
         a.json.write_text(text + "\n")
     print(summary_lines(res) if a.only is None else text)

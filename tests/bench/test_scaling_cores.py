@@ -1,0 +1,37 @@
+"""bench/scaling.py's cores mode: its own pinned load generator against a real node.
+
+Counts only (every request answered, the CPU counters read); no timing is asserted.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import redis
+
+from bench.scaling import CORES_SHAPES, cores_markdown, cores_model, cores_run, disque_mp_node
+
+run_seconds = 0.5
+
+
+@pytest.mark.integration
+def test_cores_run_both_shapes_on_a_real_node(tmp_path: Path) -> None:
+    with disque_mp_node(tmp_path, 1) as (port, pids):
+        rows = {shape: cores_run(port, pids, 1, shape, seconds=run_seconds)
+                for shape in CORES_SHAPES}
+        r = redis.Redis(port=port, protocol=2, socket_timeout=10)
+        queued = sum(int(r.execute_command("QLEN", f"c:{c}")) for c in range(64))
+        r.close()
+    for row in rows.values():
+        assert row["requests"] > 0 and row["requests"] % 32 == 0
+        assert row["node_us_per_req"] > 0
+    assert queued == rows["per-connection"]["requests"]  # every ADDJOB of that shape queued
+    res = {"cpus": 2, "cpu_model": "x", "workers": [1], "rounds": 1, "seconds": run_seconds,
+           "conns": 64, "pipeline": 32,
+           "medians": {f"{s}_w1": {**row, "speedup_vs_1": 1.0} for s, row in rows.items()}}
+    model = cores_model({"local_us": 4.0, "forward_relay_us": 4.0,
+                         "executed_for_other_us": 5.0}, [1, 2])
+    assert model["per-connection"][2] == 2 * model["per-connection"][1]
+    assert model["random"][2] < model["per-connection"][2]
+    assert "| 1 | random |" in cores_markdown(res, model)
