@@ -183,6 +183,10 @@ class Config:
     tls_auth_clients: str = "yes"  # yes | no | optional
     tls_cluster: bool = False  # bus and data links over mutual TLS (the MAC stays on top)
     tls_protocols: str = ""  # e.g. "TLSv1.2 TLSv1.3"; "" = TLS 1.2 and up
+    # security bounds (README "Security", docs/security.md): what a client may send
+    # before AUTH when requirepass is set (Redis' fixed 10 and 16 KB)
+    unauth_multibulk_len_max: int = 10
+    unauth_bulk_bytes_max: int = 16 * 1024
 
 
 class ConfigValueError(ValueError):
@@ -363,6 +367,9 @@ DIRECTIVES: tuple[Directive, ...] = (
        choices=("yes", "no", "optional")),
     _d("tls-cluster", "bool", False),
     _d("tls-protocols", "special", False, nargs=0),
+    # ours: security bounds (docs/security.md)
+    _d("unauth-multibulk-len-max", "int", True, "Invalid unauth-multibulk-len-max value", lo=3),
+    _d("unauth-bulk-bytes-max", "mem", True, "Invalid unauth-bulk-bytes-max value", lo=1024),
 )
 BY_NAME: dict[str, Directive] = {d.name: d for d in DIRECTIVES}
 # Names Redis users know for our limit directives (same field, same units).

@@ -108,9 +108,32 @@ class ClientConn(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
-        node = self.node
-        node.net_in_bytes += len(data)
+        self.node.net_in_bytes += len(data)
+        if not self.authed:
+            self._unauthed_received(data)
+            return
         cmds, error = self.parser.feed(data)
+        self._run(cmds, error)
+
+    def _unauthed_received(self, data: bytes) -> None:
+        """Before AUTH the parser holds the small bounds and gives one command at a
+        time: once one authenticates, the rest of the read is parsed with the full
+        bounds (as Redis, which parses one command, runs it, parses the next)."""
+        parser = self.parser
+        cfg = self.node.cfg  # Redis' bounds before AUTH (CVE-2021-32675)
+        parser.restrict(cfg.unauth_multibulk_len_max, cfg.unauth_bulk_bytes_max)
+        cmds, error = parser.feed(data, once=True)
+        while cmds and error is None and not self.closing:
+            self._run(cmds, None)
+            if self.authed:
+                parser.unrestrict()
+                cmds, error = parser.feed(b"")
+                break
+            cmds, error = parser.feed(b"", once=True)
+        self._run(cmds, error)
+
+    def _run(self, cmds: list[list[bytes]], error: str | None) -> None:
+        node = self.node
         if cmds:
             node.begin_batch()
             self.last_s = node.now_ms / 1000
