@@ -16,6 +16,7 @@ the worker's ``flush_dirty``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import time
 from collections import deque
@@ -26,6 +27,8 @@ from workers.replies import Error
 
 if TYPE_CHECKING:
     from disque_mp.node.worker import Worker
+
+log = logging.getLogger("disque_mp.node.connection")
 
 
 class PendingReply:
@@ -169,6 +172,18 @@ class ClientConn(asyncio.Protocol):
         # not in a write of its own (each loopback send also wakes the client).
         if not self.closing and self.streak >= node.handoff.streak_min:
             node.handoff.consider(self)
+
+    def cross_protocol(self) -> bytes:
+        """An HTTP request line or header sent as a command (a web page making a
+        browser POST to this port): close without a reply and without running what
+        follows, as Redis does."""
+        self.closing = True
+        self.close_after_write = True
+        log.warning("Possible SECURITY ATTACK detected. It looks like somebody is sending "
+                    "POST or Host: commands to Disque. This is likely due to an attacker "
+                    "attempting to use Cross Protocol Scripting to compromise your Disque "
+                    "instance. Connection aborted. (client %s)", self.addr)
+        return b""
 
     # --- replies ---
 

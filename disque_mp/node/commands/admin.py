@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 import platform
 import signal
@@ -26,6 +27,8 @@ from bus.mesh import unpack
 from disque_mp.node import config as configmod
 from disque_mp.node.resp import encode
 from workers.replies import ERR_SYNTAX, OK, PENDING, Error, Status
+
+log = logging.getLogger("disque_mp.node.admin")
 
 if TYPE_CHECKING:
     from disque_mp.node.connection import ClientConn
@@ -569,7 +572,18 @@ def cmd_config(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
     return ERR_CONFIG
 
 
+ERR_SECRET_OFF = Error(
+    "ERR cluster-secret-file: the cluster bus authenticates with this secret; it cannot be "
+    "turned off at runtime (remove it from the config file and restart every node)")
+
+
 def _apply_config(w: NodeView, name: str, value: str) -> Any:
+    if name == "cluster-secret-file" and not value and w.agent is not None \
+            and w.agent.keyring.enabled:
+        # a web page or a stolen password must not open the bus with one command
+        log.warning("CONFIG SET cluster-secret-file \"\" refused: the cluster secret "
+                    "stays on while the node runs")
+        return ERR_SECRET_OFF
     err = configmod.config_set(w.cfg, name, value)
     if err is not None:
         return Error("ERR " + err)
