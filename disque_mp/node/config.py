@@ -187,6 +187,10 @@ class Config:
     # before AUTH when requirepass is set (Redis' fixed 10 and 16 KB)
     unauth_multibulk_len_max: int = 10
     unauth_bulk_bytes_max: int = 16 * 1024
+    # the HTTP endpoint: open connections on the node, and the Host names it answers
+    # besides its bound addresses and localhost (DNS rebinding)
+    http_connections_max: int = 512
+    http_allowed_hosts: str = ""
 
 
 class ConfigValueError(ValueError):
@@ -370,6 +374,8 @@ DIRECTIVES: tuple[Directive, ...] = (
     # ours: security bounds (docs/security.md)
     _d("unauth-multibulk-len-max", "int", True, "Invalid unauth-multibulk-len-max value", lo=3),
     _d("unauth-bulk-bytes-max", "mem", True, "Invalid unauth-bulk-bytes-max value", lo=1024),
+    _d("http-connections-max", "int", True, "Invalid http-connections-max value", lo=1),
+    _d("http-allowed-hosts", "special", True, nargs=0),
 )
 BY_NAME: dict[str, Directive] = {d.name: d for d in DIRECTIVES}
 # Names Redis users know for our limit directives (same field, same units).
@@ -406,6 +412,8 @@ def _special_value(cfg: Config, d: Directive, args: list[str], at_startup: bool)
         if len(args) > bind_addresses_max:
             raise ConfigValueError("Too many bind addresses specified.")
         return " ".join(args)
+    if name == "http-allowed-hosts":
+        return " ".join(" ".join(args).split())
     if name == "tls-protocols":
         words = " ".join(args).split()
         if any(w.lower() not in ("tlsv1.2", "tlsv1.3") for w in words):
