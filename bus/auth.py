@@ -57,6 +57,7 @@ STATS: dict[str, int] = {
     "links_refused": 0,  # an inbound link over the cap
     "rejected_messages": 0,  # job traffic or FAIL from a node that is not a member
     "local_refused": 0,  # a local socket peer (mesh, handoff, agent) of another uid
+    "client_auth_failures": 0,  # a client's AUTH (or HELLO AUTH) with a wrong password
 }
 
 

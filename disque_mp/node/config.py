@@ -187,6 +187,7 @@ class Config:
     # before AUTH when requirepass is set (Redis' fixed 10 and 16 KB)
     unauth_multibulk_len_max: int = 10
     unauth_bulk_bytes_max: int = 16 * 1024
+    auth_failure_delay_ms: int = 100  # a connection's next command after a wrong password
     # the HTTP endpoint: open connections on the node, and the Host names it answers
     # besides its bound addresses and localhost (DNS rebinding)
     http_connections_max: int = 512
@@ -374,6 +375,8 @@ DIRECTIVES: tuple[Directive, ...] = (
     # ours: security bounds (docs/security.md)
     _d("unauth-multibulk-len-max", "int", True, "Invalid unauth-multibulk-len-max value", lo=3),
     _d("unauth-bulk-bytes-max", "mem", True, "Invalid unauth-bulk-bytes-max value", lo=1024),
+    _d("auth-failure-delay-ms", "int", True, "Invalid auth-failure-delay-ms value",
+       lo=0, hi=10_000),
     _d("http-connections-max", "int", True, "Invalid http-connections-max value", lo=1),
     _d("http-allowed-hosts", "special", True, nargs=0),
 )

@@ -46,6 +46,7 @@ class ClientConn(asyncio.Protocol):
         "lib_name", "lib_ver", "id", "ctime_s", "last_cmd", "last_s", "closing",
         "waiters", "dirty", "streak_owner", "streak", "handoffs", "addr", "gone",
         "close_after_write", "soft_since_s", "unfilled", "forwarded", "out_bytes",
+        "auth_fails", "throttled",
     )
 
     def __init__(self, node: Worker, state: dict[str, Any] | None = None) -> None:
@@ -78,6 +79,8 @@ class ClientConn(asyncio.Protocol):
         self.soft_since_s = 0.0  # output over the soft limit since then (0: it is not)
         self.unfilled = 0  # deferred replies not known yet
         self.forwarded = 0  # ... of which hot commands forwarded to their owner (RAW)
+        self.auth_fails = 0  # wrong passwords given (each delays the next command)
+        self.throttled = False  # reading paused after a wrong password
         if state:
             self._restore(state)
 
@@ -105,7 +108,7 @@ class ClientConn(asyncio.Protocol):
             self.transport.pause_reading()
 
     def resume_writing(self) -> None:
-        if self.transport is not None and not self.closing:
+        if self.transport is not None and not self.closing and not self.throttled:
             self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
@@ -127,13 +130,35 @@ class ClientConn(asyncio.Protocol):
         parser.restrict(cfg.unauth_multibulk_len_max, cfg.unauth_bulk_bytes_max)
         cmds, error = parser.feed(data, once=True)
         while cmds and error is None and not self.closing:
+            fails = self.auth_fails
             self._run(cmds, None)
+            if self.auth_fails != fails and not self.authed:
+                self._throttle()  # the rest stays in the parser
+                return
             if self.authed:
                 parser.unrestrict()
                 cmds, error = parser.feed(b"")
                 break
             cmds, error = parser.feed(b"", once=True)
         self._run(cmds, error)
+
+    def _throttle(self) -> None:
+        """After a wrong password, the next command is read ``auth-failure-delay-ms``
+        later: one guess per delay and connection (Redis answers at once)."""
+        transport = self.transport
+        if transport is None:
+            return
+        self.throttled = True
+        transport.pause_reading()
+        delay_s = self.node.cfg.auth_failure_delay_ms / 1000
+        asyncio.get_running_loop().call_later(delay_s, self._unthrottle)
+
+    def _unthrottle(self) -> None:
+        self.throttled = False
+        if self.transport is None or self.closing:
+            return
+        self.transport.resume_reading()
+        self._unauthed_received(b"")  # what was read behind the wrong password
 
     def _run(self, cmds: list[list[bytes]], error: str | None) -> None:
         node = self.node

@@ -101,3 +101,31 @@ def test_a_trickled_multibulk_is_parsed_once(tmp_path: Path) -> None:
             used, wall = _cpu_s(pids) - before, time.monotonic() - start
             r.close()
         assert used < cpu_share_max * wall, f"the worker used {used:.2f} s of CPU in {wall:.2f} s"
+
+
+guesses = 10
+guess_delay_ms = 150
+
+
+def test_wrong_passwords_are_counted_and_slowed(tmp_path: Path) -> None:
+    with NodeProc(tmp_path, workers=2, conf={"auth-failure-delay-ms": guess_delay_ms}) as node:
+        admin = node.client()
+        assert admin.execute_command("CONFIG", "SET", "requirepass", PASSWORD) == b"OK"
+        with connect(node.port) as s:
+            start = time.monotonic()
+            s.sendall(encode_command("AUTH", "wrong") * guesses + encode_command("AUTH", PASSWORD)
+                      + encode_command("PING"))
+            want = b"-ERR invalid password\r\n" * guesses + b"+OK\r\n+PONG\r\n"
+            got = b""
+            s.settimeout(read_timeout_s)
+            while len(got) < len(want):
+                chunk = s.recv(65536)
+                assert chunk, got
+                got += chunk
+            took_s = time.monotonic() - start
+        assert got == want
+        # a lower bound only: each wrong password held the next command back
+        assert took_s >= guesses * guess_delay_ms / 1000 * 0.9, took_s
+        admin.execute_command("AUTH", PASSWORD)
+        assert int(admin.info("stats")["acl_access_denied_auth"]) == guesses
+        admin.close()

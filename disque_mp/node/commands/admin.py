@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from bus import mesh as meshmod
+from bus.auth import STATS as auth_stats
 from bus.mesh import unpack
 from disque_mp.node import config as configmod
 from disque_mp.node.resp import encode
@@ -163,6 +164,7 @@ def cmd_auth(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
         if cmd[1] != b"default" or (w.cfg.requirepass and not _password_ok(w, cmd[2])):
             # Redis 6's form keeps the connection as it was (without requirepass every
             # connection is, and stays, authenticated)
+            _auth_failed(conn)
             return Error("WRONGPASS invalid username-password pair or user is disabled.")
         conn.authed = True
         return OK
@@ -170,9 +172,17 @@ def cmd_auth(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
         return Error("ERR Client sent AUTH, but no password is set")
     if not _password_ok(w, cmd[1]):
         conn.authed = False
+        _auth_failed(conn)
         return Error("ERR invalid password")
     conn.authed = True
     return OK
+
+
+def _auth_failed(conn: ClientConn) -> None:
+    """Counted (INFO acl_access_denied_auth); the connection reads its next command
+    only after ``auth-failure-delay-ms`` (connection.py), so guessing is slow."""
+    auth_stats["client_auth_failures"] += 1
+    conn.auth_fails += 1
 
 
 def _password_ok(w: NodeView, given: bytes) -> bool:
@@ -209,6 +219,7 @@ def _hello_options(w: NodeView, conn: ClientConn, opts: list[bytes]) -> Error | 
         if opt == b"auth" and len(opts) - i >= 3:
             if opts[i + 1] != b"default" or not w.cfg.requirepass \
                     or not _password_ok(w, opts[i + 2]):
+                _auth_failed(conn)
                 return Error("WRONGPASS invalid username-password pair or user is disabled.")
             conn.authed = True
             i += 3
@@ -482,6 +493,8 @@ def _info_stats(w: NodeView, conn: ClientConn, parts: list[Any]) -> list[tuple[s
             ("instantaneous_input_kbps", f"{sum(p['in_kbps'] for p in parts):.2f}"),
             ("instantaneous_output_kbps", f"{sum(p['out_kbps'] for p in parts):.2f}"),
             ("rejected_connections", _sum(parts, "rejected")), ("latest_fork_usec", 0),
+            ("acl_access_denied_auth",
+             sum(int((p.get("bus") or {}).get("client_auth_failures", 0)) for p in parts)),
             *_bus_security_stats(parts)]
 
 
