@@ -193,7 +193,7 @@ def cmd_hello(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
     if len(cmd) == 1:
         if not conn.authed:
             return Error("NOAUTH Authentication required.")
-        return _disque_hello(w)
+        return _tls_ports(w, conn, _disque_hello(w))
     try:
         proto = int(cmd[1])
     except ValueError:
@@ -240,6 +240,19 @@ def _disque_hello(w: NodeView) -> Any:
         return cmd_cluster.hello(w.agent)
     me = w.node_id
     return [1, me, [me, "", str(w.cfg.port), "1"]]
+
+
+def _tls_ports(w: NodeView, conn: ClientConn, reply: Any) -> Any:
+    """A client on the TLS port fails over to TLS ports: each node's port moved by
+    this node's offset between ``port`` and ``tls-port`` (the nodes of a TLS
+    cluster keep the same offset; the bus does not carry TLS ports)."""
+    transport = conn.transport
+    if not w.cfg.tls_port or transport is None \
+            or transport.get_extra_info("ssl_object") is None:
+        return reply
+    offset = w.cfg.tls_port - w.cfg.port
+    return [*reply[:2], *([node_id, ip, str(int(port) + offset), *rest]
+                          for node_id, ip, port, *rest in reply[2:])]
 
 
 def _valid_name(name: bytes) -> bool:
