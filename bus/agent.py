@@ -156,6 +156,11 @@ class ClusterAgent:
             self.keyring.configure(getattr(self.cfg, "cluster_secret_file", ""))
         except auth.SecretError as exc:
             return str(exc)
+        # links made with a key that is gone now are closed (they redial)
+        if self.bus is not None:
+            self.bus.drop_links_of_removed_keys()
+        if self.data_out is not None:
+            self.data_out.drop_links_of_removed_keys(list(self.data_in))
         return None
 
     def _warn_open_bus(self) -> None:

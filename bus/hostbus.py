@@ -541,6 +541,17 @@ class ClusterBus:
         if link.ready:
             self._link_ready(link)
 
+    def drop_links_of_removed_keys(self) -> int:
+        """After the secret file changed: close the links whose session came from a key
+        no longer in it (they redial and authenticate with the keys there are)."""
+        stale = [link for link in [*self.inbound, *self.out.values()]
+                 if not self.keyring.holds(link.sealer)]
+        for link in stale:
+            log.warning("%s: its cluster key was removed from cluster-secret-file, closing",
+                        link.drop_notice())
+            link.close()
+        return len(stale)
+
     def _room_for_handshake(self, ip: str) -> None:
         """Make room for a new inbound link from ``ip``: past its address's share, or
         with every slot taken, close the oldest link in handshake of the address that

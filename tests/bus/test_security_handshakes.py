@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.nodeproc import NodeProc, form_cluster
+from tests.nodeproc import NodeProc, form_cluster, reachable_nodes, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -74,3 +74,22 @@ def test_strangers_cannot_hold_every_handshake_slot(tmp_path: Path) -> None:
             flooder.join(timeout=flood_s)
         lines = [ln for ln in a.log_text().splitlines() if "cluster bus:" in ln]
         assert len(lines) <= 10, lines[:20]  # a summary, not a line per link
+
+
+OTHER_SECRET = "a secret the other node never had, for the removal test"
+
+
+def test_removing_a_key_drops_the_links_made_with_it(tmp_path: Path) -> None:
+    a, b = secret_node(tmp_path, "a"), secret_node(tmp_path, "b")
+    with a, b:
+        form_cluster([a, b], form_timeout_s)
+        newer = Path(a.dir) / "newer.secret"
+        newer.write_text(OTHER_SECRET + "\n")
+        os.chmod(newer, 0o600)
+        r = a.client()
+        assert r.execute_command("CONFIG", "SET", "cluster-secret-file", str(newer)) == b"OK"
+        r.close()
+        # a's links to b used the removed key: closed, and no new one authenticates
+        wait_until(lambda: reachable_nodes(a.port) == 0 and reachable_nodes(b.port) == 0,
+                   form_timeout_s, "both nodes losing each other")
+        assert "removed from cluster-secret-file" in a.log_text()
