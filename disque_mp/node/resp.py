@@ -184,18 +184,12 @@ class RequestParser:
 
     def _parse(self, data: bytes, cmds: list[list[bytes]], once: bool) -> int:
         """Append complete commands; return where the unparsed rest starts (a pending
-        multibulk's finished arguments stay in ``_args``).
-
-        One flat loop with locals only: this is the per-command hot path."""
-        pos = 0
-        n = len(data)
-        find = data.find
-        bulk_max = self.bulk_max
-        append = cmds.append
+        multibulk's finished arguments stay in ``_args``). One flat loop with
+        locals only: this is the per-command hot path."""
+        pos, n, find, bulk_max, append = 0, len(data), data.find, self.bulk_max, cmds.append
         self._need = 0
-        args = self._args  # a multibulk cut by the last read: resume it at ``pos`` 0
-        left = self._left
-        held = self._held
+        # a multibulk cut by the last read: resume it at ``pos`` 0
+        args, left, held = self._args, self._left, self._held
         while True:
             if args is None:
                 if pos >= n:
@@ -251,12 +245,10 @@ class RequestParser:
                 return p
             if args:  # `*0` and `*-1` are ignored, as in Redis
                 append(args)
-            args = None
-            pos = p
+            args, pos = None, p
             if once and cmds:
                 break
-        self._args = None
-        self._held = 0
+        self._args, self._held = None, 0
         return pos
     def _inline(self, data: bytes, pos: int, cmds: list[list[bytes]]) -> int:
         """Parse one inline line; where the next command starts, or -1 (incomplete)."""

@@ -1,6 +1,7 @@
 """Bus handshake slots on real nodes: strangers without the secret holding
 connections open from several addresses (more than all the handshake slots)
-cannot keep a member out, and the log does not grow a line per refused link."""
+cannot keep a member out, and the log does not grow a line per refused link.
+Then a key removed from the secret file closes the links made with it."""
 
 from __future__ import annotations
 
@@ -60,7 +61,9 @@ def flood(port: int, stop: threading.Event) -> None:
                 s.close()
 
 
-def test_strangers_cannot_hold_every_handshake_slot(tmp_path: Path) -> None:
+def test_handshake_slots_and_key_removal(tmp_path: Path) -> None:
+    """Two nodes: b meets a through a flood of strangers; then a drops the key
+    their links were made with."""
     a, b = secret_node(tmp_path, "a"), secret_node(tmp_path, "b")
     stop = threading.Event()
     flooder = threading.Thread(target=flood, args=(a.port + BUS_PORT_OFFSET, stop))
@@ -74,22 +77,20 @@ def test_strangers_cannot_hold_every_handshake_slot(tmp_path: Path) -> None:
             flooder.join(timeout=flood_s)
         lines = [ln for ln in a.log_text().splitlines() if "cluster bus:" in ln]
         assert len(lines) <= 10, lines[:20]  # a summary, not a line per link
+        removed_key_drops_links(a)
 
 
 OTHER_SECRET = "a secret the other node never had, for the removal test"
 
 
-def test_removing_a_key_drops_the_links_made_with_it(tmp_path: Path) -> None:
-    a, b = secret_node(tmp_path, "a"), secret_node(tmp_path, "b")
-    with a, b:
-        form_cluster([a, b], form_timeout_s)
-        newer = Path(a.dir) / "newer.secret"
-        newer.write_text(OTHER_SECRET + "\n")
-        os.chmod(newer, 0o600)
-        r = a.client()
-        assert r.execute_command("CONFIG", "SET", "cluster-secret-file", str(newer)) == b"OK"
-        r.close()
-        # a's links to b used the removed key: closed, and no new one authenticates
-        wait_until(lambda: reachable_nodes(a.port) == 0 and reachable_nodes(b.port) == 0,
-                   form_timeout_s, "both nodes losing each other")
-        assert "removed from cluster-secret-file" in a.log_text()
+def removed_key_drops_links(a: NodeProc) -> None:
+    """a (formed with one other node) swaps its only key for one the other never had."""
+    newer = Path(a.dir) / "newer.secret"
+    newer.write_text(OTHER_SECRET + "\n")
+    os.chmod(newer, 0o600)
+    r = a.client()
+    assert r.execute_command("CONFIG", "SET", "cluster-secret-file", str(newer)) == b"OK"
+    r.close()
+    # a's links to b used the removed key: closed, and no new one authenticates
+    wait_until(lambda: reachable_nodes(a.port) == 0, form_timeout_s, "a losing the other node")
+    assert "removed from cluster-secret-file" in a.log_text()

@@ -35,56 +35,61 @@ def exchange(port: int, data: bytes) -> bytes:
         return out
 
 
-def test_credentials_are_checked_before_the_body(tmp_path: Path) -> None:
-    with http_node(tmp_path) as node:
-        r = node.client()
-        assert r.execute_command("CONFIG", "SET", "requirepass", PASSWORD) == b"OK"
-        r.close()
-        head = (b"POST /api/queues/q/pause HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                b"Content-Length: 900000\r\n\r\n")
-        # the head alone is answered: the 900 KB body is never waited for
-        out = exchange(node.http_port, head)  # type: ignore[attr-defined]
-        assert out.startswith(b"HTTP/1.1 401 ") and b"WWW-Authenticate: Basic" in out
-
-
-def test_open_connections_are_bounded(tmp_path: Path) -> None:
-    with http_node(tmp_path, **{"http-connections-max": 3}) as node:
-        port = node.http_port  # type: ignore[attr-defined]
-        held = [socket.create_connection(("127.0.0.1", port), timeout=read_timeout_s)
-                for _ in range(3)]
-        try:
-            for s in held:  # each is accepted and served
-                s.sendall(b"GET /api/overview HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-                assert s.recv(100).startswith(b"HTTP/1.1 200 ")
-            assert exchange(port, b"").startswith(b"HTTP/1.1 503 ")
-        finally:
-            for s in held:
-                s.close()
-        node.wait_for(lambda: get(port, "/api/overview").status == 200, 10, "room again")
-
-
-def test_only_this_nodes_host_names_are_served(tmp_path: Path) -> None:
+def test_http_head_checks_and_bounds(tmp_path: Path) -> None:
     with http_node(tmp_path) as node:
         port = node.http_port  # type: ignore[attr-defined]
-        rebinding = b"GET /api/overview HTTP/1.1\r\nHost: attacker.example:%d\r\n\r\n" % port
-        assert exchange(port, rebinding).startswith(b"HTTP/1.1 403 ")
-        for host in (f"127.0.0.1:{port}", f"localhost:{port}", "127.0.0.1"):
-            assert get(port, "/api/overview", headers={"Host": host}).status == 200, host
-        r = node.client()
-        r.execute_command("CONFIG", "SET", "http-allowed-hosts", "disque.internal ops.example")
-        r.close()
-        assert get(port, "/api/overview", headers={"Host": "ops.example:80"}).status == 200
-        assert get(port, "/api/overview", headers={"Host": "other.example"}).status == 403
-
-
-def test_malformed_numbers_and_duplicate_lengths_are_400(tmp_path: Path) -> None:
-    with http_node(tmp_path) as node:
-        port = node.http_port  # type: ignore[attr-defined]
-        sup2 = b"POST /api/queues/q/pause HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: \xb2\r\n\r\n"
-        assert exchange(port, sup2).startswith(b"HTTP/1.1 400 ")
-        twice = (b"POST /api/queues/q/pause HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                 b"Content-Length: 0\r\nContent-Length: 5\r\n\r\nhello")
-        assert exchange(port, twice).startswith(b"HTTP/1.1 400 ")
-        assert get(port, "/api/queues?limit=%C2%B2").status == 400
-        assert get(port, "/api/queues?limit=5").status == 200
+        malformed_numbers_and_duplicates(node, port)
+        only_this_nodes_host_names(node, port)
+        open_connections_bounded(node, port)
+        credentials_before_the_body(node, port)
         assert "Traceback" not in node.log_text()
+
+
+def malformed_numbers_and_duplicates(node: NodeProc, port: int) -> None:
+    sup2 = b"POST /api/queues/q/pause HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: \xb2\r\n\r\n"
+    assert exchange(port, sup2).startswith(b"HTTP/1.1 400 ")
+    twice = (b"POST /api/queues/q/pause HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+             b"Content-Length: 0\r\nContent-Length: 5\r\n\r\nhello")
+    assert exchange(port, twice).startswith(b"HTTP/1.1 400 ")
+    assert get(port, "/api/queues?limit=%C2%B2").status == 400
+    assert get(port, "/api/queues?limit=5").status == 200
+
+
+def only_this_nodes_host_names(node: NodeProc, port: int) -> None:
+    rebinding = b"GET /api/overview HTTP/1.1\r\nHost: attacker.example:%d\r\n\r\n" % port
+    assert exchange(port, rebinding).startswith(b"HTTP/1.1 403 ")
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", "127.0.0.1"):
+        assert get(port, "/api/overview", headers={"Host": host}).status == 200, host
+    r = node.client()
+    r.execute_command("CONFIG", "SET", "http-allowed-hosts", "disque.internal ops.example")
+    r.close()
+    assert get(port, "/api/overview", headers={"Host": "ops.example:80"}).status == 200
+    assert get(port, "/api/overview", headers={"Host": "other.example"}).status == 403
+
+
+def open_connections_bounded(node: NodeProc, port: int) -> None:
+    r = node.client()
+    r.execute_command("CONFIG", "SET", "http-connections-max", 3)  # one worker: all three
+    r.close()
+    held = [socket.create_connection(("127.0.0.1", port), timeout=read_timeout_s)
+            for _ in range(3)]
+    try:
+        for s in held:  # each is accepted and served
+            s.sendall(b"GET /api/overview HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert s.recv(100).startswith(b"HTTP/1.1 200 ")
+        assert exchange(port, b"").startswith(b"HTTP/1.1 503 ")
+    finally:
+        for s in held:
+            s.close()
+    node.wait_for(lambda: get(port, "/api/overview").status == 200, 10, "room again")
+
+
+def credentials_before_the_body(node: NodeProc, port: int) -> None:
+    r = node.client()
+    assert r.execute_command("CONFIG", "SET", "requirepass", PASSWORD) == b"OK"
+    r.close()
+    head = (b"POST /api/queues/q/pause HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Length: 900000\r\n\r\n")
+    # the head alone is answered: the 900 KB body is never waited for
+    out = exchange(port, head)
+    assert out.startswith(b"HTTP/1.1 401 ") and b"WWW-Authenticate: Basic" in out

@@ -19,6 +19,8 @@ pytestmark = pytest.mark.integration
 
 PASSWORD = "s3cret-pass"
 read_timeout_s = 20.0
+guesses = 10
+guess_delay_ms = 150
 
 
 def recv_until_closed(s: socket.socket) -> bytes:
@@ -35,39 +37,44 @@ def connect(port: int) -> socket.socket:
     return s
 
 
-def test_unauthenticated_clients_are_bounded(tmp_path: Path) -> None:
-    with NodeProc(tmp_path, workers=2) as node:
+def test_unauthenticated_clients_are_bounded_and_slowed(tmp_path: Path) -> None:
+    with NodeProc(tmp_path, workers=2, conf={"auth-failure-delay-ms": guess_delay_ms}) as node:
         admin = node.client()
         assert admin.execute_command("CONFIG", "SET", "requirepass", PASSWORD) == b"OK"
         admin.close()
-        with connect(node.port) as s:  # a big bulk started before AUTH
-            s.sendall(b"*1\r\n$100000\r\n" + b"x" * 1000)
-            assert recv_until_closed(s) == b"-ERR Protocol error: unauthenticated bulk length\r\n"
-        with connect(node.port) as s:
-            s.sendall(b"*11\r\n")
-            assert recv_until_closed(s) == \
-                b"-ERR Protocol error: unauthenticated multibulk length\r\n"
-        with connect(node.port) as s:  # within the bounds: the usual NOAUTH
-            s.sendall(encode_command("QLEN", "q"))
-            s.settimeout(read_timeout_s)
-            assert s.recv(100).startswith(b"-NOAUTH")
-        # AUTH first in the same write: what follows has the full bounds
-        q = unique_queue()
-        body = b"b" * 20_000
-        many = ["ADDJOB", q, "x", 0, "REPLICATE", 1, "RETRY", 5, "TTL", 100, "MAXLEN", 10]
-        with connect(node.port) as s:
-            s.sendall(encode_command("AUTH", PASSWORD) + encode_command(*many)
-                      + encode_command("ADDJOB", q, body, 0) + encode_command("QLEN", q))
-            s.settimeout(read_timeout_s)
-            got = b""
-            while not got.endswith(b":2\r\n"):
-                chunk = s.recv(65536)
-                assert chunk, got
-                got += chunk
-            assert got.startswith(b"+OK\r\n+D-") and got.count(b"\r\n+D-") == 2, got
-        r = node.client(password=PASSWORD)
-        assert int(r.info("stats")["total_connections_received"]) >= 4
-        r.close()
+        unauthenticated_bounds(node)
+        wrong_passwords_counted_and_slowed(node)
+
+
+def unauthenticated_bounds(node: NodeProc) -> None:
+    with connect(node.port) as s:  # a big bulk started before AUTH
+        s.sendall(b"*1\r\n$100000\r\n" + b"x" * 1000)
+        assert recv_until_closed(s) == b"-ERR Protocol error: unauthenticated bulk length\r\n"
+    with connect(node.port) as s:
+        s.sendall(b"*11\r\n")
+        assert recv_until_closed(s) == \
+            b"-ERR Protocol error: unauthenticated multibulk length\r\n"
+    with connect(node.port) as s:  # within the bounds: the usual NOAUTH
+        s.sendall(encode_command("QLEN", "q"))
+        s.settimeout(read_timeout_s)
+        assert s.recv(100).startswith(b"-NOAUTH")
+    # AUTH first in the same write: what follows has the full bounds
+    q = unique_queue()
+    body = b"b" * 20_000
+    many = ["ADDJOB", q, "x", 0, "REPLICATE", 1, "RETRY", 5, "TTL", 100, "MAXLEN", 10]
+    with connect(node.port) as s:
+        s.sendall(encode_command("AUTH", PASSWORD) + encode_command(*many)
+                  + encode_command("ADDJOB", q, body, 0) + encode_command("QLEN", q))
+        s.settimeout(read_timeout_s)
+        got = b""
+        while not got.endswith(b":2\r\n"):
+            chunk = s.recv(65536)
+            assert chunk, got
+            got += chunk
+        assert got.startswith(b"+OK\r\n+D-") and got.count(b"\r\n+D-") == 2, got
+    r = node.client(password=PASSWORD)
+    assert int(r.info("stats")["total_connections_received"]) >= 4
+    r.close()
 
 
 def _cpu_s(pids: list[int]) -> float:
@@ -103,29 +110,22 @@ def test_a_trickled_multibulk_is_parsed_once(tmp_path: Path) -> None:
         assert used < cpu_share_max * wall, f"the worker used {used:.2f} s of CPU in {wall:.2f} s"
 
 
-guesses = 10
-guess_delay_ms = 150
-
-
-def test_wrong_passwords_are_counted_and_slowed(tmp_path: Path) -> None:
-    with NodeProc(tmp_path, workers=2, conf={"auth-failure-delay-ms": guess_delay_ms}) as node:
-        admin = node.client()
-        assert admin.execute_command("CONFIG", "SET", "requirepass", PASSWORD) == b"OK"
-        with connect(node.port) as s:
-            start = time.monotonic()
-            s.sendall(encode_command("AUTH", "wrong") * guesses + encode_command("AUTH", PASSWORD)
-                      + encode_command("PING"))
-            want = b"-ERR invalid password\r\n" * guesses + b"+OK\r\n+PONG\r\n"
-            got = b""
-            s.settimeout(read_timeout_s)
-            while len(got) < len(want):
-                chunk = s.recv(65536)
-                assert chunk, got
-                got += chunk
-            took_s = time.monotonic() - start
-        assert got == want
-        # a lower bound only: each wrong password held the next command back
-        assert took_s >= guesses * guess_delay_ms / 1000 * 0.9, took_s
-        admin.execute_command("AUTH", PASSWORD)
-        assert int(admin.info("stats")["acl_access_denied_auth"]) == guesses
-        admin.close()
+def wrong_passwords_counted_and_slowed(node: NodeProc) -> None:
+    admin = node.client(password=PASSWORD)
+    with connect(node.port) as s:
+        start = time.monotonic()
+        s.sendall(encode_command("AUTH", "wrong") * guesses + encode_command("AUTH", PASSWORD)
+                  + encode_command("PING"))
+        want = b"-ERR invalid password\r\n" * guesses + b"+OK\r\n+PONG\r\n"
+        got = b""
+        s.settimeout(read_timeout_s)
+        while len(got) < len(want):
+            chunk = s.recv(65536)
+            assert chunk, got
+            got += chunk
+        took_s = time.monotonic() - start
+    assert got == want
+    # a lower bound only: each wrong password held the next command back
+    assert took_s >= guesses * guess_delay_ms / 1000 * 0.9, took_s
+    assert int(admin.info("stats")["acl_access_denied_auth"]) == guesses
+    admin.close()
