@@ -545,11 +545,14 @@ def _load_worker_target() -> Callable[..., None]:
 
 def run(cfg: Config) -> int:
     """Entry point from the CLI: prepare, fork the workers, serve until stopped."""
+    sup: Supervisor | None = None
     try:
         target = _load_worker_target()  # import once, before forking: children share it
         sup = Supervisor(cfg, target)
         sup.prepare()
     except StartupError as e:
+        if sup is not None and sup.socket_dir:
+            peercred.remove_socket_dir(sup.socket_dir)
         if logging.getLogger().handlers:
             log.warning("%s", e)
         print(f"disque-mp: {e}", file=sys.stderr)

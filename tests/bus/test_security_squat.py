@@ -156,3 +156,18 @@ def _addjob_ok(node: NodeProc, q: str) -> bool:
         return ok
     except Exception:
         return False
+
+
+def test_the_socket_directory_is_private_and_removed(tmp_path: Path) -> None:
+    node = NodeProc(tmp_path, workers=2)
+    with node:
+        r = node.client(protocol=2)
+        node_id = r.execute_command("CLUSTER", "MYID").decode()
+        r.close()
+        names = listed_names(f"{node.port}.{node_id[:16]}.0")
+        assert names and all(n.startswith("/") for n in names), names  # no abstract names
+        where = Path(names[0]).parent
+        st = where.stat()
+        assert st.st_uid == os.getuid() and st.st_mode & 0o777 == 0o700
+        assert node.stop() == 0
+    assert not where.exists()
