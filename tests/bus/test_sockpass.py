@@ -6,14 +6,19 @@ from __future__ import annotations
 import array
 import asyncio
 import os
+import shutil
 import socket
+import stat
+import subprocess
+import tempfile
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from bus import auth
+from bus import auth, peercred
 from bus.datalink import FDPASS_PURPOSE
 from bus.mesh import HANDOFF_PURPOSE
 from bus.sockpass import SocketPass, socket_name
@@ -26,7 +31,7 @@ Scenario = Callable[[SocketPass, SocketPass, Received, asyncio.Queue[None]], Awa
 
 
 def _run(scenario: Scenario) -> Received:
-    """Workers 0 and 1 of a node of its own (a random ID: abstract names are host-wide),
+    """Workers 0 and 1 of a node of its own (a random ID: names are per node),
     ``scenario(sender, receiver, received, arrivals)`` in one event loop."""
     received: Received = []
 
@@ -67,11 +72,14 @@ def _closed_by_receiver(mine: socket.socket) -> bool:
     return mine.recv(16) == b""
 
 
-def test_names_of_both_uses_are_unchanged() -> None:
+def test_names_of_both_uses_live_in_the_private_directory() -> None:
     node_id = "ab" * 20
-    assert socket_name(7711, node_id, 3, HANDOFF_PURPOSE) == f"\0disque-mp.7711.{node_id[:16]}.3.fd"
+    where = peercred.socket_dir()
+    st = os.stat(where)
+    assert st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700
+    assert socket_name(7711, node_id, 3, HANDOFF_PURPOSE) == f"{where}/7711.{node_id[:16]}.3.fd"
     assert socket_name(7711, node_id, 3, FDPASS_PURPOSE) == \
-        f"\0disque-mp.7711.{node_id[:16]}.cluster.fd.3"
+        f"{where}/7711.{node_id[:16]}.cluster.fd.3"
 
 
 def test_a_socket_and_its_state_arrive_and_work() -> None:
@@ -174,3 +182,26 @@ def test_a_second_socket_on_the_same_name_fails_and_leaks_nothing() -> None:
         assert len(os.listdir("/proc/self/fd")) == before
 
     _run(scenario)
+
+
+def test_directories_of_dead_processes_are_swept() -> None:
+    base = Path(tempfile.mkdtemp(prefix="sw", dir="/tmp"))  # short: sun_path holds 108 bytes
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = base / f"disque-mp-{dead.pid}-abcdefgh"
+    stale.mkdir(mode=0o700)
+    (stale / "7711.x.0").write_text("")
+    alive = base / f"disque-mp-{os.getpid()}-abcdefgh"
+    alive.mkdir(mode=0o700)
+    saved = (os.environ.get(peercred.SOCKET_DIR_ENV), tempfile.tempdir)
+    tempfile.tempdir = str(base)
+    try:
+        made = peercred.make_socket_dir()
+        assert not stale.exists() and alive.exists() and Path(made).parent == base
+    finally:
+        if saved[0] is None:
+            os.environ.pop(peercred.SOCKET_DIR_ENV, None)
+        else:
+            os.environ[peercred.SOCKET_DIR_ENV] = saved[0]
+        tempfile.tempdir = saved[1]
+        shutil.rmtree(base)
