@@ -18,12 +18,14 @@ from typing import Any
 from bus.frames import FrameError
 from bus.membership import client_port_max, gossip_entries_max, is_node_id, nodes_max
 from workers.ids import SLOTS, is_valid_job_id, slot_of, slot_of_job_id
+from workers.job import delay_max_s
 
 u32_max = (1 << 32) - 1
 node_list_max = nodes_max  # ENQUEUE's holder list: at most every node of the cluster
 flags_max = 16  # gossip flags per entry (we know 6)
 queue_name_bytes_max = 64 * 1024  # NEEDJOBS / PAUSE: longer than any queue a client could name
 ip_text_max = 64
+queued_wait_ms_max = delay_max_s * 1000  # QUEUED "w": a NACK's DELAY, at most ADDJOB's
 
 
 class BadMessage(FrameError):
@@ -122,6 +124,15 @@ def _enqueue(slot: int, inner: dict[str, Any], bodies: list[bytes]) -> None:
         raise BadMessage("bad ENQUEUE node list")
 
 
+def _queued(slot: int, inner: dict[str, Any], bodies: list[bytes]) -> None:
+    """QUEUED's optional fields: the counter to increment, the extensions' NACK
+    DELAY wait and dead-letter move (workers/extensions.py)."""
+    _about_job(slot, inner, bodies)
+    if not (_int(inner.get("f", 0), 0, 255) and _int(inner.get("w", 0), 0, queued_wait_ms_max)
+            and _int(inner.get("dl", 0), 0, 1)):
+        raise BadMessage("bad QUEUED fields")
+
+
 def _setack(slot: int, inner: dict[str, Any], bodies: list[bytes]) -> None:
     _about_job(slot, inner, bodies)
     if not _int(inner.get("m"), 0, u32_max):
@@ -158,7 +169,7 @@ _RULES: dict[str, Any] = {
     "GOTJOB": _about_job,
     "ENQUEUE": _enqueue,
     "WILLQUEUE": _about_job,
-    "QUEUED": _about_job,
+    "QUEUED": _queued,
     "WORKING": _about_job,
     "SETACK": _setack,
     "GOTACK": _gotack,

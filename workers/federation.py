@@ -17,7 +17,8 @@ REPLJOB    {}                                     [job record]
 GOTJOB     {"j": id}
 ENQUEUE    {"j": id, "d": [node, ...]}
 WILLQUEUE  {"j": id}
-QUEUED     {"j": id[, "f": 2|4 (increment nacks|deliveries)]}
+QUEUED     {"j": id[, "f": 2|4 (increment nacks|deliveries)]
+            [, "w": ms (NACK DELAY), "dl": 1 (moved to dead:<queue>)]}
 WORKING    {"j": id}
 SETACK     {"j": id, "m": may-have}
 GOTACK     {"j": id, "k": 0|1 (known)}
@@ -443,10 +444,16 @@ class ClusterOps:
             job.additional_deliveries += 1
         elif incr == QUEUED_INCR_NACKS:
             job.nacks += 1
-        if job.state == QUEUED and sender > self.node_id:
+        # Extensions (workers/extensions.py): a NACK's DELAY, or the move to the
+        # dead-letter queue: the sender's copy wins whatever the IDs.
+        wait_ms = meta.get("w", 0)
+        dead = meta.get("dl", 0)
+        if job.state == QUEUED and (sender > self.node_id or wait_ms or dead):
             self._dequeue(job, self._queues[job.queue], now_ms)  # the greater ID keeps it
+        if dead:
+            self._follow_dead_letter(job, now_ms)
         if job.retry_s:
-            job.qtime_ms = now_ms + job.retry_s * 1000 + self._jitter()
+            job.qtime_ms = now_ms + wait_ms + job.retry_s * 1000 + self._jitter()
             job.flags &= ~FLAG_WILLQUEUE_SENT
             self._reschedule(job)
 

@@ -20,7 +20,13 @@ _id_match = _ID_RE.match  # bound once: IDs are checked on every ACKJOB
 
 
 def slot_of(queue: bytes) -> int:
-    """The slot of a queue name: first 2 bytes of blake3(name), mod 16384."""
+    """The slot of a queue name: first 2 bytes of blake3(name), mod 16384.
+
+    A dead-letter queue ``dead:<q>`` has the slot of ``<q>``: MAXDELIVER moves a
+    job there with its ID (which carries ``<q>``'s slot), so both queues must have
+    one owner (as a Redis Cluster hash tag does)."""
+    if queue[:5] == b"dead:":
+        queue = queue[5:]
     return int.from_bytes(blake3(queue).digest()[:2], "big") % SLOTS
 
 

@@ -10,8 +10,9 @@ shared objects wherever possible:
 - ``awake_ms`` is the key object of the timer bucket the job sits in,
 - ``nodes`` is the pair (delivered, confirmed), shared between jobs with the
   same pair (every job created here starts with ``((my_id,), ())``),
-- DELAY lives in the high bits of ``flags`` (0 for nearly every job, so flags
-  stay a cached small int); 14 slots keep the record in pymalloc's 144-byte class,
+- DELAY and MAXDELIVER live in the high bits of ``flags`` (0 for nearly every
+  job, so flags stay a cached small int); 14 slots keep the record in pymalloc's
+  144-byte class,
 - states, counters and flags are small ints (cached by CPython),
 - the creation time is kept in microseconds (``ctime_us``): below 2**60 it is a
   2-digit int (32 bytes) where nanoseconds need 3 digits (48 bytes with
@@ -47,9 +48,16 @@ FLAG_REPLICA: Final = 16
 # A requeue counts as an additional delivery when the job was delivered or queued
 # before (here, or by its creator for a replica), as Disque's enqueueJob does.
 FLAG_REQUEUE_COUNTS: Final = 1 | 8 | 16  # FLAG_DELIVERED | FLAG_QUEUED_ONCE | FLAG_REPLICA
+# The pending requeue is a NACK ... DELAY's (already counted in ``nacks``): when it
+# fires it is no further delivery.
+FLAG_NACK_DELAYED: Final = 32
 _FLAG_TRANSIENT: Final = FLAG_IN_DEQUE | FLAG_WILLQUEUE_SENT  # never persisted nor sent
-_FLAG_BITS: Final = 8  # flags above this hold delay_s
+_FLAG_BITS: Final = 8  # flags above this hold delay_s, then maxdeliver
 _FLAG_MASK: Final = (1 << _FLAG_BITS) - 1
+_DELAY_BITS: Final = 40  # delay_max_s fits, and the larger values a record check refuses
+_MAXDELIVER_SHIFT: Final = _FLAG_BITS + _DELAY_BITS
+FLAGS_DELAY_MASK: Final = ((1 << _DELAY_BITS) - 1) << _FLAG_BITS  # job.flags & this: a DELAY was given
+FLAGS_MAXDELIVER_MIN: Final = 1 << _MAXDELIVER_SHIFT  # job.flags at or above this: MAXDELIVER set
 
 NodePair = tuple[tuple[str, ...], tuple[str, ...]]
 # Shared (delivered, confirmed) pairs: jobs with the same pair point at one tuple.
@@ -90,6 +98,10 @@ body_bytes_max: Final = 0xFFFF_FFFF
 # (membership keeps at most 1000 nodes); the record's count fields are 16-bit.
 job_nodes_max: Final = 4096
 node_id_bytes_max: Final = 64  # node IDs are 40 hex characters
+# ADDJOB ... MAXDELIVER n: deliveries before the job goes to its dead-letter queue
+# (a 16-bit record field; ten thousand redeliveries is already a hot loop).
+maxdeliver_max: Final = 10_000
+DEAD_PREFIX: Final = b"dead:"  # the dead-letter queue of queue q is dead:q
 
 NS_PER_MS: Final = 1_000_000
 US_PER_MS: Final = 1_000
@@ -173,7 +185,15 @@ class Job(Timed):
 
     @property
     def delay_s(self) -> int:
-        return self.flags >> _FLAG_BITS
+        return (self.flags & FLAGS_DELAY_MASK) >> _FLAG_BITS
+
+    @property
+    def maxdeliver(self) -> int:
+        """Deliveries before the job is dead-lettered (ADDJOB MAXDELIVER); 0 = no cap."""
+        return self.flags >> _MAXDELIVER_SHIFT
+
+    def set_maxdeliver(self, n: int) -> None:
+        self.flags = (self.flags & ((1 << _MAXDELIVER_SHIFT) - 1)) | (n << _MAXDELIVER_SHIFT)
 
     @property
     def delivered(self) -> tuple[str, ...]:
@@ -205,11 +225,15 @@ class Job(Timed):
     # --- persisted form (AOF; also usable for REPLJOB) ---
 
     def to_record(self) -> bytes:
-        """Serialize: a version byte, fixed fields, then length-prefixed strings."""
+        """Serialize: a version byte, fixed fields, then length-prefixed strings.
+
+        A job without MAXDELIVER is written in version 1 (what nodes and AOF files
+        without the extension read); one with it in version 2 (one more field)."""
         jid = self.id.encode()
         nodes = [n.encode() for n in self.delivered] + [n.encode() for n in self.confirmed]
-        head = _REC_HEAD.pack(
-            RECORD_VERSION,
+        maxdeliver = self.maxdeliver
+        fields = (
+            RECORD_VERSION if not maxdeliver else RECORD_VERSION_MAXDELIVER,
             self.state,
             self.flags & _FLAG_MASK & ~_FLAG_TRANSIENT,  # deque membership is not part of a job
             self.repl,
@@ -226,6 +250,7 @@ class Job(Timed):
             len(self.queue),
             len(self.body),
         )
+        head = _REC_HEAD.pack(*fields) if not maxdeliver else _REC_HEAD_V2.pack(*fields, maxdeliver)
         parts = [head, jid, self.queue, self.body]
         for n in nodes:
             parts.append(_NODE_LEN.pack(len(n)))
@@ -239,7 +264,16 @@ class Job(Timed):
             raise ValueError("job record too short")
         (version, state, flags, repl, ttl_s, ctime_ns, delay_s, retry_s, nacks, add_deliv,
          qtime_ms, n_deliv, n_conf, id_len, q_len, body_len) = _REC_HEAD.unpack_from(rec)
-        if version != RECORD_VERSION:
+        at = _REC_HEAD.size
+        maxdeliver = 0
+        if version == RECORD_VERSION_MAXDELIVER:
+            if len(rec) < _REC_HEAD_V2.size:
+                raise ValueError("job record too short")
+            maxdeliver = _REC_HEAD_V2.unpack_from(rec)[-1]
+            at = _REC_HEAD_V2.size
+            if not 1 <= maxdeliver <= maxdeliver_max:
+                raise ValueError("job record MAXDELIVER out of range")
+        elif version != RECORD_VERSION:
             raise ValueError(f"unsupported job record version {version}")
         if state > ACKED:
             raise ValueError(f"bad job state {state}")
@@ -247,7 +281,6 @@ class Job(Timed):
             raise ValueError("job record TTL, RETRY or DELAY out of range")
         if n_deliv + n_conf > job_nodes_max:
             raise ValueError("job record names too many nodes")
-        at = _REC_HEAD.size
         end = at + id_len + q_len + body_len
         if end > len(rec):
             raise ValueError("job record truncated")
@@ -272,17 +305,21 @@ class Job(Timed):
         job = cls(jid, queue, body, state, repl, ttl_s, ctime_ns // 1000, delay_s, retry_s, qtime_ms,
                   tuple(nodes[:n_deliv]), tuple(nodes[n_deliv:]))
         job.flags |= flags & ~_FLAG_TRANSIENT
+        if maxdeliver:
+            job.set_maxdeliver(maxdeliver)
         job.nacks = nacks
         job.additional_deliveries = add_deliv
         return job
 
 
 RECORD_VERSION: Final = 1
+RECORD_VERSION_MAXDELIVER: Final = 2  # version 1's fields, then maxdeliver (u16)
 # A deletion record (AOF): this tag, never a job record version, then the job ID.
 DEL_RECORD_TAG: Final = 0x80
 # version, state, flags, repl, ttl_s, ctime_ns, delay_s, retry_s, nacks, additional
 # deliveries, qtime_ms, #delivered, #confirmed, len(id), len(queue), len(body)
 _REC_HEAD = struct.Struct(">BBBHQQQQQQQHHHII")
+_REC_HEAD_V2 = struct.Struct(">BBBHQQQQQQQHHHIIH")
 _NODE_LEN = struct.Struct(">H")
 
 
@@ -296,12 +333,13 @@ def job_id_of_record(rec: bytes) -> str:
     Raises ``ValueError`` when it is neither form."""
     if rec[:1] == bytes((DEL_RECORD_TAG,)):
         return rec[1:].decode("ascii", "strict") if len(rec) > 1 else _bad("empty deletion record")
-    if len(rec) < _REC_HEAD.size or rec[0] != RECORD_VERSION:
+    head = _REC_HEAD if rec[:1] != bytes((RECORD_VERSION_MAXDELIVER,)) else _REC_HEAD_V2
+    if len(rec) < head.size or rec[0] not in (RECORD_VERSION, RECORD_VERSION_MAXDELIVER):
         return _bad("not a job record")
-    id_len = _REC_HEAD.unpack_from(rec)[13]
-    if _REC_HEAD.size + id_len > len(rec):
+    id_len = head.unpack_from(rec)[13]
+    if head.size + id_len > len(rec):
         return _bad("job record truncated")
-    return rec[_REC_HEAD.size : _REC_HEAD.size + id_len].decode("ascii", "strict")
+    return rec[head.size : head.size + id_len].decode("ascii", "strict")
 
 
 def _bad(why: str) -> str:

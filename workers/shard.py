@@ -36,26 +36,28 @@ from operator import attrgetter
 from typing import Any, Final, cast
 
 from workers.effects import AofAppend, Effect, Wake
+from workers.extensions import ExtOps
 from workers.federation import (
     ERR_NOREPL_TIMEOUT,
     QUEUED_INCR_DELIVERIES,
     QUEUED_INCR_NACKS,
-    ClusterOps,
     Fed,
     ReplWait,
 )
 from workers.ids import JobIdGen, slot_of
 from workers.invariant import InvariantError, invariant
 from workers.job import (
-    _FLAG_BITS,
     ACKED,
     ACTIVE,
     DEL_RECORD_TAG,
     DELETED,
     FLAG_DELIVERED,
+    FLAG_NACK_DELAYED,
     FLAG_QUEUED_ONCE,
     FLAG_REQUEUE_COUNTS,
     FLAG_WILLQUEUE_SENT,
+    FLAGS_DELAY_MASK,
+    FLAGS_MAXDELIVER_MIN,
     QUEUED,
     STATE_NAMES,
     US_PER_MS,
@@ -66,6 +68,7 @@ from workers.job import (
     del_record,
     delay_max_s,
     job_id_of_record,
+    maxdeliver_max,
     queue_name_bytes_max,
     retry_max_s,
     ttl_max_s,
@@ -116,6 +119,7 @@ ERR_DELAY_TTL: Final = Error(
 ERR_TTL_MAX: Final = Error(f"ERR TTL must be at most {ttl_max_s} seconds")
 ERR_RETRY_MAX: Final = Error(f"ERR RETRY time must be at most {retry_max_s} seconds")
 ERR_DELAY_MAX: Final = Error(f"ERR DELAY time must be at most {delay_max_s} seconds")
+ERR_MAXDELIVER: Final = Error(f"ERR MAXDELIVER must be between 1 and {maxdeliver_max}")
 ERR_QUEUE_NAME_MAX: Final = Error(f"ERR queue name too long (at most {queue_name_bytes_max} bytes)")
 ERR_BODY_MAX: Final = Error(f"ERR job body too large (at most {body_bytes_max} bytes)")
 ERR_NOREPL_LEAVING: Final = Error(
@@ -138,7 +142,6 @@ ERR_TOOLATE: Final = Error(
 # bucket past the last bound. The shard only counts; the HTTP side exports seconds.
 latency_bounds_ms: Final = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000,
                             60_000, 300_000, 900_000, 3_600_000)
-_FLAGS_WITH_DELAY: Final = 1 << _FLAG_BITS  # job.flags at or above this: a DELAY was given
 _live = attrgetter("live")  # a queue's queued jobs: the key of the largest queues
 
 _K_NACKS: Final = b"nacks"
@@ -171,7 +174,7 @@ class _TimerBucket:
         self.stale = 0
 
 
-class Shard(ClusterOps):
+class Shard(ExtOps):
     def __init__(
         self,
         node_id: str,
@@ -210,6 +213,7 @@ class Shard(ClusterOps):
         self.stat_requeued_retry = 0  # requeued because RETRY elapsed without an ACK
         self.stat_requeued_enqueue = 0  # requeued by ENQUEUE
         self.stat_expired = 0  # deleted because their TTL elapsed
+        self.stat_dead_lettered = 0  # moved to dead:<queue> by MAXDELIVER
         self.wait_counts = [0] * (len(latency_bounds_ms) + 1)
         self.wait_sum_ms = 0
         self.proc_counts = [0] * (len(latency_bounds_ms) + 1)
@@ -283,7 +287,7 @@ class Shard(ClusterOps):
         b[jid] = job
         self._njobs += 1
         self.body_bytes += len(job.body)
-        if job.flags >= _FLAGS_WITH_DELAY and not job.flags & FLAG_QUEUED_ONCE:
+        if job.flags & FLAGS_DELAY_MASK and not job.flags & FLAG_QUEUED_ONCE:
             self._delayed[job.queue] = self._delayed.get(job.queue, 0) + 1
 
     def _unregister(self, job: Job, now_ms: int) -> None:
@@ -302,7 +306,7 @@ class Shard(ClusterOps):
         if self._gc_tries:
             self._gc_tries.pop(jid, None)
         self._forget_delivery(job)
-        if job.flags >= _FLAGS_WITH_DELAY and not job.flags & FLAG_QUEUED_ONCE:
+        if job.flags & FLAGS_DELAY_MASK and not job.flags & FLAG_QUEUED_ONCE:
             self._undelay(job)
         was = job.state
         job.state = DELETED
@@ -462,15 +466,26 @@ class Shard(ClusterOps):
                 # paused in input: never requeue now, try again after another retry period
                 job.qtime_ms = now_ms + max(job.retry_s, 1) * 1000 + self._jitter()
             else:
-                incr = 0
-                if job.flags & FLAG_REQUEUE_COUNTS:
-                    job.additional_deliveries += 1
-                    incr = QUEUED_INCR_DELIVERIES
-                if job.flags & FLAG_QUEUED_ONCE:  # not the end of a DELAY
-                    self.stat_requeued_retry += 1
-                self._requeue(job, q, now_ms, incr)
+                self._requeue_due(job, q, now_ms)
         if job.state != DELETED:
             self._schedule(job, self._due(job))
+
+    def _requeue_due(self, job: Job, q: Queue, now_ms: int) -> None:
+        """The requeue time of an active job came: RETRY elapsed, the end of its
+        DELAY or of a NACK's DELAY (counted by the NACK already)."""
+        incr = 0
+        if job.flags & FLAG_NACK_DELAYED:
+            job.flags &= ~FLAG_NACK_DELAYED
+        else:
+            if job.flags & FLAG_REQUEUE_COUNTS:
+                job.additional_deliveries += 1
+                incr = QUEUED_INCR_DELIVERIES
+            if job.flags & FLAG_QUEUED_ONCE:  # not the end of a DELAY
+                self.stat_requeued_retry += 1
+            if job.flags >= FLAGS_MAXDELIVER_MIN and self._past_maxdeliver(job):
+                self._dead_letter(job, now_ms, incr)
+                return
+        self._requeue(job, q, now_ms, incr)
 
     def _fire_queue(self, q: Queue, now_ms: int) -> None:
         if self._queues.get(q.name) is not q:
@@ -503,7 +518,7 @@ class Shard(ClusterOps):
         ``serve=False``: the caller queues a batch and serves waiters after it."""
         job.state = QUEUED
         flags = job.flags
-        if flags >= _FLAGS_WITH_DELAY and not flags & FLAG_QUEUED_ONCE:
+        if flags & FLAGS_DELAY_MASK and not flags & FLAG_QUEUED_ONCE:
             self._undelay(job)
         self._forget_delivery(job)  # queued again (retry, NACK, ENQUEUE, a peer's QUEUED)
         job.flags = (flags & ~FLAG_WILLQUEUE_SENT) | FLAG_QUEUED_ONCE
@@ -598,8 +613,12 @@ class Shard(ClusterOps):
         async_: bool,
         token: int,
         now_ms: int,
+        maxdeliver: int = 0,
     ) -> Any:
-        """ADDJOB after argument parsing; checks in the reference's order."""
+        """ADDJOB after argument parsing; checks in the reference's order
+        (``maxdeliver``, the extension's MAXDELIVER, checked first: 0 = none)."""
+        if not 0 <= maxdeliver <= maxdeliver_max:
+            return ERR_MAXDELIVER
         if len(queue) > queue_name_bytes_max or len(body) > body_bytes_max:
             return ERR_QUEUE_NAME_MAX if len(queue) > queue_name_bytes_max else ERR_BODY_MAX
         if ttl_s > ttl_max_s or delay_s > delay_max_s or (retry_s is not None and retry_s > retry_max_s):
@@ -645,6 +664,8 @@ class Shard(ClusterOps):
         job_id = self._ids.make(q.slot, ttl_s, retry_s)
         job = Job(job_id, q.name, body, ACTIVE, replicate, ttl_s, ctime_us, delay_s, retry_s,
                   0, self._me)
+        if maxdeliver:
+            job.set_maxdeliver(maxdeliver)
         self.stat_added += 1
         if additional:
             return self._addjob_cluster(job, q, additional, extrepl, timeout_ms, async_, token,
@@ -813,13 +834,16 @@ class Shard(ClusterOps):
                 self._unregister(job, now_ms)
         return known
 
-    def op_nack(self, job_ids: list[str], now_ms: int) -> int:
-        return self._requeue_cmd(job_ids, now_ms, nack=True)
+    def op_nack(self, job_ids: list[str], now_ms: int, delay_s: int = 0) -> int:
+        """NACK [DELAY s]: queued again (after the delay), or dead-lettered when the
+        job's MAXDELIVER is reached."""
+        return self._requeue_cmd(job_ids, now_ms, nack=True, delay_ms=delay_s * 1000)
 
     def op_enqueue(self, job_ids: list[str], now_ms: int) -> int:
         return self._requeue_cmd(job_ids, now_ms, nack=False)
 
-    def _requeue_cmd(self, job_ids: list[str], now_ms: int, *, nack: bool) -> int:
+    def _requeue_cmd(self, job_ids: list[str], now_ms: int, *, nack: bool,
+                     delay_ms: int = 0) -> int:
         done = 0
         for job_id in job_ids:
             job = self.lookup(job_id)
@@ -837,7 +861,12 @@ class Shard(ClusterOps):
                 if job.flags & FLAG_DELIVERED:  # ENQUEUE of a job never served here: no delivery
                     job.additional_deliveries += 1
                     incr = QUEUED_INCR_DELIVERIES
-            self._requeue(job, q, now_ms, incr)
+            if nack and job.flags >= FLAGS_MAXDELIVER_MIN and self._past_maxdeliver(job):
+                self._dead_letter(job, now_ms, incr)
+            elif delay_ms:
+                self._nack_later(job, delay_ms, now_ms)
+            else:
+                self._requeue(job, q, now_ms, incr)
             done += 1
         return done
 
@@ -898,7 +927,7 @@ class Shard(ClusterOps):
             b"next-requeue-within", requeue_in,
             b"next-awake-within", awake_in,
             b"body", job.body,
-        ]  # fmt: skip
+        ] + ([b"maxdeliver", job.maxdeliver] if job.flags >= FLAGS_MAXDELIVER_MIN else [])  # fmt: skip
 
     # ------------------------------------------------------------------ queue-addressed ops
 
@@ -1234,6 +1263,6 @@ class Shard(ClusterOps):
                   f"{self._outstanding} jobs counted outstanding, {outstanding} are")
         delayed: dict[bytes, int] = {}
         for job in jobs:
-            if job.flags >= _FLAGS_WITH_DELAY and not job.flags & FLAG_QUEUED_ONCE:
+            if job.flags & FLAGS_DELAY_MASK and not job.flags & FLAG_QUEUED_ONCE:
                 delayed[job.queue] = delayed.get(job.queue, 0) + 1
         invariant(delayed == self._delayed, f"delayed per queue {self._delayed} != {delayed}")

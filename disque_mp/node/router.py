@@ -375,18 +375,25 @@ class Router:
         ids = cmd[1:]
         if self.workers == 1 or not ids:
             return self._run_at(conn, self.index, cmd)
+        tail: list[bytes] = []
+        words = TABLE[cmd[0].lower()].tail_opts
+        if words:  # an extension's trailing option goes to every owner
+            ids, word, value = cmd_jobs.split_tail(ids, words)
+            if word is not None and value is not None:
+                tail = [word, value]
         for job_id in ids:
             if not is_valid_job_id(job_id):
                 return ERR_BADID
         groups: dict[int, list[bytes]] = {}
         for job_id in ids:
             groups.setdefault(owner_of_job_id(job_id.decode(), self.workers), []).append(job_id)
-        if len(groups) == 1:
-            (owner,) = groups
+        if len(groups) <= 1:
+            owner = next(iter(groups)) if groups else self.index
             return self._run_at(conn, owner, cmd)
-        return self._split_ids(conn, cmd[0].lower(), groups)
+        return self._split_ids(conn, cmd[0].lower(), groups, tail)
 
-    def _split_ids(self, conn: ClientConn, name: bytes, groups: dict[int, list[bytes]]) -> Any:
+    def _split_ids(self, conn: ClientConn, name: bytes, groups: dict[int, list[bytes]],
+                   tail: list[bytes] | None = None) -> Any:
         conn.streak = 0
         results: list[Any] = []
         slot = conn.defer()
@@ -398,6 +405,8 @@ class Router:
 
         w = self.w
         for owner, ids in groups.items():
+            if tail:
+                ids = ids + tail
             if owner == self.index:
                 aof = w.aof
                 before = aof.appended if aof is not None else 0

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from workers.ids import is_valid_job_id
-from workers.job import STATE_BY_NAME, delay_max_s, retry_max_s, ttl_max_s
+from workers.job import STATE_BY_NAME, delay_max_s, maxdeliver_max, retry_max_s, ttl_max_s
 from workers.replies import (
     ERR_BADID,
     ERR_SYNTAX,
@@ -29,6 +29,7 @@ from workers.replies import (
 )
 from workers.shard import (
     ERR_DELAY_MAX,
+    ERR_MAXDELIVER,
     ERR_RETRY_MAX,
     ERR_TTL_MAX,
     Shard,
@@ -127,10 +128,11 @@ class AddJobArgs:
     ttl_s: int
     maxlen: int
     async_: bool
+    maxdeliver: int  # 0 = none (the MAXDELIVER extension)
 
     def __init__(self, queue: bytes, body: bytes, timeout_ms: int, replicate: int | None = None,
                  delay_s: int = 0, retry_s: int | None = None, ttl_s: int = ttl_default_s,
-                 maxlen: int = 0, async_: bool = False) -> None:
+                 maxlen: int = 0, async_: bool = False, maxdeliver: int = 0) -> None:
         self.queue = queue
         self.body = body
         self.timeout_ms = timeout_ms
@@ -140,6 +142,7 @@ class AddJobArgs:
         self.ttl_s = ttl_s
         self.maxlen = maxlen
         self.async_ = async_
+        self.maxdeliver = maxdeliver
 
 
 def parse_addjob(args: list[bytes]) -> AddJobArgs | Error:
@@ -182,6 +185,7 @@ _ADDJOB_OPTS: Final[dict[bytes, tuple[str, int, int, Error, Error]]] = {
     b"retry": ("retry_s", 0, retry_max_s, ERR_RETRY, ERR_RETRY_MAX),
     b"delay": ("delay_s", 0, delay_max_s, ERR_DELAY, ERR_DELAY_MAX),
     b"maxlen": ("maxlen", 1, sys.maxsize, ERR_MAXLEN, ERR_MAXLEN),
+    b"maxdeliver": ("maxdeliver", 1, maxdeliver_max, ERR_MAXDELIVER, ERR_MAXDELIVER),
 }
 
 
@@ -205,7 +209,8 @@ def cmd_addjob(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
         return a
     return shard.op_addjob(a.queue, a.body, timeout_ms=a.timeout_ms, replicate=a.replicate,
                            delay_s=a.delay_s, retry_s=a.retry_s, ttl_s=a.ttl_s,
-                           maxlen=a.maxlen, async_=a.async_, token=token, now_ms=now_ms)
+                           maxlen=a.maxlen, async_=a.async_, token=token, now_ms=now_ms,
+                           maxdeliver=a.maxdeliver)
 
 
 # ------------------------------------------------------------------ GETJOB
@@ -474,9 +479,45 @@ def cmd_pause(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
     return shard.op_pause(args[0], opts, now_ms)
 
 
+# ------------------------------------------------------------------ extensions
+
+
+def split_tail(args: list[bytes], words: tuple[bytes, ...]) -> tuple[list[bytes], bytes | None,
+                                                                    bytes | None]:
+    """``id ... [WORD value]``: the IDs, the option word (lowercase) and its value.
+    A job ID is 40 characters: no option word can be mistaken for one."""
+    if len(args) >= 2 and len(args[-2]) < 40:
+        word = args[-2].lower()
+        if word in words:
+            return args[:-2], word, args[-1]
+    return args, None, None
+
+
+def parse_delay_s(raw: bytes) -> int | Error:
+    """A DELAY value: ADDJOB's bound and texts."""
+    v = parse_int(raw)
+    if v is None or v < 0:
+        return ERR_DELAY
+    return ERR_DELAY_MAX if v > delay_max_s else v
+
+
+def cmd_nack(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
+    """``NACK id ... [DELAY seconds]``."""
+    raw_ids, word, value = split_tail(args, (b"delay",))
+    delay_s = 0
+    if value is not None:
+        d = parse_delay_s(value)
+        if isinstance(d, Error):
+            return d
+        delay_s = d
+    ids = _job_ids(raw_ids)
+    if isinstance(ids, Error):
+        return ids
+    return shard.op_nack(ids, now_ms, delay_s)
+
+
 cmd_ackjob: Final = _ids_cmd("op_ackjob")
 cmd_fastack: Final = _ids_cmd("op_fastack")
-cmd_nack: Final = _ids_cmd("op_nack")
 cmd_enqueue: Final = _ids_cmd("op_enqueue")
 cmd_dequeue: Final = _ids_cmd("op_dequeue")
 cmd_deljob: Final = _ids_cmd("op_deljob")

@@ -38,6 +38,9 @@ class Command:
     route: str
     handler: Callable[..., Any] | None = None
     fast: bool = False
+    # ``ids`` route: option words that may end the ID list, each with one value
+    # (``NACK id ... DELAY s``); the router gives them to every owner's share.
+    tail_opts: tuple[bytes, ...] = ()
 
 
 _W, _R, _F, _A, _L, _D = "write", "readonly", "fast", "admin", "loading", "denyoom"
@@ -49,7 +52,7 @@ TABLE: dict[bytes, Command] = {
         Command("getjob", -2, (_W, _F), "getjob", fast=True),
         Command("ackjob", -1, (_W, _F), "ids", jobs.cmd_ackjob, fast=True),
         Command("fastack", -1, (_W, _F), "ids", jobs.cmd_fastack, fast=True),
-        Command("nack", -1, (_W, _D, _F), "ids", jobs.cmd_nack),
+        Command("nack", -1, (_W, _D, _F), "ids", jobs.cmd_nack, tail_opts=(b"delay",)),
         Command("working", 2, (_W, _F), "ids", jobs.cmd_working),
         Command("enqueue", -1, (_W, _D, _F), "ids", jobs.cmd_enqueue),
         Command("dequeue", -1, (_W, _F), "ids", jobs.cmd_dequeue),
