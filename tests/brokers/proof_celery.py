@@ -41,6 +41,9 @@ app.conf.update(
     worker_hijack_root_logger=False,
     task_default_queue=QUEUE,
     task_ignore_result=True,
+    # how long the worker waits for a dead pool process's result before it calls it
+    # lost (default 10 s): the poison scenario's cycle
+    worker_lost_wait=1.0,
 )
 
 
