@@ -23,7 +23,7 @@ from kombu import Connection
 import disque_mp.kombu  # noqa: F401  (registers disque://)
 from tests.brokers.conftest import WorkerProc
 from tests.brokers.record import read_records
-from tests.nodeproc import proc_stats, unique_queue
+from tests.nodeproc import NodeProc, proc_stats, unique_queue
 
 CELERY_APP = "tests.brokers.proof_celery"
 DRAMATIQ_APP = "tests.brokers.proof_dramatiq"
@@ -47,12 +47,14 @@ class Side:
     workdir: Path
     visibility_s: int = 4
     max_deliveries: int | None = None  # disque:// only: ADDJOB MAXDELIVER
+    replicate: int | None = None  # disque:// only: ADDJOB REPLICATE
     workers: list[WorkerProc] = field(default_factory=list)
 
     def env(self, queue: str, record: Path) -> dict[str, str]:
         return {"PROOF_BROKER_URL": self.url, "PROOF_QUEUE": queue,
                 "BROKER_RECORD_FILE": str(record), "PROOF_VISIBILITY_S": str(self.visibility_s),
-                "PROOF_MAX_DELIVERIES": str(self.max_deliveries or "")}
+                "PROOF_MAX_DELIVERIES": str(self.max_deliveries or ""),
+                "PROOF_REPLICATE": str(self.replicate or "")}
 
     def celery_worker(self, queue: str, record: Path, name: str,
                       pool: tuple[str, ...] = ("-P", "prefork", "-c", "1")) -> WorkerProc:
@@ -76,6 +78,8 @@ class Side:
         options: dict[str, Any] = {"visibility_timeout": self.visibility_s}
         if self.broker == "disque" and self.max_deliveries:
             options["max_deliveries"] = self.max_deliveries
+        if self.broker == "disque" and self.replicate:
+            options["replicate"] = self.replicate
         app.conf.broker_transport_options = options
         app.conf.task_default_queue = "proof"
         return app
@@ -270,6 +274,33 @@ def backoff_figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "same_delivery_id": len({r["tag"] for r in runs}) == 1,
             "delivery_ids": len({r["tag"] for r in runs}), "gaps_s": gaps,
             "late_s": [round(g - 2 ** i, 2) for i, g in enumerate(gaps)]}
+
+
+def cluster_failover(side: Side, nodes: list[NodeProc], tasks: int) -> dict[str, Any]:
+    """Point 6 (disque-mp: ``side.url`` names the 3 nodes, ``side.replicate`` 2):
+    ``tasks`` tasks; the first node SIGKILLed after a third was produced, the second
+    restarted (SIGTERM, start on its AOF) after two thirds. Lost tasks counted, and
+    whether the worker process is the one that started."""
+    q, rec = unique_queue("p6"), side.workdir / f"p6-{side.broker}.jsonl"
+    w = side.celery_worker(q, rec, "p6", pool=("-P", "prefork", "-c", "2"))
+    assert w.proc is not None
+    worker_pid = w.proc.pid
+    app = side.producer()
+    third = tasks // 3
+    with app.producer_or_acquire() as producer:
+        for i in range(tasks):
+            if i == third:
+                nodes[0].kill_group()
+            elif i == 2 * third:
+                nodes[1].restart()
+            app.send_task(f"{CELERY_APP}.echo", args=(i,), queue=q, producer=producer)
+    wait_for(lambda: len({r["n"] for r in records(rec, "echo")}) >= tasks,
+             scenario_wait_max_s, f"{tasks} tasks to run", w)
+    ran = [r["n"] for r in records(rec, "echo")]
+    alive = w.proc.poll() is None and w.proc.pid == worker_pid
+    side.stop_workers()
+    return {"tasks": tasks, "lost": tasks - len(set(ran)), "runs": len(ran),
+            "duplicates": len(ran) - len(set(ran)), "worker_never_restarted": alive}
 
 
 def prefetch_fairness(side: Side, long_s: float, shorts: int) -> dict[str, Any]:

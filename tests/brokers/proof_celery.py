@@ -3,7 +3,8 @@ broker: ``celery -A tests.brokers.proof_celery worker``. The broker is the URL i
 PROOF_BROKER_URL (``disque://``, ``redis://`` or ``amqp://``); PROOF_QUEUE,
 BROKER_RECORD_FILE (one JSON line per task run), PROOF_VISIBILITY_S (the
 visibility timeout: Disque's RETRY, the Redis transport's restore time; RabbitMQ
-has none) and PROOF_MAX_DELIVERIES (disque:// only: ADDJOB MAXDELIVER).
+has none), PROOF_MAX_DELIVERIES and PROOF_REPLICATE (disque:// only: ADDJOB
+MAXDELIVER, REPLICATE).
 
 Every task runs with ``acks_late`` and ``task_reject_on_worker_lost`` (a pool
 process that dies gives its message back: the poison scenario), and the
@@ -29,6 +30,8 @@ QUEUE = os.environ.get("PROOF_QUEUE", "proof")
 _options: dict[str, Any] = {"visibility_timeout": int(os.environ.get("PROOF_VISIBILITY_S", "4"))}
 if os.environ.get("PROOF_MAX_DELIVERIES"):
     _options["max_deliveries"] = int(os.environ["PROOF_MAX_DELIVERIES"])
+if os.environ.get("PROOF_REPLICATE"):
+    _options["replicate"] = int(os.environ["PROOF_REPLICATE"])
 
 app = Celery("proof_celery", broker=os.environ.get("PROOF_BROKER_URL", "disque://127.0.0.1:7711"),
              task_cls=DisqueTask)

@@ -13,18 +13,19 @@ from pathlib import Path
 import pytest
 
 from disque_mp.client import Disque
-from tests.brokers.conftest import visibility_s
+from tests.brokers.conftest import cluster_form_timeout_s, visibility_s
 from tests.brokers.proof import (
     Side,
     backoff_celery,
     backoff_dramatiq,
+    cluster_failover,
     countdown_memory,
     countdown_past_visibility,
     killed_worker_and_long_task,
     poison,
     prefetch_fairness,
 )
-from tests.nodeproc import NodeProc
+from tests.nodeproc import NodeProc, form_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -36,6 +37,7 @@ backoff_late_max_s = 1.5  # the benchmark records it against the issue's 0.5 s
 fairness_long_s = 10.0
 fairness_shorts = 100
 max_deliveries = 3
+failover_tasks = 900  # the benchmark's run: 10,000
 
 
 @pytest.fixture
@@ -89,6 +91,25 @@ def test_retries_back_off_1_2_4_s_on_the_same_job(side: Side, framework: str) ->
     assert out["runs"] == 4 and out["retries"] == [0, 1, 2, 3], out
     assert out["same_delivery_id"], out  # NACK DELAY: the same job each time
     assert all(-0.05 <= late <= backoff_late_max_s for late in out["late_s"]), out
+
+
+def test_a_cluster_loses_nothing_when_nodes_die_and_restart(tmp_path: Path) -> None:
+    nodes = [NodeProc(tmp_path / f"n{i}", workers=1,
+                      conf={"cluster-node-timeout": 3000, "appendonly": "yes"})
+             for i in range(3)]
+    s = Side("disque", ";".join(f"disque://127.0.0.1:{n.port}" for n in nodes), tmp_path,
+             visibility_s=visibility_s, replicate=2)
+    try:
+        for n in nodes:
+            n.start()
+        form_cluster(nodes, cluster_form_timeout_s)
+        out = cluster_failover(s, nodes, failover_tasks)
+    finally:
+        s.stop_workers()
+        for n in nodes:
+            n.stop()
+    assert out["lost"] == 0, out
+    assert out["worker_never_restarted"], out
 
 
 def test_one_long_task_does_not_hold_back_short_ones(side: Side) -> None:
