@@ -88,7 +88,10 @@ class Side:
         """Messages waiting in the queue, as the broker counts them (kombu's passive
         declare: QLEN, LLEN, RabbitMQ's message_count)."""
         with Connection(self.url, transport_options={"visibility_timeout": self.visibility_s}) as c:
-            return int(c.default_channel.queue_declare(queue, passive=True).message_count)
+            try:
+                return int(c.default_channel.queue_declare(queue, passive=True).message_count)
+            except c.channel_errors:  # Redis: an empty list is no key, "no such queue"
+                return 0
 
     def stop_workers(self) -> None:
         for w in self.workers:
