@@ -13,7 +13,7 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,8 @@ celery_ready_line = "ready."
 # After the producer is done: how long the worker is left to take what the
 # broker hands out before its memory is read (point 2)
 rss_settle_s = 3.0
+# kombu's Redis transport's default visibility timeout (s)
+default_visibility_s = 3600
 
 
 @dataclass
@@ -159,7 +161,12 @@ def countdown_past_visibility(side: Side, countdown_s: float, watch_s: float) ->
 
 
 def countdown_memory(side: Side, tasks: int, countdown_s: int = 3600) -> dict[str, Any]:
-    """Point 2: ``tasks`` tasks with a far countdown; the worker's RSS before and after."""
+    """Point 2: ``tasks`` tasks with a far countdown; the worker's RSS before and after.
+
+    Run with the visibility timeout at Redis's default (an hour): with a short one,
+    the Redis transport would also hand the worker each task again every timeout
+    (point 1), and the figure would mix both effects."""
+    side = replace(side, visibility_s=default_visibility_s)  # the same list of workers
     q, rec = unique_queue("p2"), side.workdir / f"p2-{side.broker}.jsonl"
     w = side.celery_worker(q, rec, "p2")
     assert w.proc is not None
