@@ -25,6 +25,7 @@ node_list_max = nodes_max  # ENQUEUE's holder list: at most every node of the cl
 flags_max = 16  # gossip flags per entry (we know 6)
 queue_name_bytes_max = 64 * 1024  # NEEDJOBS / PAUSE: longer than any queue a client could name
 ip_text_max = 64
+request_id_max = (1 << 63) - 1  # a worker's request token
 queued_wait_ms_max = delay_max_s * 1000  # QUEUED "w": a NACK's DELAY, at most ADDJOB's
 
 
@@ -164,6 +165,26 @@ def _pause(slot: int, inner: dict[str, Any], bodies: list[bytes]) -> None:
         raise BadMessage("bad PAUSE flags")
 
 
+def _request(slot: int, inner: dict[str, Any], bodies: list[bytes]) -> None:
+    """QLENASK / DELQ (workers/extensions.py): a request number and the queue."""
+    _queue_body(slot, bodies)
+    if not _int(inner.get("r"), 0, request_id_max):
+        raise BadMessage("bad request number")
+
+
+def _qlenis(slot: int, inner: dict[str, Any], bodies: list[bytes]) -> None:
+    _no_bodies(bodies)
+    if not (_int(inner.get("r"), 0, request_id_max) and _int(inner.get("n"), 0, 1 << 62)):
+        raise BadMessage("bad QLENIS")
+
+
+def _delqdone(slot: int, inner: dict[str, Any], bodies: list[bytes]) -> None:
+    if not _int(inner.get("r"), 0, request_id_max):
+        raise BadMessage("bad request number")
+    if len(bodies) > 1 or (bodies and len(bodies[0]) % 40):
+        raise BadMessage("bad DELQDONE job IDs")
+
+
 _RULES: dict[str, Any] = {
     "REPLJOB": _repljob,
     "GOTJOB": _about_job,
@@ -177,4 +198,8 @@ _RULES: dict[str, Any] = {
     "NEEDJOBS": _needjobs,
     "YOURJOBS": _records,
     "PAUSE": _pause,
+    "QLENASK": _request,
+    "QLENIS": _qlenis,
+    "DELQ": _request,
+    "DELQDONE": _delqdone,
 }

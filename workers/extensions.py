@@ -1,30 +1,48 @@
 # mypy: disable-error-code="misc"
 # (Mixin methods take ``self: Shard``, as in workers/federation.py.)
 """The shard's side of the extensions beyond the reference (docs/extensions.md):
-NACK ... DELAY, ADDJOB ... MAXDELIVER (dead letters).
+NACK ... DELAY, ADDJOB ... MAXDELIVER (dead letters), WAITJOB, GLOBALQLEN and
+DELQUEUE.
 
 ``ExtOps`` is a base of ``Shard`` like ``ClusterOps``: the extensions change the
 same job records and timers as the reference's commands, so they live on the same
 object; keeping them in their own file keeps the reference's state machine
 readable on its own. Cluster messages they add to (``QUEUED``) are listed in
-workers/federation.py.
+workers/federation.py; their own request/reply messages (meta JSON, bodies raw):
+
+=========  =====================================  ==========================
+kind       meta                                   bodies
+=========  =====================================  ==========================
+QLENASK    {"r": request}                         [queue name]
+QLENIS     {"r": request, "n": queued jobs}
+DELQ       {"r": request}                         [queue name]
+DELQDONE   {"r": request}                         [40-byte job IDs, joined]
+=========  =====================================  ==========================
+
+A request goes to the queue's slot on every reachable node, so the worker owning
+the queue there answers it, to the same slot here: the worker that asked.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final
 
-from workers.effects import AofAppend
+from workers.effects import AofAppend, Wake
 from workers.federation import QUEUED_INCR_NACKS, ClusterOps
+from workers.ids import slot_of
 from workers.job import (
+    ACKED,
     DEAD_PREFIX,
+    DELETED,
     FLAG_NACK_DELAYED,
     FLAG_QUEUED_ONCE,
     FLAG_WILLQUEUE_SENT,
     FLAGS_DELAY_MASK,
     QUEUED,
     Job,
+    Timed,
 )
+from workers.replies import PENDING
 
 if TYPE_CHECKING:
     from workers.shard import Shard
@@ -36,13 +54,54 @@ QUEUED_WAIT: Final = "w"
 QUEUED_DEAD: Final = "dl"
 
 
+# GLOBALQLEN / DELQUEUE: how long the asking node waits for the other nodes'
+# answers; a node that has not answered by then is left out of the reply (it
+# is reachable but slow, or the message was lost).
+cluster_request_timeout_ms = 1000
+JOB_ID_BYTES: Final = 40
+
+
 def dead_queue_of(queue: bytes) -> bytes:
     return DEAD_PREFIX + queue
 
 
+class Gather(Timed):
+    """A client command waiting on this shard: a WAITJOB (``need`` jobs, ``count``
+    done), or a GLOBALQLEN / DELQUEUE gathering the other nodes' answers
+    (``waiting``: nodes not answered yet; ``count`` the QLEN sum; ``ids`` the
+    distinct jobs removed). It sits in the shard's timer heap for its timeout."""
+
+    __slots__ = ("token", "count", "need", "waiting", "ids", "finished")
+
+    def __init__(self, token: int, count: int, need: int = 0) -> None:
+        self.token = token
+        self.count = count
+        self.need = need
+        self.waiting: set[str] = set()
+        self.ids: set[str] | None = None
+        self.finished = False
+        self.awake_ms = 0
+
+    def reply(self) -> int:
+        return self.count if self.ids is None else len(self.ids)
+
+
 class ExtOps(ClusterOps):
-    """NACK DELAY and MAXDELIVER on the shard (mixin of Shard). One chain of bases
+    """The extensions on the shard (a base of Shard). One chain of bases
     (ClusterOps, ExtOps, Shard): mypyc compiles single inheritance only."""
+
+    # every reachable node, leaving ones too (set_view); None: set_peers's list
+    _reach: tuple[str, ...] | None = None
+
+    def on_message(self: Shard, sender: str, kind: str, meta: dict[str, Any],
+                   bodies: list[bytes], now_ms: int) -> None:
+        """The extensions' own messages here, the reference's in ClusterOps."""
+        handler = EXT_HANDLERS.get(kind)
+        if handler is None:
+            super().on_message(sender, kind, meta, bodies, now_ms)
+            return
+        self._now_ms = now_ms
+        handler(self, sender, meta, bodies, now_ms)
 
     # ------------------------------------------------------------------ NACK DELAY
 
@@ -105,3 +164,151 @@ class ExtOps(ClusterOps):
         self._move_to_dead(job, now_ms)
         if self.aof:
             self._effects.append(AofAppend(job.to_record()))
+
+    # ------------------------------------------------------------------ WAITJOB
+
+    def op_waitjob(self: Shard, token: int, job_ids: list[str], timeout_ms: int,
+                   now_ms: int) -> Any:
+        """How many of the jobs are done (acknowledged, deleted, expired; a job this
+        shard does not hold counts as done), at once when all are, else PENDING and
+        ``Wake(token, count)`` when the last one is or at the timeout (0: none)."""
+        pending: list[str] = []
+        for jid in job_ids:
+            job = self.lookup(jid)
+            if job is not None and job.state != ACKED:
+                pending.append(jid)
+        done = len(job_ids) - len(pending)
+        if not pending:
+            return done
+        w = Gather(token, done, len(job_ids))
+        waits = self._waits
+        for jid in pending:
+            ws = waits.get(jid)
+            if ws is None:
+                waits[jid] = [w]
+            else:
+                ws.append(w)
+        if timeout_ms:
+            self._schedule(w, now_ms + timeout_ms)
+        return PENDING
+
+    def _job_done(self: Shard, job_id: str) -> None:
+        """The job was acknowledged or left this shard: the WAITJOBs on it count it."""
+        ws = self._waits.pop(job_id, None)
+        if ws is None:
+            return
+        for w in ws:
+            if not w.finished:
+                w.count += 1
+                if w.count >= w.need:
+                    self._finish(w)
+
+    def _finish(self: Shard, g: Gather) -> None:
+        g.finished = True
+        self._unschedule(g)
+        self._gathers.pop(g.token, None)
+        self._effects.append(Wake(g.token, g.reply()))
+
+    def _fire_gather(self: Shard, g: Gather, now_ms: int) -> None:
+        """Timeout: reply with what is known (WAITJOB's stale entries go with
+        their jobs)."""
+        if not g.finished:
+            self._finish(g)
+
+    def _finish_all(self: Shard) -> None:
+        """FLUSHALL: every job is gone (so done) and no answer will be counted."""
+        for ws in self._waits.values():
+            for w in ws:
+                if not w.finished:
+                    w.count = w.need
+                    self._finish(w)
+        for g in list(self._gathers.values()):
+            self._finish(g)
+
+    # ------------------------------------------------------------------ GLOBALQLEN / DELQUEUE
+
+    def set_view(self: Shard, myid: str, peers: list[tuple[str, bool, bool]] | list[Any],
+                 leaving: bool) -> None:
+        super().set_view(myid, peers, leaving)
+        # Every reachable node, leaving or not: they still hold jobs.
+        self._reach = tuple(p[0] for p in peers if p[1] and p[0] != self.node_id)
+
+    def _ask_all(self: Shard, g: Gather, kind: str, queue: bytes, now_ms: int) -> Any:
+        """Send the request to every reachable node; PENDING, or the reply at once
+        when there is no other node."""
+        nodes = self._reach if self._reach is not None else self._peers
+        if not nodes:
+            return g.reply()
+        g.waiting = set(nodes)
+        self._gathers[g.token] = g
+        slot = slot_of(queue)
+        for n in nodes:
+            self._send(n, kind, slot, {"r": g.token}, [bytes(queue)])
+        self._schedule(g, now_ms + cluster_request_timeout_ms)
+        return PENDING
+
+    def _answered(self: Shard, sender: str, meta: dict[str, Any]) -> Gather | None:
+        g = self._gathers.get(meta["r"])
+        if g is None or sender not in g.waiting:
+            return None
+        g.waiting.discard(sender)
+        return g
+
+    def op_globalqlen(self: Shard, token: int, queue: bytes, now_ms: int) -> Any:
+        return self._ask_all(Gather(token, self.op_qlen(queue)), "QLENASK", queue, now_ms)
+
+    def _on_qlenask(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
+                    now_ms: int) -> None:
+        self._send(sender, "QLENIS", slot_of(bodies[0]), {"r": meta["r"], "n": self.op_qlen(bodies[0])})
+
+    def _on_qlenis(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
+                   now_ms: int) -> None:
+        g = self._answered(sender, meta)
+        if g is not None:
+            g.count += int(meta["n"])
+            if not g.waiting:
+                self._finish(g)
+
+    def op_delqueue(self: Shard, token: int, queue: bytes, local: bool, now_ms: int) -> Any:
+        """Acknowledge every job of the queue held here (queued, delayed, active),
+        and with ``local`` False on every reachable node; replies the number of
+        distinct jobs removed."""
+        g = Gather(token, 0)
+        g.ids = set(self._delqueue_here(queue, now_ms))
+        if local:
+            return g.reply()
+        return self._ask_all(g, "DELQ", queue, now_ms)
+
+    def _delqueue_here(self: Shard, queue: bytes, now_ms: int) -> list[str]:
+        """O(jobs of this shard): delayed and active jobs are not indexed by queue."""
+        victims = [j for b in self._jobs if b for j in b.values()
+                   if j.queue == queue and j.state != ACKED]
+        for job in victims:
+            if job.state != DELETED:
+                self._ack(job, now_ms)  # the ACK reaches every holder (SETACK, GC)
+        return [j.id for j in victims]
+
+    def _on_delq(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
+                 now_ms: int) -> None:
+        ids = self._delqueue_here(bytes(bodies[0]), now_ms)
+        self._send(sender, "DELQDONE", slot_of(bodies[0]), {"r": meta["r"]},
+                   ["".join(ids).encode()])
+
+    def _on_delqdone(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
+                     now_ms: int) -> None:
+        g = self._answered(sender, meta)
+        if g is None or g.ids is None:
+            return
+        raw = bodies[0] if bodies else b""
+        for at in range(0, len(raw) - JOB_ID_BYTES + 1, JOB_ID_BYTES):
+            g.ids.add(raw[at : at + JOB_ID_BYTES].decode("ascii", "replace"))
+        if not g.waiting:
+            self._finish(g)
+
+
+EXT_HANDLERS: dict[str, Any] = {
+    "QLENASK": ExtOps._on_qlenask,
+    "QLENIS": ExtOps._on_qlenis,
+    "DELQ": ExtOps._on_delq,
+    "DELQDONE": ExtOps._on_delqdone,
+}

@@ -496,6 +496,8 @@ class ClusterOps:
                 self._effects.append(Wake(rw.token, Status(job.id)))
         job.state = ACKED
         job.flags &= ~FLAG_WILLQUEUE_SENT
+        if self._waits:
+            self._job_done(job.id)  # WAITJOB (workers/extensions.py)
         if job.delivered and not self._others(job):
             self._unregister(job, now_ms)
             return False

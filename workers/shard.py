@@ -36,7 +36,7 @@ from operator import attrgetter
 from typing import Any, Final, cast
 
 from workers.effects import AofAppend, Effect, Wake
-from workers.extensions import ExtOps
+from workers.extensions import ExtOps, Gather
 from workers.federation import (
     ERR_NOREPL_TIMEOUT,
     QUEUED_INCR_DELIVERIES,
@@ -148,6 +148,19 @@ _K_NACKS: Final = b"nacks"
 _K_ADD_DELIV: Final = b"additional-deliveries"
 
 
+def _over_bounds(queue: bytes, body: bytes, ttl_s: int, delay_s: int, retry_s: int | None,
+                 maxdeliver: int) -> Error | None:
+    """ADDJOB past a bound of workers/job.py (the job could not be encoded)."""
+    if not 0 <= maxdeliver <= maxdeliver_max:
+        return ERR_MAXDELIVER
+    if len(queue) > queue_name_bytes_max or len(body) > body_bytes_max:
+        return ERR_QUEUE_NAME_MAX if len(queue) > queue_name_bytes_max else ERR_BODY_MAX
+    if ttl_s > ttl_max_s or delay_s > delay_max_s or (retry_s is not None and retry_s > retry_max_s):
+        return ERR_TTL_MAX if ttl_s > ttl_max_s else (
+            ERR_DELAY_MAX if delay_s > delay_max_s else ERR_RETRY_MAX)
+    return None
+
+
 def job_bucket(job_id: str) -> int:
     """JSCAN bucket: two characters of the random part of the ID (deterministic)."""
     return (ord(job_id[14]) * 97 + ord(job_id[15])) & _JOB_BUCKET_MASK
@@ -197,6 +210,7 @@ class Shard(ExtOps):
         self._me: tuple[str, ...] = (node_id,)
         self._peers: tuple[str, ...] = ()  # replication targets: reachable, not leaving
         self._known: tuple[str, ...] = ()  # every other known node (cluster size - 1)
+        self._reach = None  # reachable nodes, leaving too (ExtOps.set_view)
         self._leaving: bool = False
         self._memory_level = 0  # set_memory_level(): 0 ok, 1 >= 75 %, 2 >= 95 %, 3 >= 100 %
         self._effects: list[Effect] = []
@@ -242,6 +256,10 @@ class Shard(ExtOps):
         self._outstanding = 0  # jobs delivered and not acked (Job.dtime_ms >= 0)
         self._active: dict[bytes, int] = {}
         self._delayed: dict[bytes, int] = {}
+        # Extensions (workers/extensions.py): WAITJOBs by the jobs they wait on,
+        # GLOBALQLEN / DELQUEUE gathering the other nodes' answers by token.
+        self._waits: dict[str, list[Gather]] = {}
+        self._gathers: dict[int, Gather] = {}
 
     # ------------------------------------------------------------------ plumbing
 
@@ -255,6 +273,7 @@ class Shard(ExtOps):
         """Other nodes, all reachable (``set_view`` gives the full picture). Empty: single node."""
         self._peers = tuple(n for n in reachable_node_ids if n != self.node_id)
         self._known = self._peers
+        self._reach = None
 
     def has_peers(self) -> bool:
         """Other reachable nodes can take copies: a default ADDJOB then waits for
@@ -305,6 +324,8 @@ class Shard(ExtOps):
                 self._effects.append(Wake(rw.token, ERR_NOREPL_TIMEOUT))
         if self._gc_tries:
             self._gc_tries.pop(jid, None)
+        if self._waits:
+            self._job_done(jid)
         self._forget_delivery(job)
         if job.flags & FLAGS_DELAY_MASK and not job.flags & FLAG_QUEUED_ONCE:
             self._undelay(job)
@@ -417,6 +438,8 @@ class Shard(ExtOps):
                     self._fire_job(t, now_ms)
                 elif type(t) is Queue:
                     self._fire_queue(t, now_ms)
+                elif type(t) is Gather:
+                    self._fire_gather(t, now_ms)
                 else:
                     self._fire_fed(cast(Fed, t), now_ms)
             self._firing_key = 0
@@ -615,15 +638,9 @@ class Shard(ExtOps):
         now_ms: int,
         maxdeliver: int = 0,
     ) -> Any:
-        """ADDJOB after argument parsing; checks in the reference's order
-        (``maxdeliver``, the extension's MAXDELIVER, checked first: 0 = none)."""
-        if not 0 <= maxdeliver <= maxdeliver_max:
-            return ERR_MAXDELIVER
-        if len(queue) > queue_name_bytes_max or len(body) > body_bytes_max:
-            return ERR_QUEUE_NAME_MAX if len(queue) > queue_name_bytes_max else ERR_BODY_MAX
-        if ttl_s > ttl_max_s or delay_s > delay_max_s or (retry_s is not None and retry_s > retry_max_s):
-            return ERR_TTL_MAX if ttl_s > ttl_max_s else (
-                ERR_DELAY_MAX if delay_s > delay_max_s else ERR_RETRY_MAX)
+        """ADDJOB after argument parsing; checks in the reference's order (maxdeliver 0: none)."""
+        if (err := _over_bounds(queue, body, ttl_s, delay_s, retry_s, maxdeliver)) is not None:
+            return err
         peers = len(self._peers)  # reachable nodes that can take a copy
         flexible = replicate is None
         if replicate is None:
@@ -652,20 +669,15 @@ class Shard(ExtOps):
         q = self._queues.get(queue)
         if q is None:
             q = self._create_queue(queue, now_ms)
-        else:
-            if maxlen and q.live >= maxlen:
-                return ERR_MAXLEN_REACHED
-            if q.paused & PAUSED_IN:
-                return ERR_PAUSED
-        ctime_us = now_ms * US_PER_MS
-        if ctime_us <= self._last_ctime_us:
-            ctime_us = self._last_ctime_us + 1
-        self._last_ctime_us = ctime_us
+        elif maxlen and q.live >= maxlen:
+            return ERR_MAXLEN_REACHED
+        elif q.paused & PAUSED_IN:
+            return ERR_PAUSED
+        ctime_us = self._next_ctime_us(now_ms)
         job_id = self._ids.make(q.slot, ttl_s, retry_s)
         job = Job(job_id, q.name, body, ACTIVE, replicate, ttl_s, ctime_us, delay_s, retry_s,
                   0, self._me)
-        if maxdeliver:
-            job.set_maxdeliver(maxdeliver)
+        job.set_maxdeliver(maxdeliver)
         self.stat_added += 1
         if additional:
             return self._addjob_cluster(job, q, additional, extrepl, timeout_ms, async_, token,
@@ -679,6 +691,14 @@ class Shard(ExtOps):
         if self.aof:
             self._effects.append(AofAppend(job.to_record()))
         return Status(job_id)
+
+    def _next_ctime_us(self, now_ms: int) -> int:
+        """Creation times are unique and increasing on a shard (+1 us on a tie)."""
+        ctime_us = now_ms * US_PER_MS
+        if ctime_us <= self._last_ctime_us:
+            ctime_us = self._last_ctime_us + 1
+        self._last_ctime_us = ctime_us
+        return ctime_us
 
     def op_take(
         self, queues: list[bytes], count: int, withcounters: bool, now_ms: int
@@ -1119,6 +1139,7 @@ class Shard(ExtOps):
         they waited on go too."""
         for rw in self._repl.values():
             self._effects.append(Wake(rw.token, ERR_NOREPL_TIMEOUT))  # their jobs are gone
+        self._finish_all()  # WAITJOBs: every job is gone
         waiters = list(self._waiters.values()) if keep_waiters else []
         for q in self._queues.values():
             q.drop_all()

@@ -38,15 +38,18 @@ from disque_mp.client.core import (
     consume_batch,
     consume_done,
     consume_poll_ms,
+    delqueue_args,
     getjob_args,
     jscan_args,
     map_redis_error,
+    nack_args,
     parse_hello,
     parse_info,
     parse_jobs,
     parse_pairs,
     parse_scan,
     qscan_args,
+    waitjob_args,
 )
 
 log = logging.getLogger("disque_mp.client.aio")
@@ -225,10 +228,11 @@ class AsyncDisque(ClientSettings):
     async def add_job(self, queue: str | bytes, body: bytes | str, timeout_ms: int = 0, *,
                       replicate: int | None = None, delay: int | None = None,
                       retry: int | None = None, ttl: int | None = None,
-                      maxlen: int | None = None, async_: bool = False) -> str:
+                      maxlen: int | None = None, async_: bool = False,
+                      maxdeliver: int | None = None) -> str:
         return _str(await self.execute(*addjob_args(
             queue, body, timeout_ms, replicate=replicate, delay=delay, retry=retry, ttl=ttl,
-            maxlen=maxlen, async_=async_)))
+            maxlen=maxlen, async_=async_, maxdeliver=maxdeliver)))
 
     async def add_jobs(self, items: Iterable[tuple[str | bytes, bytes | str]],
                        timeout_ms: int = 0, **options: Any) -> list[str]:
@@ -346,8 +350,9 @@ class AsyncDisque(ClientSettings):
     async def fast_ack(self, *ids: _IdArgs) -> int:
         return int(await self.execute("FASTACK", *_ids(ids)))
 
-    async def nack(self, *ids: _IdArgs) -> int:
-        return int(await self.execute("NACK", *_ids(ids)))
+    async def nack(self, *ids: _IdArgs, delay: int | None = None) -> int:
+        """NACK; ``delay`` (seconds, disque-mp extension): deliverable only after it."""
+        return int(await self.execute(*nack_args(_ids(ids), delay)))
 
     async def enqueue(self, *ids: _IdArgs) -> int:
         return int(await self.execute("ENQUEUE", *_ids(ids)))
@@ -363,6 +368,21 @@ class AsyncDisque(ClientSettings):
 
     async def show(self, job: str | Job) -> dict[str, Any] | None:
         return parse_pairs(await self.execute("SHOW", _ids((job,))[0]))
+
+    async def wait_jobs(self, *ids: _IdArgs, timeout_ms: int | None = None) -> int:
+        """WAITJOB (disque-mp extension): block until every job is acknowledged,
+        deleted or expired (or ``timeout_ms``: None/0 waits forever); how many are.
+        The connection's socket timeout must exceed the wait."""
+        return int(await self.execute(*waitjob_args(_ids(ids), timeout_ms)))
+
+    async def global_qlen(self, queue: str | bytes) -> int:
+        """GLOBALQLEN (disque-mp extension): QLEN summed over every reachable node."""
+        return int(await self.execute("GLOBALQLEN", queue))
+
+    async def del_queue(self, queue: str | bytes, *, local: bool = False) -> int:
+        """DELQUEUE (disque-mp extension): remove every job of the queue (on every
+        reachable node, or this one with ``local``); how many were removed."""
+        return int(await self.execute(*delqueue_args(queue, local)))
 
     async def qlen(self, queue: str | bytes) -> int:
         return int(await self.execute("QLEN", queue))

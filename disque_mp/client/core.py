@@ -328,15 +328,32 @@ def addjob_args(
     ttl: int | None = None,
     maxlen: int | None = None,
     async_: bool = False,
+    maxdeliver: int | None = None,
 ) -> list[Any]:
+    """ADDJOB's words; ``maxdeliver`` is disque-mp's MAXDELIVER extension."""
     args: list[Any] = ["ADDJOB", queue, body, int(timeout_ms)]
     for name, value in (("REPLICATE", replicate), ("DELAY", delay), ("RETRY", retry),
-                        ("TTL", ttl), ("MAXLEN", maxlen)):
+                        ("TTL", ttl), ("MAXLEN", maxlen), ("MAXDELIVER", maxdeliver)):
         if value is not None:
             args += [name, int(value)]
     if async_:
         args.append("ASYNC")
     return args
+
+
+def nack_args(ids: list[str], delay: int | None) -> list[Any]:
+    """NACK, with disque-mp's DELAY extension (seconds) when ``delay`` is given."""
+    return ["NACK", *ids, *(["DELAY", int(delay)] if delay is not None else [])]
+
+
+def waitjob_args(ids: list[str], timeout_ms: int | None) -> list[Any]:
+    """WAITJOB (disque-mp extension); ``timeout_ms`` None or 0 waits forever."""
+    return ["WAITJOB", *ids, *(["TIMEOUT", int(timeout_ms)] if timeout_ms is not None else [])]
+
+
+def delqueue_args(queue: str | bytes, local: bool) -> list[Any]:
+    """DELQUEUE (disque-mp extension): cluster-wide, or this node only."""
+    return ["DELQUEUE", queue, *(["LOCAL"] if local else [])]
 
 
 def getjob_args(

@@ -34,15 +34,18 @@ from disque_mp.client.core import (
     consume_batch,
     consume_done,
     consume_poll_ms,
+    delqueue_args,
     getjob_args,
     jscan_args,
     map_redis_error,
+    nack_args,
     parse_hello,
     parse_info,
     parse_jobs,
     parse_pairs,
     parse_scan,
     qscan_args,
+    waitjob_args,
 )
 
 log = logging.getLogger("disque_mp.client")
@@ -260,11 +263,14 @@ class Disque(ClientSettings):
         ttl: int | None = None,
         maxlen: int | None = None,
         async_: bool = False,
+        maxdeliver: int | None = None,
     ) -> str:
-        """ADDJOB; returns the job ID. Times in seconds except ``timeout_ms``."""
+        """ADDJOB; returns the job ID. Times in seconds except ``timeout_ms``.
+        ``maxdeliver`` (disque-mp extension): deliveries before the job goes to
+        ``dead:<queue>``."""
         return _str(self.execute(*addjob_args(queue, body, timeout_ms, replicate=replicate,
                                                delay=delay, retry=retry, ttl=ttl, maxlen=maxlen,
-                                               async_=async_)))
+                                               async_=async_, maxdeliver=maxdeliver)))
 
     def add_jobs(
         self,
@@ -395,8 +401,9 @@ class Disque(ClientSettings):
     def fast_ack(self, *ids: str | Job | Iterable[str | Job]) -> int:
         return int(self.execute("FASTACK", *_ids(ids)))
 
-    def nack(self, *ids: str | Job | Iterable[str | Job]) -> int:
-        return int(self.execute("NACK", *_ids(ids)))
+    def nack(self, *ids: str | Job | Iterable[str | Job], delay: int | None = None) -> int:
+        """NACK; ``delay`` (seconds, disque-mp extension): deliverable only after it."""
+        return int(self.execute(*nack_args(_ids(ids), delay)))
 
     def enqueue(self, *ids: str | Job | Iterable[str | Job]) -> int:
         return int(self.execute("ENQUEUE", *_ids(ids)))
@@ -414,6 +421,21 @@ class Disque(ClientSettings):
     def show(self, job: str | Job) -> dict[str, Any] | None:
         """SHOW as a dict (None for an unknown job); ``body`` stays bytes."""
         return parse_pairs(self.execute("SHOW", _ids((job,))[0]))
+
+    def wait_jobs(self, *ids: str | Job | Iterable[str | Job], timeout_ms: int | None = None) -> int:
+        """WAITJOB (disque-mp extension): block until every job is acknowledged,
+        deleted or expired (or ``timeout_ms``: None/0 waits forever); how many are.
+        The connection's socket timeout must exceed the wait."""
+        return int(self.execute(*waitjob_args(_ids(ids), timeout_ms)))
+
+    def global_qlen(self, queue: str | bytes) -> int:
+        """GLOBALQLEN (disque-mp extension): QLEN summed over every reachable node."""
+        return int(self.execute("GLOBALQLEN", queue))
+
+    def del_queue(self, queue: str | bytes, *, local: bool = False) -> int:
+        """DELQUEUE (disque-mp extension): remove every job of the queue (on every
+        reachable node, or this one with ``local``); how many were removed."""
+        return int(self.execute(*delqueue_args(queue, local)))
 
     def qlen(self, queue: str | bytes) -> int:
         return int(self.execute("QLEN", queue))

@@ -410,8 +410,11 @@ class Router:
             if owner == self.index:
                 aof = w.aof
                 before = aof.appended if aof is not None else 0
-                value = self.run_local(name, ids, w.new_token())
-                if self.aof_must_hold(before, value):
+                token = w.new_token()
+                value = self.run_local(name, ids, token)
+                if value is PENDING:  # WAITJOB: our share answers later (Wake)
+                    w.tokens[token] = self.durable(one)
+                elif self.aof_must_hold(before, value):
                     aof.hold(aof.appended, one, value)
                 else:
                     one(value)

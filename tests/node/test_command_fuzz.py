@@ -52,6 +52,8 @@ def _shapes(rng: random.Random, real_ids: list[str]) -> list[list[str]]:
 def _call(c: RawClient, name: str, args: list[str]) -> object:
     if name == "getjob":  # never block longer than a moment
         args = ["TIMEOUT", "20", *args]
+    if name == "waitjob":  # its TIMEOUT comes last
+        args = [*args, "TIMEOUT", "20"]
     if name == "debug" and args and args[0].lower() == "sleep":
         args = ["sleep", "0"]
     return c.call(name, *args)

@@ -10,9 +10,10 @@ import pytest
 from bus.messages import BadMessage, check_job
 from tests.sim.net import Net
 from tests.workers.test_shard import Env
+from workers.effects import Wake
 from workers.ids import slot_of, slot_of_job_id
-from workers.job import ACTIVE, QUEUED, Job, maxdeliver_max
-from workers.replies import Status
+from workers.job import ACKED, ACTIVE, QUEUED, Job, maxdeliver_max
+from workers.replies import PENDING, Status
 from workers.shard import ERR_MAXDELIVER
 
 
@@ -163,3 +164,130 @@ def test_maxdeliver_in_a_cluster_every_copy_follows_to_the_dead_queue() -> None:
         assert net.nodes[n].shard.lookup(jid).queue == b"dead:q"  # type: ignore[union-attr]
     assert net.take(a, b"dead:q")[0][1] == jid
     net.check()
+
+
+# ------------------------------------------------------------------ WAITJOB
+
+
+def test_waitjob_counts_acked_deleted_expired_and_unknown(env: Env) -> None:
+    a, b, c = env.add(), env.add(ttl_s=10), env.add()
+    gone = "D-739317b2-" + "A" * 24 + "-05a1"
+    assert env.s.op_waitjob(1, [a, b, c, gone], 0, env.now) is PENDING
+    env.s.check()
+    env.s.op_ackjob([a], env.now)
+    env.s.op_deljob([c], env.now)
+    assert not [e for e in env.s.take_effects() if isinstance(e, Wake)]
+    env.advance(10_100)  # b expires
+    wakes = [e for e in env.s.take_effects() if isinstance(e, Wake)]
+    assert [(w.token, w.reply) for w in wakes] == [(1, 4)]
+    assert env.s.op_waitjob(2, [a, b, gone], 0, env.now) == 3  # all done: at once
+
+
+def test_waitjob_timeout_replies_how_many_are_done(env: Env) -> None:
+    a, b = env.add(), env.add()
+    assert env.s.op_waitjob(5, [a, b, b], 300, env.now) is PENDING
+    env.s.op_ackjob([a], env.now)
+    env.advance(200)
+    assert not [e for e in env.s.take_effects() if isinstance(e, Wake)]
+    env.advance(200)
+    wakes = [(e.token, e.reply) for e in env.s.take_effects() if isinstance(e, Wake)]
+    assert wakes == [(5, 1)]
+    env.s.op_ackjob([b], env.now)  # the finished wait is not woken again
+    assert not [e for e in env.s.take_effects() if isinstance(e, Wake)]
+
+
+def test_waitjob_flushall_releases_waiters(env: Env) -> None:
+    a = env.add()
+    env.s.op_waitjob(9, [a], 0, env.now)
+    env.s.op_flushall()
+    assert [(e.token, e.reply) for e in env.s.take_effects() if isinstance(e, Wake)] == [(9, 1)]
+
+
+def test_waitjob_in_a_cluster_the_ack_elsewhere_ends_the_wait() -> None:
+    net = Net(3, seed=13)
+    a, b, c = net.ids
+    ids = [_added_id(net, a) for _ in range(5)]
+    tok = net.token()
+    assert net.nodes[a].shard.op_waitjob(tok, ids, 0, net.now) is PENDING
+    net.ack(b, ids[:4])  # acknowledged on another node: SETACK reaches a
+    net.run(100)
+    assert net.wakes.get((a, tok)) is None
+    net.ack(c, ids[4:])
+    net.run(100)
+    assert net.wakes.get((a, tok)) == 5
+    net.check()
+
+
+def _added_id(net: Net, node: str, **kw: Any) -> str:
+    r = net.addjob(node, **kw)
+    net.run(20)
+    rep = net.reply(node, r)
+    assert isinstance(rep, Status), rep
+    return str(rep)
+
+
+# ------------------------------------------------------------------ GLOBALQLEN / DELQUEUE
+
+
+def test_globalqlen_single_node_is_qlen(env: Env) -> None:
+    env.add(replicate=1)
+    env.add(replicate=1)
+    assert env.s.op_globalqlen(1, b"q", env.now) == 2
+
+
+def test_globalqlen_sums_reachable_nodes_and_times_out_without_an_answer() -> None:
+    net = Net(3, seed=14)
+    a, b, c = net.ids
+    for node, n in ((a, 2), (b, 3), (c, 1)):
+        for _ in range(n):
+            _added_id(net, node, replicate=1)
+    tok = net.token()
+    assert net.nodes[a].shard.op_globalqlen(tok, b"q", net.now) is PENDING
+    net.drain(a)
+    net.run(50)
+    assert net.wakes[(a, tok)] == 6
+    net.crash(c)  # not detected yet: asked, never answers
+    tok = net.token()
+    net.nodes[a].shard.op_globalqlen(tok, b"q", net.now)
+    net.drain(a)
+    net.run(500)
+    assert (a, tok) not in net.wakes
+    net.run(600)
+    assert net.wakes[(a, tok)] == 5
+
+
+def test_delqueue_local_and_cluster_wide_counts_distinct_jobs() -> None:
+    net = Net(3, seed=15)
+    a, b, c = net.ids
+    ids = [_added_id(net, a, replicate=3, retry_s=1) for _ in range(4)]
+    ids.append(_added_id(net, b, replicate=1))
+    _added_id(net, b, queue=b"other", replicate=1)
+    assert net.take(a)[0][1] == ids[0]  # one active, the others queued
+    net.nodes[a].shard.op_nack([ids[1]], net.now, 60)  # one delayed
+    net.drain(a)
+    tok = net.token()
+    assert net.nodes[a].shard.op_delqueue(tok, b"q", False, net.now) is PENDING
+    net.drain(a)
+    net.run(100)
+    assert net.wakes[(a, tok)] == 5
+    net.run(5000)  # past RETRY: no copy comes back
+    for n in (a, b, c):
+        assert net.nodes[n].shard.op_qlen(b"q") == 0
+        assert all(j.queue != b"q" or j.state == ACKED for j in net.nodes[n].shard.jobs())
+    assert net.nodes[b].shard.op_qlen(b"other") == 1
+    _added_id(net, c, replicate=1)
+    assert net.nodes[c].shard.op_delqueue(net.token(), b"q", True, net.now) == 1
+    net.check()
+
+
+def test_extension_messages_are_validated_at_the_edge() -> None:
+    slot = slot_of(b"q")
+    check_job({"k": "QLENASK", "s": slot, "m": {"r": 1}}, [b"q"])
+    check_job({"k": "QLENIS", "s": slot, "m": {"r": 1, "n": 3}}, [])
+    check_job({"k": "DELQDONE", "s": slot, "m": {"r": 1}}, [b"x" * 80])
+    for kind, inner, bodies in (("QLENASK", {"r": 1}, [b"other"]), ("QLENASK", {"r": -1}, [b"q"]),
+                                ("QLENIS", {"r": 1, "n": -1}, []),
+                                ("DELQ", {"r": "1"}, [b"q"]),
+                                ("DELQDONE", {"r": 1}, [b"x" * 41])):
+        with pytest.raises(BadMessage):
+            check_job({"k": kind, "s": slot, "m": inner}, bodies)

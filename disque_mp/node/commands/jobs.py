@@ -516,6 +516,36 @@ def cmd_nack(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
     return shard.op_nack(ids, now_ms, delay_s)
 
 
+def cmd_waitjob(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
+    """``WAITJOB id ... [TIMEOUT ms]``: GETJOB's TIMEOUT texts; 0 waits forever."""
+    raw_ids, word, value = split_tail(args, (b"timeout",))
+    timeout_ms = 0
+    if value is not None:
+        t = parse_timeout_ms(value)
+        if isinstance(t, Error):
+            return t
+        timeout_ms = t
+    ids = _job_ids(raw_ids)
+    if isinstance(ids, Error):
+        return ids
+    return shard.op_waitjob(token, ids, timeout_ms, now_ms)
+
+
+def cmd_globalqlen(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
+    if len(args) != 1:
+        return err_arity("globalqlen")
+    return shard.op_globalqlen(token, args[0], now_ms)
+
+
+def cmd_delqueue(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
+    """``DELQUEUE queue [LOCAL]``."""
+    if not 1 <= len(args) <= 2:
+        return err_arity("delqueue")
+    if len(args) == 2 and args[1].lower() != b"local":
+        return ERR_SYNTAX
+    return shard.op_delqueue(token, args[0], len(args) == 2, now_ms)
+
+
 cmd_ackjob: Final = _ids_cmd("op_ackjob")
 cmd_fastack: Final = _ids_cmd("op_fastack")
 cmd_enqueue: Final = _ids_cmd("op_enqueue")

@@ -62,6 +62,10 @@ TABLE: dict[bytes, Command] = {
         Command("qpeek", 3, (_R,), "queue", jobs.cmd_qpeek),
         Command("qstat", 2, (_R, _F), "queue", jobs.cmd_qstat),
         Command("pause", -3, (_R, _F), "queue", jobs.cmd_pause),
+        # Extensions (docs/extensions.md): not in the reference.
+        Command("waitjob", -2, (_R,), "ids", jobs.cmd_waitjob, tail_opts=(b"timeout",)),
+        Command("globalqlen", 2, (_R, _F), "queue", jobs.cmd_globalqlen),
+        Command("delqueue", -2, (_W,), "queue", jobs.cmd_delqueue),
         Command("qscan", -1, (_R,), "scatter", admin.cmd_qscan),
         Command("jscan", -1, (_R,), "scatter", admin.cmd_jscan),
         Command("info", -1, (_R, _L), "scatter", admin.cmd_info),

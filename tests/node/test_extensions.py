@@ -1,0 +1,295 @@
+"""The extensions (docs/extensions.md) on real nodes: one node with two workers,
+and three nodes joined with CLUSTER MEET where the semantics span nodes. Spoken
+to with redis-py, redis-cli and the project's client."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from disque_mp.client import Disque
+from disque_mp.client.aio import AsyncDisque
+from tests.nodeproc import NodeProc, form_cluster, wait_until
+from tests.nodeproc import unique_queue as _q
+from workers.ids import owner_of_job_id
+
+pytestmark = pytest.mark.integration
+
+form_timeout_s = 60.0  # cold nodes on 2 cores shared with other test runs
+wait_s = 30.0
+EXTENSIONS = ("waitjob", "globalqlen", "delqueue")
+
+
+@pytest.fixture(scope="module")
+def one(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProc]:
+    with NodeProc(Path(tmp_path_factory.mktemp("ext-one")), workers=2) as n:
+        yield n
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[NodeProc]]:
+    base = Path(tmp_path_factory.mktemp("ext-three"))
+    nodes = [NodeProc(base / f"n{i}", workers=2, conf={"cluster-node-timeout": 2000})
+             for i in range(3)]
+    try:
+        for n in nodes:
+            n.start()
+        form_cluster(nodes, form_timeout_s)
+        yield nodes
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+def _r(node: NodeProc) -> redis.Redis:
+    return redis.Redis(host="127.0.0.1", port=node.port, protocol=2, socket_timeout=20)
+
+
+def _show(r: redis.Redis, jid: str) -> dict[str, Any]:
+    reply = r.execute_command("SHOW", jid)
+    return {k.decode(): v for k, v in zip(reply[::2], reply[1::2], strict=True)}
+
+
+def _err(r: redis.Redis, *args: Any) -> str:
+    with pytest.raises(redis.ResponseError) as exc:
+        r.execute_command(*args)
+    return str(exc.value)
+
+
+def _two_owner_queues() -> tuple[str, str]:
+    """Two queue names whose jobs land on different workers of a 2-worker node."""
+    a = _q()
+    from workers.ids import owner_of_queue
+    while True:
+        b = _q()
+        if owner_of_queue(b.encode(), 2) != owner_of_queue(a.encode(), 2):
+            return a, b
+
+
+# ------------------------------------------------------------------ one node
+
+
+def test_bad_arguments_get_clear_errors_and_the_connection_serves(one: NodeProc) -> None:
+    r = _r(one)
+    q = _q()
+    jid = r.execute_command("ADDJOB", q, "x", 0).decode()
+    assert _err(r, "NACK", jid, "DELAY", "-1") == "Delay time must be a non negative number"
+    assert _err(r, "NACK", jid, "DELAY", "soon") == "Delay time must be a non negative number"
+    assert _err(r, "NACK", jid, "DELAY", str(10**12)).startswith("DELAY time must be at most")
+    assert _err(r, "ADDJOB", q, "x", 0, "MAXDELIVER", 0) == "MAXDELIVER must be between 1 and 10000"
+    assert _err(r, "ADDJOB", q, "x", 0, "MAXDELIVER", 10001) == \
+        "MAXDELIVER must be between 1 and 10000"
+    assert _err(r, "WAITJOB", jid, "TIMEOUT", "-5") == "timeout is negative"
+    assert _err(r, "WAITJOB", "nope") == "BADID Invalid Job ID format."
+    assert _err(r, "DELQUEUE", q, "EVERYWHERE") == "syntax error"
+    assert _err(r, "GLOBALQLEN").startswith("wrong number of arguments")
+    assert r.execute_command("PING") in (b"PONG", True)
+    assert r.execute_command("QLEN", q) == 1  # nothing above touched the job
+
+
+def test_command_lists_the_extensions(one: NodeProc) -> None:
+    r = _r(one)
+    table = r.execute_command("COMMAND")  # redis-py: name -> details
+    assert set(EXTENSIONS) | {"nack", "addjob"} <= set(table)
+    assert [table[n]["arity"] for n in EXTENSIONS] == [-2, 2, -2]
+
+
+def test_nack_delay_and_maxdeliver_on_one_node(one: NodeProc) -> None:
+    r = _r(one)
+    q = _q()
+    jid = r.execute_command("ADDJOB", q, "x", 0, "RETRY", 60, "MAXDELIVER", 2).decode()
+    assert r.execute_command("GETJOB", "NOHANG", "FROM", q)[0][1].decode() == jid
+    assert r.execute_command("NACK", jid, "DELAY", 1) == 1
+    assert r.execute_command("QLEN", q) == 0 and _show(r, jid)["state"] == b"active"
+    wait_until(lambda: r.execute_command("QLEN", q) == 1, wait_s, "the NACK's delay to end")
+    show = _show(r, jid)
+    assert show["nacks"] == 1 and show["additional-deliveries"] == 0 and show["maxdeliver"] == 2
+    r.execute_command("GETJOB", "NOHANG", "FROM", q)
+    assert r.execute_command("NACK", jid) == 1  # second delivery: dead-lettered
+    assert r.execute_command("QLEN", q) == 0 and r.execute_command("QLEN", "dead:" + q) == 1
+    got = r.execute_command("GETJOB", "NOHANG", "WITHCOUNTERS", "FROM", "dead:" + q)[0]
+    assert got[1].decode() == jid and got[4] == 2
+
+
+def test_waitjob_over_both_workers(one: NodeProc) -> None:
+    r = _r(one)
+    qa, qb = _two_owner_queues()
+    ids = [r.execute_command("ADDJOB", q, "x", 0).decode() for q in (qa, qb, qa, qb)]
+    assert len({owner_of_job_id(i, 2) for i in ids}) == 2
+    assert r.execute_command("WAITJOB", *ids, "TIMEOUT", 50) == 0
+    r.execute_command("ACKJOB", ids[0])
+    assert r.execute_command("WAITJOB", *ids, "TIMEOUT", 50) == 1
+    timer = threading.Timer(0.3, lambda: _r(one).execute_command("ACKJOB", *ids[1:]))
+    timer.start()
+    try:
+        assert r.execute_command("WAITJOB", *ids) == 4  # TIMEOUT 0: until done
+    finally:
+        timer.join()
+
+
+def test_globalqlen_and_delqueue_alone_are_local(one: NodeProc) -> None:
+    r = _r(one)
+    q = _q()
+    for _ in range(3):
+        r.execute_command("ADDJOB", q, "x", 0)
+    jid = r.execute_command("ADDJOB", q, "x", 0, "DELAY", 60).decode()
+    assert r.execute_command("GLOBALQLEN", q) == 3
+    assert r.execute_command("DELQUEUE", q) == 4  # queued and delayed
+    assert r.execute_command("SHOW", jid) is None and r.execute_command("GLOBALQLEN", q) == 0
+
+
+@pytest.mark.skipif(shutil.which("redis-cli") is None, reason="redis-cli not installed")
+def test_redis_cli_speaks_the_extensions(one: NodeProc) -> None:
+    q = _q()
+    cli = ["redis-cli", "-p", str(one.port)]
+    jid = subprocess.run([*cli, "ADDJOB", q, "x", "0", "MAXDELIVER", "3"], capture_output=True,
+                         text=True, timeout=20, check=True).stdout.strip()
+    out = subprocess.run([*cli, "GLOBALQLEN", q], capture_output=True, text=True, timeout=20,
+                         check=True).stdout.strip()
+    assert out == "(integer) 1" or out == "1"
+    out = subprocess.run([*cli, "WAITJOB", jid, "TIMEOUT", "10"], capture_output=True, text=True,
+                         timeout=20, check=True).stdout.strip()
+    assert out in ("(integer) 0", "0")
+    out = subprocess.run([*cli, "DELQUEUE", q, "LOCAL"], capture_output=True, text=True,
+                         timeout=20, check=True).stdout.strip()
+    assert out in ("(integer) 1", "1")
+
+
+def test_client_methods(one: NodeProc) -> None:
+    q = _q()
+    with Disque(f"127.0.0.1:{one.port}", socket_timeout=20) as d:
+        jid = d.add_job(q, b"x", retry=60, maxdeliver=5)
+        assert d.show(jid)["maxdeliver"] == 5  # type: ignore[index]
+        job = d.get_job(q, nohang=True)
+        assert job is not None and d.nack(job, delay=30) == 1
+        assert d.qlen(q) == 0 and d.global_qlen(q) == 0
+        assert d.wait_jobs(jid, timeout_ms=20) == 0
+        assert d.del_queue(q, local=True) == 1
+        assert d.wait_jobs(jid) == 1
+
+
+# ------------------------------------------------------------------ three nodes
+
+
+def test_globalqlen_sums_the_cluster(three: list[NodeProc]) -> None:
+    q = _q()
+    for i, n in enumerate(three):
+        for _ in range(i + 1):
+            _r(n).execute_command("ADDJOB", q, "x", 0, "REPLICATE", 1)
+    for n in three:
+        assert _r(n).execute_command("QLEN", q) <= 3
+        assert _r(n).execute_command("GLOBALQLEN", q) == 6
+
+
+def test_nack_delay_no_copy_queues_it_earlier(three: list[NodeProc]) -> None:
+    q = _q()
+    a = _r(three[0])
+    jid = a.execute_command("ADDJOB", q, "x", 0, "REPLICATE", 3, "RETRY", 1).decode()
+    assert a.execute_command("GETJOB", "NOHANG", "FROM", q)[0][1].decode() == jid
+    assert a.execute_command("NACK", jid, "DELAY", 4) == 1
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 3.0:  # three RETRY periods: any copy would have queued it
+        assert sum(_r(n).execute_command("QLEN", q) for n in three) == 0
+        time.sleep(0.2)
+    wait_until(lambda: sum(_r(n).execute_command("QLEN", q) for n in three) == 1, wait_s,
+               "the job queued after the delay")
+    assert all(_show(_r(n), jid)["nacks"] == 1 for n in three)
+
+
+def test_maxdeliver_dead_letter_spans_the_copies(three: list[NodeProc]) -> None:
+    q = _q()
+    a = _r(three[0])
+    jid = a.execute_command("ADDJOB", q, "x", 0, "REPLICATE", 3, "RETRY", 60,
+                            "MAXDELIVER", 1).decode()
+    for n in three:
+        assert _show(_r(n), jid)["maxdeliver"] == 1  # REPLJOB carried it
+    a.execute_command("GETJOB", "NOHANG", "FROM", q)
+    a.execute_command("NACK", jid)
+    wait_until(lambda: all(_show(_r(n), jid)["queue"] == ("dead:" + q).encode() for n in three),
+               wait_s, "every copy in the dead-letter queue")
+    assert a.execute_command("GLOBALQLEN", "dead:" + q) == 1
+
+
+def test_waitjob_ends_on_an_ack_elsewhere(three: list[NodeProc]) -> None:
+    q = _q()
+    a, b = _r(three[0]), _r(three[1])
+    ids = [a.execute_command("ADDJOB", q, "x", 0, "REPLICATE", 2).decode() for _ in range(3)]
+    result: list[Any] = []
+    t = threading.Thread(target=lambda: result.append(_r(three[0]).execute_command(
+        "WAITJOB", *ids, "TIMEOUT", 20_000)))
+    t.start()
+    try:
+        time.sleep(0.2)
+        b.execute_command("ACKJOB", *ids)  # b may hold no copy: the ACK still spreads
+    finally:
+        t.join(30)
+    assert result == [3]
+
+
+def test_delqueue_removes_every_copy_cluster_wide(three: list[NodeProc]) -> None:
+    q = _q()
+    a, c = _r(three[0]), _r(three[2])
+    ids = [a.execute_command("ADDJOB", q, "x", 0, "REPLICATE", 3, "RETRY", 1).decode()
+           for _ in range(3)]
+    ids.append(c.execute_command("ADDJOB", q, "x", 0, "REPLICATE", 1).decode())
+    a.execute_command("GETJOB", "NOHANG", "FROM", q)  # one active
+    assert a.execute_command("DELQUEUE", q) == 4
+    time.sleep(2.5)  # past RETRY: a copy left anywhere would be queued again
+    for n in three:
+        r = _r(n)
+        assert r.execute_command("QLEN", q) == 0
+        assert all(r.execute_command("SHOW", j) in (None,) or _show(r, j)["state"] == b"acked"
+                   for j in ids)
+
+
+def test_async_client_methods(one: NodeProc) -> None:
+    async def go() -> None:
+        q = _q()
+        d = AsyncDisque(f"127.0.0.1:{one.port}", socket_timeout=20)
+        try:
+            jid = await d.add_job(q, b"x", retry=60, maxdeliver=1)
+            job = await d.get_job(q, nohang=True)
+            assert job is not None and await d.nack(job, delay=0) == 1
+            assert await d.qlen("dead:" + q) == 1 and await d.global_qlen("dead:" + q) == 1
+            assert await d.wait_jobs(jid, timeout_ms=10) == 0
+            assert await d.del_queue("dead:" + q) == 1
+            assert await d.wait_jobs(jid) == 1
+        finally:
+            await d.aclose()
+
+    asyncio.run(go())
+
+
+def test_maxdeliver_and_nack_delay_survive_a_restart(tmp_path: Path) -> None:
+    """The AOF keeps the cap (a version 2 record), the dead letter's queue and a
+    NACK's pending delay; jobs without the extension keep version 1 records."""
+    q = _q()
+    with NodeProc(tmp_path / "aof", workers=1, conf={"appendonly": "yes",
+                                                     "appendfsync": "always"}) as n:
+        r = _r(n)
+        plain = r.execute_command("ADDJOB", q, "x", 0).decode()
+        dead = r.execute_command("ADDJOB", q, "x", 0, "RETRY", 60, "MAXDELIVER", 1).decode()
+        later = r.execute_command("ADDJOB", q, "x", 0, "RETRY", 60, "MAXDELIVER", 9).decode()
+        taken = {j[1].decode() for j in r.execute_command("GETJOB", "COUNT", 3, "FROM", q)}
+        assert taken == {plain, dead, later}
+        assert r.execute_command("NACK", dead) == 1
+        assert r.execute_command("NACK", later, "DELAY", 600) == 1
+        n.restart()
+        r = _r(n)
+        assert b"maxdeliver" not in _show(r, plain)
+        show = _show(r, dead)
+        assert show["queue"] == ("dead:" + q).encode() and show["maxdeliver"] == 1
+        show = _show(r, later)
+        assert show["maxdeliver"] == 9 and show["nacks"] == 1 and show["state"] == b"active"
+        assert show["next-requeue-within"] > 500_000  # still waiting for the delay (ms)
+        # queued before the restart: active now, queued again after RETRY (the AOF
+        # load rule, docs/persistence.md), into the dead-letter queue
