@@ -42,7 +42,6 @@ from dramatiq.message import Message
 from dramatiq.middleware import Middleware
 
 from disque_mp.client import Disque, DisqueConnectionError, DisqueError, Heartbeat
-from disque_mp.client.core import addjob_args
 
 log = logging.getLogger("disque_mp.dramatiq")
 
@@ -165,13 +164,11 @@ class DisqueBroker(Broker):
         self.emit_before("enqueue", message, delay)
         try:
             if not self._requeue_in_place(message, delay_s):
-                args = addjob_args(message.queue_name, message.encode(),
-                                   replicate=self.replicate, delay=delay_s,
-                                   retry=self.visibility_timeout_s,
-                                   ttl=self.message_ttl_s + (delay_s or 0))
-                if self.max_deliveries is not None:
-                    args += ["MAXDELIVER", self.max_deliveries]
-                self.client.execute(*args)
+                self.client.add_job(message.queue_name, message.encode(),
+                                    replicate=self.replicate, delay=delay_s,
+                                    retry=self.visibility_timeout_s,
+                                    ttl=self.message_ttl_s + (delay_s or 0),
+                                    maxdeliver=self.max_deliveries)
         except DisqueConnectionError as exc:
             raise BrokerConnectionError(str(exc)) from exc
         self.emit_after("enqueue", message, delay)
@@ -186,7 +183,7 @@ class DisqueBroker(Broker):
                 and message.consumer.holds(message.job_id)):
             return False
         try:
-            self.client.execute("NACK", message.job_id, *(("DELAY", delay_s) if delay_s else ()))
+            self.client.nack(message.job_id, delay=delay_s)
         except DisqueConnectionError:
             raise
         except DisqueError as exc:

@@ -81,7 +81,7 @@ class DisqueTask(Task):
             if self._same_call(args, kwargs):
                 try:
                     delay_s = retry_delay_s(options, time.time())
-                    client.execute("NACK", job_id, *(("DELAY", delay_s) if delay_s else ()))
+                    client.nack(job_id, delay=delay_s or None)
                     return self.AsyncResult(task_id)
                 except DisqueError as exc:
                     log.warning("NACK DELAY of %s refused (%s): the retry is published "

@@ -53,7 +53,6 @@ from disque_mp.client import (
     Heartbeat,
     Job,
 )
-from disque_mp.client.core import addjob_args
 
 log = logging.getLogger("disque_mp.kombu")
 
@@ -309,14 +308,13 @@ class Channel(virtual.Channel):
         delay_s, ttl_s = job_times(message.get("headers") or {}, time.time(),
                                    int(self.message_ttl))
         priority = self._get_message_priority(message, reverse=False)
-        args = addjob_args(self._queue_for(queue, priority),
-                           json.dumps(message, separators=(",", ":")),
-                           replicate=self.replicate, delay=delay_s or None,
-                           retry=int(self.visibility_timeout), ttl=ttl_s,
-                           async_=bool(self.async_replication))
-        if self.max_deliveries is not None:
-            args += ["MAXDELIVER", int(self.max_deliveries)]
-        self.client.execute(*args)
+        self.client.add_job(self._queue_for(queue, priority),
+                            json.dumps(message, separators=(",", ":")),
+                            replicate=self.replicate, delay=delay_s or None,
+                            retry=int(self.visibility_timeout), ttl=ttl_s,
+                            async_=bool(self.async_replication),
+                            maxdeliver=None if self.max_deliveries is None
+                            else int(self.max_deliveries))
 
     def _get(self, queue: str, timeout: float | None = None) -> dict[str, Any]:
         """One message (basic_get): NOHANG, Empty when there is none."""
