@@ -204,6 +204,9 @@ def killed_worker_and_long_task(side: Side, slow_s: float = 60.0) -> dict[str, A
     wait_for(lambda: records(rec, "slow-done"), scenario_wait_max_s,
              "the killed worker's task to run again")
     rerun_s = records(rec, "slow")[-1]["t"] - killed_at
+    # a fresh second worker, idle while the other runs the long task: it would take
+    # a redelivery of it
+    side.celery_worker(q, rec, "p3b", pool=solo)
     long_s = 3 * side.visibility_s
     send(app, "nap", q, long_s, "long")
     wait_for(lambda: records(rec, "nap-done"), scenario_wait_max_s, "the long task")

@@ -37,13 +37,19 @@ broker.add_middleware(CurrentMessage())
 dramatiq.set_broker(broker)
 
 
+def _broker_id(message: Any) -> Any:
+    """What the broker knows the message by: the Disque job ID, the Redis broker's
+    message ID (new at each enqueue), RabbitMQ's delivery tag."""
+    return (getattr(message, "job_id", None) or message.options.get("redis_message_id")
+            or getattr(message, "_tag", None))
+
+
 @dramatiq.actor(queue_name=QUEUE, max_retries=3)
 def backoff(key: str) -> None:
     """Fails three times, retried after 1, 2 and 4 s (Retry's delay, no jitter)."""
     message = CurrentMessage.get_current_message()
     assert message is not None
     retries = int(message.options.get("retries", 0))
-    record("backoff", key, tag=str(getattr(message, "job_id", message.message_id)),
-           retries=retries)
+    record("backoff", key, tag=str(_broker_id(message)), retries=retries)
     if retries < 3:
         raise dramatiq.Retry(delay=1000 * 2 ** retries)
