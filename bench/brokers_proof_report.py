@@ -17,8 +17,10 @@ def _cell(point: str, f: dict[str, Any] | None) -> str:
     if n == "1":
         return f"{f['runs']} run(s), first {f['first_run_after_s']} s after sending"
     if n == "2":
+        waiting = f.get("left_in_broker_queue", 0)
+        taken = f" ({waiting:,} not yet handed to it)" if waiting else ""
         return (f"RSS {f['rss_before_mb']} -> {f['rss_after_mb']} MB "
-                f"(+{f['rss_growth_mb']}) for {f['tasks']:,} tasks")
+                f"(+{f['rss_growth_mb']}) for {f['tasks']:,} tasks{taken}")
     if n == "3":
         return (f"again {f['rerun_after_kill_s']} s after the SIGKILL; the "
                 f"{f['long_task_s']} s task: {f['long_runs']} run(s)")
