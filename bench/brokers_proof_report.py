@@ -66,5 +66,8 @@ def to_markdown(report: dict[str, Any]) -> str:
     for name in names:
         cells = [_cell(name, res.get(key, {}).get(name)) for key, _ in columns]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    for rerun in report.get("reruns", []):
+        lines += ["", f"Run again at {rerun['time']} (load average {rerun['loadavg_1m'][0]} -> "
+                  f"{rerun['loadavg_1m'][1]}): " + "; ".join(rerun["points"]) + "."]
     lines.append("")
     return "\n".join(lines)

@@ -222,9 +222,12 @@ def killed_worker_and_long_task(side: Side, slow_s: float = 60.0) -> dict[str, A
             "long_completions": len(records(rec, "nap-done"))}
 
 
-def poison(side: Side, watch_s: float) -> dict[str, Any]:
+def poison(side: Side, watch_s: float, max_deliveries: int = 3) -> dict[str, Any]:
     """Point 4: a task that kills its pool process every time. Runs counted over
-    ``watch_s`` after the first; on disque-mp, what landed in ``dead:<queue>``."""
+    ``watch_s`` after the first; on disque-mp (its tasks sent with ``max_deliveries``),
+    what landed in ``dead:<queue>``."""
+    if side.broker == "disque":
+        side = replace(side, max_deliveries=max_deliveries)  # the same list of workers
     q, rec = unique_queue("p4"), side.workdir / f"p4-{side.broker}.jsonl"
     side.celery_worker(q, rec, "p4")
     task_id = send(side.producer(), "poison", q)

@@ -74,8 +74,7 @@ def test_a_killed_worker_s_task_comes_back_and_a_long_task_runs_once(side: Side)
 
 
 def test_a_poison_task_lands_in_the_dead_letter_queue(side: Side) -> None:
-    side.max_deliveries = max_deliveries
-    out = poison(side, watch_s=2 * visibility_s)
+    out = poison(side, watch_s=2 * visibility_s, max_deliveries=max_deliveries)
     assert out["runs"] == max_deliveries, out  # then nothing loops
     assert len(out["tags"]) == 1  # one job, delivered max_deliveries times
     dead = out["dead_letter"]
