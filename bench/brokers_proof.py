@@ -143,9 +143,14 @@ def _merged(path: Path, rerun: dict[str, Any]) -> dict[str, Any]:
 
 
 def _versions() -> dict[str, str]:
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
-    out = {p: version(p) for p in ("celery", "kombu", "dramatiq", "redis", "amqp", "pika")}
+    out = {}
+    for package in ("celery", "kombu", "dramatiq", "redis", "amqp", "pika"):
+        try:
+            out[package] = version(package)
+        except PackageNotFoundError:
+            out[package] = "not installed"
     out["python"] = platform.python_version()
     out["redis-server"] = subprocess.run(["redis-server", "--version"], capture_output=True,
                                          text=True).stdout.split()[2]

@@ -30,7 +30,10 @@ def _cell(point: str, f: dict[str, Any] | None) -> str:
                  else f"{f['ready_after']} left queued")
         return f"{f['runs']} runs in {f['watch_s']} s, {where}"
     if n == "5":
-        ids = "same job" if f["same_delivery_id"] else f"{f['delivery_ids']} messages"
+        if f["same_delivery_id"] is None:  # the task cannot see its delivery tag
+            ids = "a new message per retry (Celery's retry publishes one)"
+        else:
+            ids = "same job" if f["same_delivery_id"] else f"{f['delivery_ids']} messages"
         return f"{f['runs']} runs, {ids}; late by {f['late_s']} s"
     if n == "6":
         return (f"{f['lost']} lost of {f['tasks']:,}, {f['duplicates']} run twice, worker "
@@ -54,6 +57,7 @@ def to_markdown(report: dict[str, Any]) -> str:
         f"celery {v['celery']}, kombu {v['kombu']}, dramatiq {v['dramatiq']}; visibility "
         f"timeout (Redis) and RETRY (disque-mp) {report['visibility_s']} s; load average "
         f"{report['loadavg_1m'][0]} -> {report['loadavg_1m'][1]}.",
+        *(["", f"Note: {report['note']}"] if report.get("note") else []),
         "",
         f"Counts: countdown {s['countdown_s']} s watched {s['watch_s']} s more; "
         f"{s['memory_tasks']:,} countdown=3600 tasks; poison watched {s['poison_watch_s']} s; "

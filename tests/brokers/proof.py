@@ -291,9 +291,11 @@ def backoff_dramatiq(side: Side) -> dict[str, Any]:
 
 def backoff_figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
     gaps = [round(b["t"] - a["t"], 2) for a, b in zip(runs, runs[1:], strict=False)]
+    tags = {r["tag"] for r in runs}
+    known = "None" not in tags  # Celery on RabbitMQ: no delivery tag in the task's request
     return {"runs": len(runs), "retries": [r["retries"] for r in runs],
-            "same_delivery_id": len({r["tag"] for r in runs}) == 1,
-            "delivery_ids": len({r["tag"] for r in runs}), "gaps_s": gaps,
+            "same_delivery_id": len(tags) == 1 if known else None,
+            "delivery_ids": len(tags) if known else None, "gaps_s": gaps,
             "late_s": [round(g - 2 ** i, 2) for i, g in enumerate(gaps)]}
 
 
