@@ -138,7 +138,8 @@ def _merged(path: Path, rerun: dict[str, Any]) -> dict[str, Any]:
         report["results"].setdefault(broker, {}).update(figures)
     report.setdefault("reruns", []).append(
         {"time": rerun["time"], "loadavg_1m": rerun["loadavg_1m"],
-         "points": sorted(p for figures in rerun["results"].values() for p in figures)})
+         "points": sorted(f"{broker}: {p}" for broker, figures in rerun["results"].items()
+                          for p in figures)})
     return report
 
 

@@ -22,7 +22,7 @@ def _cell(point: str, f: dict[str, Any] | None) -> str:
         return (f"RSS {f['rss_before_mb']} -> {f['rss_after_mb']} MB "
                 f"(+{f['rss_growth_mb']}) for {f['tasks']:,} tasks{taken}")
     if n == "3":
-        return (f"again {f['rerun_after_kill_s']} s after the SIGKILL; the "
+        return (f"again {max(0.0, f['rerun_after_kill_s'])} s after the SIGKILL; the "
                 f"{f['long_task_s']} s task: {f['long_runs']} run(s)")
     if n == "4":
         dead = f.get("dead_letter")
@@ -72,6 +72,7 @@ def to_markdown(report: dict[str, Any]) -> str:
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     for rerun in report.get("reruns", []):
         lines += ["", f"Run again at {rerun['time']} (load average {rerun['loadavg_1m'][0]} -> "
-                  f"{rerun['loadavg_1m'][1]}): " + "; ".join(rerun["points"]) + "."]
+                  f"{rerun['loadavg_1m'][1]}): " + "; ".join(rerun["points"]) + "."
+                  + (f" Why: {rerun['why']}." if rerun.get("why") else "")]
     lines.append("")
     return "\n".join(lines)

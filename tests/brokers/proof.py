@@ -204,8 +204,8 @@ def killed_worker_and_long_task(side: Side, slow_s: float = 60.0) -> dict[str, A
     wait_for(lambda: records(rec, "slow"), scenario_wait_max_s, "the slow task to start")
     victim = next(w for w in workers
                   if w.proc is not None and pgid_of(records(rec, "slow")[0]["pid"]) == w.proc.pid)
-    victim.kill()
     killed_at = time.time()
+    victim.kill()
     wait_for(lambda: records(rec, "slow-done"), scenario_wait_max_s,
              "the killed worker's task to run again")
     rerun_s = records(rec, "slow")[-1]["t"] - killed_at

@@ -26,7 +26,8 @@ def _broker() -> Any:
     if URL.startswith("amqp://"):
         from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
-        return RabbitmqBroker(url=URL)
+        # kombu writes the default vhost "/" as a trailing "//", pika as "/%2F"
+        return RabbitmqBroker(url=URL[:-2] + "/%2F" if URL.endswith("//") else URL)
     from disque_mp.dramatiq import DisqueBroker
 
     return DisqueBroker(url=URL, visibility_timeout=int(os.environ.get("PROOF_VISIBILITY_S", "4")))
