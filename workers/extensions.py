@@ -42,7 +42,7 @@ from workers.job import (
     Job,
     Timed,
 )
-from workers.replies import PENDING
+from workers.replies import PENDING, Error
 
 if TYPE_CHECKING:
     from workers.shard import Shard
@@ -58,6 +58,12 @@ QUEUED_DEAD: Final = "dl"
 # answers; a node that has not answered by then is left out of the reply (it
 # is reachable but slow, or the message was lost).
 cluster_request_timeout_ms = 1000
+# WAITJOB: (job, wait) pairs one shard keeps (about 100 bytes each); a WAITJOB that
+# would go past it is refused. An entry lives until its job is done (at the
+# latest its TTL), even when its wait timed out or its client left.
+waitjob_entries_max = 1_000_000
+ERR_WAITJOB_MAX: Final = Error(
+    f"ERR too many jobs waited on: at most {waitjob_entries_max} per worker, try later")
 JOB_ID_BYTES: Final = 40
 
 
@@ -180,6 +186,9 @@ class ExtOps(ClusterOps):
         done = len(job_ids) - len(pending)
         if not pending:
             return done
+        if self._wait_entries + len(pending) > waitjob_entries_max:
+            return ERR_WAITJOB_MAX
+        self._wait_entries += len(pending)
         w = Gather(token, done, len(job_ids))
         waits = self._waits
         for jid in pending:
@@ -197,6 +206,7 @@ class ExtOps(ClusterOps):
         ws = self._waits.pop(job_id, None)
         if ws is None:
             return
+        self._wait_entries -= len(ws)
         for w in ws:
             if not w.finished:
                 w.count += 1

@@ -49,6 +49,7 @@ from workers.job import (
     ACKED,
     ACTIVE,
     FLAG_DELIVERED,
+    FLAG_NACK_DELAYED,
     FLAG_QUEUED_ONCE,
     FLAG_REPLICA,
     FLAG_WILLQUEUE_SENT,
@@ -453,7 +454,9 @@ class ClusterOps:
         if dead:
             self._follow_dead_letter(job, now_ms)
         if job.retry_s:
-            job.qtime_ms = now_ms + wait_ms + job.retry_s * 1000 + self._jitter()
+            qtime = now_ms + wait_ms + job.retry_s * 1000 + self._jitter()
+            if not job.flags & FLAG_NACK_DELAYED or qtime > job.qtime_ms:
+                job.qtime_ms = qtime  # a QUEUED that crossed our NACK's DELAY never cuts it short
             job.flags &= ~FLAG_WILLQUEUE_SENT
             self._reschedule(job)
 

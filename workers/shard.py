@@ -142,6 +142,8 @@ ERR_TOOLATE: Final = Error(
 # bucket past the last bound. The shard only counts; the HTTP side exports seconds.
 latency_bounds_ms: Final = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000,
                             60_000, 300_000, 900_000, 3_600_000)
+# Queueing a job ends a WILLQUEUE round and any NACK ... DELAY wait.
+_FLAGS_QUEUE_CLEARS: Final = FLAG_WILLQUEUE_SENT | FLAG_NACK_DELAYED
 _live = attrgetter("live")  # a queue's queued jobs: the key of the largest queues
 
 _K_NACKS: Final = b"nacks"
@@ -259,6 +261,7 @@ class Shard(ExtOps):
         # Extensions (workers/extensions.py): WAITJOBs by the jobs they wait on,
         # GLOBALQLEN / DELQUEUE gathering the other nodes' answers by token.
         self._waits: dict[str, list[Gather]] = {}
+        self._wait_entries = 0  # sum of the lists' lengths (waitjob_entries_max)
         self._gathers: dict[int, Gather] = {}
 
     # ------------------------------------------------------------------ plumbing
@@ -544,7 +547,7 @@ class Shard(ExtOps):
         if flags & FLAGS_DELAY_MASK and not flags & FLAG_QUEUED_ONCE:
             self._undelay(job)
         self._forget_delivery(job)  # queued again (retry, NACK, ENQUEUE, a peer's QUEUED)
-        job.flags = (flags & ~FLAG_WILLQUEUE_SENT) | FLAG_QUEUED_ONCE
+        job.flags = (flags & ~_FLAGS_QUEUE_CLEARS) | FLAG_QUEUED_ONCE
         if job.retry_s:
             job.qtime_ms = now_ms + job.retry_s * 1000 + int(self._rng.random() * time_error_ms)
         else:
@@ -622,25 +625,16 @@ class Shard(ExtOps):
 
     # ------------------------------------------------------------------ ADDJOB / GETJOB
 
-    def op_addjob(
-        self,
-        queue: bytes,
-        body: bytes,
-        *,
-        timeout_ms: int,
-        replicate: int | None,
-        delay_s: int,
-        retry_s: int | None,
-        ttl_s: int,
-        maxlen: int,
-        async_: bool,
-        token: int,
-        now_ms: int,
-        maxdeliver: int = 0,
-    ) -> Any:
+    def op_addjob(self, queue: bytes, body: bytes, *, timeout_ms: int, replicate: int | None,
+                  delay_s: int, retry_s: int | None, ttl_s: int, maxlen: int, async_: bool,
+                  token: int, now_ms: int, maxdeliver: int = 0) -> Any:
         """ADDJOB after argument parsing; checks in the reference's order (maxdeliver 0: none)."""
-        if (err := _over_bounds(queue, body, ttl_s, delay_s, retry_s, maxdeliver)) is not None:
-            return err
+        if (maxdeliver or len(queue) > queue_name_bytes_max or len(body) > body_bytes_max
+                or ttl_s > ttl_max_s or delay_s > delay_max_s
+                or (retry_s is not None and retry_s > retry_max_s)):
+            err = _over_bounds(queue, body, ttl_s, delay_s, retry_s, maxdeliver)
+            if err is not None:
+                return err
         peers = len(self._peers)  # reachable nodes that can take a copy
         flexible = replicate is None
         if replicate is None:
@@ -673,11 +667,15 @@ class Shard(ExtOps):
             return ERR_MAXLEN_REACHED
         elif q.paused & PAUSED_IN:
             return ERR_PAUSED
-        ctime_us = self._next_ctime_us(now_ms)
+        ctime_us = now_ms * US_PER_MS
+        if ctime_us <= self._last_ctime_us:
+            ctime_us = self._last_ctime_us + 1
+        self._last_ctime_us = ctime_us
         job_id = self._ids.make(q.slot, ttl_s, retry_s)
         job = Job(job_id, q.name, body, ACTIVE, replicate, ttl_s, ctime_us, delay_s, retry_s,
                   0, self._me)
-        job.set_maxdeliver(maxdeliver)
+        if maxdeliver:
+            job.set_maxdeliver(maxdeliver)
         self.stat_added += 1
         if additional:
             return self._addjob_cluster(job, q, additional, extrepl, timeout_ms, async_, token,
@@ -691,14 +689,6 @@ class Shard(ExtOps):
         if self.aof:
             self._effects.append(AofAppend(job.to_record()))
         return Status(job_id)
-
-    def _next_ctime_us(self, now_ms: int) -> int:
-        """Creation times are unique and increasing on a shard (+1 us on a tie)."""
-        ctime_us = now_ms * US_PER_MS
-        if ctime_us <= self._last_ctime_us:
-            ctime_us = self._last_ctime_us + 1
-        self._last_ctime_us = ctime_us
-        return ctime_us
 
     def op_take(
         self, queues: list[bytes], count: int, withcounters: bool, now_ms: int
@@ -1210,6 +1200,7 @@ class Shard(ExtOps):
             "requeued_retry": self.stat_requeued_retry,
             "requeued_nack": self.stat_nacked,
             "requeued_enqueue": self.stat_requeued_enqueue, "expired": self.stat_expired,
+            "dead_lettered": self.stat_dead_lettered,
             "jobs": self._njobs, "queues": len(queues),
             "queued": sum(q.live for q in queues.values()),
             "active": self._outstanding, "delayed": sum(self._delayed.values()),

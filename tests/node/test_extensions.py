@@ -188,6 +188,12 @@ def test_globalqlen_sums_the_cluster(three: list[NodeProc]) -> None:
     for n in three:
         assert _r(n).execute_command("QLEN", q) <= 3
         assert _r(n).execute_command("GLOBALQLEN", q) == 6
+    with Disque(f"127.0.0.1:{three[1].port}", socket_timeout=20) as d:
+        assert d.global_qlen(q) == 6
+    if shutil.which("redis-cli"):
+        out = subprocess.run(["redis-cli", "-p", str(three[2].port), "GLOBALQLEN", q],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+        assert out.strip() in ("6", "(integer) 6")
 
 
 def test_nack_delay_no_copy_queues_it_earlier(three: list[NodeProc]) -> None:
@@ -242,7 +248,8 @@ def test_delqueue_removes_every_copy_cluster_wide(three: list[NodeProc]) -> None
            for _ in range(3)]
     ids.append(c.execute_command("ADDJOB", q, "x", 0, "REPLICATE", 1).decode())
     a.execute_command("GETJOB", "NOHANG", "FROM", q)  # one active
-    assert a.execute_command("DELQUEUE", q) == 4
+    with Disque(f"127.0.0.1:{three[0].port}", socket_timeout=20) as d:
+        assert d.del_queue(q) == 4
     time.sleep(2.5)  # past RETRY: a copy left anywhere would be queued again
     for n in three:
         r = _r(n)

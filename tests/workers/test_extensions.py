@@ -10,6 +10,7 @@ import pytest
 from bus.messages import BadMessage, check_job
 from tests.sim.net import Net
 from tests.workers.test_shard import Env
+from workers import extensions as ext
 from workers.effects import Wake
 from workers.ids import slot_of, slot_of_job_id
 from workers.job import ACKED, ACTIVE, QUEUED, Job, maxdeliver_max
@@ -118,7 +119,7 @@ def test_maxdeliver_by_nack_moves_to_dead_queue_with_id_and_counters(env: Env) -
     got = env.take(b"dead:q", wc=True)[0]
     assert got[:2] == [b"dead:q", jid] and got[4] == 3
     env.s.op_nack([jid], env.now)  # a dead letter stays in the dead-letter queue
-    assert env.s.op_qlen(b"dead:q") == 1 and env.s.stat_dead_lettered == 1
+    assert env.s.op_qlen(b"dead:q") == 1 and env.s.metrics(0, env.now)["dead_lettered"] == 1
 
 
 def test_maxdeliver_by_retry_moves_to_dead_queue(env: Env) -> None:
@@ -291,3 +292,61 @@ def test_extension_messages_are_validated_at_the_edge() -> None:
                                 ("DELQDONE", {"r": 1}, [b"x" * 41])):
         with pytest.raises(BadMessage):
             check_job({"k": kind, "s": slot, "m": inner}, bodies)
+
+
+def test_a_queued_crossing_the_nack_delay_does_not_cut_it_short() -> None:
+    net = Net(2, seed=16)
+    a, b = net.ids
+    r = net.addjob(a, replicate=2, retry_s=5)
+    net.run(20)
+    jid = str(net.reply(a, r))
+    net.take(a)
+    net.nodes[a].shard.op_nack([jid], net.now, 60)
+    net.drain(a)
+    job = net.nodes[a].shard.lookup(jid)
+    assert job is not None
+    due = job.qtime_ms
+    # b requeued the job just before the NACK reached it: its QUEUED arrives now
+    net.nodes[a].shard.on_message(b, "QUEUED", {"j": jid, "f": 4}, [], net.now + 1)
+    assert job.qtime_ms == due
+    net.run(30_000)
+    assert all(st == ACTIVE for st in net.holders(jid).values())
+    net.check()
+
+
+def test_enqueue_ends_a_nack_delay_and_later_retries_count(env: Env) -> None:
+    jid = env.add(retry_s=1, maxdeliver=2)
+    env.take()
+    env.s.op_nack([jid], env.now, 60)
+    assert env.s.op_enqueue([jid], env.now) == 1  # the operator queues it now
+    env.take()
+    env.advance(1600)  # RETRY: counted, and the cap (nacks 1 + deliveries 2) applies
+    assert env.s.op_qlen(b"dead:q") == 1
+
+
+def test_federation_carries_maxdeliver_and_the_moved_copy_dead_letters() -> None:
+    net = Net(2, seed=17)
+    a, b = net.ids
+    jid = _added_id(net, a, replicate=1, retry_s=30, maxdeliver=1)
+    tok = net.block(b)  # a consumer on b: NEEDJOBS, then YOURJOBS from a
+    net.run(500)
+    wake = net.wakes.get((b, tok))
+    assert wake is not None and wake[0][1] == jid
+    copy = net.nodes[b].shard.lookup(jid)
+    assert copy is not None and copy.maxdeliver == 1
+    net.nodes[b].shard.op_nack([jid], net.now)
+    net.drain(b)
+    net.run(100)
+    assert net.nodes[b].shard.op_qlen(b"dead:q") == 1
+    assert net.nodes[a].shard.lookup(jid).queue == b"dead:q"  # type: ignore[union-attr]
+    net.check()
+
+
+def test_waitjob_entries_are_bounded(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ext, "waitjob_entries_max", 3)
+    ids = [env.add() for _ in range(4)]
+    assert env.s.op_waitjob(1, ids, 0, env.now) == ext.ERR_WAITJOB_MAX
+    assert env.s.op_waitjob(2, ids[:3], 0, env.now) is PENDING
+    assert env.s.op_waitjob(3, ids[3:], 0, env.now) == ext.ERR_WAITJOB_MAX
+    env.s.op_ackjob(ids[:1], env.now)  # its entry goes with the job
+    assert env.s.op_waitjob(4, ids[3:], 0, env.now) is PENDING
