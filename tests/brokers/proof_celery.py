@@ -99,3 +99,11 @@ def backoff(self: Any) -> str:
     if self.request.retries < 3:
         raise self.retry(countdown=2 ** self.request.retries)
     return "done"
+
+
+@app.task(bind=True)
+def shifty(self: Any, n: int) -> None:
+    """Retried once with other arguments: a new message, the first job acknowledged."""
+    record("shifty", self.request.id, n=n, tag=_tag(self), retries=self.request.retries)
+    if n == 0:
+        raise self.retry(args=(1,), countdown=1)

@@ -24,8 +24,11 @@ from tests.brokers.proof import (
     killed_worker_and_long_task,
     poison,
     prefetch_fairness,
+    records,
+    send,
+    wait_for,
 )
-from tests.nodeproc import NodeProc, form_cluster
+from tests.nodeproc import NodeProc, form_cluster, unique_queue
 
 pytestmark = pytest.mark.integration
 
@@ -114,3 +117,18 @@ def test_a_cluster_loses_nothing_when_nodes_die_and_restart(tmp_path: Path) -> N
 def test_one_long_task_does_not_hold_back_short_ones(side: Side) -> None:
     out = prefetch_fairness(side, fairness_long_s, fairness_shorts)
     assert out["shorts_before_long_ended"] == fairness_shorts, out
+
+
+def test_a_retry_with_other_arguments_is_a_new_message(side: Side,
+                                                       broker_node: NodeProc) -> None:
+    q = unique_queue("shifty")
+    rec = side.workdir / "shifty.jsonl"
+    side.celery_worker(q, rec, "shifty", pool=("-P", "solo"))
+    send(side.producer(), "shifty", q, 0)
+    wait_for(lambda: len(records(rec, "shifty")) >= 2, 60, "the retry to run", side.workers[0])
+    first, second = records(rec, "shifty")
+    assert (first["n"], second["n"]) == (0, 1) and second["retries"] == 1
+    assert first["tag"] != second["tag"]  # published again: its own job
+    with Disque([f"127.0.0.1:{broker_node.port}"]) as d:  # the first job was acknowledged
+        wait_for(lambda: d.show(first["tag"]) is None and d.show(second["tag"]) is None, 30,
+                 "both jobs acknowledged")
