@@ -86,7 +86,7 @@ bench: sysdeps $(VENV)/.compiled
 	$(PY) -m bench.run_all
 
 # The proof against the brokers Python teams run: the same Celery and Dramatiq apps with
-# real workers on disque-mp, redis-server and rabbitmq-server (about 20 minutes);
+# real workers on disque-mp, redis-server and rabbitmq-server (about 30 minutes);
 # bench/results/brokers-proof.{json,md}. The assertions on disque-mp are in make test.
 bench-brokers: sysdeps $(VENV)/.compiled
 	$(PY) -m bench.brokers_proof
