@@ -1,7 +1,7 @@
 """The proof, side by side: the same Celery and Dramatiq apps, real worker processes,
 on disque-mp, on Redis (redis-server) and on RabbitMQ (rabbitmq-server).
 
-    python -m bench.brokers_proof                 # the issue's counts; bench/results/brokers-proof.{json,md}
+    python -m bench.brokers_proof                 # the full counts; bench/results/brokers-proof.{json,md}
     python -m bench.brokers_proof --quick --out /tmp/p   # small counts, a look at the harness
 
 The scenarios are tests/brokers/proof.py's (tests/brokers/test_proof.py asserts on
@@ -43,7 +43,7 @@ cluster_form_timeout_s = 60.0
 
 
 def scale(quick: bool) -> dict[str, Any]:
-    """The issue's counts (or small ones with --quick)."""
+    """The full counts (or small ones with --quick)."""
     if quick:
         return {"countdown_s": 12, "watch_s": 6, "memory_tasks": 2_000, "poison_watch_s": 10,
                 "fair_long_s": 10, "fair_shorts": 100, "failover_tasks": 900}

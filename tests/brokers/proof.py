@@ -3,7 +3,7 @@ with real worker processes, on whichever broker a ``Side`` names.
 
 Each scenario returns the figures it measured. tests/brokers/test_proof.py runs
 them on disque-mp and asserts on them (small counts); bench/brokers_proof.py runs
-them on disque-mp, Redis and RabbitMQ with the issue's counts and records them.
+them on disque-mp, Redis and RabbitMQ with the full counts and records them.
 Nothing here asserts: a peer that redelivers a task is a figure, not a failure.
 """
 

@@ -1,7 +1,7 @@
 """The proof points on disque-mp, with real Celery/Dramatiq worker processes on a
 real node (tests/brokers/proof.py; the same scenarios run on Redis and RabbitMQ in
 ``make bench-brokers``, as recorded figures). Counts are scaled down from the
-issue's figures (e.g. 2,000 countdown tasks here, 100,000 in the benchmark) to
+benchmark's figures (e.g. 2,000 countdown tasks here, 100,000 in the benchmark) to
 keep ``make test`` short; bounds on durations carry the shared machine's slack,
 the exact figures are the benchmark's."""
 
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.integration
 countdown_tasks = 2_000
 rss_growth_max_mb = 8.0  # the worker holds none of them: what remains is noise
 rerun_slack_s = 6.0  # the benchmark records the real figure against RETRY + 2 s
-backoff_late_max_s = 1.5  # the benchmark records it against the issue's 0.5 s
+backoff_late_max_s = 1.5  # the benchmark records it against the 0.5 s target
 fairness_long_s = 10.0
 fairness_shorts = 100
 max_deliveries = 3
