@@ -7,7 +7,7 @@ VENV5 := .venv-redis5
 NATIVE_SO = $(shell find workers disque_mp -name '*.so')
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test lint typecheck unit bench chaos sysdeps clean pure compile
+.PHONY: run test lint typecheck unit bench chaos sysdeps clean pure compile bench-brokers
 
 # The node's own virtualenv; re-installed when pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml
@@ -39,6 +39,20 @@ sysdeps:
 		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null; \
 		$(SUDO) systemctl disable --now redis-server >/dev/null 2>&1 || true; \
 		$(SUDO) service redis-server stop >/dev/null 2>&1 || true; \
+	fi
+	@# rabbitmq-server: the RabbitMQ side of make bench-brokers (each run starts its own
+	@# node on free ports); the service the package starts is stopped and disabled
+	@if [ ! -x /usr/lib/rabbitmq/bin/rabbitmq-server ]; then \
+		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rabbitmq-server >/dev/null; \
+		$(SUDO) systemctl disable --now rabbitmq-server >/dev/null 2>&1 || true; \
+		$(SUDO) service rabbitmq-server stop >/dev/null 2>&1 || true; \
+		epmd -kill >/dev/null 2>&1 || true; \
+	fi
+	@# beanstalkd: tests/bench/test_peers.py drives a real one (started on a free port)
+	@if ! command -v beanstalkd >/dev/null; then \
+		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq beanstalkd >/dev/null; \
+		$(SUDO) systemctl disable --now beanstalkd >/dev/null 2>&1 || true; \
+		$(SUDO) service beanstalkd stop >/dev/null 2>&1 || true; \
 	fi
 	@if ! command -v openssl >/dev/null; then \
 		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null; \
@@ -100,6 +114,12 @@ bench-peers: sysdeps $(VENV)/.compiled $(VENV)/.bench-installed
 		$(SUDO) epmd -kill >/dev/null 2>&1 || true; \
 	fi
 	$(PY) -m bench.peers
+
+# The proof against the brokers Python teams run: the same Celery and Dramatiq apps with
+# real workers on disque-mp, redis-server and rabbitmq-server (about 30 minutes);
+# bench/results/brokers-proof.{json,md}. The assertions on disque-mp are in make test.
+bench-brokers: sysdeps $(VENV)/.compiled
+	$(PY) -m bench.brokers_proof
 
 # The long fault suite: 5 nodes in network namespaces (needs root and iproute2), every
 # fault kind, about 10 minutes per seed, three seeds in a row; history JSON, PNG

@@ -9,7 +9,9 @@ need a result backend of their own, so this demo has tasks ADDJOB their output).
 Your own app only needs the first lines:
 
     import disque_mp.kombu                         # registers disque://
-    app = Celery("demo", broker="disque://127.0.0.1:7711;disque://127.0.0.1:7712")
+    from disque_mp.kombu.celery import DisqueTask  # retries requeue the same job (NACK DELAY)
+    app = Celery("demo", broker="disque://127.0.0.1:7711;disque://127.0.0.1:7712",
+                 task_cls=DisqueTask)
 """
 
 from __future__ import annotations
@@ -26,19 +28,23 @@ from celery import Celery
 
 import disque_mp.kombu  # noqa: F401  (registers disque://)
 from disque_mp.client import Disque
+from disque_mp.kombu.celery import DisqueTask
 
 NODES = os.environ.get("DEMO_NODES", "127.0.0.1:7711")
 QUEUE = "celery-demo"
 REPORTS = "celery-demo-reports"  # what the tasks did, for this script to print
 DEAD = "celery-demo-dead"
 
-app = Celery("celery_demo", broker=";".join(f"disque://{n}" for n in NODES.split(",")))
+app = Celery("celery_demo", broker=";".join(f"disque://{n}" for n in NODES.split(",")),
+             task_cls=DisqueTask)  # self.retry(countdown=...) is NACK DELAY on the same job
 app.conf.update(
     task_default_queue=QUEUE,
     task_acks_late=True,  # ack after the task ran: a worker that dies mid-task loses nothing
     task_acks_on_failure_or_timeout=False,  # a task that fails for good is rejected ...
     broker_transport_options={"visibility_timeout": 60,  # ... Disque RETRY
-                              "dead_letter_queue": DEAD},  # ... and lands here
+                              "dead_letter_queue": DEAD,  # ... and lands here
+                              # a task that keeps killing its worker: dead:<queue> after 5
+                              "max_deliveries": 5},
     worker_hijack_root_logger=False,
     broker_connection_retry_on_startup=True,
 )
@@ -57,7 +63,8 @@ def add(x: int, y: int) -> int:
 
 @app.task(bind=True, max_retries=2)
 def unreliable(self, what: str) -> None:
-    report(f"unreliable({what!r}) attempt {self.request.retries + 1}")
+    job_id = (self.request.properties or {}).get("delivery_tag")
+    report(f"unreliable({what!r}) attempt {self.request.retries + 1}, job {job_id}")
     raise self.retry(countdown=1, exc=RuntimeError(f"{what}: backend down"))
 
 

@@ -29,7 +29,9 @@ NODES = os.environ.get("DEMO_NODES", "127.0.0.1:7711")
 QUEUE = "dramatiq-demo"
 REPORTS = "dramatiq-demo-reports"
 
-broker = DisqueBroker(nodes=NODES, visibility_timeout=60)
+# Retries' backoff is NACK DELAY on the same job; a message that keeps killing its
+# worker lands in dead:<queue> after 5 deliveries (MAXDELIVER)
+broker = DisqueBroker(nodes=NODES, visibility_timeout=60, max_deliveries=5)
 dramatiq.set_broker(broker)
 
 

@@ -14,7 +14,14 @@
   ``ADDJOB <queue>.XQ`` (Dramatiq's dead-letter queue name, TTL
   ``dead_message_ttl``) then ``ACKJOB``; requeue (a consumer that stops with
   messages it did not run): ``NACK``, which queues them again at once.
-- Retries middleware works unchanged: it enqueues the retry with a delay.
+- Retries middleware works unchanged: its retry of a message still held by a
+  consumer of this broker (it always is, in a worker) becomes ``NACK <id> DELAY
+  <backoff>`` on the same job (ID kept, ``nacks`` counts the retries, added to
+  ``options["retries"]`` when it is delivered again); the worker's ack after it
+  is skipped. ``max_deliveries`` (ADDJOB ``MAXDELIVER``) moves a message
+  delivered that many times without an ack (a message that kills its worker)
+  to ``dead:<queue>``, the node's dead-letter queue; a message the Retries
+  middleware gives up on still goes to ``<queue>.XQ``, Dramatiq's name.
 - Failover across nodes and ``-LEAVING`` come from the client.
 """
 
@@ -56,6 +63,8 @@ purge_rounds_max = 10_000
 # join(): how often it looks at the queue
 join_poll_s = 0.1
 url_scheme = "disque://"
+# ADDJOB MAXDELIVER's bound (the node refuses more)
+max_deliveries_max = 10_000
 
 
 def delay_seconds(delay_ms: int | float | None) -> int | None:
@@ -76,9 +85,13 @@ def nodes_from_url(url: str) -> list[str]:
 class DisqueMessage(MessageProxy):
     """A delivered message and the Disque job that carries it."""
 
-    def __init__(self, message: Message, job_id: str) -> None:
+    def __init__(self, message: Message, job_id: str,
+                 consumer: DisqueConsumer | None = None) -> None:
         super().__init__(message)
         self.job_id = job_id
+        self.consumer = consumer
+        # set when a retry requeued this job in place (NACK DELAY): no ack after it
+        self.requeued_in_place = False
 
 
 class DisqueBroker(Broker):
@@ -88,8 +101,9 @@ class DisqueBroker(Broker):
     (s): how long a message waits for a consumer at most (a delay is added to
     it). ``dead_message_ttl`` (s): life of dead-lettered messages.
     ``replicate``: copies per job in a cluster (node default when None).
-    ``heartbeat``: WORKING for held messages (default on). ``client``: an
-    existing ``Disque`` to use instead of creating one.
+    ``heartbeat``: WORKING for held messages (default on). ``max_deliveries``:
+    ADDJOB ``MAXDELIVER`` (None: no cap). ``client``: an existing ``Disque`` to
+    use instead of creating one.
     """
 
     def __init__(
@@ -103,6 +117,7 @@ class DisqueBroker(Broker):
         dead_message_ttl: int = dead_message_ttl_default_s,
         replicate: int | None = None,
         heartbeat: bool = True,
+        max_deliveries: int | None = None,
         password: str | None = None,
         client: Disque | None = None,
     ) -> None:
@@ -111,6 +126,8 @@ class DisqueBroker(Broker):
             raise ValueError("visibility_timeout must be >= 1 s (RETRY 0 is at-most-once)")
         if message_ttl < 1 or dead_message_ttl < 1:
             raise ValueError("message_ttl and dead_message_ttl must be >= 1 s")
+        if max_deliveries is not None and not 1 <= max_deliveries <= max_deliveries_max:
+            raise ValueError(f"max_deliveries must be 1..{max_deliveries_max} (MAXDELIVER)")
         if url is not None and nodes is not None:
             raise ValueError("give url or nodes, not both")
         seeds = nodes_from_url(url) if url is not None else nodes
@@ -120,6 +137,7 @@ class DisqueBroker(Broker):
         self.dead_message_ttl_s = int(dead_message_ttl)
         self.replicate = replicate
         self.heartbeat = heartbeat
+        self.max_deliveries = max_deliveries
         self.queues: set[str] = set()
 
     # ---- queues
@@ -145,13 +163,35 @@ class DisqueBroker(Broker):
                           message.queue_name)
         self.emit_before("enqueue", message, delay)
         try:
-            self.client.add_job(message.queue_name, message.encode(), replicate=self.replicate,
-                                delay=delay_s, retry=self.visibility_timeout_s,
-                                ttl=self.message_ttl_s + (delay_s or 0))
+            if not self._requeue_in_place(message, delay_s):
+                self.client.add_job(message.queue_name, message.encode(),
+                                    replicate=self.replicate, delay=delay_s,
+                                    retry=self.visibility_timeout_s,
+                                    ttl=self.message_ttl_s + (delay_s or 0),
+                                    maxdeliver=self.max_deliveries)
         except DisqueConnectionError as exc:
             raise BrokerConnectionError(str(exc)) from exc
         self.emit_after("enqueue", message, delay)
         return message
+
+    def _requeue_in_place(self, message: Message, delay_s: int | None) -> bool:
+        """A retry of a message a consumer of ours still holds: NACK [DELAY] its job.
+
+        False (publish a new job instead) for any other message, or when the
+        node refuses the NACK."""
+        if not (isinstance(message, DisqueMessage) and message.consumer is not None
+                and message.consumer.holds(message.job_id)):
+            return False
+        try:
+            self.client.nack(message.job_id, delay=delay_s)
+        except DisqueConnectionError:
+            raise
+        except DisqueError as exc:
+            log.warning("NACK DELAY of %s refused (%s): the retry is a new job",
+                        message.job_id, exc)
+            return False
+        message.requeued_in_place = True
+        return True
 
     def dead_letter(self, queue_name: str, body: bytes) -> None:
         self.client.add_job(xq_name(queue_name), body, replicate=self.replicate,
@@ -231,7 +271,8 @@ class DisqueConsumer(Consumer):
 
     def _fetch(self, count: int, block_ms: int) -> None:
         try:
-            jobs = self.client.get_jobs(self.queue_name, timeout_ms=block_ms, count=count)
+            jobs = self.client.get_jobs(self.queue_name, timeout_ms=block_ms, count=count,
+                                        withcounters=True)
         except DisqueConnectionError as exc:
             raise BrokerConnectionError(str(exc)) from exc
         for job in jobs:
@@ -243,11 +284,17 @@ class DisqueConsumer(Consumer):
                 self.broker.dead_letter(self.queue_name, job.body)
                 self.client.ack(job.id)
                 continue
+            if job.nacks:
+                # requeued in place by retries (NACK DELAY): the body is the one
+                # first published, its nacks are the retries since
+                options = dict(message.options)
+                options["retries"] = int(options.get("retries") or 0) + job.nacks
+                message = message.copy(options=options)
             with self._lock:
                 self._held.add(job.id)
             if self._beat is not None:
                 self._beat.add(job.id)
-            self._buffer.append(DisqueMessage(message, job.id))
+            self._buffer.append(DisqueMessage(message, job.id, self))
 
     def _release(self, messages: Iterable[DisqueMessage]) -> list[str]:
         """Forget messages (idempotent: a retried ack must not free a slot twice)."""
@@ -260,10 +307,15 @@ class DisqueConsumer(Consumer):
             self._held.difference_update(ids)
         return ids
 
+    def holds(self, job_id: str) -> bool:
+        with self._lock:
+            return job_id in self._held
+
     def ack(self, message: MessageProxy) -> None:
         assert isinstance(message, DisqueMessage)
         ids = self._release([message])
-        self._call(self.client.ack, ids)
+        if not message.requeued_in_place:  # else the retry's NACK DELAY requeued it
+            self._call(self.client.ack, ids)
 
     def nack(self, message: MessageProxy) -> None:
         assert isinstance(message, DisqueMessage)

@@ -56,6 +56,9 @@ from disque_mp.client import (
 
 log = logging.getLogger("disque_mp.kombu")
 
+# ADDJOB MAXDELIVER's bound (the node refuses more)
+max_deliveries_max = 10_000
+
 DEFAULT_PORT = 7711
 # Disque's own default RETRY: a message not acked (and not kept alive by the
 # heartbeat) is delivered again after this long.
@@ -166,6 +169,13 @@ class QoS(virtual.QoS):
         self.channel.client.ack(delivery_tag)
         self._quick_ack(delivery_tag)
 
+    def forget(self, delivery_tag: str) -> None:
+        """Stop holding a message without acking it: its job was requeued (a
+        ``DisqueTask`` retry, NACK DELAY) or acknowledged by the pool process."""
+        if self._beat is not None:
+            self._beat.remove(delivery_tag)
+        self._quick_ack(delivery_tag)
+
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         if self._beat is not None:
             self._beat.remove(delivery_tag)
@@ -226,7 +236,7 @@ class Channel(virtual.Channel):
 
     from_transport_options: Any = virtual.Channel.from_transport_options + (
         "visibility_timeout", "message_ttl", "replicate", "async_replication",
-        "dead_letter_queue", "priority_steps", "heartbeat", "fetch_count",
+        "dead_letter_queue", "priority_steps", "heartbeat", "fetch_count", "max_deliveries",
     )
     visibility_timeout: int = visibility_timeout_default_s
     message_ttl: int = message_ttl_default_s
@@ -236,6 +246,7 @@ class Channel(virtual.Channel):
     priority_steps: Sequence[int] = (0,)
     heartbeat: bool = True
     fetch_count: int = fetch_count_default
+    max_deliveries: int | None = None
 
     def __init__(self, connection: Transport, **kwargs: Any) -> None:
         super().__init__(connection, **kwargs)
@@ -251,6 +262,10 @@ class Channel(virtual.Channel):
         if not steps or steps[0] != 0:
             raise ValueError("disque:// priority_steps must start with 0, e.g. [0, 3, 6, 9]")
         self.priority_steps = steps
+        if self.max_deliveries is not None and not (
+                1 <= int(self.max_deliveries) <= max_deliveries_max):
+            raise ValueError(f"disque:// max_deliveries must be 1..{max_deliveries_max} "
+                             "(ADDJOB MAXDELIVER)")
 
     @property
     def client(self) -> Disque:
@@ -297,11 +312,14 @@ class Channel(virtual.Channel):
                             json.dumps(message, separators=(",", ":")),
                             replicate=self.replicate, delay=delay_s or None,
                             retry=int(self.visibility_timeout), ttl=ttl_s,
-                            async_=bool(self.async_replication))
+                            async_=bool(self.async_replication),
+                            maxdeliver=None if self.max_deliveries is None
+                            else int(self.max_deliveries))
 
     def _get(self, queue: str, timeout: float | None = None) -> dict[str, Any]:
         """One message (basic_get): NOHANG, Empty when there is none."""
-        jobs = self.client.get_jobs(self._all_queues(queue), nohang=True, count=1)
+        jobs = self.client.get_jobs(self._all_queues(queue), nohang=True, count=1,
+                                    withcounters=True)
         for job in jobs:
             payload = self._decode(job)
             if payload is not None:
@@ -316,7 +334,7 @@ class Channel(virtual.Channel):
         count = self.qos.can_consume_max_estimate() or int(self.fetch_count)
         block_ms = block_ms_max if timeout is None else int(timeout * 1000)
         block_ms = max(1, min(block_ms_max, block_ms))  # TIMEOUT 0 would block forever
-        jobs = self.client.get_jobs(names, timeout_ms=block_ms, count=count)
+        jobs = self.client.get_jobs(names, timeout_ms=block_ms, count=count, withcounters=True)
         delivered = 0
         for job in jobs:
             payload = self._decode(job)
@@ -334,6 +352,11 @@ class Channel(virtual.Channel):
             props = payload["properties"]
             props["delivery_tag"] = job.id
             props.setdefault("delivery_info", {})
+            headers = payload.get("headers")
+            if job.nacks and isinstance(headers, dict) and "retries" in headers:
+                # a retry requeued in place (NACK DELAY) keeps the body it was
+                # published with: the job's nacks are the retries since then
+                headers["retries"] = int(headers["retries"] or 0) + job.nacks
             return payload
         except (ValueError, KeyError, TypeError) as exc:
             target = self.dead_letter_queue or job.queue + invalid_queue_suffix

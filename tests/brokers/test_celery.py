@@ -1,7 +1,7 @@
 """Celery on disque:// with real ``celery worker`` processes and real nodes: tasks
-run, a failing task is retried then dead-lettered, a task whose worker is
-SIGKILLed is delivered again after the visibility timeout, a countdown is
-honoured, and a worker follows its node's ``-LEAVING`` in a 3-node cluster."""
+run, a failing task is retried then dead-lettered, a countdown is honoured, a
+cold shutdown gives held tasks back, and a worker follows its node's ``-LEAVING``
+in a 3-node cluster. A task whose worker is SIGKILLed: test_proof.py (point 3)."""
 
 from __future__ import annotations
 
@@ -96,33 +96,6 @@ def read(path: Path) -> list[dict[str, Any]]:
     from tests.brokers.record import read_records
 
     return read_records(path)
-
-
-def test_a_task_whose_worker_is_killed_is_delivered_again(broker_node: NodeProc,
-                                                          tmp_path: Path) -> None:
-    q = unique_queue("cel")
-    url = node_url(broker_node)
-    rec = tmp_path / "records.jsonl"
-    marker = tmp_path / "marker"
-    first = worker(url, q, tmp_path, "first").start()
-    try:
-        task_id = send(producer(url), "slow", q, str(marker))
-        wait_records(rec, lambda r: any(x["task"] == "slow" for x in r), "the slow task to start",
-                     first)
-        time.sleep(visibility_s)  # the heartbeat keeps it ours meanwhile (acks_late)
-        with Disque([f"127.0.0.1:{broker_node.port}"]) as d:
-            assert d.qlen(q) == 0
-        first.kill()
-        killed_at = time.time()
-    finally:
-        first.stop()
-    with worker(url, q, tmp_path, "second") as second:
-        records = wait_records(rec, lambda r: any(x["task"] == "slow-done" for x in r),
-                               "the slow task to run again and finish", second)
-    starts = [r for r in records if r["task"] == "slow"]
-    assert [r["id"] for r in starts] == [task_id, task_id]
-    # requeued by Disque once the heartbeat stopped and RETRY elapsed, not earlier
-    assert starts[1]["t"] - killed_at >= visibility_s / 2 - 0.5
 
 
 def test_worker_shutdown_returns_held_tasks_with_nack(broker_node: NodeProc,

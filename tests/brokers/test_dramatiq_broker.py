@@ -80,3 +80,41 @@ def test_join_waits_for_queued_and_delayed_messages(broker: DisqueBroker) -> Non
     for job_id in broker.client.iter_jobs(queue=q):
         broker.client.del_job(job_id)
     broker.join(q, timeout=5000)
+
+
+def test_a_retry_of_a_held_message_requeues_its_job(broker: DisqueBroker) -> None:
+    q = unique_queue("dqr")
+    broker.declare_queue(q)
+    sent = broker.enqueue(message(q, 1))
+    consumer = broker.consume(q, prefetch=1, timeout=2000)
+    got = next(consumer)
+    assert isinstance(got, DisqueMessage)
+    got.options["retries"] = 1  # what the Retries middleware does, then enqueues it
+    broker.enqueue(got, delay=1000)
+    assert got.requeued_in_place
+    consumer.ack(got)  # the worker's ack after the retry: skipped, the job lives on
+    shown = broker.client.show(got.job_id)
+    assert shown is not None and shown["nacks"] == 1
+    again = next(consumer)  # due after the DELAY
+    assert isinstance(again, DisqueMessage)
+    assert again.job_id == got.job_id and again.message_id == sent.message_id
+    assert again.options["retries"] == 1  # the body's 0 plus the job's nacks
+    consumer.ack(again)
+    consumer.close()
+    assert broker.client.show(got.job_id) is None
+
+
+def test_a_message_not_held_is_published_and_max_deliveries_is_set(
+        broker_node: NodeProc) -> None:
+    b = DisqueBroker(url=f"disque://127.0.0.1:{broker_node.port}", max_deliveries=2)
+    q = unique_queue("dqm")
+    first = b.enqueue(message(q, 1))
+    b.enqueue(first, delay=None)  # a plain Message: a second job
+    jobs = b.client.qpeek(q, 10)
+    assert len(jobs) == 2
+    shown = b.client.show(jobs[0].id)
+    assert shown is not None and shown["maxdeliver"] == 2
+    b.client.ack(jobs)
+    with pytest.raises(ValueError, match="max_deliveries"):
+        DisqueBroker(nodes=["127.0.0.1:1"], max_deliveries=0)
+    b.close()

@@ -202,3 +202,25 @@ def test_bad_transport_options_are_refused(broker_node: NodeProc) -> None:
         with connection(broker_node, **options) as conn:
             with pytest.raises(ValueError, match=match):
                 conn.SimpleQueue(unique_queue("k")).put({"x": 1})
+
+
+def test_disque_task_helpers() -> None:
+    from datetime import UTC, datetime
+
+    from disque_mp.kombu.celery import held_job_id, is_job_id, retry_delay_s
+
+    job = "D-dcb833cf-8YL1NT17e9+wsA/09NqxscQI-05a1"
+    assert is_job_id(job) and not is_job_id("5fa7e499-32f0-4b8f-8ce2-7e2983180492")
+    assert not is_job_id(17)  # an AMQP delivery tag
+
+    class Req:
+        properties = {"delivery_tag": job}
+
+    assert held_job_id(Req()) == job
+    Req.properties = {}
+    assert held_job_id(Req()) is None
+    assert retry_delay_s({"countdown": 1}, 0.0) == 1
+    assert retry_delay_s({"countdown": 0.2}, 0.0) == 1  # rounded up: never early
+    assert retry_delay_s({}, 0.0) == 0
+    eta = datetime(2030, 1, 1, tzinfo=UTC)
+    assert retry_delay_s({"eta": eta}, eta.timestamp() - 2.5) == 3

@@ -4,10 +4,12 @@ The API has the semantics of the commands because it runs them (``commands.call`
 
     GET    /api/overview                 node totals (INFO-like), per worker
     GET    /api/queues[?limit=N]         largest queues with sizes and in/out rates
-    GET    /api/queues/{queue}           QSTAT, first queued jobs (QPEEK), active jobs (JSCAN)
+    GET    /api/queues/{queue}           QSTAT, first queued jobs (QPEEK) with their counters
+                                         (SHOW), active jobs (JSCAN)
     POST   /api/queues/{queue}/pause     {"state": "in"|"out"|"all"|"none"} (default all)
     POST   /api/queues/{queue}/resume    PAUSE queue none
-    POST   /api/queues/{queue}/requeue   dead-letter queue -> its queue (dead:q -> q)
+    POST   /api/queues/{queue}/requeue   dead-letter queue -> its queue (dead:q -> q); each job
+                                         added again with its TTL left, RETRY and MAXDELIVER
     GET    /api/jobs/{id}                SHOW
     DELETE /api/jobs/{id}                DELJOB
     POST   /api/jobs/{id}/ack            ACKJOB
@@ -50,6 +52,8 @@ jscan_calls_max = 8  # JSCAN calls one queue view spends looking for its active 
 requeue_batch = 100  # jobs a requeue takes per GETJOB
 add_timeout_ms = 5000  # ADDJOB's replication timeout for jobs the API moves
 rate_interval_ms = 1000  # queue rates are recomputed at most this often
+# SHOW's fields a queue view adds to each queued job
+counter_fields = ("nacks", "additional-deliveries", "maxdeliver")
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 STATIC_TYPES = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
@@ -223,8 +227,22 @@ async def get_queue(w: NodeView, req: Request, args: list[str]) -> Response:
     stat = await _qstat(w, name)
     peek = await call(w, b"QPEEK", name, count)
     queued = [{"id": text(e[1]), "body": text(e[2]), "state": "queued"} for e in peek]
+    await _add_counters(w, queued)
     active, complete = await _scan_jobs(w, name, "active", count)
     return ok({"queue": stat, "jobs": queued, "active": active, "active_scan_complete": complete})
+
+
+async def _add_counters(w: NodeView, jobs: list[dict[str, Any]]) -> None:
+    """SHOW's delivery counters on each listed job: nacks, additional-deliveries and,
+    for a job created with MAXDELIVER (what moves it to dead:<queue>), maxdeliver."""
+    for job in jobs:
+        shown = await call(w, b"SHOW", job["id"].encode())
+        if shown is None:  # acknowledged since QPEEK
+            continue
+        fields = pairs(shown)
+        for key in counter_fields:
+            if key in fields:
+                job[key] = fields[key]
 
 
 async def _scan_jobs(w: NodeView, name: bytes, state: str, count: int) -> tuple[list[Any], bool]:
@@ -264,7 +282,9 @@ async def post_resume(w: NodeView, req: Request, args: list[str]) -> Response:
 async def post_requeue(w: NodeView, req: Request, args: list[str]) -> Response:
     """Every job of a dead-letter queue back to its queue (at most http-api-jobs-max
     per call; ``left`` says how many remain). Each job is added again (new ID, its
-    remaining TTL) before its dead-letter copy is acknowledged."""
+    remaining TTL, its RETRY and MAXDELIVER: a requeued poison job gets its n
+    deliveries again, then comes back here) before its dead-letter copy is
+    acknowledged."""
     dead = _queue_name(args[0])
     _json_body(req)
     if not dead.startswith(DEAD_PREFIX.encode()) or len(dead) == len(DEAD_PREFIX):
@@ -292,12 +312,17 @@ async def post_requeue(w: NodeView, req: Request, args: list[str]) -> Response:
 
 async def _add_copy(w: NodeView, queue: bytes, body: bytes, old_id: bytes) -> bytes:
     shown = await call(w, b"SHOW", old_id)
-    ttl_s = 0
-    if shown is not None:
-        ttl_s = int(pairs(shown).get("ttl", 0))
+    fields = pairs(shown) if shown is not None else {}
+    ttl_s = int(fields.get("ttl", 0))
+    retry_s = int(fields.get("retry", -1))
+    maxdeliver = int(fields.get("maxdeliver", 0))
     args: list[bytes | int] = [b"ADDJOB", queue, body, add_timeout_ms]
     if ttl_s > 1:
         args += [b"TTL", ttl_s]
+        if 0 <= retry_s < ttl_s:  # the node refuses a RETRY past the TTL
+            args += [b"RETRY", retry_s]
+    if maxdeliver > 0:
+        args += [b"MAXDELIVER", maxdeliver]
     new_id: bytes = await call(w, *args)
     return new_id
 

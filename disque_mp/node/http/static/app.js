@@ -184,11 +184,15 @@ function jobActions(job) {
 function jobTable(jobs, empty) {
   if (!jobs.length) return el("p", { class: "empty" }, empty);
   return el("table", {},
-    el("thead", {}, el("tr", {}, ["Job", "State", "Body", "NACKs", "Actions"].map(h => el("th", { scope: "col" }, h)))),
+    el("thead", {}, el("tr", {}, ["Job", "State", "Body", "NACKs", "Redeliveries", "Max deliveries", "Actions"]
+      .map(h => el("th", { scope: "col" }, h)))),
     el("tbody", {}, jobs.map(j => el("tr", { "data-job": j.id },
       el("td", { class: "mono" }, j.id), el("td", {}, badge(j.state)),
       el("td", { class: "mono" }, String(j.body).slice(0, 120)),
-      el("td", { class: "num" }, fmt(j.nacks)), el("td", {}, jobActions(j))))));
+      el("td", { class: "num", "data-field": "nacks" }, fmt(j.nacks)),
+      el("td", { class: "num", "data-field": "additional-deliveries" }, fmt(j["additional-deliveries"])),
+      el("td", { class: "num", "data-field": "maxdeliver" }, fmt(j.maxdeliver)),
+      el("td", {}, jobActions(j))))));
 }
 
 async function viewQueue(main, name) {
@@ -215,7 +219,8 @@ async function viewQueue(main, name) {
 async function viewJob(main, id) {
   const job = await api("/api/jobs/" + enc(id));
   const keys = ["queue", "state", "repl", "ttl", "ctime", "delay", "retry", "nacks", "additional-deliveries",
-    "nodes-delivered", "nodes-confirmed", "next-requeue-within", "next-awake-within"];
+    "nodes-delivered", "nodes-confirmed", "next-requeue-within", "next-awake-within"]
+    .concat(job.maxdeliver === undefined ? [] : ["maxdeliver"]);
   main.replaceChildren(el("div", { class: "card", id: "job" },
     el("div", { class: "toolbar" }, el("h1", { style: "margin:0" }, "Job ", el("span", { class: "mono" }, job.id)),
       el("span", { id: "job-state" }, badge(job.state))),
@@ -239,7 +244,7 @@ async function viewDead(main) {
   const dead = data.queues.filter(q => q.name.startsWith(DEAD));
   main.replaceChildren(el("div", { class: "card" },
     el("h1", {}, "Dead-letter queues"),
-    el("p", { class: "muted" }, "A job moved with “Dead-letter” goes to dead:<queue>; “Requeue all” moves every job back to <queue>."),
+    el("p", { class: "muted" }, "A job moved with “Dead-letter” goes to dead:<queue>, and so does a job added with MAXDELIVER n once it was delivered n times without an ACK (same ID, its counters kept: open the queue to see them); “Requeue all” adds every job back to <queue> with its TTL left, RETRY and MAXDELIVER."),
     dead.length ? el("table", { id: "dead" },
       el("thead", {}, el("tr", {}, ["Queue", "Jobs", "Oldest", "Back to", ""].map(h => el("th", { scope: "col" }, h)))),
       el("tbody", {}, dead.map(q => el("tr", { "data-queue": q.name },
