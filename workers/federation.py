@@ -119,6 +119,14 @@ def union(a: tuple[str, ...], b: tuple[str, ...] | list[str]) -> tuple[str, ...]
     return tuple(dict.fromkeys((*a, *b)))
 
 
+def merge_nodes(job: Job, nodes: tuple[str, ...] | list[str]) -> None:
+    """Add a peer's node list to ``job.delivered``, unless the record would then name
+    more nodes than it can encode (no real cluster comes near: a broken peer)."""
+    merged = union(job.delivered, nodes)
+    if len(merged) + len(job.confirmed) <= job_nodes_max:
+        job.delivered = merged
+
+
 class ReplWait:
     """A synchronous ADDJOB waiting for GOTJOBs (the job is in ``wait-repl``)."""
 
@@ -589,7 +597,7 @@ class ClusterOps:
         else:
             # We know a node the sender does not: we run the GC over both lists (the
             # sender has the job acked, so it counts as confirmed).
-            job.delivered = union(job.delivered, nodes)
+            merge_nodes(job, nodes)
             job.confirmed = union(job.confirmed, (sender,))
             self._start_gc(job, now_ms)
 
@@ -786,7 +794,8 @@ class ClusterOps:
             old = self.lookup(job.id)
             if old is not None:
                 # The sender's list too: a node it gave the job to must hear of the ACK.
-                old.delivered = union(old.delivered, (*job.delivered, sender))
+                old.delivered = union(old.delivered, (sender,))
+                merge_nodes(old, job.delivered)
                 # An at-most-once job we already hold comes back: we gave it away by
                 # YOURJOBS and the node that queued it since popped it to send it, so
                 # it is queued nowhere; dropping it would lose it with no fault at all.

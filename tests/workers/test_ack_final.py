@@ -111,3 +111,18 @@ def test_yourjobs_not_written_puts_its_jobs_back_in_the_queue() -> None:
     assert net.holders(jid) == {a: QUEUED}
     assert net.take(a)[0][1] == jid
     sa.check()
+
+
+def test_a_peers_node_list_never_makes_a_job_unencodable() -> None:
+    net = Net(2, seed=37)
+    a, b = net.ids
+    jid = _added(net, a, replicate=2, retry_s=5)
+    theirs = net.nodes[b].shard.lookup(jid)
+    assert theirs is not None
+    theirs.delivered = tuple(f"{i:040x}" for i in range(4000))  # a broken peer's list
+    rec = theirs.to_record()
+    sa = net.nodes[a].shard
+    sa.on_message(b, "YOURJOBS", {}, [rec], net.now)
+    sa.on_message(b, "SETACK", {"j": jid, "m": 1000, "d": list(theirs.delivered[:1000])}, [],
+                  net.now)
+    assert sa.lookup(jid).to_record()  # type: ignore[union-attr]
