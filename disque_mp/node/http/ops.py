@@ -8,18 +8,15 @@ values cross the mesh packed like any reply (JSON, bytes moved to frame bodies).
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import TYPE_CHECKING, Any
 
 from bus import mesh as meshmod
+from bus.clock import wall_ms
 from bus.mesh import unpack
 from workers.replies import Error
 
 if TYPE_CHECKING:
     from disque_mp.node.view import NodeView
-
-PREFIX = "http."
-
 
 def local_op(w: NodeView, op: str, arg: Any) -> Any:
     """This worker's part (called by ``commands.admin.local_op`` for ``http.*`` ops)."""
@@ -32,7 +29,7 @@ def worker_snapshot(w: NodeView, queues_max: int) -> dict[str, Any]:
     """Counters of this worker's shard and process: one scrape's worth."""
     stats = w.local_stats()
     stats.pop("shard", None)
-    now_ms = time.time_ns() // 1_000_000
+    now_ms = wall_ms()
     stats["metrics"] = w.shard.metrics(queues_max, now_ms)
     stats["slowlog_len"] = len(w.slowlog.entries)
     stats["now_ms"] = now_ms
