@@ -2,7 +2,7 @@
 
 Worker 0 owns the ``ClusterBus`` (membership, gossip, nodes.conf, all TCP links to
 other hosts). The other workers reach it over a Unix socket of the cluster's own
-(abstract namespace, beside the front end's request/reply mesh in bus/mesh.py, so
+(in the node's private socket directory, beside the front end's request/reply mesh in bus/mesh.py, so
 neither has to know the other's frame kinds):
 
     worker k -> 0   AGENT_HELLO {"w": k}                  first frame
@@ -31,7 +31,7 @@ import ssl
 from collections.abc import Callable
 from typing import Any, cast
 
-from bus import auth, frames, hostbus
+from bus import auth, frames, hostbus, peercred
 from bus.datalink import FDPASS_PURPOSE, DataIn, DataLinks, fdpass_state_bytes_max
 from bus.hostbus import (
     K_JOB,
@@ -71,7 +71,7 @@ ERR_OWNER_DOWN = Error("ERR cluster bus owner (worker 0) is unavailable, try aga
 
 
 def socket_name(port: int, node_id: str) -> str:
-    return f"\0disque-mp.{port}.{node_id[:16]}.cluster"
+    return peercred.local_name(port, node_id, "cluster")
 
 
 class _Local(BatchedLink):
@@ -156,6 +156,11 @@ class ClusterAgent:
             self.keyring.configure(getattr(self.cfg, "cluster_secret_file", ""))
         except auth.SecretError as exc:
             return str(exc)
+        # links made with a key that is gone now are closed (they redial)
+        if self.bus is not None:
+            self.bus.drop_links_of_removed_keys()
+        if self.data_out is not None:
+            self.data_out.drop_links_of_removed_keys(list(self.data_in))
         return None
 
     def _warn_open_bus(self) -> None:
@@ -182,8 +187,11 @@ class ClusterAgent:
             self.bus = ClusterBus(self.cfg, self.node_id, self._deliver, self._publish,
                                   self.workers, keyring=self.keyring, tls=self.tls)
             self.bus.adopt_data = self._adopt_data
-            self.server = await loop.create_unix_server(
-                lambda: _Local(self, -1), path=socket_name(self.cfg.port, self.node_id))
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            peercred.bind_local(sock, socket_name(self.cfg.port, self.node_id))
+            sock.listen(self.workers * 4)
+            sock.setblocking(False)
+            self.server = await loop.create_unix_server(lambda: _Local(self, -1), sock=sock)
             await self.bus.start()
         else:
             self.fdpass = SocketPass(self.cfg.port, self.node_id, self.index, FDPASS_PURPOSE,
@@ -402,12 +410,16 @@ def _loopback(addr: str) -> bool:
 
 async def _connect_unix(loop: asyncio.AbstractEventLoop, name: str,
                         factory: Callable[[], _Local]) -> _Local:
-    """Connect to an abstract-namespace socket. uvloop's create_unix_connection
-    rejects such paths (EINVAL), so connect the socket first and hand it over."""
+    """Connect to worker 0's socket, and only if worker 0 holds it: another process
+    there (a stranger in its place while it restarts) is never sent anything."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.setblocking(False)
     try:
         await loop.sock_connect(sock, name)
+        if not peercred.sibling(sock):
+            auth.count("local_refused")
+            log.warning("cluster agent: worker 0's socket is held by another process")
+            raise ConnectionRefusedError(name)
     except OSError:
         sock.close()
         raise

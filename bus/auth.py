@@ -57,6 +57,7 @@ STATS: dict[str, int] = {
     "links_refused": 0,  # an inbound link over the cap
     "rejected_messages": 0,  # job traffic or FAIL from a node that is not a member
     "local_refused": 0,  # a local socket peer (mesh, handoff, agent) of another uid
+    "client_auth_failures": 0,  # a client's AUTH (or HELLO AUTH) with a wrong password
 }
 
 
@@ -129,6 +130,18 @@ class Keyring:
         """Load ``path`` ("" = no secret); SecretError leaves the keys as they were."""
         self.keys = load_keys(path) if path else []
 
+    def holds(self, sealer: Sealer | None) -> bool:
+        """Does a link's session still derive from one of our keys? (False once the
+        key it was made with is removed from the secret file: drop that link.)"""
+        if sealer is None or not sealer.kid or not self.keys:
+            return True  # a link without a MAC, or from before key ids: nothing to tell
+        return sealer.kid in {key_id(k) for k in self.keys}
+
+
+def key_id(key: bytes) -> str:
+    """A short public name of a key (which key a session came from, never the key)."""
+    return blake3.blake3(b"disque-mp key id", key=key).hexdigest(8)
+
 
 KEYRING = Keyring()  # one per process: the bus and the data links read it live
 
@@ -162,11 +175,12 @@ def _hex_field(meta: dict[str, Any], name: str, size: int) -> bytes:
 class Sealer:
     """MACs for the frames we send on one link."""
 
-    __slots__ = ("key", "seq")
+    __slots__ = ("key", "seq", "kid")
 
-    def __init__(self, key: bytes, seq: int = 0) -> None:
+    def __init__(self, key: bytes, seq: int = 0, kid: str = "") -> None:
         self.key = key
         self.seq = seq
+        self.kid = kid  # key_id of the cluster key the session key derives from
 
     def seal(self, frame: bytes) -> bytes:
         seq = _SEQ.pack(self.seq)
@@ -263,7 +277,7 @@ class LinkAuth:
         to_acceptor = _session_key(self.key, b"D>A", dn, an)
         to_dialer = _session_key(self.key, b"A>D", dn, an)
         send, recv = (to_acceptor, to_dialer) if self.dialer else (to_dialer, to_acceptor)
-        self.sealer = Sealer(send)
+        self.sealer = Sealer(send, kid=key_id(self.key))
         self.opener = Opener(recv)
         self.done = True
 
@@ -271,7 +285,8 @@ class LinkAuth:
 def export_session(sealer: Sealer, opener: Opener) -> dict[str, Any]:
     """A link's MAC state, to hand the link to another worker of this host (local,
     same-uid datagram socket only: it carries the session keys)."""
-    return {"ks": sealer.key.hex(), "ss": sealer.seq, "kr": opener.key.hex(), "sr": opener.seq}
+    return {"ks": sealer.key.hex(), "ss": sealer.seq, "kr": opener.key.hex(), "sr": opener.seq,
+            "kid": sealer.kid}
 
 
 def import_session(state: Any) -> tuple[Sealer, Opener] | None:
@@ -284,4 +299,5 @@ def import_session(state: Any) -> tuple[Sealer, Opener] | None:
         return None
     if len(ks) != KEY_BYTES or len(kr) != KEY_BYTES or type(ss) is not int or type(sr) is not int:
         return None
-    return Sealer(ks, ss), Opener(kr, sr)
+    kid = state.get("kid")
+    return Sealer(ks, ss, kid if isinstance(kid, str) else ""), Opener(kr, sr)

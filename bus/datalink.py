@@ -241,6 +241,17 @@ class DataLinks:
         self.backoff_ms[link.node_id] = backoff
         self.retry_at_ms[link.node_id] = self.now_ms() + backoff
 
+    def drop_links_of_removed_keys(self, extra: list[Any]) -> int:
+        """Close our data links (and ``extra``, those handed to us) whose session came
+        from a key no longer in the secret file."""
+        stale = [link for link in [*self.links.values(), *extra]
+                 if not self.keyring.holds(link.sealer)]
+        for link in stale:
+            log.warning("%s: its cluster key was removed from cluster-secret-file, closing",
+                        link.drop_notice())
+            link.close()
+        return len(stale)
+
     def close(self) -> None:
         self.closing = True
         for link in list(self.links.values()):

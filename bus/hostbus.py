@@ -80,6 +80,11 @@ handshake_buffer_bytes_max = 16 * 1024
 handshake_timeout_ms = 5000  # connect to AUTH on loopback or a LAN takes milliseconds
 inbound_links_max = 4096  # every peer host keeps one bus link to worker 0 (data links move on)
 inbound_handshakes_max = 64  # inbound links still in their handshake
+# ... of which one remote address holds at most this share. A new inbound link always
+# gets a slot: over either bound, the oldest link in handshake of the address holding
+# the most is closed (a stranger's flood churns its own links, a member's handshake,
+# done in milliseconds, gets in).
+inbound_handshakes_per_addr_max = 16
 # After the handshake: one job record (a body up to proto-max-bulk-len) or a YOURJOBS
 # batch (bodies up to 4 MB, workers/federation.py) plus its metadata.
 peer_frame_overhead_bytes = 8 << 20
@@ -361,6 +366,30 @@ class _Link(PeerLink):
         return self.reader.buffered() > 0
 
 
+class _Summary:
+    """Bus links closed before their handshake, logged at most once per
+    ``refusal_log_interval_ms`` with counts (a flood must not flood the log)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, str], int] = {}
+        self.logged_ms = -refusal_log_interval_ms
+
+    def add(self, t: int, ip: str, what: str) -> None:
+        key = (ip, what)
+        if key in self.counts or len(self.counts) < refusals_logged_max:
+            self.counts[key] = self.counts.get(key, 0) + 1
+        self.flush(t)
+
+    def flush(self, t: int) -> None:
+        if not self.counts or t - self.logged_ms < refusal_log_interval_ms:
+            return
+        self.logged_ms = t
+        for (addr, reason), n in sorted(self.counts.items(), key=lambda kv: -kv[1])[:5]:
+            log.warning("cluster bus: %d link(s) from %s %s%s", n, addr or "?", reason,
+                        "" if n == 1 else f" (in the last {refusal_log_interval_ms // 1000} s)")
+        self.counts.clear()
+
+
 class ClusterBus:
     """Membership owner and bus I/O of one host (runs in worker 0)."""
 
@@ -386,6 +415,7 @@ class ClusterBus:
         self.keyring = keyring if keyring is not None else auth.Keyring()
         self.auth_errors: dict[Node, str] = {}  # outbound links refused for the secret
         self.refusals_logged: dict[tuple[str, str], int] = {}  # (ip, reason) -> when, ms
+        self.churn = _Summary()  # handshakes closed for room or time: logged once a minute
         self.job_frames_received = 0  # JOB frames read by this process (not data links)
         # adopt_data(link, sender_worker) -> True when the link was handed to another
         # worker of this host (set by the agent; None: worker 0 reads data links itself)
@@ -496,13 +526,12 @@ class ClusterBus:
 
     def link_made(self, link: _Link) -> None:
         if link.node is None:
-            handshaking = sum(1 for other in self.inbound if not other.ready)
-            if len(self.inbound) >= inbound_links_max or handshaking >= inbound_handshakes_max:
+            if len(self.inbound) >= inbound_links_max:
                 auth.count("links_refused")
-                log.warning("cluster bus: refusing a link from %s: %d links, %d in handshake",
-                            link.peer_ip, len(self.inbound), handshaking)
+                self.churn.add(now_ms(), link.peer_ip, "refused (inbound_links_max)")
                 link.close()
                 return
+            self._room_for_handshake(link.peer_ip)
             self.inbound.add(link)
             return
         node = link.node
@@ -511,6 +540,39 @@ class ClusterBus:
         self.m.link_connected(node, now_ms())
         if link.ready:
             self._link_ready(link)
+
+    def drop_links_of_removed_keys(self) -> int:
+        """After the secret file changed: close the links whose session came from a key
+        no longer in it (they redial and authenticate with the keys there are)."""
+        stale = [link for link in [*self.inbound, *self.out.values()]
+                 if not self.keyring.holds(link.sealer)]
+        for link in stale:
+            log.warning("%s: its cluster key was removed from cluster-secret-file, closing",
+                        link.drop_notice())
+            link.close()
+        return len(stale)
+
+    def _room_for_handshake(self, ip: str) -> None:
+        """Make room for a new inbound link from ``ip``: past its address's share, or
+        with every slot taken, close the oldest link in handshake of the address that
+        holds the most (never a link done with its handshake)."""
+        by_addr: dict[str, list[_Link]] = {}
+        for other in self.inbound:
+            if not other.ready:
+                by_addr.setdefault(other.peer_ip, []).append(other)
+        total = sum(map(len, by_addr.values()))
+        mine = by_addr.get(ip, [])
+        if len(mine) >= inbound_handshakes_per_addr_max:
+            victims = mine
+        elif total >= inbound_handshakes_max:
+            victims = max(by_addr.values(), key=len)
+        else:
+            return
+        oldest = min(victims, key=lambda other: other.created_ms)
+        auth.count("links_refused")
+        self.churn.add(now_ms(), oldest.peer_ip, "closed in handshake to make room")
+        self.inbound.discard(oldest)
+        oldest.close()
 
     def _link_ready(self, link: _Link) -> None:
         """Our outbound link may carry PINGs and jobs (at once without a secret)."""
@@ -698,12 +760,13 @@ class ClusterBus:
         self._after_change_if_dirty()
 
     def _expire_handshakes(self, t: int) -> None:
+        self.churn.flush(t)
         for link in [*self.inbound, *self.out.values()]:
             if (not link.ready or not link.answered and link.node is not None) \
                     and t - link.created_ms > handshake_timeout_ms:
                 auth.count("handshake_timeouts")
-                log.warning("%s: no handshake within %d ms", link.drop_notice(),
-                            handshake_timeout_ms)
+                self.churn.add(t, link.peer_ip or link.addr[0],
+                               f"no handshake within {handshake_timeout_ms} ms")
                 link.close()
 
     def _carry_out(self, actions: list[mb.Action]) -> None:

@@ -1,8 +1,8 @@
 """The local mesh: frames between the worker processes of one host.
 
-Every worker listens on a Unix socket in the abstract namespace (nothing to
-clean up on disk, gone when the process dies) and opens one connection to every
-other worker. A worker's requests travel on its own outgoing connection and
+Every worker listens on a Unix socket in the node's private socket directory
+(``bus/peercred.py``: mode 0700, made by the supervisor) and opens one connection
+to every other worker, after checking that the listener is another worker of ours. A worker's requests travel on its own outgoing connection and
 their answers come back on it; so an owner never needs to know who is asking,
 it answers on the link the request came from.
 
@@ -70,7 +70,8 @@ handoff_state_bytes_max = 64 * 1024  # one datagram: a connection's small state
 
 
 def socket_name(port: int, node_id: str, index: int) -> str:
-    return f"\0disque-mp.{port}.{node_id[:16]}.{index}"
+    """Worker ``index``'s mesh listener, in the node's private socket directory."""
+    return peercred.local_name(port, node_id, str(index))
 
 
 # ----- reply values over the mesh -------------------------------------------
@@ -157,8 +158,8 @@ class Link(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if self.peer < 0 and not peercred.same_user(transport.get_extra_info("socket")):
-            # abstract sockets have no permissions: another local user must not run
-            # node-wide commands (a flush) through us
+            # behind the private directory, still: another local user must never
+            # run node-wide commands (a flush) through us
             bus_auth.count("local_refused")
             self.mesh.log("mesh: refusing a local connection from another user")
             transport.abort()  # type: ignore[attr-defined]
@@ -317,9 +318,8 @@ class Mesh:
         self.handler.log(text)
 
     async def start(self) -> None:
-        # uvloop rejects abstract names given as ``path`` (EINVAL): pass sockets.
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(socket_name(self.port, self.node_id, self.index))
+        peercred.bind_local(sock, socket_name(self.port, self.node_id, self.index))
         sock.listen(self.workers * 4)
         sock.setblocking(False)
         self._server = await self.loop.create_unix_server(self._incoming, sock=sock)
@@ -339,6 +339,11 @@ class Mesh:
             try:
                 sock.setblocking(False)
                 sock.connect(name)  # a local connect completes at once or fails
+                if not peercred.sibling(sock):
+                    # never send requests (client job bodies) to a stranger holding the name
+                    bus_auth.count("local_refused")
+                    self.log(f"mesh: worker {link.peer}'s socket is held by another process")
+                    raise ConnectionRefusedError(name)
                 await self.loop.create_unix_connection(lambda: link, sock=sock)
             except OSError:
                 sock.close()

@@ -10,7 +10,8 @@ Two uses, each with its own datagram socket per worker (its own ``purpose``):
   bound by ``bus.datalink.fdpass_state_bytes_max``.
 
 A datagram carries one descriptor and a small JSON object (the state). The sockets
-live in the abstract Unix namespace, which has no file permissions, so each
+live in the node's private socket directory (mode 0700, ``bus/peercred.py``), so
+no other user can bind a name a descriptor is given to; on top of that each
 receiver has the kernel attach the sender's credentials (SO_PASSCRED) and takes a
 descriptor from our own user only (``bus/peercred.py``). Every other datagram is
 dropped and every descriptor it carried closed: one from another user (counted in
@@ -44,9 +45,10 @@ _RECV_FLAGS = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
 
 
 def socket_name(port: int, node_id: str, index: int, purpose: str) -> str:
-    """The abstract name of worker ``index``'s socket for ``purpose``, a template of
-    the name's last part with ``{index}`` in it (``"{index}.fd"``)."""
-    return f"\0disque-mp.{port}.{node_id[:16]}." + purpose.format(index=index)
+    """The path of worker ``index``'s socket for ``purpose`` in the node's private
+    socket directory, a template of the name's last part with ``{index}`` in it
+    (``"{index}.fd"``)."""
+    return peercred.local_name(port, node_id, purpose.format(index=index))
 
 
 def _descriptors(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
@@ -74,7 +76,7 @@ class SocketPass:
         self.name = socket_name(port, node_id, index, purpose)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
-            self.sock.bind(self.name)
+            peercred.bind_local(self.sock, self.name)
             # the kernel then attaches the sender's pid/uid/gid to every datagram
             peercred.pass_credentials(self.sock)
             self.sock.setblocking(False)
@@ -135,7 +137,7 @@ class SocketPass:
         return state if isinstance(state, dict) else None
 
     def _label(self) -> str:
-        return f"socket passing {self.name.lstrip(chr(0))}"
+        return f"socket passing {os.path.basename(self.name)}"
 
     def close(self) -> None:
         self.loop.remove_reader(self.sock.fileno())

@@ -183,6 +183,15 @@ class Config:
     tls_auth_clients: str = "yes"  # yes | no | optional
     tls_cluster: bool = False  # bus and data links over mutual TLS (the MAC stays on top)
     tls_protocols: str = ""  # e.g. "TLSv1.2 TLSv1.3"; "" = TLS 1.2 and up
+    # security bounds (README "Security", docs/security.md): what a client may send
+    # before AUTH when requirepass is set (Redis' fixed 10 and 16 KB)
+    unauth_multibulk_len_max: int = 10
+    unauth_bulk_bytes_max: int = 16 * 1024
+    auth_failure_delay_ms: int = 100  # a connection's next command after a wrong password
+    # the HTTP endpoint: open connections on the node, and the Host names it answers
+    # besides its bound addresses and localhost (DNS rebinding)
+    http_connections_max: int = 512
+    http_allowed_hosts: str = ""
 
 
 class ConfigValueError(ValueError):
@@ -363,6 +372,13 @@ DIRECTIVES: tuple[Directive, ...] = (
        choices=("yes", "no", "optional")),
     _d("tls-cluster", "bool", False),
     _d("tls-protocols", "special", False, nargs=0),
+    # ours: security bounds (docs/security.md)
+    _d("unauth-multibulk-len-max", "int", True, "Invalid unauth-multibulk-len-max value", lo=3),
+    _d("unauth-bulk-bytes-max", "mem", True, "Invalid unauth-bulk-bytes-max value", lo=1024),
+    _d("auth-failure-delay-ms", "int", True, "Invalid auth-failure-delay-ms value",
+       lo=0, hi=10_000),
+    _d("http-connections-max", "int", True, "Invalid http-connections-max value", lo=1),
+    _d("http-allowed-hosts", "special", True, nargs=0),
 )
 BY_NAME: dict[str, Directive] = {d.name: d for d in DIRECTIVES}
 # Names Redis users know for our limit directives (same field, same units).
@@ -399,6 +415,8 @@ def _special_value(cfg: Config, d: Directive, args: list[str], at_startup: bool)
         if len(args) > bind_addresses_max:
             raise ConfigValueError("Too many bind addresses specified.")
         return " ".join(args)
+    if name == "http-allowed-hosts":
+        return " ".join(" ".join(args).split())
     if name == "tls-protocols":
         words = " ".join(args).split()
         if any(w.lower() not in ("tlsv1.2", "tlsv1.3") for w in words):

@@ -16,6 +16,7 @@ the worker's ``flush_dirty``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import time
 from collections import deque
@@ -26,6 +27,8 @@ from workers.replies import Error
 
 if TYPE_CHECKING:
     from disque_mp.node.worker import Worker
+
+log = logging.getLogger("disque_mp.node.connection")
 
 
 class PendingReply:
@@ -43,6 +46,7 @@ class ClientConn(asyncio.Protocol):
         "lib_name", "lib_ver", "id", "ctime_s", "last_cmd", "last_s", "closing",
         "waiters", "dirty", "streak_owner", "streak", "handoffs", "addr", "gone",
         "close_after_write", "soft_since_s", "unfilled", "forwarded", "out_bytes",
+        "auth_fails", "throttled",
     )
 
     def __init__(self, node: Worker, state: dict[str, Any] | None = None) -> None:
@@ -75,6 +79,8 @@ class ClientConn(asyncio.Protocol):
         self.soft_since_s = 0.0  # output over the soft limit since then (0: it is not)
         self.unfilled = 0  # deferred replies not known yet
         self.forwarded = 0  # ... of which hot commands forwarded to their owner (RAW)
+        self.auth_fails = 0  # wrong passwords given (each delays the next command)
+        self.throttled = False  # reading paused after a wrong password
         if state:
             self._restore(state)
 
@@ -102,15 +108,60 @@ class ClientConn(asyncio.Protocol):
             self.transport.pause_reading()
 
     def resume_writing(self) -> None:
-        if self.transport is not None and not self.closing:
+        if self.transport is not None and not self.closing and not self.throttled:
             self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
-        node = self.node
-        node.net_in_bytes += len(data)
+        self.node.net_in_bytes += len(data)
+        if not self.authed:
+            self._unauthed_received(data)
+            return
         cmds, error = self.parser.feed(data)
+        self._run(cmds, error)
+
+    def _unauthed_received(self, data: bytes) -> None:
+        """Before AUTH the parser holds the small bounds and gives one command at a
+        time: once one authenticates, the rest of the read is parsed with the full
+        bounds (as Redis, which parses one command, runs it, parses the next)."""
+        parser = self.parser
+        cfg = self.node.cfg  # Redis' bounds before AUTH (CVE-2021-32675)
+        parser.restrict(cfg.unauth_multibulk_len_max, cfg.unauth_bulk_bytes_max)
+        cmds, error = parser.feed(data, once=True)
+        while cmds and error is None and not self.closing:
+            fails = self.auth_fails
+            self._run(cmds, None)
+            if self.auth_fails != fails and not self.authed:
+                self._throttle()  # the rest stays in the parser
+                return
+            if self.authed:
+                parser.unrestrict()
+                cmds, error = parser.feed(b"")
+                break
+            cmds, error = parser.feed(b"", once=True)
+        self._run(cmds, error)
+
+    def _throttle(self) -> None:
+        """After a wrong password, the next command is read ``auth-failure-delay-ms``
+        later: one guess per delay and connection (Redis answers at once)."""
+        transport = self.transport
+        if transport is None:
+            return
+        self.throttled = True
+        transport.pause_reading()
+        delay_s = self.node.cfg.auth_failure_delay_ms / 1000
+        asyncio.get_running_loop().call_later(delay_s, self._unthrottle)
+
+    def _unthrottle(self) -> None:
+        self.throttled = False
+        if self.transport is None or self.closing:
+            return
+        self.transport.resume_reading()
+        self._unauthed_received(b"")  # what was read behind the wrong password
+
+    def _run(self, cmds: list[list[bytes]], error: str | None) -> None:
+        node = self.node
         if cmds:
             node.begin_batch()
             self.last_s = node.now_ms / 1000
@@ -146,6 +197,18 @@ class ClientConn(asyncio.Protocol):
         # not in a write of its own (each loopback send also wakes the client).
         if not self.closing and self.streak >= node.handoff.streak_min:
             node.handoff.consider(self)
+
+    def cross_protocol(self) -> bytes:
+        """An HTTP request line or header sent as a command (a web page making a
+        browser POST to this port): close without a reply and without running what
+        follows, as Redis does."""
+        self.closing = True
+        self.close_after_write = True
+        log.warning("Possible SECURITY ATTACK detected. It looks like somebody is sending "
+                    "POST or Host: commands to Disque. This is likely due to an attacker "
+                    "attempting to use Cross Protocol Scripting to compromise your Disque "
+                    "instance. Connection aborted. (client %s)", self.addr)
+        return b""
 
     # --- replies ---
 

@@ -45,29 +45,62 @@ class _SlowPath(Exception):
 
 
 class RequestParser:
-    """Incremental, bounded parser of client requests (multibulk and inline)."""
+    """Incremental, bounded parser of client requests (multibulk and inline).
 
-    __slots__ = ("_buf", "_chunks", "_have", "_need", "_reader", "bulk_max", "args_max",
-                 "buffer_max")
+    A multibulk cut by a read is never parsed twice: its finished arguments are
+    kept (``_args``, ``_left`` still to come, ``_held`` bytes they took) and the
+    next read resumes at the argument that was cut, so each byte is looked at
+    once however many arguments a command declares.
+
+    ``restrict`` lowers the multibulk bounds for a client that has not
+    authenticated (Redis' 10 arguments and 16 KB bulks, with its error texts);
+    ``feed(data, once=True)`` then returns one command at a time, so an AUTH takes
+    effect before the commands behind it are parsed."""
+
+    __slots__ = ("_buf", "_chunks", "_have", "_need", "_reader", "_args", "_left", "_held",
+                 "_pending", "_mb_error", "_bulk_error", "bulk_max", "args_max", "buffer_max",
+                 "inline_bulk_max", "inline_args_max")
 
     def __init__(self, bulk_max: int, args_max: int, buffer_max: int) -> None:
-        self._buf = b""  # unparsed tail: the start of a pending command
+        self._buf = b""  # unparsed tail: the start of a pending command or argument
         self._chunks: list[bytes] = []  # a big pending bulk, joined once complete
         self._have = 0
         self._need = 0
         self._reader = hiredis.Reader()
+        self._args: list[bytes] | None = None  # a pending multibulk's finished arguments
+        self._left = 0  # ... and how many are still to come
+        self._held = 0  # bytes of the pending multibulk already parsed into _args
+        self._pending = False  # any of the above: the next read resumes in Python
+        self._mb_error = "Protocol error: invalid multibulk length"
+        self._bulk_error = "Protocol error: invalid bulk length"
         self.bulk_max = bulk_max
         self.args_max = args_max
         self.buffer_max = buffer_max
+        self.inline_bulk_max = bulk_max  # inline lines keep the full bounds (as Redis)
+        self.inline_args_max = args_max
+
+    def restrict(self, args_max: int, bulk_max: int) -> None:
+        """Bounds for a client that has not authenticated yet."""
+        self.args_max = min(args_max, self.inline_args_max)
+        self.bulk_max = min(bulk_max, self.inline_bulk_max)
+        self._mb_error = "Protocol error: unauthenticated multibulk length"
+        self._bulk_error = "Protocol error: unauthenticated bulk length"
+
+    def unrestrict(self) -> None:
+        self.args_max = self.inline_args_max
+        self.bulk_max = self.inline_bulk_max
+        self._mb_error = "Protocol error: invalid multibulk length"
+        self._bulk_error = "Protocol error: invalid bulk length"
 
     def buffered(self) -> bool:
         """True when part of a command is buffered (nothing may move the socket then)."""
-        return bool(self._buf) or bool(self._chunks)
+        return self._pending
 
-    def feed(self, data: bytes) -> tuple[list[list[bytes]], str | None]:
-        """Commands complete in what was fed so far, and the error that ends the stream."""
-        if self._buf or self._chunks or data[:1] != b"*":
-            return self._feed_python(data)
+    def feed(self, data: bytes, once: bool = False) -> tuple[list[list[bytes]], str | None]:
+        """Commands complete in what was fed so far, and the error that ends the stream
+        (``once``: at most one command, the rest stays buffered)."""
+        if self._pending or once or data[:1] != b"*":
+            return self._feed_python(data, once)
         # Fast path: a read that holds only whole multibulk commands (the usual
         # case, pipelined or not) is parsed by hiredis. Anything else (a command
         # cut by the read, inline text, a bound exceeded, odd types) is parsed
@@ -109,16 +142,16 @@ class RequestParser:
                 raise _SlowPath
         except (hiredis.ProtocolError, TypeError, IndexError, _SlowPath):
             self._reader = hiredis.Reader()
-            return self._feed_python(data)
+            return self._feed_python(data, False)
         return cmds, None
 
-    def _feed_python(self, data: bytes) -> tuple[list[list[bytes]], str | None]:
+    def _feed_python(self, data: bytes, once: bool = False) -> tuple[list[list[bytes]], str | None]:
         cmds: list[list[bytes]] = []
         if self._chunks:
             self._chunks.append(data)
             self._have += len(data)
-            if self._have > self.buffer_max:
-                return cmds, "Protocol error: client query buffer over its limit"
+            if self._have + self._held > self.buffer_max:
+                return cmds, self._fail("Protocol error: client query buffer over its limit")
             if self._have < self._need:
                 return cmds, None
             data = b"".join(self._chunks)
@@ -126,80 +159,97 @@ class RequestParser:
         elif self._buf:
             data = self._buf + data
         try:
-            pos = self._parse(data, cmds)
+            pos = self._parse(data, cmds, once)
         except ProtocolError as exc:
-            self._buf = b""
-            return cmds, str(exc)
+            return cmds, self._fail(str(exc))
         rest = data[pos:] if pos else data
-        if len(rest) > self.buffer_max:
-            self._buf = b""
-            return cmds, "Protocol error: client query buffer over its limit"
+        if self._held + len(rest) > self.buffer_max:
+            return cmds, self._fail("Protocol error: client query buffer over its limit")
         if self._need > len(rest):
             self._chunks = [rest]
             self._have = len(rest)
             self._buf = b""
         else:
             self._buf = rest
+        self._pending = bool(rest) or self._args is not None or bool(self._chunks)
         return cmds, None
 
-    def _parse(self, data: bytes, cmds: list[list[bytes]]) -> int:
-        """Append complete commands; return where the pending one starts.
+    def _fail(self, error: str) -> str:
+        self._buf = b""
+        self._chunks = []
+        self._args = None
+        self._held = 0
+        self._pending = False
+        return error
 
-        One flat loop with locals only: this is the per-command hot path."""
-        pos = 0
-        n = len(data)
-        find = data.find
-        bulk_max = self.bulk_max
-        args_max = self.args_max
+    def _parse(self, data: bytes, cmds: list[list[bytes]], once: bool) -> int:
+        """Append complete commands; return where the unparsed rest starts (a pending
+        multibulk's finished arguments stay in ``_args``). One flat loop with
+        locals only: this is the per-command hot path."""
+        pos, n, find, bulk_max, append = 0, len(data), data.find, self.bulk_max, cmds.append
         self._need = 0
-        append = cmds.append
-        while pos < n:
-            if data[pos] != 42:  # not '*': an inline command
-                nl = self._inline(data, pos, cmds)
+        # a multibulk cut by the last read: resume it at ``pos`` 0
+        args, left, held = self._args, self._left, self._held
+        while True:
+            if args is None:
+                if pos >= n:
+                    break
+                if data[pos] != 42:  # not '*': an inline command
+                    nl = self._inline(data, pos, cmds)
+                    if nl < 0:
+                        break
+                    pos = nl
+                    if once and cmds:
+                        break
+                    continue
+                nl = find(b"\r\n", pos)
                 if nl < 0:
-                    return pos
-                pos = nl
-                continue
-            nl = find(b"\r\n", pos)
-            if nl < 0:
-                if n - pos > inline_line_bytes_max:
-                    raise ProtocolError("Protocol error: too big mbulk count string")
-                return pos
-            try:
-                count = int(data[pos + 1 : nl])
-            except ValueError:
-                raise ProtocolError("Protocol error: invalid multibulk length") from None
-            if count > args_max:
-                raise ProtocolError("Protocol error: invalid multibulk length")
-            p = nl + 2
-            args: list[bytes] = []
+                    if n - pos > inline_line_bytes_max:
+                        raise ProtocolError("Protocol error: too big mbulk count string")
+                    break
+                try:
+                    left = int(data[pos + 1 : nl])
+                except ValueError:
+                    raise ProtocolError("Protocol error: invalid multibulk length") from None
+                if left > self.args_max:
+                    raise ProtocolError(self._mb_error)
+                pos = nl + 2
+                args = []
+                held = 0
+            p = pos
             add = args.append
-            for _ in range(count):
+            while left > 0:
                 nl = find(b"\r\n", p)
                 if nl < 0 or data[p] != 36:  # no line yet, or not '$'
                     if p < n and data[p] != 36:
                         raise ProtocolError(f"Protocol error: expected '$', got '{chr(data[p])}'")
                     if n - p > inline_line_bytes_max:
                         raise ProtocolError("Protocol error: too big bulk count string")
-                    return pos
+                    break
                 try:
                     size = int(data[p + 1 : nl])
                 except ValueError:
                     raise ProtocolError("Protocol error: invalid bulk length") from None
                 if not 0 <= size <= bulk_max:
-                    raise ProtocolError("Protocol error: invalid bulk length")
-                p = nl + 2 + size
-                if p + 2 > n:
-                    if p + 2 - pos >= big_bulk_bytes_min:
-                        self._need = p + 2 - pos
-                    return pos
-                add(data[nl + 2 : p])
-                p += 2
+                    raise ProtocolError(self._bulk_error)
+                end = nl + 2 + size
+                if end + 2 > n:
+                    if end + 2 - p >= big_bulk_bytes_min:
+                        self._need = end + 2 - p
+                    break
+                add(data[nl + 2 : end])
+                p = end + 2
+                left -= 1
+            if left > 0:  # cut by the read: keep what is parsed, resume at ``p``
+                self._args, self._left, self._held = args, left, held + p - pos
+                return p
             if args:  # `*0` and `*-1` are ignored, as in Redis
                 append(args)
-            pos = p
+            args, pos = None, p
+            if once and cmds:
+                break
+        self._args, self._held = None, 0
         return pos
-
     def _inline(self, data: bytes, pos: int, cmds: list[list[bytes]]) -> int:
         """Parse one inline line; where the next command starts, or -1 (incomplete)."""
         nl = data.find(b"\n", pos)
@@ -208,11 +258,11 @@ class RequestParser:
                 raise ProtocolError("Protocol error: too big inline request")
             return -1
         args = split_inline(data[pos:nl].rstrip(b"\r"))
-        if len(args) > self.args_max:
+        if len(args) > self.inline_args_max:
             raise ProtocolError("Protocol error: invalid multibulk length")
         if args:
             # an inline line is at most 64 KB, but proto-max-bulk-len may be set lower
-            if max(map(len, args)) > self.bulk_max:
+            if max(map(len, args)) > self.inline_bulk_max:
                 raise ProtocolError("Protocol error: invalid bulk length")
             cmds.append(args)
         return nl + 1

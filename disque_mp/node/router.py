@@ -114,10 +114,13 @@ class Router:
         return encode(reply, conn.resp3)
 
     def _unknown(self, conn: ClientConn, cmd: list[bytes]) -> bytes:
-        if cmd[0].lower() == b"quit":
+        name = cmd[0].lower()
+        if name == b"quit":
             conn.closing = True
             conn.close_after_write = True
             return b"+OK\r\n"
+        if name == b"post" or name == b"host:":
+            return conn.cross_protocol()
         return encode(err_unknown(cmd[0].decode("utf-8", "replace")))
 
     # ------------------------------------------------------------------ accounting

@@ -39,7 +39,7 @@ from typing import Any
 
 import multiprocess
 
-from bus import nodes_conf
+from bus import nodes_conf, peercred
 from bus.durable import write_atomic
 from disque_mp import __version__, compiled
 from disque_mp.node import config, sdnotify
@@ -110,6 +110,7 @@ class Supervisor:
         self.lock_fd = -1
         self.wake_r, self.wake_w = -1, -1
         self.pidfile_written = ""
+        self.socket_dir = ""
         self.watchdog_s = sdnotify.watchdog_interval_s()
         self.watchdog_due = 0.0
 
@@ -139,6 +140,7 @@ class Supervisor:
                         ", ".join(build["stale"]))
         log.info("Shard modules: %s", compiled.summary())
         self._lock_dir()
+        self._make_socket_dir()
         self._load_identity()
         self._raise_fd_limit()
         self._write_pidfile()
@@ -162,6 +164,15 @@ class Supervisor:
                     "is already used by a different disque-mp node. Please make sure that "
                     "different nodes use different dirs.")
             time.sleep(0.05)
+
+    def _make_socket_dir(self) -> None:
+        """The workers' local sockets live in a fresh directory only our uid can
+        enter (bus/peercred.py): no other local user can bind their names."""
+        try:
+            self.socket_dir = peercred.make_socket_dir()
+        except OSError as e:
+            raise StartupError(f"Can't create the local socket directory: {e.strerror}") from None
+        log.log(VERBOSE, "Local sockets in %s", self.socket_dir)
 
     def _load_identity(self) -> None:
         ip = self.cfg.bind.split()[0] if self.cfg.bind else "127.0.0.1"
@@ -469,6 +480,8 @@ class Supervisor:
         finally:  # also on a bug in the loop: never leave workers behind
             self.shutdown()
             self._remove_pidfile()
+            if self.socket_dir:
+                peercred.remove_socket_dir(self.socket_dir)
         log.info("disque-mp is now ready to exit, bye bye...")
         return code
 
@@ -532,11 +545,14 @@ def _load_worker_target() -> Callable[..., None]:
 
 def run(cfg: Config) -> int:
     """Entry point from the CLI: prepare, fork the workers, serve until stopped."""
+    sup: Supervisor | None = None
     try:
         target = _load_worker_target()  # import once, before forking: children share it
         sup = Supervisor(cfg, target)
         sup.prepare()
     except StartupError as e:
+        if sup is not None and sup.socket_dir:
+            peercred.remove_socket_dir(sup.socket_dir)
         if logging.getLogger().handlers:
             log.warning("%s", e)
         print(f"disque-mp: {e}", file=sys.stderr)

@@ -113,8 +113,9 @@ _INT_OPTIONS = {  # name -> (minimum, what it is)
     "max_jobs_per_batch": (1, "jobs"),
     "num_partitions": (1, "partitions"),
 }
-_BOOL_OPTIONS = ("async", "heartbeat", "fast_ack", "prefetch", "route_to_owner")
-_STR_OPTIONS = ("nodes", "queue", "queue_column", "body_column", "report_file", "states")
+_BOOL_OPTIONS = ("async", "heartbeat", "fast_ack", "prefetch", "route_to_owner", "tls")
+_STR_OPTIONS = ("nodes", "queue", "queue_column", "body_column", "report_file", "states",
+                "tls_ca_cert_file", "tls_cert_file", "tls_key_file")
 JOB_STATES = ("wait-repl", "active", "queued", "acked")
 KNOWN_OPTIONS = frozenset(_INT_OPTIONS) | frozenset(_BOOL_OPTIONS) | frozenset(_STR_OPTIONS)
 
@@ -143,9 +144,26 @@ class Options:
     route_to_owner: bool = False  # clients send job commands to the owning worker's port
     report_file: str | None = None
     states: list[str] = field(default_factory=list)
+    # TLS to the nodes' tls-port (give those ports in nodes): the CA that signed the
+    # nodes' certificates, and our own certificate when they ask for one
+    tls: bool = False
+    tls_ca_cert_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
 
     def nodes_text(self) -> str:
         return ",".join(f"{h}:{p}" for h, p in self.nodes)
+
+    def redis_kwargs(self) -> dict[str, Any]:
+        """What every client of this source passes to redis-py: TLS when asked."""
+        if not self.tls:
+            return {}
+        return {"ssl": True, "ssl_ca_certs": self.tls_ca_cert_file,
+                "ssl_certfile": self.tls_cert_file, "ssl_keyfile": self.tls_key_file}
+
+    def client(self, nodes: list[tuple[str, int]] | None = None, **kw: Any) -> Disque:
+        return Disque(self.nodes if nodes is None else nodes, redis_kwargs=self.redis_kwargs(),
+                      **kw)
 
     def addjob_options(self) -> dict[str, Any]:
         return {"replicate": self.replicate, "retry": self.retry, "ttl": self.ttl,
@@ -193,6 +211,8 @@ def parse_options(raw: Mapping[str, str]) -> Options:
     opts.queue_column = given.get("queue_column")
     opts.body_column = given.get("body_column", "body")
     opts.report_file = given.get("report_file")
+    for name in ("tls_ca_cert_file", "tls_cert_file", "tls_key_file"):
+        setattr(opts, name, given.get(name))
     opts.states = [s.strip() for s in given.get("states", "").split(",") if s.strip()]
     bad_states = [s for s in opts.states if s not in JOB_STATES]
     if bad_states:
@@ -210,7 +230,7 @@ def parse_options(raw: Mapping[str, str]) -> Options:
 
 def check_reachable(opts: Options) -> None:
     """Fail planning early, on the driver, when no listed node answers HELLO."""
-    client = Disque(opts.nodes, connect_timeout=3.0, socket_timeout=10.0)
+    client = opts.client(connect_timeout=3.0, socket_timeout=10.0)
     try:
         client.connect()
     except DisqueError as exc:
@@ -315,7 +335,7 @@ def _write_rows(plan: WritePlan, rows: Iterator[Any]) -> WriteReport:
     opts = plan.opts
     default_queue = opts.queues[0] if opts.queues else None
     add_options = opts.addjob_options()
-    client = Disque(opts.nodes, route_to_owner=opts.route_to_owner)
+    client = opts.client(route_to_owner=opts.route_to_owner)
     written = 0
     batch: list[list[Any]] = []
     try:
@@ -397,7 +417,7 @@ def _snapshot_rows(opts: Options) -> Iterator[tuple[Any, ...]]:
     """Every job of the queues on every listed node, each ID once (first node wins)."""
     seen: set[str] = set()
     for address in opts.nodes:
-        client = Disque([address])
+        client = opts.client([address])
         try:
             for queue in opts.queues:
                 for job in client.iter_jobs(queue=queue, states=opts.states, reply_all=True):
@@ -461,7 +481,7 @@ class StreamState:
     def __init__(self, opts: Options) -> None:
         self.opts = opts
         # HELLO, QLEN, and ACKs whose node is gone
-        self.client = Disque(opts.nodes, route_to_owner=opts.route_to_owner)
+        self.client = opts.client(route_to_owner=opts.route_to_owner)
         self.take_lock = threading.Lock()  # one taker at a time: latestOffset or prefetcher
         # written under take_lock (entries are only added):
         self.node_clients: dict[Address, Disque] = {}  # one per node HELLO lists
@@ -504,7 +524,7 @@ class StreamState:
             for node in self.client.hello().nodes:
                 address = (node.host, node.port)
                 if address not in self.node_clients:
-                    self.node_clients[address] = Disque(
+                    self.node_clients[address] = self.opts.client(
                         [address], failover_attempts=0, follow_priority=False,
                         route_to_owner=self.opts.route_to_owner)
         nodes = list(self.node_clients.items())
@@ -722,11 +742,13 @@ class StreamState:
             client.close()
 
 
-def queued_in_cluster(client: Disque, queues: list[str]) -> int:
+def queued_in_cluster(client: Disque, queues: list[str], opts: Options | None = None) -> int:
     """QLEN summed over every node HELLO lists (a job is queued on one node at a time)."""
     total = 0
     for node in client.hello().nodes:
-        other = Disque([(node.host, node.port)], connect_timeout=2.0, socket_timeout=10.0)
+        address = [(node.host, node.port)]
+        other = opts.client(address, connect_timeout=2.0, socket_timeout=10.0) \
+            if opts is not None else Disque(address, connect_timeout=2.0, socket_timeout=10.0)
         try:
             total += sum(other.qlen(q) for q in queues)
         except DisqueError as exc:  # unreachable: its jobs wait for the next run
@@ -774,7 +796,7 @@ class DisqueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         """The query ends after taking as many jobs as are queued now, cluster-wide."""
         state = self._live()
-        state.available_now_left = queued_in_cluster(state.client, self.opts.queues)
+        state.available_now_left = queued_in_cluster(state.client, self.opts.queues, self.opts)
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         rows = self._live().rows(int(start.get("seq", 0)), int(end.get("seq", 0)))

@@ -7,13 +7,14 @@ import array
 import asyncio
 import os
 import socket
+import stat
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 import pytest
 
-from bus import auth
+from bus import auth, peercred
 from bus.datalink import FDPASS_PURPOSE
 from bus.mesh import HANDOFF_PURPOSE
 from bus.sockpass import SocketPass, socket_name
@@ -26,7 +27,7 @@ Scenario = Callable[[SocketPass, SocketPass, Received, asyncio.Queue[None]], Awa
 
 
 def _run(scenario: Scenario) -> Received:
-    """Workers 0 and 1 of a node of its own (a random ID: abstract names are host-wide),
+    """Workers 0 and 1 of a node of its own (a random ID: names are per node),
     ``scenario(sender, receiver, received, arrivals)`` in one event loop."""
     received: Received = []
 
@@ -67,11 +68,14 @@ def _closed_by_receiver(mine: socket.socket) -> bool:
     return mine.recv(16) == b""
 
 
-def test_names_of_both_uses_are_unchanged() -> None:
+def test_names_of_both_uses_live_in_the_private_directory() -> None:
     node_id = "ab" * 20
-    assert socket_name(7711, node_id, 3, HANDOFF_PURPOSE) == f"\0disque-mp.7711.{node_id[:16]}.3.fd"
+    where = peercred.socket_dir()
+    st = os.stat(where)
+    assert st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700
+    assert socket_name(7711, node_id, 3, HANDOFF_PURPOSE) == f"{where}/7711.{node_id[:16]}.3.fd"
     assert socket_name(7711, node_id, 3, FDPASS_PURPOSE) == \
-        f"\0disque-mp.7711.{node_id[:16]}.cluster.fd.3"
+        f"{where}/7711.{node_id[:16]}.cluster.fd.3"
 
 
 def test_a_socket_and_its_state_arrive_and_work() -> None:

@@ -218,8 +218,8 @@ def test_bad_requests_get_an_error_and_the_node_keeps_serving(node: NodeProc) ->
     chunked = b"POST /api/queues/x/pause HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
     assert raw_http(hp(node), chunked).startswith(b"HTTP/1.1 501 ")
     # two pipelined requests on one keep-alive connection: two answers, in order
-    two = (b"GET /api/overview HTTP/1.1\r\nHost: x\r\n\r\n"
-           b"GET /api/nothing HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    two = (b"GET /api/overview HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+           b"GET /api/nothing HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
     out = raw_http(hp(node), two)
     assert out.startswith(b"HTTP/1.1 200 ") and b"HTTP/1.1 404 " in out
     assert get(hp(node), "/api/overview").status == 200

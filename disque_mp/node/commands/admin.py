@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 import platform
 import signal
@@ -22,10 +23,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from bus import mesh as meshmod
+from bus.auth import STATS as auth_stats
 from bus.mesh import unpack
 from disque_mp.node import config as configmod
 from disque_mp.node.resp import encode
 from workers.replies import ERR_SYNTAX, OK, PENDING, Error, Status
+
+log = logging.getLogger("disque_mp.node.admin")
 
 if TYPE_CHECKING:
     from disque_mp.node.connection import ClientConn
@@ -160,6 +164,7 @@ def cmd_auth(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
         if cmd[1] != b"default" or (w.cfg.requirepass and not _password_ok(w, cmd[2])):
             # Redis 6's form keeps the connection as it was (without requirepass every
             # connection is, and stays, authenticated)
+            _auth_failed(conn)
             return Error("WRONGPASS invalid username-password pair or user is disabled.")
         conn.authed = True
         return OK
@@ -167,9 +172,17 @@ def cmd_auth(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
         return Error("ERR Client sent AUTH, but no password is set")
     if not _password_ok(w, cmd[1]):
         conn.authed = False
+        _auth_failed(conn)
         return Error("ERR invalid password")
     conn.authed = True
     return OK
+
+
+def _auth_failed(conn: ClientConn) -> None:
+    """Counted (INFO acl_access_denied_auth); the connection reads its next command
+    only after ``auth-failure-delay-ms`` (connection.py), so guessing is slow."""
+    auth_stats["client_auth_failures"] += 1
+    conn.auth_fails += 1
 
 
 def _password_ok(w: NodeView, given: bytes) -> bool:
@@ -180,7 +193,7 @@ def cmd_hello(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
     if len(cmd) == 1:
         if not conn.authed:
             return Error("NOAUTH Authentication required.")
-        return _disque_hello(w)
+        return _tls_ports(w, conn, _disque_hello(w))
     try:
         proto = int(cmd[1])
     except ValueError:
@@ -206,6 +219,7 @@ def _hello_options(w: NodeView, conn: ClientConn, opts: list[bytes]) -> Error | 
         if opt == b"auth" and len(opts) - i >= 3:
             if opts[i + 1] != b"default" or not w.cfg.requirepass \
                     or not _password_ok(w, opts[i + 2]):
+                _auth_failed(conn)
                 return Error("WRONGPASS invalid username-password pair or user is disabled.")
             conn.authed = True
             i += 3
@@ -226,6 +240,19 @@ def _disque_hello(w: NodeView) -> Any:
         return cmd_cluster.hello(w.agent)
     me = w.node_id
     return [1, me, [me, "", str(w.cfg.port), "1"]]
+
+
+def _tls_ports(w: NodeView, conn: ClientConn, reply: Any) -> Any:
+    """A client on the TLS port fails over to TLS ports: each node's port moved by
+    this node's offset between ``port`` and ``tls-port`` (the nodes of a TLS
+    cluster keep the same offset; the bus does not carry TLS ports)."""
+    transport = conn.transport
+    if not w.cfg.tls_port or transport is None \
+            or transport.get_extra_info("ssl_object") is None:
+        return reply
+    offset = w.cfg.tls_port - w.cfg.port
+    return [*reply[:2], *([node_id, ip, str(int(port) + offset), *rest]
+                          for node_id, ip, port, *rest in reply[2:])]
 
 
 def _valid_name(name: bytes) -> bool:
@@ -479,6 +506,8 @@ def _info_stats(w: NodeView, conn: ClientConn, parts: list[Any]) -> list[tuple[s
             ("instantaneous_input_kbps", f"{sum(p['in_kbps'] for p in parts):.2f}"),
             ("instantaneous_output_kbps", f"{sum(p['out_kbps'] for p in parts):.2f}"),
             ("rejected_connections", _sum(parts, "rejected")), ("latest_fork_usec", 0),
+            ("acl_access_denied_auth",
+             sum(int((p.get("bus") or {}).get("client_auth_failures", 0)) for p in parts)),
             *_bus_security_stats(parts)]
 
 
@@ -569,7 +598,18 @@ def cmd_config(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
     return ERR_CONFIG
 
 
+ERR_SECRET_OFF = Error(
+    "ERR cluster-secret-file: the cluster bus authenticates with this secret; it cannot be "
+    "turned off at runtime (remove it from the config file and restart every node)")
+
+
 def _apply_config(w: NodeView, name: str, value: str) -> Any:
+    if name == "cluster-secret-file" and not value and w.agent is not None \
+            and w.agent.keyring.enabled:
+        # a web page or a stolen password must not open the bus with one command
+        log.warning("CONFIG SET cluster-secret-file \"\" refused: the cluster secret "
+                    "stays on while the node runs")
+        return ERR_SECRET_OFF
     err = configmod.config_set(w.cfg, name, value)
     if err is not None:
         return Error("ERR " + err)

@@ -179,7 +179,7 @@ def _int_param(req: Request, name: str, default: int, hi: int) -> int:
     values = urllib.parse.parse_qs(req.query).get(name)
     if not values:
         return min(default, hi)
-    if not values[0].isdigit():
+    if not (values[0].isascii() and values[0].isdigit()):  # "\xb2".isdigit() holds
         raise ApiError(400, f"{name} must be a non-negative integer")
     return min(int(values[0]), hi)
 

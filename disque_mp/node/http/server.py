@@ -9,7 +9,11 @@ less code than adapting one, with nothing new to install.
 Requests are read up to ``http-request-bytes-max`` (line, headers and body);
 keep-alive and pipelined requests are answered in order, one at a time. With
 ``requirepass`` set, every path wants HTTP basic auth with that password (any
-user name). An ``ssl.SSLContext`` makes it HTTPS.
+user name), checked on the request head: a request without it is answered 401
+and closed before its body is read. The ``Host`` header must name a bound
+address, ``localhost`` or a name of ``http-allowed-hosts`` (a DNS-rebinding page
+names its own domain), and at most ``http-connections-max`` connections are open
+on the node. An ``ssl.SSLContext`` makes it HTTPS.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import asyncio
 import base64
 import binascii
 import hmac
+import ipaddress
 import logging
 import ssl
 from typing import TYPE_CHECKING, Any
@@ -34,7 +39,8 @@ keepalive_idle_s = 60.0  # an idle keep-alive connection is closed after this
 linger_s = 2.0  # after an error answer, input is drained this long before closing
 REASONS = {200: "OK", 204: "No Content", 400: "Bad Request", 401: "Unauthorized",
            404: "Not Found", 405: "Method Not Allowed", 409: "Conflict",
-           411: "Length Required", 413: "Content Too Large", 500: "Internal Server Error",
+           403: "Forbidden", 411: "Length Required", 413: "Content Too Large",
+           500: "Internal Server Error",
            415: "Unsupported Media Type", 501: "Not Implemented", 503: "Service Unavailable"}
 
 
@@ -90,8 +96,44 @@ def parse_head(head: bytes) -> tuple[str, str, dict[str, str]]:
         name, sep, value = line.partition(":")
         if not sep or not name or name != name.strip():
             raise BadRequest(400, "bad header line")
-        headers[name.lower()] = value.strip()
+        name = name.lower()
+        if name in _SINGLE_HEADERS and name in headers:  # request smuggling's tool
+            raise BadRequest(400, f"more than one {name} header")
+        headers[name] = value.strip()
     return parts[0], parts[1], headers
+
+
+_SINGLE_HEADERS = frozenset(("content-length", "host", "authorization", "transfer-encoding"))
+_WILDCARDS = frozenset(("0.0.0.0", "::", "*", ""))
+
+
+def content_length(headers: dict[str, str]) -> int:
+    text = headers.get("content-length", "0")
+    if not (text.isascii() and text.isdigit()) or len(text) > 18:  # "\xb2".isdigit() holds
+        raise BadRequest(400, "bad Content-Length")
+    return int(text)
+
+
+def host_allowed(host: str, cfg: Any) -> bool:
+    """The Host header names this node: an address it is bound to (any address when
+    bound to a wildcard), ``localhost``, or a name of ``http-allowed-hosts``."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        name = host[1:host.find("]")] if "]" in host else ""
+    else:
+        name, _, port = host.rpartition(":")
+        if not name or not port.isdigit():
+            name = host
+    if not name:
+        return False
+    if name == "localhost" or name in str(cfg.http_allowed_hosts).lower().split():
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False  # a domain name we were not told about: a rebinding page's
+    binds = str(cfg.http_bind).split() or ["0.0.0.0"]
+    return any(b in _WILDCARDS for b in binds) or name in binds
 
 
 def authorized(header: str, password: str) -> bool:
@@ -110,6 +152,8 @@ def authorized(header: str, password: str) -> bool:
 class HttpConn(asyncio.Protocol):
     """One HTTP connection: requests parsed from ``buf`` and answered in order."""
 
+    open_count = 0  # this worker's open HTTP connections (http-connections-max)
+
     def __init__(self, w: NodeView, handle: Any) -> None:
         self.w = w
         self.handle = handle  # async (NodeView, Request) -> Response
@@ -118,13 +162,24 @@ class HttpConn(asyncio.Protocol):
         self.busy = False
         self.closing = False
         self.idle: asyncio.TimerHandle | None = None
+        self.counted = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self._arm_idle()
+        cfg = self.w.cfg
+        # a share of the node's bound per worker, as maxclients
+        if HttpConn.open_count * max(1, cfg.workers) >= cfg.http_connections_max:
+            self._fail(503, "too many HTTP connections (http-connections-max)")
+            return
+        HttpConn.open_count += 1
+        self.counted = True
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        if self.counted:
+            HttpConn.open_count -= 1
+            self.counted = False
         if self.idle is not None:
             self.idle.cancel()
 
@@ -161,16 +216,14 @@ class HttpConn(asyncio.Protocol):
             return
         try:
             method, target, headers = parse_head(bytes(self.buf[:end]))
+            self._check_head(headers)
             if "transfer-encoding" in headers:
                 raise BadRequest(501, "chunked request bodies are not supported")
-            length_text = headers.get("content-length", "0")
-            if not length_text.isdigit():
-                raise BadRequest(400, "bad Content-Length")
-            length = int(length_text)
+            length = content_length(headers)
             if end + 4 + length > limit:
                 raise BadRequest(413, "request too large (http-request-bytes-max)")
         except BadRequest as e:
-            self._fail(e.status, str(e))
+            self._fail(e.status, str(e), _CHALLENGE if e.status == 401 else None)
             return
         if len(self.buf) < end + 4 + length:
             return  # the body is still coming
@@ -201,17 +254,26 @@ class HttpConn(asyncio.Protocol):
         self.transport.resume_reading()
         self._next()
 
+    def _check_head(self, headers: dict[str, str]) -> None:
+        """Host and credentials, on the head: no body is read for a request refused."""
+        cfg = self.w.cfg
+        host = headers.get("host")  # browsers always send one; curl -0 and scripts may not
+        if host is not None and not host_allowed(host, cfg):
+            raise BadRequest(403, "Host not served here (http-allowed-hosts)")
+        password = cfg.requirepass
+        if password and not authorized(headers.get("authorization", ""), password):
+            raise BadRequest(401, "authentication required")
+
     async def _answer(self, req: Request) -> Response:
-        password = self.w.cfg.requirepass
+        password = self.w.cfg.requirepass  # CONFIG SET between head and answer
         if password and not authorized(req.headers.get("authorization", ""), password):
             from disque_mp.node.http.api import error
 
-            return error(401, "authentication required",
-                         {"WWW-Authenticate": 'Basic realm="disque-mp", charset="UTF-8"'})
+            return error(401, "authentication required", _CHALLENGE)
         resp: Response = await self.handle(self.w, req)
         return resp
 
-    def _fail(self, status: int, text: str) -> None:
+    def _fail(self, status: int, text: str, headers: dict[str, str] | None = None) -> None:
         """Answer a request we will not serve, then close. The rest of what the client
         sends is read and dropped for up to ``linger_s``: closing a socket with unread
         input sends a reset, which can destroy the answer before the client reads it."""
@@ -221,7 +283,7 @@ class HttpConn(asyncio.Protocol):
         transport = self.transport
         if transport is None:
             return
-        transport.write(error(status, text).encode(False))
+        transport.write(error(status, text, headers).encode(False))
         if transport.can_write_eof():
             transport.write_eof()
             if self.idle is not None:
@@ -232,6 +294,9 @@ class HttpConn(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         return False  # the client is done sending: close
+
+
+_CHALLENGE = {"WWW-Authenticate": 'Basic realm="disque-mp", charset="UTF-8"'}
 
 
 def ssl_context(cfg: Any) -> ssl.SSLContext | None:
