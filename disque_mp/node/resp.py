@@ -339,8 +339,6 @@ CRLF: Final = b"\r\n"
 NULL_BULK2: Final = b"$-1\r\n"
 NULL_ARRAY2: Final = b"*-1\r\n"
 NULL3: Final = b"_\r\n"
-OK_REPLY: Final = b"+OK\r\n"
-PONG_REPLY: Final = b"+PONG\r\n"
 
 
 def encode(value: Any, resp3: bool = False) -> bytes:

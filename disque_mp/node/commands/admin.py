@@ -461,13 +461,6 @@ def _info_clients(w: NodeView, conn: ClientConn, parts: list[Any]) -> list[tuple
             ("client_biggest_input_buf", 0), ("blocked_clients", _sum(parts, "blocked"))]
 
 
-def _human(n: int) -> str:
-    for unit, size in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.2f}{unit}"
-    return f"{n}B"
-
-
 def _info_memory(w: NodeView, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
     from disque_mp.node import memory
 
