@@ -244,18 +244,21 @@ class ClusterAgent:
     # ---- API for any worker -----------------------------------------------------------
 
     def send(self, node_id: str, kind: str, slot: int, meta: dict[str, Any],
-             bodies: list[bytes] | None = None) -> None:
+             bodies: list[bytes] | None = None) -> bool:
         """Put a job message on the bus (a shard's ``Send`` effect). Best effort:
-        dropped when worker 0 or the peer is not reachable right now."""
+        dropped when worker 0 or the peer is not reachable right now. False when it
+        was dropped here (no link to the node on worker 0; no direct data link and
+        no local link to worker 0 elsewhere): the caller may undo what the message
+        was to carry (a YOURJOBS' jobs go back to their queue)."""
         if self.bus is not None:
-            self.bus.send(node_id, kind, slot, meta, bodies)
-            return
+            return self.bus.send(node_id, kind, slot, meta, bodies) > 0
         direct = self.data_out.usable(node_id) if self.data_out is not None else None
         if direct is not None and direct.write(
                 frames.encode(K_JOB, {"k": kind, "s": slot, "m": meta}, bodies or ())):
-            return
+            return True
         if self.to_owner is not None:
-            self.to_owner.write(mesh_bus_out(node_id, kind, slot, meta, bodies or []))
+            return self.to_owner.write(mesh_bus_out(node_id, kind, slot, meta, bodies or []))
+        return False
 
     def command(self, args: list[bytes], done: Done) -> None:
         """Run a CLUSTER command on worker 0; ``done(reply)`` gets the answer (at

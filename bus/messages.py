@@ -138,6 +138,10 @@ def _setack(slot: int, inner: dict[str, Any], bodies: list[bytes]) -> None:
     _about_job(slot, inner, bodies)
     if not _int(inner.get("m"), 0, u32_max):
         raise BadMessage("bad SETACK count")
+    nodes = inner.get("d", [])  # the sender's node list (optional: the spec sends a count)
+    if type(nodes) is not list or len(nodes) > node_list_max \
+            or not all(isinstance(n, str) and is_node_id(n) for n in nodes):
+        raise BadMessage("bad SETACK node list")
 
 
 def _gotack(slot: int, inner: dict[str, Any], bodies: list[bytes]) -> None:

@@ -20,7 +20,7 @@ WILLQUEUE  {"j": id}
 QUEUED     {"j": id[, "f": 2|4 (increment nacks|deliveries)]
             [, "w": ms (NACK DELAY), "dl": 1 (moved to dead:<queue>)]}
 WORKING    {"j": id}
-SETACK     {"j": id, "m": may-have}
+SETACK     {"j": id, "m": may-have[, "d": [node, ...]]}
 GOTACK     {"j": id, "k": 0|1 (known)}
 DELJOB     {"j": id}
 NEEDJOBS   {"c": count}                           [queue name]
@@ -119,6 +119,14 @@ def union(a: tuple[str, ...], b: tuple[str, ...] | list[str]) -> tuple[str, ...]
     if all(n in a for n in b):
         return a
     return tuple(dict.fromkeys((*a, *b)))
+
+
+def merge_nodes(job: Job, nodes: tuple[str, ...] | list[str]) -> None:
+    """Add a peer's node list to ``job.delivered``, unless the record would then name
+    more nodes than it can encode (no real cluster comes near: a broken peer)."""
+    merged = union(job.delivered, nodes)
+    if len(merged) + len(job.confirmed) <= job_nodes_max:
+        job.delivered = merged
 
 
 class ReplWait:
@@ -424,20 +432,38 @@ class ClusterOps:
                       now_ms: int) -> None:
         job = self._job_of(meta)
         if job is None:
+            self._setack_if_gone(sender, meta, now_ms)
             return
         job.delivered = union(job.delivered, (sender,))
         if job.state == QUEUED:
             self._send_job(self._others(job), "QUEUED", job)
         elif job.state == ACKED:
-            self._send_job([sender], "SETACK", job, {"j": job.id, "m": len(job.delivered)})
+            self._send_job([sender], "SETACK", job, self._setack_meta(job))
+
+    def _setack_if_gone(self: Shard, sender: str, meta: dict[str, Any], now_ms: int) -> None:
+        """A holder is about to queue (or queued) a job we saw acknowledged or deleted
+        cluster-wide: tell it, so that it acks its copy and runs the GC over the nodes
+        it knows (a copy the GC we took part in did not reach)."""
+        jid = meta["j"]
+        if self._gone and type(jid) is str and self._is_gone(jid, now_ms):
+            self._send(sender, "SETACK", slot_of_job_id(jid), {"j": jid, "m": 0})
+
+    def _setack_meta(self: Shard, job: Job) -> dict[str, Any]:
+        """SETACK's meta: the count the spec asks for, and the nodes themselves, so that
+        a receiver that knows a node we do not runs the GC itself (equal counts of
+        different node lists would otherwise confirm a GC that misses a copy)."""
+        return {"j": job.id, "m": len(job.delivered), "d": list(job.delivered)}
 
     def _on_queued(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
                    now_ms: int) -> None:
         job = self._job_of(meta)
-        if job is None or job.state == WAIT_REPL:
+        if job is None:
+            self._setack_if_gone(sender, meta, now_ms)
+            return
+        if job.state == WAIT_REPL:
             return
         if job.state == ACKED:
-            self._send_job([sender], "SETACK", job, {"j": job.id, "m": len(job.delivered)})
+            self._send_job([sender], "SETACK", job, self._setack_meta(job))
             return
         job.delivered = union(job.delivered, (sender,))
         incr = meta.get("f", 0)
@@ -517,17 +543,16 @@ class ClusterOps:
         if not job.delivered:
             self._send("*", "SETACK", slot_of_job_id(job.id), {"j": job.id, "m": 0})
         else:
-            may_have = len(job.delivered)
             conf = job.confirmed
             todo = [n for n in job.delivered if n != self.node_id and n not in conf]
-            if not todo and all(n in conf for n in job.delivered):
-                # Every holder already confirmed (a dummy ACK that learnt its holders
-                # later): the GC is complete.
+            if not todo:
+                # Every other holder already confirmed (a dummy ACK that learnt its
+                # holders later, ourselves among them or not): the GC is complete.
                 self._send_job(self._others(job), "DELJOB", job)
                 self._unregister(job, now_ms)
                 self._remember_gone(job.id, now_ms)
                 return
-            self._send_job(todo, "SETACK", job, {"j": job.id, "m": may_have})
+            self._send_job(todo, "SETACK", job, self._setack_meta(job))
         self._arm_gc(job, now_ms)
 
     def _arm_gc(self: Shard, job: Job, now_ms: int) -> bool:
@@ -570,14 +595,23 @@ class ClusterOps:
             if type(jid) is str and len(jid) == 40:
                 self._remember_gone(jid, now_ms)  # acked elsewhere before its copy came
             return
-        n = len(job.delivered)
+        nodes = meta.get("d")
         if may_have == 0:
             self._send(sender, "GOTACK", slot, {"j": jid, "k": 1})
             self._start_gc(job, now_ms)
-        elif n <= may_have:
+        elif nodes is None:  # a count only (spec): compare counts
+            if len(job.delivered) <= may_have:
+                self._send(sender, "GOTACK", slot, {"j": jid, "k": 1})
+            else:
+                self._start_gc(job, now_ms)  # we know more holders: we run the GC
+        elif all(n in nodes for n in job.delivered):
             self._send(sender, "GOTACK", slot, {"j": jid, "k": 1})
         else:
-            self._start_gc(job, now_ms)  # we know more holders: we run the GC
+            # We know a node the sender does not: we run the GC over both lists (the
+            # sender has the job acked, so it counts as confirmed).
+            merge_nodes(job, nodes)
+            job.confirmed = union(job.confirmed, (sender,))
+            self._start_gc(job, now_ms)
 
     def _on_gotack(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
                    now_ms: int) -> None:
@@ -598,7 +632,8 @@ class ClusterOps:
         if known or sender in job.delivered:
             job.delivered = union(job.delivered, (sender,))
             job.confirmed = union(job.confirmed, (sender,))
-            if all(n in job.confirmed for n in job.delivered):
+            me, conf = self.node_id, job.confirmed
+            if all(n in conf or n == me for n in job.delivered):  # we hold it acked
                 self._send_job(self._others(job), "DELJOB", job)
                 self._unregister(job, now_ms)
                 self._remember_gone(job.id, now_ms)
@@ -770,14 +805,21 @@ class ClusterOps:
                 touched.append(q)
             old = self.lookup(job.id)
             if old is not None:
+                # The sender's list too: a node it gave the job to must hear of the ACK.
                 old.delivered = union(old.delivered, (sender,))
+                merge_nodes(old, job.delivered)
                 # An at-most-once job we already hold comes back: we gave it away by
                 # YOURJOBS and the node that queued it since popped it to send it, so
                 # it is queued nowhere; dropping it would lose it with no fault at all.
                 # Queue it again unless we served it to a client (a second delivery).
-                if old.state == ACTIVE and (old.retry_s or not old.flags & FLAG_DELIVERED):
+                # An at-least-once job a client of ours holds now (delivered, not
+                # acked: its RETRY runs here) is not queued again either: that client
+                # may be about to ACK it, and our own timer requeues it if not.
+                if old.state == ACTIVE and old.dtime_ms < 0 and (
+                        old.retry_s or not old.flags & FLAG_DELIVERED):
                     self._unschedule(old)
                     self._enqueue(old, q, now_ms, False)
+                    self._tell_queued(old)
                     n += 1
                 continue
             job.queue = q.name
@@ -786,6 +828,7 @@ class ClusterOps:
             job.confirmed = ()
             self._register(job)
             self._enqueue(job, q, now_ms, False)
+            self._tell_queued(job)
             if self.aof:
                 self._effects.append(AofAppend(job.to_record()))
             n += 1
@@ -799,6 +842,37 @@ class ClusterOps:
             fed.responders[sender] = now_ms
             fed.count_import(n, now_ms)
             fed.adhoc_attempt = 0  # sources answer: ask them often again
+
+    def yourjobs_unsent(self: Shard, bodies: list[bytes], now_ms: int) -> None:
+        """The worker could not write a YOURJOBS of ours (no link to the asker, nor to
+        worker 0 to relay it): its jobs left the queue when it was built. Queue again
+        each one still active here and not delivered since (the asker stays in its
+        node list: a GC asks it, it answers it does not know the job)."""
+        self._now_ms = now_ms
+        touched: list[Queue] = []
+        for rec in bodies:
+            job = _peer_job(rec)
+            old = self.lookup(job.id) if job is not None else None
+            if old is None or old.state != ACTIVE or old.dtime_ms >= 0:
+                continue
+            q = self._queue(old.queue, now_ms)
+            if q.paused & PAUSED_IN and old.retry_s:
+                continue  # its RETRY timer brings it back
+            self._unschedule(old)
+            self._enqueue(old, q, now_ms, False)
+            if not touched or touched[-1] is not q:
+                touched.append(q)
+        for tq in touched:
+            if tq.waiters is not None and not tq.paused & PAUSED_OUT:
+                self._serve_waiters(tq, now_ms)
+
+    def _tell_queued(self: Shard, job: Job) -> None:
+        """A job moved here by YOURJOBS is queued here now: QUEUED to its other holders,
+        so that their RETRY timers count from now. Without it a holder whose timer
+        was set by an older QUEUED requeued the job while it was being delivered
+        here, and could deliver it again after the ACK was answered here."""
+        if job.retry_s:
+            self._send_queued(job)
 
     def _push_to_asker(self: Shard, q: Queue, now_ms: int) -> None:
         """A job was queued in an otherwise empty queue with no local consumer: if a

@@ -768,10 +768,21 @@ class Shard(ExtOps):
             if self._known:
                 self._needjobs(q, False, now_ms)
 
-    def op_unblock(self, token: int, now_ms: int | None = None) -> None:
+    def op_unblock(self, token: int, now_ms: int | None = None,
+                   forget_queues: bool = False) -> None:
+        """Drop a waiter. ``forget_queues``: it was released by a flush of the node
+        (DEBUG FLUSHALL, CLUSTER RESET) that this shard ran before the waiter came
+        (another worker's BLOCK, sent before that flush); the queues it waited on
+        that are empty and idle now go at once, as the flush would have taken them."""
         w = self._waiters.get(token)
-        if w is not None:
-            self._drop_waiter(w, self._now_ms if now_ms is None else now_ms)
+        if w is None:
+            return
+        self._drop_waiter(w, self._now_ms if now_ms is None else now_ms)
+        if forget_queues:
+            for name in w.queues:
+                q = self._queues.get(name)
+                if q is not None and not q.live and q.waiters is None and not q.paused:
+                    self._evict(q)
 
     def op_return(self, job_ids: list[str], now_ms: int) -> None:
         """Give back jobs a multi-owner GETJOB took but did not send: no delivery counted."""

@@ -161,6 +161,10 @@ class Config:
     getjob_count_max: int = 10_000  # jobs one GETJOB returns, whatever its COUNT
     qpeek_count_max: int = 10_000  # jobs one QPEEK returns, whatever its count
     scan_count_max: int = 1_000  # QSCAN/JSCAN COUNT (and BUSYLOOP) per shard call
+    # general-path commands of one connection running on another worker at once; the
+    # connection's next commands wait (so the owner of a queue builds at most this
+    # many replies for one pipelining client before its output limits are checked)
+    forwarded_commands_max: int = 32
     # ours
     workers: int = field(default_factory=lambda: usable_cpus())
     # worker k also listens alone on worker-ports-base + k (0 = off; README "Worker ports")
@@ -352,6 +356,7 @@ DIRECTIVES: tuple[Directive, ...] = (
     _d("getjob-count-max", "int", True, "Invalid getjob-count-max value", lo=1),
     _d("qpeek-count-max", "int", True, "Invalid qpeek-count-max value", lo=1),
     _d("scan-count-max", "int", True, "Invalid scan-count-max value", lo=1),
+    _d("forwarded-commands-max", "int", True, "Invalid forwarded-commands-max value", lo=1),
     _d("workers", "int", False, f"workers must be between 1 and {workers_max}",
        lo=1, hi=workers_max),
     _d("worker-ports-base", "int", False, "Invalid worker-ports-base (0 = off)", lo=0, hi=65535),

@@ -30,7 +30,7 @@ class GetJob:
     """One GETJOB coordinated by this worker (docs/architecture.md, "Invariants")."""
 
     __slots__ = ("w", "conn", "spec", "runs", "i", "got", "token", "slot", "blocked_at",
-                 "timer", "done")
+                 "timer", "done", "flushed")
 
     def __init__(self, w: Worker, conn: ClientConn, spec: Any) -> None:
         self.w = w
@@ -44,6 +44,7 @@ class GetJob:
         self.blocked_at: dict[int, list[bytes]] = {}
         self.timer: asyncio.TimerHandle | None = None
         self.done = False
+        self.flushed = False  # released by DEBUG FLUSHALL / CLUSTER RESET
 
     def start(self) -> Any:
         """Fast path: everything local and answered at once; else PENDING."""
@@ -175,7 +176,10 @@ class GetJob:
 
     def release(self) -> None:
         """DEBUG FLUSHALL / CLUSTER RESET: answered as on timeout (the reference's
-        flushServerData unblocks GETJOB clients with the timeout reply)."""
+        flushServerData unblocks GETJOB clients with the timeout reply). Its UNBLOCKs
+        say so: an owner that took our BLOCK after its own flush (the two come from
+        different workers, in no set order) drops the empty queues it re-created."""
+        self.flushed = True
         self._timeout()
 
     def _finish(self, reply: Any, woken_by: int = -1) -> None:
@@ -216,7 +220,8 @@ class GetJob:
                 w.tokens.pop(self.token, None)
                 w.shard.op_unblock(self.token, wall_ms())
             else:
-                w.mesh.send(owner, meshmod.K_UNBLOCK, {"t": self.token})
+                meta = {"t": self.token, "f": 1} if self.flushed else {"t": self.token}
+                w.mesh.send(owner, meshmod.K_UNBLOCK, meta)
 
 
 def _owner_runs(w: Worker, queues: list[bytes]) -> list[tuple[int, list[bytes]]]:

@@ -77,7 +77,7 @@ class Peers:
             token = _blocked(link).pop(meta["t"], None)
             if token is not None:
                 w.tokens.pop(token, None)
-                w.shard.op_unblock(token, w.now_ms)
+                w.shard.op_unblock(token, w.now_ms, forget_queues=bool(meta.get("f")))
         elif kind == meshmod.K_RETURN:
             w.shard.op_return([b.decode() for b in bodies], w.now_ms)
         elif kind == meshmod.K_SCATTER:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
@@ -64,6 +65,11 @@ class Router:
         self.slowlog_min_ns = w.slowlog.min_ns  # read per command: a native attribute
         self.lookup = self._build_lookup()
         self.fast = self._build_fast()
+        # The forwarded-work budget: general-path commands of one connection running on
+        # another worker at once (config forwarded-commands-max), and the commands
+        # held behind them in request order (their reply slots already reserved).
+        self.in_flight: dict[ClientConn, int] = {}
+        self.held: dict[ClientConn, deque[tuple[bool, Callable[[], None]]]] = {}
 
     def _build_lookup(self) -> dict[bytes, tuple[Command, Callable[..., Any], list[int]]]:
         routes = {"queue": self.cmd_queue, "ids": self.cmd_ids, "getjob": self.cmd_getjob}
@@ -332,8 +338,57 @@ class Router:
             return reply
         self._count_streak(conn, owner)
         slot = conn.defer()
-        self.forward(owner, name, cmd[1:], lambda value: conn.fill(slot, encode(value, conn.resp3)))
+        args = cmd[1:]
+
+        def back(value: Any) -> None:
+            conn.fill(slot, encode(value, conn.resp3))
+            self._window_freed(conn)
+
+        self._windowed(conn, True, lambda: self.forward(owner, name, args, back))
         return PENDING
+
+    def _windowed(self, conn: ClientConn, counted: bool, send: Callable[[], None]) -> None:
+        """Send a forwarded command now, or hold it (in order) while the connection has
+        ``forwarded-commands-max`` general-path commands on other workers: a client
+        that pipelines hundreds of heavy reads (QPEEK q 1000) for a queue another
+        worker owns makes that worker build a window of replies at a time, and its
+        output limits cut the rest (held commands of a closed client never run).
+        ``counted``: the command takes a place in the window (a hot command only
+        keeps its place in the order)."""
+        held = self.held.get(conn)
+        n = self.in_flight.get(conn, 0)
+        if held is None and (not counted or n < self.cfg.forwarded_commands_max):
+            if counted:
+                self.in_flight[conn] = n + 1
+            send()
+            return
+        if held is None:
+            held = self.held[conn] = deque()
+            if conn.transport is not None:
+                conn.transport.pause_reading()  # its next commands wait for room
+        held.append((counted, send))
+
+    def _window_freed(self, conn: ClientConn) -> None:
+        """A forwarded general-path reply came back: send what was held behind it."""
+        n = self.in_flight.get(conn, 1) - 1
+        held = self.held.get(conn)
+        if held is not None:
+            if conn.gone or conn.slots is None:
+                del self.held[conn]  # disconnected or closed by its output limits
+            else:
+                window = self.cfg.forwarded_commands_max
+                while held and (not held[0][0] or n < window):
+                    counted, send = held.popleft()
+                    n += counted
+                    send()
+                if not held:
+                    del self.held[conn]
+                    if conn.transport is not None and not conn.closing:
+                        conn.transport.resume_reading()
+        if n > 0:
+            self.in_flight[conn] = n
+        else:
+            self.in_flight.pop(conn, None)
 
     def _count_streak(self, conn: ClientConn, owner: int) -> None:
         if conn.streak_owner == owner:
@@ -358,6 +413,13 @@ class Router:
         conn.last_cmd = name
         conn.forwarded += 1
         slot = conn.defer()
+        if self.held and conn in self.held:  # behind general-path commands it waits for
+            self.held[conn].append((False, lambda: self._send_raw(conn, owner, cmd, slot)))
+            return b""
+        self._send_raw(conn, owner, cmd, slot)
+        return b""
+
+    def _send_raw(self, conn: ClientConn, owner: int, cmd: list[bytes], slot: Any) -> None:
         mesh = self.w.mesh
         link: Any = mesh.links[owner]  # a Link: never ourselves
         if link.cmd_rids:
@@ -370,7 +432,6 @@ class Router:
         link.raw_flags.append(1 if conn.resp3 else 0)
         _append_resp(link.raw_parts, cmd)
         link.raw_pending[rid] = (conn, slot)
-        return b""
 
     # ------------------------------------------------------------------ route: ids
 

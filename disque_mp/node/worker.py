@@ -424,7 +424,11 @@ class Worker:
         pass  # no cluster bus in this build: single node
 
     def _send_to_bus(self, eff: Send) -> None:
-        self.agent.send(eff.node_id, eff.kind, eff.slot, eff.meta, eff.bodies)
+        if not self.agent.send(eff.node_id, eff.kind, eff.slot, eff.meta, eff.bodies) \
+                and eff.kind == "YOURJOBS":
+            # Its jobs left our queue when the shard wrote it: queue them again
+            # (an at-most-once job would be queued nowhere).
+            self.shard.yourjobs_unsent(eff.bodies, now_ms())
 
     def on_cluster_message(self, sender: str, kind: str, slot: int, meta: dict[str, Any],
                            bodies: list[bytes]) -> None:

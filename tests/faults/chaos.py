@@ -60,10 +60,12 @@ def main(argv: list[str] | None = None) -> int:
         if history.exists():
             plot(load(history), args.out / f"timeline-seed{seed}.png")
         r2, r0 = res.get("r2", {}), res.get("r0", {})
+        again = res.get("after_ack", {})
         row = (f"| {seed} | {res.get('operations')} | {res.get('faults')} | "
                f"{r2.get('ok')} / {r0.get('ok')} | {len(r2.get('lost', []))} | "
                f"{len(r0.get('lost', []))} | {r2.get('duplicated')} ({r2.get('extra_deliveries')}) | "
-               f"{r0.get('duplicated')} | {len(res.get('unexpected', []))} | "
+               f"{r0.get('duplicated')} | {len(again.get('explained', []))} / "
+               f"{len(again.get('unexplained', []))} | {len(res.get('unexpected', []))} | "
                f"{'yes' if res['valid'] else 'NO'} | {time.monotonic() - t0:.0f} s |")
         rows.append(row)
         print(row, flush=True)
@@ -74,8 +76,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"chaos: seed {seed} FAILED; history {history}, node logs in {workdir}:\n  "
                   + "\n  ".join(res["problems"]), flush=True)
     header = ("| seed | operations | faults | enqueued ok (r2 / r0) | lost r2 | lost r0 "
-              "(at-most-once) | duplicated r2 (extra deliveries) | duplicated r0 | unexpected "
-              "| valid | wall time |\n|---|---|---|---|---|---|---|---|---|---|---|")
+              "(at-most-once) | duplicated r2 (extra deliveries) | duplicated r0 | delivered again "
+              "after an answered ACK (fault at the ACK / none) | unexpected | valid | wall time "
+              "|\n|---|---|---|---|---|---|---|---|---|---|---|---|")
     (args.out / "summary.md").write_text(
         f"# make chaos: {args.nodes} nodes, {args.duration_s:.0f} s per seed, "
         f"kinds {', '.join(args.kinds)}\n\n{header}\n" + "\n".join(rows) + "\n")

@@ -64,3 +64,27 @@ def test_a_lost_at_most_once_value_needs_a_fault_after_it() -> None:
     # a GETJOB whose reply was lost after it explains the late one too
     res = check([*ops, _deq([], t0=21.0, type_="info")], faults, RUN)
     assert res["valid"], res["problems"]
+
+
+def _ack(ids: list[str], t0: float, type_: str = "ok") -> dict[str, Any]:
+    return {"p": "c0", "n": 1, "f": "ack", "type": type_, "t0": t0, "t1": t0 + 0.01,
+            "ids": ids, "acked": len(ids)}
+
+
+def test_a_delivery_after_an_answered_ack_needs_a_fault_at_the_ack() -> None:
+    value = f"{RUN}:r2:0:1"
+    ops = [_enq(value, "ok"), _deq([value], t0=5.0), _ack(["D-x"], t0=6.0),
+           _deq([value], t0=9.0)]
+    res = check(ops, [], RUN)
+    assert res["after_ack"] == {"jobs": 1, "explained": [], "unexplained": ["D-x"]}
+    assert not res["valid"]
+    # a partition open while the ACK ran explains it
+    faults = [{"kind": "isolate", "targets": [[0], [1, 2]], "t0": 5.5, "t1": 7.0}]
+    res = check(ops, faults, RUN)
+    assert res["after_ack"]["explained"] == ["D-x"] and res["valid"], res["problems"]
+    # one healed long before does not; an ACK whose reply was lost is not answered
+    faults = [{"kind": "isolate", "targets": [[0], [1, 2]], "t0": 0.0, "t1": 6.0 - 20.0}]
+    assert not check(ops, faults, RUN)["valid"]
+    ops[2] = _ack(["D-x"], t0=6.0, type_="info")
+    res = check(ops, [], RUN)
+    assert res["after_ack"]["jobs"] == 0 and res["valid"], res["problems"]

@@ -87,8 +87,10 @@ def test_cluster_reset_empties_the_node(three: list[NodeProc], mode: str) -> Non
     assert (a.execute_command("CLUSTER", "MYID") != old_id) == (mode == "HARD")
     # The node keeps serving; the others still hold their copies.
     assert a.execute_command("ADDJOB", _q("after"), "x", 0, "REPLICATE", 1)
-    held = sum(1 for job_id in ids for n in three[1:] if _r(n).execute_command("SHOW", job_id))
-    assert held == len(ids)
+    # Each job on at least one of them (REPLICATE 2; on a loaded machine the 50 ms
+    # replication step may have made a copy on both).
+    held = [sum(1 for n in three[1:] if _r(n).execute_command("SHOW", job_id)) for job_id in ids]
+    assert all(held), held
 
 
 def test_memory_level_follows_config_set_and_flushall_at_once(three: list[NodeProc]) -> None:
