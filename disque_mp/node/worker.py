@@ -428,7 +428,7 @@ class Worker:
                 and eff.kind == "YOURJOBS":
             # Its jobs left our queue when the shard wrote it: queue them again
             # (an at-most-once job would be queued nowhere).
-            self.shard.yourjobs_unsent(eff.bodies, now_ms())
+            self.shard.yourjobs_unsent(eff.bodies, wall_ms())
 
     def on_cluster_message(self, sender: str, kind: str, slot: int, meta: dict[str, Any],
                            bodies: list[bytes]) -> None:
