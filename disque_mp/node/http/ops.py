@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from bus import mesh as meshmod
 from bus.clock import wall_ms
-from bus.mesh import unpack
+from disque_mp.node.scatter import on_every_worker
 from workers.replies import Error
 
 if TYPE_CHECKING:
     from disque_mp.node.view import NodeView
+
 
 def local_op(w: NodeView, op: str, arg: Any) -> Any:
     """This worker's part (called by ``commands.admin.local_op`` for ``http.*`` ops)."""
@@ -40,23 +40,10 @@ def gather(w: NodeView, op: str, arg: Any) -> asyncio.Future[list[Any]]:
     """``local_op(op, arg)`` of every worker, by index; an ``Error`` for a worker that
     is down (the mesh answers for it), so one dead worker never hangs a scrape."""
     fut: asyncio.Future[list[Any]] = w.loop.create_future()
-    results: list[Any] = [None] * w.workers
-    left = [w.workers]
 
-    def put(index: int, value: Any) -> None:
-        results[index] = value
-        left[0] -= 1
-        if left[0] == 0 and not fut.done():
+    def done(results: list[Any]) -> None:
+        if not fut.done():
             fut.set_result(results)
 
-    for j in range(w.workers):
-        if j == w.index:
-            put(j, local_op(w, op, arg))
-        else:
-            w.mesh.request(j, meshmod.K_SCATTER, {"op": op, "a": arg}, (),
-                           _putter(put, j))
+    on_every_worker(w, op, arg, local_op, done)
     return fut
-
-
-def _putter(put: Any, j: int) -> Any:
-    return lambda meta, bodies: put(j, unpack(meta.get("v"), bodies))
