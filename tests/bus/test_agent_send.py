@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import uvloop
 
 from tests.bus.test_cluster_bus import AgentHost, until
+
+pytestmark = pytest.mark.integration  # real sockets, as the agent tests it borrows from
 
 nobody = "f" * 40  # a node ID no host knows
 
