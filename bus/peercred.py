@@ -39,9 +39,31 @@ def make_socket_dir() -> str:
     base = tempfile.gettempdir()
     if len(base.encode()) > socket_dir_path_bytes_max - 20:
         base = "/tmp"
-    path = tempfile.mkdtemp(prefix="disque-mp-", dir=base)
+    _sweep(base)
+    path = tempfile.mkdtemp(prefix=f"disque-mp-{os.getpid()}-", dir=base)
     os.environ[SOCKET_DIR_ENV] = path
     return path
+
+
+def _sweep(base: str) -> None:
+    """Remove the socket directories of our uid left by processes that are gone (a
+    supervisor killed with SIGKILL cannot remove its own)."""
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return
+    for entry in entries:
+        pid_text = entry.name.split("-")[2] if entry.name.startswith("disque-mp-") else ""
+        if not pid_text.isdigit():
+            continue
+        try:
+            if entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue
+            os.kill(int(pid_text), 0)
+        except ProcessLookupError:
+            remove_socket_dir(entry.path)  # its process is gone
+        except OSError:
+            continue  # alive (EPERM: another user's process), or the entry vanished
 
 
 def remove_socket_dir(path: str) -> None:

@@ -140,7 +140,7 @@ class ClientConn(asyncio.Protocol):
                 cmds, error = parser.feed(b"")
                 break
             cmds, error = parser.feed(b"", once=True)
-        self._run(cmds, error)
+        self._run([] if self.closing else cmds, error)  # nothing runs after QUIT or POST
 
     def _throttle(self) -> None:
         """After a wrong password, the next command is read ``auth-failure-delay-ms``

@@ -6,9 +6,13 @@ from __future__ import annotations
 import array
 import asyncio
 import os
+import shutil
 import socket
 import stat
+import subprocess
+import tempfile
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -178,3 +182,26 @@ def test_a_second_socket_on_the_same_name_fails_and_leaks_nothing() -> None:
         assert len(os.listdir("/proc/self/fd")) == before
 
     _run(scenario)
+
+
+def test_directories_of_dead_processes_are_swept() -> None:
+    base = Path(tempfile.mkdtemp(prefix="sw", dir="/tmp"))  # short: sun_path holds 108 bytes
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = base / f"disque-mp-{dead.pid}-abcdefgh"
+    stale.mkdir(mode=0o700)
+    (stale / "7711.x.0").write_text("")
+    alive = base / f"disque-mp-{os.getpid()}-abcdefgh"
+    alive.mkdir(mode=0o700)
+    saved = (os.environ.get(peercred.SOCKET_DIR_ENV), tempfile.tempdir)
+    tempfile.tempdir = str(base)
+    try:
+        made = peercred.make_socket_dir()
+        assert not stale.exists() and alive.exists() and Path(made).parent == base
+    finally:
+        if saved[0] is None:
+            os.environ.pop(peercred.SOCKET_DIR_ENV, None)
+        else:
+            os.environ[peercred.SOCKET_DIR_ENV] = saved[0]
+        tempfile.tempdir = saved[1]
+        shutil.rmtree(base)

@@ -54,6 +54,10 @@ def unauthenticated_bounds(node: NodeProc) -> None:
         s.sendall(b"*11\r\n")
         assert recv_until_closed(s) == \
             b"-ERR Protocol error: unauthenticated multibulk length\r\n"
+    with connect(node.port) as s:  # one command at a time, and none after QUIT: the
+        # wrong password is never tried (acl_access_denied_auth is checked below)
+        s.sendall(encode_command("QUIT") + encode_command("AUTH", "not-tried"))
+        assert recv_until_closed(s) == b"+OK\r\n"
     with connect(node.port) as s:  # within the bounds: the usual NOAUTH
         s.sendall(encode_command("QLEN", "q"))
         s.settimeout(read_timeout_s)
