@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from bus import auth, frames, hostbus, peercred
+from bus.clock import mono_ms
 from bus.datalink import FDPASS_PURPOSE, DataIn, DataLinks, fdpass_state_bytes_max
 from bus.hostbus import (
     K_JOB,
@@ -43,7 +44,6 @@ from bus.hostbus import (
     mesh_bus_in,
     mesh_bus_out,
     mesh_view,
-    now_ms,
 )
 from bus.mesh import pack, unpack
 from bus.peercred import same_user
@@ -197,7 +197,7 @@ class ClusterAgent:
             self.fdpass = SocketPass(self.cfg.port, self.node_id, self.index, FDPASS_PURPOSE,
                                      self._on_data_socket, fdpass_state_bytes_max)
             self.data_out = DataLinks(self.index, self.cfg.port, lambda: str(self.view["myid"]),
-                                      now_ms, self.keyring,
+                                      mono_ms, self.keyring,
                                       self.tls[1] if self.tls is not None else None)
             self.connector = asyncio.create_task(self._connect_loop())
             # Be ready only once CLUSTER and Sends can reach worker 0 (it starts at the

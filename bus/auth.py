@@ -143,8 +143,6 @@ def key_id(key: bytes) -> str:
     return blake3.blake3(b"disque-mp key id", key=key).hexdigest(8)
 
 
-KEYRING = Keyring()  # one per process: the bus and the data links read it live
-
 
 def _proof(key: bytes, role: bytes, dialer_nonce: bytes, acceptor_nonce: bytes,
            dialer_id: str, acceptor_id: str) -> bytes:

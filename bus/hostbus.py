@@ -37,12 +37,12 @@ import logging
 import os
 import random
 import ssl
-import time
 from collections.abc import Callable
 from typing import Any, cast
 
 from bus import auth, frames, messages, nodes_conf
 from bus import membership as mb
+from bus.clock import mono_ms, wall_offset_ms
 from bus.membership import Broadcast, DropLink, Membership, Node, Ping
 
 log = logging.getLogger("disque.cluster")
@@ -64,7 +64,6 @@ BUS_KINDS = frozenset({K_HANDSHAKE, K_PING, K_PONG, K_MEET, K_FAIL, K_JOB, K_DAT
 MESH_BUS_OUT = 0xC0  # worker k -> worker 0: put this Send on the bus
 MESH_BUS_IN = 0xC1  # worker 0 -> owner of the slot: a job message from the bus
 MESH_VIEW = 0xC2  # worker 0 -> every worker: the membership snapshot
-MESH_KINDS = frozenset({MESH_BUS_OUT, MESH_BUS_IN, MESH_VIEW})
 
 peer_output_bytes_max = 256 << 20  # unsent bytes to one peer: over it the link is dropped
 # (a peer that cannot drain that much is stuck; the state machine resends what matters)
@@ -97,17 +96,6 @@ peer_frame_bytes_max = (512 << 20) + peer_frame_overhead_bytes  # follows proto-
 Deliver = Callable[[int, str, str, int, dict[str, Any], list[bytes]], None]
 # publish(view): the membership snapshot changed (see membership.snapshot)
 Publish = Callable[[dict[str, Any]], None]
-
-
-def now_ms() -> int:
-    """Failure detection runs on the monotonic clock: a wall clock step (NTP) must
-    not make every peer look silent at once."""
-    return time.monotonic_ns() // 1_000_000
-
-
-def wall_offset_ms() -> int:
-    """Add to a ``now_ms()`` time to get epoch ms (CLUSTER NODES shows epoch ms)."""
-    return time.time_ns() // 1_000_000 - now_ms()
 
 
 def bus_port(client_port: int) -> int:
@@ -297,7 +285,7 @@ class _Link(PeerLink):
         self.ready = node is not None and self.auth is None
         self.answered = False  # outbound: the acceptor's HANDSHAKE arrived
         self.data_worker = -1  # inbound data link: the sender's worker
-        self.created_ms = now_ms()
+        self.created_ms = mono_ms()
         self.failed = ""  # why authentication failed (outbound: shown in CLUSTER NODES)
         self.linger = False  # close after writing what is queued (a refusal the peer should read)
 
@@ -405,7 +393,7 @@ class ClusterBus:
         self.conf_path = cfg.cluster_config_file
         self.conf_vars: dict[str, str] = {"currentEpoch": "0"}
         ip = _first_bind(cfg.bind)
-        self.m = Membership(node_id, ip, cfg.port, rng or random.Random(os.urandom(16)), now_ms(),
+        self.m = Membership(node_id, ip, cfg.port, rng or random.Random(os.urandom(16)), mono_ms(),
                             cfg.cluster_node_timeout)
         self.out: dict[Node, _Link] = {}  # outbound link per node (keyed by identity)
         self.connecting: dict[Node, asyncio.Task[None]] = {}
@@ -461,7 +449,7 @@ class ClusterBus:
             self.m.myself.node_id = nc.node_id
             self.m.nodes[nc.node_id] = self.m.myself
         self.conf_vars = dict(nc.vars)
-        self.m.load_conf(nc, now_ms())
+        self.m.load_conf(nc, mono_ms())
         self.m.dirty = True  # publish the loaded view
 
     # ---- API for worker 0 --------------------------------------------------------
@@ -495,20 +483,20 @@ class ClusterBus:
         return self.m.my_id
 
     def meet(self, ip: str, port: int) -> None:
-        self.m.meet(ip, port, now_ms())
+        self.m.meet(ip, port, mono_ms())
         self._after_change()
 
     def forget(self, node_id: str) -> str | None:
-        err = self.m.forget(node_id, now_ms())
+        err = self.m.forget(node_id, mono_ms())
         self._after_change()
         return err
 
     def reset(self, hard: bool) -> None:
-        self.m.reset(hard, now_ms())
+        self.m.reset(hard, mono_ms())
         self._after_change()
 
     def set_leaving(self, leaving: bool) -> None:
-        self._carry_out(self.m.set_leaving(leaving, now_ms()))
+        self._carry_out(self.m.set_leaving(leaving, mono_ms()))
         self._after_change()
 
     # ---- mesh side (frames between the workers of this host) ----------------------
@@ -528,7 +516,7 @@ class ClusterBus:
         if link.node is None:
             if len(self.inbound) >= inbound_links_max:
                 auth.count("links_refused")
-                self.churn.add(now_ms(), link.peer_ip, "refused (inbound_links_max)")
+                self.churn.add(mono_ms(), link.peer_ip, "refused (inbound_links_max)")
                 link.close()
                 return
             self._room_for_handshake(link.peer_ip)
@@ -537,7 +525,7 @@ class ClusterBus:
         node = link.node
         self.out[node] = link
         self.backoff_ms.pop(node, None)
-        self.m.link_connected(node, now_ms())
+        self.m.link_connected(node, mono_ms())
         if link.ready:
             self._link_ready(link)
 
@@ -570,7 +558,7 @@ class ClusterBus:
             return
         oldest = min(victims, key=lambda other: other.created_ms)
         auth.count("links_refused")
-        self.churn.add(now_ms(), oldest.peer_ip, "closed in handshake to make room")
+        self.churn.add(mono_ms(), oldest.peer_ip, "closed in handshake to make room")
         self.inbound.discard(oldest)
         oldest.close()
 
@@ -579,7 +567,7 @@ class ClusterBus:
         assert link.node is not None
         if self.auth_errors.pop(link.node, None) is not None:
             self.m.dirty = True
-        self._carry_out([self.m.ping(link.node, now_ms())])
+        self._carry_out([self.m.ping(link.node, mono_ms())])
 
     def link_gone(self, link: _Link) -> None:
         if link.node is None:
@@ -590,14 +578,14 @@ class ClusterBus:
             self.m.link_lost(link.node)
             self._after_change_if_dirty()  # workers stop moving jobs to it at once
             wait = connect_backoff_ms_max if link.failed else connect_backoff_ms_min
-            self.retry_at_ms[link.node] = now_ms() + wait
+            self.retry_at_ms[link.node] = mono_ms() + wait
 
     def auth_failed(self, link: _Link, reason: str) -> None:
         """A peer failed the handshake: log it once per node and reason (redials
         would repeat it every second) and flag our outbound link's node."""
         node = link.node
         if node is None:
-            t = now_ms()
+            t = mono_ms()
             last = self.refusals_logged.get((link.peer_ip, reason))
             if last is None or t - last > refusal_log_interval_ms:
                 if len(self.refusals_logged) >= refusals_logged_max:
@@ -709,7 +697,7 @@ class ClusterBus:
         if sender != link.sender_id:
             auth.count("rejected_messages")
             raise messages.BadMessage(f"a PING from {sender[:8]} on {link.sender_id[:8]}'s link")
-        pong = self.m.on_ping(meta, kind == K_MEET, link.peer_ip, link.local_ip, now_ms())
+        pong = self.m.on_ping(meta, kind == K_MEET, link.peer_ip, link.local_ip, mono_ms())
         if pong is not None:
             link.write(K_PONG, pong)
         self._after_change_if_dirty()
@@ -720,7 +708,7 @@ class ClusterBus:
         if sender != link.peer_id:
             auth.count("rejected_messages")
             raise messages.BadMessage(f"a PONG from {sender[:8]} on {link.peer_id[:8]}'s link")
-        self._carry_out(self.m.on_pong(link.node, meta, now_ms()))
+        self._carry_out(self.m.on_pong(link.node, meta, mono_ms()))
         self._after_change_if_dirty()
 
     def _on_fail(self, link: _Link, meta: dict[str, Any]) -> None:
@@ -728,7 +716,7 @@ class ClusterBus:
         if not self.is_member(link.sender_id):
             auth.count("rejected_messages")
             return  # failure reports count from current members only
-        self.m.on_fail(link.sender_id, meta, now_ms())
+        self.m.on_fail(link.sender_id, meta, mono_ms())
         self._after_change_if_dirty()
 
     def _on_job(self, link: _Link, meta: dict[str, Any], bodies: list[bytes]) -> None:
@@ -753,7 +741,7 @@ class ClusterBus:
 
     def tick(self) -> None:
         self.m.set_node_timeout(int(self.cfg.cluster_node_timeout))
-        t = now_ms()
+        t = mono_ms()
         self._expire_handshakes(t)
         self._carry_out(self.m.tick(t))
         self._reconcile_links(t)
@@ -811,7 +799,7 @@ class ClusterBus:
             backoff = next_backoff_ms(self.backoff_ms.get(node), connect_backoff_ms_min,
                                       connect_backoff_ms_max)
             self.backoff_ms[node] = backoff
-            self.retry_at_ms[node] = now_ms() + backoff
+            self.retry_at_ms[node] = mono_ms() + backoff
         finally:
             self.connecting.pop(node, None)
 

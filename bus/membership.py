@@ -74,7 +74,7 @@ class Node:
     __slots__ = (
         "node_id", "ip", "port", "myself", "handshake", "meet", "pfail", "fail", "noaddr",
         "leaving", "ping_sent_ms", "pong_received_ms", "last_ping_ms", "ctime_ms",
-        "link_up", "link_ctime_ms", "fail_reports", "fail_time_ms",
+        "link_up", "link_ctime_ms", "fail_reports",
     )
 
     def __init__(self, node_id: str, ip: str, port: int, now_ms: int) -> None:
@@ -95,7 +95,6 @@ class Node:
         self.link_up = False
         self.link_ctime_ms = 0
         self.fail_reports: dict[str, int] = {}  # reporter id -> when reported, ms
-        self.fail_time_ms = 0
 
     def flags(self) -> list[str]:
         out = []
@@ -314,7 +313,6 @@ class Membership:
         if not target.fail:
             target.fail = True
             target.pfail = False
-            target.fail_time_ms = now_ms
             self.dirty = True
 
     # ---- time ----------------------------------------------------------------
@@ -370,7 +368,6 @@ class Membership:
             return
         node.pfail = False
         node.fail = True
-        node.fail_time_ms = now_ms
         self.dirty = True
         actions.append(Broadcast("fail", {"id": node.node_id}))
 

@@ -176,7 +176,7 @@ class Link(asyncio.Protocol):
                 try:
                     self.mesh.dispatch(self, *frame)
                 except InvariantError:
-                    raise  # the shard is inconsistent: the worker must die (STYLE.md)
+                    raise  # the shard is inconsistent: the worker must die
                 except Exception:  # a bug in one handler must not cut the link
                     logging.getLogger("disque_mp.mesh").exception("mesh frame handler failed")
         except FrameError as exc:

@@ -34,6 +34,7 @@ COMPILED_MODULES = (
     "workers.ids",
     "workers.effects",
     "workers.evict",
+    "workers.timers",
     # the front end's per-command path: RESP, connections, ADDJOB/GETJOB parsing, the
     # worker and its parts (the router, the mesh serving, the handoff, GETJOB coordination)
     "disque_mp.node.resp",
@@ -44,7 +45,7 @@ COMPILED_MODULES = (
     "disque_mp.node.peers",
     "disque_mp.node.handoff",
     "disque_mp.node.getjob",
-    "disque_mp.node.clock",  # read once per client read: a Python-level call otherwise
+    "bus.clock",  # read once per client read: a Python-level call otherwise
 )
 
 

@@ -12,6 +12,7 @@ shows that file plus the tail of the node's log file.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -141,6 +142,20 @@ def form_cluster(nodes: list[NodeProc], timeout_s: float) -> None:
     wait_until(lambda: all(reachable_nodes(n.port) == want for n in nodes), timeout_s,
                f"every node seeing the {want} others reachable",
                detail=lambda: f"reachable: {[reachable_nodes(n.port) for n in nodes]}")
+
+
+@contextlib.contextmanager
+def running_cluster(nodes: list[NodeProc], form_timeout_s: float) -> Iterator[list[NodeProc]]:
+    """Start ``nodes``, make them one cluster (``form_cluster``), stop every one of
+    them on the way out (started or not)."""
+    try:
+        for n in nodes:
+            n.start()
+        form_cluster(nodes, form_timeout_s)
+        yield nodes
+    finally:
+        for n in nodes:
+            n.stop()
 
 
 class NodeProc:

@@ -198,7 +198,7 @@ class ExtOps(ClusterOps):
             else:
                 ws.append(w)
         if timeout_ms:
-            self._schedule(w, now_ms + timeout_ms)
+            self.timers.schedule(w, now_ms + timeout_ms)
         return PENDING
 
     def _job_done(self: Shard, job_id: str) -> None:
@@ -215,7 +215,7 @@ class ExtOps(ClusterOps):
 
     def _finish(self: Shard, g: Gather) -> None:
         g.finished = True
-        self._unschedule(g)
+        self.timers.unschedule(g)
         self._gathers.pop(g.token, None)
         self._effects.append(Wake(g.token, g.reply()))
 
@@ -254,7 +254,7 @@ class ExtOps(ClusterOps):
         slot = slot_of(queue)
         for n in nodes:
             self._send(n, kind, slot, {"r": g.token}, [bytes(queue)])
-        self._schedule(g, now_ms + cluster_request_timeout_ms)
+        self.timers.schedule(g, now_ms + cluster_request_timeout_ms)
         return PENDING
 
     def _answered(self: Shard, sender: str, meta: dict[str, Any]) -> Gather | None:

@@ -232,8 +232,8 @@ class ClusterOps:
             self._effects.append(Send(n, kind, slot, m, []))
 
     def _reschedule(self: Shard, job: Job) -> None:
-        self._unschedule(job)
-        self._schedule(job, self._due(job))
+        self.timers.unschedule(job)
+        self.timers.schedule(job, self._due(job))
 
     # ------------------------------------------------------------------ ADDJOB
 
@@ -255,7 +255,7 @@ class ClusterOps:
         deadline = now_ms + timeout_ms if timeout_ms else 0
         self._repl[job.id] = ReplWait(token, deadline, flexible)
         job.qtime_ms = now_ms + repl_step_ms
-        self._schedule(job, self._due(job))
+        self.timers.schedule(job, self._due(job))
         self._send_repljob(job, chosen)
         return PENDING
 
@@ -287,7 +287,7 @@ class ClusterOps:
             self._reschedule(job)
         else:
             job.qtime_ms = 0
-            self._unschedule(job)
+            self.timers.unschedule(job)
             self._enqueue(job, q, now_ms)
         if self.aof:
             self._effects.append(AofAppend(job.to_record()))
@@ -311,7 +311,7 @@ class ClusterOps:
             job.qtime_ms = now_ms + repl_step_ms
             if rw.flexible and self._flexible_done(job):
                 return
-        self._schedule(job, self._due(job))
+        self.timers.schedule(job, self._due(job))
 
     def _flexible_done(self: Shard, job: Job) -> bool:
         external = self.node_id not in job.delivered
@@ -394,7 +394,7 @@ class ClusterOps:
         else:
             job.qtime_ms = 0
         self._register(job)
-        self._schedule(job, self._due(job))
+        self.timers.schedule(job, self._due(job))
         if self.aof:
             self._effects.append(AofAppend(job.to_record()))
         # Disque answers a duplicate REPLJOB too: a lost GOTJOB is then re-sent.
@@ -723,8 +723,8 @@ class ClusterOps:
         nxt = fed.bcast_ms + self._bcast_delay(fed)
         if fed.responders:
             nxt = min(nxt, fed.adhoc_ms + self._adhoc_delay(fed))
-        self._unschedule(fed)
-        self._schedule(fed, max(nxt, now_ms + 1))
+        self.timers.unschedule(fed)
+        self.timers.schedule(fed, max(nxt, now_ms + 1))
 
     def _fire_fed(self: Shard, fed: Fed, now_ms: int) -> None:
         q = fed.queue
@@ -817,7 +817,7 @@ class ClusterOps:
                 # may be about to ACK it, and our own timer requeues it if not.
                 if old.state == ACTIVE and old.dtime_ms < 0 and (
                         old.retry_s or not old.flags & FLAG_DELIVERED):
-                    self._unschedule(old)
+                    self.timers.unschedule(old)
                     self._enqueue(old, q, now_ms, False)
                     self._tell_queued(old)
                     n += 1
@@ -858,7 +858,7 @@ class ClusterOps:
             q = self._queue(old.queue, now_ms)
             if q.paused & PAUSED_IN and old.retry_s:
                 continue  # its RETRY timer brings it back
-            self._unschedule(old)
+            self.timers.unschedule(old)
             self._enqueue(old, q, now_ms, False)
             if not touched or touched[-1] is not q:
                 touched.append(q)

@@ -103,7 +103,6 @@ node_id_bytes_max: Final = 64  # node IDs are 40 hex characters
 maxdeliver_max: Final = 10_000
 DEAD_PREFIX: Final = b"dead:"  # the dead-letter queue of queue q is dead:q
 
-NS_PER_MS: Final = 1_000_000
 US_PER_MS: Final = 1_000
 
 

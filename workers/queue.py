@@ -37,7 +37,6 @@ stale_entries_purge_min = 64
 
 PAUSED_IN: Final = 1
 PAUSED_OUT: Final = 2
-PAUSED_ALL: Final = PAUSED_IN | PAUSED_OUT
 PAUSE_NAMES = ("none", "in", "out", "all")
 
 

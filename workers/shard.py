@@ -12,11 +12,8 @@ Data structures
   the whole scan.
 - queues: ``dict`` name -> ``Queue`` (``workers/queue.py``) plus a QSCAN table
   (list with a free list; a queue keeps its position while it exists).
-- timers: ONE heap of due times (ms, rounded up to ``timer_resolution_ms``);
-  each due time has a bucket of targets (jobs and queues). A target records
-  the bucket it sits in (``awake_ms``); moving or deleting it leaves a stale
-  entry, counted and purged when the bucket is half stale. Sharing one int key
-  and one list slot per job keeps ~1M waiting timers cheap.
+- timers: ONE heap of due times with a bucket of targets each
+  (``workers/timers.py``, a ``Timers`` the shard owns and drains in ``tick``).
 
 Timer kinds (a target is re-examined as a whole when its bucket fires):
 - job TTL: any state, the job is deleted at ``ctime + ttl``;
@@ -63,7 +60,6 @@ from workers.job import (
     US_PER_MS,
     WAIT_REPL,
     Job,
-    Timed,
     body_bytes_max,
     del_record,
     delay_max_s,
@@ -83,6 +79,7 @@ from workers.replies import (
     Error,
     Status,
 )
+from workers.timers import Timers
 
 # Defaults and limits of the spec (ADDJOB section).
 ttl_default_s: Final = 24 * 3600
@@ -93,14 +90,9 @@ time_error_ms: Final = 500  # Disque's DISQUE_TIME_ERR: requeue jitter; WILLQUEU
 # Disque evicts idle empty queues from its cron; the spec only says "after some time".
 queue_idle_evict_ms = 30_000
 
-# Timers fire at most this late: due times are rounded up to it so that jobs
-# created in the same few ms share one heap entry and one int key.
-timer_resolution_ms: Final = 10
 # Bound on timer targets handled by one tick(): a tick never stalls the event
 # loop for long (about 10 ms of work); the rest is due again immediately.
 timer_work_per_tick_max = 10_000
-# Purge a timer bucket once it has this many stale entries and they are half of it.
-timer_stale_purge_min: Final = 32
 
 job_buckets: Final = 4096  # JSCAN cursor space; power of two
 _JOB_BUCKET_MASK: Final = job_buckets - 1
@@ -180,15 +172,6 @@ class Waiter:
         self.withcounters = withcounters
 
 
-class _TimerBucket:
-    __slots__ = ("key", "items", "stale")
-
-    def __init__(self, key: int) -> None:
-        self.key = key
-        self.items: list[Timed] = []  # jobs, queues, federation states
-        self.stale = 0
-
-
 class Shard(ExtOps):
     def __init__(
         self,
@@ -243,9 +226,7 @@ class Shard(ExtOps):
         self._queues: dict[bytes, Queue] = {}
         self._qscan: list[Queue | None] = []
         self._qscan_free: list[int] = []
-        self._timers: dict[int, _TimerBucket] = {}
-        self._heap: list[int] = []
-        self._firing_key = 0  # bucket tick() is draining (0 = none)
+        self.timers = Timers()
         self._waiters: dict[int, Waiter] = {}
         self._repl: dict[str, ReplWait] = {}  # wait-repl jobs -> the blocked ADDJOB
         self._gc_tries: dict[str, int] = {}  # acked jobs -> GC attempts made
@@ -341,7 +322,7 @@ class Shard(ExtOps):
             q = self._queues[job.queue]
             q.remove(job)
             self._maybe_idle(q, now_ms)
-        self._unschedule(job)
+        self.timers.unschedule(job)
 
     def _queue(self, name: bytes, now_ms: int) -> Queue:
         q = self._queues.get(name)
@@ -365,7 +346,7 @@ class Shard(ExtOps):
     def _maybe_idle(self, q: Queue, now_ms: int) -> None:
         """Arm the eviction check of a queue that has become empty and unwatched."""
         if not q.live and q.waiters is None and not q.paused:
-            self._schedule(q, q.atime_ms + self._queue_idle_ms)
+            self.timers.schedule(q, q.atime_ms + self._queue_idle_ms)
 
     def op_evict_queue(self, name: bytes) -> bool:
         """Memory pressure (workers/evict.py): drop an empty queue nobody waits on and
@@ -381,56 +362,27 @@ class Shard(ExtOps):
         self._qscan[q.scan_idx] = None
         self._qscan_free.append(q.scan_idx)
         q.drop_all()
-        self._unschedule(q)
+        self.timers.unschedule(q)
         if self._fed:
             fed = self._fed.pop(q.name, None)
             if fed is not None:
-                self._unschedule(fed)
+                self.timers.unschedule(fed)
 
     # ------------------------------------------------------------------ timers
-
-    def _schedule(self, target: Timed, due_ms: int) -> None:
-        """Make sure ``target`` is examined at ``due_ms`` or earlier (never before due)."""
-        key = -(-due_ms // timer_resolution_ms) * timer_resolution_ms
-        if key < self._firing_key:
-            key = self._firing_key  # already due: join the bucket tick() is draining
-        cur = target.awake_ms
-        if cur:
-            if cur <= key:
-                return
-            self._unschedule(target)
-        b = self._timers.get(key)
-        if b is None:
-            b = self._timers[key] = _TimerBucket(key)
-            heapq.heappush(self._heap, key)
-        target.awake_ms = b.key  # one shared int object for every target in the bucket
-        b.items.append(target)
-
-    def _unschedule(self, target: Timed) -> None:
-        key = target.awake_ms
-        if not key:
-            return
-        target.awake_ms = 0
-        b = self._timers.get(key)
-        if b is None:
-            return
-        b.stale += 1
-        if b.stale > timer_stale_purge_min and b.stale * 2 > len(b.items):
-            b.items = [t for t in b.items if t.awake_ms == key]
-            b.stale = 0
 
     def tick(self, now_ms: int) -> int | None:
         """Do the timer work due at ``now_ms`` (bounded); return the next due time."""
         self._now_ms = now_ms
-        heap = self._heap
+        timers = self.timers
+        heap = timers.heap
         work = 0
         while heap and heap[0] <= now_ms:
             key = heap[0]
-            b = self._timers[key]
-            self._firing_key = key
+            b = timers.buckets[key]
+            timers.firing_key = key
             while b.items:
                 if work >= timer_work_per_tick_max:
-                    self._firing_key = 0
+                    timers.firing_key = 0
                     return now_ms
                 t = b.items.pop()
                 work += 1
@@ -445,9 +397,9 @@ class Shard(ExtOps):
                     self._fire_gather(t, now_ms)
                 else:
                     self._fire_fed(cast(Fed, t), now_ms)
-            self._firing_key = 0
+            timers.firing_key = 0
             invariant(heapq.heappop(heap) == key, "timer heap top changed while firing")
-            del self._timers[key]
+            del timers.buckets[key]
         return heap[0] if heap else None
 
     def _due(self, job: Job) -> int:
@@ -478,7 +430,7 @@ class Shard(ExtOps):
             if job.qtime_ms and job.qtime_ms <= now_ms:
                 self._start_gc(job, now_ms)  # re-arms itself (or drops the job)
             else:
-                self._schedule(job, self._due(job))
+                self.timers.schedule(job, self._due(job))
             return
         if (job.state == ACTIVE and job.qtime_ms and not job.flags & FLAG_WILLQUEUE_SENT
                 and job.qtime_ms - time_error_ms <= now_ms and job.nodes[0] is not self._me):
@@ -494,7 +446,7 @@ class Shard(ExtOps):
             else:
                 self._requeue_due(job, q, now_ms)
         if job.state != DELETED:
-            self._schedule(job, self._due(job))
+            self.timers.schedule(job, self._due(job))
 
     def _requeue_due(self, job: Job, q: Queue, now_ms: int) -> None:
         """The requeue time of an active job came: RETRY elapsed, the end of its
@@ -521,7 +473,7 @@ class Shard(ExtOps):
         if q.atime_ms + self._queue_idle_ms <= now_ms:
             self._evict(q)
         else:
-            self._schedule(q, q.atime_ms + self._queue_idle_ms)
+            self.timers.schedule(q, q.atime_ms + self._queue_idle_ms)
 
     def _jitter(self) -> int:
         return int(self._rng.random() * time_error_ms)
@@ -555,7 +507,7 @@ class Shard(ExtOps):
         q.push(job)
         q.atime_ms = now_ms
         q.jobs_in += 1
-        self._schedule(job, job.ctime_us // US_PER_MS + job.ttl_s * 1000)
+        self.timers.schedule(job, job.ctime_us // US_PER_MS + job.ttl_s * 1000)
         if not serve:
             return
         if q.waiters is not None and not q.paused & PAUSED_OUT:
@@ -569,7 +521,7 @@ class Shard(ExtOps):
         q.remove(job)
         self._maybe_idle(q, now_ms)
         if job.qtime_ms:
-            self._schedule(job, job.qtime_ms)
+            self.timers.schedule(job, job.qtime_ms)
 
     def _deliver(self, job: Job, q: Queue, now_ms: int, withcounters: bool) -> list[Any]:
         """``job`` was just popped from ``q`` for a client: make it ACTIVE, build its entry."""
@@ -591,7 +543,7 @@ class Shard(ExtOps):
                 # It waited in the queue longer than RETRY: counting RETRY from the
                 # queueing would requeue it at once, a certain duplicate delivery.
                 job.qtime_ms = now_ms + job.retry_s * 1000 + self._jitter()
-            self._schedule(job, job.qtime_ms)
+            self.timers.schedule(job, job.qtime_ms)
         if withcounters:
             return [q.name, job.id, job.body, _K_NACKS, job.nacks,
                     _K_ADD_DELIV, job.additional_deliveries]
@@ -683,7 +635,7 @@ class Shard(ExtOps):
         self._register(job)
         if delay_s:
             job.qtime_ms = now_ms + delay_s * 1000
-            self._schedule(job, job.qtime_ms)
+            self.timers.schedule(job, job.qtime_ms)
         else:
             self._enqueue(job, q, now_ms)
         if self.aof:
@@ -764,7 +716,7 @@ class Shard(ExtOps):
                 if fed is not None:
                     fed.bcast_attempt = 0  # a new wait starts with short delays
             q.waiters[token] = w
-            self._unschedule(q)  # a watched queue is not evicted
+            self.timers.unschedule(q)  # a watched queue is not evicted
             if self._known:
                 self._needjobs(q, False, now_ms)
 
@@ -798,7 +750,7 @@ class Shard(ExtOps):
                 q.jobs_out -= 1
             job.state = QUEUED
             q.push(job)
-            self._schedule(job, job.ctime_us // US_PER_MS + job.ttl_s * 1000)
+            self.timers.schedule(job, job.ctime_us // US_PER_MS + job.ttl_s * 1000)
             if q.waiters is not None and not q.paused & PAUSED_OUT:
                 self._serve_waiters(q, now_ms)
 
@@ -913,8 +865,8 @@ class Shard(ExtOps):
         if job.retry_s and job.state != WAIT_REPL:
             job.qtime_ms = now_ms + job.retry_s * 1000 + self._jitter()
             job.flags &= ~FLAG_WILLQUEUE_SENT
-            self._unschedule(job)
-            self._schedule(job, self._due(job))
+            self.timers.unschedule(job)
+            self.timers.schedule(job, self._due(job))
             if job.nodes[0] is not self._me:
                 self._send_working(job)  # the other copies must not requeue it either
         if self.aof:
@@ -1018,7 +970,7 @@ class Shard(ExtOps):
         was_out = q.paused & PAUSED_OUT
         q.paused = flags
         if flags:
-            self._unschedule(q)  # paused queues are never evicted
+            self.timers.unschedule(q)  # paused queues are never evicted
         elif not q.live:
             self._maybe_idle(q, now_ms)
         if was_out and not flags & PAUSED_OUT and q.waiters is not None:
@@ -1121,7 +1073,7 @@ class Shard(ExtOps):
                 job.state = ACTIVE
                 if job.retry_s and job.qtime_ms <= now_ms:
                     job.qtime_ms = now_ms + job.retry_s * 1000 + self._jitter()
-            self._schedule(job, self._due(job))
+            self.timers.schedule(job, self._due(job))
         self._last_ctime_us = max(self._last_ctime_us, job.ctime_us)
 
     def _unregister_quiet(self, job: Job, now_ms: int) -> None:
@@ -1152,7 +1104,7 @@ class Shard(ExtOps):
                 if q.waiters is None:
                     q.waiters = {}
                 q.waiters[w.token] = w
-                self._unschedule(q)
+                self.timers.unschedule(q)
 
     def info(self) -> dict[str, int]:
         return {
@@ -1251,8 +1203,7 @@ class Shard(ExtOps):
                 invariant(job.queue in self._queues, f"{job} queued in a missing queue")
                 queued[job.queue] = queued.get(job.queue, 0) + 1
             if job.awake_ms:
-                b = self._timers.get(job.awake_ms)
-                invariant(b is not None and job in b.items, f"{job} timer bucket lost")
+                invariant(self.timers.holds(job), f"{job} timer bucket lost")
             else:
                 invariant(False, f"{job} has no timer (TTL would never fire)")
         for name, q in self._queues.items():
@@ -1269,7 +1220,7 @@ class Shard(ExtOps):
                 wq = self._queues.get(name)
                 invariant(wq is not None and wq.waiters and w.token in wq.waiters,
                           f"waiter {w.token} not on queue {name!r}")
-        invariant(len(self._heap) == len(self._timers), "timer heap and buckets differ")
+        self.timers.check()
         self._check_metrics(jobs)
 
     def _check_metrics(self, jobs: list[Job]) -> None:

@@ -296,7 +296,7 @@ def _d(name: str, kind: str, settable: bool, reason: str = "", **kw: object) -> 
     return Directive(name, kind, settable, reason, **kw)  # type: ignore[arg-type]
 
 
-# Order = the reference's `CONFIG GET *` (reference/03), then the ones it does
+# Order = the reference's `CONFIG GET *` (tests/reference/03), then the ones it does
 # not list, then ours. config_get() walks this order.
 DIRECTIVES: tuple[Directive, ...] = (
     _d("requirepass", "special", True),
@@ -614,7 +614,7 @@ def value_text(cfg: Config, d: Directive) -> str:
     """The value as CONFIG GET shows it."""
     v = getattr(cfg, d.attr)
     if d.name == "tcp-keepalive":
-        # The reference prints this integer as a boolean (reference/03:
+        # The reference prints this integer as a boolean (tests/reference/03:
         # tcp-keepalive "no"); clients compare against it, so we do the same.
         return "yes" if v else "no"
     if d.name == "unixsocketperm":

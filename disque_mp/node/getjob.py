@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from bus import mesh as meshmod
+from bus.clock import wall_ms
 from bus.mesh import unpack
-from disque_mp.node.clock import now_ms
 from disque_mp.node.resp import encode
 from workers.ids import owner_of_job_id
 from workers.replies import ERR_LEAVING, NULL_ARRAY, PENDING, Error
@@ -125,7 +125,7 @@ class GetJob:
         if self.done:
             self.w.peers.return_jobs(owner, entries)
             return
-        self.w.now_ms = now_ms()
+        self.w.now_ms = wall_ms()
         self._took(entries)
         self._step()
 
@@ -218,7 +218,7 @@ class GetJob:
                 continue
             if owner == w.index:
                 w.tokens.pop(self.token, None)
-                w.shard.op_unblock(self.token, now_ms())
+                w.shard.op_unblock(self.token, wall_ms())
             else:
                 meta = {"t": self.token, "f": 1} if self.flushed else {"t": self.token}
                 w.mesh.send(owner, meshmod.K_UNBLOCK, meta)

@@ -31,6 +31,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from bus import mesh as meshmod
+from bus.clock import wall_ms
 from bus.mesh import unpack
 from disque_mp.node.log import VERBOSE
 from workers.evict import EvictCursor, evict_step
@@ -183,7 +184,7 @@ class Monitor:
         """Recompute the node total and the level; evict while at level 2 or more."""
         used = self._total()
         level = self._set_level(used)
-        now = time.time_ns() // 1_000_000
+        now = wall_ms()
         t0 = time.perf_counter()
         budget_s = self.period_ms * evict_duty / 1000
         passes = 0

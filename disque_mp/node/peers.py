@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any, Final
 import hiredis
 
 from bus import mesh as meshmod
+from bus.clock import wall_ms
 from bus.mesh import Link, pack, unpack
-from disque_mp.node.clock import now_ms
 from disque_mp.node.commands import admin as cmd_node
 from disque_mp.node.resp import encode
 from workers.invariant import InvariantError
@@ -61,7 +61,7 @@ class Peers:
 
     def on_request(self, link: Link, kind: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
         w = self.w
-        w.now_ms = now_ms()
+        w.now_ms = wall_ms()
         if kind == meshmod.K_RAW:
             self._serve_raw(link, bodies)
         elif kind == meshmod.K_CMDS:
@@ -145,7 +145,7 @@ class Peers:
         w = self.w
         for token in _blocked(link).values():
             w.tokens.pop(token, None)
-            w.shard.op_unblock(token, now_ms())
+            w.shard.op_unblock(token, wall_ms())
         w.drain_effects()
 
     # ------------------------------------------------------------------ RAW (hot commands)
@@ -269,7 +269,7 @@ class Peers:
         w = self.w
         ids = [str(e[1]) for e in entries]
         if owner == w.index:
-            w.shard.op_return(ids, now_ms())
+            w.shard.op_return(ids, wall_ms())
             w.drain_effects()
         else:
             w.mesh.send(owner, meshmod.K_RETURN, {}, [i.encode() for i in ids])

@@ -339,8 +339,22 @@ CRLF: Final = b"\r\n"
 NULL_BULK2: Final = b"$-1\r\n"
 NULL_ARRAY2: Final = b"*-1\r\n"
 NULL3: Final = b"_\r\n"
-OK_REPLY: Final = b"+OK\r\n"
-PONG_REPLY: Final = b"+PONG\r\n"
+
+
+def append_request(parts: list[bytes], args: list[bytes]) -> None:
+    """``args`` as the RESP multibulk a client sends, appended to ``parts`` (the
+    router's RAW mesh frames, the HTTP endpoint's commands)."""
+    parts.append(b"*%d\r\n" % len(args))
+    for arg in args:
+        parts.append(b"$%d\r\n" % len(arg))
+        parts.append(arg)
+        parts.append(b"\r\n")
+
+
+def encode_request(args: list[bytes]) -> bytes:
+    parts: list[bytes] = []
+    append_request(parts, args)
+    return b"".join(parts)
 
 
 def encode(value: Any, resp3: bool = False) -> bytes:

@@ -33,7 +33,7 @@ from disque_mp.node.commands.table import TABLE, Command, run_on_shard
 from disque_mp.node.connection import ClientConn
 from disque_mp.node.getjob import GetJob
 from disque_mp.node.memory import ERR_OOM
-from disque_mp.node.resp import NULL3, NULL_ARRAY2, encode, encode_jobs
+from disque_mp.node.resp import NULL3, NULL_ARRAY2, append_request, encode, encode_jobs
 from workers.ids import is_valid_job_id, owner_of_job_id, owner_of_queue
 from workers.invariant import InvariantError
 from workers.replies import ERR_BADID, NULL_ARRAY, PENDING, Error, Status, err_arity, err_unknown
@@ -430,7 +430,7 @@ class Router:
         self.raw_rid = rid = (self.raw_rid + 1) & 0xFFFFFFFF
         rids.append(rid)
         link.raw_flags.append(1 if conn.resp3 else 0)
-        _append_resp(link.raw_parts, cmd)
+        append_request(link.raw_parts, cmd)
         link.raw_pending[rid] = (conn, slot)
 
     # ------------------------------------------------------------------ route: ids
@@ -535,12 +535,3 @@ def _merge_counts(results: list[Any]) -> Any:
             return value
         total += int(value)
     return total
-
-
-def _append_resp(parts: list[bytes], cmd: list[bytes]) -> None:
-    """``cmd`` as the RESP multibulk a client sends (the RAW mesh frame's payload)."""
-    parts.append(b"*%d\r\n" % len(cmd))
-    for arg in cmd:
-        parts.append(b"$%d\r\n" % len(arg))
-        parts.append(arg)
-        parts.append(b"\r\n")

@@ -38,8 +38,8 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from bus import auth as bus_auth
+from bus.clock import wall_ms
 from bus.mesh import Mesh
-from disque_mp.node.clock import now_ms
 from disque_mp.node.commands import jobs as cmd_jobs
 from disque_mp.node.config import Config, worker_ports
 from disque_mp.node.connection import ClientConn, PendingReply, listen_sockets
@@ -146,7 +146,7 @@ class Worker:
         self.node_id = node_id
         self.parent_pid = os.getppid()
         self.start_s = time.time()
-        self.now_ms = now_ms()
+        self.now_ms = wall_ms()
         self.conns: set[ClientConn] = set()
         self.dirty: list[ClientConn] = []
         self.flush_scheduled = False
@@ -218,7 +218,7 @@ class Worker:
 
     def _make_shard(self) -> Shard:
         rng = random.Random(os.urandom(16))
-        return Shard(self.node_id, self.index, self.workers, os.urandom(16), rng, now_ms())
+        return Shard(self.node_id, self.index, self.workers, os.urandom(16), rng, wall_ms())
 
     def _start_aof(self) -> None:
         try:
@@ -229,7 +229,7 @@ class Worker:
 
         self.aof = AofManager(self.cfg, self.index, ShardAdapter(self.shard))
         try:
-            self.aof.load(now_ms())
+            self.aof.load(wall_ms())
         except (AofLoadError, OSError) as e:
             log.warning("Fatal error loading the AOF: %s", e)
             raise SystemExit(1) from None  # never serve a partial state
@@ -389,7 +389,7 @@ class Worker:
 
     def begin_batch(self) -> None:
         """A client's read of commands starts: the clock of this loop turn."""
-        self.now_ms = now_ms()
+        self.now_ms = wall_ms()
 
     def end_batch(self) -> None:
         """After the commands of a read: effects, then the AOF before the replies."""
@@ -428,13 +428,13 @@ class Worker:
                 and eff.kind == "YOURJOBS":
             # Its jobs left our queue when the shard wrote it: queue them again
             # (an at-most-once job would be queued nowhere).
-            self.shard.yourjobs_unsent(eff.bodies, now_ms())
+            self.shard.yourjobs_unsent(eff.bodies, wall_ms())
 
     def on_cluster_message(self, sender: str, kind: str, slot: int, meta: dict[str, Any],
                            bodies: list[bytes]) -> None:
         on_message = getattr(self.shard, "on_message", None)
         if on_message is not None:
-            on_message(sender, kind, meta, bodies, now_ms())
+            on_message(sender, kind, meta, bodies, wall_ms())
             self.drain_effects()
             self.reschedule_tick()
 
@@ -455,7 +455,7 @@ class Worker:
 
     def _tick(self) -> None:
         self.tick_handle = None
-        self.now_ms = now_ms()
+        self.now_ms = wall_ms()
         if self.now_ms >= self.idle_check_at:
             self._each_second()
         self.slowlog.configure(self.cfg.slowlog_log_slower_than, self.cfg.slowlog_max_len)
@@ -490,7 +490,7 @@ class Worker:
         if self.tick_handle is not None:
             self.tick_handle.cancel()
         self.tick_at = at_ms
-        delay_s = max(0, at_ms - now_ms()) / 1000
+        delay_s = max(0, at_ms - wall_ms()) / 1000
         self.tick_handle = self.loop.call_later(delay_s, self._tick)
 
     def reschedule_tick(self) -> None:

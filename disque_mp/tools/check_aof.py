@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 import sys
 
-from disque_mp.node.aof import FileHeader, RecordReader, truncate_file
+from disque_mp.node.aof_format import FileHeader, RecordReader, truncate_file
 from workers.ids import is_valid_job_id
 from workers.job import DEL_RECORD_TAG, Job, job_id_of_record
 

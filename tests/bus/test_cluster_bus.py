@@ -520,7 +520,7 @@ def raw(node: NodeProc, payload: bytes) -> bytes:
 
 
 def test_reference_03_cluster_texts_raw(tmp_path: Path) -> None:
-    """reference/03: the exact bytes of CLUSTER replies on a 2-node cluster."""
+    """tests/reference/03: the exact bytes of CLUSTER replies on a 2-node cluster."""
     a = NodeProc(tmp_path / "a", workers=2)
     b = NodeProc(tmp_path / "b", workers=1)
     try:

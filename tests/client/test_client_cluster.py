@@ -13,7 +13,7 @@ import redis
 
 from disque_mp.client import Disque, Job
 from disque_mp.client.aio import AsyncDisque
-from tests.nodeproc import NodeProc, form_cluster, wait_until
+from tests.nodeproc import NodeProc, running_cluster, wait_until
 from tests.nodeproc import unique_queue as _q
 
 pytestmark = pytest.mark.integration
@@ -43,17 +43,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[NodeProc]
     base = Path(tmp_path_factory.mktemp("client-cluster"))
     nodes = [NodeProc(base / f"n{i}", workers=1, conf={"cluster-node-timeout": 3000})
              for i in range(3)]
-    try:
-        for n in nodes:
-            n.start()
-        form_cluster(nodes, cluster_form_timeout_s)
+    with running_cluster(nodes, cluster_form_timeout_s):
         # what the client discovers: every node lists all three in HELLO
         wait_until(lambda: _hello_sizes(nodes) == [3, 3, 3], cluster_form_timeout_s,
                   "every node to list 3 nodes in HELLO")
         yield nodes
-    finally:
-        for n in nodes:
-            n.stop()
 
 
 def test_discovery_through_hello(cluster: list[NodeProc]) -> None:

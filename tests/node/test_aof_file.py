@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from disque_mp.node import aof
-from disque_mp.node.aof import AofFile, AofWriter, FileHeader, RecordReader
+from disque_mp.node import aof_format
+from disque_mp.node.aof_format import AofFile, AofWriter, FileHeader, RecordReader
 from disque_mp.tools import check_aof as aof_check
 from workers.ids import SLOTS, JobIdGen, slot_of
 from workers.job import ACTIVE, Job
@@ -35,8 +35,8 @@ def job_records(n: int, body: bytes = b"body") -> list[bytes]:
 
 def write_aof(directory: Path, records: list[bytes], gen: int = 1, workers: int = 1,
               index: int = 0) -> Path:
-    name = aof.file_name("appendonly.aof", index, gen)
-    path = aof.write_new_file(str(directory), name, FileHeader(gen, workers, index),
+    name = aof_format.file_name("appendonly.aof", index, gen)
+    path = aof_format.write_new_file(str(directory), name, FileHeader(gen, workers, index),
                               iter(records))
     return Path(path)
 
@@ -55,7 +55,7 @@ def test_roundtrip_and_header(tmp_path: Path) -> None:
     assert got == recs
     assert reader.damage is None
     assert reader.good_bytes == reader.size == path.stat().st_size
-    assert aof.read_header(str(path)) == FileHeader(7, 3, 2)
+    assert aof_format.read_header(str(path)) == FileHeader(7, 3, 2)
     assert not list(tmp_path.glob("temp-*")), "the temporary file was renamed into place"
 
 
@@ -63,7 +63,7 @@ def test_torn_tail_at_every_offset_of_the_last_record(tmp_path: Path) -> None:
     recs = job_records(5)
     path = write_aof(tmp_path, recs)
     data = path.read_bytes()
-    last_start = len(data) - len(aof.frame(recs[-1]))
+    last_start = len(data) - len(aof_format.frame(recs[-1]))
     torn = tmp_path / "torn.aof"
     for cut in range(last_start + 1, len(data)):
         torn.write_bytes(data[:cut])
@@ -80,8 +80,8 @@ def test_checksum_mismatch_in_the_middle_is_not_a_tail(tmp_path: Path) -> None:
     recs = job_records(6)
     path = write_aof(tmp_path, recs)
     data = bytearray(path.read_bytes())
-    third = len(aof.frame(FileHeader(1, 1, 0).encode())) + sum(len(aof.frame(r)) for r in recs[:2])
-    data[third + aof.FRAME.size + 5] ^= 0xFF  # flip a payload byte of record 3
+    third = len(aof_format.frame(FileHeader(1, 1, 0).encode())) + sum(len(aof_format.frame(r)) for r in recs[:2])
+    data[third + aof_format.FRAME.size + 5] ^= 0xFF  # flip a payload byte of record 3
     path.write_bytes(bytes(data))
     got, reader = read_all(path)
     assert got == recs[:2]
@@ -118,7 +118,7 @@ def test_writer_appends_and_undoes_nothing_on_success(tmp_path: Path) -> None:
     path = write_aof(tmp_path, recs[:4])
     w = AofWriter(str(path))
     for r in recs[4:]:
-        w.add(aof.frame(r))
+        w.add(aof_format.frame(r))
     assert path.stat().st_size == w.size  # buffered, not written yet
     w.write_pending()
     w.fsync()
@@ -130,18 +130,18 @@ def test_writer_appends_and_undoes_nothing_on_success(tmp_path: Path) -> None:
 def test_writer_keeps_pending_frames_while_writes_fail(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     fault = tmp_path / "fault"
-    monkeypatch.setattr(aof, "_fault_path", str(fault))
+    monkeypatch.setattr(aof_format, "_fault_path", str(fault))
     recs = job_records(3)
     path = write_aof(tmp_path, recs[:1])
     size = path.stat().st_size
     w = AofWriter(str(path))
-    w.add(aof.frame(recs[1]))
+    w.add(aof_format.frame(recs[1]))
     fault.write_text("ENOSPC")
     with pytest.raises(OSError) as e:
         w.write_pending()
     assert e.value.errno == errno.ENOSPC
     assert path.stat().st_size == size and w.pending
-    w.add(aof.frame(recs[2]))
+    w.add(aof_format.frame(recs[2]))
     fault.unlink()
     w.write_pending()
     w.close()
@@ -167,7 +167,7 @@ def test_short_write_on_a_full_disk_is_undone(tmp_path: Path) -> None:
         path = write_aof(mnt, job_records(2))
         size = path.stat().st_size
         w = AofWriter(str(path))
-        big = aof.frame(job_records(1, body=b"x" * 200_000)[0])
+        big = aof_format.frame(job_records(1, body=b"x" * 200_000)[0])
         w.add(big)
         with pytest.raises(OSError) as e:
             w.write_pending()
@@ -175,7 +175,7 @@ def test_short_write_on_a_full_disk_is_undone(tmp_path: Path) -> None:
         assert path.stat().st_size == size, "partial frame removed"
         w.pending.clear()
         small = job_records(3)[2]
-        w.add(aof.frame(small))
+        w.add(aof_format.frame(small))
         w.write_pending()  # the disk still has room for a small record
         w.close()
         got, reader = read_all(path)
@@ -190,23 +190,23 @@ def _files(*specs: tuple[int, int, int]) -> list[AofFile]:
 
 def test_authority_two_workers_to_one() -> None:
     files = _files((2, 0, 1), (2, 1, 1))
-    plan = aof.authority(files, 1, 0)
+    plan = aof_format.authority(files, 1, 0)
     assert set(plan) == {"f-2-0-1", "f-2-1-1"}
     assert sum(plan["f-2-0-1"]) + sum(plan["f-2-1-1"]) == SLOTS
     assert plan["f-2-1-1"][1] == 1 and plan["f-2-0-1"][1] == 0
-    assert aof.superseded(files) == []
+    assert aof_format.superseded(files) == []
     files += _files((1, 0, 2))  # worker 0 of the 1-worker node wrote its file
-    assert set(aof.authority(files, 1, 0)) == {"f-1-0-2"}
-    assert [f.path for f in aof.superseded(files)] == ["f-2-0-1", "f-2-1-1"]
+    assert set(aof_format.authority(files, 1, 0)) == {"f-1-0-2"}
+    assert [f.path for f in aof_format.superseded(files)] == ["f-2-0-1", "f-2-1-1"]
 
 
 def test_authority_one_worker_to_two_while_the_other_is_not_done() -> None:
     files = _files((1, 0, 1), (2, 0, 2))  # worker 1 of 2 has not written yet
-    plan = aof.authority(files, 2, 1)
+    plan = aof_format.authority(files, 2, 1)
     assert set(plan) == {"f-1-0-1"} and sum(plan["f-1-0-1"]) == SLOTS // 2
-    assert aof.superseded(files) == [], "odd slots still live only in the old file"
+    assert aof_format.superseded(files) == [], "odd slots still live only in the old file"
     files += _files((2, 1, 2))
-    assert [f.path for f in aof.superseded(files)] == ["f-1-0-1"]
+    assert [f.path for f in aof_format.superseded(files)] == ["f-1-0-1"]
 
 
 def test_list_files_ignores_other_names_and_reports_headerless(tmp_path: Path) -> None:
@@ -214,7 +214,7 @@ def test_list_files_ignores_other_names_and_reports_headerless(tmp_path: Path) -
     (tmp_path / "appendonly-w0-g2.aof").write_bytes(b"")  # crashed before its header
     (tmp_path / "nodes.conf").write_text("x")
     (tmp_path / "temp-12-appendonly-w0-g4.aof").write_bytes(b"partial")
-    files, unreadable = aof.list_files(str(tmp_path), "appendonly.aof")
+    files, unreadable = aof_format.list_files(str(tmp_path), "appendonly.aof")
     assert [Path(f.path).name for f in files] == ["appendonly-w1-g3.aof"]
     assert len(unreadable) == 1 and "appendonly-w0-g2.aof" in unreadable[0]
 
@@ -226,7 +226,7 @@ def test_check_aof_reports_and_fixes(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "4 records" in capsys.readouterr().out
     good = path.stat().st_size
     with open(path, "ab") as f:
-        f.write(aof.frame(recs[0])[:-3])  # torn last record
+        f.write(aof_format.frame(recs[0])[:-3])  # torn last record
     assert aof_check.main([str(path)]) == 1
     out = capsys.readouterr().out
     assert f"First bad byte at offset {good}" in out and "torn tail" in out
@@ -242,7 +242,7 @@ def test_check_aof_finds_a_record_that_does_not_decode(tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     recs = job_records(3)
     path = write_aof(tmp_path, [recs[0], b"\x09not a job record", recs[1]])
-    bad = len(aof.frame(FileHeader(1, 1, 0).encode())) + len(aof.frame(recs[0]))
+    bad = len(aof_format.frame(FileHeader(1, 1, 0).encode())) + len(aof_format.frame(recs[0]))
     assert aof_check.main([str(path)]) == 1
     assert f"First bad byte at offset {bad}: record does not decode" in capsys.readouterr().out
 
@@ -287,8 +287,8 @@ def test_check_aof_accepts_deletion_records(tmp_path: Path,
                                   b'{"gen": "x", "workers": 1, "index": 0}'])
 def test_bad_headers_are_reported_not_raised(tmp_path: Path, meta: bytes) -> None:
     path = tmp_path / "appendonly-w0-g1.aof"
-    path.write_bytes(aof.frame(aof.MAGIC + bytes([aof.FORMAT_VERSION]) + meta))
-    files, unreadable = aof.list_files(str(tmp_path), "appendonly.aof")
+    path.write_bytes(aof_format.frame(aof_format.MAGIC + bytes([aof_format.FORMAT_VERSION]) + meta))
+    files, unreadable = aof_format.list_files(str(tmp_path), "appendonly.aof")
     assert files == [] and len(unreadable) == 1
 
 

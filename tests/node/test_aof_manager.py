@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from disque_mp.node import aof
-from disque_mp.node.aof import AofManager, FileHeader, RecordReader, ShardAdapter
+from disque_mp.node import aof, aof_format
+from disque_mp.node.aof import AofManager, ShardAdapter
+from disque_mp.node.aof_format import FileHeader, RecordReader
 from disque_mp.node.commands.table import run_on_shard
 from disque_mp.node.config import Config
 from workers.effects import AofAppend
@@ -79,7 +80,7 @@ def open_manager(tmp_path: Path, shard: Shard, **kw: object) -> AofManager:
 def test_commit_refuses_with_always_while_writes_fail(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     fault = tmp_path / "fault"
-    monkeypatch.setattr(aof, "_fault_path", str(fault))
+    monkeypatch.setattr(aof_format, "_fault_path", str(fault))
     shard = make_shard()
     mgr = open_manager(tmp_path, shard, appendfsync="always")
     j1 = add(shard, mgr)
@@ -103,7 +104,7 @@ def test_commit_refuses_with_always_while_writes_fail(tmp_path: Path,
 def test_commit_with_everysec_does_not_refuse(tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     fault = tmp_path / "fault"
-    monkeypatch.setattr(aof, "_fault_path", str(fault))
+    monkeypatch.setattr(aof_format, "_fault_path", str(fault))
     shard = make_shard()
     mgr = open_manager(tmp_path, shard, appendfsync="everysec")
     fault.write_text("ENOSPC")
@@ -123,8 +124,8 @@ def test_chunked_rewrite_while_jobs_change(tmp_path: Path) -> None:
     assert mgr.bgrewriteaof() == "Background append only file rewriting started"
     assert mgr.bgrewriteaof().startswith("ERR Background append only file rewriting already")
     rng = random.Random(7)
-    while mgr.rewrite is not None:
-        mgr._rewrite_step(37)
+    while mgr.rewriter.current is not None:
+        mgr.rewriter.step(37)
         for _ in range(5):  # clients keep working between chunks
             op = rng.random()
             if op < 0.4:
@@ -176,7 +177,7 @@ def test_auto_rewrite_by_size(tmp_path: Path) -> None:
     mgr.commit()
     big = mgr.writer.size
     assert big > 4096
-    while mgr.tick() == 0.0 or mgr.rewrite is not None:
+    while mgr.tick() == 0.0 or mgr.rewriter.current is not None:
         pass
     assert mgr.writer.size < big / 10
     assert set(file_state(mgr.writer.path)) == {j}
@@ -205,7 +206,7 @@ def test_info_fields_match_the_reference_when_off(tmp_path: Path) -> None:
 
 def test_header_of_rewritten_file(tmp_path: Path) -> None:
     mgr = open_manager(tmp_path, make_shard())
-    assert aof.read_header(mgr.writer.path) == FileHeader(1, 1, 0)
+    assert aof_format.read_header(mgr.writer.path) == FileHeader(1, 1, 0)
     assert [Job.from_record(r) for r in file_state(mgr.writer.path).values() if r] == []
 
 
@@ -329,7 +330,7 @@ def _torn(tmp_path: Path) -> tuple[Path, int, set[str]]:
     path = Path(mgr.writer.path)
     good = path.stat().st_size
     with open(path, "ab") as f:
-        f.write(aof.frame(b"\x01" * 90)[:50])  # a record torn by a crash
+        f.write(aof_format.frame(b"\x01" * 90)[:50])  # a record torn by a crash
     return path, good, ids
 
 
@@ -415,7 +416,7 @@ def test_bgrewriteaof_with_appendonly_no_writes_a_file_but_stays_off(tmp_path: P
     ids = {add_logged(shard, mgr, q) for _ in range(3)}
     assert mgr.bgrewriteaof() == "Background append only file rewriting started"
     late = add_logged(shard, mgr, q)  # during the rewrite: kept in its tail
-    while mgr.rewrite is not None:
+    while mgr.rewriter.current is not None:
         mgr.tick()
     assert mgr.state == "off" and mgr.writer is None
     (path,) = tmp_path.glob("appendonly-w0-g*.aof")
@@ -425,7 +426,7 @@ def test_bgrewriteaof_with_appendonly_no_writes_a_file_but_stays_off(tmp_path: P
 def test_records_dropped_past_the_pending_bound_are_healed_by_a_rewrite(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fault = tmp_path / "fault"
-    monkeypatch.setattr(aof, "_fault_path", str(fault))
+    monkeypatch.setattr(aof_format, "_fault_path", str(fault))
     monkeypatch.setattr(aof, "pending_bytes_max", 300)
     shard, mgr = start(tmp_path, 0, 1, appendfsync="always")
     fault.write_text("ENOSPC")
@@ -434,8 +435,8 @@ def test_records_dropped_past_the_pending_bound_are_healed_by_a_rewrite(
         assert not mgr.commit()
     fault.unlink()
     assert not mgr.commit(), "dropped records: still an error, once"
-    assert mgr.rewrite_scheduled
-    while mgr.tick() == 0.0 or mgr.rewrite is not None or mgr.rewrite_scheduled:
+    assert mgr.rewriter.scheduled
+    while mgr.tick() == 0.0 or mgr.rewriter.current is not None or mgr.rewriter.scheduled:
         pass
     assert dict(mgr.info())["aof_last_write_status"] == "ok"
     state = {k: v for k, v in file_state(mgr.writer.path).items() if v is not None}
@@ -462,7 +463,7 @@ def test_group_commit_in_a_loop_releases_held_replies_after_the_fsync(
     import asyncio
 
     fault = tmp_path / "fault"
-    monkeypatch.setattr(aof, "_fault_path", str(fault))
+    monkeypatch.setattr(aof_format, "_fault_path", str(fault))
     shard, mgr = start(tmp_path, 0, 1, appendfsync="always")
     out: list[object] = []
 
@@ -506,7 +507,7 @@ def test_no_appendfsync_on_rewrite(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 def test_when_durable_waits_for_the_records_of_a_pending_reply(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fault = tmp_path / "fault"
-    monkeypatch.setattr(aof, "_fault_path", str(fault))
+    monkeypatch.setattr(aof_format, "_fault_path", str(fault))
     shard, mgr = start(tmp_path, 0, 1, appendfsync="always")
     out: list[object] = []
     add_logged(shard, mgr, queue_of(0, 1))

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from disque_mp.node import config as c
 
-# The reference's `CONFIG GET *` names, in its order (reference/03).
+# The reference's `CONFIG GET *` names, in its order (tests/reference/03).
 REFERENCE_ORDER = [
     "requirepass", "unixsocket", "logfile", "pidfile", "maxmemory", "maxmemory-samples",
     "timeout", "auto-aof-rewrite-percentage", "auto-aof-rewrite-min-size",

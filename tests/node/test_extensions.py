@@ -18,7 +18,7 @@ import redis
 
 from disque_mp.client import Disque
 from disque_mp.client.aio import AsyncDisque
-from tests.nodeproc import NodeProc, form_cluster, wait_until
+from tests.nodeproc import NodeProc, running_cluster, wait_until
 from tests.nodeproc import unique_queue as _q
 from workers.ids import owner_of_job_id
 
@@ -40,14 +40,8 @@ def three(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[NodeProc]]:
     base = Path(tmp_path_factory.mktemp("ext-three"))
     nodes = [NodeProc(base / f"n{i}", workers=2, conf={"cluster-node-timeout": 2000})
              for i in range(3)]
-    try:
-        for n in nodes:
-            n.start()
-        form_cluster(nodes, form_timeout_s)
+    with running_cluster(nodes, form_timeout_s):
         yield nodes
-    finally:
-        for n in nodes:
-            n.stop()
 
 
 def _r(node: NodeProc) -> redis.Redis:

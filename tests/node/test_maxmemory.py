@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from disque_mp.node import aof, memory
+from disque_mp.node import aof_format, memory
 from tests.nodeproc import NodeProc
 from tests.rawclient import NULL_ARRAY, NULL_BULK, Err, RawClient
 from workers.ids import JobIdGen, owner_of_queue, slot_of
@@ -235,8 +235,8 @@ def _write_aof_with_acks(directory: Path, acked: int, queued: int) -> tuple[list
                       0, other)
             records.append(job.to_record())
             ids[state].append(jid)
-    aof.write_new_file(str(directory), aof.file_name("appendonly.aof", 0, 1),
-                       aof.FileHeader(1, 1, 0), iter(records))
+    aof_format.write_new_file(str(directory), aof_format.file_name("appendonly.aof", 0, 1),
+                       aof_format.FileHeader(1, 1, 0), iter(records))
     return ids[ACKED], ids[QUEUED]
 
 

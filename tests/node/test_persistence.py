@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import redis
 
-from disque_mp.node import aof
+from disque_mp.node import aof_format
 from tests.nodeproc import NodeProc
 from workers.ids import owner_of_queue
 
@@ -213,7 +213,7 @@ def _fill_and_damage(tmp_path: Path, conf: dict[str, str]) -> tuple[NodeProc, se
     (path,) = tmp_path.glob("appendonly-w0-g*.aof")
     good = path.stat().st_size
     with open(path, "ab") as f:
-        f.write(aof.frame(b"\x01" + b"x" * 99)[:37])  # a record torn by a crash
+        f.write(aof_format.frame(b"\x01" + b"x" * 99)[:37])  # a record torn by a crash
     return node, ids, path, good
 
 
@@ -243,7 +243,7 @@ def test_damaged_tail_refused_with_aof_load_truncated_no(tmp_path: Path) -> None
 def test_injected_write_error_refuses_jobs_it_could_not_log(tmp_path: Path) -> None:
     fault = tmp_path / "aof-fault"
     node = NodeProc(tmp_path / "n", workers=2, conf=ALWAYS,
-                    env={aof.FAULT_ENV: str(fault)}).start()
+                    env={aof_format.FAULT_ENV: str(fault)}).start()
     try:
         r = node.client(protocol=2)
         good = r.execute_command("ADDJOB", "fq", "before", 0).decode()

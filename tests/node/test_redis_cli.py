@@ -1,4 +1,4 @@
-"""redis-cli (the system binary) against a real node: lines of reference/01."""
+"""redis-cli (the system binary) against a real node: lines of tests/reference/01."""
 
 from __future__ import annotations
 

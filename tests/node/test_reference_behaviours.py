@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 
-from tests.nodeproc import NodeProc, form_cluster, wait_until
+from tests.nodeproc import NodeProc, running_cluster, wait_until
 from tests.nodeproc import unique_queue as _q
 from tests.rawclient import NULL_ARRAY, Err, RawClient, encode_command
 from workers.ids import owner_of_queue
@@ -34,14 +34,8 @@ def _r(node: NodeProc) -> redis.Redis:
 def three(tmp_path: Path) -> Iterator[list[NodeProc]]:
     nodes = [NodeProc(tmp_path / f"n{i}", workers=2, conf={"cluster-node-timeout": node_timeout_ms})
              for i in range(3)]
-    try:
-        for n in nodes:
-            n.start()
-        form_cluster(nodes, form_timeout_s)
+    with running_cluster(nodes, form_timeout_s):
         yield nodes
-    finally:
-        for n in nodes:
-            n.stop()
 
 
 def _info(node: NodeProc, section: str) -> dict[str, Any]:
@@ -141,14 +135,8 @@ def test_additional_deliveries_travel_between_nodes(three: list[NodeProc]) -> No
 def four(tmp_path: Path) -> Iterator[list[NodeProc]]:
     nodes = [NodeProc(tmp_path / f"n{i}", workers=2, conf={"cluster-node-timeout": 3000})
              for i in range(4)]
-    try:
-        for n in nodes:
-            n.start()
-        form_cluster(nodes, form_timeout_s)
+    with running_cluster(nodes, form_timeout_s):
         yield nodes
-    finally:
-        for n in nodes:
-            n.stop()
 
 
 restart_rounds = 6
@@ -224,10 +212,7 @@ def test_fault_free_run_delivers_every_acked_job_once(tmp_path: Path) -> None:
     queues = [_q("once") for _ in range(4)]  # on both workers
     acked: dict[str, int] = {}
     delivered: dict[str, int] = {}
-    try:
-        for n in nodes:
-            n.start()
-        form_cluster(nodes, form_timeout_s)
+    with running_cluster(nodes, form_timeout_s):
         _workload(nodes, rng, workload_s, acked, delivered, queues)  # links still being set up
         victim = nodes[1]
         before = set(victim.worker_pids())
@@ -254,9 +239,6 @@ def test_fault_free_run_delivers_every_acked_job_once(tmp_path: Path) -> None:
         assert not {j for j in again if j not in acked_before_restart}, again
         assert len(again) <= len(acked_before_restart) // 100 + 1, again
         assert len(acked) > 50
-    finally:
-        for n in nodes:
-            n.stop()
 
 
 def _worker_pid(node: NodeProc, index: int) -> int:

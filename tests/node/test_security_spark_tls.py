@@ -36,7 +36,7 @@ def test_spark_options_connect_over_tls(tmp_path: Path) -> None:
             assert spark.queued_in_cluster(client, [q], opts) == 1
         finally:
             client.close()
-        rows = list(spark._snapshot_rows(opts))
+        rows = list(spark.snapshot_rows(opts))
         assert len(rows) == 1
         plain = spark.parse_options({"nodes": f"127.0.0.1:{tls_port}", "queue": q})
         with pytest.raises(Exception):  # noqa: B017 - without TLS the node is not reached

@@ -1,4 +1,4 @@
-"""Replay the reference transcripts (reference/01 and 02) over raw RESP against a
+"""Replay the reference transcripts (tests/reference/01 and 02) over raw RESP against a
 real node with 1 and with 2 workers, and compare replies structurally: types,
 field names and order, error texts and counts must match; job IDs, node IDs,
 ports, times and memory figures are normalised.

@@ -137,8 +137,7 @@ class Net:
     # ------------------------------------------------------------------ time
 
     def _due(self, n: Node) -> int | None:
-        heap = n.shard._heap
-        return heap[0] if heap else None
+        return n.shard.timers.next_due()
 
     def run(self, ms: int) -> None:
         """Advance the clock by ``ms``, delivering messages and firing timers in order."""

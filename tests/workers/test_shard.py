@@ -12,11 +12,12 @@ from workers.effects import Wake
 from workers.job import ACKED, ACTIVE, QUEUED
 from workers.replies import ERR_NOJOB, ERR_NOREPL, ERR_PAUSED, NULL_ARRAY, Error, Status
 from workers.shard import Shard
+from workers.timers import timer_resolution_ms
 
 NODE = "739317b21b9046a3454204425426c55a12ccc07a"
 T0 = 1_795_301_808_328
 IDLE_MS = shard_mod.queue_idle_evict_ms
-RES = shard_mod.timer_resolution_ms
+RES = timer_resolution_ms
 
 
 class Env:

@@ -27,6 +27,7 @@ from bus.auth import STATS as auth_stats
 from bus.mesh import unpack
 from disque_mp.node import config as configmod
 from disque_mp.node.resp import encode
+from disque_mp.node.scatter import on_every_worker
 from workers.replies import ERR_SYNTAX, OK, PENDING, Error, Status
 
 log = logging.getLogger("disque_mp.node.admin")
@@ -66,30 +67,8 @@ def gather(w: NodeView, conn: ClientConn, op: str, arg: Any, finish: Callable[[l
         errors = [r for r in results if isinstance(r, Error)]
         conn.fill(slot, encode(errors[0] if errors else finish(results), conn.resp3))
 
-    on_every_worker(w, op, arg, reply)
+    on_every_worker(w, op, arg, local_op, reply)
     return PENDING
-
-
-def on_every_worker(w: NodeView, op: str, arg: Any, done: Callable[[list[Any]], None]) -> None:
-    """Run ``local_op(op, arg)`` on every worker; ``done(results by index)`` once all answered."""
-    results: list[Any] = [None] * w.workers
-    left = [w.workers]
-
-    def put(index: int, value: Any) -> None:
-        results[index] = value
-        left[0] -= 1
-        if left[0] == 0:
-            done(results)
-
-    for j in range(w.workers):
-        if j == w.index:
-            put(j, local_op(w, op, arg))
-        else:
-            w.mesh.request(j, meshmod.K_SCATTER, {"op": op, "a": arg}, (), _putter(put, j))
-
-
-def _putter(put: Callable[[int, Any], None], j: int) -> Callable[[dict[str, Any], list[bytes]], None]:
-    return lambda meta, bodies: put(j, unpack(meta.get("v"), bodies))
 
 
 def local_op(w: NodeView, op: str, arg: Any) -> Any:
@@ -461,13 +440,6 @@ def _info_clients(w: NodeView, conn: ClientConn, parts: list[Any]) -> list[tuple
             ("client_biggest_input_buf", 0), ("blocked_clients", _sum(parts, "blocked"))]
 
 
-def _human(n: int) -> str:
-    for unit, size in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.2f}{unit}"
-    return f"{n}B"
-
-
 def _info_memory(w: NodeView, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
     from disque_mp.node import memory
 
@@ -700,7 +672,7 @@ def cmd_cluster(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
             return
         # The reference's clusterReset ends with flushServerData: a reset node holds
         # no jobs and no queues (their node lists name nodes it no longer knows).
-        on_every_worker(w, "flushall", None, lambda parts: conn.fill(slot, encode(reply, conn.resp3)))
+        on_every_worker(w, "flushall", None, local_op, lambda parts: conn.fill(slot, encode(reply, conn.resp3)))
 
     cmd_cluster.cluster(w.agent, cmd[1:], reset_done)
     return PENDING

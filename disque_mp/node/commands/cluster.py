@@ -9,7 +9,7 @@ The front end calls:
     agent.send(node_id, kind, slot, meta, bodies)   # a shard's Send effect
 
 CLUSTER runs on worker 0, which owns membership (``bus/agent.py`` carries
-it there from other workers). Error texts are the reference's (reference/03) or,
+it there from other workers). Error texts are the reference's (tests/reference/03) or,
 where it has none, Redis Cluster's, which Disque's cluster.c shares.
 """
 

@@ -422,22 +422,22 @@ def _ids_cmd(op: str) -> Callable[[Shard, list[bytes], int, int], Any]:
     return handler
 
 
-def cmd_working(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
+def _one_job_id(args: list[bytes], name: str) -> str | Error:
+    """The one job ID of WORKING / SHOW, or the reference's error."""
     if len(args) != 1:
-        return err_arity("working")
+        return err_arity(name)
     ids = _job_ids(args)
-    if isinstance(ids, Error):
-        return ids
-    return shard.op_working(ids[0], now_ms)
+    return ids if isinstance(ids, Error) else ids[0]
+
+
+def cmd_working(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
+    job_id = _one_job_id(args, "working")
+    return job_id if isinstance(job_id, Error) else shard.op_working(job_id, now_ms)
 
 
 def cmd_show(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
-    if len(args) != 1:
-        return err_arity("show")
-    ids = _job_ids(args)
-    if isinstance(ids, Error):
-        return ids
-    return shard.op_show(ids[0], now_ms)
+    job_id = _one_job_id(args, "show")
+    return job_id if isinstance(job_id, Error) else shard.op_show(job_id, now_ms)
 
 
 # ------------------------------------------------------------------ queue commands

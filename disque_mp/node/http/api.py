@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from bus.clock import wall_ms
 from disque_mp.node.http import metrics as metricsmod
 from disque_mp.node.http.commands import ReplyError, call
 from disque_mp.node.http.ops import gather
@@ -194,7 +195,7 @@ async def get_queues(w: NodeView, req: Request, args: list[str]) -> Response:
     parts = await gather(w, "http.metrics", limit)
     live = _alive(parts)
     rows = metricsmod.merge_queue_rows(live, limit)
-    now_ms = time.time_ns() // 1_000_000
+    now_ms = wall_ms()
     _rates.bound(4 * max(cap, 1))
     out = []
     for name, queued, active, delayed, age_ms, jin, jout, blocked, pause, imp in rows:

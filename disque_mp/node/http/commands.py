@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import hiredis
 
+from disque_mp.node.resp import encode_request
+
 if TYPE_CHECKING:
     from disque_mp.node.view import NodeView
 
@@ -62,13 +64,6 @@ class _Sink(asyncio.Transport):
         pass
 
 
-def encode_command(args: list[bytes]) -> bytes:
-    out = [b"*%d\r\n" % len(args)]
-    for a in args:
-        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
-    return b"".join(out)
-
-
 async def call(w: NodeView, *args: bytes | str | int) -> Any:
     """One command's reply (bytes, int, list ...); raises ``ReplyError`` for an error."""
     raw = [a if isinstance(a, bytes) else str(a).encode() for a in args]
@@ -77,5 +72,5 @@ async def call(w: NodeView, *args: bytes | str | int) -> Any:
     conn.authed = True
     conn.addr = "http"
     conn.transport = _Sink(fut)
-    conn.data_received(encode_command(raw))
+    conn.data_received(encode_request(raw))
     return await fut

@@ -8,17 +8,14 @@ values cross the mesh packed like any reply (JSON, bytes moved to frame bodies).
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import TYPE_CHECKING, Any
 
-from bus import mesh as meshmod
-from bus.mesh import unpack
+from bus.clock import wall_ms
+from disque_mp.node.scatter import on_every_worker
 from workers.replies import Error
 
 if TYPE_CHECKING:
     from disque_mp.node.view import NodeView
-
-PREFIX = "http."
 
 
 def local_op(w: NodeView, op: str, arg: Any) -> Any:
@@ -32,7 +29,7 @@ def worker_snapshot(w: NodeView, queues_max: int) -> dict[str, Any]:
     """Counters of this worker's shard and process: one scrape's worth."""
     stats = w.local_stats()
     stats.pop("shard", None)
-    now_ms = time.time_ns() // 1_000_000
+    now_ms = wall_ms()
     stats["metrics"] = w.shard.metrics(queues_max, now_ms)
     stats["slowlog_len"] = len(w.slowlog.entries)
     stats["now_ms"] = now_ms
@@ -43,23 +40,10 @@ def gather(w: NodeView, op: str, arg: Any) -> asyncio.Future[list[Any]]:
     """``local_op(op, arg)`` of every worker, by index; an ``Error`` for a worker that
     is down (the mesh answers for it), so one dead worker never hangs a scrape."""
     fut: asyncio.Future[list[Any]] = w.loop.create_future()
-    results: list[Any] = [None] * w.workers
-    left = [w.workers]
 
-    def put(index: int, value: Any) -> None:
-        results[index] = value
-        left[0] -= 1
-        if left[0] == 0 and not fut.done():
+    def done(results: list[Any]) -> None:
+        if not fut.done():
             fut.set_result(results)
 
-    for j in range(w.workers):
-        if j == w.index:
-            put(j, local_op(w, op, arg))
-        else:
-            w.mesh.request(j, meshmod.K_SCATTER, {"op": op, "a": arg}, (),
-                           _putter(put, j))
+    on_every_worker(w, op, arg, local_op, done)
     return fut
-
-
-def _putter(put: Any, j: int) -> Any:
-    return lambda meta, bodies: put(j, unpack(meta.get("v"), bodies))

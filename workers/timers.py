@@ -1,0 +1,85 @@
+"""The shard's timers: ONE heap of due times (ms, rounded up to
+``timer_resolution_ms``); each due time has a bucket of targets (jobs, queues,
+federation states, gathers: any ``workers.job.Timed``). A target records the
+bucket it sits in (``awake_ms``); moving or deleting it leaves a stale entry,
+counted and purged when the bucket is half stale. Sharing one int key and one
+list slot per job keeps ~1M waiting timers cheap.
+
+The shard owns one ``Timers`` and drains it in ``Shard.tick`` (what a target's
+firing means is the shard's business, not this heap's).
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Final
+
+from workers.invariant import invariant
+from workers.job import Timed
+
+# Timers fire at most this late: due times are rounded up to it so that jobs
+# created in the same few ms share one heap entry and one int key.
+timer_resolution_ms: Final = 10
+# Purge a timer bucket once it has this many stale entries and they are half of it.
+timer_stale_purge_min: Final = 32
+
+
+class TimerBucket:
+    __slots__ = ("key", "items", "stale")
+
+    def __init__(self, key: int) -> None:
+        self.key = key
+        self.items: list[Timed] = []  # jobs, queues, federation states, gathers
+        self.stale = 0
+
+
+class Timers:
+    """Due time -> targets. ``firing_key``: the bucket ``Shard.tick`` is draining
+    (0 = none); a target scheduled in the past joins it."""
+
+    def __init__(self) -> None:
+        self.buckets: dict[int, TimerBucket] = {}
+        self.heap: list[int] = []
+        self.firing_key = 0
+
+    def schedule(self, target: Timed, due_ms: int) -> None:
+        """Make sure ``target`` is examined at ``due_ms`` or earlier (never before due)."""
+        key = -(-due_ms // timer_resolution_ms) * timer_resolution_ms
+        if key < self.firing_key:
+            key = self.firing_key  # already due: join the bucket tick() is draining
+        cur = target.awake_ms
+        if cur:
+            if cur <= key:
+                return
+            self.unschedule(target)
+        b = self.buckets.get(key)
+        if b is None:
+            b = self.buckets[key] = TimerBucket(key)
+            heapq.heappush(self.heap, key)
+        target.awake_ms = b.key  # one shared int object for every target in the bucket
+        b.items.append(target)
+
+    def unschedule(self, target: Timed) -> None:
+        key = target.awake_ms
+        if not key:
+            return
+        target.awake_ms = 0
+        b = self.buckets.get(key)
+        if b is None:
+            return
+        b.stale += 1
+        if b.stale > timer_stale_purge_min and b.stale * 2 > len(b.items):
+            b.items = [t for t in b.items if t.awake_ms == key]
+            b.stale = 0
+
+    def next_due(self) -> int | None:
+        heap = self.heap
+        return heap[0] if heap else None
+
+    def holds(self, target: Timed) -> bool:
+        """``target`` sits in the bucket it records (tests; O(bucket))."""
+        b = self.buckets.get(target.awake_ms)
+        return b is not None and target in b.items
+
+    def check(self) -> None:
+        invariant(len(self.heap) == len(self.buckets), "timer heap and buckets differ")
