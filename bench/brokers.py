@@ -1,25 +1,33 @@
-"""Celery and Dramatiq on disque-mp against the same frameworks on redis-server.
+"""Celery and Dramatiq on disque-mp against the same frameworks on redis-server and
+on rabbitmq-server.
 
-    python -m bench.brokers                      # 50,000 tasks per run, writes bench/results/brokers.{json,md}
-    python -m bench.brokers --tasks 2000 --out /tmp/b   # a quick look
+    python -m bench.brokers                      # 3 rounds of 50,000 tasks, writes bench/results/brokers.{json,md}
+    python -m bench.brokers --tasks 2000 --rounds 1 --out /tmp/b   # a quick look
 
 For each framework (Celery, Dramatiq) and each broker (disque-mp node with 2
-workers, redis-server with the framework's own Redis broker), in the same run:
+workers; redis-server with the framework's own Redis broker; rabbitmq-server
+with Celery's amqp:// transport (py-amqp) and Dramatiq's RabbitmqBroker (pika)),
+in the same run:
 
 1. **prefill**: a producer process enqueues ``--tasks`` no-op tasks as fast as
    it can, no worker running (enqueue/s alone);
-2. **drain**: a real worker process starts (``celery worker -c 2`` prefork /
-   ``dramatiq --processes 2 --threads 4``) and runs them (consume/s alone:
-   tasks / (last start - first start), the worker's start-up not counted);
+2. **drain**: a real worker process starts (``celery worker -c 2`` prefork,
+   ``acks_late``, prefetch multiplier 4 / ``dramatiq --processes 2 --threads 4``)
+   and runs them (consume/s alone: tasks / (last start - first start), the
+   worker's start-up not counted);
 3. **saturated**: ``--tasks`` more, produced while the worker consumes;
    tasks/s = tasks / (last task start - first enqueue); the enqueue-to-start
    latency is then mostly time spent queued behind the others;
 4. **paced**: ``--paced-tasks`` tasks at ``--paced-rate``/s, well under
    capacity: the enqueue-to-start latency of a system that keeps up.
 
-Each task appends ``sent_at start_at`` to a file (same cost on both brokers).
-The machine running this is usually shared (2 cores): the load average before
-and after each run is recorded with the figures.
+This is repeated ``--rounds`` times, the brokers interleaved (round ``i`` starts
+with a different broker each time, so that a change in the machine's load falls
+on all of them); every figure reported is the median over the rounds, and the
+ratios are disque-mp's median over each other broker's. Each task appends
+``sent_at start_at`` to a file (same cost on every broker). The machine running
+this is usually shared (2 cores): the 1-minute load average before and after
+each run is recorded with the figures.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import os
 import platform
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -41,12 +50,16 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.brokers_rabbit import RabbitServer  # noqa: E402
 from bench.redisq import RedisServer  # noqa: E402
 from tests.nodeproc import NodeProc, free_port  # noqa: E402
 
 tasks_default = 50_000
 paced_tasks_default = 2_000
-paced_rate_default = 200.0  # tasks/s, far under what either broker sustains
+paced_rate_default = 200.0  # tasks/s, far under what every broker sustains
+rounds_default = 3
+brokers_all = ("disque", "redis", "rabbitmq")
+broker_titles = {"disque": "disque-mp", "redis": "Redis", "rabbitmq": "RabbitMQ"}
 node_workers = 2
 warmup_timeout_s = 120.0
 # a run gives up when no task started for this long (a stuck worker, not a slow one)
@@ -103,8 +116,10 @@ def _env(framework: str, url: str, queue: str, record: Path) -> dict[str, str]:
 
 def _run_producer(env: dict[str, str], count: int, rate: float) -> dict[str, float]:
     out = subprocess.run([sys.executable, "-m", "bench.brokers", "--produce", str(count),
-                          "--rate", str(rate)], cwd=str(REPO), env=env, check=True,
+                          "--rate", str(rate)], cwd=str(REPO), env=env,
                          capture_output=True, text=True, timeout=3600)
+    if out.returncode != 0:
+        raise RuntimeError(f"producer exited {out.returncode}:\n{out.stderr[-3000:]}")
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
@@ -206,22 +221,72 @@ def _stop(worker: subprocess.Popen[bytes]) -> None:
 def _versions() -> dict[str, str]:
     from importlib.metadata import version
 
-    out = {p: version(p) for p in ("celery", "kombu", "dramatiq", "redis")}
+    out = {p: version(p) for p in ("celery", "kombu", "dramatiq", "redis", "amqp", "pika")}
     out["python"] = platform.python_version()
     out["redis-server"] = subprocess.run(["redis-server", "--version"], capture_output=True,
                                          text=True).stdout.strip()
+    dpkg = subprocess.run(["dpkg-query", "-W", "-f=${Version}", "rabbitmq-server"],
+                          capture_output=True, text=True)
+    out["rabbitmq-server"] = dpkg.stdout.strip() or "unknown"
     return out
 
 
+def _median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of every figure over the rounds of one framework on one broker."""
+    def med(values: list[Any]) -> Any:
+        if isinstance(values[0], dict):
+            return {k: med([v[k] for v in values]) for k in values[0]}
+        return round(statistics.median(values), 2)
+
+    keys = ("enqueue_per_s", "drain_per_s", "saturated", "paced")
+    out = {k: med([r[k] for r in runs]) for k in keys}
+    out.update(framework=runs[0]["framework"], broker=runs[0]["broker"], rounds=len(runs),
+               loadavg_1m=[r["loadavg_1m"] for r in runs])
+    return out
+
+
+def medians(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in runs:
+        groups.setdefault((r["framework"], r["broker"]), []).append(r)
+    return [_median_of(g) for g in groups.values()]
+
+
+def _load_range(loads: list[list[float]]) -> str:
+    flat = [x for pair in loads for x in pair]
+    return f"{min(flat)}-{max(flat)}"
+
+
+def _ratio_lines(rows: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for fw in ("celery", "dramatiq"):
+        by = {r["broker"]: r for r in rows if r["framework"] == fw}
+        for other in brokers_all[1:]:
+            if "disque" not in by or other not in by:
+                continue
+            d, o = by["disque"], by[other]
+            tput = d["saturated"]["tasks_per_s"] / o["saturated"]["tasks_per_s"]
+            drain = d["drain_per_s"] / o["drain_per_s"]
+            sat99 = d["saturated"]["latency_p99_ms"] / max(1e-9, o["saturated"]["latency_p99_ms"])
+            p99 = d["paced"]["latency_p99_ms"] / max(1e-9, o["paced"]["latency_p99_ms"])
+            lines.append(f"- {fw}, disque-mp / {broker_titles[other]}: tasks/s {tput:.2f}x "
+                         f"(consume alone {drain:.2f}x); p99 enqueue-to-start {sat99:.2f}x "
+                         f"saturated, {p99:.2f}x paced (lower is better)")
+    return lines
+
+
 def to_markdown(report: dict[str, Any]) -> str:
-    rows = report["runs"]
+    rows = report["medians"]
+    v = report["versions"]
     lines = [
-        "# Celery and Dramatiq: disque-mp broker vs the Redis broker",
+        "# Celery and Dramatiq: disque-mp broker vs the Redis and RabbitMQ brokers",
         "",
-        f"`python -m bench.brokers --tasks {report['tasks']}` at {report['time']}, "
-        f"{report['machine']}; node: disque-mp with {node_workers} workers "
-        f"({report['node_build']}), redis-server {report['versions']['redis-server'].split()[2]}; "
-        "workers, producer, node and redis-server share the machine's cores.",
+        f"`{report['command']}` at {report['time']}, {report['machine']}; node: disque-mp "
+        f"with {node_workers} workers ({report['node_build']}), redis-server "
+        f"{v['redis-server'].split()[2]}, rabbitmq-server {v['rabbitmq-server']}; workers, "
+        "producer, node, redis-server and rabbitmq-server share the machine's cores. "
+        f"Medians of {report['rounds']} rounds, brokers interleaved; load avg is the "
+        "1-minute load average, lowest-highest seen before and after the runs.",
         "",
         "| framework | broker | tasks/s, produce and consume at once | p99 enqueue-to-start "
         "then | enqueue/s alone | consume/s alone (drain) | "
@@ -230,24 +295,32 @@ def to_markdown(report: dict[str, Any]) -> str:
     ]
     for r in rows:
         s, p = r["saturated"], r["paced"]
-        lines.append(f"| {r['framework']} | {r['broker']} | {s['tasks_per_s']:,.0f} | "
-                     f"{s['latency_p99_ms']:,.0f} ms | {r['enqueue_per_s']:,.0f} | "
-                     f"{r['drain_per_s']:,.0f} | {p['latency_p50_ms']:.1f} / "
-                     f"{p['latency_p99_ms']:.1f} ms | {r['loadavg_1m'][0]} -> {r['loadavg_1m'][1]} |")
-    lines += ["", "Ratios (disque-mp / Redis, same run):", ""]
-    for fw in ("celery", "dramatiq"):
-        by = {r["broker"]: r for r in rows if r["framework"] == fw}
-        if "disque" in by and "redis" in by:
-            d, rd = by["disque"], by["redis"]
-            tput = d["saturated"]["tasks_per_s"] / rd["saturated"]["tasks_per_s"]
-            drain = d["drain_per_s"] / rd["drain_per_s"]
-            sat99 = d["saturated"]["latency_p99_ms"] / max(1e-9, rd["saturated"]["latency_p99_ms"])
-            p99 = d["paced"]["latency_p99_ms"] / max(1e-9, rd["paced"]["latency_p99_ms"])
-            lines.append(f"- {fw}: tasks/s {tput:.2f}x (consume alone {drain:.2f}x); p99 "
-                         f"enqueue-to-start {sat99:.2f}x saturated, {p99:.2f}x paced "
-                         "(lower is better)")
-    lines.append("")
+        lines.append(f"| {r['framework']} | {broker_titles[r['broker']]} | "
+                     f"{s['tasks_per_s']:,.0f} | {s['latency_p99_ms']:,.0f} ms | "
+                     f"{r['enqueue_per_s']:,.0f} | {r['drain_per_s']:,.0f} | "
+                     f"{p['latency_p50_ms']:.1f} / {p['latency_p99_ms']:.1f} ms | "
+                     f"{_load_range(r['loadavg_1m'])} |")
+    lines += ["", "Ratios (medians, same run):", "", *_ratio_lines(rows), ""]
     return "\n".join(lines)
+
+
+def run_rounds(args: argparse.Namespace, urls: dict[str, str],
+               workdir: Path) -> list[dict[str, Any]]:
+    """Every framework on every broker, ``args.rounds`` times, the brokers' order rotated."""
+    brokers = args.brokers.split(",")
+    runs = []
+    for i in range(args.rounds):
+        (workdir / f"r{i}").mkdir(parents=True, exist_ok=True)
+        order = brokers[i % len(brokers):] + brokers[:i % len(brokers)]
+        for framework in args.frameworks.split(","):
+            for broker in order:
+                print(f"round {i + 1}: {framework} on {broker} ...", file=sys.stderr, flush=True)
+                run = run_one(framework, broker, urls[broker], args.tasks, args.paced_tasks,
+                              args.paced_rate, workdir / f"r{i}")
+                run["round"] = i + 1
+                print(json.dumps(run), file=sys.stderr, flush=True)
+                runs.append(run)
+    return runs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -256,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--paced-tasks", type=int, default=paced_tasks_default)
     ap.add_argument("--paced-rate", type=float, default=paced_rate_default)
     ap.add_argument("--frameworks", default="celery,dramatiq")
-    ap.add_argument("--brokers", default="disque,redis")
+    ap.add_argument("--brokers", default=",".join(brokers_all))
+    ap.add_argument("--rounds", type=int, default=rounds_default)
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     ap.add_argument("--produce", type=int, help=argparse.SUPPRESS)  # producer subprocess
     ap.add_argument("--rate", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -267,30 +341,37 @@ def main(argv: list[str] | None = None) -> int:
 
     from disque_mp import compiled
 
+    # SIGTERM unwinds like an exception, so every server and worker started is stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     workdir = Path(tempfile.mkdtemp(prefix="bench-brokers-"))
+    brokers = args.brokers.split(",")
     node = NodeProc(workdir / "node", workers=node_workers,
                     conf={"loglevel": "warning", "maxmemory": "8gb"})
     redis_server = RedisServer(workdir / "redis", free_port())
-    runs = []
+    rabbit = RabbitServer(workdir / "rabbitmq") if "rabbitmq" in brokers else None
     try:
-        node.start()
-        redis_server.start()
-        urls = {"disque": f"disque://127.0.0.1:{node.port}",
-                "redis": f"redis://127.0.0.1:{redis_server.port}/0"}
-        for framework in args.frameworks.split(","):
-            for broker in args.brokers.split(","):
-                print(f"{framework} on {broker} ...", file=sys.stderr, flush=True)
-                run = run_one(framework, broker, urls[broker], args.tasks, args.paced_tasks,
-                              args.paced_rate, workdir)
-                print(json.dumps(run), file=sys.stderr, flush=True)
-                runs.append(run)
+        urls = {}
+        if "disque" in brokers:
+            node.start()
+            urls["disque"] = f"disque://127.0.0.1:{node.port}"
+        if "redis" in brokers:
+            redis_server.start()
+            urls["redis"] = f"redis://127.0.0.1:{redis_server.port}/0"
+        if rabbit is not None:
+            urls["rabbitmq"] = rabbit.start().url
+        runs = run_rounds(args, urls, workdir)
     finally:
         node.stop()
         redis_server.stop()
-    report = {"tasks": args.tasks, "paced_tasks": args.paced_tasks, "paced_rate": args.paced_rate,
+        if rabbit is not None:
+            rabbit.stop()
+    report = {"command": "python -m bench.brokers " + " ".join(argv or sys.argv[1:]),
+              "tasks": args.tasks, "paced_tasks": args.paced_tasks,
+              "paced_rate": args.paced_rate, "rounds": args.rounds,
               "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "machine": f"{os.cpu_count()} CPUs, {platform.platform()}",
-              "node_build": compiled.summary(), "versions": _versions(), "runs": runs}
+              "node_build": compiled.summary(), "versions": _versions(),
+              "medians": medians(runs), "runs": runs}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "brokers.json").write_text(json.dumps(report, indent=2) + "\n")
     (args.out / "brokers.md").write_text(to_markdown(report))

@@ -1,5 +1,6 @@
 """The no-op task of the broker benchmark, for Celery and for Dramatiq, on whichever
-broker the environment names: BENCH_BROKER_URL (disque://... or redis://...),
+broker the environment names: BENCH_BROKER_URL (disque://..., redis://... or
+amqp://... for RabbitMQ),
 BENCH_QUEUE, BENCH_RECORD_FILE (one ``sent_at start_at`` line per task run).
 
     celery -A bench.brokers_apps:celery_app worker -Q <queue> ...
@@ -16,6 +17,7 @@ URL = os.environ.get("BENCH_BROKER_URL", "disque://127.0.0.1:7711")
 QUEUE = os.environ.get("BENCH_QUEUE", "bench")
 FRAMEWORK = os.environ.get("BENCH_FRAMEWORK", "celery")
 _record_fd: int | None = None
+celery_prefetch_multiplier = 4  # messages per pool process (Celery's default)
 
 
 def record(sent_at: float) -> None:
@@ -34,7 +36,9 @@ def _celery() -> Any:
     import disque_mp.kombu  # noqa: F401  (disque://)
 
     app = Celery("bench", broker=URL)
-    app.conf.update(task_default_queue=QUEUE, task_ignore_result=True,
+    # the same settings on every broker: ack after the task ran, 4 prefetched per process
+    app.conf.update(task_default_queue=QUEUE, task_ignore_result=True, task_acks_late=True,
+                    worker_prefetch_multiplier=celery_prefetch_multiplier,
                     worker_hijack_root_logger=False, broker_connection_retry_on_startup=True,
                     worker_log_color=False)
     app.task(name="bench.noop", ignore_result=True)(record)
@@ -48,6 +52,11 @@ def _dramatiq() -> Any:
         from dramatiq.brokers.redis import RedisBroker
 
         broker: Any = RedisBroker(url=URL)
+    elif URL.startswith("amqp://"):
+        from dramatiq.brokers.rabbitmq import RabbitmqBroker
+
+        # kombu writes the default vhost "/" as a trailing "//", pika as "/%2F"
+        broker = RabbitmqBroker(url=URL[:-2] + "/%2F" if URL.endswith("//") else URL)
     else:
         from disque_mp.dramatiq import DisqueBroker
 
