@@ -7,7 +7,7 @@ VENV5 := .venv-redis5
 NATIVE_SO = $(shell find workers disque_mp -name '*.so')
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test lint typecheck unit bench chaos sysdeps clean pure compile bench-brokers
+.PHONY: run test lint typecheck unit bench chaos sysdeps clean pure compile bench-brokers bench-frameworks
 
 # The node's own virtualenv; re-installed when pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml
@@ -120,6 +120,12 @@ bench-peers: sysdeps $(VENV)/.compiled $(VENV)/.bench-installed
 # bench/results/brokers-proof.{json,md}. The assertions on disque-mp are in make test.
 bench-brokers: sysdeps $(VENV)/.compiled
 	$(PY) -m bench.brokers_proof
+
+# The same Celery and Dramatiq apps end to end on disque://, redis:// and amqp:// (a
+# rabbitmq-server of its own on free ports): no-op tasks/s, consume alone, paced p99;
+# bench/results/brokers.{json,md}.
+bench-frameworks: sysdeps $(VENV)/.compiled
+	$(PY) -m bench.brokers --tasks 5000 --paced-tasks 1000 --rounds 3
 
 # The long fault suite: 5 nodes in network namespaces (needs root and iproute2), every
 # fault kind, about 10 minutes per seed, three seeds in a row; history JSON, PNG
