@@ -1,14 +1,16 @@
 """What the node-wide parts see of their worker: narrow, typed views.
 
-The node-wide commands (``commands/admin.py``), the HTTP endpoint (``http/``)
+The node-wide commands (``commands/``), the HTTP endpoint (``http/``)
 and the memory monitor (``memory.py``) run inside a worker but do not import
 it: each takes one of these protocols, which list exactly what it uses. The
 ``Worker`` (``worker.py``) satisfies them all (mypy checks it where it passes
-itself), so these parts depend on this module and never on the worker.
+itself), and its ``ClientConn`` (``connection.py``) satisfies ``Client``, so these
+parts depend on this module and never on the worker or its connections.
 """
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -16,9 +18,33 @@ if TYPE_CHECKING:
 
     from bus.mesh import Mesh
     from disque_mp.node.config import Config
-    from disque_mp.node.connection import ClientConn
     from disque_mp.node.slowlog import SlowLog
     from workers.shard import Shard
+
+
+class Client(Protocol):
+    """What the connection and node-wide commands (CLIENT, AUTH, HELLO, INFO, ...)
+    and the HTTP API use of a client connection (``connection.ClientConn``)."""
+
+    id: int
+    addr: str
+    name: bytes
+    lib_name: bytes
+    lib_ver: bytes
+    resp3: bool
+    authed: bool
+    auth_fails: int
+    closing: bool
+    close_after_write: bool
+    transport: asyncio.Transport | None
+    ctime_s: float
+    last_s: float
+    last_cmd: str
+    waiters: set[Any]  # blocked GETJOBs: CLIENT LIST's flag b
+
+    def defer(self) -> Any: ...  # a reply slot that ``fill`` completes later
+    def fill(self, slot: Any, data: bytes) -> None: ...
+    def data_received(self, data: bytes) -> None: ...  # the HTTP API feeds it RESP
 
 
 class WorkerBasics(Protocol):
@@ -73,7 +99,7 @@ class NodeView(WorkerBasics, Protocol):
     @property
     def memory(self) -> MemoryGauge | None: ...
     @property
-    def conns(self) -> set[ClientConn]: ...  # CLIENT LIST / KILL
+    def conns(self) -> AbstractSet[Client]: ...  # CLIENT LIST / KILL
     @property
     def slowlog(self) -> SlowLog: ...
 
@@ -83,4 +109,4 @@ class NodeView(WorkerBasics, Protocol):
     def local_stats(self) -> dict[str, Any]: ...  # INFO, metrics: this worker's figures
     def flush_all(self) -> None: ...  # DEBUG FLUSHALL, CLUSTER RESET
     def reset_stats(self) -> None: ...  # CONFIG RESETSTAT
-    def connection(self) -> ClientConn: ...  # the HTTP API runs commands on one
+    def connection(self) -> Client: ...  # the HTTP API runs commands on one

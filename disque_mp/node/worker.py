@@ -42,9 +42,10 @@ from bus.clock import wall_ms
 from bus.mesh import Mesh
 from disque_mp.node.commands import jobs as cmd_jobs
 from disque_mp.node.config import Config, worker_ports
-from disque_mp.node.connection import ClientConn, PendingReply, listen_sockets
+from disque_mp.node.connection import ClientConn, PendingReply
 from disque_mp.node.getjob import GetJob
 from disque_mp.node.handoff import Handoff
+from disque_mp.node.listen import listen_sockets
 from disque_mp.node.log import setup_logging
 from disque_mp.node.memory import Monitor, rss_bytes
 from disque_mp.node.peers import Peers

@@ -33,8 +33,7 @@ from workers.replies import ERR_SYNTAX, OK, PENDING, Error, Status
 log = logging.getLogger("disque_mp.node.admin")
 
 if TYPE_CHECKING:
-    from disque_mp.node.connection import ClientConn
-    from disque_mp.node.view import NodeView
+    from disque_mp.node.view import Client, NodeView
 
 DISQUE_VERSION = "1.0-rc1"  # the API level we answer for (INFO, HELLO 3)
 ERR_NOPROTO = Error("NOPROTO unsupported protocol version")
@@ -59,7 +58,7 @@ def _text(raw: bytes) -> str:
 # ------------------------------------------------------------------ gathering
 
 
-def gather(w: NodeView, conn: ClientConn, op: str, arg: Any, finish: Callable[[list[Any]], Any]) -> Any:
+def gather(w: NodeView, conn: Client, op: str, arg: Any, finish: Callable[[list[Any]], Any]) -> Any:
     """Run ``local_op(op, arg)`` on every worker; reply ``finish(results by index)``."""
     slot = conn.defer()
 
@@ -123,18 +122,18 @@ def local_op(w: NodeView, op: str, arg: Any) -> Any:
 # ------------------------------------------------------------------ connection commands
 
 
-def cmd_ping(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
+def cmd_ping(w: NodeView, conn: Client, cmd: list[bytes]) -> Any:
     if len(cmd) > 2:
         return Error("ERR wrong number of arguments for 'ping' command")
     return cmd[1] if len(cmd) == 2 else Status("PONG")
 
 
-def cmd_time(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
+def cmd_time(w: NodeView, conn: Client, cmd: list[bytes]) -> Any:
     now_us = time.time_ns() // 1000
     return [str(now_us // 1_000_000).encode(), str(now_us % 1_000_000).encode()]
 
 
-def cmd_auth(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
+def cmd_auth(w: NodeView, conn: Client, cmd: list[bytes]) -> Any:
     """``AUTH password`` (Disque) and ``AUTH default password`` (Redis 6+: redis-py
     sends it when given a username); "default" is the only user."""
     if len(cmd) > 3:
@@ -157,7 +156,7 @@ def cmd_auth(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
     return OK
 
 
-def _auth_failed(conn: ClientConn) -> None:
+def _auth_failed(conn: Client) -> None:
     """Counted (INFO acl_access_denied_auth); the connection reads its next command
     only after ``auth-failure-delay-ms`` (connection.py), so guessing is slow."""
     auth_stats["client_auth_failures"] += 1
@@ -168,7 +167,7 @@ def _password_ok(w: NodeView, given: bytes) -> bool:
     return hmac.compare_digest(given, w.cfg.requirepass.encode("utf-8", "surrogateescape"))
 
 
-def cmd_hello(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
+def cmd_hello(w: NodeView, conn: Client, cmd: list[bytes]) -> Any:
     if len(cmd) == 1:
         if not conn.authed:
             return Error("NOAUTH Authentication required.")
@@ -191,7 +190,7 @@ def cmd_hello(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
             "mode": "standalone", "role": "master", "modules": []}
 
 
-def _hello_options(w: NodeView, conn: ClientConn, opts: list[bytes]) -> Error | None:
+def _hello_options(w: NodeView, conn: Client, opts: list[bytes]) -> Error | None:
     i = 0
     while i < len(opts):
         opt = opts[i].lower()
@@ -221,7 +220,7 @@ def _disque_hello(w: NodeView) -> Any:
     return [1, me, [me, "", str(w.cfg.port), "1"]]
 
 
-def _tls_ports(w: NodeView, conn: ClientConn, reply: Any) -> Any:
+def _tls_ports(w: NodeView, conn: Client, reply: Any) -> Any:
     """A client on the TLS port fails over to TLS ports: each node's port moved by
     this node's offset between ``port`` and ``tls-port`` (the nodes of a TLS
     cluster keep the same offset; the bus does not carry TLS ports)."""
@@ -238,7 +237,7 @@ def _valid_name(name: bytes) -> bool:
     return all(33 <= ch <= 126 for ch in name)
 
 
-def cmd_client(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
+def cmd_client(w: NodeView, conn: Client, cmd: list[bytes]) -> Any:
     sub = cmd[1].lower()
     n = len(cmd)
     if sub == b"setname" and n == 3:
@@ -265,7 +264,7 @@ def cmd_client(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
 _CLIENT_TYPES = ("normal", "slave", "replica", "master", "pubsub")
 
 
-def _client_kill(w: NodeView, conn: ClientConn, args: list[bytes]) -> Any:
+def _client_kill(w: NodeView, conn: Client, args: list[bytes]) -> Any:
     """CLIENT KILL ip:port (+OK or -ERR No such client, the caller included) or the
     filters ID / ADDR / TYPE / SKIPME (the count killed; SKIPME yes by default), as
     Redis; every worker closes its own matching connections."""
@@ -317,7 +316,7 @@ def kill_clients(w: NodeView, flt: list[Any]) -> int:
     return killed
 
 
-def _client_setinfo(conn: ClientConn, attr: bytes, value: bytes) -> Any:
+def _client_setinfo(conn: Client, attr: bytes, value: bytes) -> Any:
     if not _valid_name(value) and value:
         return Error(f"ERR {_text(attr)} cannot contain spaces, newlines or special characters.")
     if attr == b"lib-name":
@@ -329,7 +328,7 @@ def _client_setinfo(conn: ClientConn, attr: bytes, value: bytes) -> Any:
     return OK
 
 
-def client_line(w: NodeView, c: ClientConn) -> str:
+def client_line(w: NodeView, c: Client) -> str:
     now = time.time()
     return (f"id={c.id} addr={c.addr} name={_text(c.name)} age={int(now - c.ctime_s)} "
             f"idle={int(now - c.last_s)} flags={'b' if c.waiters else 'N'} db=0 sub=0 psub=0 "
@@ -345,7 +344,7 @@ def _table() -> dict[bytes, Any]:
     return TABLE
 
 
-def cmd_command(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
+def cmd_command(w: NodeView, conn: Client, cmd: list[bytes]) -> Any:
     TABLE = _table()
     if len(cmd) == 1:
         return [_command_entry(c.name) for c in TABLE.values()]
@@ -365,7 +364,7 @@ def _command_entry(name: str) -> list[Any]:
     return [name.encode(), c.arity, [Status(f) for f in c.flags], 0, 0, 0]
 
 
-def cmd_shutdown(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
+def cmd_shutdown(w: NodeView, conn: Client, cmd: list[bytes]) -> Any:
     opts = {a.lower() for a in cmd[1:]}
     if not opts <= {b"nosave", b"save", b"rewrite-aof", b"now", b"force", b"abort"}:
         return ERR_SYNTAX
@@ -387,7 +386,7 @@ def cmd_shutdown(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
 # ------------------------------------------------------------------ node-wide commands
 
 
-def cmd_info(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
+def cmd_info(w: NodeView, conn: Client, cmd: list[bytes]) -> Any:
     if len(cmd) > 2:
         return ERR_SYNTAX
     which = cmd[1].lower().decode("latin-1") if len(cmd) == 2 else "default"
@@ -402,7 +401,7 @@ def cmd_info(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
     return gather(w, conn, "info", None, lambda parts: info_text(w, conn, sections, parts).encode())
 
 
-def info_text(w: NodeView, conn: ClientConn, sections: tuple[str, ...], parts: list[Any]) -> str:
+def info_text(w: NodeView, conn: Client, sections: tuple[str, ...], parts: list[Any]) -> str:
     blocks = []
     for name in sections:
         fields = _INFO_SECTIONS[name](w, conn, parts)
@@ -419,7 +418,7 @@ def _run_id(w: NodeView) -> str:
     return hashlib.sha1(f"{w.node_id}:{w.parent_pid}".encode()).hexdigest()
 
 
-def _info_server(w: NodeView, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
+def _info_server(w: NodeView, conn: Client, parts: list[Any]) -> list[tuple[str, Any]]:
     uptime = int(time.time() - w.start_s)
     uname = platform.uname()
     return [
@@ -435,22 +434,22 @@ def _info_server(w: NodeView, conn: ClientConn, parts: list[Any]) -> list[tuple[
     ]
 
 
-def _info_clients(w: NodeView, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
+def _info_clients(w: NodeView, conn: Client, parts: list[Any]) -> list[tuple[str, Any]]:
     return [("connected_clients", _sum(parts, "clients")), ("client_longest_output_list", 0),
             ("client_biggest_input_buf", 0), ("blocked_clients", _sum(parts, "blocked"))]
 
 
-def _info_memory(w: NodeView, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
+def _info_memory(w: NodeView, conn: Client, parts: list[Any]) -> list[tuple[str, Any]]:
     from disque_mp.node import memory
 
     return memory.info_fields(w.cfg.maxmemory, w.cfg.maxmemory_policy, parts)
 
 
-def _info_jobs(w: NodeView, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
+def _info_jobs(w: NodeView, conn: Client, parts: list[Any]) -> list[tuple[str, Any]]:
     return [("registered_jobs", sum(int(p["shard"]["registered_jobs"]) for p in parts))]
 
 
-def _info_queues(w: NodeView, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
+def _info_queues(w: NodeView, conn: Client, parts: list[Any]) -> list[tuple[str, Any]]:
     return [("registered_queues", sum(int(p["shard"]["registered_queues"]) for p in parts))]
 
 
@@ -460,7 +459,7 @@ _AOF_OFF = [("loading", 0), ("aof_enabled", 0), ("aof_state", "off"),
             ("aof_last_bgrewrite_status", "ok"), ("aof_last_write_status", "ok")]
 
 
-def _info_persistence(w: NodeView, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
+def _info_persistence(w: NodeView, conn: Client, parts: list[Any]) -> list[tuple[str, Any]]:
     aof_parts = [[tuple(f) for f in p["aof"]] for p in parts if p.get("aof")]
     if not aof_parts:
         return list(_AOF_OFF)
@@ -469,7 +468,7 @@ def _info_persistence(w: NodeView, conn: ClientConn, parts: list[Any]) -> list[t
     return list(merge_info(aof_parts))
 
 
-def _info_stats(w: NodeView, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
+def _info_stats(w: NodeView, conn: Client, parts: list[Any]) -> list[tuple[str, Any]]:
     return [("total_connections_received", _sum(parts, "conns_received")),
             ("total_commands_processed", _sum(parts, "commands")),
             ("instantaneous_ops_per_sec", _sum(parts, "ops_per_sec")),
@@ -491,13 +490,13 @@ def _bus_security_stats(parts: list[Any]) -> list[tuple[str, Any]]:
             for n in names]
 
 
-def _info_cpu(w: NodeView, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
+def _info_cpu(w: NodeView, conn: Client, parts: list[Any]) -> list[tuple[str, Any]]:
     return [("used_cpu_sys", f"{sum(p['cpu_sys'] for p in parts):.2f}"),
             ("used_cpu_user", f"{sum(p['cpu_user'] for p in parts):.2f}"),
             ("used_cpu_sys_children", "0.00"), ("used_cpu_user_children", "0.00")]
 
 
-def _info_commandstats(w: NodeView, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
+def _info_commandstats(w: NodeView, conn: Client, parts: list[Any]) -> list[tuple[str, Any]]:
     merged: dict[str, list[int]] = {}
     for p in parts:
         for name, (calls, ns) in p["cmdstats"].items():
@@ -514,7 +513,7 @@ def _info_commandstats(w: NodeView, conn: ClientConn, parts: list[Any]) -> list[
     return out
 
 
-def _info_workers(w: NodeView, conn: ClientConn, parts: list[Any]) -> list[tuple[str, Any]]:
+def _info_workers(w: NodeView, conn: Client, parts: list[Any]) -> list[tuple[str, Any]]:
     from disque_mp import compiled
 
     ports = configmod.worker_ports(w.cfg)  # "" when off (README, "Worker ports")
@@ -531,7 +530,7 @@ def _info_workers(w: NodeView, conn: ClientConn, parts: list[Any]) -> list[tuple
     return out
 
 
-_INFO_SECTIONS: dict[str, Callable[[NodeView, ClientConn, list[Any]], list[tuple[str, Any]]]] = {
+_INFO_SECTIONS: dict[str, Callable[[NodeView, Client, list[Any]], list[tuple[str, Any]]]] = {
     "server": _info_server, "clients": _info_clients, "memory": _info_memory,
     "jobs": _info_jobs, "queues": _info_queues, "persistence": _info_persistence,
     "stats": _info_stats, "cpu": _info_cpu, "commandstats": _info_commandstats,
@@ -539,7 +538,7 @@ _INFO_SECTIONS: dict[str, Callable[[NodeView, ClientConn, list[Any]], list[tuple
 }
 
 
-def cmd_config(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
+def cmd_config(w: NodeView, conn: Client, cmd: list[bytes]) -> Any:
     sub = cmd[1].lower()
     n = len(cmd)
     if sub == b"get":
@@ -605,7 +604,7 @@ def _apply_config(w: NodeView, name: str, value: str) -> Any:
     return OK
 
 
-def cmd_debug(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
+def cmd_debug(w: NodeView, conn: Client, cmd: list[bytes]) -> Any:
     sub = cmd[1].lower()
     if sub == b"flushall" and len(cmd) == 2:
         return gather(w, conn, "flushall", None, lambda parts: OK)
@@ -621,7 +620,7 @@ def cmd_debug(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
 ERR_SLOWLOG = Error("ERR Unknown SLOWLOG subcommand or wrong # of args. Try GET, RESET, LEN.")
 
 
-def cmd_slowlog(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
+def cmd_slowlog(w: NodeView, conn: Client, cmd: list[bytes]) -> Any:
     """SLOWLOG GET [count] | LEN | RESET over every worker's log (disque_mp/node/slowlog.py)."""
     from disque_mp.node import slowlog
 
@@ -644,7 +643,7 @@ def cmd_slowlog(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
     return ERR_SLOWLOG
 
 
-def cmd_bgrewriteaof(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
+def cmd_bgrewriteaof(w: NodeView, conn: Client, cmd: list[bytes]) -> Any:
     def finish(parts: list[Any]) -> Any:
         texts = [str(p) for p in parts]
         for t in texts:
@@ -655,7 +654,7 @@ def cmd_bgrewriteaof(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
     return gather(w, conn, "bgrewriteaof", None, finish)
 
 
-def cmd_cluster(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
+def cmd_cluster(w: NodeView, conn: Client, cmd: list[bytes]) -> Any:
     """CLUSTER: handed to the cluster work (``cmd_cluster.cluster``, run on worker 0)."""
     if w.agent is None:
         return _cluster_single(w, cmd)
@@ -694,7 +693,7 @@ def _cluster_single(w: NodeView, cmd: list[bytes]) -> Any:
 # ------------------------------------------------------------------ scans
 
 
-def cmd_qscan(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
+def cmd_qscan(w: NodeView, conn: Client, cmd: list[bytes]) -> Any:
     from disque_mp.node.commands import jobs as cmd_jobs
 
     spec = cmd_jobs.parse_qscan(cmd[1:])
@@ -707,7 +706,7 @@ def cmd_qscan(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
     return _scan(w, conn, "qscan", spec, arg)
 
 
-def cmd_jscan(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
+def cmd_jscan(w: NodeView, conn: Client, cmd: list[bytes]) -> Any:
     from disque_mp.node.commands import jobs as cmd_jobs
 
     spec = cmd_jobs.parse_jscan(cmd[1:])
@@ -722,7 +721,7 @@ def cmd_jscan(w: NodeView, conn: ClientConn, cmd: list[bytes]) -> Any:
     return _scan(w, conn, "jscan", spec, arg)
 
 
-def _scan(w: NodeView, conn: ClientConn, op: str, spec: Any, arg: Callable[[int], Any]) -> Any:
+def _scan(w: NodeView, conn: Client, op: str, spec: Any, arg: Callable[[int], Any]) -> Any:
     """Walk workers from the cursor's one; move on while a call found fewer than COUNT.
 
     BUSYLOOP too stops at the bounds of one call (its COUNT is scan-count-max, and
