@@ -12,7 +12,7 @@ jobs it serves the other workers' requests:
     BLOCK     a waiter for a peer's blocked GETJOB, answered later with WAKE;
               UNBLOCK drops it, and so does the loss of the peer's link
     RETURN    jobs a GETJOB took and no longer wants, requeued uncounted
-    SCATTER   this worker's part of a node-wide command (``admin.local_op``)
+    SCATTER   this worker's part of a node-wide command (``Worker.local_op``)
 
 As the asker it takes in RAWREPLIES (spliced into the clients' reply streams,
 in order), WAKE for its own blocked GETJOBs, and the (re)connection of a peer,
@@ -31,7 +31,6 @@ import hiredis
 from bus import mesh as meshmod
 from bus.clock import wall_ms
 from bus.mesh import Link, pack, unpack
-from disque_mp.node.commands import admin as cmd_node
 from disque_mp.node.resp import encode
 from workers.invariant import InvariantError
 from workers.replies import PENDING, Error
@@ -82,7 +81,7 @@ class Peers:
             w.shard.op_return([b.decode() for b in bodies], w.now_ms)
         elif kind == meshmod.K_SCATTER:
             try:
-                reply = cmd_node.local_op(w, meta["op"], meta.get("a"))
+                reply = w.local_op(meta["op"], meta.get("a"))
             except InvariantError:
                 raise
             except Exception:  # a bug: answer it, or the asking client waits forever

@@ -9,8 +9,8 @@ route (docs/architecture.md, "Invariants"):
     queue    owner of the queue's slot: inline when it is us, else forwarded on the mesh
     ids      every ID checked first (-BADID), split by owner, ints summed
     getjob   answered here when every queue is ours; else ``GetJob`` (getjob.py)
-    scatter  node-wide commands (``commands/admin.py``) gathered from every worker
-    local    answered here (``commands/admin.py``)
+    scatter  node-wide commands (``commands/info.py``, ``server.py``) gathered from every worker
+    local    answered here (``commands/clients.py``, ``server.py``, COMMAND in ``table.py``)
 
 Forwarding to the owner: the hot commands travel as RESP in RAW frames and their
 replies come back already encoded (``forward_raw``; ``peers.py`` splices them

@@ -81,7 +81,7 @@ class MemoryGauge(Protocol):
 
 
 class NodeView(WorkerBasics, Protocol):
-    """What the node-wide and connection commands (``commands/admin.py``) and the
+    """What the node-wide and connection commands (``commands/``) and the
     HTTP endpoint (``http/``) use of the worker that runs them."""
 
     @property
@@ -110,3 +110,5 @@ class NodeView(WorkerBasics, Protocol):
     def flush_all(self) -> None: ...  # DEBUG FLUSHALL, CLUSTER RESET
     def reset_stats(self) -> None: ...  # CONFIG RESETSTAT
     def connection(self) -> Client: ...  # the HTTP API runs commands on one
+    def command_names(self) -> list[str]: ...  # the command table's, in order (INFO)
+    def local_op(self, op: str, arg: Any) -> Any: ...  # this worker's part of a gather

@@ -41,6 +41,7 @@ from bus import auth as bus_auth
 from bus.clock import wall_ms
 from bus.mesh import Mesh
 from disque_mp.node.commands import jobs as cmd_jobs
+from disque_mp.node.commands.server import local_op as server_local_op
 from disque_mp.node.config import Config, worker_ports
 from disque_mp.node.connection import ClientConn, PendingReply
 from disque_mp.node.getjob import GetJob
@@ -525,6 +526,13 @@ class Worker:
         self.router.forwarded = 0
         self.connections_received = self.rejected_connections = 0
         self.net_in_bytes = self.net_out_bytes = 0
+
+    def command_names(self) -> list[str]:
+        return list(self.router.cmdstats)  # one entry per command, in the table's order
+
+    def local_op(self, op: str, arg: Any) -> Any:
+        """This worker's part of a node-wide command (``scatter``; SCATTER requests)."""
+        return server_local_op(self, op, arg)
 
     def local_stats(self) -> dict[str, Any]:
         usage = resource.getrusage(resource.RUSAGE_SELF)

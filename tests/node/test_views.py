@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 NODE = Path(__file__).resolve().parents[2] / "disque_mp" / "node"
-VIEWERS = sorted([NODE / "commands" / "admin.py", NODE / "memory.py", NODE / "view.py",
+VIEWERS = sorted([*(NODE / "commands").glob("*.py"), NODE / "memory.py", NODE / "view.py",
                   *(NODE / "http").glob("*.py")])
 FORBIDDEN = {"disque_mp.node.worker", "disque_mp.node.router", "disque_mp.node.peers",
              "disque_mp.node.handoff"}

@@ -20,6 +20,7 @@ from typing import Any
 from bus import membership as mb
 from bus.agent import ClusterAgent, Done, OnMessage, OnView
 from bus.hostbus import ClusterBus
+from disque_mp.node import tls
 from workers.replies import ERR_SYNTAX, OK, Error, Status
 
 ERR_WRONG = Error("ERR Wrong CLUSTER subcommand or number of arguments")
@@ -29,8 +30,6 @@ def make_agent(cfg: Any, index: int, node_id: str, workers: int, on_message: OnM
                on_view: OnView | None = None) -> ClusterAgent:
     agent = ClusterAgent(cfg, index, node_id, workers, on_message, execute, on_view)
     if getattr(cfg, "tls_cluster", False):
-        from disque_mp.node import tls
-
         agent.tls = tls.bus_contexts(cfg)  # TlsConfigError stops the worker with the reason
     ip = cfg.bind.split()[0] if cfg.bind.split() else ""
     agent.view["nodes"] = [[node_id, ip, cfg.port, ["myself"], 0, 0, True]]

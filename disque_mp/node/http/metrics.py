@@ -72,7 +72,7 @@ class SnapshotCollector:
 
     def _build(self) -> Iterator[Metric]:
         from disque_mp import __version__, compiled
-        from disque_mp.node.commands.admin import DISQUE_VERSION
+        from disque_mp.node.commands.info import DISQUE_VERSION
 
         info = InfoMetricFamily("disque_build", "Version and build of this node")
         info.add_metric([], {"version": __version__, "disque_version": DISQUE_VERSION,
