@@ -31,6 +31,7 @@ import hiredis
 from bus import mesh as meshmod
 from bus.clock import wall_ms
 from bus.mesh import Link, pack, unpack
+from disque_mp.node.errors import ERR_INTERNAL
 from disque_mp.node.resp import encode
 from workers.invariant import InvariantError
 from workers.replies import PENDING, Error
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("disque_mp.node.peers")
 _perf_ns: Final = time.perf_counter_ns
 
-ERR_INTERNAL: Final = Error("ERR internal error, see the server log")
 
 
 class Peers:

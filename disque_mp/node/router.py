@@ -31,19 +31,18 @@ from disque_mp.node.commands import jobs as cmd_jobs
 from disque_mp.node.commands.jobs import GetJobArgs
 from disque_mp.node.commands.table import TABLE, Command, run_on_shard
 from disque_mp.node.connection import ClientConn
+from disque_mp.node.errors import ERR_BADID, ERR_NOAUTH, ERR_OOM, err_arity, err_unknown
 from disque_mp.node.getjob import GetJob
-from disque_mp.node.memory import ERR_OOM
 from disque_mp.node.resp import NULL3, NULL_ARRAY2, append_request, encode, encode_jobs
 from workers.ids import is_valid_job_id, owner_of_job_id, owner_of_queue
 from workers.invariant import InvariantError
-from workers.replies import ERR_BADID, NULL_ARRAY, PENDING, Error, Status, err_arity, err_unknown
+from workers.replies import NULL_ARRAY, PENDING, Error, Status
 
 if TYPE_CHECKING:
     from disque_mp.node.worker import Worker
 
 owner_cache_max = 65536  # queue name -> owner memo; cleared when full (names are unbounded)
 NOAUTH_OK: Final = frozenset({"auth", "hello", "quit"})
-ERR_NOAUTH: Final = Error("NOAUTH Authentication required.")
 
 _perf_ns: Final = time.perf_counter_ns  # INFO commandstats; compiled in, no lookup per command
 

@@ -15,17 +15,27 @@ from typing import TYPE_CHECKING, Any
 from bus.auth import STATS as auth_stats
 from disque_mp.node.commands import cluster as clustermod
 from disque_mp.node.commands.info import DISQUE_VERSION
-from disque_mp.node.commands.jobs import ERR_NOT_INT
+from disque_mp.node.errors import (
+    ERR_AUTH_NOT_SET,
+    ERR_CLIENT,
+    ERR_HELLO_NOAUTH,
+    ERR_INVALID_PASSWORD,
+    ERR_NAME,
+    ERR_NO_SUCH_CLIENT,
+    ERR_NOAUTH,
+    ERR_NOPROTO,
+    ERR_NOT_INT,
+    ERR_PING_ARITY,
+    ERR_PROTO_NOT_INT,
+    ERR_SYNTAX,
+    ERR_WRONGPASS,
+)
 from disque_mp.node.scatter import gather
-from workers.replies import ERR_SYNTAX, OK, Error, Status
+from workers.replies import OK, Error, Status
 
 if TYPE_CHECKING:
     from disque_mp.node.view import Client, NodeView
 
-ERR_NOPROTO = Error("NOPROTO unsupported protocol version")
-ERR_CLIENT = Error("ERR Syntax error, try CLIENT (LIST | KILL ip:port | GETNAME | SETNAME connection-name)")
-ERR_NAME = Error("ERR Client names cannot contain spaces, newlines or special characters.")
-ERR_NO_SUCH_CLIENT = Error("ERR No such client")
 
 
 
@@ -39,7 +49,7 @@ def _text(raw: bytes) -> str:
 
 def cmd_ping(w: NodeView, conn: Client, cmd: list[bytes]) -> Any:
     if len(cmd) > 2:
-        return Error("ERR wrong number of arguments for 'ping' command")
+        return ERR_PING_ARITY
     return cmd[1] if len(cmd) == 2 else Status("PONG")
 
 
@@ -58,15 +68,15 @@ def cmd_auth(w: NodeView, conn: Client, cmd: list[bytes]) -> Any:
             # Redis 6's form keeps the connection as it was (without requirepass every
             # connection is, and stays, authenticated)
             _auth_failed(conn)
-            return Error("WRONGPASS invalid username-password pair or user is disabled.")
+            return ERR_WRONGPASS
         conn.authed = True
         return OK
     if not w.cfg.requirepass:
-        return Error("ERR Client sent AUTH, but no password is set")
+        return ERR_AUTH_NOT_SET
     if not _password_ok(w, cmd[1]):
         conn.authed = False
         _auth_failed(conn)
-        return Error("ERR invalid password")
+        return ERR_INVALID_PASSWORD
     conn.authed = True
     return OK
 
@@ -85,21 +95,19 @@ def _password_ok(w: NodeView, given: bytes) -> bool:
 def cmd_hello(w: NodeView, conn: Client, cmd: list[bytes]) -> Any:
     if len(cmd) == 1:
         if not conn.authed:
-            return Error("NOAUTH Authentication required.")
+            return ERR_NOAUTH
         return _tls_ports(w, conn, _disque_hello(w))
     try:
         proto = int(cmd[1])
     except ValueError:
-        return Error("ERR Protocol version is not an integer or out of range")
+        return ERR_PROTO_NOT_INT
     if proto not in (2, 3):
         return ERR_NOPROTO
     err = _hello_options(w, conn, cmd[2:])
     if err is not None:
         return err
     if not conn.authed:
-        return Error("NOAUTH HELLO must be called with the client already authenticated, otherwise "
-                     "the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the "
-                     "client and select the RESP protocol version at the same time")
+        return ERR_HELLO_NOAUTH
     conn.resp3 = proto == 3
     return {"server": "disque", "version": DISQUE_VERSION, "proto": proto, "id": conn.id,
             "mode": "standalone", "role": "master", "modules": []}
@@ -113,7 +121,7 @@ def _hello_options(w: NodeView, conn: Client, opts: list[bytes]) -> Error | None
             if opts[i + 1] != b"default" or not w.cfg.requirepass \
                     or not _password_ok(w, opts[i + 2]):
                 _auth_failed(conn)
-                return Error("WRONGPASS invalid username-password pair or user is disabled.")
+                return ERR_WRONGPASS
             conn.authed = True
             i += 3
         elif opt == b"setname" and len(opts) - i >= 2:

@@ -16,8 +16,8 @@ from disque_mp import compiled
 from disque_mp.node import config as configmod
 from disque_mp.node import memory
 from disque_mp.node.aof import merge_info
+from disque_mp.node.errors import ERR_SYNTAX
 from disque_mp.node.scatter import gather
-from workers.replies import ERR_SYNTAX
 
 if TYPE_CHECKING:
     from disque_mp.node.view import Client, NodeView

@@ -25,20 +25,29 @@ from disque_mp.node import slowlog
 from disque_mp.node.commands import cluster as clustermod
 from disque_mp.node.commands import jobs as cmd_jobs
 from disque_mp.node.commands.clients import client_line, kill_clients
-from disque_mp.node.commands.jobs import ERR_NOT_INT, parse_int
+from disque_mp.node.commands.jobs import parse_int
+from disque_mp.node.errors import (
+    ERR_CLUSTER,
+    ERR_CONFIG,
+    ERR_CURSOR,
+    ERR_DEBUG,
+    ERR_NO_SHUTDOWN,
+    ERR_NOT_INT,
+    ERR_SECRET_OFF,
+    ERR_SLOWLOG,
+    ERR_SYNTAX,
+)
 from disque_mp.node.http.ops import local_op as http_local_op
 from disque_mp.node.log import set_loglevel
 from disque_mp.node.resp import encode
 from disque_mp.node.scatter import gather, on_every_worker
-from workers.replies import ERR_SYNTAX, OK, PENDING, Error, Status
+from workers.replies import OK, PENDING, Error, Status
 
 log = logging.getLogger("disque_mp.node.commands")
 
 if TYPE_CHECKING:
     from disque_mp.node.view import Client, NodeView
 
-ERR_CONFIG = Error("ERR CONFIG subcommand must be one of GET, SET, RESETSTAT, REWRITE")
-ERR_DEBUG = Error("ERR Syntax error, try DEBUG [flushall|sleep <seconds>]")
 # A QSCAN/JSCAN call asks shards again while it found fewer than COUNT items (a
 # shard stops after COUNT*10 empty positions), so small node answer in one call
 # like the reference; this bounds the work of one call when filters match little.
@@ -103,7 +112,7 @@ def cmd_shutdown(w: NodeView, conn: Client, cmd: list[bytes]) -> Any:
     if not opts <= {b"nosave", b"save", b"rewrite-aof", b"now", b"force", b"abort"}:
         return ERR_SYNTAX
     if b"abort" in opts:
-        return Error("ERR No shutdown in progress.")
+        return ERR_NO_SHUTDOWN
     if b"rewrite-aof" in opts:
         w.rewrite_aof_at_exit = True
         for j in range(w.workers):
@@ -149,9 +158,6 @@ def cmd_config(w: NodeView, conn: Client, cmd: list[bytes]) -> Any:
     return ERR_CONFIG
 
 
-ERR_SECRET_OFF = Error(
-    "ERR cluster-secret-file: the cluster bus authenticates with this secret; it cannot be "
-    "turned off at runtime (remove it from the config file and restart every node)")
 
 
 def _apply_config(w: NodeView, name: str, value: str) -> Any:
@@ -193,7 +199,6 @@ def cmd_debug(w: NodeView, conn: Client, cmd: list[bytes]) -> Any:
     return ERR_DEBUG
 
 
-ERR_SLOWLOG = Error("ERR Unknown SLOWLOG subcommand or wrong # of args. Try GET, RESET, LEN.")
 
 
 def cmd_slowlog(w: NodeView, conn: Client, cmd: list[bytes]) -> Any:
@@ -257,7 +262,7 @@ def _cluster_single(w: NodeView, cmd: list[bytes]) -> Any:
         return (b"cluster_state:ok\r\ncluster_known_nodes:1\r\ncluster_reachable_nodes:0\r\n"
                 b"cluster_size:1\r\ncluster_stats_messages_sent:0\r\n"
                 b"cluster_stats_messages_received:0\r\n")
-    return Error("ERR Wrong CLUSTER subcommand or number of arguments")
+    return ERR_CLUSTER
 
 
 # ------------------------------------------------------------------ scans
@@ -296,7 +301,7 @@ def _scan(w: NodeView, conn: Client, op: str, spec: Any, arg: Callable[[int], An
     n = w.workers
     state = {"worker": spec.cursor % n, "local": spec.cursor // n, "rounds": 0}
     if state["worker"] >= n:
-        return Error("ERR invalid cursor")
+        return ERR_CURSOR
     items: list[Any] = []
     slot = conn.defer()
 
