@@ -55,7 +55,6 @@ class Router:
         self.index = w.index
         self.workers = w.workers
         self.owner_cache: dict[bytes, int] = {}
-        self.raw_rid = 0  # ids of RAW mesh requests (u32, wraps)
         # accounting: INFO commandstats and total_commands_processed, the slowlog
         self.commands_processed = 0
         self.forwarded = 0  # commands sent to their owner over the mesh (INFO workers)
@@ -419,18 +418,8 @@ class Router:
         return b""
 
     def _send_raw(self, conn: ClientConn, owner: int, cmd: list[bytes], slot: Any) -> None:
-        mesh = self.w.mesh
-        link: Any = mesh.links[owner]  # a Link: never ourselves
-        if link.cmd_rids:
-            link.close_batches()  # CMDS commands queued before this one run first
-        rids = link.raw_rids
-        if not rids:
-            mesh.mark(link)
-        self.raw_rid = rid = (self.raw_rid + 1) & 0xFFFFFFFF
-        rids.append(rid)
-        link.raw_flags.append(1 if conn.resp3 else 0)
-        append_request(link.raw_parts, cmd)
-        link.raw_pending[rid] = (conn, slot)
+        link: Any = self.w.mesh.links[owner]  # a Link: never ourselves
+        append_request(link.add_raw(conn.resp3, (conn, slot)), cmd)
 
     # ------------------------------------------------------------------ route: ids
 
