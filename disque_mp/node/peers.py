@@ -101,23 +101,8 @@ class Peers:
             at += argc
 
     def _serve_one(self, link: Link, rid: int, name: bytes, args: list[bytes]) -> None:
-        w, router = self.w, self.router
-        token = w.new_token()
-        aof = w.aof
-        before = aof.appended if aof is not None else 0
-        try:
-            reply = router.run_local(name, args, token)
-        except InvariantError:
-            raise
-        except Exception:  # a bug: answer it, or the asking client waits forever
-            log.exception("command %r from a peer failed", name)
-            reply = ERR_INTERNAL
-        if w.cfg.appendfsync == "always" and router.aof_must_hold(before, reply):
-            aof.hold(aof.appended, lambda v: link.reply(rid, v), reply)
-            return
-        if reply is PENDING:
-            w.tokens[token] = router.durable(lambda value: link.reply(rid, value))
-        else:
+        reply = self.w.owner.run(name, args, lambda: lambda value: link.reply(rid, value), True)
+        if reply is not PENDING:
             link.reply(rid, reply)
 
     def _serve_block(self, link: Link, meta: dict[str, Any], bodies: list[bytes]) -> None:
@@ -197,28 +182,13 @@ class Peers:
                            resp3: bool) -> None:
         """What a RAW command's fast path does not take (options, peers, appendfsync
         always): the general route, as for a client of ours."""
-        w, router = self.w, self.router
-        token = w.new_token()
-        aof = w.aof
-        before = aof.appended if aof is not None else 0
-        t0 = _perf_ns()
-        try:
-            reply = router.run_local(name, cmd[1:], token)
-        except InvariantError:
-            raise
-        except Exception:  # a bug: answer it, or the asking client waits forever
-            log.exception("command %r from a peer failed", name)
-            reply = ERR_INTERNAL
-        router.count(name.decode(), t0, cmd)
-
         def deliver(value: Any) -> None:
             link.raw_reply(rid, encode(value, resp3))
 
-        if w.cfg.appendfsync == "always" and router.aof_must_hold(before, reply):
-            aof.hold(aof.appended, deliver, reply)
-        elif reply is PENDING:
-            w.tokens[token] = router.durable(deliver)
-        else:
+        t0 = _perf_ns()
+        reply = self.w.owner.run(name, cmd[1:], lambda: deliver, True)
+        self.router.count(name.decode(), t0, cmd)
+        if reply is not PENDING:
             deliver(reply)
 
     def on_raw_replies(self, link: Link, bodies: list[bytes]) -> None:

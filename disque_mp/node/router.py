@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Final
 from bus.mesh import unpack
 from disque_mp.node.commands import jobs as cmd_jobs
 from disque_mp.node.commands.jobs import GetJobArgs
-from disque_mp.node.commands.table import TABLE, Command, run_on_shard
+from disque_mp.node.commands.table import TABLE, Command
 from disque_mp.node.connection import ClientConn
 from disque_mp.node.errors import ERR_BADID, ERR_NOAUTH, ERR_OOM, err_arity, err_unknown
 from disque_mp.node.getjob import GetJob
@@ -51,6 +51,7 @@ class Router:
 
     def __init__(self, w: Worker) -> None:
         self.w = w
+        self.owner = w.owner
         self.cfg = w.cfg
         self.index = w.index
         self.workers = w.workers
@@ -280,29 +281,11 @@ class Router:
 
     # ------------------------------------------------------------------ running here
 
-    def run_local(self, name: bytes, args: list[bytes], token: int) -> Any:
-        return run_on_shard(self.w.shard, name, args, token, self.w.now_ms)
-
-    def aof_must_hold(self, before: int, reply: Any) -> bool:
-        """appendfsync always: a reply whose records are not durable yet waits for
-        the loop turn's commit (``aof.hold``; it becomes the AOF error if that fails)."""
-        aof = self.w.aof
-        if aof is None or reply is PENDING or not aof.holds_replies():
-            return False
-        self.w.drain_effects()
-        return bool(aof.appended != before)
-
-    def durable(self, deliver: Callable[[Any], None]) -> Callable[[Any], None]:
-        """A reply completed later (Wake) waits for its records under appendfsync always."""
-        aof = self.w.aof
-        if aof is None or self.cfg.appendfsync != "always":
-            return deliver
-        return aof.when_durable(deliver)
-
-    def _pending_local(self, conn: ClientConn, token: int) -> None:
-        """A local op answered PENDING: its reply comes as Wake(token), in order."""
+    @staticmethod
+    def _later(conn: ClientConn) -> Callable[[Any], None]:
+        """A reply that comes later: its slot in ``conn``'s replies, reserved now."""
         slot = conn.defer()
-        self.w.tokens[token] = self.durable(lambda value: conn.fill(slot, encode(value, conn.resp3)))
+        return lambda value: conn.fill(slot, encode(value, conn.resp3))
 
     # ------------------------------------------------------------------ route: queue
 
@@ -321,19 +304,8 @@ class Router:
     def _run_at(self, conn: ClientConn, owner: int, cmd: list[bytes]) -> Any:
         name = cmd[0].lower()
         if owner == self.index:
-            w = self.w
             conn.streak = 0
-            token = w.new_token()
-            aof = w.aof
-            before = aof.appended if aof is not None else 0
-            reply = self.run_local(name, cmd[1:], token)
-            if self.cfg.appendfsync == "always" and self.aof_must_hold(before, reply):
-                slot = conn.defer()
-                aof.hold(aof.appended, lambda v: conn.fill(slot, encode(v, conn.resp3)), reply)
-                return PENDING
-            if reply is PENDING:
-                self._pending_local(conn, token)
-            return reply
+            return self.owner.run(name, cmd[1:], lambda: self._later(conn))
         self._count_streak(conn, owner)
         slot = conn.defer()
         args = cmd[1:]
@@ -455,20 +427,12 @@ class Router:
             if len(results) == len(groups):
                 conn.fill(slot, encode(_merge_counts(results), conn.resp3))
 
-        w = self.w
         for owner, ids in groups.items():
             if tail:
                 ids = ids + tail
-            if owner == self.index:
-                aof = w.aof
-                before = aof.appended if aof is not None else 0
-                token = w.new_token()
-                value = self.run_local(name, ids, token)
-                if value is PENDING:  # WAITJOB: our share answers later (Wake)
-                    w.tokens[token] = self.durable(one)
-                elif self.aof_must_hold(before, value):
-                    aof.hold(aof.appended, one, value)
-                else:
+            if owner == self.index:  # PENDING: our share answers later (WAITJOB, the AOF)
+                value = self.owner.run(name, ids, lambda: one)
+                if value is not PENDING:
                     one(value)
             else:
                 self.forward(owner, name, ids, one)

@@ -49,6 +49,7 @@ from disque_mp.node.handoff import Handoff
 from disque_mp.node.listen import listen_sockets
 from disque_mp.node.log import setup_logging
 from disque_mp.node.memory import Monitor, rss_bytes
+from disque_mp.node.owner import Owner
 from disque_mp.node.peers import Peers
 from disque_mp.node.router import Router
 from disque_mp.node.slowlog import SlowLog
@@ -180,6 +181,7 @@ class Worker:
         self.oom = False  # past maxmemory: denyoom commands answer ERR_OOM (disque_mp/node/memory.py)
         # protected mode (Redis'): no password and bound beyond loopback -> loopback clients only
         self.protected_bind = any(not is_loopback_addr(a, False) for a in cfg.bind.split() or ["*"])
+        self.owner: Owner = Owner(self)  # runs the commands our shard owns (router and peers)
         self.router = Router(self)
         self.peers = Peers(self, self.router)
         self.handoff = Handoff(self)
