@@ -146,7 +146,8 @@ class Link(asyncio.Protocol):
         self.reply_rids: list[int] = []
         self.reply_values: list[Any] = []
         self.reply_bodies: list[bytes] = []
-        # open RAW batch (outgoing) and RAWREPLIES batch (incoming); see Router.forward_raw
+        # open RAW batch (outgoing: ``add_raw``) and RAWREPLIES batch (incoming: ``raw_reply``)
+        self.raw_rid = 0  # the last RAW request id on this link (u32, wraps)
         self.raw_rids: array.array[int] = array.array("I")
         self.raw_flags = bytearray()
         self.raw_parts: list[bytes] = []
@@ -211,6 +212,24 @@ class Link(asyncio.Protocol):
         self.cmd_names.append(name)
         self.cmd_argc.append(len(args))
         self.cmd_args.extend(args)
+
+    def add_raw(self, resp3: bool, waiter: Any) -> list[bytes]:
+        """Open a place in this turn's RAW batch for one command and return the batch's
+        request buffer: the caller appends the command to it at once, as the RESP
+        request a client sends (``resp.append_request``, compiled). ``waiter`` (the
+        client connection and its reply slot) is handed back with the reply bytes
+        (``handler.on_raw_replies``). A RAW frame carries the request ids (u32 each),
+        one flag byte per command (1: a RESP3 reply) and the requests, in order;
+        commands queued before in a CMDS batch leave first."""
+        if self.cmd_rids:
+            self.close_batches()
+        if not self.raw_rids:
+            self.mesh.mark(self)
+        self.raw_rid = rid = (self.raw_rid + 1) & 0xFFFFFFFF
+        self.raw_rids.append(rid)
+        self.raw_flags.append(1 if resp3 else 0)
+        self.raw_pending[rid] = waiter
+        return self.raw_parts
 
     def reply(self, rid: int, value: Any) -> None:
         """Answer request ``rid`` (batched with the other answers of this turn)."""

@@ -36,12 +36,14 @@ COMPILED_MODULES = (
     "workers.evict",
     "workers.timers",
     # the front end's per-command path: RESP, connections, ADDJOB/GETJOB parsing, the
-    # worker and its parts (the router, the mesh serving, the handoff, GETJOB coordination)
+    # worker and its parts (the router, the owner side, the mesh serving, the handoff,
+    # GETJOB coordination)
     "disque_mp.node.resp",
     "disque_mp.node.connection",
     "disque_mp.node.commands.jobs",
     "disque_mp.node.worker",
     "disque_mp.node.router",
+    "disque_mp.node.owner",
     "disque_mp.node.peers",
     "disque_mp.node.handoff",
     "disque_mp.node.getjob",

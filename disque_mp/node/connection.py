@@ -388,30 +388,3 @@ def _tune(sock: Any, keepalive_s: int) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, max(1, keepalive_s // 3))
     except (OSError, AttributeError):
         pass  # not every platform has every option: keep the defaults
-
-
-def listen_sockets(bind: str, port: int, backlog: int, shared: bool = True) -> list[socket.socket]:
-    """One listening socket per bind address. ``shared``: with SO_REUSEPORT, each worker
-    binding its own on the client port; not shared: a worker port, one process's alone,
-    so a second node configured onto it fails to bind instead of taking half of its
-    connections."""
-    socks: list[socket.socket] = []
-    for addr in bind.split() or ["0.0.0.0"]:
-        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if shared:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            sock.bind((addr, port))
-            sock.listen(backlog)
-            sock.setblocking(False)
-        except OSError:
-            sock.close()
-            for s in socks:
-                s.close()
-            raise
-        socks.append(sock)
-    return socks

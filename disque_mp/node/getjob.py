@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 from bus import mesh as meshmod
 from bus.clock import wall_ms
 from bus.mesh import unpack
+from disque_mp.node.errors import ERR_LEAVING
 from disque_mp.node.resp import encode
 from workers.ids import owner_of_job_id
-from workers.replies import ERR_LEAVING, NULL_ARRAY, PENDING, Error
+from workers.replies import NULL_ARRAY, PENDING, Error
 
 if TYPE_CHECKING:
     from disque_mp.node.connection import ClientConn, PendingReply

@@ -35,7 +35,6 @@ from bus.clock import wall_ms
 from bus.mesh import unpack
 from disque_mp.node.log import VERBOSE
 from workers.evict import EvictCursor, evict_step
-from workers.replies import Error
 
 if TYPE_CHECKING:
     from disque_mp.node.view import MemoryHost
@@ -43,7 +42,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("disque_mp.node.memory")
 
 # Redis' text (shared.oomerr); Disque answers the same.
-ERR_OOM = Error("OOM command not allowed when used memory > 'maxmemory'.")
 
 # Measured with tracemalloc (docs/memory.md): a registered job costs about 390
 # bytes beyond its body (record, ID string, ints, table/timer/deque slots, the

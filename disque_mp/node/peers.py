@@ -12,7 +12,7 @@ jobs it serves the other workers' requests:
     BLOCK     a waiter for a peer's blocked GETJOB, answered later with WAKE;
               UNBLOCK drops it, and so does the loss of the peer's link
     RETURN    jobs a GETJOB took and no longer wants, requeued uncounted
-    SCATTER   this worker's part of a node-wide command (``admin.local_op``)
+    SCATTER   this worker's part of a node-wide command (``Worker.local_op``)
 
 As the asker it takes in RAWREPLIES (spliced into the clients' reply streams,
 in order), WAKE for its own blocked GETJOBs, and the (re)connection of a peer,
@@ -31,7 +31,7 @@ import hiredis
 from bus import mesh as meshmod
 from bus.clock import wall_ms
 from bus.mesh import Link, pack, unpack
-from disque_mp.node.commands import admin as cmd_node
+from disque_mp.node.errors import ERR_INTERNAL
 from disque_mp.node.resp import encode
 from workers.invariant import InvariantError
 from workers.replies import PENDING, Error
@@ -43,7 +43,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("disque_mp.node.peers")
 _perf_ns: Final = time.perf_counter_ns
 
-ERR_INTERNAL: Final = Error("ERR internal error, see the server log")
 
 
 class Peers:
@@ -82,7 +81,7 @@ class Peers:
             w.shard.op_return([b.decode() for b in bodies], w.now_ms)
         elif kind == meshmod.K_SCATTER:
             try:
-                reply = cmd_node.local_op(w, meta["op"], meta.get("a"))
+                reply = w.local_op(meta["op"], meta.get("a"))
             except InvariantError:
                 raise
             except Exception:  # a bug: answer it, or the asking client waits forever
@@ -102,23 +101,8 @@ class Peers:
             at += argc
 
     def _serve_one(self, link: Link, rid: int, name: bytes, args: list[bytes]) -> None:
-        w, router = self.w, self.router
-        token = w.new_token()
-        aof = w.aof
-        before = aof.appended if aof is not None else 0
-        try:
-            reply = router.run_local(name, args, token)
-        except InvariantError:
-            raise
-        except Exception:  # a bug: answer it, or the asking client waits forever
-            log.exception("command %r from a peer failed", name)
-            reply = ERR_INTERNAL
-        if w.cfg.appendfsync == "always" and router.aof_must_hold(before, reply):
-            aof.hold(aof.appended, lambda v: link.reply(rid, v), reply)
-            return
-        if reply is PENDING:
-            w.tokens[token] = router.durable(lambda value: link.reply(rid, value))
-        else:
+        reply = self.w.owner.run(name, args, lambda: lambda value: link.reply(rid, value), True)
+        if reply is not PENDING:
             link.reply(rid, reply)
 
     def _serve_block(self, link: Link, meta: dict[str, Any], bodies: list[bytes]) -> None:
@@ -198,28 +182,13 @@ class Peers:
                            resp3: bool) -> None:
         """What a RAW command's fast path does not take (options, peers, appendfsync
         always): the general route, as for a client of ours."""
-        w, router = self.w, self.router
-        token = w.new_token()
-        aof = w.aof
-        before = aof.appended if aof is not None else 0
-        t0 = _perf_ns()
-        try:
-            reply = router.run_local(name, cmd[1:], token)
-        except InvariantError:
-            raise
-        except Exception:  # a bug: answer it, or the asking client waits forever
-            log.exception("command %r from a peer failed", name)
-            reply = ERR_INTERNAL
-        router.count(name.decode(), t0, cmd)
-
         def deliver(value: Any) -> None:
             link.raw_reply(rid, encode(value, resp3))
 
-        if w.cfg.appendfsync == "always" and router.aof_must_hold(before, reply):
-            aof.hold(aof.appended, deliver, reply)
-        elif reply is PENDING:
-            w.tokens[token] = router.durable(deliver)
-        else:
+        t0 = _perf_ns()
+        reply = self.w.owner.run(name, cmd[1:], lambda: deliver, True)
+        self.router.count(name.decode(), t0, cmd)
+        if reply is not PENDING:
             deliver(reply)
 
     def on_raw_replies(self, link: Link, bodies: list[bytes]) -> None:

@@ -9,8 +9,8 @@ route (docs/architecture.md, "Invariants"):
     queue    owner of the queue's slot: inline when it is us, else forwarded on the mesh
     ids      every ID checked first (-BADID), split by owner, ints summed
     getjob   answered here when every queue is ours; else ``GetJob`` (getjob.py)
-    scatter  node-wide commands (``commands/admin.py``) gathered from every worker
-    local    answered here (``commands/admin.py``)
+    scatter  node-wide commands (``commands/info.py``, ``server.py``) gathered from every worker
+    local    answered here (``commands/clients.py``, ``server.py``, COMMAND in ``table.py``)
 
 Forwarding to the owner: the hot commands travel as RESP in RAW frames and their
 replies come back already encoded (``forward_raw``; ``peers.py`` splices them
@@ -29,21 +29,20 @@ from typing import TYPE_CHECKING, Any, Final
 from bus.mesh import unpack
 from disque_mp.node.commands import jobs as cmd_jobs
 from disque_mp.node.commands.jobs import GetJobArgs
-from disque_mp.node.commands.table import TABLE, Command, run_on_shard
+from disque_mp.node.commands.table import TABLE, Command
 from disque_mp.node.connection import ClientConn
+from disque_mp.node.errors import ERR_BADID, ERR_NOAUTH, ERR_OOM, err_arity, err_unknown
 from disque_mp.node.getjob import GetJob
-from disque_mp.node.memory import ERR_OOM
 from disque_mp.node.resp import NULL3, NULL_ARRAY2, append_request, encode, encode_jobs
 from workers.ids import is_valid_job_id, owner_of_job_id, owner_of_queue
 from workers.invariant import InvariantError
-from workers.replies import ERR_BADID, NULL_ARRAY, PENDING, Error, Status, err_arity, err_unknown
+from workers.replies import NULL_ARRAY, PENDING, Error, Status
 
 if TYPE_CHECKING:
     from disque_mp.node.worker import Worker
 
 owner_cache_max = 65536  # queue name -> owner memo; cleared when full (names are unbounded)
 NOAUTH_OK: Final = frozenset({"auth", "hello", "quit"})
-ERR_NOAUTH: Final = Error("NOAUTH Authentication required.")
 
 _perf_ns: Final = time.perf_counter_ns  # INFO commandstats; compiled in, no lookup per command
 
@@ -52,11 +51,11 @@ class Router:
 
     def __init__(self, w: Worker) -> None:
         self.w = w
+        self.owner = w.owner
         self.cfg = w.cfg
         self.index = w.index
         self.workers = w.workers
         self.owner_cache: dict[bytes, int] = {}
-        self.raw_rid = 0  # ids of RAW mesh requests (u32, wraps)
         # accounting: INFO commandstats and total_commands_processed, the slowlog
         self.commands_processed = 0
         self.forwarded = 0  # commands sent to their owner over the mesh (INFO workers)
@@ -282,29 +281,11 @@ class Router:
 
     # ------------------------------------------------------------------ running here
 
-    def run_local(self, name: bytes, args: list[bytes], token: int) -> Any:
-        return run_on_shard(self.w.shard, name, args, token, self.w.now_ms)
-
-    def aof_must_hold(self, before: int, reply: Any) -> bool:
-        """appendfsync always: a reply whose records are not durable yet waits for
-        the loop turn's commit (``aof.hold``; it becomes the AOF error if that fails)."""
-        aof = self.w.aof
-        if aof is None or reply is PENDING or not aof.holds_replies():
-            return False
-        self.w.drain_effects()
-        return bool(aof.appended != before)
-
-    def durable(self, deliver: Callable[[Any], None]) -> Callable[[Any], None]:
-        """A reply completed later (Wake) waits for its records under appendfsync always."""
-        aof = self.w.aof
-        if aof is None or self.cfg.appendfsync != "always":
-            return deliver
-        return aof.when_durable(deliver)
-
-    def _pending_local(self, conn: ClientConn, token: int) -> None:
-        """A local op answered PENDING: its reply comes as Wake(token), in order."""
+    @staticmethod
+    def _later(conn: ClientConn) -> Callable[[Any], None]:
+        """A reply that comes later: its slot in ``conn``'s replies, reserved now."""
         slot = conn.defer()
-        self.w.tokens[token] = self.durable(lambda value: conn.fill(slot, encode(value, conn.resp3)))
+        return lambda value: conn.fill(slot, encode(value, conn.resp3))
 
     # ------------------------------------------------------------------ route: queue
 
@@ -323,19 +304,8 @@ class Router:
     def _run_at(self, conn: ClientConn, owner: int, cmd: list[bytes]) -> Any:
         name = cmd[0].lower()
         if owner == self.index:
-            w = self.w
             conn.streak = 0
-            token = w.new_token()
-            aof = w.aof
-            before = aof.appended if aof is not None else 0
-            reply = self.run_local(name, cmd[1:], token)
-            if self.cfg.appendfsync == "always" and self.aof_must_hold(before, reply):
-                slot = conn.defer()
-                aof.hold(aof.appended, lambda v: conn.fill(slot, encode(v, conn.resp3)), reply)
-                return PENDING
-            if reply is PENDING:
-                self._pending_local(conn, token)
-            return reply
+            return self.owner.run(name, cmd[1:], lambda: self._later(conn))
         self._count_streak(conn, owner)
         slot = conn.defer()
         args = cmd[1:]
@@ -420,18 +390,8 @@ class Router:
         return b""
 
     def _send_raw(self, conn: ClientConn, owner: int, cmd: list[bytes], slot: Any) -> None:
-        mesh = self.w.mesh
-        link: Any = mesh.links[owner]  # a Link: never ourselves
-        if link.cmd_rids:
-            link.close_batches()  # CMDS commands queued before this one run first
-        rids = link.raw_rids
-        if not rids:
-            mesh.mark(link)
-        self.raw_rid = rid = (self.raw_rid + 1) & 0xFFFFFFFF
-        rids.append(rid)
-        link.raw_flags.append(1 if conn.resp3 else 0)
-        append_request(link.raw_parts, cmd)
-        link.raw_pending[rid] = (conn, slot)
+        link: Any = self.w.mesh.links[owner]  # a Link: never ourselves
+        append_request(link.add_raw(conn.resp3, (conn, slot)), cmd)
 
     # ------------------------------------------------------------------ route: ids
 
@@ -467,20 +427,12 @@ class Router:
             if len(results) == len(groups):
                 conn.fill(slot, encode(_merge_counts(results), conn.resp3))
 
-        w = self.w
         for owner, ids in groups.items():
             if tail:
                 ids = ids + tail
-            if owner == self.index:
-                aof = w.aof
-                before = aof.appended if aof is not None else 0
-                token = w.new_token()
-                value = self.run_local(name, ids, token)
-                if value is PENDING:  # WAITJOB: our share answers later (Wake)
-                    w.tokens[token] = self.durable(one)
-                elif self.aof_must_hold(before, value):
-                    aof.hold(aof.appended, one, value)
-                else:
+            if owner == self.index:  # PENDING: our share answers later (WAITJOB, the AOF)
+                value = self.owner.run(name, ids, lambda: one)
+                if value is not PENDING:
                     one(value)
             else:
                 self.forward(owner, name, ids, one)

@@ -1,14 +1,16 @@
 """What the node-wide parts see of their worker: narrow, typed views.
 
-The node-wide commands (``commands/admin.py``), the HTTP endpoint (``http/``)
+The node-wide commands (``commands/``), the HTTP endpoint (``http/``)
 and the memory monitor (``memory.py``) run inside a worker but do not import
 it: each takes one of these protocols, which list exactly what it uses. The
 ``Worker`` (``worker.py``) satisfies them all (mypy checks it where it passes
-itself), so these parts depend on this module and never on the worker.
+itself), and its ``ClientConn`` (``connection.py``) satisfies ``Client``, so these
+parts depend on this module and never on the worker or its connections.
 """
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -16,9 +18,33 @@ if TYPE_CHECKING:
 
     from bus.mesh import Mesh
     from disque_mp.node.config import Config
-    from disque_mp.node.connection import ClientConn
     from disque_mp.node.slowlog import SlowLog
     from workers.shard import Shard
+
+
+class Client(Protocol):
+    """What the connection and node-wide commands (CLIENT, AUTH, HELLO, INFO, ...)
+    and the HTTP API use of a client connection (``connection.ClientConn``)."""
+
+    id: int
+    addr: str
+    name: bytes
+    lib_name: bytes
+    lib_ver: bytes
+    resp3: bool
+    authed: bool
+    auth_fails: int
+    closing: bool
+    close_after_write: bool
+    transport: asyncio.Transport | None
+    ctime_s: float
+    last_s: float
+    last_cmd: str
+    waiters: set[Any]  # blocked GETJOBs: CLIENT LIST's flag b
+
+    def defer(self) -> Any: ...  # a reply slot that ``fill`` completes later
+    def fill(self, slot: Any, data: bytes) -> None: ...
+    def data_received(self, data: bytes) -> None: ...  # the HTTP API feeds it RESP
 
 
 class WorkerBasics(Protocol):
@@ -47,6 +73,20 @@ class MemoryHost(WorkerBasics, Protocol):
     def drain_effects(self) -> None: ...  # after an eviction pass (the AOF's DELJOBs)
 
 
+class ShardHost(WorkerBasics, Protocol):
+    """What the owner side (``owner.Owner``) uses of its worker."""
+
+    @property
+    def now_ms(self) -> int: ...
+    @property
+    def aof(self) -> Any: ...  # the AOF manager, or None
+    @property
+    def tokens(self) -> dict[int, Any]: ...  # a reply that comes later, by its Wake token
+
+    def new_token(self) -> int: ...
+    def drain_effects(self) -> None: ...  # the AOF records of what just ran
+
+
 class MemoryGauge(Protocol):
     """What node-wide commands use of the memory monitor."""
 
@@ -55,7 +95,7 @@ class MemoryGauge(Protocol):
 
 
 class NodeView(WorkerBasics, Protocol):
-    """What the node-wide and connection commands (``commands/admin.py``) and the
+    """What the node-wide and connection commands (``commands/``) and the
     HTTP endpoint (``http/``) use of the worker that runs them."""
 
     @property
@@ -73,7 +113,7 @@ class NodeView(WorkerBasics, Protocol):
     @property
     def memory(self) -> MemoryGauge | None: ...
     @property
-    def conns(self) -> set[ClientConn]: ...  # CLIENT LIST / KILL
+    def conns(self) -> AbstractSet[Client]: ...  # CLIENT LIST / KILL
     @property
     def slowlog(self) -> SlowLog: ...
 
@@ -83,4 +123,6 @@ class NodeView(WorkerBasics, Protocol):
     def local_stats(self) -> dict[str, Any]: ...  # INFO, metrics: this worker's figures
     def flush_all(self) -> None: ...  # DEBUG FLUSHALL, CLUSTER RESET
     def reset_stats(self) -> None: ...  # CONFIG RESETSTAT
-    def connection(self) -> ClientConn: ...  # the HTTP API runs commands on one
+    def connection(self) -> Client: ...  # the HTTP API runs commands on one
+    def command_names(self) -> list[str]: ...  # the command table's, in order (INFO)
+    def local_op(self, op: str, arg: Any) -> Any: ...  # this worker's part of a gather

@@ -41,12 +41,15 @@ from bus import auth as bus_auth
 from bus.clock import wall_ms
 from bus.mesh import Mesh
 from disque_mp.node.commands import jobs as cmd_jobs
+from disque_mp.node.commands.server import local_op as server_local_op
 from disque_mp.node.config import Config, worker_ports
-from disque_mp.node.connection import ClientConn, PendingReply, listen_sockets
+from disque_mp.node.connection import ClientConn, PendingReply
 from disque_mp.node.getjob import GetJob
 from disque_mp.node.handoff import Handoff
+from disque_mp.node.listen import listen_sockets
 from disque_mp.node.log import setup_logging
 from disque_mp.node.memory import Monitor, rss_bytes
+from disque_mp.node.owner import Owner
 from disque_mp.node.peers import Peers
 from disque_mp.node.router import Router
 from disque_mp.node.slowlog import SlowLog
@@ -178,6 +181,7 @@ class Worker:
         self.oom = False  # past maxmemory: denyoom commands answer ERR_OOM (disque_mp/node/memory.py)
         # protected mode (Redis'): no password and bound beyond loopback -> loopback clients only
         self.protected_bind = any(not is_loopback_addr(a, False) for a in cfg.bind.split() or ["*"])
+        self.owner: Owner = Owner(self)  # runs the commands our shard owns (router and peers)
         self.router = Router(self)
         self.peers = Peers(self, self.router)
         self.handoff = Handoff(self)
@@ -524,6 +528,13 @@ class Worker:
         self.router.forwarded = 0
         self.connections_received = self.rejected_connections = 0
         self.net_in_bytes = self.net_out_bytes = 0
+
+    def command_names(self) -> list[str]:
+        return list(self.router.cmdstats)  # one entry per command, in the table's order
+
+    def local_op(self, op: str, arg: Any) -> Any:
+        """This worker's part of a node-wide command (``scatter``; SCATTER requests)."""
+        return server_local_op(self, op, arg)
 
     def local_stats(self) -> dict[str, Any]:
         usage = resource.getrusage(resource.RUSAGE_SELF)

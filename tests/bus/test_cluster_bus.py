@@ -30,6 +30,7 @@ from bus import membership as mb
 from bus.agent import AGENT_CMD, AGENT_HELLO
 from bus.agent import socket_name as agent_socket_name
 from bus.hostbus import K_HANDSHAKE, K_PING, ClusterBus
+from disque_mp.node import errors
 from disque_mp.node.commands import cluster as cmd_cluster
 from disque_mp.node.config import Config
 from tests.nodeproc import NodeProc, free_port
@@ -217,8 +218,8 @@ async def _agent_scenario(tmp: Path, secret: str) -> None:
             "ERR Invalid TCP port specified: notaport")
         assert await run_cluster(a1, "MEET", "localhost", "7711") == Error(
             "ERR Invalid node address specified: localhost:7711")
-        assert await run_cluster(a1, "BOGUS") == cmd_cluster.ERR_WRONG
-        assert await run_cluster(a1, "NODES", "x") == cmd_cluster.ERR_WRONG
+        assert await run_cluster(a1, "BOGUS") == errors.ERR_CLUSTER
+        assert await run_cluster(a1, "NODES", "x") == errors.ERR_CLUSTER
         assert await run_cluster(a1, "MYID") == a.node_id.encode()
         assert await run_cluster(a1, "MEET", "127.0.0.1", str(b.cfg.port)) == OK
 

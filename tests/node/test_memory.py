@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from disque_mp.node import memory
+from disque_mp.node import errors, memory
 from tests import REFERENCE_DIR
 from workers.replies import ERR_NOREPL, Error
 from workers.shard import ERR_NOREPL_LEAVING, ERR_NOREPL_MEMORY, Shard
@@ -131,7 +131,7 @@ def test_shard_level_one_replicates_externally() -> None:
     reply = _add(s, b"q", b"x", T0)
     assert not isinstance(reply, Error) and s.op_qlen(b"q") == 1
     assert str(ERR_NOREPL_MEMORY).endswith("for the following reason: I'm out of memory")
-    assert str(memory.ERR_OOM) == "OOM command not allowed when used memory > 'maxmemory'."
+    assert str(errors.ERR_OOM) == "OOM command not allowed when used memory > 'maxmemory'."
 
 
 @pytest.mark.parametrize(

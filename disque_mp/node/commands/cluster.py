@@ -20,17 +20,15 @@ from typing import Any
 from bus import membership as mb
 from bus.agent import ClusterAgent, Done, OnMessage, OnView
 from bus.hostbus import ClusterBus
-from workers.replies import ERR_SYNTAX, OK, Error, Status
-
-ERR_WRONG = Error("ERR Wrong CLUSTER subcommand or number of arguments")
+from disque_mp.node import tls
+from disque_mp.node.errors import ERR_CLUSTER, ERR_SYNTAX
+from workers.replies import OK, Error, Status
 
 
 def make_agent(cfg: Any, index: int, node_id: str, workers: int, on_message: OnMessage,
                on_view: OnView | None = None) -> ClusterAgent:
     agent = ClusterAgent(cfg, index, node_id, workers, on_message, execute, on_view)
     if getattr(cfg, "tls_cluster", False):
-        from disque_mp.node import tls
-
         agent.tls = tls.bus_contexts(cfg)  # TlsConfigError stops the worker with the reason
     ip = cfg.bind.split()[0] if cfg.bind.split() else ""
     agent.view["nodes"] = [[node_id, ip, cfg.port, ["myself"], 0, 0, True]]
@@ -40,7 +38,7 @@ def make_agent(cfg: Any, index: int, node_id: str, workers: int, on_message: OnM
 def cluster(agent: ClusterAgent, args: list[bytes], done: Done) -> None:
     """CLUSTER <subcommand> ...: checked here, run on worker 0."""
     if not args:
-        done(ERR_WRONG)
+        done(ERR_CLUSTER)
         return
     agent.command(args, done)
 
@@ -54,7 +52,7 @@ def execute(bus: ClusterBus, args: list[bytes]) -> Any:
     sub = args[0].lower() if args else b""
     handler = _HANDLERS.get((sub, len(args)))
     if handler is None:
-        return ERR_WRONG
+        return ERR_CLUSTER
     return handler(bus, args[1:])
 
 

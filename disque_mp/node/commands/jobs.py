@@ -17,16 +17,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from workers.ids import is_valid_job_id
-from workers.job import STATE_BY_NAME, delay_max_s, maxdeliver_max, retry_max_s, ttl_max_s
-from workers.replies import (
+from disque_mp.node.errors import (
     ERR_BADID,
+    ERR_COUNT,
+    ERR_CURSOR,
+    ERR_DELAY,
+    ERR_MAXLEN,
+    ERR_NOT_INT,
+    ERR_REPLICATE,
+    ERR_RETRY,
+    ERR_STATE,
     ERR_SYNTAX,
-    NULL_ARRAY,
-    PENDING,
-    Error,
+    ERR_TIMEOUT_NEGATIVE,
+    ERR_TIMEOUT_NOT_INT,
+    ERR_TTL,
     err_arity,
 )
+from workers.ids import is_valid_job_id
+from workers.job import STATE_BY_NAME, delay_max_s, maxdeliver_max, retry_max_s, ttl_max_s
+from workers.replies import NULL_ARRAY, PENDING, Error
 from workers.shard import (
     ERR_DELAY_MAX,
     ERR_MAXDELIVER,
@@ -37,18 +46,6 @@ from workers.shard import (
     qscan_count_default,
     ttl_default_s,
 )
-
-ERR_TIMEOUT_NOT_INT: Final = Error("ERR timeout is not an integer or out of range")
-ERR_TIMEOUT_NEGATIVE: Final = Error("ERR timeout is negative")
-ERR_NOT_INT: Final = Error("ERR value is not an integer or out of range")
-ERR_REPLICATE: Final = Error("ERR REPLICATE must be between 1 and 65535")
-ERR_TTL: Final = Error("ERR TTL must be a number > 0")
-ERR_RETRY: Final = Error("ERR RETRY time must be a non negative number")
-ERR_DELAY: Final = Error("ERR Delay time must be a non negative number")
-ERR_MAXLEN: Final = Error("ERR MAXLEN must be a positive number")
-ERR_COUNT: Final = Error("ERR COUNT must be a number greater than zero")
-ERR_STATE: Final = Error("ERR Invalid job state name")
-ERR_CURSOR: Final = Error("ERR invalid cursor")
 
 replicate_max: Final = 65535  # Disque's bound (a 16-bit field on the wire)
 

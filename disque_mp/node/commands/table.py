@@ -14,7 +14,8 @@ the reference server's COMMAND reply). The route says where a command runs:
 The handler's signature follows the route: ``queue`` and ``ids`` handlers run on
 the owner's shard, ``handler(shard, args, token, now_ms)`` with the arguments after
 the name (``commands/jobs.py``); ``scatter`` and ``local`` handlers run on the
-connection's worker, ``handler(worker, conn, cmd)`` (``commands/admin.py``), and
+connection's worker, ``handler(worker, conn, cmd)`` (``commands/clients.py``, ``info.py``,
+``server.py``; COMMAND is here), and
 gather from the other workers themselves; ``getjob`` has none: the router's GETJOB
 path runs it (``Router.getjob``). ``fast`` says the worker has a fast path for the command's
 common shape (``Router._fast_<name>``, ``router.py``), tried before the general path.
@@ -24,10 +25,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from disque_mp.node.commands import admin, jobs
-from workers.replies import Error
+from disque_mp.node.commands import clients, info, jobs, server
+from workers.replies import Error, Status
+
+if TYPE_CHECKING:
+    from disque_mp.node.view import Client, NodeView
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +45,27 @@ class Command:
     # ``ids`` route: option words that may end the ID list, each with one value
     # (``NACK id ... DELAY s``); the router gives them to every owner's share.
     tail_opts: tuple[bytes, ...] = ()
+
+
+def cmd_command(w: NodeView, conn: Client, cmd: list[bytes]) -> Any:
+    """COMMAND [COUNT | INFO name ... | DOCS]: this table, as the reference lists it."""
+    if len(cmd) == 1:
+        return [_command_entry(c.name) for c in TABLE.values()]
+    sub = cmd[1].lower()
+    if sub == b"count" and len(cmd) == 2:
+        return len(TABLE)
+    if sub == b"info":
+        return [_command_entry(n.decode("utf-8", "surrogateescape").lower())
+                if n.lower() in TABLE else None for n in cmd[2:]]
+    if sub == b"docs":
+        return {} if conn.resp3 else []
+    return Error("ERR Unknown subcommand or wrong number of arguments for "
+                 f"'{cmd[1].decode('utf-8', 'surrogateescape')}'. Try COMMAND HELP.")
+
+
+def _command_entry(name: str) -> list[Any]:
+    c = TABLE[name.encode()]
+    return [name.encode(), c.arity, [Status(f) for f in c.flags], 0, 0, 0]
 
 
 _W, _R, _F, _A, _L, _D = "write", "readonly", "fast", "admin", "loading", "denyoom"
@@ -66,21 +91,21 @@ TABLE: dict[bytes, Command] = {
         Command("waitjob", -2, (_R,), "ids", jobs.cmd_waitjob, tail_opts=(b"timeout",)),
         Command("globalqlen", 2, (_R, _F), "queue", jobs.cmd_globalqlen),
         Command("delqueue", -2, (_W,), "queue", jobs.cmd_delqueue),
-        Command("qscan", -1, (_R,), "scatter", admin.cmd_qscan),
-        Command("jscan", -1, (_R,), "scatter", admin.cmd_jscan),
-        Command("info", -1, (_R, _L), "scatter", admin.cmd_info),
-        Command("debug", -2, (_A,), "scatter", admin.cmd_debug),
-        Command("config", -2, (_R, _A), "scatter", admin.cmd_config),
-        Command("cluster", -2, (_R, _A), "scatter", admin.cmd_cluster),
-        Command("bgrewriteaof", 1, (_R, _A), "scatter", admin.cmd_bgrewriteaof),
-        Command("slowlog", -2, (_R,), "scatter", admin.cmd_slowlog),
-        Command("hello", -1, (_R, _F), "local", admin.cmd_hello),
-        Command("ping", -1, (_R, _F), "local", admin.cmd_ping),
-        Command("time", 1, (_R, _F), "local", admin.cmd_time),
-        Command("command", 0, (_R, _L), "local", admin.cmd_command),
-        Command("client", -2, (_R, _A), "local", admin.cmd_client),
-        Command("auth", -2, (_R, _L, _F), "local", admin.cmd_auth),
-        Command("shutdown", -1, (_R, _A, _L), "local", admin.cmd_shutdown),
+        Command("qscan", -1, (_R,), "scatter", server.cmd_qscan),
+        Command("jscan", -1, (_R,), "scatter", server.cmd_jscan),
+        Command("info", -1, (_R, _L), "scatter", info.cmd_info),
+        Command("debug", -2, (_A,), "scatter", server.cmd_debug),
+        Command("config", -2, (_R, _A), "scatter", server.cmd_config),
+        Command("cluster", -2, (_R, _A), "scatter", server.cmd_cluster),
+        Command("bgrewriteaof", 1, (_R, _A), "scatter", server.cmd_bgrewriteaof),
+        Command("slowlog", -2, (_R,), "scatter", server.cmd_slowlog),
+        Command("hello", -1, (_R, _F), "local", clients.cmd_hello),
+        Command("ping", -1, (_R, _F), "local", clients.cmd_ping),
+        Command("time", 1, (_R, _F), "local", clients.cmd_time),
+        Command("command", 0, (_R, _L), "local", cmd_command),
+        Command("client", -2, (_R, _A), "local", clients.cmd_client),
+        Command("auth", -2, (_R, _L, _F), "local", clients.cmd_auth),
+        Command("shutdown", -1, (_R, _A, _L), "local", server.cmd_shutdown),
     )
 }
 

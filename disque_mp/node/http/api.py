@@ -40,7 +40,7 @@ from bus.clock import wall_ms
 from disque_mp.node.http import metrics as metricsmod
 from disque_mp.node.http.commands import ReplyError, call
 from disque_mp.node.http.ops import gather
-from disque_mp.node.http.server import Request, Response
+from disque_mp.node.http.server import Request, Response, error
 from workers.ids import is_valid_job_id
 
 if TYPE_CHECKING:
@@ -67,10 +67,6 @@ class ApiError(Exception):
     def __init__(self, status: int, text: str) -> None:
         super().__init__(text)
         self.status = status
-
-
-def error(status: int, text: str, headers: dict[str, str] | None = None) -> Response:
-    return Response(status, orjson.dumps({"error": text, "status": status}), headers=headers)
 
 
 def ok(value: Any, status: int = 200) -> Response:

@@ -22,6 +22,8 @@ from prometheus_client.core import (
     Metric,
 )
 
+from disque_mp import __version__, compiled
+from disque_mp.node.commands.info import DISQUE_VERSION
 from workers.shard import latency_bounds_ms
 
 if TYPE_CHECKING:
@@ -71,9 +73,6 @@ class SnapshotCollector:
         return sum(float(p["metrics"][key]) for p in self.parts)
 
     def _build(self) -> Iterator[Metric]:
-        from disque_mp import __version__, compiled
-        from disque_mp.node.commands.admin import DISQUE_VERSION
-
         info = InfoMetricFamily("disque_build", "Version and build of this node")
         info.add_metric([], {"version": __version__, "disque_version": DISQUE_VERSION,
                              "shard_build": compiled.summary(), "node_id": self.w.node_id,

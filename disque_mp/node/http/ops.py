@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 def local_op(w: NodeView, op: str, arg: Any) -> Any:
-    """This worker's part (called by ``commands.admin.local_op`` for ``http.*`` ops)."""
+    """This worker's part (``commands.server.local_op`` calls it for ``http.*`` ops)."""
     if op == "http.metrics":
         return worker_snapshot(w, int(arg))
     return Error(f"ERR unknown node operation '{op}'")
@@ -45,5 +45,5 @@ def gather(w: NodeView, op: str, arg: Any) -> asyncio.Future[list[Any]]:
         if not fut.done():
             fut.set_result(results)
 
-    on_every_worker(w, op, arg, local_op, done)
+    on_every_worker(w, op, arg, done)
     return fut

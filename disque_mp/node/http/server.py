@@ -27,7 +27,10 @@ import logging
 import ssl
 from typing import TYPE_CHECKING, Any
 
-from disque_mp.node.connection import listen_sockets
+import orjson
+
+from disque_mp.node.listen import listen_sockets
+from disque_mp.node.tls import https_context
 
 if TYPE_CHECKING:
     from disque_mp.node.view import NodeView
@@ -75,6 +78,11 @@ class Response:
         lines += [f"{k}: {v}" for k, v in self.headers.items()]
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         return head if head_only else head + self.body
+
+
+def error(status: int, text: str, headers: dict[str, str] | None = None) -> Response:
+    """A JSON error answer: ``{"error": text, "status": status}``."""
+    return Response(status, orjson.dumps({"error": text, "status": status}), headers=headers)
 
 
 class BadRequest(Exception):
@@ -240,8 +248,6 @@ class HttpConn(asyncio.Protocol):
             resp = await self._answer(req)
         except Exception:  # a bug: answer it, keep the node and the connection
             log.exception("HTTP %s %s failed", req.method, req.path)
-            from disque_mp.node.http.api import error
-
             resp = error(500, "internal error, see the server log")
         self.busy = False
         if self.transport is None:
@@ -267,8 +273,6 @@ class HttpConn(asyncio.Protocol):
     async def _answer(self, req: Request) -> Response:
         password = self.w.cfg.requirepass  # CONFIG SET between head and answer
         if password and not authorized(req.headers.get("authorization", ""), password):
-            from disque_mp.node.http.api import error
-
             return error(401, "authentication required", _CHALLENGE)
         resp: Response = await self.handle(self.w, req)
         return resp
@@ -277,8 +281,6 @@ class HttpConn(asyncio.Protocol):
         """Answer a request we will not serve, then close. The rest of what the client
         sends is read and dropped for up to ``linger_s``: closing a socket with unread
         input sends a reset, which can destroy the answer before the client reads it."""
-        from disque_mp.node.http.api import error
-
         self.closing = True
         transport = self.transport
         if transport is None:
@@ -302,15 +304,13 @@ _CHALLENGE = {"WWW-Authenticate": 'Basic realm="disque-mp", charset="UTF-8"'}
 def ssl_context(cfg: Any) -> ssl.SSLContext | None:
     """HTTPS when the node has a TLS certificate configured (``tls-cert-file`` and
     ``tls-key-file``, the directives of the RESP port's TLS); plain HTTP otherwise."""
-    from disque_mp.node.tls import https_context
-
     return https_context(cfg)
 
 
-async def start(w: NodeView, ctx: ssl.SSLContext | None = None) -> list[asyncio.AbstractServer]:
-    """Listen on ``http-bind``:``http-port`` (nothing when the port is 0)."""
-    from disque_mp.node.http.api import handle
-
+async def start(w: NodeView, handle: Any,
+                ctx: ssl.SSLContext | None = None) -> list[asyncio.AbstractServer]:
+    """Listen on ``http-bind``:``http-port`` (nothing when the port is 0); every request
+    goes to ``handle(w, request)`` (``api.handle``)."""
     if not w.cfg.http_port:
         return []
     if ctx is None:
