@@ -41,9 +41,9 @@ per queue that asked for jobs) sits in the heap as its own target.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
-from workers.effects import AofAppend, Send, Wake
+from workers.effects import QUEUED_INCR_DELIVERIES, QUEUED_INCR_NACKS, AofAppend, Send, Wake
 from workers.ids import is_at_most_once_id, is_valid_job_id, slot_of_job_id
 from workers.job import (
     ACKED,
@@ -66,11 +66,6 @@ from workers.replies import ERR_LEAVING, PENDING, Error, Status
 
 if TYPE_CHECKING:
     from workers.shard import Shard
-
-# QUEUED's "f": the counter the sender's requeue incremented, which every holder
-# increments too (Disque's CLUSTERMSG_FLAG0_INCR_NACKS / _INCR_DELIV).
-QUEUED_INCR_NACKS: Final = 2
-QUEUED_INCR_DELIVERIES: Final = 4
 
 ERR_NOREPL_TIMEOUT = Error(
     "NOREPL Timeout reached before replicating to the requested number of nodes"
@@ -188,6 +183,8 @@ class ClusterOps:
 
     # reachable peers our bus link has no PONG on yet (set_view): not sent YOURJOBS
     _unlinked: frozenset[str] = frozenset()
+    # every reachable node, leaving ones too (set_view); None: set_peers's list
+    _reach: tuple[str, ...] | None = None
 
     # ------------------------------------------------------------------ view
 
@@ -204,6 +201,8 @@ class ClusterOps:
         self._known = known
         self._peers = tuple(p[0] for p in peers if p[1] and not p[2] and p[0] != self.node_id)
         self._unlinked = frozenset(p[0] for p in peers if p[1] and len(p) > 3 and not p[3])
+        # Every reachable node, leaving or not: they still hold jobs (GLOBALQLEN, DELQUEUE).
+        self._reach = tuple(p[0] for p in peers if p[1] and p[0] != self.node_id)
         self.set_leaving(leaving)
 
     def set_leaving(self: Shard, leaving: bool) -> None:
@@ -352,6 +351,7 @@ class ClusterOps:
         self._now_ms = now_ms
         handler = _HANDLERS.get(kind)
         if handler is None:
+            self.ext.on_message(sender, kind, meta, bodies, now_ms)
             return
         # Shapes and values were checked at the edge (bus/messages.py); only the job
         # records inside are parsed here (``_peer_job``).
@@ -478,7 +478,7 @@ class ClusterOps:
         if job.state == QUEUED and (sender > self.node_id or wait_ms or dead):
             self._dequeue(job, self._queues[job.queue], now_ms)  # the greater ID keeps it
         if dead:
-            self._follow_dead_letter(job, now_ms)
+            self.ext.follow_dead_letter(job, now_ms)
         if job.retry_s:
             qtime = now_ms + wait_ms + job.retry_s * 1000 + self._jitter()
             if not job.flags & FLAG_NACK_DELAYED or qtime > job.qtime_ms:
@@ -525,8 +525,8 @@ class ClusterOps:
                 self._effects.append(Wake(rw.token, Status(job.id)))
         job.state = ACKED
         job.flags &= ~FLAG_WILLQUEUE_SENT
-        if self._waits:
-            self._job_done(job.id)  # WAITJOB (workers/extensions.py)
+        if self.ext.waits:
+            self.ext.job_done(job.id)  # WAITJOB (workers/extensions.py)
         if job.delivered and not self._others(job):
             self._unregister(job, now_ms)
             return False

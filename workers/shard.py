@@ -32,12 +32,11 @@ from collections.abc import Set as AbstractSet
 from operator import attrgetter
 from typing import Any, Final, cast
 
-from workers.effects import AofAppend, Effect, Wake
-from workers.extensions import ExtOps, Gather
+from workers.effects import QUEUED_INCR_DELIVERIES, QUEUED_INCR_NACKS, AofAppend, Effect, Wake
+from workers.extensions import Extensions, Gather, past_maxdeliver
 from workers.federation import (
     ERR_NOREPL_TIMEOUT,
-    QUEUED_INCR_DELIVERIES,
-    QUEUED_INCR_NACKS,
+    ClusterOps,
     Fed,
     ReplWait,
 )
@@ -172,7 +171,7 @@ class Waiter:
         self.withcounters = withcounters
 
 
-class Shard(ExtOps):
+class Shard(ClusterOps):
     def __init__(
         self,
         node_id: str,
@@ -195,7 +194,7 @@ class Shard(ExtOps):
         self._me: tuple[str, ...] = (node_id,)
         self._peers: tuple[str, ...] = ()  # replication targets: reachable, not leaving
         self._known: tuple[str, ...] = ()  # every other known node (cluster size - 1)
-        self._reach = None  # reachable nodes, leaving too (ExtOps.set_view)
+        self._reach = None  # reachable nodes, leaving too (set_view)
         self._leaving: bool = False
         self._memory_level = 0  # set_memory_level(): 0 ok, 1 >= 75 %, 2 >= 95 %, 3 >= 100 %
         self._effects: list[Effect] = []
@@ -217,6 +216,7 @@ class Shard(ExtOps):
         self.wait_sum_ms = 0
         self.proc_counts = [0] * (len(latency_bounds_ms) + 1)
         self.proc_sum_ms = 0
+        self.ext = Extensions(self)  # NACK DELAY, MAXDELIVER, WAITJOB, GLOBALQLEN, DELQUEUE
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -239,11 +239,6 @@ class Shard(ExtOps):
         self._outstanding = 0  # jobs delivered and not acked (Job.dtime_ms >= 0)
         self._active: dict[bytes, int] = {}
         self._delayed: dict[bytes, int] = {}
-        # Extensions (workers/extensions.py): WAITJOBs by the jobs they wait on,
-        # GLOBALQLEN / DELQUEUE gathering the other nodes' answers by token.
-        self._waits: dict[str, list[Gather]] = {}
-        self._wait_entries = 0  # sum of the lists' lengths (waitjob_entries_max)
-        self._gathers: dict[int, Gather] = {}
 
     # ------------------------------------------------------------------ plumbing
 
@@ -308,8 +303,9 @@ class Shard(ExtOps):
                 self._effects.append(Wake(rw.token, ERR_NOREPL_TIMEOUT))
         if self._gc_tries:
             self._gc_tries.pop(jid, None)
-        if self._waits:
-            self._job_done(jid)
+        ext = self.ext
+        if ext.waits:
+            ext.job_done(jid)
         self._forget_delivery(job)
         if job.flags & FLAGS_DELAY_MASK and not job.flags & FLAG_QUEUED_ONCE:
             self._undelay(job)
@@ -394,7 +390,7 @@ class Shard(ExtOps):
                 elif type(t) is Queue:
                     self._fire_queue(t, now_ms)
                 elif type(t) is Gather:
-                    self._fire_gather(t, now_ms)
+                    self.ext.fire_gather(t, now_ms)
                 else:
                     self._fire_fed(cast(Fed, t), now_ms)
             timers.firing_key = 0
@@ -460,8 +456,8 @@ class Shard(ExtOps):
                 incr = QUEUED_INCR_DELIVERIES
             if job.flags & FLAG_QUEUED_ONCE:  # not the end of a DELAY
                 self.stat_requeued_retry += 1
-            if job.flags >= FLAGS_MAXDELIVER_MIN and self._past_maxdeliver(job):
-                self._dead_letter(job, now_ms, incr)
+            if job.flags >= FLAGS_MAXDELIVER_MIN and past_maxdeliver(job):
+                self.ext.dead_letter(job, now_ms, incr)
                 return
         self._requeue(job, q, now_ms, incr)
 
@@ -834,10 +830,10 @@ class Shard(ExtOps):
                 if job.flags & FLAG_DELIVERED:  # ENQUEUE of a job never served here: no delivery
                     job.additional_deliveries += 1
                     incr = QUEUED_INCR_DELIVERIES
-            if nack and job.flags >= FLAGS_MAXDELIVER_MIN and self._past_maxdeliver(job):
-                self._dead_letter(job, now_ms, incr)
+            if nack and job.flags >= FLAGS_MAXDELIVER_MIN and past_maxdeliver(job):
+                self.ext.dead_letter(job, now_ms, incr)
             elif delay_ms:
-                self._nack_later(job, delay_ms, now_ms)
+                self.ext.nack_later(job, delay_ms, now_ms)
             else:
                 self._requeue(job, q, now_ms, incr)
             done += 1
@@ -1039,6 +1035,17 @@ class Shard(ExtOps):
 
     # ------------------------------------------------------------------ persistence
 
+    # ------------------------------------------------------------------ extensions
+
+    def op_waitjob(self, token: int, job_ids: list[str], timeout_ms: int, now_ms: int) -> Any:
+        return self.ext.op_waitjob(token, job_ids, timeout_ms, now_ms)
+
+    def op_globalqlen(self, token: int, queue: bytes, now_ms: int) -> Any:
+        return self.ext.op_globalqlen(token, queue, now_ms)
+
+    def op_delqueue(self, token: int, queue: bytes, local: bool, now_ms: int) -> Any:
+        return self.ext.op_delqueue(token, queue, local, now_ms)
+
     def load_record(self, record: bytes, enqueue: bool, now_ms: int) -> None:
         """Replay one AOF record (docs/persistence.md): a job record registers or
         replaces its job, a deletion record removes it. Raises ``ValueError`` on a
@@ -1092,7 +1099,7 @@ class Shard(ExtOps):
         they waited on go too."""
         for rw in self._repl.values():
             self._effects.append(Wake(rw.token, ERR_NOREPL_TIMEOUT))  # their jobs are gone
-        self._finish_all()  # WAITJOBs: every job is gone
+        self.ext.finish_all()  # WAITJOBs: every job is gone
         waiters = list(self._waiters.values()) if keep_waiters else []
         for q in self._queues.values():
             q.drop_all()
