@@ -27,6 +27,7 @@ from typing import Any
 
 COMPILED_MODULES = (
     "workers.shard",
+    "workers.replication",
     "workers.federation",
     "workers.extensions",
     "workers.job",

@@ -34,12 +34,7 @@ from typing import Any, Final, cast
 
 from workers.effects import QUEUED_INCR_DELIVERIES, QUEUED_INCR_NACKS, AofAppend, Effect, Wake
 from workers.extensions import Extensions, Gather, past_maxdeliver
-from workers.federation import (
-    ERR_NOREPL_TIMEOUT,
-    ClusterOps,
-    Fed,
-    ReplWait,
-)
+from workers.federation import Fed, Federation
 from workers.ids import JobIdGen, slot_of
 from workers.invariant import InvariantError, invariant
 from workers.job import (
@@ -69,6 +64,7 @@ from workers.job import (
     ttl_max_s,
 )
 from workers.queue import PAUSE_NAMES, PAUSED_IN, PAUSED_OUT, Queue
+from workers.replication import ERR_NOREPL_TIMEOUT, ClusterOps, ReplWait
 from workers.replies import (
     ERR_LEAVING,
     ERR_NOJOB,
@@ -216,6 +212,7 @@ class Shard(ClusterOps):
         self.wait_sum_ms = 0
         self.proc_counts = [0] * (len(latency_bounds_ms) + 1)
         self.proc_sum_ms = 0
+        self.fed = Federation(self)  # NEEDJOBS / YOURJOBS
         self.ext = Extensions(self)  # NACK DELAY, MAXDELIVER, WAITJOB, GLOBALQLEN, DELQUEUE
         self._reset_state()
 
@@ -231,8 +228,7 @@ class Shard(ClusterOps):
         self._repl: dict[str, ReplWait] = {}  # wait-repl jobs -> the blocked ADDJOB
         self._gc_tries: dict[str, int] = {}  # acked jobs -> GC attempts made
         self._gone: dict[str, int] = {}  # acked/deleted job IDs -> kept until (ms)
-        self._fed: dict[bytes, Fed] = {}  # queues with federation state
-        self._asks: dict[bytes, tuple[str, int]] = {}  # queue -> (asker, until ms)
+        self.fed.reset()
         # /metrics: delivered and not acked jobs (their count, and per queue; each
         # job keeps its delivery ms), jobs waiting for their DELAY per queue. The
         # per-queue entries exist only while non-zero.
@@ -359,8 +355,8 @@ class Shard(ClusterOps):
         self._qscan_free.append(q.scan_idx)
         q.drop_all()
         self.timers.unschedule(q)
-        if self._fed:
-            fed = self._fed.pop(q.name, None)
+        if self.fed.feds:
+            fed = self.fed.feds.pop(q.name, None)
             if fed is not None:
                 self.timers.unschedule(fed)
 
@@ -392,7 +388,7 @@ class Shard(ClusterOps):
                 elif type(t) is Gather:
                     self.ext.fire_gather(t, now_ms)
                 else:
-                    self._fire_fed(cast(Fed, t), now_ms)
+                    self.fed.fire_fed(cast(Fed, t), now_ms)
             timers.firing_key = 0
             invariant(heapq.heappop(heap) == key, "timer heap top changed while firing")
             del timers.buckets[key]
@@ -508,8 +504,8 @@ class Shard(ClusterOps):
             return
         if q.waiters is not None and not q.paused & PAUSED_OUT:
             self._serve_waiters(q, now_ms)
-        elif self._asks and q.live == 1 and q.waiters is None:
-            self._push_to_asker(q, now_ms)
+        elif self.fed.asks and q.live == 1 and q.waiters is None:
+            self.fed.push_to_asker(q, now_ms)
 
     def _dequeue(self, job: Job, q: Queue, now_ms: int) -> None:
         """A QUEUED job goes back to ACTIVE without being delivered."""
@@ -558,8 +554,8 @@ class Shard(ClusterOps):
                 entries.append(self._deliver(job, q, now_ms, w.withcounters))
             self._effects.append(Wake(token, entries))
         self._maybe_idle(q, now_ms)
-        if not q.live and self._fed:
-            self._needjobs(q, True, now_ms)  # drained: ask the recent sources at once
+        if not q.live and self.fed.feds:
+            self.fed.needjobs(q, True, now_ms)  # drained: ask the recent sources at once
 
     def _drop_waiter(self, w: Waiter, now_ms: int) -> None:
         del self._waiters[w.token]
@@ -656,8 +652,8 @@ class Shard(ClusterOps):
                 out.append(self._deliver(job, q, now_ms, withcounters))
             if not q.live:
                 self._maybe_idle(q, now_ms)
-                if out and self._fed:
-                    self._needjobs(q, True, now_ms)
+                if out and self.fed.feds:
+                    self.fed.needjobs(q, True, now_ms)
             return out
         return self._take_many(queues, count, withcounters, now_ms)
 
@@ -708,13 +704,13 @@ class Shard(ClusterOps):
             q = self._queue(name, now_ms)
             if q.waiters is None:
                 q.waiters = {}
-                fed = self._fed.get(q.name) if self._fed else None
+                fed = self.fed.feds.get(q.name) if self.fed.feds else None
                 if fed is not None:
                     fed.bcast_attempt = 0  # a new wait starts with short delays
             q.waiters[token] = w
             self.timers.unschedule(q)  # a watched queue is not evicted
             if self._known:
-                self._needjobs(q, False, now_ms)
+                self.fed.needjobs(q, False, now_ms)
 
     def op_unblock(self, token: int, now_ms: int | None = None,
                    forget_queues: bool = False) -> None:
@@ -915,7 +911,7 @@ class Shard(ClusterOps):
         q = self._queues.get(queue)
         if q is None:
             return NULL_ARRAY  # the reference answers *-1 here (SHOW answers $-1)
-        imports, rate = self._qstat_import(q, now_ms) if self._fed else ([], 0)
+        imports, rate = self.fed.qstat_import(q, now_ms) if self.fed.feds else ([], 0)
         return [
             b"name", q.name,
             b"len", q.live,
@@ -998,7 +994,7 @@ class Shard(ClusterOps):
             seen += 1
             if q.live < minlen or (maxlen and q.live > maxlen):
                 continue
-            if importrate > 0 and self._qstat_import(q, self._now_ms)[1] < importrate:
+            if importrate > 0 and self.fed.qstat_import(q, self._now_ms)[1] < importrate:
                 continue
             names.append(q.name)
         return (pos if pos < len(table) else 0), names
@@ -1045,6 +1041,9 @@ class Shard(ClusterOps):
 
     def op_delqueue(self, token: int, queue: bytes, local: bool, now_ms: int) -> Any:
         return self.ext.op_delqueue(token, queue, local, now_ms)
+
+    def yourjobs_unsent(self, bodies: list[bytes], now_ms: int) -> None:
+        self.fed.yourjobs_unsent(bodies, now_ms)
 
     def load_record(self, record: bytes, enqueue: bool, now_ms: int) -> None:
         """Replay one AOF record (docs/persistence.md): a job record registers or
@@ -1187,7 +1186,7 @@ class Shard(ClusterOps):
                     0, 0, 0, "none", 0]
         oldest = q.oldest(1)
         age_ms = max(0, now_ms - oldest[0].ctime_us // US_PER_MS) if oldest else -1
-        rate = self._qstat_import(q, now_ms)[1] if self._fed else 0
+        rate = self.fed.qstat_import(q, now_ms)[1] if self.fed.feds else 0
         return [name, q.live, self._active.get(name, 0), self._delayed.get(name, 0), age_ms,
                 q.jobs_in, q.jobs_out, 0 if q.waiters is None else len(q.waiters),
                 PAUSE_NAMES[q.paused], rate]
