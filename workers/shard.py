@@ -1029,8 +1029,6 @@ class Shard(ClusterOps):
                 items.append(self._show(job, now_ms) if reply_all else Status(job.id))
         return (pos if pos < job_buckets else 0), items
 
-    # ------------------------------------------------------------------ persistence
-
     # ------------------------------------------------------------------ extensions
 
     def op_waitjob(self, token: int, job_ids: list[str], timeout_ms: int, now_ms: int) -> Any:
@@ -1044,6 +1042,8 @@ class Shard(ClusterOps):
 
     def yourjobs_unsent(self, bodies: list[bytes], now_ms: int) -> None:
         self.fed.yourjobs_unsent(bodies, now_ms)
+
+    # ------------------------------------------------------------------ persistence
 
     def load_record(self, record: bytes, enqueue: bool, now_ms: int) -> None:
         """Replay one AOF record (docs/persistence.md): a job record registers or
