@@ -28,6 +28,7 @@ from typing import Any
 COMPILED_MODULES = (
     "workers.shard",
     "workers.replication",
+    "workers.ackgc",
     "workers.federation",
     "workers.extensions",
     "workers.job",

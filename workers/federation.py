@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from workers.effects import AofAppend, Effect
 from workers.ids import is_valid_job_id
-from workers.job import ACTIVE, FLAG_DELIVERED, FLAG_WILLQUEUE_SENT, Job, Timed, job_nodes_max
+from workers.job import ACTIVE, FLAG_DELIVERED, FLAG_WILLQUEUE_SENT, Job, Timed, merge_nodes, union
 from workers.queue import PAUSED_IN, PAUSED_OUT, Queue
 from workers.timers import Timers
 
@@ -49,21 +49,6 @@ needjobs_ask_ttl_ms = needjobs_bcast_max_ms + 2000
 needjobs_asks_max = 65536  # queues with a remembered ask (cleared when full)
 fed_queues_max = 65536  # bound on queues with federation state (evicted with their queue)
 
-
-
-def union(a: tuple[str, ...], b: tuple[str, ...] | list[str]) -> tuple[str, ...]:
-    """Ordered union of two node lists (first occurrence wins)."""
-    if all(n in a for n in b):
-        return a
-    return tuple(dict.fromkeys((*a, *b)))
-
-
-def merge_nodes(job: Job, nodes: tuple[str, ...] | list[str]) -> None:
-    """Add a peer's node list to ``job.delivered``, unless the record would then name
-    more nodes than it can encode (no real cluster comes near: a broken peer)."""
-    merged = union(job.delivered, nodes)
-    if len(merged) + len(job.confirmed) <= job_nodes_max:
-        job.delivered = merged
 
 
 class Fed(Timed):
@@ -120,7 +105,6 @@ class FedCore(Protocol):
     _unlinked: frozenset[str]
     _leaving: bool
     _now_ms: int
-    _gone: dict[str, int]
 
     def lookup(self, job_id: str) -> Job | None: ...
     def _register(self, job: Job) -> None: ...
@@ -282,7 +266,7 @@ class Federation:
         for rec in bodies:
             job = peer_job(rec)
             if job is None or job.etime_ms <= now_ms or (
-                    s._gone and s._is_gone(job.id, now_ms)):
+                    s._is_gone(job.id, now_ms)):
                 continue
             q = s._queue(job.queue, now_ms)
             if not touched or touched[-1] is not q:

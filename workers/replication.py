@@ -45,8 +45,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from workers.effects import QUEUED_INCR_DELIVERIES, QUEUED_INCR_NACKS, AofAppend, Send, Wake
-from workers.federation import merge_nodes, peer_job, union
-from workers.ids import is_at_most_once_id, slot_of_job_id
+from workers.federation import peer_job
+from workers.ids import slot_of_job_id
 from workers.job import (
     ACKED,
     ACTIVE,
@@ -55,11 +55,11 @@ from workers.job import (
     FLAG_REPLICA,
     FLAG_WILLQUEUE_SENT,
     QUEUED,
-    US_PER_MS,
     WAIT_REPL,
     Job,
     job_nodes_max,
     node_id_bytes_max,
+    union,
 )
 from workers.queue import PAUSED_IN, PAUSED_OUT, Queue
 from workers.replies import ERR_LEAVING, PENDING, Error, Status
@@ -73,20 +73,7 @@ ERR_NOREPL_TIMEOUT = Error(
 
 # Replication (spec "Job replication strategy"): one more node every 50 ms.
 repl_step_ms = 50
-# Ack GC retries: first retry after 1 s, doubling, with up to +50 % random error,
-# at most 60 s apart; after gc_attempts_max retries the job is dropped anyway
-# (the spec allows GC "after some time ... in order to reclaim memory").
-gc_first_ms = 1000
-gc_backoff_max_ms = 60_000
-gc_attempts_max = 30
-# IDs of jobs this node saw acknowledged or deleted cluster-wide (DELJOB, a
-# SETACK for a job it did not hold, a GC it completed) are kept this long: a
-# REPLJOB or YOURJOBS for one arriving later (a message that took worker 0's relay
-# while a newer one took the just-ready direct data link, or a replication step
-# re-sent before the ACK) must not bring back a copy that would be queued again
-# after RETRY. Bounded: the oldest are forgotten first.
-gone_ids_keep_ms = 30_000
-gone_ids_max = 100_000
+
 
 
 class ReplWait:
@@ -292,7 +279,7 @@ class ClusterOps:
         job = peer_job(bodies[0])
         if job is None:
             return
-        if self._gone and self._is_gone(job.id, now_ms):
+        if self.gc.gone and self.gc.is_gone(job.id, now_ms):
             return  # acknowledged or deleted already: a late copy would be queued again
         old = self.lookup(job.id)
         if old is not None:
@@ -369,7 +356,7 @@ class ClusterOps:
         cluster-wide: tell it, so that it acks its copy and runs the GC over the nodes
         it knows (a copy the GC we took part in did not reach)."""
         jid = meta["j"]
-        if self._gone and type(jid) is str and self._is_gone(jid, now_ms):
+        if self.gc.gone and type(jid) is str and self.gc.is_gone(jid, now_ms):
             self._send(sender, "SETACK", slot_of_job_id(jid), {"j": jid, "m": 0})
 
     def _setack_meta(self: Shard, job: Job) -> dict[str, Any]:
@@ -455,144 +442,24 @@ class ClusterOps:
             self._unregister(job, now_ms)
             return False
         job.confirmed = (self.node_id,) if self.node_id in job.delivered else ()
-        self._gc_tries.pop(job.id, None)
+        self.gc.tries.pop(job.id, None)
         if self.aof:
             self._effects.append(AofAppend(job.to_record()))
         # Every acked job has a GC timer, also where another node runs the GC: if
         # that node's DELJOB is lost, our own attempt finds the copies gone.
-        return self._arm_gc(job, now_ms)
-
-    def _start_gc(self: Shard, job: Job, now_ms: int) -> None:
-        """START-GC, then arm the next attempt (exponential backoff, random error)."""
-        if not job.delivered:
-            self._send("*", "SETACK", slot_of_job_id(job.id), {"j": job.id, "m": 0})
-        else:
-            conf = job.confirmed
-            todo = [n for n in job.delivered if n != self.node_id and n not in conf]
-            if not todo:
-                # Every other holder already confirmed (a dummy ACK that learnt its
-                # holders later, ourselves among them or not): the GC is complete.
-                self._send_job(self._others(job), "DELJOB", job)
-                self._unregister(job, now_ms)
-                self._remember_gone(job.id, now_ms)
-                return
-            self._send_job(todo, "SETACK", job, self._setack_meta(job))
-        self._arm_gc(job, now_ms)
-
-    def _arm_gc(self: Shard, job: Job, now_ms: int) -> bool:
-        """Next GC attempt: exponential backoff with random error; False when the
-        attempts are used up and the job was dropped."""
-        tries = self._gc_tries.get(job.id, 0)
-        if tries >= gc_attempts_max:
-            self._unregister(job, now_ms)  # reclaim memory (spec: GC "after some time")
-            return False
-        self._gc_tries[job.id] = tries + 1
-        delay = min(gc_first_ms << min(tries, 16), gc_backoff_max_ms)
-        job.qtime_ms = now_ms + delay + int(self._rng.random() * delay / 2)
-        self._reschedule(job)
-        return True
-
-    def _dummy_ack(self: Shard, job_id: str, now_ms: int) -> None:
-        """ACKJOB of a job we do not know: keep the ACK (empty ``acked`` job) so it
-        survives a partition; its TTL comes from the ID."""
-        ttl_s = max(int(job_id[36:40], 16) * 60, 60)
-        job = Job(job_id, b"", b"", ACKED, 0, ttl_s, now_ms * US_PER_MS, 0, 1, 0, ())
-        self._register(job)
-        self._start_gc(job, now_ms)
-
-    def _ackjob_unknown(self: Shard, job_id: str, now_ms: int) -> None:
-        if self._known and not self._leaving and not is_at_most_once_id(job_id):
-            self._dummy_ack(job_id, now_ms)
+        return self.gc.arm_gc(job, now_ms)
 
     def _on_setack(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
                    now_ms: int) -> None:
-        jid = meta["j"]
-        may_have = int(meta["m"])
-        job = self._job_of(meta)
-        slot = slot_of_job_id(jid)
-        if job is not None and not self._ack_cluster(job, now_ms):
-            # We knew it and dropped it at once (GC attempts used up): known.
-            self._send(sender, "GOTACK", slot, {"j": jid, "k": 1})
-            return
-        if job is None:
-            self._send(sender, "GOTACK", slot, {"j": jid, "k": 0})
-            if type(jid) is str and len(jid) == 40:
-                self._remember_gone(jid, now_ms)  # acked elsewhere before its copy came
-            return
-        nodes = meta.get("d")
-        if may_have == 0:
-            self._send(sender, "GOTACK", slot, {"j": jid, "k": 1})
-            self._start_gc(job, now_ms)
-        elif nodes is None:  # a count only (spec): compare counts
-            if len(job.delivered) <= may_have:
-                self._send(sender, "GOTACK", slot, {"j": jid, "k": 1})
-            else:
-                self._start_gc(job, now_ms)  # we know more holders: we run the GC
-        elif all(n in nodes for n in job.delivered):
-            self._send(sender, "GOTACK", slot, {"j": jid, "k": 1})
-        else:
-            # We know a node the sender does not: we run the GC over both lists (the
-            # sender has the job acked, so it counts as confirmed).
-            merge_nodes(job, nodes)
-            job.confirmed = union(job.confirmed, (sender,))
-            self._start_gc(job, now_ms)
+        self.gc.on_setack(sender, meta, now_ms)
 
     def _on_gotack(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
                    now_ms: int) -> None:
-        job = self._job_of(meta)
-        if job is None:
-            return
-        known = bool(meta["k"])
-        if not self._ack_cluster(job, now_ms):
-            return
-        if not job.delivered:  # a dummy ACK
-            if known:
-                self._unregister(job, now_ms)  # a node that knows the job runs the GC
-                return
-            job.confirmed = union(job.confirmed, (sender,))
-            if all(n in job.confirmed for n in self._known):
-                self._unregister(job, now_ms)  # nobody knows the job (a wrong ID)
-            return
-        if known or sender in job.delivered:
-            job.delivered = union(job.delivered, (sender,))
-            job.confirmed = union(job.confirmed, (sender,))
-            me, conf = self.node_id, job.confirmed
-            if all(n in conf or n == me for n in job.delivered):  # we hold it acked
-                self._send_job(self._others(job), "DELJOB", job)
-                self._unregister(job, now_ms)
-                self._remember_gone(job.id, now_ms)
+        self.gc.on_gotack(sender, meta, now_ms)
 
     def _on_deljob(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
                    now_ms: int) -> None:
-        job = self._job_of(meta)
-        if job is not None and job.state == WAIT_REPL:
-            return  # our own pending ADDJOB: its timer decides
-        jid = meta["j"]
-        if type(jid) is str and len(jid) == 40:
-            self._remember_gone(jid, now_ms)
-        if job is not None:
-            self._unregister(job, now_ms)
-
-    def _remember_gone(self: Shard, job_id: str, now_ms: int) -> None:
-        gone = self._gone
-        gone.pop(job_id, None)  # keep insertion order = time order
-        while gone:
-            first = next(iter(gone))
-            if gone[first] > now_ms and len(gone) < gone_ids_max:
-                break
-            del gone[first]
-        gone[job_id] = now_ms + gone_ids_keep_ms
-
-    def _is_gone(self: Shard, job_id: str, now_ms: int) -> bool:
-        until = self._gone.get(job_id)
-        return until is not None and until > now_ms
-
-    def _fastack_cluster(self: Shard, job_id: str, job: Job | None) -> None:
-        if job is None:
-            if self._known:
-                self._send("*", "DELJOB", slot_of_job_id(job_id), {"j": job_id})
-            return
-        self._send_job(self._others(job), "DELJOB", job)
+        self.gc.on_deljob(meta, now_ms)
 
     # ------------------------------------------------------------------ federation
 

@@ -32,6 +32,7 @@ from collections.abc import Set as AbstractSet
 from operator import attrgetter
 from typing import Any, Final, cast
 
+from workers.ackgc import AckGc
 from workers.effects import QUEUED_INCR_DELIVERIES, QUEUED_INCR_NACKS, AofAppend, Effect, Wake
 from workers.extensions import Extensions, Gather, past_maxdeliver
 from workers.federation import Fed, Federation
@@ -212,6 +213,7 @@ class Shard(ClusterOps):
         self.wait_sum_ms = 0
         self.proc_counts = [0] * (len(latency_bounds_ms) + 1)
         self.proc_sum_ms = 0
+        self.gc = AckGc(self)  # SETACK / GOTACK / DELJOB, dummy ACKs, gone IDs
         self.fed = Federation(self)  # NEEDJOBS / YOURJOBS
         self.ext = Extensions(self)  # NACK DELAY, MAXDELIVER, WAITJOB, GLOBALQLEN, DELQUEUE
         self._reset_state()
@@ -226,8 +228,7 @@ class Shard(ClusterOps):
         self.timers = Timers()
         self._waiters: dict[int, Waiter] = {}
         self._repl: dict[str, ReplWait] = {}  # wait-repl jobs -> the blocked ADDJOB
-        self._gc_tries: dict[str, int] = {}  # acked jobs -> GC attempts made
-        self._gone: dict[str, int] = {}  # acked/deleted job IDs -> kept until (ms)
+        self.gc.reset()
         self.fed.reset()
         # /metrics: delivered and not acked jobs (their count, and per queue; each
         # job keeps its delivery ms), jobs waiting for their DELAY per queue. The
@@ -297,8 +298,9 @@ class Shard(ClusterOps):
             rw = self._repl.pop(jid, None)
             if rw is not None:
                 self._effects.append(Wake(rw.token, ERR_NOREPL_TIMEOUT))
-        if self._gc_tries:
-            self._gc_tries.pop(jid, None)
+        gc = self.gc
+        if gc.tries:
+            gc.tries.pop(jid, None)
         ext = self.ext
         if ext.waits:
             ext.job_done(jid)
@@ -420,7 +422,7 @@ class Shard(ClusterOps):
             return
         if job.state == ACKED:
             if job.qtime_ms and job.qtime_ms <= now_ms:
-                self._start_gc(job, now_ms)  # re-arms itself (or drops the job)
+                self.gc.start_gc(job, now_ms)  # re-arms itself (or drops the job)
             else:
                 self.timers.schedule(job, self._due(job))
             return
@@ -754,7 +756,7 @@ class Shard(ClusterOps):
             job = self.lookup(job_id)
             if job is None:
                 if self._known:
-                    self._ackjob_unknown(job_id, now_ms)  # dummy ACK (not counted, as Disque)
+                    self.gc.ackjob_unknown(job_id, now_ms)  # dummy ACK (not counted, as Disque)
                 continue
             known += 1
             self._observe_processing(job, now_ms)
@@ -771,7 +773,7 @@ class Shard(ClusterOps):
             self._unregister(job, now_ms)
             return
         if self._ack_cluster(job, now_ms):
-            self._start_gc(job, now_ms)
+            self.gc.start_gc(job, now_ms)
 
     def op_fastack(self, job_ids: list[str], now_ms: int) -> int:
         """Delete, and a best-effort DELJOB to the nodes that may have a copy (to
@@ -783,10 +785,10 @@ class Shard(ClusterOps):
                 known += 1
                 self._observe_processing(job, now_ms)
                 if job.nodes[0] is not self._me:
-                    self._fastack_cluster(job_id, job)
+                    self.gc.fastack_cluster(job_id, job)
                 self._unregister(job, now_ms)
             elif self._known:
-                self._fastack_cluster(job_id, None)
+                self.gc.fastack_cluster(job_id, None)
         self.stat_acked += known
         return known
 
@@ -1042,6 +1044,11 @@ class Shard(ClusterOps):
 
     def yourjobs_unsent(self, bodies: list[bytes], now_ms: int) -> None:
         self.fed.yourjobs_unsent(bodies, now_ms)
+
+    def _is_gone(self, job_id: str, now_ms: int) -> bool:
+        """Acked or deleted cluster-wide lately (workers/ackgc.py): a copy must not come back."""
+        gc = self.gc
+        return bool(gc.gone) and gc.is_gone(job_id, now_ms)
 
     # ------------------------------------------------------------------ persistence
 

@@ -163,7 +163,7 @@ def test_memory_returns_to_baseline_after_add_get_ack_run() -> None:
     net.run(120_000)
     for n in net.nodes.values():
         assert n.shard.info()["registered_jobs"] == 0
-        assert not n.shard._gc_tries and not n.shard._repl
+        assert not n.shard.gc.tries and not n.shard._repl
     net.check()
 
 
