@@ -29,6 +29,7 @@ COMPILED_MODULES = (
     "workers.shard",
     "workers.replication",
     "workers.ackgc",
+    "workers.views",
     "workers.federation",
     "workers.extensions",
     "workers.job",

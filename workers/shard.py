@@ -29,7 +29,6 @@ import heapq
 import random
 from bisect import bisect_left
 from collections.abc import Set as AbstractSet
-from operator import attrgetter
 from typing import Any, Final, cast
 
 from workers.ackgc import AckGc
@@ -76,6 +75,7 @@ from workers.replies import (
     Status,
 )
 from workers.timers import Timers
+from workers.views import check, jscan, metrics, qscan
 
 # Defaults and limits of the spec (ADDJOB section).
 ttl_default_s: Final = 24 * 3600
@@ -94,7 +94,6 @@ job_buckets: Final = 4096  # JSCAN cursor space; power of two
 _JOB_BUCKET_MASK: Final = job_buckets - 1
 qscan_count_default = 100
 jscan_count_default = 100
-scan_empty_steps_per_count = 10  # a scan call visits at most count*10 empty positions
 
 ERR_RETRY0: Final = Error(
     "ERR With RETRY set to 0 please explicitly set  REPLICATE to 1 (at-most-once delivery)"
@@ -132,7 +131,6 @@ latency_bounds_ms: Final = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_0
                             60_000, 300_000, 900_000, 3_600_000)
 # Queueing a job ends a WILLQUEUE round and any NACK ... DELAY wait.
 _FLAGS_QUEUE_CLEARS: Final = FLAG_WILLQUEUE_SENT | FLAG_NACK_DELAYED
-_live = attrgetter("live")  # a queue's queued jobs: the key of the largest queues
 
 _K_NACKS: Final = b"nacks"
 _K_ADD_DELIV: Final = b"additional-deliveries"
@@ -976,30 +974,8 @@ class Shard(ClusterOps):
     def op_qscan(
         self, cursor: int, count: int, minlen: int, maxlen: int, importrate: int
     ) -> tuple[int, list[bytes]]:
-        """Queues from table position ``cursor``; next cursor 0 means done.
-
-        ``maxlen`` 0 means no upper bound; ``importrate`` > 0 keeps queues importing
-        at least that many jobs/s.
-        """
-        table = self._qscan
-        pos = cursor
-        names: list[bytes] = []
-        seen = 0
-        steps_max = max(count, 1) * scan_empty_steps_per_count
-        steps = 0
-        while pos < len(table) and seen < count and steps < steps_max:
-            q = table[pos]
-            pos += 1
-            steps += 1
-            if q is None:
-                continue
-            seen += 1
-            if q.live < minlen or (maxlen and q.live > maxlen):
-                continue
-            if importrate > 0 and self.fed.qstat_import(q, self._now_ms)[1] < importrate:
-                continue
-            names.append(q.name)
-        return (pos if pos < len(table) else 0), names
+        """Queues from table position ``cursor``; next cursor 0 means done (views.py)."""
+        return qscan(self, cursor, count, minlen, maxlen, importrate)
 
     def op_jscan(
         self,
@@ -1010,26 +986,8 @@ class Shard(ClusterOps):
         reply_all: bool,
         now_ms: int,
     ) -> tuple[int, list[Any]]:
-        """Jobs from bucket ``cursor``; items are ``Status(id)`` or SHOW arrays."""
-        pos = cursor
-        items: list[Any] = []
-        seen = 0
-        steps_max = max(count, 1) * scan_empty_steps_per_count
-        steps = 0
-        while pos < job_buckets and seen < count and steps < steps_max:
-            b = self._jobs[pos]
-            pos += 1
-            steps += 1
-            if not b:
-                continue
-            for job in b.values():
-                seen += 1
-                if queue is not None and job.queue != queue:
-                    continue
-                if states is not None and job.state not in states:
-                    continue
-                items.append(self._show(job, now_ms) if reply_all else Status(job.id))
-        return (pos if pos < job_buckets else 0), items
+        """Jobs from bucket ``cursor``; items are ``Status(id)`` or SHOW arrays (views.py)."""
+        return jscan(self, cursor, count, queue, states, reply_all, now_ms)
 
     # ------------------------------------------------------------------ extensions
 
@@ -1156,47 +1114,8 @@ class Shard(ClusterOps):
             self._delayed.pop(job.queue, None)
 
     def metrics(self, queues_max: int, now_ms: int) -> dict[str, Any]:
-        """Counters, histograms and the ``queues_max`` largest queues (by queued jobs)
-        for /metrics and the HTTP API; a queue row is [name, queued, active, delayed,
-        oldest queued age ms (-1: empty), jobs in, jobs out, blocked clients, pause
-        state, import rate]. O(queues) to find the largest: read once per scrape."""
-        queues = self._queues
-        rows: list[list[Any]] = []
-        if queues_max > 0:
-            if len(queues) > queues_max:
-                names = [q.name for q in heapq.nlargest(queues_max, queues.values(), key=_live)]
-            else:  # room for all, and for evicted queues that still have jobs out
-                names = list(queues)
-                names += [n for n in {*self._active, *self._delayed} if n not in queues]
-                names = names[:queues_max]
-            rows = [self._queue_row(name, now_ms) for name in names]
-        return {
-            "added": self.stat_added, "delivered": self.stat_delivered,
-            "acked": self.stat_acked, "nacked": self.stat_nacked,
-            "requeued_retry": self.stat_requeued_retry,
-            "requeued_nack": self.stat_nacked,
-            "requeued_enqueue": self.stat_requeued_enqueue, "expired": self.stat_expired,
-            "dead_lettered": self.stat_dead_lettered,
-            "jobs": self._njobs, "queues": len(queues),
-            "queued": sum(q.live for q in queues.values()),
-            "active": self._outstanding, "delayed": sum(self._delayed.values()),
-            "blocked": len(self._waiters),
-            "wait_counts": list(self.wait_counts), "wait_sum_ms": self.wait_sum_ms,
-            "proc_counts": list(self.proc_counts), "proc_sum_ms": self.proc_sum_ms,
-            "queue_rows": rows,
-        }  # fmt: skip
-
-    def _queue_row(self, name: bytes, now_ms: int) -> list[Any]:
-        q = self._queues.get(name)
-        if q is None:  # evicted while some of its jobs are delivered or delayed
-            return [name, 0, self._active.get(name, 0), self._delayed.get(name, 0), -1,
-                    0, 0, 0, "none", 0]
-        oldest = q.oldest(1)
-        age_ms = max(0, now_ms - oldest[0].ctime_us // US_PER_MS) if oldest else -1
-        rate = self.fed.qstat_import(q, now_ms)[1] if self.fed.feds else 0
-        return [name, q.live, self._active.get(name, 0), self._delayed.get(name, 0), age_ms,
-                q.jobs_in, q.jobs_out, 0 if q.waiters is None else len(q.waiters),
-                PAUSE_NAMES[q.paused], rate]
+        """Counters, histograms and the largest queues for /metrics (views.py)."""
+        return metrics(self, queues_max, now_ms)
 
     def jobs(self) -> list[Job]:
         """Every registered job (tests, AOF rewrite)."""
@@ -1206,50 +1125,5 @@ class Shard(ClusterOps):
         return list(self._queues)
 
     def check(self) -> None:
-        """Check every cross-structure invariant (tests; O(jobs))."""
-        jobs = self.jobs()
-        invariant(len(jobs) == self._njobs, f"job count {self._njobs} != {len(jobs)}")
-        queued: dict[bytes, int] = {}
-        for job in jobs:
-            invariant(job.state in (WAIT_REPL, ACTIVE, QUEUED, ACKED), f"{job} bad state")
-            if job.state == QUEUED:
-                invariant(job.queue in self._queues, f"{job} queued in a missing queue")
-                queued[job.queue] = queued.get(job.queue, 0) + 1
-            if job.awake_ms:
-                invariant(self.timers.holds(job), f"{job} timer bucket lost")
-            else:
-                invariant(False, f"{job} has no timer (TTL would never fire)")
-        for name, q in self._queues.items():
-            err = q.check()
-            invariant(err is None, str(err))
-            invariant(q.live == queued.get(name, 0), f"queue {name!r} live count wrong")
-            invariant(self._qscan[q.scan_idx] is q, f"queue {name!r} not in scan table")
-            if q.waiters is not None:
-                for token in q.waiters:
-                    invariant(token in self._waiters, f"dangling waiter {token}")
-                invariant(not q.live or q.paused & PAUSED_OUT, f"queue {name!r} has jobs and waiters")
-        for w in self._waiters.values():
-            for name in w.queues:
-                wq = self._queues.get(name)
-                invariant(wq is not None and wq.waiters and w.token in wq.waiters,
-                          f"waiter {w.token} not on queue {name!r}")
-        self.timers.check()
-        self._check_metrics(jobs)
-
-    def _check_metrics(self, jobs: list[Job]) -> None:
-        """The /metrics bookkeeping agrees with the jobs (tests; O(jobs))."""
-        active: dict[bytes, int] = {}
-        outstanding = 0
-        for job in jobs:
-            if job.dtime_ms >= 0:
-                invariant(job.state in (ACTIVE, ACKED), f"delivered job {job.id} is not active")
-                active[job.queue] = active.get(job.queue, 0) + 1
-                outstanding += 1
-        invariant(active == self._active, f"active per queue {self._active} != {active}")
-        invariant(outstanding == self._outstanding,
-                  f"{self._outstanding} jobs counted outstanding, {outstanding} are")
-        delayed: dict[bytes, int] = {}
-        for job in jobs:
-            if job.flags & FLAGS_DELAY_MASK and not job.flags & FLAG_QUEUED_ONCE:
-                delayed[job.queue] = delayed.get(job.queue, 0) + 1
-        invariant(delayed == self._delayed, f"delayed per queue {self._delayed} != {delayed}")
+        """Check every cross-structure invariant (tests; O(jobs); views.py)."""
+        check(self)
