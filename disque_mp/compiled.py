@@ -27,6 +27,9 @@ from typing import Any
 
 COMPILED_MODULES = (
     "workers.shard",
+    "workers.replication",
+    "workers.ackgc",
+    "workers.views",
     "workers.federation",
     "workers.extensions",
     "workers.job",

@@ -7,7 +7,13 @@ The host drains them with ``Shard.take_effects()`` after every call into the sha
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
+
+# QUEUED's "f" (workers/federation.py): the counter the sender's requeue
+# incremented, which every holder increments too (Disque's
+# CLUSTERMSG_FLAG0_INCR_NACKS / _INCR_DELIV).
+QUEUED_INCR_NACKS: Final = 2
+QUEUED_INCR_DELIVERIES: Final = 4
 
 
 @dataclass(slots=True)

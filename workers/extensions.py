@@ -1,12 +1,12 @@
-# mypy: disable-error-code="misc"
-# (Mixin methods take ``self: Shard``, as in workers/federation.py.)
 """The shard's side of the extensions beyond the reference (docs/extensions.md):
 NACK ... DELAY, ADDJOB ... MAXDELIVER (dead letters), WAITJOB, GLOBALQLEN and
 DELQUEUE.
 
-``ExtOps`` is a base of ``Shard`` like ``ClusterOps``: the extensions change the
-same job records and timers as the reference's commands, so they live on the same
-object; keeping them in their own file keeps the reference's state machine
+``Extensions`` is a collaborator the shard owns (``Shard.ext``) and calls: the
+extensions change the same job records and timers as the reference's commands,
+so they reach them through the shard, typed by the ``ShardCore`` protocol below
+(what they use of it; this module imports neither workers/shard.py nor
+workers/federation.py). Keeping them here keeps the reference's state machine
 readable on its own. Cluster messages they add to (``QUEUED``) are listed in
 workers/federation.py; their own request/reply messages (meta JSON, bodies raw):
 
@@ -25,10 +25,10 @@ the queue there answers it, to the same slot here: the worker that asked.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Callable
+from typing import Any, Final, Protocol
 
-from workers.effects import AofAppend, Wake
-from workers.federation import QUEUED_INCR_NACKS, ClusterOps
+from workers.effects import QUEUED_INCR_NACKS, AofAppend, Effect, Wake
 from workers.ids import slot_of
 from workers.job import (
     ACKED,
@@ -42,10 +42,9 @@ from workers.job import (
     Job,
     Timed,
 )
+from workers.queue import Queue
 from workers.replies import PENDING, Error
-
-if TYPE_CHECKING:
-    from workers.shard import Shard
+from workers.timers import Timers
 
 # QUEUED's extension fields: "w" the ms the sender waits before queueing the job
 # (NACK ... DELAY: no other holder may queue it earlier), "dl" 1 when the sender
@@ -92,105 +91,138 @@ class Gather(Timed):
         return self.count if self.ids is None else len(self.ids)
 
 
-class ExtOps(ClusterOps):
-    """The extensions on the shard (a base of Shard). One chain of bases
-    (ClusterOps, ExtOps, Shard): mypyc compiles single inheritance only."""
+class ShardCore(Protocol):
+    """What the extensions use of the shard (``workers.shard.Shard`` is one)."""
 
-    # every reachable node, leaving ones too (set_view); None: set_peers's list
-    _reach: tuple[str, ...] | None = None
+    node_id: str
+    aof: bool
+    stat_dead_lettered: int
+    timers: Timers
+    _effects: list[Effect]
+    _jobs: list[dict[str, Job] | None]
+    _peers: tuple[str, ...]
+    _reach: tuple[str, ...] | None
 
-    def on_message(self: Shard, sender: str, kind: str, meta: dict[str, Any],
+    def lookup(self, job_id: str) -> Job | None: ...
+    def op_qlen(self, queue: bytes) -> int: ...
+    def _queue(self, name: bytes, now_ms: int) -> Queue: ...
+    def _enqueue(self, job: Job, q: Queue, now_ms: int, serve: bool = True) -> None: ...
+    def _ack(self, job: Job, now_ms: int) -> None: ...
+    def _forget_delivery(self, job: Job) -> int: ...
+    def _undelay(self, job: Job) -> None: ...
+    def _reschedule(self, job: Job) -> None: ...
+    def _others(self, job: Job) -> list[str]: ...
+    def _send(self, node: str, kind: str, slot: int, meta: dict[str, Any],
+              bodies: list[bytes] | None = None) -> None: ...
+    def _send_job(self, nodes: list[str] | tuple[str, ...], kind: str, job: Job,
+                  meta: dict[str, Any] | None = None) -> None: ...
+
+
+def past_maxdeliver(job: Job) -> bool:
+    """The job was delivered ``maxdeliver`` times (first delivery, then one per
+    NACK or redelivery, as this node counts them) and is not a dead letter yet."""
+    cap = job.maxdeliver
+    return bool(cap) and job.nacks + job.additional_deliveries >= cap \
+        and not job.queue.startswith(DEAD_PREFIX)
+
+
+class Extensions:
+    """The extensions' state (WAITJOBs, gathers) and operations on one shard."""
+
+    def __init__(self, shard: ShardCore) -> None:
+        self.shard = shard
+        # WAITJOBs by the jobs they wait on, GLOBALQLEN / DELQUEUE gathering the
+        # other nodes' answers by token.
+        self.waits: dict[str, list[Gather]] = {}
+        self.wait_entries = 0  # sum of the lists' lengths (waitjob_entries_max)
+        self.gathers: dict[int, Gather] = {}
+
+    def on_message(self, sender: str, kind: str, meta: dict[str, Any],
                    bodies: list[bytes], now_ms: int) -> None:
-        """The extensions' own messages here, the reference's in ClusterOps."""
+        """The extensions' own messages (the reference's are handled by the
+        shard); an unknown kind is dropped."""
         handler = EXT_HANDLERS.get(kind)
-        if handler is None:
-            super().on_message(sender, kind, meta, bodies, now_ms)
-            return
-        self._now_ms = now_ms
-        handler(self, sender, meta, bodies, now_ms)
+        if handler is not None:
+            handler(self, sender, meta, bodies, now_ms)
 
     # ------------------------------------------------------------------ NACK DELAY
 
-    def _nack_later(self: Shard, job: Job, delay_ms: int, now_ms: int) -> None:
+    def nack_later(self, job: Job, delay_ms: int, now_ms: int) -> None:
         """NACK ... DELAY: the job stays active (not deliverable) until the delay
         ends, then is queued without counting a further delivery. Every other
         holder pushes its own requeue past the delay (QUEUED with "w")."""
-        self._forget_delivery(job)
+        s = self.shard
+        s._forget_delivery(job)
         job.flags = (job.flags & ~FLAG_WILLQUEUE_SENT) | FLAG_NACK_DELAYED
         job.qtime_ms = now_ms + delay_ms
-        self._reschedule(job)
-        others = self._others(job)
+        s._reschedule(job)
+        others = s._others(job)
         if others:
-            self._send_job(others, "QUEUED", job,
-                           {"j": job.id, "f": QUEUED_INCR_NACKS, QUEUED_WAIT: delay_ms})
-        if self.aof:
-            self._effects.append(AofAppend(job.to_record()))
+            s._send_job(others, "QUEUED", job,
+                        {"j": job.id, "f": QUEUED_INCR_NACKS, QUEUED_WAIT: delay_ms})
+        if s.aof:
+            s._effects.append(AofAppend(job.to_record()))
 
     # ------------------------------------------------------------------ MAXDELIVER
 
-    def _past_maxdeliver(self: Shard, job: Job) -> bool:
-        """The job was delivered ``maxdeliver`` times (first delivery, then one per
-        NACK or redelivery, as this node counts them) and is not a dead letter yet."""
-        cap = job.maxdeliver
-        return bool(cap) and job.nacks + job.additional_deliveries >= cap \
-            and not job.queue.startswith(DEAD_PREFIX)
-
-    def _dead_letter(self: Shard, job: Job, now_ms: int, incr: int) -> None:
+    def dead_letter(self, job: Job, now_ms: int, incr: int) -> None:
         """Queue the job in ``dead:<queue>`` (same ID, same counters) instead of its
         queue; the other holders move their copies too (QUEUED with "dl")."""
-        self.stat_dead_lettered += 1
+        s = self.shard
+        s.stat_dead_lettered += 1
         dq = self._move_to_dead(job, now_ms)
-        self._enqueue(job, dq, now_ms)
-        others = self._others(job)
+        s._enqueue(job, dq, now_ms)
+        others = s._others(job)
         if others and job.state == QUEUED:
             meta: dict[str, Any] = {"j": job.id, QUEUED_DEAD: 1}
             if incr:
                 meta["f"] = incr
-            self._send_job(others, "QUEUED", job, meta)
-        if self.aof:
-            self._effects.append(AofAppend(job.to_record()))
+            s._send_job(others, "QUEUED", job, meta)
+        if s.aof:
+            s._effects.append(AofAppend(job.to_record()))
 
-    def _move_to_dead(self: Shard, job: Job, now_ms: int) -> Any:
+    def _move_to_dead(self, job: Job, now_ms: int) -> Queue:
         """Point a job that is not queued at its dead-letter queue (the same slot,
         so the same owner: workers/ids.py), keeping the per-queue bookkeeping."""
-        self._forget_delivery(job)
+        s = self.shard
+        s._forget_delivery(job)
         if job.flags & FLAGS_DELAY_MASK and not job.flags & FLAG_QUEUED_ONCE:
-            self._undelay(job)
+            s._undelay(job)
             job.flags |= FLAG_QUEUED_ONCE
         job.flags &= ~FLAG_NACK_DELAYED
-        dq = self._queue(dead_queue_of(job.queue), now_ms)
+        dq = s._queue(dead_queue_of(job.queue), now_ms)
         job.queue = dq.name
         return dq
 
-    def _follow_dead_letter(self: Shard, job: Job, now_ms: int) -> None:
+    def follow_dead_letter(self, job: Job, now_ms: int) -> None:
         """Another holder dead-lettered the job (QUEUED "dl"): our copy (active)
         belongs to the dead-letter queue from now on."""
         if job.queue.startswith(DEAD_PREFIX):
             return
         self._move_to_dead(job, now_ms)
-        if self.aof:
-            self._effects.append(AofAppend(job.to_record()))
+        if self.shard.aof:
+            self.shard._effects.append(AofAppend(job.to_record()))
 
     # ------------------------------------------------------------------ WAITJOB
 
-    def op_waitjob(self: Shard, token: int, job_ids: list[str], timeout_ms: int,
+    def op_waitjob(self, token: int, job_ids: list[str], timeout_ms: int,
                    now_ms: int) -> Any:
         """How many of the jobs are done (acknowledged, deleted, expired; a job this
         shard does not hold counts as done), at once when all are, else PENDING and
         ``Wake(token, count)`` when the last one is or at the timeout (0: none)."""
         pending: list[str] = []
         for jid in job_ids:
-            job = self.lookup(jid)
+            job = self.shard.lookup(jid)
             if job is not None and job.state != ACKED:
                 pending.append(jid)
         done = len(job_ids) - len(pending)
         if not pending:
             return done
-        if self._wait_entries + len(pending) > waitjob_entries_max:
+        if self.wait_entries + len(pending) > waitjob_entries_max:
             return ERR_WAITJOB_MAX
-        self._wait_entries += len(pending)
+        self.wait_entries += len(pending)
         w = Gather(token, done, len(job_ids))
-        waits = self._waits
+        waits = self.waits
         for jid in pending:
             ws = waits.get(jid)
             if ws is None:
@@ -198,80 +230,80 @@ class ExtOps(ClusterOps):
             else:
                 ws.append(w)
         if timeout_ms:
-            self.timers.schedule(w, now_ms + timeout_ms)
+            self.shard.timers.schedule(w, now_ms + timeout_ms)
         return PENDING
 
-    def _job_done(self: Shard, job_id: str) -> None:
+    def job_done(self, job_id: str) -> None:
         """The job was acknowledged or left this shard: the WAITJOBs on it count it."""
-        ws = self._waits.pop(job_id, None)
+        ws = self.waits.pop(job_id, None)
         if ws is None:
             return
-        self._wait_entries -= len(ws)
+        self.wait_entries -= len(ws)
         for w in ws:
             if not w.finished:
                 w.count += 1
                 if w.count >= w.need:
                     self._finish(w)
 
-    def _finish(self: Shard, g: Gather) -> None:
+    def _finish(self, g: Gather) -> None:
         g.finished = True
-        self.timers.unschedule(g)
-        self._gathers.pop(g.token, None)
-        self._effects.append(Wake(g.token, g.reply()))
+        self.shard.timers.unschedule(g)
+        self.gathers.pop(g.token, None)
+        self.shard._effects.append(Wake(g.token, g.reply()))
 
-    def _fire_gather(self: Shard, g: Gather, now_ms: int) -> None:
+    def fire_gather(self, g: Gather, now_ms: int) -> None:
         """Timeout: reply with what is known (WAITJOB's stale entries go with
         their jobs)."""
         if not g.finished:
             self._finish(g)
 
-    def _finish_all(self: Shard) -> None:
-        """FLUSHALL: every job is gone (so done) and no answer will be counted."""
-        for ws in self._waits.values():
+    def finish_all(self) -> None:
+        """FLUSHALL: every job is gone (so done) and no answer will be counted;
+        the state starts empty."""
+        for ws in self.waits.values():
             for w in ws:
                 if not w.finished:
                     w.count = w.need
                     self._finish(w)
-        for g in list(self._gathers.values()):
+        for g in list(self.gathers.values()):
             self._finish(g)
+        self.waits = {}
+        self.wait_entries = 0
+        self.gathers = {}
 
     # ------------------------------------------------------------------ GLOBALQLEN / DELQUEUE
 
-    def set_view(self: Shard, myid: str, peers: list[tuple[str, bool, bool]] | list[Any],
-                 leaving: bool) -> None:
-        super().set_view(myid, peers, leaving)
-        # Every reachable node, leaving or not: they still hold jobs.
-        self._reach = tuple(p[0] for p in peers if p[1] and p[0] != self.node_id)
-
-    def _ask_all(self: Shard, g: Gather, kind: str, queue: bytes, now_ms: int) -> Any:
+    def _ask_all(self, g: Gather, kind: str, queue: bytes, now_ms: int) -> Any:
         """Send the request to every reachable node; PENDING, or the reply at once
         when there is no other node."""
-        nodes = self._reach if self._reach is not None else self._peers
+        s = self.shard
+        nodes = s._reach if s._reach is not None else s._peers
         if not nodes:
             return g.reply()
         g.waiting = set(nodes)
-        self._gathers[g.token] = g
+        self.gathers[g.token] = g
         slot = slot_of(queue)
         for n in nodes:
-            self._send(n, kind, slot, {"r": g.token}, [bytes(queue)])
-        self.timers.schedule(g, now_ms + cluster_request_timeout_ms)
+            s._send(n, kind, slot, {"r": g.token}, [bytes(queue)])
+        s.timers.schedule(g, now_ms + cluster_request_timeout_ms)
         return PENDING
 
-    def _answered(self: Shard, sender: str, meta: dict[str, Any]) -> Gather | None:
-        g = self._gathers.get(meta["r"])
+    def _answered(self, sender: str, meta: dict[str, Any]) -> Gather | None:
+        g = self.gathers.get(meta["r"])
         if g is None or sender not in g.waiting:
             return None
         g.waiting.discard(sender)
         return g
 
-    def op_globalqlen(self: Shard, token: int, queue: bytes, now_ms: int) -> Any:
-        return self._ask_all(Gather(token, self.op_qlen(queue)), "QLENASK", queue, now_ms)
+    def op_globalqlen(self, token: int, queue: bytes, now_ms: int) -> Any:
+        return self._ask_all(Gather(token, self.shard.op_qlen(queue)), "QLENASK", queue, now_ms)
 
-    def _on_qlenask(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
+    def _on_qlenask(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                     now_ms: int) -> None:
-        self._send(sender, "QLENIS", slot_of(bodies[0]), {"r": meta["r"], "n": self.op_qlen(bodies[0])})
+        self.shard._send(sender, "QLENIS", slot_of(bodies[0]),
+                         {"r": meta["r"], "n": self.shard.op_qlen(bodies[0])})
 
-    def _on_qlenis(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
+    def _on_qlenis(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                    now_ms: int) -> None:
         g = self._answered(sender, meta)
         if g is not None:
@@ -279,7 +311,7 @@ class ExtOps(ClusterOps):
             if not g.waiting:
                 self._finish(g)
 
-    def op_delqueue(self: Shard, token: int, queue: bytes, local: bool, now_ms: int) -> Any:
+    def op_delqueue(self, token: int, queue: bytes, local: bool, now_ms: int) -> Any:
         """Acknowledge every job of the queue held here (queued, delayed, active),
         and with ``local`` False on every reachable node; replies the number of
         distinct jobs removed."""
@@ -289,22 +321,22 @@ class ExtOps(ClusterOps):
             return g.reply()
         return self._ask_all(g, "DELQ", queue, now_ms)
 
-    def _delqueue_here(self: Shard, queue: bytes, now_ms: int) -> list[str]:
+    def _delqueue_here(self, queue: bytes, now_ms: int) -> list[str]:
         """O(jobs of this shard): delayed and active jobs are not indexed by queue."""
-        victims = [j for b in self._jobs if b for j in b.values()
+        victims = [j for b in self.shard._jobs if b for j in b.values()
                    if j.queue == queue and j.state != ACKED]
         for job in victims:
             if job.state != DELETED:
-                self._ack(job, now_ms)  # the ACK reaches every holder (SETACK, GC)
+                self.shard._ack(job, now_ms)  # the ACK reaches every holder (SETACK, GC)
         return [j.id for j in victims]
 
-    def _on_delq(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
+    def _on_delq(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                  now_ms: int) -> None:
         ids = self._delqueue_here(bytes(bodies[0]), now_ms)
-        self._send(sender, "DELQDONE", slot_of(bodies[0]), {"r": meta["r"]},
-                   ["".join(ids).encode()])
+        self.shard._send(sender, "DELQDONE", slot_of(bodies[0]), {"r": meta["r"]},
+                         ["".join(ids).encode()])
 
-    def _on_delqdone(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
+    def _on_delqdone(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                      now_ms: int) -> None:
         g = self._answered(sender, meta)
         if g is None or g.ids is None:
@@ -316,9 +348,10 @@ class ExtOps(ClusterOps):
             self._finish(g)
 
 
-EXT_HANDLERS: dict[str, Any] = {
-    "QLENASK": ExtOps._on_qlenask,
-    "QLENIS": ExtOps._on_qlenis,
-    "DELQ": ExtOps._on_delq,
-    "DELQDONE": ExtOps._on_delqdone,
+_Handler = Callable[[Extensions, str, dict[str, Any], list[bytes], int], None]
+EXT_HANDLERS: dict[str, _Handler] = {
+    "QLENASK": Extensions._on_qlenask,
+    "QLENIS": Extensions._on_qlenis,
+    "DELQ": Extensions._on_delq,
+    "DELQDONE": Extensions._on_delqdone,
 }

@@ -1,97 +1,33 @@
-# mypy: disable-error-code="misc"
-# (Mixin methods take ``self: Shard`` so their bodies are checked against the
-# real class; mypy flags such self types with "misc" unless they are protocols.)
-"""The distributed half of the shard: Disque's replication, re-queueing, ack GC,
-federation and PAUSE broadcast (spec: "Implementation details", "Disque state
-machine", the federation FAQ and "Gracefully removal of nodes").
+"""Federation (spec FAQ "federation"): a queue with consumers and no jobs asks
+the other nodes for jobs (NEEDJOBS), a node with jobs moves some (YOURJOBS).
 
-``ClusterOps`` is a mixin of ``Shard``; it keeps the shard pure: messages come
-in through ``on_message(sender, kind, meta, bodies, now_ms)`` and leave as
-``Send`` effects. Message kinds and payloads (``meta`` is JSON, job records
-and queue names travel in ``bodies`` as raw bytes):
+``Federation`` is an object the shard owns (``Shard.fed``) and calls; it keeps
+the per-queue federation state (``Fed``: recent sources, NEEDJOBS backoff,
+import rate) and the NEEDJOBS we could not serve yet, and reaches the jobs,
+queues and timers through the shard, typed by the ``FedCore`` protocol (this
+module imports neither workers/shard.py nor workers/replication.py). Messages
+(``meta`` is JSON, bodies raw; the full table is in workers/replication.py):
 
 =========  =====================================  ==========================
 kind       meta                                   bodies
 =========  =====================================  ==========================
-REPLJOB    {}                                     [job record]
-GOTJOB     {"j": id}
-ENQUEUE    {"j": id, "d": [node, ...]}
-WILLQUEUE  {"j": id}
-QUEUED     {"j": id[, "f": 2|4 (increment nacks|deliveries)]
-            [, "w": ms (NACK DELAY), "dl": 1 (moved to dead:<queue>)]}
-WORKING    {"j": id}
-SETACK     {"j": id, "m": may-have[, "d": [node, ...]]}
-GOTACK     {"j": id, "k": 0|1 (known)}
-DELJOB     {"j": id}
 NEEDJOBS   {"c": count}                           [queue name]
 YOURJOBS   {}                                     [job record, ...]
-PAUSE      {"f": pause flags}                     [queue name]
 =========  =====================================  ==========================
 
-Every message about a job is sent to the job's slot (carried by its ID), so on
-the receiving host it reaches the worker owning the same slot; queue messages
-use the queue's slot.
-
-Timers reuse the shard's one heap: a job's single timer entry also covers its
-cluster deadlines (``qtime_ms`` is the next 50 ms replication step for a
-``wait-repl`` job, WILLQUEUE fires ``time_error_ms`` before the requeue of an
-active job, and it is the next GC attempt of an ``acked`` one); ``Fed`` (one
-per queue that asked for jobs) sits in the heap as its own target.
+A ``Fed`` sits in the shard's timer heap as its own target (the next NEEDJOBS).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Protocol
 
-from workers.effects import AofAppend, Send, Wake
-from workers.ids import is_at_most_once_id, is_valid_job_id, slot_of_job_id
-from workers.job import (
-    ACKED,
-    ACTIVE,
-    FLAG_DELIVERED,
-    FLAG_NACK_DELAYED,
-    FLAG_QUEUED_ONCE,
-    FLAG_REPLICA,
-    FLAG_WILLQUEUE_SENT,
-    QUEUED,
-    US_PER_MS,
-    WAIT_REPL,
-    Job,
-    Timed,
-    job_nodes_max,
-    node_id_bytes_max,
-)
+from workers.effects import AofAppend, Effect
+from workers.ids import is_valid_job_id
+from workers.job import ACTIVE, FLAG_DELIVERED, FLAG_WILLQUEUE_SENT, Job, Timed, merge_nodes, union
 from workers.queue import PAUSED_IN, PAUSED_OUT, Queue
-from workers.replies import ERR_LEAVING, PENDING, Error, Status
+from workers.timers import Timers
 
-if TYPE_CHECKING:
-    from workers.shard import Shard
-
-# QUEUED's "f": the counter the sender's requeue incremented, which every holder
-# increments too (Disque's CLUSTERMSG_FLAG0_INCR_NACKS / _INCR_DELIV).
-QUEUED_INCR_NACKS: Final = 2
-QUEUED_INCR_DELIVERIES: Final = 4
-
-ERR_NOREPL_TIMEOUT = Error(
-    "NOREPL Timeout reached before replicating to the requested number of nodes"
-)
-
-# Replication (spec "Job replication strategy"): one more node every 50 ms.
-repl_step_ms = 50
-# Ack GC retries: first retry after 1 s, doubling, with up to +50 % random error,
-# at most 60 s apart; after gc_attempts_max retries the job is dropped anyway
-# (the spec allows GC "after some time ... in order to reclaim memory").
-gc_first_ms = 1000
-gc_backoff_max_ms = 60_000
-gc_attempts_max = 30
-# IDs of jobs this node saw acknowledged or deleted cluster-wide (DELJOB, a
-# SETACK for a job it did not hold, a GC it completed) are kept this long: a
-# REPLJOB or YOURJOBS for one arriving later (a message that took worker 0's relay
-# while a newer one took the just-ready direct data link, or a replication step
-# re-sent before the ACK) must not bring back a copy that would be queued again
-# after RETRY. Bounded: the oldest are forgotten first.
-gone_ids_keep_ms = 30_000
-gone_ids_max = 100_000
 # Federation (spec FAQ): ad hoc NEEDJOBS to recent sources 25 ms .. 2 s apart,
 # broadcast to everyone 100 ms .. 30 s apart, doubling while nothing arrives.
 needjobs_adhoc_min_ms = 25
@@ -113,33 +49,6 @@ needjobs_ask_ttl_ms = needjobs_bcast_max_ms + 2000
 needjobs_asks_max = 65536  # queues with a remembered ask (cleared when full)
 fed_queues_max = 65536  # bound on queues with federation state (evicted with their queue)
 
-
-def union(a: tuple[str, ...], b: tuple[str, ...] | list[str]) -> tuple[str, ...]:
-    """Ordered union of two node lists (first occurrence wins)."""
-    if all(n in a for n in b):
-        return a
-    return tuple(dict.fromkeys((*a, *b)))
-
-
-def merge_nodes(job: Job, nodes: tuple[str, ...] | list[str]) -> None:
-    """Add a peer's node list to ``job.delivered``, unless the record would then name
-    more nodes than it can encode (no real cluster comes near: a broken peer)."""
-    merged = union(job.delivered, nodes)
-    if len(merged) + len(job.confirmed) <= job_nodes_max:
-        job.delivered = merged
-
-
-class ReplWait:
-    """A synchronous ADDJOB waiting for GOTJOBs (the job is in ``wait-repl``)."""
-
-    __slots__ = ("token", "deadline_ms", "flexible")
-
-    def __init__(self, token: int, deadline_ms: int, flexible: bool) -> None:
-        self.token = token
-        self.deadline_ms = deadline_ms  # 0 = no timeout (ms-timeout 0): until the TTL
-        # REPLICATE was not given: "the cluster size when smaller" follows the
-        # reachable nodes while we wait (a node found dead lowers the goal).
-        self.flexible = flexible
 
 
 class Fed(Timed):
@@ -183,508 +92,61 @@ class Fed(Timed):
                 del self.responders[n]
 
 
-class ClusterOps:
-    """Cluster messages and the cluster side of client commands (mixin of Shard)."""
+class FedCore(Protocol):
+    """What federation uses of the shard (``workers.shard.Shard`` is one)."""
 
-    # reachable peers our bus link has no PONG on yet (set_view): not sent YOURJOBS
-    _unlinked: frozenset[str] = frozenset()
+    node_id: str
+    aof: bool
+    timers: Timers
+    _effects: list[Effect]
+    _queues: dict[bytes, Queue]
+    _known: tuple[str, ...]
+    _peers: tuple[str, ...]
+    _unlinked: frozenset[str]
+    _leaving: bool
+    _now_ms: int
 
-    # ------------------------------------------------------------------ view
+    def lookup(self, job_id: str) -> Job | None: ...
+    def _register(self, job: Job) -> None: ...
+    def _queue(self, name: bytes, now_ms: int) -> Queue: ...
+    def _enqueue(self, job: Job, q: Queue, now_ms: int, serve: bool = True) -> None: ...
+    def _serve_waiters(self, q: Queue, now_ms: int) -> None: ...
+    def _maybe_idle(self, q: Queue, now_ms: int) -> None: ...
+    def _reschedule(self, job: Job) -> None: ...
+    def _jitter(self) -> int: ...
+    def _is_gone(self, job_id: str, now_ms: int) -> bool: ...
+    def _send_queued(self, job: Job, incr: int = 0) -> None: ...
+    def _send(self, node: str, kind: str, slot: int, meta: dict[str, Any],
+              bodies: list[bytes] | None = None) -> None: ...
 
-    def set_view(self: Shard, myid: str, peers: list[tuple[str, bool, bool]] | list[Any],
-                 leaving: bool) -> None:
-        """The membership view: our ID, every other known node as (id, reachable,
-        leaving[, linked]), our own LEAVING flag. Replication targets are the
-        reachable nodes that are not leaving. ``linked`` (default: reachable) is
-        False while our bus link to the node has not carried a PONG: a message
-        to it would be dropped (membership.Node.linked)."""
-        if myid and myid != self.node_id:
-            self._set_node_id(myid)
-        known = tuple(p[0] for p in peers if p[0] != self.node_id)
-        self._known = known
-        self._peers = tuple(p[0] for p in peers if p[1] and not p[2] and p[0] != self.node_id)
-        self._unlinked = frozenset(p[0] for p in peers if p[1] and len(p) > 3 and not p[3])
-        self.set_leaving(leaving)
 
-    def set_leaving(self: Shard, leaving: bool) -> None:
-        """CLUSTER LEAVING: no new local copies, no NEEDJOBS, no dummy ACKs, and
-        blocked clients are released with -LEAVING (spec, "Gracefully removal")."""
-        was = self._leaving
-        self._leaving = leaving
-        if leaving and not was:
-            for w in list(self._waiters.values()):
-                self._drop_waiter(w, self._now_ms)
-                self._effects.append(Wake(w.token, ERR_LEAVING))
+class Federation:
+    """Federation state and messages of one shard."""
 
-    def _send(self: Shard, node: str, kind: str, slot: int, meta: dict[str, Any],
-              bodies: list[bytes] | None = None) -> None:
-        self._effects.append(Send(node, kind, slot, meta, bodies if bodies is not None else []))
+    def __init__(self, shard: FedCore) -> None:
+        self.shard = shard
+        self.feds: dict[bytes, Fed] = {}  # queues with federation state
+        self.asks: dict[bytes, tuple[str, int]] = {}  # queue -> (asker, until ms)
 
-    def _others(self: Shard, job: Job) -> list[str]:
-        me = self.node_id
-        return [n for n in job.delivered if n != me]
+    def reset(self) -> None:
+        """FLUSHALL: every queue is gone."""
+        self.feds = {}
+        self.asks = {}
 
-    def _send_job(self: Shard, nodes: list[str] | tuple[str, ...], kind: str, job: Job,
-                  meta: dict[str, Any] | None = None) -> None:
-        slot = slot_of_job_id(job.id)
-        m = {"j": job.id} if meta is None else meta
-        for n in nodes:
-            self._effects.append(Send(n, kind, slot, m, []))
-
-    def _reschedule(self: Shard, job: Job) -> None:
-        self.timers.unschedule(job)
-        self.timers.schedule(job, self._due(job))
-
-    # ------------------------------------------------------------------ ADDJOB
-
-    def _addjob_cluster(self: Shard, job: Job, q: Queue, need: int, external: bool,
-                        timeout_ms: int, async_: bool, token: int, now_ms: int,
-                        flexible: bool = False) -> Any:
-        """Replicate a new job to ``need`` shuffled reachable peers (spec step 1);
-        ``job`` is not registered yet. ``external``: we keep no copy (leaving, or
-        past 75 % of maxmemory)."""
-        targets = list(self._peers)
-        self._rng.shuffle(targets)
-        chosen = tuple(targets[:need])
-        job.delivered = chosen if external else (self.node_id, *chosen)
-        if async_:
-            return self._addjob_async(job, q, chosen, external, now_ms)
-        job.state = WAIT_REPL
-        job.confirmed = () if external else (self.node_id,)
-        self._register(job)
-        deadline = now_ms + timeout_ms if timeout_ms else 0
-        self._repl[job.id] = ReplWait(token, deadline, flexible)
-        job.qtime_ms = now_ms + repl_step_ms
-        self.timers.schedule(job, self._due(job))
-        self._send_repljob(job, chosen)
-        return PENDING
-
-    def _addjob_async(self: Shard, job: Job, q: Queue, chosen: tuple[str, ...],
-                      external: bool, now_ms: int) -> Any:
-        """ASYNC: reply at once, queue at once, replicate in the background (best effort)."""
-        self._send_repljob(job, chosen)
-        if external:
-            if chosen:
-                self._send_job([chosen[0]], "ENQUEUE", job, {"j": job.id, "d": list(chosen)})
-            return Status(job.id)
-        self._register(job)
-        self._activate(job, q, now_ms)
-        return Status(job.id)
-
-    def _send_repljob(self: Shard, job: Job, nodes: tuple[str, ...] | list[str]) -> None:
-        if not nodes:
-            return
-        rec = job.to_record()
-        slot = slot_of_job_id(job.id)
-        for n in nodes:
-            self._effects.append(Send(n, "REPLJOB", slot, {}, [rec]))
-
-    def _activate(self: Shard, job: Job, q: Queue, now_ms: int) -> None:
-        """A job of ours reached its replication: queue it (or wait for its DELAY)."""
-        job.state = ACTIVE
-        if job.delay_s:
-            job.qtime_ms = now_ms + job.delay_s * 1000
-            self._reschedule(job)
-        else:
-            job.qtime_ms = 0
-            self.timers.unschedule(job)
-            self._enqueue(job, q, now_ms)
-        if self.aof:
-            self._effects.append(AofAppend(job.to_record()))
-
-    def _fire_wait_repl(self: Shard, job: Job, now_ms: int) -> None:
-        rw = self._repl.get(job.id)
-        if rw is None:
-            self._unregister(job, now_ms)
-            return
-        if rw.deadline_ms and rw.deadline_ms <= now_ms:
-            self._repl_failed(job, now_ms)
-            return
-        if job.qtime_ms <= now_ms:
-            # Spec: one more node every 50 ms, and REPLJOB again to everyone in
-            # delivered so each can refresh its list of nodes that may have a copy.
-            have = job.delivered
-            fresh = [n for n in self._peers if n not in have]
-            if fresh:
-                job.delivered = (*have, self._rng.choice(fresh))
-            self._send_repljob(job, self._others(job))
-            job.qtime_ms = now_ms + repl_step_ms
-            if rw.flexible and self._flexible_done(job):
-                return
-        self.timers.schedule(job, self._due(job))
-
-    def _flexible_done(self: Shard, job: Job) -> bool:
-        external = self.node_id not in job.delivered
-        reach = len(self._peers) + (0 if external else 1)
-        goal = max(1, min(job.repl, reach))
-        if len(job.confirmed) < goal:
-            return False
-        job.repl = len(job.confirmed)
-        self._repl_done(job, self._now_ms)
-        return True
-
-    def _repl_failed(self: Shard, job: Job, now_ms: int) -> None:
-        """Timeout: error to the client, best-effort DELJOB of the copies made."""
-        rw = self._repl.pop(job.id, None)
-        self._send_job(self._others(job), "DELJOB", job)
-        self._unregister(job, now_ms)
-        if rw is not None:
-            self._effects.append(Wake(rw.token, ERR_NOREPL_TIMEOUT))
-
-    def _repl_done(self: Shard, job: Job, now_ms: int) -> None:
-        rw = self._repl.pop(job.id)
-        if self.node_id not in job.delivered:
-            # External replication: one node that got the job queues it; we keep no copy.
-            # The list of every node that may have a copy goes along: we forget the
-            # job now, so the holder must know them all for the ACK GC.
-            holder = self._rng.choice([n for n in job.confirmed if n != self.node_id])
-            self._send_job([holder], "ENQUEUE", job, {"j": job.id, "d": list(job.delivered)})
-            self._unregister_quiet(job, now_ms)
-        else:
-            self._activate(job, self._queue(job.queue, now_ms), now_ms)
-        self._effects.append(Wake(rw.token, Status(job.id)))
-
-    # ------------------------------------------------------------------ messages
-
-    def on_message(self: Shard, sender: str, kind: str, meta: dict[str, Any],
-                   bodies: list[bytes], now_ms: int) -> None:
-        """One cluster message from node ``sender`` (malformed input is dropped)."""
-        self._now_ms = now_ms
-        handler = _HANDLERS.get(kind)
-        if handler is None:
-            return
-        # Shapes and values were checked at the edge (bus/messages.py); only the job
-        # records inside are parsed here (``_peer_job``).
-        handler(self, sender, meta, bodies, now_ms)
-
-    def _job_of(self: Shard, meta: dict[str, Any]) -> Job | None:
-        jid = meta["j"]
-        if type(jid) is not str or len(jid) != 40:
-            return None
-        return self.lookup(jid)
-
-    def _on_repljob(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
-                    now_ms: int) -> None:
-        job = _peer_job(bodies[0])
-        if job is None:
-            return
-        if self._gone and self._is_gone(job.id, now_ms):
-            return  # acknowledged or deleted already: a late copy would be queued again
-        old = self.lookup(job.id)
-        if old is not None:
-            old.delivered = union(old.delivered, job.delivered)
-            self._send_job([sender], "GOTJOB", old)
-            return
-        if job.etime_ms <= now_ms:
-            return
-        if self._memory_level > 0:
-            return  # spec: a node near its memory limit takes no copies (no GOTJOB)
-        q = self._queues.get(job.queue)
-        if q is not None and q.paused & PAUSED_IN:
-            return  # a queue paused in input takes no copies (spec, PAUSE)
-        q = self._queue(job.queue, now_ms)
-        job.queue = q.name
-        job.state = ACTIVE
-        job.delivered = union(job.delivered, (self.node_id, sender))
-        job.confirmed = ()
-        job.flags |= FLAG_REPLICA
-        if job.retry_s:
-            job.qtime_ms = (now_ms + (job.delay_s + job.retry_s) * 1000
-                            + self._jitter())
-        else:
-            job.qtime_ms = 0
-        self._register(job)
-        self.timers.schedule(job, self._due(job))
-        if self.aof:
-            self._effects.append(AofAppend(job.to_record()))
-        # Disque answers a duplicate REPLJOB too: a lost GOTJOB is then re-sent.
-        self._send_job([sender], "GOTJOB", job)
-
-    def _on_gotjob(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
-                   now_ms: int) -> None:
-        job = self._job_of(meta)
-        if job is None or job.state != WAIT_REPL:
-            return
-        job.delivered = union(job.delivered, (sender,))
-        job.confirmed = union(job.confirmed, (sender,))
-        if len(job.confirmed) >= job.repl:
-            self._repl_done(job, now_ms)
-
-    def _on_enqueue(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
-                    now_ms: int) -> None:
-        job = self._job_of(meta)
-        if job is None:
-            return
-        nodes = meta.get("d")
-        if (type(nodes) is list and len(nodes) <= job_nodes_max
-                and all(type(n) is str and len(n) <= node_id_bytes_max for n in nodes)):
-            job.delivered = union(job.delivered, nodes)  # bounded: the record must encode
-        if job.state != ACTIVE:
-            return
-        if not job.retry_s and job.flags & FLAG_QUEUED_ONCE:
-            return  # at-most-once: queued once already (a duplicate ENQUEUE)
-        q = self._queue(job.queue, now_ms)
-        if q.paused & PAUSED_IN:
-            return  # spec: a queue paused in input accepts no ENQUEUE messages
-        self._enqueue(job, q, now_ms)
-
-    def _on_willqueue(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
-                      now_ms: int) -> None:
-        job = self._job_of(meta)
-        if job is None:
-            self._setack_if_gone(sender, meta, now_ms)
-            return
-        job.delivered = union(job.delivered, (sender,))
-        if job.state == QUEUED:
-            self._send_job(self._others(job), "QUEUED", job)
-        elif job.state == ACKED:
-            self._send_job([sender], "SETACK", job, self._setack_meta(job))
-
-    def _setack_if_gone(self: Shard, sender: str, meta: dict[str, Any], now_ms: int) -> None:
-        """A holder is about to queue (or queued) a job we saw acknowledged or deleted
-        cluster-wide: tell it, so that it acks its copy and runs the GC over the nodes
-        it knows (a copy the GC we took part in did not reach)."""
-        jid = meta["j"]
-        if self._gone and type(jid) is str and self._is_gone(jid, now_ms):
-            self._send(sender, "SETACK", slot_of_job_id(jid), {"j": jid, "m": 0})
-
-    def _setack_meta(self: Shard, job: Job) -> dict[str, Any]:
-        """SETACK's meta: the count the spec asks for, and the nodes themselves, so that
-        a receiver that knows a node we do not runs the GC itself (equal counts of
-        different node lists would otherwise confirm a GC that misses a copy)."""
-        return {"j": job.id, "m": len(job.delivered), "d": list(job.delivered)}
-
-    def _on_queued(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
-                   now_ms: int) -> None:
-        job = self._job_of(meta)
-        if job is None:
-            self._setack_if_gone(sender, meta, now_ms)
-            return
-        if job.state == WAIT_REPL:
-            return
-        if job.state == ACKED:
-            self._send_job([sender], "SETACK", job, self._setack_meta(job))
-            return
-        job.delivered = union(job.delivered, (sender,))
-        incr = meta.get("f", 0)
-        if incr == QUEUED_INCR_DELIVERIES:  # the sender counted a further delivery
-            job.additional_deliveries += 1
-        elif incr == QUEUED_INCR_NACKS:
-            job.nacks += 1
-        # Extensions (workers/extensions.py): a NACK's DELAY, or the move to the
-        # dead-letter queue: the sender's copy wins whatever the IDs.
-        wait_ms = meta.get("w", 0)
-        dead = meta.get("dl", 0)
-        if job.state == QUEUED and (sender > self.node_id or wait_ms or dead):
-            self._dequeue(job, self._queues[job.queue], now_ms)  # the greater ID keeps it
-        if dead:
-            self._follow_dead_letter(job, now_ms)
-        if job.retry_s:
-            qtime = now_ms + wait_ms + job.retry_s * 1000 + self._jitter()
-            if not job.flags & FLAG_NACK_DELAYED or qtime > job.qtime_ms:
-                job.qtime_ms = qtime  # a QUEUED that crossed our NACK's DELAY never cuts it short
-            job.flags &= ~FLAG_WILLQUEUE_SENT
-            self._reschedule(job)
-
-    def _send_working(self: Shard, job: Job) -> None:
-        others = self._others(job)
-        if others:
-            self._send_job(others, "WORKING", job)
-
-    def _on_working(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
-                    now_ms: int) -> None:
-        """A client said WORKING on another node: postpone our requeue as well
-        (and leave the queue, the job is being processed elsewhere)."""
-        job = self._job_of(meta)
-        if job is None or job.state in (ACKED, WAIT_REPL) or not job.retry_s:
-            return
-        job.delivered = union(job.delivered, (sender,))
-        if job.state == QUEUED:
-            self._dequeue(job, self._queues[job.queue], now_ms)
-        job.qtime_ms = now_ms + job.retry_s * 1000 + self._jitter()
-        job.flags &= ~FLAG_WILLQUEUE_SENT
-        self._reschedule(job)
-
-    def _send_queued(self: Shard, job: Job, incr: int = 0) -> None:
-        others = self._others(job)
-        if others:
-            self._send_job(others, "QUEUED", job, {"j": job.id, "f": incr} if incr else None)
-
-    # ------------------------------------------------------------------ acks and GC
-
-    def _ack_cluster(self: Shard, job: Job, now_ms: int) -> bool:
-        """ACK-JOB: mark acked; returns False when the job was dropped at once
-        (nobody else may have a copy)."""
-        if job.state == ACKED:
-            return True
-        if job.state == QUEUED:
-            self._dequeue(job, self._queues[job.queue], now_ms)
-        elif job.state == WAIT_REPL:
-            rw = self._repl.pop(job.id, None)
-            if rw is not None:
-                self._effects.append(Wake(rw.token, Status(job.id)))
-        job.state = ACKED
-        job.flags &= ~FLAG_WILLQUEUE_SENT
-        if self._waits:
-            self._job_done(job.id)  # WAITJOB (workers/extensions.py)
-        if job.delivered and not self._others(job):
-            self._unregister(job, now_ms)
-            return False
-        job.confirmed = (self.node_id,) if self.node_id in job.delivered else ()
-        self._gc_tries.pop(job.id, None)
-        if self.aof:
-            self._effects.append(AofAppend(job.to_record()))
-        # Every acked job has a GC timer, also where another node runs the GC: if
-        # that node's DELJOB is lost, our own attempt finds the copies gone.
-        return self._arm_gc(job, now_ms)
-
-    def _start_gc(self: Shard, job: Job, now_ms: int) -> None:
-        """START-GC, then arm the next attempt (exponential backoff, random error)."""
-        if not job.delivered:
-            self._send("*", "SETACK", slot_of_job_id(job.id), {"j": job.id, "m": 0})
-        else:
-            conf = job.confirmed
-            todo = [n for n in job.delivered if n != self.node_id and n not in conf]
-            if not todo:
-                # Every other holder already confirmed (a dummy ACK that learnt its
-                # holders later, ourselves among them or not): the GC is complete.
-                self._send_job(self._others(job), "DELJOB", job)
-                self._unregister(job, now_ms)
-                self._remember_gone(job.id, now_ms)
-                return
-            self._send_job(todo, "SETACK", job, self._setack_meta(job))
-        self._arm_gc(job, now_ms)
-
-    def _arm_gc(self: Shard, job: Job, now_ms: int) -> bool:
-        """Next GC attempt: exponential backoff with random error; False when the
-        attempts are used up and the job was dropped."""
-        tries = self._gc_tries.get(job.id, 0)
-        if tries >= gc_attempts_max:
-            self._unregister(job, now_ms)  # reclaim memory (spec: GC "after some time")
-            return False
-        self._gc_tries[job.id] = tries + 1
-        delay = min(gc_first_ms << min(tries, 16), gc_backoff_max_ms)
-        job.qtime_ms = now_ms + delay + int(self._rng.random() * delay / 2)
-        self._reschedule(job)
-        return True
-
-    def _dummy_ack(self: Shard, job_id: str, now_ms: int) -> None:
-        """ACKJOB of a job we do not know: keep the ACK (empty ``acked`` job) so it
-        survives a partition; its TTL comes from the ID."""
-        ttl_s = max(int(job_id[36:40], 16) * 60, 60)
-        job = Job(job_id, b"", b"", ACKED, 0, ttl_s, now_ms * US_PER_MS, 0, 1, 0, ())
-        self._register(job)
-        self._start_gc(job, now_ms)
-
-    def _ackjob_unknown(self: Shard, job_id: str, now_ms: int) -> None:
-        if self._known and not self._leaving and not is_at_most_once_id(job_id):
-            self._dummy_ack(job_id, now_ms)
-
-    def _on_setack(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
-                   now_ms: int) -> None:
-        jid = meta["j"]
-        may_have = int(meta["m"])
-        job = self._job_of(meta)
-        slot = slot_of_job_id(jid)
-        if job is not None and not self._ack_cluster(job, now_ms):
-            # We knew it and dropped it at once (GC attempts used up): known.
-            self._send(sender, "GOTACK", slot, {"j": jid, "k": 1})
-            return
-        if job is None:
-            self._send(sender, "GOTACK", slot, {"j": jid, "k": 0})
-            if type(jid) is str and len(jid) == 40:
-                self._remember_gone(jid, now_ms)  # acked elsewhere before its copy came
-            return
-        nodes = meta.get("d")
-        if may_have == 0:
-            self._send(sender, "GOTACK", slot, {"j": jid, "k": 1})
-            self._start_gc(job, now_ms)
-        elif nodes is None:  # a count only (spec): compare counts
-            if len(job.delivered) <= may_have:
-                self._send(sender, "GOTACK", slot, {"j": jid, "k": 1})
-            else:
-                self._start_gc(job, now_ms)  # we know more holders: we run the GC
-        elif all(n in nodes for n in job.delivered):
-            self._send(sender, "GOTACK", slot, {"j": jid, "k": 1})
-        else:
-            # We know a node the sender does not: we run the GC over both lists (the
-            # sender has the job acked, so it counts as confirmed).
-            merge_nodes(job, nodes)
-            job.confirmed = union(job.confirmed, (sender,))
-            self._start_gc(job, now_ms)
-
-    def _on_gotack(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
-                   now_ms: int) -> None:
-        job = self._job_of(meta)
-        if job is None:
-            return
-        known = bool(meta["k"])
-        if not self._ack_cluster(job, now_ms):
-            return
-        if not job.delivered:  # a dummy ACK
-            if known:
-                self._unregister(job, now_ms)  # a node that knows the job runs the GC
-                return
-            job.confirmed = union(job.confirmed, (sender,))
-            if all(n in job.confirmed for n in self._known):
-                self._unregister(job, now_ms)  # nobody knows the job (a wrong ID)
-            return
-        if known or sender in job.delivered:
-            job.delivered = union(job.delivered, (sender,))
-            job.confirmed = union(job.confirmed, (sender,))
-            me, conf = self.node_id, job.confirmed
-            if all(n in conf or n == me for n in job.delivered):  # we hold it acked
-                self._send_job(self._others(job), "DELJOB", job)
-                self._unregister(job, now_ms)
-                self._remember_gone(job.id, now_ms)
-
-    def _on_deljob(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
-                   now_ms: int) -> None:
-        job = self._job_of(meta)
-        if job is not None and job.state == WAIT_REPL:
-            return  # our own pending ADDJOB: its timer decides
-        jid = meta["j"]
-        if type(jid) is str and len(jid) == 40:
-            self._remember_gone(jid, now_ms)
-        if job is not None:
-            self._unregister(job, now_ms)
-
-    def _remember_gone(self: Shard, job_id: str, now_ms: int) -> None:
-        gone = self._gone
-        gone.pop(job_id, None)  # keep insertion order = time order
-        while gone:
-            first = next(iter(gone))
-            if gone[first] > now_ms and len(gone) < gone_ids_max:
-                break
-            del gone[first]
-        gone[job_id] = now_ms + gone_ids_keep_ms
-
-    def _is_gone(self: Shard, job_id: str, now_ms: int) -> bool:
-        until = self._gone.get(job_id)
-        return until is not None and until > now_ms
-
-    def _fastack_cluster(self: Shard, job_id: str, job: Job | None) -> None:
-        if job is None:
-            if self._known:
-                self._send("*", "DELJOB", slot_of_job_id(job_id), {"j": job_id})
-            return
-        self._send_job(self._others(job), "DELJOB", job)
-
-    # ------------------------------------------------------------------ federation
-
-    def _fed_of(self: Shard, q: Queue) -> Fed | None:
-        fed = self._fed.get(q.name)
+    def _fed_of(self, q: Queue) -> Fed | None:
+        fed = self.feds.get(q.name)
         if fed is None:
-            if len(self._fed) >= fed_queues_max:
+            if len(self.feds) >= fed_queues_max:
                 return None
-            fed = self._fed[q.name] = Fed(q)
+            fed = self.feds[q.name] = Fed(q)
         return fed
 
-    def _needjobs(self: Shard, q: Queue, reached_zero: bool, now_ms: int) -> None:
+    def needjobs(self, q: Queue, reached_zero: bool, now_ms: int) -> None:
         """Disque's needJobsForQueue: ad hoc to recent sources, else broadcast."""
-        if self._leaving or not self._known:
+        s = self.shard
+        if s._leaving or not s._known:
             return
-        fed = self._fed.get(q.name)
+        fed = self.feds.get(q.name)
         if reached_zero and (fed is None or not fed.import_rate(now_ms)):
             return
         if fed is None:
@@ -693,7 +155,7 @@ class ClusterOps:
                 return
         fed.expire(now_ms)
         rate = fed.import_rate(now_ms)
-        nodes = len(fed.responders) or len(self._known)
+        nodes = len(fed.responders) or len(s._known)
         want = max(needjobs_count_min, min(needjobs_count_max, rate // max(nodes, 1)))
         name = [q.name]
         # Broadcast on its own (slow) schedule even while we have recent sources:
@@ -702,52 +164,55 @@ class ClusterOps:
         if now_ms - fed.bcast_ms >= self._bcast_delay(fed):
             fed.bcast_ms = now_ms
             fed.bcast_attempt += 1
-            self._send("*", "NEEDJOBS", q.slot, {"c": want}, name)
+            s._send("*", "NEEDJOBS", q.slot, {"c": want}, name)
         elif fed.responders and (reached_zero or now_ms - fed.adhoc_ms >= self._adhoc_delay(fed)):
             fed.adhoc_ms = now_ms
             fed.adhoc_attempt += 1
             for n in fed.responders:
-                self._send(n, "NEEDJOBS", q.slot, {"c": want}, name)
+                s._send(n, "NEEDJOBS", q.slot, {"c": want}, name)
         self._arm_fed(fed, now_ms)
 
-    def _bcast_delay(self: Shard, fed: Fed) -> int:
+    def _bcast_delay(self, fed: Fed) -> int:
         return min(needjobs_bcast_min_ms << min(fed.bcast_attempt, 20), needjobs_bcast_max_ms)
 
-    def _adhoc_delay(self: Shard, fed: Fed) -> int:
+    def _adhoc_delay(self, fed: Fed) -> int:
         return min(needjobs_adhoc_min_ms << min(fed.adhoc_attempt, 20), needjobs_adhoc_max_ms)
 
-    def _arm_fed(self: Shard, fed: Fed, now_ms: int) -> None:
+    def _arm_fed(self, fed: Fed, now_ms: int) -> None:
         q = fed.queue
-        if q.waiters is None or self._leaving:
+        s = self.shard
+        if q.waiters is None or s._leaving:
             return
         nxt = fed.bcast_ms + self._bcast_delay(fed)
         if fed.responders:
             nxt = min(nxt, fed.adhoc_ms + self._adhoc_delay(fed))
-        self.timers.unschedule(fed)
-        self.timers.schedule(fed, max(nxt, now_ms + 1))
+        s.timers.unschedule(fed)
+        s.timers.schedule(fed, max(nxt, now_ms + 1))
 
-    def _fire_fed(self: Shard, fed: Fed, now_ms: int) -> None:
+    def fire_fed(self, fed: Fed, now_ms: int) -> None:
         q = fed.queue
-        if self._fed.get(q.name) is not fed or self._queues.get(q.name) is not q:
+        s = self.shard
+        if self.feds.get(q.name) is not fed or s._queues.get(q.name) is not q:
             return
-        if q.waiters is None or self._leaving:
+        if q.waiters is None or s._leaving:
             return
         if not q.live or q.paused & PAUSED_OUT:
-            self._needjobs(q, False, now_ms)
+            self.needjobs(q, False, now_ms)
         else:
             self._arm_fed(fed, now_ms)
 
-    def _on_needjobs(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
-                     now_ms: int) -> None:
+    def on_needjobs(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
+                    now_ms: int) -> None:
         name = bytes(bodies[0])
+        s = self.shard
         count = int(meta["c"])
-        q = self._queues.get(name)
+        q = s._queues.get(name)
         if q is not None and q.paused & PAUSED_OUT:
             return  # spec: no jobs for other nodes out of a queue paused in output
         if q is None or not q.live:
-            if len(self._asks) >= needjobs_asks_max:
-                self._asks.clear()  # only latency is lost: askers ask again
-            self._asks[name] = (sender, now_ms + needjobs_ask_ttl_ms)
+            if len(self.asks) >= needjobs_asks_max:
+                self.asks.clear()  # only latency is lost: askers ask again
+            self.asks[name] = (sender, now_ms + needjobs_ask_ttl_ms)
             return
         if not self._can_move_jobs_to(sender):
             # No PONG on our own link to it yet: it is not reachable from here (a
@@ -759,16 +224,18 @@ class ClusterOps:
             return
         self._send_yourjobs(q, sender, min(max(count, 1), needjobs_count_max), now_ms)
 
-    def _can_move_jobs_to(self: Shard, node: str) -> bool:
+    def _can_move_jobs_to(self, node: str) -> bool:
         """A YOURJOBS to ``node`` would be written: reachable, and our bus link to it
         has carried a PONG (set_view)."""
-        return node in self._peers and node not in self._unlinked
+        s = self.shard
+        return node in s._peers and node not in s._unlinked
 
-    def _send_yourjobs(self: Shard, q: Queue, node: str, count: int, now_ms: int) -> None:
+    def _send_yourjobs(self, q: Queue, node: str, count: int, now_ms: int) -> None:
         """Move up to ``count`` queued jobs to ``node``. Each leaves the queue as it is
         serialized for the wire; we keep an active copy of at-least-once jobs (they
         are queued again after RETRY if the message is lost) and an active copy
         with no requeue time of at-most-once ones (so an ACK still finds them)."""
+        s = self.shard
         recs: list[bytes] = []
         size = 0
         while len(recs) < count and size < yourjobs_bytes_max:
@@ -779,31 +246,32 @@ class ClusterOps:
             job.delivered = union(job.delivered, (node,))
             job.flags &= ~FLAG_WILLQUEUE_SENT
             if job.retry_s:
-                job.qtime_ms = now_ms + job.retry_s * 1000 + self._jitter()
+                job.qtime_ms = now_ms + job.retry_s * 1000 + s._jitter()
             else:
                 job.qtime_ms = 0
-            self._reschedule(job)
+            s._reschedule(job)
             recs.append(job.to_record())
             size += len(job.body)
         if recs:
             q.atime_ms = now_ms
-            self._send(node, "YOURJOBS", q.slot, {}, recs)
-        self._maybe_idle(q, now_ms)
+            s._send(node, "YOURJOBS", q.slot, {}, recs)
+        s._maybe_idle(q, now_ms)
 
-    def _on_yourjobs(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
-                     now_ms: int) -> None:
+    def on_yourjobs(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
+                    now_ms: int) -> None:
         q: Queue | None = None
+        s = self.shard
         n = 0
         touched: list[Queue] = []  # served once the whole batch is queued (COUNT > 1)
         for rec in bodies:
-            job = _peer_job(rec)
+            job = peer_job(rec)
             if job is None or job.etime_ms <= now_ms or (
-                    self._gone and self._is_gone(job.id, now_ms)):
+                    s._is_gone(job.id, now_ms)):
                 continue
-            q = self._queue(job.queue, now_ms)
+            q = s._queue(job.queue, now_ms)
             if not touched or touched[-1] is not q:
                 touched.append(q)
-            old = self.lookup(job.id)
+            old = s.lookup(job.id)
             if old is not None:
                 # The sender's list too: a node it gave the job to must hear of the ACK.
                 old.delivered = union(old.delivered, (sender,))
@@ -817,24 +285,24 @@ class ClusterOps:
                 # may be about to ACK it, and our own timer requeues it if not.
                 if old.state == ACTIVE and old.dtime_ms < 0 and (
                         old.retry_s or not old.flags & FLAG_DELIVERED):
-                    self.timers.unschedule(old)
-                    self._enqueue(old, q, now_ms, False)
+                    s.timers.unschedule(old)
+                    s._enqueue(old, q, now_ms, False)
                     self._tell_queued(old)
                     n += 1
                 continue
             job.queue = q.name
             job.state = ACTIVE
-            job.delivered = union(job.delivered, (self.node_id, sender))
+            job.delivered = union(job.delivered, (s.node_id, sender))
             job.confirmed = ()
-            self._register(job)
-            self._enqueue(job, q, now_ms, False)
+            s._register(job)
+            s._enqueue(job, q, now_ms, False)
             self._tell_queued(job)
-            if self.aof:
-                self._effects.append(AofAppend(job.to_record()))
+            if s.aof:
+                s._effects.append(AofAppend(job.to_record()))
             n += 1
         for tq in touched:
             if tq.waiters is not None and not tq.paused & PAUSED_OUT:
-                self._serve_waiters(tq, now_ms)
+                s._serve_waiters(tq, now_ms)
         if q is None:
             return
         fed = self._fed_of(q)
@@ -843,61 +311,56 @@ class ClusterOps:
             fed.count_import(n, now_ms)
             fed.adhoc_attempt = 0  # sources answer: ask them often again
 
-    def yourjobs_unsent(self: Shard, bodies: list[bytes], now_ms: int) -> None:
+    def yourjobs_unsent(self, bodies: list[bytes], now_ms: int) -> None:
         """The worker could not write a YOURJOBS of ours (no link to the asker, nor to
         worker 0 to relay it): its jobs left the queue when it was built. Queue again
         each one still active here and not delivered since (the asker stays in its
         node list: a GC asks it, it answers it does not know the job)."""
-        self._now_ms = now_ms
+        s = self.shard
+        s._now_ms = now_ms
         touched: list[Queue] = []
         for rec in bodies:
-            job = _peer_job(rec)
-            old = self.lookup(job.id) if job is not None else None
+            job = peer_job(rec)
+            old = s.lookup(job.id) if job is not None else None
             if old is None or old.state != ACTIVE or old.dtime_ms >= 0:
                 continue
-            q = self._queue(old.queue, now_ms)
+            q = s._queue(old.queue, now_ms)
             if q.paused & PAUSED_IN and old.retry_s:
                 continue  # its RETRY timer brings it back
-            self.timers.unschedule(old)
-            self._enqueue(old, q, now_ms, False)
+            s.timers.unschedule(old)
+            s._enqueue(old, q, now_ms, False)
             if not touched or touched[-1] is not q:
                 touched.append(q)
         for tq in touched:
             if tq.waiters is not None and not tq.paused & PAUSED_OUT:
-                self._serve_waiters(tq, now_ms)
+                s._serve_waiters(tq, now_ms)
 
-    def _tell_queued(self: Shard, job: Job) -> None:
+    def _tell_queued(self, job: Job) -> None:
         """A job moved here by YOURJOBS is queued here now: QUEUED to its other holders,
         so that their RETRY timers count from now. Without it a holder whose timer
         was set by an older QUEUED requeued the job while it was being delivered
         here, and could deliver it again after the ACK was answered here."""
+        s = self.shard
         if job.retry_s:
-            self._send_queued(job)
+            s._send_queued(job)
 
-    def _push_to_asker(self: Shard, q: Queue, now_ms: int) -> None:
+    def push_to_asker(self, q: Queue, now_ms: int) -> None:
         """A job was queued in an otherwise empty queue with no local consumer: if a
         node asked for this queue recently, it gets the job now (a late YOURJOBS)."""
-        ask = self._asks.pop(q.name, None)  # one push per NEEDJOBS: askers ask again
+        ask = self.asks.pop(q.name, None)  # one push per NEEDJOBS: askers ask again
         if ask is None or ask[1] < now_ms or not self._can_move_jobs_to(ask[0]):
             return
         self._send_yourjobs(q, ask[0], needjobs_count_min, now_ms)
 
-    def _qstat_import(self: Shard, q: Queue, now_ms: int) -> tuple[list[str], int]:
-        fed = self._fed.get(q.name)
+    def qstat_import(self, q: Queue, now_ms: int) -> tuple[list[str], int]:
+        fed = self.feds.get(q.name)
         if fed is None:
             return [], 0
         fed.expire(now_ms)
         return list(fed.responders), fed.import_rate(now_ms)
 
-    # ------------------------------------------------------------------ PAUSE bcast
 
-    def _on_pause(self: Shard, sender: str, meta: dict[str, Any], bodies: list[bytes],
-                  now_ms: int) -> None:
-        flags = int(meta["f"]) & (PAUSED_IN | PAUSED_OUT)
-        self._set_pause(bytes(bodies[0]), flags, now_ms)
-
-
-def _peer_job(rec: bytes) -> Job | None:
+def peer_job(rec: bytes) -> Job | None:
     """A job record from a peer, or None when it is malformed (dropped, as Disque
     drops a message it cannot parse)."""
     try:
@@ -905,19 +368,3 @@ def _peer_job(rec: bytes) -> Job | None:
     except ValueError:  # also UnicodeDecodeError: the record's documented failures
         return None
     return job if is_valid_job_id(job.id) else None
-
-
-_HANDLERS: dict[str, Any] = {
-    "REPLJOB": ClusterOps._on_repljob,
-    "GOTJOB": ClusterOps._on_gotjob,
-    "ENQUEUE": ClusterOps._on_enqueue,
-    "WILLQUEUE": ClusterOps._on_willqueue,
-    "QUEUED": ClusterOps._on_queued,
-    "WORKING": ClusterOps._on_working,
-    "SETACK": ClusterOps._on_setack,
-    "GOTACK": ClusterOps._on_gotack,
-    "DELJOB": ClusterOps._on_deljob,
-    "NEEDJOBS": ClusterOps._on_needjobs,
-    "YOURJOBS": ClusterOps._on_yourjobs,
-    "PAUSE": ClusterOps._on_pause,
-}

@@ -343,3 +343,18 @@ def job_id_of_record(rec: bytes) -> str:
 
 def _bad(why: str) -> str:
     raise ValueError(why)
+
+
+def union(a: tuple[str, ...], b: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """Ordered union of two node lists (first occurrence wins)."""
+    if all(n in a for n in b):
+        return a
+    return tuple(dict.fromkeys((*a, *b)))
+
+
+def merge_nodes(job: Job, nodes: tuple[str, ...] | list[str]) -> None:
+    """Add a peer's node list to ``job.delivered``, unless the record would then name
+    more nodes than it can encode (no real cluster comes near: a broken peer)."""
+    merged = union(job.delivered, nodes)
+    if len(merged) + len(job.confirmed) <= job_nodes_max:
+        job.delivered = merged

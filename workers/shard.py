@@ -29,18 +29,12 @@ import heapq
 import random
 from bisect import bisect_left
 from collections.abc import Set as AbstractSet
-from operator import attrgetter
 from typing import Any, Final, cast
 
-from workers.effects import AofAppend, Effect, Wake
-from workers.extensions import ExtOps, Gather
-from workers.federation import (
-    ERR_NOREPL_TIMEOUT,
-    QUEUED_INCR_DELIVERIES,
-    QUEUED_INCR_NACKS,
-    Fed,
-    ReplWait,
-)
+from workers.ackgc import AckGc
+from workers.effects import QUEUED_INCR_DELIVERIES, QUEUED_INCR_NACKS, AofAppend, Effect, Wake
+from workers.extensions import Extensions, Gather, past_maxdeliver
+from workers.federation import Fed, Federation
 from workers.ids import JobIdGen, slot_of
 from workers.invariant import InvariantError, invariant
 from workers.job import (
@@ -70,6 +64,7 @@ from workers.job import (
     ttl_max_s,
 )
 from workers.queue import PAUSE_NAMES, PAUSED_IN, PAUSED_OUT, Queue
+from workers.replication import ERR_NOREPL_TIMEOUT, ClusterOps, ReplWait
 from workers.replies import (
     ERR_LEAVING,
     ERR_NOJOB,
@@ -80,6 +75,7 @@ from workers.replies import (
     Status,
 )
 from workers.timers import Timers
+from workers.views import check, jscan, metrics, qscan
 
 # Defaults and limits of the spec (ADDJOB section).
 ttl_default_s: Final = 24 * 3600
@@ -98,7 +94,6 @@ job_buckets: Final = 4096  # JSCAN cursor space; power of two
 _JOB_BUCKET_MASK: Final = job_buckets - 1
 qscan_count_default = 100
 jscan_count_default = 100
-scan_empty_steps_per_count = 10  # a scan call visits at most count*10 empty positions
 
 ERR_RETRY0: Final = Error(
     "ERR With RETRY set to 0 please explicitly set  REPLICATE to 1 (at-most-once delivery)"
@@ -136,7 +131,6 @@ latency_bounds_ms: Final = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_0
                             60_000, 300_000, 900_000, 3_600_000)
 # Queueing a job ends a WILLQUEUE round and any NACK ... DELAY wait.
 _FLAGS_QUEUE_CLEARS: Final = FLAG_WILLQUEUE_SENT | FLAG_NACK_DELAYED
-_live = attrgetter("live")  # a queue's queued jobs: the key of the largest queues
 
 _K_NACKS: Final = b"nacks"
 _K_ADD_DELIV: Final = b"additional-deliveries"
@@ -172,7 +166,7 @@ class Waiter:
         self.withcounters = withcounters
 
 
-class Shard(ExtOps):
+class Shard(ClusterOps):
     def __init__(
         self,
         node_id: str,
@@ -195,7 +189,7 @@ class Shard(ExtOps):
         self._me: tuple[str, ...] = (node_id,)
         self._peers: tuple[str, ...] = ()  # replication targets: reachable, not leaving
         self._known: tuple[str, ...] = ()  # every other known node (cluster size - 1)
-        self._reach = None  # reachable nodes, leaving too (ExtOps.set_view)
+        self._reach = None  # reachable nodes, leaving too (set_view)
         self._leaving: bool = False
         self._memory_level = 0  # set_memory_level(): 0 ok, 1 >= 75 %, 2 >= 95 %, 3 >= 100 %
         self._effects: list[Effect] = []
@@ -217,6 +211,9 @@ class Shard(ExtOps):
         self.wait_sum_ms = 0
         self.proc_counts = [0] * (len(latency_bounds_ms) + 1)
         self.proc_sum_ms = 0
+        self.gc = AckGc(self)  # SETACK / GOTACK / DELJOB, dummy ACKs, gone IDs
+        self.fed = Federation(self)  # NEEDJOBS / YOURJOBS
+        self.ext = Extensions(self)  # NACK DELAY, MAXDELIVER, WAITJOB, GLOBALQLEN, DELQUEUE
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -229,21 +226,14 @@ class Shard(ExtOps):
         self.timers = Timers()
         self._waiters: dict[int, Waiter] = {}
         self._repl: dict[str, ReplWait] = {}  # wait-repl jobs -> the blocked ADDJOB
-        self._gc_tries: dict[str, int] = {}  # acked jobs -> GC attempts made
-        self._gone: dict[str, int] = {}  # acked/deleted job IDs -> kept until (ms)
-        self._fed: dict[bytes, Fed] = {}  # queues with federation state
-        self._asks: dict[bytes, tuple[str, int]] = {}  # queue -> (asker, until ms)
+        self.gc.reset()
+        self.fed.reset()
         # /metrics: delivered and not acked jobs (their count, and per queue; each
         # job keeps its delivery ms), jobs waiting for their DELAY per queue. The
         # per-queue entries exist only while non-zero.
         self._outstanding = 0  # jobs delivered and not acked (Job.dtime_ms >= 0)
         self._active: dict[bytes, int] = {}
         self._delayed: dict[bytes, int] = {}
-        # Extensions (workers/extensions.py): WAITJOBs by the jobs they wait on,
-        # GLOBALQLEN / DELQUEUE gathering the other nodes' answers by token.
-        self._waits: dict[str, list[Gather]] = {}
-        self._wait_entries = 0  # sum of the lists' lengths (waitjob_entries_max)
-        self._gathers: dict[int, Gather] = {}
 
     # ------------------------------------------------------------------ plumbing
 
@@ -306,10 +296,12 @@ class Shard(ExtOps):
             rw = self._repl.pop(jid, None)
             if rw is not None:
                 self._effects.append(Wake(rw.token, ERR_NOREPL_TIMEOUT))
-        if self._gc_tries:
-            self._gc_tries.pop(jid, None)
-        if self._waits:
-            self._job_done(jid)
+        gc = self.gc
+        if gc.tries:
+            gc.tries.pop(jid, None)
+        ext = self.ext
+        if ext.waits:
+            ext.job_done(jid)
         self._forget_delivery(job)
         if job.flags & FLAGS_DELAY_MASK and not job.flags & FLAG_QUEUED_ONCE:
             self._undelay(job)
@@ -363,8 +355,8 @@ class Shard(ExtOps):
         self._qscan_free.append(q.scan_idx)
         q.drop_all()
         self.timers.unschedule(q)
-        if self._fed:
-            fed = self._fed.pop(q.name, None)
+        if self.fed.feds:
+            fed = self.fed.feds.pop(q.name, None)
             if fed is not None:
                 self.timers.unschedule(fed)
 
@@ -394,9 +386,9 @@ class Shard(ExtOps):
                 elif type(t) is Queue:
                     self._fire_queue(t, now_ms)
                 elif type(t) is Gather:
-                    self._fire_gather(t, now_ms)
+                    self.ext.fire_gather(t, now_ms)
                 else:
-                    self._fire_fed(cast(Fed, t), now_ms)
+                    self.fed.fire_fed(cast(Fed, t), now_ms)
             timers.firing_key = 0
             invariant(heapq.heappop(heap) == key, "timer heap top changed while firing")
             del timers.buckets[key]
@@ -428,7 +420,7 @@ class Shard(ExtOps):
             return
         if job.state == ACKED:
             if job.qtime_ms and job.qtime_ms <= now_ms:
-                self._start_gc(job, now_ms)  # re-arms itself (or drops the job)
+                self.gc.start_gc(job, now_ms)  # re-arms itself (or drops the job)
             else:
                 self.timers.schedule(job, self._due(job))
             return
@@ -460,8 +452,8 @@ class Shard(ExtOps):
                 incr = QUEUED_INCR_DELIVERIES
             if job.flags & FLAG_QUEUED_ONCE:  # not the end of a DELAY
                 self.stat_requeued_retry += 1
-            if job.flags >= FLAGS_MAXDELIVER_MIN and self._past_maxdeliver(job):
-                self._dead_letter(job, now_ms, incr)
+            if job.flags >= FLAGS_MAXDELIVER_MIN and past_maxdeliver(job):
+                self.ext.dead_letter(job, now_ms, incr)
                 return
         self._requeue(job, q, now_ms, incr)
 
@@ -512,8 +504,8 @@ class Shard(ExtOps):
             return
         if q.waiters is not None and not q.paused & PAUSED_OUT:
             self._serve_waiters(q, now_ms)
-        elif self._asks and q.live == 1 and q.waiters is None:
-            self._push_to_asker(q, now_ms)
+        elif self.fed.asks and q.live == 1 and q.waiters is None:
+            self.fed.push_to_asker(q, now_ms)
 
     def _dequeue(self, job: Job, q: Queue, now_ms: int) -> None:
         """A QUEUED job goes back to ACTIVE without being delivered."""
@@ -562,8 +554,8 @@ class Shard(ExtOps):
                 entries.append(self._deliver(job, q, now_ms, w.withcounters))
             self._effects.append(Wake(token, entries))
         self._maybe_idle(q, now_ms)
-        if not q.live and self._fed:
-            self._needjobs(q, True, now_ms)  # drained: ask the recent sources at once
+        if not q.live and self.fed.feds:
+            self.fed.needjobs(q, True, now_ms)  # drained: ask the recent sources at once
 
     def _drop_waiter(self, w: Waiter, now_ms: int) -> None:
         del self._waiters[w.token]
@@ -660,8 +652,8 @@ class Shard(ExtOps):
                 out.append(self._deliver(job, q, now_ms, withcounters))
             if not q.live:
                 self._maybe_idle(q, now_ms)
-                if out and self._fed:
-                    self._needjobs(q, True, now_ms)
+                if out and self.fed.feds:
+                    self.fed.needjobs(q, True, now_ms)
             return out
         return self._take_many(queues, count, withcounters, now_ms)
 
@@ -712,13 +704,13 @@ class Shard(ExtOps):
             q = self._queue(name, now_ms)
             if q.waiters is None:
                 q.waiters = {}
-                fed = self._fed.get(q.name) if self._fed else None
+                fed = self.fed.feds.get(q.name) if self.fed.feds else None
                 if fed is not None:
                     fed.bcast_attempt = 0  # a new wait starts with short delays
             q.waiters[token] = w
             self.timers.unschedule(q)  # a watched queue is not evicted
             if self._known:
-                self._needjobs(q, False, now_ms)
+                self.fed.needjobs(q, False, now_ms)
 
     def op_unblock(self, token: int, now_ms: int | None = None,
                    forget_queues: bool = False) -> None:
@@ -762,7 +754,7 @@ class Shard(ExtOps):
             job = self.lookup(job_id)
             if job is None:
                 if self._known:
-                    self._ackjob_unknown(job_id, now_ms)  # dummy ACK (not counted, as Disque)
+                    self.gc.ackjob_unknown(job_id, now_ms)  # dummy ACK (not counted, as Disque)
                 continue
             known += 1
             self._observe_processing(job, now_ms)
@@ -779,7 +771,7 @@ class Shard(ExtOps):
             self._unregister(job, now_ms)
             return
         if self._ack_cluster(job, now_ms):
-            self._start_gc(job, now_ms)
+            self.gc.start_gc(job, now_ms)
 
     def op_fastack(self, job_ids: list[str], now_ms: int) -> int:
         """Delete, and a best-effort DELJOB to the nodes that may have a copy (to
@@ -791,10 +783,10 @@ class Shard(ExtOps):
                 known += 1
                 self._observe_processing(job, now_ms)
                 if job.nodes[0] is not self._me:
-                    self._fastack_cluster(job_id, job)
+                    self.gc.fastack_cluster(job_id, job)
                 self._unregister(job, now_ms)
             elif self._known:
-                self._fastack_cluster(job_id, None)
+                self.gc.fastack_cluster(job_id, None)
         self.stat_acked += known
         return known
 
@@ -834,10 +826,10 @@ class Shard(ExtOps):
                 if job.flags & FLAG_DELIVERED:  # ENQUEUE of a job never served here: no delivery
                     job.additional_deliveries += 1
                     incr = QUEUED_INCR_DELIVERIES
-            if nack and job.flags >= FLAGS_MAXDELIVER_MIN and self._past_maxdeliver(job):
-                self._dead_letter(job, now_ms, incr)
+            if nack and job.flags >= FLAGS_MAXDELIVER_MIN and past_maxdeliver(job):
+                self.ext.dead_letter(job, now_ms, incr)
             elif delay_ms:
-                self._nack_later(job, delay_ms, now_ms)
+                self.ext.nack_later(job, delay_ms, now_ms)
             else:
                 self._requeue(job, q, now_ms, incr)
             done += 1
@@ -919,7 +911,7 @@ class Shard(ExtOps):
         q = self._queues.get(queue)
         if q is None:
             return NULL_ARRAY  # the reference answers *-1 here (SHOW answers $-1)
-        imports, rate = self._qstat_import(q, now_ms) if self._fed else ([], 0)
+        imports, rate = self.fed.qstat_import(q, now_ms) if self.fed.feds else ([], 0)
         return [
             b"name", q.name,
             b"len", q.live,
@@ -982,30 +974,8 @@ class Shard(ExtOps):
     def op_qscan(
         self, cursor: int, count: int, minlen: int, maxlen: int, importrate: int
     ) -> tuple[int, list[bytes]]:
-        """Queues from table position ``cursor``; next cursor 0 means done.
-
-        ``maxlen`` 0 means no upper bound; ``importrate`` > 0 keeps queues importing
-        at least that many jobs/s.
-        """
-        table = self._qscan
-        pos = cursor
-        names: list[bytes] = []
-        seen = 0
-        steps_max = max(count, 1) * scan_empty_steps_per_count
-        steps = 0
-        while pos < len(table) and seen < count and steps < steps_max:
-            q = table[pos]
-            pos += 1
-            steps += 1
-            if q is None:
-                continue
-            seen += 1
-            if q.live < minlen or (maxlen and q.live > maxlen):
-                continue
-            if importrate > 0 and self._qstat_import(q, self._now_ms)[1] < importrate:
-                continue
-            names.append(q.name)
-        return (pos if pos < len(table) else 0), names
+        """Queues from table position ``cursor``; next cursor 0 means done (views.py)."""
+        return qscan(self, cursor, count, minlen, maxlen, importrate)
 
     def op_jscan(
         self,
@@ -1016,26 +986,27 @@ class Shard(ExtOps):
         reply_all: bool,
         now_ms: int,
     ) -> tuple[int, list[Any]]:
-        """Jobs from bucket ``cursor``; items are ``Status(id)`` or SHOW arrays."""
-        pos = cursor
-        items: list[Any] = []
-        seen = 0
-        steps_max = max(count, 1) * scan_empty_steps_per_count
-        steps = 0
-        while pos < job_buckets and seen < count and steps < steps_max:
-            b = self._jobs[pos]
-            pos += 1
-            steps += 1
-            if not b:
-                continue
-            for job in b.values():
-                seen += 1
-                if queue is not None and job.queue != queue:
-                    continue
-                if states is not None and job.state not in states:
-                    continue
-                items.append(self._show(job, now_ms) if reply_all else Status(job.id))
-        return (pos if pos < job_buckets else 0), items
+        """Jobs from bucket ``cursor``; items are ``Status(id)`` or SHOW arrays (views.py)."""
+        return jscan(self, cursor, count, queue, states, reply_all, now_ms)
+
+    # ------------------------------------------------------------------ extensions
+
+    def op_waitjob(self, token: int, job_ids: list[str], timeout_ms: int, now_ms: int) -> Any:
+        return self.ext.op_waitjob(token, job_ids, timeout_ms, now_ms)
+
+    def op_globalqlen(self, token: int, queue: bytes, now_ms: int) -> Any:
+        return self.ext.op_globalqlen(token, queue, now_ms)
+
+    def op_delqueue(self, token: int, queue: bytes, local: bool, now_ms: int) -> Any:
+        return self.ext.op_delqueue(token, queue, local, now_ms)
+
+    def yourjobs_unsent(self, bodies: list[bytes], now_ms: int) -> None:
+        self.fed.yourjobs_unsent(bodies, now_ms)
+
+    def _is_gone(self, job_id: str, now_ms: int) -> bool:
+        """Acked or deleted cluster-wide lately (workers/ackgc.py): a copy must not come back."""
+        gc = self.gc
+        return bool(gc.gone) and gc.is_gone(job_id, now_ms)
 
     # ------------------------------------------------------------------ persistence
 
@@ -1092,7 +1063,7 @@ class Shard(ExtOps):
         they waited on go too."""
         for rw in self._repl.values():
             self._effects.append(Wake(rw.token, ERR_NOREPL_TIMEOUT))  # their jobs are gone
-        self._finish_all()  # WAITJOBs: every job is gone
+        self.ext.finish_all()  # WAITJOBs: every job is gone
         waiters = list(self._waiters.values()) if keep_waiters else []
         for q in self._queues.values():
             q.drop_all()
@@ -1143,47 +1114,8 @@ class Shard(ExtOps):
             self._delayed.pop(job.queue, None)
 
     def metrics(self, queues_max: int, now_ms: int) -> dict[str, Any]:
-        """Counters, histograms and the ``queues_max`` largest queues (by queued jobs)
-        for /metrics and the HTTP API; a queue row is [name, queued, active, delayed,
-        oldest queued age ms (-1: empty), jobs in, jobs out, blocked clients, pause
-        state, import rate]. O(queues) to find the largest: read once per scrape."""
-        queues = self._queues
-        rows: list[list[Any]] = []
-        if queues_max > 0:
-            if len(queues) > queues_max:
-                names = [q.name for q in heapq.nlargest(queues_max, queues.values(), key=_live)]
-            else:  # room for all, and for evicted queues that still have jobs out
-                names = list(queues)
-                names += [n for n in {*self._active, *self._delayed} if n not in queues]
-                names = names[:queues_max]
-            rows = [self._queue_row(name, now_ms) for name in names]
-        return {
-            "added": self.stat_added, "delivered": self.stat_delivered,
-            "acked": self.stat_acked, "nacked": self.stat_nacked,
-            "requeued_retry": self.stat_requeued_retry,
-            "requeued_nack": self.stat_nacked,
-            "requeued_enqueue": self.stat_requeued_enqueue, "expired": self.stat_expired,
-            "dead_lettered": self.stat_dead_lettered,
-            "jobs": self._njobs, "queues": len(queues),
-            "queued": sum(q.live for q in queues.values()),
-            "active": self._outstanding, "delayed": sum(self._delayed.values()),
-            "blocked": len(self._waiters),
-            "wait_counts": list(self.wait_counts), "wait_sum_ms": self.wait_sum_ms,
-            "proc_counts": list(self.proc_counts), "proc_sum_ms": self.proc_sum_ms,
-            "queue_rows": rows,
-        }  # fmt: skip
-
-    def _queue_row(self, name: bytes, now_ms: int) -> list[Any]:
-        q = self._queues.get(name)
-        if q is None:  # evicted while some of its jobs are delivered or delayed
-            return [name, 0, self._active.get(name, 0), self._delayed.get(name, 0), -1,
-                    0, 0, 0, "none", 0]
-        oldest = q.oldest(1)
-        age_ms = max(0, now_ms - oldest[0].ctime_us // US_PER_MS) if oldest else -1
-        rate = self._qstat_import(q, now_ms)[1] if self._fed else 0
-        return [name, q.live, self._active.get(name, 0), self._delayed.get(name, 0), age_ms,
-                q.jobs_in, q.jobs_out, 0 if q.waiters is None else len(q.waiters),
-                PAUSE_NAMES[q.paused], rate]
+        """Counters, histograms and the largest queues for /metrics (views.py)."""
+        return metrics(self, queues_max, now_ms)
 
     def jobs(self) -> list[Job]:
         """Every registered job (tests, AOF rewrite)."""
@@ -1193,50 +1125,5 @@ class Shard(ExtOps):
         return list(self._queues)
 
     def check(self) -> None:
-        """Check every cross-structure invariant (tests; O(jobs))."""
-        jobs = self.jobs()
-        invariant(len(jobs) == self._njobs, f"job count {self._njobs} != {len(jobs)}")
-        queued: dict[bytes, int] = {}
-        for job in jobs:
-            invariant(job.state in (WAIT_REPL, ACTIVE, QUEUED, ACKED), f"{job} bad state")
-            if job.state == QUEUED:
-                invariant(job.queue in self._queues, f"{job} queued in a missing queue")
-                queued[job.queue] = queued.get(job.queue, 0) + 1
-            if job.awake_ms:
-                invariant(self.timers.holds(job), f"{job} timer bucket lost")
-            else:
-                invariant(False, f"{job} has no timer (TTL would never fire)")
-        for name, q in self._queues.items():
-            err = q.check()
-            invariant(err is None, str(err))
-            invariant(q.live == queued.get(name, 0), f"queue {name!r} live count wrong")
-            invariant(self._qscan[q.scan_idx] is q, f"queue {name!r} not in scan table")
-            if q.waiters is not None:
-                for token in q.waiters:
-                    invariant(token in self._waiters, f"dangling waiter {token}")
-                invariant(not q.live or q.paused & PAUSED_OUT, f"queue {name!r} has jobs and waiters")
-        for w in self._waiters.values():
-            for name in w.queues:
-                wq = self._queues.get(name)
-                invariant(wq is not None and wq.waiters and w.token in wq.waiters,
-                          f"waiter {w.token} not on queue {name!r}")
-        self.timers.check()
-        self._check_metrics(jobs)
-
-    def _check_metrics(self, jobs: list[Job]) -> None:
-        """The /metrics bookkeeping agrees with the jobs (tests; O(jobs))."""
-        active: dict[bytes, int] = {}
-        outstanding = 0
-        for job in jobs:
-            if job.dtime_ms >= 0:
-                invariant(job.state in (ACTIVE, ACKED), f"delivered job {job.id} is not active")
-                active[job.queue] = active.get(job.queue, 0) + 1
-                outstanding += 1
-        invariant(active == self._active, f"active per queue {self._active} != {active}")
-        invariant(outstanding == self._outstanding,
-                  f"{self._outstanding} jobs counted outstanding, {outstanding} are")
-        delayed: dict[bytes, int] = {}
-        for job in jobs:
-            if job.flags & FLAGS_DELAY_MASK and not job.flags & FLAG_QUEUED_ONCE:
-                delayed[job.queue] = delayed.get(job.queue, 0) + 1
-        invariant(delayed == self._delayed, f"delayed per queue {self._delayed} != {delayed}")
+        """Check every cross-structure invariant (tests; O(jobs); views.py)."""
+        check(self)

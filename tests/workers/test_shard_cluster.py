@@ -10,6 +10,7 @@ import pytest
 from bus.messages import BadMessage, check_job
 from tests.sim.net import Net
 from workers import federation as fed
+from workers import replication as repl
 from workers.job import ACKED, ACTIVE, QUEUED, WAIT_REPL
 from workers.replies import ERR_LEAVING, ERR_NOREPL, NULL_ARRAY, Error, Status
 from workers.shard import ERR_NOREPL_LEAVING
@@ -99,8 +100,8 @@ def test_timeout_answers_norepl_and_deletes_the_copies() -> None:
     jid = next(iter(net.nodes[a].shard.jobs())).id
     assert net.holders(jid) == {a: WAIT_REPL, b: ACTIVE}
     net.run(400)
-    assert net.reply(a, r) == fed.ERR_NOREPL_TIMEOUT
-    assert str(fed.ERR_NOREPL_TIMEOUT) == (
+    assert net.reply(a, r) == repl.ERR_NOREPL_TIMEOUT
+    assert str(repl.ERR_NOREPL_TIMEOUT) == (
         "NOREPL Timeout reached before replicating to the requested number of nodes")
     assert net.holders(jid) == {}
 
@@ -121,7 +122,7 @@ def test_repljob_refused_by_a_queue_paused_in_input() -> None:
     net.nodes[b].shard.op_pause(b"q", ["in"], net.now)
     r = net.addjob(a, replicate=2, timeout_ms=200)
     net.run(300)
-    assert net.reply(a, r) == fed.ERR_NOREPL_TIMEOUT
+    assert net.reply(a, r) == repl.ERR_NOREPL_TIMEOUT
 
 
 def test_consumed_elsewhere_and_ack_gc_removes_every_copy() -> None:
@@ -162,7 +163,7 @@ def test_memory_returns_to_baseline_after_add_get_ack_run() -> None:
     net.run(120_000)
     for n in net.nodes.values():
         assert n.shard.info()["registered_jobs"] == 0
-        assert not n.shard._gc_tries and not n.shard._repl
+        assert not n.shard.gc.tries and not n.shard._repl
     net.check()
 
 
@@ -489,7 +490,7 @@ def test_a_node_near_its_memory_limit_takes_no_copies_but_replicates_externally(
     net.nodes[b].shard.set_memory_level(1)
     r = net.addjob(a, replicate=3, timeout_ms=300)
     net.run(400)
-    assert net.reply(a, r) == fed.ERR_NOREPL_TIMEOUT  # b never answers GOTJOB
+    assert net.reply(a, r) == repl.ERR_NOREPL_TIMEOUT  # b never answers GOTJOB
     jid = _added(net, b, replicate=2)  # b's own ADDJOB: copies on a and c only
     states = net.holders(jid)
     assert b not in states and sorted(states.values()) == [ACTIVE, QUEUED]

@@ -1,0 +1,221 @@
+"""Read-only views of a shard: QSCAN / JSCAN pages, the /metrics counters and
+largest queues, and the cross-structure invariant check the tests run.
+
+Functions over the shard typed by the ``ViewCore`` protocol (what they read of
+it), so this module does not import workers/shard.py; the shard's
+``op_qscan`` / ``op_jscan`` / ``metrics`` / ``check`` call them. None of them is
+on the per-job path.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Set as AbstractSet
+from operator import attrgetter
+from typing import Any, Protocol
+
+from workers.federation import Federation
+from workers.invariant import invariant
+from workers.job import (
+    ACKED,
+    ACTIVE,
+    FLAG_QUEUED_ONCE,
+    FLAGS_DELAY_MASK,
+    QUEUED,
+    US_PER_MS,
+    WAIT_REPL,
+    Job,
+)
+from workers.queue import PAUSE_NAMES, PAUSED_OUT, Queue
+from workers.replies import Status
+from workers.timers import Timers
+
+scan_empty_steps_per_count = 10  # a scan call visits at most count*10 empty positions
+_live = attrgetter("live")  # a queue's queued jobs: the key of the largest queues
+
+
+class ViewCore(Protocol):
+    """What the views read of the shard (``workers.shard.Shard`` is one)."""
+
+    timers: Timers
+    fed: Federation
+    stat_added: int
+    stat_delivered: int
+    stat_acked: int
+    stat_nacked: int
+    stat_requeued_retry: int
+    stat_requeued_enqueue: int
+    stat_expired: int
+    stat_dead_lettered: int
+    wait_counts: list[int]
+    wait_sum_ms: int
+    proc_counts: list[int]
+    proc_sum_ms: int
+    _now_ms: int
+    _jobs: list[dict[str, Job] | None]
+    _njobs: int
+    _queues: dict[bytes, Queue]
+    _qscan: list[Queue | None]
+    _waiters: dict[int, Any]
+    _outstanding: int
+    _active: dict[bytes, int]
+    _delayed: dict[bytes, int]
+
+    def jobs(self) -> list[Job]: ...
+    def _show(self, job: Job, now_ms: int) -> list[Any]: ...
+
+
+def qscan(
+    s: ViewCore, cursor: int, count: int, minlen: int, maxlen: int, importrate: int
+) -> tuple[int, list[bytes]]:
+    """Queues from table position ``cursor``; next cursor 0 means done.
+
+    ``maxlen`` 0 means no upper bound; ``importrate`` > 0 keeps queues importing
+    at least that many jobs/s.
+    """
+    table = s._qscan
+    pos = cursor
+    names: list[bytes] = []
+    seen = 0
+    steps_max = max(count, 1) * scan_empty_steps_per_count
+    steps = 0
+    while pos < len(table) and seen < count and steps < steps_max:
+        q = table[pos]
+        pos += 1
+        steps += 1
+        if q is None:
+            continue
+        seen += 1
+        if q.live < minlen or (maxlen and q.live > maxlen):
+            continue
+        if importrate > 0 and s.fed.qstat_import(q, s._now_ms)[1] < importrate:
+            continue
+        names.append(q.name)
+    return (pos if pos < len(table) else 0), names
+
+
+def jscan(
+    s: ViewCore,
+    cursor: int,
+    count: int,
+    queue: bytes | None,
+    states: AbstractSet[int] | None,
+    reply_all: bool,
+    now_ms: int,
+) -> tuple[int, list[Any]]:
+    """Jobs from bucket ``cursor``; items are ``Status(id)`` or SHOW arrays."""
+    pos = cursor
+    items: list[Any] = []
+    seen = 0
+    steps_max = max(count, 1) * scan_empty_steps_per_count
+    steps = 0
+    while pos < len(s._jobs) and seen < count and steps < steps_max:
+        b = s._jobs[pos]
+        pos += 1
+        steps += 1
+        if not b:
+            continue
+        for job in b.values():
+            seen += 1
+            if queue is not None and job.queue != queue:
+                continue
+            if states is not None and job.state not in states:
+                continue
+            items.append(s._show(job, now_ms) if reply_all else Status(job.id))
+    return (pos if pos < len(s._jobs) else 0), items
+
+
+def metrics(s: ViewCore, queues_max: int, now_ms: int) -> dict[str, Any]:
+    """Counters, histograms and the ``queues_max`` largest queues (by queued jobs)
+    for /metrics and the HTTP API; a queue row is [name, queued, active, delayed,
+    oldest queued age ms (-1: empty), jobs in, jobs out, blocked clients, pause
+    state, import rate]. O(queues) to find the largest: read once per scrape."""
+    queues = s._queues
+    rows: list[list[Any]] = []
+    if queues_max > 0:
+        if len(queues) > queues_max:
+            names = [q.name for q in heapq.nlargest(queues_max, queues.values(), key=_live)]
+        else:  # room for all, and for evicted queues that still have jobs out
+            names = list(queues)
+            names += [n for n in {*s._active, *s._delayed} if n not in queues]
+            names = names[:queues_max]
+        rows = [_queue_row(s, name, now_ms) for name in names]
+    return {
+        "added": s.stat_added, "delivered": s.stat_delivered,
+        "acked": s.stat_acked, "nacked": s.stat_nacked,
+        "requeued_retry": s.stat_requeued_retry,
+        "requeued_nack": s.stat_nacked,
+        "requeued_enqueue": s.stat_requeued_enqueue, "expired": s.stat_expired,
+        "dead_lettered": s.stat_dead_lettered,
+        "jobs": s._njobs, "queues": len(queues),
+        "queued": sum(q.live for q in queues.values()),
+        "active": s._outstanding, "delayed": sum(s._delayed.values()),
+        "blocked": len(s._waiters),
+        "wait_counts": list(s.wait_counts), "wait_sum_ms": s.wait_sum_ms,
+        "proc_counts": list(s.proc_counts), "proc_sum_ms": s.proc_sum_ms,
+        "queue_rows": rows,
+    }  # fmt: skip
+
+
+def _queue_row(s: ViewCore, name: bytes, now_ms: int) -> list[Any]:
+    q = s._queues.get(name)
+    if q is None:  # evicted while some of its jobs are delivered or delayed
+        return [name, 0, s._active.get(name, 0), s._delayed.get(name, 0), -1,
+                0, 0, 0, "none", 0]
+    oldest = q.oldest(1)
+    age_ms = max(0, now_ms - oldest[0].ctime_us // US_PER_MS) if oldest else -1
+    rate = s.fed.qstat_import(q, now_ms)[1] if s.fed.feds else 0
+    return [name, q.live, s._active.get(name, 0), s._delayed.get(name, 0), age_ms,
+            q.jobs_in, q.jobs_out, 0 if q.waiters is None else len(q.waiters),
+            PAUSE_NAMES[q.paused], rate]
+
+
+def check(s: ViewCore) -> None:
+    """Check every cross-structure invariant (tests; O(jobs))."""
+    jobs = s.jobs()
+    invariant(len(jobs) == s._njobs, f"job count {s._njobs} != {len(jobs)}")
+    queued: dict[bytes, int] = {}
+    for job in jobs:
+        invariant(job.state in (WAIT_REPL, ACTIVE, QUEUED, ACKED), f"{job} bad state")
+        if job.state == QUEUED:
+            invariant(job.queue in s._queues, f"{job} queued in a missing queue")
+            queued[job.queue] = queued.get(job.queue, 0) + 1
+        if job.awake_ms:
+            invariant(s.timers.holds(job), f"{job} timer bucket lost")
+        else:
+            invariant(False, f"{job} has no timer (TTL would never fire)")
+    for name, q in s._queues.items():
+        err = q.check()
+        invariant(err is None, str(err))
+        invariant(q.live == queued.get(name, 0), f"queue {name!r} live count wrong")
+        invariant(s._qscan[q.scan_idx] is q, f"queue {name!r} not in scan table")
+        if q.waiters is not None:
+            for token in q.waiters:
+                invariant(token in s._waiters, f"dangling waiter {token}")
+            invariant(not q.live or q.paused & PAUSED_OUT, f"queue {name!r} has jobs and waiters")
+    for w in s._waiters.values():
+        for name in w.queues:
+            wq = s._queues.get(name)
+            invariant(wq is not None and wq.waiters and w.token in wq.waiters,
+                      f"waiter {w.token} not on queue {name!r}")
+    s.timers.check()
+    _check_metrics(s, jobs)
+
+
+def _check_metrics(s: ViewCore, jobs: list[Job]) -> None:
+    """The /metrics bookkeeping agrees with the jobs (tests; O(jobs))."""
+    active: dict[bytes, int] = {}
+    outstanding = 0
+    for job in jobs:
+        if job.dtime_ms >= 0:
+            invariant(job.state in (ACTIVE, ACKED), f"delivered job {job.id} is not active")
+            active[job.queue] = active.get(job.queue, 0) + 1
+            outstanding += 1
+    invariant(active == s._active, f"active per queue {s._active} != {active}")
+    invariant(outstanding == s._outstanding,
+              f"{s._outstanding} jobs counted outstanding, {outstanding} are")
+    delayed: dict[bytes, int] = {}
+    for job in jobs:
+        if job.flags & FLAGS_DELAY_MASK and not job.flags & FLAG_QUEUED_ONCE:
+            delayed[job.queue] = delayed.get(job.queue, 0) + 1
+    invariant(delayed == s._delayed, f"delayed per queue {s._delayed} != {delayed}")
