@@ -99,7 +99,10 @@ def test_memory_level_follows_config_set_and_flushall_at_once(three: list[NodePr
         last[:] = [job_id]
         return a.execute_command("SHOW", job_id) is None
 
-    wait_until(a_keeps_no_copy, wait_s, "A replicating externally (memory level 1)", poll_s=0.0)
+    # One job per 10 ms: the node samples its memory every 100 ms, so the level reaches 1
+    # (75 %) well before the jobs added meanwhile could take it past maxmemory (OOM); a
+    # tight loop on an idle machine went from level 0 to OOM between two samples.
+    wait_until(a_keeps_no_copy, wait_s, "A replicating externally (memory level 1)", poll_s=0.01)
     a.execute_command("CONFIG", "SET", "maxmemory", "1073741824")
     for n in three:
         assert _r(n).execute_command("DEBUG", "FLUSHALL") in (b"OK", "OK", True)
