@@ -498,34 +498,37 @@ def parse_delay_s(raw: bytes) -> int | Error:
     return ERR_DELAY_MAX if v > delay_max_s else v
 
 
-def cmd_nack(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
-    """``NACK id ... [DELAY seconds]``."""
-    raw_ids, word, value = split_tail(args, (b"delay",))
-    delay_s = 0
+def _ids_and_option(args: list[bytes], word: bytes,
+                    parse: Callable[[bytes], Any]) -> tuple[list[str], int] | Error:
+    """Job IDs followed by an optional ``WORD value`` (NACK's DELAY, WAITJOB's TIMEOUT):
+    the IDs and the parsed value (0 when absent), or the first error."""
+    raw_ids, _, value = split_tail(args, (word,))
+    option = 0
     if value is not None:
-        d = parse_delay_s(value)
-        if isinstance(d, Error):
-            return d
-        delay_s = d
+        v = parse(value)
+        if isinstance(v, Error):
+            return v
+        option = v
     ids = _job_ids(raw_ids)
     if isinstance(ids, Error):
         return ids
-    return shard.op_nack(ids, now_ms, delay_s)
+    return ids, option
+
+
+def cmd_nack(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
+    """``NACK id ... [DELAY seconds]``."""
+    got = _ids_and_option(args, b"delay", parse_delay_s)
+    if isinstance(got, Error):
+        return got
+    return shard.op_nack(got[0], now_ms, got[1])
 
 
 def cmd_waitjob(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
     """``WAITJOB id ... [TIMEOUT ms]``: GETJOB's TIMEOUT texts; 0 waits forever."""
-    raw_ids, word, value = split_tail(args, (b"timeout",))
-    timeout_ms = 0
-    if value is not None:
-        t = parse_timeout_ms(value)
-        if isinstance(t, Error):
-            return t
-        timeout_ms = t
-    ids = _job_ids(raw_ids)
-    if isinstance(ids, Error):
-        return ids
-    return shard.op_waitjob(token, ids, timeout_ms, now_ms)
+    got = _ids_and_option(args, b"timeout", parse_timeout_ms)
+    if isinstance(got, Error):
+        return got
+    return shard.op_waitjob(token, got[0], got[1], now_ms)
 
 
 def cmd_globalqlen(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
