@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from tests.brokers.record import read_records
-from tests.nodeproc import REPO, NodeProc, form_cluster, wait_until
+from tests.nodeproc import REPO, NodeProc, running_cluster, wait_until
 
 # Bounds, not timed assertions: the machine is small and shared.
 cluster_form_timeout_s = 60.0
@@ -107,11 +107,5 @@ def broker_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[No
     base = Path(tmp_path_factory.mktemp("broker-cluster"))
     nodes = [NodeProc(base / f"n{i}", workers=1, conf={"cluster-node-timeout": 3000})
              for i in range(3)]
-    try:
-        for n in nodes:
-            n.start()
-        form_cluster(nodes, cluster_form_timeout_s)
+    with running_cluster(nodes, cluster_form_timeout_s):
         yield nodes
-    finally:
-        for n in nodes:
-            n.stop()
