@@ -70,8 +70,7 @@ class DisqueDriver:
         pass
 
     def produce(self, items: list[tuple[str, bytes]]) -> None:
-        opts = {"replicate": self.replicas} if self.replicas > 1 else {}
-        self.c.add_jobs(items, 0, **opts)
+        self.c.add_jobs(items, 0, replicate=self.replicas if self.replicas > 1 else None)
 
     def consume(self, queues: list[str], count: int, timeout_s: float) -> list[tuple[Any, bytes]]:
         jobs = self.c.get_jobs(queues, timeout_ms=max(1, int(timeout_s * 1000)), count=count)

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from typing import Any, Literal, overload
+from typing import Any, Literal, Unpack, overload
 
 import redis
 import redis.asyncio as aredis
@@ -24,46 +24,20 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from disque_mp.client import core
-from disque_mp.client.core import (
-    ClientSettings,
-    DisqueConnectionError,
-    DisqueError,
-    Hello,
-    Job,
-    _chunks_by_size,
-    _ids,
-    _queues,
-    _str,
-    addjob_args,
-    consume_batch,
-    consume_done,
-    consume_poll_ms,
-    delqueue_args,
-    getjob_args,
-    jscan_args,
-    map_redis_error,
-    nack_args,
-    parse_hello,
-    parse_info,
-    parse_jobs,
-    parse_pairs,
-    parse_scan,
-    qscan_args,
-    waitjob_args,
-)
+from disque_mp.client.core import DisqueError, Hello, Job
 
 log = logging.getLogger("disque_mp.client.aio")
 
 _IdArgs = str | Job | Iterable[str | Job]
 
 
-class AsyncDisque(ClientSettings):
+class AsyncDisque(core.ClientSettings[aredis.Redis]):
     """See ``Disque``: the same constructor and methods, as coroutines."""
 
     def _init_io(self) -> None:
         self._redis: aredis.Redis | None = None
         self._lock = asyncio.Lock()
-        self._workers: dict[int, aredis.Redis] = {}  # route_to_owner: worker index -> client
+        self._workers = {}
 
     def _make_redis(self, host: str, port: int) -> aredis.Redis:
         r = aredis.Redis(**self._redis_options(host, port), retry=Retry(NoBackoff(), 0))
@@ -80,7 +54,7 @@ class AsyncDisque(ClientSettings):
         if better:  # on a leaving node: move to a better one if one answers
             try:
                 hello = await self._connect_first(better)
-            except DisqueConnectionError:
+            except core.DisqueConnectionError:
                 pass
         return hello
 
@@ -89,13 +63,13 @@ class AsyncDisque(ClientSettings):
         for host, port in candidates:
             r = self._make_redis(host, port)
             try:
-                hello = parse_hello(await r.execute_command("HELLO"), host, port)
+                hello = core.parse_hello(await r.execute_command("HELLO"), host, port)
             except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
                 tried.append(f"{host}:{port} ({exc})")
                 await r.aclose()
                 continue
             except redis.ResponseError as exc:
-                tried.append(f"{host}:{port} ({map_redis_error(exc)})")
+                tried.append(f"{host}:{port} ({core.map_redis_error(exc)})")
                 await r.aclose()
                 continue
             old, self._redis = self._redis, r
@@ -104,7 +78,7 @@ class AsyncDisque(ClientSettings):
             self.topology.learn(hello, (host, port))
             await self._learn_workers(r, host)
             return hello
-        raise DisqueConnectionError("no Disque node reachable; tried: " + "; ".join(tried))
+        raise core.DisqueConnectionError("no Disque node reachable; tried: " + "; ".join(tried))
 
     async def _learn_workers(self, r: aredis.Redis, host: str) -> None:
         """With route_to_owner: the worker ports the node announces (see Disque)."""
@@ -113,25 +87,16 @@ class AsyncDisque(ClientSettings):
         if not self._route_to_owner:
             return
         try:
-            layout = core.parse_worker_layout(parse_info(await r.execute_command("INFO", "workers")))
+            info = await r.execute_command("INFO", "workers")
         except (redis.RedisError, OSError) as exc:
             log.debug("INFO workers failed (%s): no routing to worker ports", exc)
             return
-        if layout is not None:
-            self.routes = core.WorkerRoutes(host, layout)
+        self.routes = core.WorkerRoutes.from_info(host, info)
 
     async def _close_workers(self) -> None:
         workers, self._workers = self._workers, {}
         for r in workers.values():
             await r.aclose()
-
-    def _worker_client(self, routes: core.WorkerRoutes, k: int) -> aredis.Redis:
-        if self.routes is not routes:  # moved to another node meanwhile
-            raise redis.ConnectionError("the node changed")
-        r = self._workers.get(k)
-        if r is None:
-            r = self._workers[k] = self._make_redis(routes.host, routes.port_of(k))
-        return r
 
     async def _worker_failed(self, routes: core.WorkerRoutes, k: int, exc: Exception) -> None:
         log.info("worker port %s:%d failed (%s): using the main port for %.0f s",
@@ -149,9 +114,9 @@ class AsyncDisque(ClientSettings):
         if k is None:
             return False, None
         try:
-            return True, await self._worker_client(routes, k).execute_command(*args)
+            return True, await self._worker_conn(routes, k).execute_command(*args)
         except redis.ResponseError as exc:
-            err = map_redis_error(exc)
+            err = core.map_redis_error(exc)
             if core.is_leaving(err):
                 return False, None
             raise err from None
@@ -191,7 +156,7 @@ class AsyncDisque(ClientSettings):
             try:
                 return await r.execute_command(*args)
             except redis.ResponseError as exc:
-                self._raise_unless_retrying(map_redis_error(exc), attempt, str(args[0]))
+                self._raise_unless_retrying(core.map_redis_error(exc), attempt, str(args[0]))
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 self._raise_unless_retrying(exc, attempt, str(args[0]))
             attempt += 1
@@ -214,32 +179,27 @@ class AsyncDisque(ClientSettings):
     async def hello(self) -> Hello:
         r = await self._client()
         host, port = self.topology.current or ("", 0)
-        hello = parse_hello(await self.execute("HELLO"), host, port)
+        hello = core.parse_hello(await self.execute("HELLO"), host, port)
         if r is self._redis:
             self.topology.hello = hello
         return hello
 
     async def info(self, section: str | None = None) -> dict[str, str]:
-        return parse_info(await self.execute("INFO", *([section] if section else [])))
+        return core.parse_info(await self.execute("INFO", *([section] if section else [])))
 
     async def ping(self) -> bool:
         return await self.execute("PING") in (b"PONG", "PONG", True)
 
-    async def add_job(self, queue: str | bytes, body: bytes | str, timeout_ms: int = 0, *,
-                      replicate: int | None = None, delay: int | None = None,
-                      retry: int | None = None, ttl: int | None = None,
-                      maxlen: int | None = None, async_: bool = False,
-                      maxdeliver: int | None = None) -> str:
-        return _str(await self.execute(*addjob_args(
-            queue, body, timeout_ms, replicate=replicate, delay=delay, retry=retry, ttl=ttl,
-            maxlen=maxlen, async_=async_, maxdeliver=maxdeliver)))
+    async def add_job(self, queue: str | bytes, body: bytes | str, timeout_ms: int = 0,
+                      **options: Unpack[core.AddJobOptions]) -> str:
+        return core._str(await self.execute(*core.addjob_args(queue, body, timeout_ms, **options)))
 
     async def add_jobs(self, items: Iterable[tuple[str | bytes, bytes | str]],
-                       timeout_ms: int = 0, **options: Any) -> list[str]:
+                       timeout_ms: int = 0, **options: Unpack[core.AddJobOptions]) -> list[str]:
         ids: list[str] = []
         batch: list[list[Any]] = []
         for queue, body in items:
-            batch.append(addjob_args(queue, body, timeout_ms, **options))
+            batch.append(core.addjob_args(queue, body, timeout_ms, **options))
             if len(batch) >= core.pipeline_commands_max:
                 ids += await self._pipeline(batch)
                 batch = []
@@ -249,7 +209,7 @@ class AsyncDisque(ClientSettings):
 
     async def _pipeline(self, commands: list[list[Any]]) -> list[str]:
         out: list[str] = []
-        for chunk in _chunks_by_size(commands, core.pipeline_bytes_max):
+        for chunk in core._chunks_by_size(commands, core.pipeline_bytes_max):
             routes = await self._current_routes()
             out += (await self._round_trip(chunk) if routes is None
                     else await self._routed_trip(routes, chunk))
@@ -284,7 +244,7 @@ class AsyncDisque(ClientSettings):
     async def _worker_trip(self, routes: core.WorkerRoutes, k: int,
                            commands: Sequence[Sequence[Any]]) -> list[str] | None:
         try:
-            pipe = self._worker_client(routes, k).pipeline(transaction=False)
+            pipe = self._worker_conn(routes, k).pipeline(transaction=False)
             for args in commands:
                 pipe.execute_command(*args)
             replies = await pipe.execute(raise_on_error=False)
@@ -293,8 +253,8 @@ class AsyncDisque(ClientSettings):
             return None
         for reply in replies:
             if isinstance(reply, redis.ResponseError):
-                raise map_redis_error(reply)
-        return [_str(x) for x in replies]
+                raise core.map_redis_error(reply)
+        return [core._str(x) for x in replies]
 
     async def _round_trip(self, commands: Sequence[Sequence[Any]]) -> list[str]:
         attempt = 0
@@ -312,13 +272,13 @@ class AsyncDisque(ClientSettings):
                 continue
             for reply in replies:
                 if isinstance(reply, redis.ResponseError):
-                    raise map_redis_error(reply)
-            return [_str(x) for x in replies]
+                    raise core.map_redis_error(reply)
+            return [core._str(x) for x in replies]
 
     async def get_jobs(self, queues: str | bytes | Iterable[str | bytes], *,
                        timeout_ms: int | None = None, count: int | None = None,
                        nohang: bool = False, withcounters: bool = False) -> list[Job]:
-        jobs = parse_jobs(await self.execute(*getjob_args(
+        jobs = core.parse_jobs(await self.execute(*core.getjob_args(
             queues, timeout_ms=timeout_ms, count=count, nohang=nohang,
             withcounters=withcounters)))
         await self._maybe_follow_producer(jobs)
@@ -330,50 +290,43 @@ class AsyncDisque(ClientSettings):
         return jobs[0] if jobs else None
 
     async def _maybe_follow_producer(self, jobs: Sequence[Job]) -> None:
-        target = self.topology.note_jobs(jobs)
-        if target is None or target == self.topology.current:
+        target = self.topology.producer_to_follow(jobs)
+        if target is None:
             return
         async with self._lock:
-            saved = self.topology.seeds
-            self.topology.seeds = [target]
-            hello, self.topology.hello = self.topology.hello, None
-            try:
+            with self.topology.trying_only(target):
                 await self._connect(None)
-            except DisqueConnectionError:
-                self.topology.hello = hello
-            finally:
-                self.topology.seeds = saved
 
     async def ack(self, *ids: _IdArgs) -> int:
-        return int(await self.execute("ACKJOB", *_ids(ids)))
+        return int(await self.execute("ACKJOB", *core._ids(ids)))
 
     async def fast_ack(self, *ids: _IdArgs) -> int:
-        return int(await self.execute("FASTACK", *_ids(ids)))
+        return int(await self.execute("FASTACK", *core._ids(ids)))
 
     async def nack(self, *ids: _IdArgs, delay: int | None = None) -> int:
         """NACK; ``delay`` (seconds, disque-mp extension): deliverable only after it."""
-        return int(await self.execute(*nack_args(_ids(ids), delay)))
+        return int(await self.execute(*core.nack_args(core._ids(ids), delay)))
 
     async def enqueue(self, *ids: _IdArgs) -> int:
-        return int(await self.execute("ENQUEUE", *_ids(ids)))
+        return int(await self.execute("ENQUEUE", *core._ids(ids)))
 
     async def dequeue(self, *ids: _IdArgs) -> int:
-        return int(await self.execute("DEQUEUE", *_ids(ids)))
+        return int(await self.execute("DEQUEUE", *core._ids(ids)))
 
     async def del_job(self, *ids: _IdArgs) -> int:
-        return int(await self.execute("DELJOB", *_ids(ids)))
+        return int(await self.execute("DELJOB", *core._ids(ids)))
 
     async def working(self, job: str | Job) -> int:
-        return int(await self.execute("WORKING", _ids((job,))[0]))
+        return int(await self.execute("WORKING", core._ids((job,))[0]))
 
     async def show(self, job: str | Job) -> dict[str, Any] | None:
-        return parse_pairs(await self.execute("SHOW", _ids((job,))[0]))
+        return core.parse_pairs(await self.execute("SHOW", core._ids((job,))[0]))
 
     async def wait_jobs(self, *ids: _IdArgs, timeout_ms: int | None = None) -> int:
         """WAITJOB (disque-mp extension): block until every job is acknowledged,
         deleted or expired (or ``timeout_ms``: None/0 waits forever); how many are.
         The connection's socket timeout must exceed the wait."""
-        return int(await self.execute(*waitjob_args(_ids(ids), timeout_ms)))
+        return int(await self.execute(*core.waitjob_args(core._ids(ids), timeout_ms)))
 
     async def global_qlen(self, queue: str | bytes) -> int:
         """GLOBALQLEN (disque-mp extension): QLEN summed over every reachable node."""
@@ -382,29 +335,29 @@ class AsyncDisque(ClientSettings):
     async def del_queue(self, queue: str | bytes, *, local: bool = False) -> int:
         """DELQUEUE (disque-mp extension): remove every job of the queue (on every
         reachable node, or this one with ``local``); how many were removed."""
-        return int(await self.execute(*delqueue_args(queue, local)))
+        return int(await self.execute(*core.delqueue_args(queue, local)))
 
     async def qlen(self, queue: str | bytes) -> int:
         return int(await self.execute("QLEN", queue))
 
     async def qpeek(self, queue: str | bytes, count: int) -> list[Job]:
-        return parse_jobs(await self.execute("QPEEK", queue, int(count)))
+        return core.parse_jobs(await self.execute("QPEEK", queue, int(count)))
 
     async def qstat(self, queue: str | bytes) -> dict[str, Any] | None:
-        return parse_pairs(await self.execute("QSTAT", queue))
+        return core.parse_pairs(await self.execute("QSTAT", queue))
 
     async def pause(self, queue: str | bytes, *options: str) -> str:
-        return _str(await self.execute("PAUSE", queue, *options))
+        return core._str(await self.execute("PAUSE", queue, *options))
 
     async def iter_queues(self, *, count: int | None = None, minlen: int | None = None,
                           maxlen: int | None = None,
                           importrate: int | None = None) -> AsyncIterator[str]:
         cursor = 0
         while True:
-            cursor, names = parse_scan(await self.execute(*qscan_args(
+            cursor, names = core.parse_scan(await self.execute(*core.qscan_args(
                 cursor, count, minlen, maxlen, importrate)))
             for name in names:
-                yield _str(name)
+                yield core._str(name)
             if cursor == 0:
                 return
 
@@ -422,10 +375,10 @@ class AsyncDisque(ClientSettings):
         states = list(states)
         cursor = 0
         while True:
-            cursor, items = parse_scan(await self.execute(*jscan_args(
+            cursor, items = core.parse_scan(await self.execute(*core.jscan_args(
                 cursor, count, queue, states, reply_all)))
             for item in items:
-                yield parse_pairs(item) if reply_all else _str(item)
+                yield core.parse_pairs(item) if reply_all else core._str(item)
             if cursor == 0:
                 return
 
@@ -434,13 +387,13 @@ class AsyncDisque(ClientSettings):
     async def consume(self, queues: str | bytes | Iterable[str | bytes],
                       handler: Callable[[Job], Awaitable[Any]], *, count: int = 1,
                       max_jobs: int | None = None, stop: asyncio.Event | None = None,
-                      fast_ack: bool = False, poll_ms: int = consume_poll_ms) -> int:
+                      fast_ack: bool = False, poll_ms: int = core.consume_poll_ms) -> int:
         """Like ``Disque.consume`` with a handler (a coroutine function): ACK on return,
         NACK on exception, WORKING while it runs. Returns the number of jobs handled."""
-        names = _queues(queues)
+        names = core._queues(queues)
         handled = 0
-        while not consume_done(max_jobs, handled, stop):
-            want = consume_batch(count, max_jobs, handled)
+        while not core.consume_done(max_jobs, handled, stop):
+            want = core.consume_batch(count, max_jobs, handled)
             jobs = await self.get_jobs(names, timeout_ms=poll_ms, count=want, withcounters=True)
             beats = [asyncio.create_task(self._heartbeat(j.id)) for j in jobs]
             try:
@@ -460,7 +413,7 @@ class AsyncDisque(ClientSettings):
         return handled
 
     async def iterate(self, queues: str | bytes | Iterable[str | bytes], *,
-                      count: int = 1, poll_ms: int = consume_poll_ms) -> AsyncIterator[Job]:
+                      count: int = 1, poll_ms: int = core.consume_poll_ms) -> AsyncIterator[Job]:
         """Async-iterator form; ACK when the loop asks for the next job, WORKING while
         jobs are held, leaving the loop NACKs the jobs in hand. Async generators
         are finalized late, so close it explicitly::
@@ -469,7 +422,7 @@ class AsyncDisque(ClientSettings):
                 async for job in jobs:
                     ...
         """
-        names = _queues(queues)
+        names = core._queues(queues)
         in_hand: list[Job] = []
         beats: dict[str, asyncio.Task[None]] = {}
         try:

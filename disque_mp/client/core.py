@@ -32,8 +32,9 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypedDict, TypeVar, Unpack, cast
 
 from workers.ids import is_valid_job_id, owner_of_job_id, owner_of_queue
 
@@ -317,26 +318,37 @@ def _ids(ids: tuple[str | Job | Iterable[str | Job], ...]) -> list[str]:
 # --------------------------------------------------------------------------- command builders
 
 
-def addjob_args(
-    queue: str | bytes,
-    body: bytes | str,
-    timeout_ms: int = 0,
-    *,
-    replicate: int | None = None,
-    delay: int | None = None,
-    retry: int | None = None,
-    ttl: int | None = None,
-    maxlen: int | None = None,
-    async_: bool = False,
-    maxdeliver: int | None = None,
-) -> list[Any]:
-    """ADDJOB's words; ``maxdeliver`` is disque-mp's MAXDELIVER extension."""
+class AddJobOptions(TypedDict, total=False):
+    """ADDJOB's options, as ``add_job`` / ``add_jobs`` / ``addjob_args`` take them.
+    Times in seconds; ``maxdeliver`` is disque-mp's MAXDELIVER extension."""
+
+    replicate: int | None
+    delay: int | None
+    retry: int | None
+    ttl: int | None
+    maxlen: int | None
+    async_: bool
+    maxdeliver: int | None
+
+
+# AddJobOptions' valued options and their words, in the order ADDJOB's arguments take them.
+_ADDJOB_WORDS = (("replicate", "REPLICATE"), ("delay", "DELAY"), ("retry", "RETRY"),
+                 ("ttl", "TTL"), ("maxlen", "MAXLEN"), ("maxdeliver", "MAXDELIVER"))
+_ADDJOB_OPTIONS = AddJobOptions.__optional_keys__
+
+
+def addjob_args(queue: str | bytes, body: bytes | str, timeout_ms: int = 0,
+                **options: Unpack[AddJobOptions]) -> list[Any]:
+    """ADDJOB's words; a keyword that is no AddJobOptions raises TypeError."""
+    unknown = options.keys() - _ADDJOB_OPTIONS
+    if unknown:
+        raise TypeError(f"unexpected ADDJOB option(s): {', '.join(sorted(unknown))}")
     args: list[Any] = ["ADDJOB", queue, body, int(timeout_ms)]
-    for name, value in (("REPLICATE", replicate), ("DELAY", delay), ("RETRY", retry),
-                        ("TTL", ttl), ("MAXLEN", maxlen), ("MAXDELIVER", maxdeliver)):
+    for key, word in _ADDJOB_WORDS:
+        value = cast("int | None", options.get(key))
         if value is not None:
-            args += [name, int(value)]
-    if async_:
+            args += [word, int(value)]
+    if options.get("async_"):
         args.append("ASYNC")
     return args
 
@@ -493,6 +505,24 @@ class Topology:
                 return (node.host, node.port)
         return None
 
+    def producer_to_follow(self, jobs: Sequence[Job]) -> tuple[str, int] | None:
+        """``note_jobs``, less the node we are on: where to move, if anywhere."""
+        target = self.note_jobs(jobs)
+        return None if target == self.current else target
+
+    @contextmanager
+    def trying_only(self, target: tuple[str, int]) -> Iterator[None]:
+        """A connect inside tries ``target`` alone (a move to the producer); when it
+        fails (DisqueConnectionError, swallowed) the client stays with its last HELLO."""
+        saved, hello = self.seeds, self.hello
+        self.seeds, self.hello = [target], None
+        try:
+            yield
+        except DisqueConnectionError:
+            self.hello = hello
+        finally:
+            self.seeds = saved
+
 
 # --------------------------------------------------------------------------- worker ports
 
@@ -585,6 +615,12 @@ class WorkerRoutes:
     layout: WorkerLayout
     down_until: dict[int, float] = field(default_factory=dict)
 
+    @classmethod
+    def from_info(cls, host: str, info_reply: Any) -> WorkerRoutes | None:
+        """From the node's reply to ``INFO workers``; None when it announces no worker ports."""
+        layout = parse_worker_layout(parse_info(info_reply))
+        return None if layout is None else cls(host, layout)
+
     def port_of(self, worker: int) -> int:
         return self.layout.ports[worker]
 
@@ -611,9 +647,15 @@ class WorkerRoutes:
 # --------------------------------------------------------------------------- shared settings
 
 
-class ClientSettings:
+ConnT = TypeVar("ConnT")
+
+
+class ClientSettings(Generic[ConnT]):
     """What ``Disque`` and ``AsyncDisque`` share besides parsing: the seeds and
-    topology, the connection settings, the failover budget. The I/O is theirs."""
+    topology, the connection settings, the failover budget, the worker-port
+    connections. The I/O is theirs: ``ConnT`` is their kind of redis-py client."""
+
+    _workers: dict[int, ConnT]  # route_to_owner: worker index -> its port's client
 
     def __init__(
         self,
@@ -642,6 +684,21 @@ class ClientSettings:
     def _init_io(self) -> None:
         """The connection and its lock: the twin's own kind (threads or asyncio)."""
         raise NotImplementedError
+
+    def _make_redis(self, host: str, port: int) -> ConnT:
+        """A client of the twin's kind for one node (not connected yet)."""
+        raise NotImplementedError
+
+    def _worker_conn(self, routes: WorkerRoutes, k: int) -> ConnT:
+        """Worker k's client, made on first use, while ``routes`` are still the node's;
+        after a move to another node, ConnectionError (an OSError: the caller sends
+        the command on the main connection)."""
+        if self.routes is not routes:
+            raise ConnectionError("the node changed")
+        conn = self._workers.get(k)
+        if conn is None:
+            conn = self._workers[k] = self._make_redis(routes.host, routes.port_of(k))
+        return conn
 
     def _redis_options(self, host: str, port: int) -> dict[str, Any]:
         """redis-py's constructor arguments for one node (sync and asyncio take the same)."""

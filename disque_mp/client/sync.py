@@ -12,46 +12,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Literal, overload
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from contextlib import closing
+from typing import Any, Literal, Unpack, overload
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from disque_mp.client import core
-from disque_mp.client.core import (
-    ClientSettings,
-    DisqueConnectionError,
-    DisqueError,
-    Hello,
-    Job,
-    _chunks_by_size,
-    _ids,
-    _queues,
-    _str,
-    addjob_args,
-    consume_batch,
-    consume_done,
-    consume_poll_ms,
-    delqueue_args,
-    getjob_args,
-    jscan_args,
-    map_redis_error,
-    nack_args,
-    parse_hello,
-    parse_info,
-    parse_jobs,
-    parse_pairs,
-    parse_scan,
-    qscan_args,
-    waitjob_args,
-)
+from disque_mp.client.core import DisqueError, Hello, Job
 
 log = logging.getLogger("disque_mp.client")
 
 
-class Disque(ClientSettings):
+class Disque(core.ClientSettings[redis.Redis]):
     """A Disque client: see the package doc. Thread-safe (redis-py's pool per node).
 
     ``nodes``: seeds, ``"host:port"`` strings, ``(host, port)`` tuples or one
@@ -71,7 +46,7 @@ class Disque(ClientSettings):
     def _init_io(self) -> None:
         self._redis: redis.Redis | None = None
         self._lock = threading.RLock()
-        self._workers: dict[int, redis.Redis] = {}  # worker index -> its port's client
+        self._workers = {}
 
     # ---- connection management
 
@@ -93,7 +68,7 @@ class Disque(ClientSettings):
             if better:
                 try:
                     hello = self._connect_first(better)
-                except DisqueConnectionError:
+                except core.DisqueConnectionError:
                     pass  # stay: a leaving node still serves ACKs and NOHANG GETJOBs
             return hello
 
@@ -102,13 +77,13 @@ class Disque(ClientSettings):
         for host, port in candidates:
             r = self._make_redis(host, port)
             try:
-                hello = parse_hello(r.execute_command("HELLO"), host, port)
+                hello = core.parse_hello(r.execute_command("HELLO"), host, port)
             except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
                 tried.append(f"{host}:{port} ({exc})")
                 r.close()
                 continue
             except redis.ResponseError as exc:
-                tried.append(f"{host}:{port} ({map_redis_error(exc)})")
+                tried.append(f"{host}:{port} ({core.map_redis_error(exc)})")
                 r.close()
                 continue
             old, self._redis = self._redis, r
@@ -118,7 +93,7 @@ class Disque(ClientSettings):
             self._learn_workers(r, host)
             log.debug("connected to %s:%d (node %s)", host, port, hello.node_id)
             return hello
-        raise DisqueConnectionError("no Disque node reachable; tried: " + "; ".join(tried))
+        raise core.DisqueConnectionError("no Disque node reachable; tried: " + "; ".join(tried))
 
     def _learn_workers(self, r: redis.Redis, host: str) -> None:
         """With route_to_owner: the worker ports the node announces (none: no routing)."""
@@ -127,12 +102,9 @@ class Disque(ClientSettings):
         if not self._route_to_owner:
             return
         try:
-            layout = core.parse_worker_layout(parse_info(r.execute_command("INFO", "workers")))
+            self.routes = core.WorkerRoutes.from_info(host, r.execute_command("INFO", "workers"))
         except (redis.RedisError, OSError) as exc:
             log.debug("INFO workers failed (%s): no routing to worker ports", exc)
-            return
-        if layout is not None:
-            self.routes = core.WorkerRoutes(host, layout)
 
     def _close_workers(self) -> None:
         workers, self._workers = self._workers, {}
@@ -143,11 +115,7 @@ class Disque(ClientSettings):
         r = self._workers.get(k)
         if r is None:
             with self._lock:
-                if self.routes is not routes:  # moved to another node meanwhile
-                    raise redis.ConnectionError("the node changed")
-                r = self._workers.get(k)
-                if r is None:
-                    r = self._workers[k] = self._make_redis(routes.host, routes.port_of(k))
+                r = self._worker_conn(routes, k)
         return r
 
     def _worker_failed(self, routes: core.WorkerRoutes, k: int, exc: Exception) -> None:
@@ -169,7 +137,7 @@ class Disque(ClientSettings):
         try:
             return True, self._worker_client(routes, k).execute_command(*args)
         except redis.ResponseError as exc:
-            err = map_redis_error(exc)
+            err = core.map_redis_error(exc)
             if core.is_leaving(err):
                 return False, None  # the main path moves to another node
             raise err from None
@@ -216,7 +184,7 @@ class Disque(ClientSettings):
             try:
                 return r.execute_command(*args)
             except redis.ResponseError as exc:
-                self._raise_unless_retrying(map_redis_error(exc), attempt, str(args[0]))
+                self._raise_unless_retrying(core.map_redis_error(exc), attempt, str(args[0]))
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 self._raise_unless_retrying(exc, attempt, str(args[0]))
             attempt += 1
@@ -240,44 +208,26 @@ class Disque(ClientSettings):
     def hello(self) -> Hello:
         r = self._client()
         host, port = self.topology.current or ("", 0)
-        hello = parse_hello(self.execute("HELLO"), host, port)
+        hello = core.parse_hello(self.execute("HELLO"), host, port)
         if r is self._redis:
             self.topology.hello = hello
         return hello
 
     def info(self, section: str | None = None) -> dict[str, str]:
-        return parse_info(self.execute("INFO", *([section] if section else [])))
+        return core.parse_info(self.execute("INFO", *([section] if section else [])))
 
     def ping(self) -> bool:
         return self.execute("PING") in (b"PONG", "PONG", True)
 
-    def add_job(
-        self,
-        queue: str | bytes,
-        body: bytes | str,
-        timeout_ms: int = 0,
-        *,
-        replicate: int | None = None,
-        delay: int | None = None,
-        retry: int | None = None,
-        ttl: int | None = None,
-        maxlen: int | None = None,
-        async_: bool = False,
-        maxdeliver: int | None = None,
-    ) -> str:
-        """ADDJOB; returns the job ID. Times in seconds except ``timeout_ms``.
-        ``maxdeliver`` (disque-mp extension): deliveries before the job goes to
-        ``dead:<queue>``."""
-        return _str(self.execute(*addjob_args(queue, body, timeout_ms, replicate=replicate,
-                                               delay=delay, retry=retry, ttl=ttl, maxlen=maxlen,
-                                               async_=async_, maxdeliver=maxdeliver)))
+    def add_job(self, queue: str | bytes, body: bytes | str, timeout_ms: int = 0,
+                **options: Unpack[core.AddJobOptions]) -> str:
+        """ADDJOB; returns the job ID. ``options``: ``core.AddJobOptions`` (replicate,
+        delay, retry, ttl, maxlen, async_, maxdeliver; times in seconds). ``maxdeliver``
+        (disque-mp extension): deliveries before the job goes to ``dead:<queue>``."""
+        return core._str(self.execute(*core.addjob_args(queue, body, timeout_ms, **options)))
 
-    def add_jobs(
-        self,
-        items: Iterable[tuple[str | bytes, bytes | str]],
-        timeout_ms: int = 0,
-        **options: Any,
-    ) -> list[str]:
+    def add_jobs(self, items: Iterable[tuple[str | bytes, bytes | str]], timeout_ms: int = 0,
+                 **options: Unpack[core.AddJobOptions]) -> list[str]:
         """ADDJOB for each (queue, body), pipelined; returns the IDs in order.
 
         Stops at the first error reply and raises it (jobs before it were added).
@@ -286,7 +236,7 @@ class Disque(ClientSettings):
         ids: list[str] = []
         batch: list[list[Any]] = []
         for queue, body in items:
-            batch.append(addjob_args(queue, body, timeout_ms, **options))
+            batch.append(core.addjob_args(queue, body, timeout_ms, **options))
             if len(batch) >= core.pipeline_commands_max:
                 ids += self._pipeline(batch)
                 batch = []
@@ -295,7 +245,7 @@ class Disque(ClientSettings):
         return ids
 
     def _pipeline(self, commands: list[list[Any]]) -> list[str]:
-        return [_str(x) for x in self.execute_many(commands)]
+        return [core._str(x) for x in self.execute_many(commands)]
 
     def execute_many(self, commands: Sequence[Sequence[Any]], *,
                      raise_on_error: bool = True) -> list[Any]:
@@ -307,7 +257,7 @@ class Disque(ClientSettings):
         node and sends that round trip again.
         """
         out: list[Any] = []
-        for chunk in _chunks_by_size(commands, core.pipeline_bytes_max):
+        for chunk in core._chunks_by_size(commands, core.pipeline_bytes_max):
             routes = self._current_routes()
             out += self._round_trip(chunk) if routes is None else self._routed_trip(routes, chunk)
         if raise_on_error:
@@ -341,7 +291,7 @@ class Disque(ClientSettings):
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             self._worker_failed(routes, k, exc)
             return None
-        return [map_redis_error(x) if isinstance(x, redis.ResponseError) else x for x in replies]
+        return [core.map_redis_error(x) if isinstance(x, redis.ResponseError) else x for x in replies]
 
     def _round_trip(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
         attempt = 0
@@ -357,7 +307,7 @@ class Disque(ClientSettings):
                 attempt += 1
                 self._failover(r)
                 continue
-            return [map_redis_error(x) if isinstance(x, redis.ResponseError) else x
+            return [core.map_redis_error(x) if isinstance(x, redis.ResponseError) else x
                     for x in replies]
 
     def get_jobs(
@@ -370,7 +320,7 @@ class Disque(ClientSettings):
         withcounters: bool = False,
     ) -> list[Job]:
         """GETJOB; [] when the timeout elapsed (or NOHANG found nothing)."""
-        jobs = parse_jobs(self.execute(*getjob_args(queues, timeout_ms=timeout_ms, count=count,
+        jobs = core.parse_jobs(self.execute(*core.getjob_args(queues, timeout_ms=timeout_ms, count=count,
                                                     nohang=nohang, withcounters=withcounters)))
         self._maybe_follow_producer(jobs)
         return jobs
@@ -380,53 +330,45 @@ class Disque(ClientSettings):
         return jobs[0] if jobs else None
 
     def _maybe_follow_producer(self, jobs: Sequence[Job]) -> None:
-        target = self.topology.note_jobs(jobs)
-        if target is None or target == self.topology.current:
+        target = self.topology.producer_to_follow(jobs)
+        if target is None:
             return
         log.info("most jobs come from %s:%d: moving there", *target)
-        with self._lock:
-            saved = self.topology.seeds
-            self.topology.seeds = [target]
-            hello, self.topology.hello = self.topology.hello, None
-            try:
-                self.connect()
-            except DisqueConnectionError:
-                self.topology.hello = hello
-            finally:
-                self.topology.seeds = saved
+        with self._lock, self.topology.trying_only(target):
+            self.connect()
 
     def ack(self, *ids: str | Job | Iterable[str | Job]) -> int:
-        return int(self.execute("ACKJOB", *_ids(ids)))
+        return int(self.execute("ACKJOB", *core._ids(ids)))
 
     def fast_ack(self, *ids: str | Job | Iterable[str | Job]) -> int:
-        return int(self.execute("FASTACK", *_ids(ids)))
+        return int(self.execute("FASTACK", *core._ids(ids)))
 
     def nack(self, *ids: str | Job | Iterable[str | Job], delay: int | None = None) -> int:
         """NACK; ``delay`` (seconds, disque-mp extension): deliverable only after it."""
-        return int(self.execute(*nack_args(_ids(ids), delay)))
+        return int(self.execute(*core.nack_args(core._ids(ids), delay)))
 
     def enqueue(self, *ids: str | Job | Iterable[str | Job]) -> int:
-        return int(self.execute("ENQUEUE", *_ids(ids)))
+        return int(self.execute("ENQUEUE", *core._ids(ids)))
 
     def dequeue(self, *ids: str | Job | Iterable[str | Job]) -> int:
-        return int(self.execute("DEQUEUE", *_ids(ids)))
+        return int(self.execute("DEQUEUE", *core._ids(ids)))
 
     def del_job(self, *ids: str | Job | Iterable[str | Job]) -> int:
-        return int(self.execute("DELJOB", *_ids(ids)))
+        return int(self.execute("DELJOB", *core._ids(ids)))
 
     def working(self, job: str | Job) -> int:
         """WORKING; returns the seconds the next delivery was postponed by (the retry)."""
-        return int(self.execute("WORKING", _ids((job,))[0]))
+        return int(self.execute("WORKING", core._ids((job,))[0]))
 
     def show(self, job: str | Job) -> dict[str, Any] | None:
         """SHOW as a dict (None for an unknown job); ``body`` stays bytes."""
-        return parse_pairs(self.execute("SHOW", _ids((job,))[0]))
+        return core.parse_pairs(self.execute("SHOW", core._ids((job,))[0]))
 
     def wait_jobs(self, *ids: str | Job | Iterable[str | Job], timeout_ms: int | None = None) -> int:
         """WAITJOB (disque-mp extension): block until every job is acknowledged,
         deleted or expired (or ``timeout_ms``: None/0 waits forever); how many are.
         The connection's socket timeout must exceed the wait."""
-        return int(self.execute(*waitjob_args(_ids(ids), timeout_ms)))
+        return int(self.execute(*core.waitjob_args(core._ids(ids), timeout_ms)))
 
     def global_qlen(self, queue: str | bytes) -> int:
         """GLOBALQLEN (disque-mp extension): QLEN summed over every reachable node."""
@@ -435,29 +377,29 @@ class Disque(ClientSettings):
     def del_queue(self, queue: str | bytes, *, local: bool = False) -> int:
         """DELQUEUE (disque-mp extension): remove every job of the queue (on every
         reachable node, or this one with ``local``); how many were removed."""
-        return int(self.execute(*delqueue_args(queue, local)))
+        return int(self.execute(*core.delqueue_args(queue, local)))
 
     def qlen(self, queue: str | bytes) -> int:
         return int(self.execute("QLEN", queue))
 
     def qpeek(self, queue: str | bytes, count: int) -> list[Job]:
-        return parse_jobs(self.execute("QPEEK", queue, int(count)))
+        return core.parse_jobs(self.execute("QPEEK", queue, int(count)))
 
     def qstat(self, queue: str | bytes) -> dict[str, Any] | None:
-        return parse_pairs(self.execute("QSTAT", queue))
+        return core.parse_pairs(self.execute("QSTAT", queue))
 
     def pause(self, queue: str | bytes, *options: str) -> str:
         """PAUSE queue in|out|all|none|state [bcast]; returns the pause state."""
-        return _str(self.execute("PAUSE", queue, *options))
+        return core._str(self.execute("PAUSE", queue, *options))
 
     def iter_queues(self, *, count: int | None = None, minlen: int | None = None,
                     maxlen: int | None = None, importrate: int | None = None) -> Iterator[str]:
         """Every queue name (QSCAN until the cursor returns to 0; names may repeat)."""
         cursor = 0
         while True:
-            cursor, names = parse_scan(self.execute(*qscan_args(cursor, count, minlen, maxlen,
+            cursor, names = core.parse_scan(self.execute(*core.qscan_args(cursor, count, minlen, maxlen,
                                                                 importrate)))
-            yield from (_str(n) for n in names)
+            yield from (core._str(n) for n in names)
             if cursor == 0:
                 return
 
@@ -474,10 +416,10 @@ class Disque(ClientSettings):
         states = list(states)
         cursor = 0
         while True:
-            cursor, items = parse_scan(self.execute(*jscan_args(cursor, count, queue, states,
+            cursor, items = core.parse_scan(self.execute(*core.jscan_args(cursor, count, queue, states,
                                                                 reply_all)))
             for item in items:
-                yield parse_pairs(item) if reply_all else _str(item)
+                yield core.parse_pairs(item) if reply_all else core._str(item)
             if cursor == 0:
                 return
 
@@ -496,7 +438,7 @@ class Disque(ClientSettings):
     def consume(self, queues: str | bytes | Iterable[str | bytes],
                 handler: Callable[[Job], Any] | None = None, *, count: int = 1,
                 max_jobs: int | None = None, stop: threading.Event | None = None,
-                fast_ack: bool = False, poll_ms: int = consume_poll_ms) -> Iterator[Job] | int:
+                fast_ack: bool = False, poll_ms: int = core.consume_poll_ms) -> Iterator[Job] | int:
         """Take jobs one by one, keep each alive with WORKING while it is worked on.
 
         With a ``handler``: call it for each job, ACK when it returns, NACK when
@@ -507,7 +449,7 @@ class Disque(ClientSettings):
         leaving the loop (break, exception) NACKs the job in hand, so it is
         delivered again at once (ACK it yourself before ``break`` if it is done).
         """
-        runner = _ConsumeLoop(self, _queues(queues), count, max_jobs, stop, fast_ack, poll_ms)
+        runner = _ConsumeLoop(self, core._queues(queues), count, max_jobs, stop, fast_ack, poll_ms)
         if handler is None:
             return runner.iterate()
         return runner.run(handler)
@@ -583,11 +525,11 @@ class _ConsumeLoop:
         self.handled = 0
 
     def _done(self) -> bool:
-        return consume_done(self.max_jobs, self.handled, self.stop)
+        return core.consume_done(self.max_jobs, self.handled, self.stop)
 
     def _take(self, beat: Heartbeat) -> list[Job]:
         """The next jobs, all kept alive from now on (later ones wait for earlier ones)."""
-        want = consume_batch(self.count, self.max_jobs, self.handled)
+        want = core.consume_batch(self.count, self.max_jobs, self.handled)
         jobs = self.client.get_jobs(self.queues, timeout_ms=self.poll_ms, count=want,
                                     withcounters=True)
         for job in jobs:
@@ -597,20 +539,28 @@ class _ConsumeLoop:
     def _ack(self, job: Job) -> None:
         (self.client.fast_ack if self.fast_ack else self.client.ack)(job.id)
 
-    def run(self, handler: Callable[[Job], Any]) -> int:
+    def _batches(self) -> Generator[tuple[list[Job], Heartbeat], None, None]:
+        """Each batch taken, kept alive by the heartbeat; the caller empties the list as
+        it handles the jobs. Closed early (break, exception), the jobs still in the
+        list are NACKed: delivered again at once."""
         beat = Heartbeat(self.client.working)
         in_hand: list[Job] = []
         try:
             while not self._done():
                 in_hand = self._take(beat)
+                yield in_hand, beat
+        finally:
+            beat.close()
+            if in_hand:
+                self.client.nack(*(j.id for j in in_hand))
+
+    def run(self, handler: Callable[[Job], Any]) -> int:
+        with closing(self._batches()) as batches:
+            for in_hand, beat in batches:
                 while in_hand:
                     self._handle(handler, in_hand[0], beat)
                     in_hand.pop(0)
                     self.handled += 1
-        finally:
-            beat.close()
-            if in_hand:  # interrupted (KeyboardInterrupt ...): deliver the rest again now
-                self.client.nack(*(j.id for j in in_hand))
         return self.handled
 
     def _handle(self, handler: Callable[[Job], Any], job: Job, beat: Heartbeat) -> None:
@@ -625,18 +575,11 @@ class _ConsumeLoop:
             self._ack(job)
 
     def iterate(self) -> Iterator[Job]:
-        beat = Heartbeat(self.client.working)
-        in_hand: list[Job] = []
-        try:
-            while not self._done():
-                in_hand = self._take(beat)
+        with closing(self._batches()) as batches:
+            for in_hand, beat in batches:
                 while in_hand:
                     job = in_hand[0]
                     yield job
                     beat.remove(job.id)
                     self._ack(in_hand.pop(0))
                     self.handled += 1
-        finally:
-            beat.close()
-            if in_hand:  # left the loop with jobs taken but not handled: deliver again now
-                self.client.nack(*(j.id for j in in_hand))

@@ -17,20 +17,12 @@ from redis._parsers.base import BaseParser
 from disque_mp.client import core
 from disque_mp.client.core import (
     DEFAULT_NODE,
-    BadIdError,
     ClientSettings,
-    CommandError,
     DisqueConnectionError,
     DisqueError,
     Hello,
     Job,
-    LeavingError,
     NodeInfo,
-    NoJobError,
-    NoReplicationError,
-    OutOfMemoryError,
-    PausedError,
-    TooLateError,
     Topology,
     _chunks_by_size,
     _ids,
@@ -199,6 +191,10 @@ def test_addjob_args() -> None:
         "ADDJOB", "q", "x", 1500, "REPLICATE", 2, "DELAY", 1, "RETRY", 30, "TTL", 600,
         "MAXLEN", 10, "ASYNC"]
     assert addjob_args("q", b"x", retry=0) == ["ADDJOB", "q", b"x", 0, "RETRY", 0]
+    assert addjob_args("q", b"x", maxdeliver=3, replicate=None) == [
+        "ADDJOB", "q", b"x", 0, "MAXDELIVER", 3]
+    with pytest.raises(TypeError, match="retries"):
+        addjob_args("q", b"x", retries=3)  # type: ignore[call-arg]
 
 
 def test_getjob_args() -> None:
@@ -244,15 +240,15 @@ def test_pipelines_split_by_size_in_order() -> None:
 
 
 @pytest.mark.parametrize(("text", "cls"), [
-    ("ERR unknown command 'FOO'", CommandError),
-    ("NOREPL Not enough reachable nodes for the requested replication level", NoReplicationError),
-    ("PAUSED Queue paused in input, try later", PausedError),
-    ("LEAVING This node is leaving the cluster", LeavingError),
-    ("NOJOB Job not known in the context of this node.", NoJobError),
-    ("BADID Invalid Job ID format.", BadIdError),
+    ("ERR unknown command 'FOO'", core.CommandError),
+    ("NOREPL Not enough reachable nodes for the requested replication level", core.NoReplicationError),
+    ("PAUSED Queue paused in input, try later", core.PausedError),
+    ("LEAVING This node is leaving the cluster", core.LeavingError),
+    ("NOJOB Job not known in the context of this node.", core.NoJobError),
+    ("BADID Invalid Job ID format.", core.BadIdError),
     ("TOOLATE Half of job TTL already elapsed, you are no longer allowed to postpone",
-     TooLateError),
-    ("OOM command not allowed when used memory > 'maxmemory'.", OutOfMemoryError),
+     core.TooLateError),
+    ("OOM command not allowed when used memory > 'maxmemory'.", core.OutOfMemoryError),
     ("WEIRD something new", DisqueError),
 ])
 def test_error_from_reply(text: str, cls: type[DisqueError]) -> None:
@@ -267,14 +263,14 @@ def test_map_redis_error_puts_back_the_code_redis_py_strips() -> None:
     stripped = BaseParser.parse_error("ERR wrong number of arguments for 'addjob' command")
     assert isinstance(stripped, redis.ResponseError) and stripped.status_code == "ERR"
     err = map_redis_error(stripped)
-    assert type(err) is CommandError
+    assert type(err) is core.CommandError
     assert str(err) == "ERR wrong number of arguments for 'addjob' command"
     oom = map_redis_error(BaseParser.parse_error(
         "OOM command not allowed when used memory > 'maxmemory'."))
-    assert type(oom) is OutOfMemoryError and str(oom).startswith("OOM command not allowed")
+    assert type(oom) is core.OutOfMemoryError and str(oom).startswith("OOM command not allowed")
     kept = BaseParser.parse_error("NOJOB Job not known in the context of this node.")
     assert getattr(kept, "status_code", None) is None  # redis-py leaves Disque's codes
-    assert type(map_redis_error(kept)) is NoJobError
+    assert type(map_redis_error(kept)) is core.NoJobError
 
 
 def test_is_leaving() -> None:
@@ -330,10 +326,10 @@ def test_leaving_and_dropped_connections_retry_within_budget() -> None:
     for attempt in (0, 1):
         s._raise_unless_retrying(leaving, attempt, "ADDJOB")  # returns: try another node
         s._raise_unless_retrying(dropped, attempt, "ADDJOB")
-    with pytest.raises(LeavingError) as leaving_info:
+    with pytest.raises(core.LeavingError) as leaving_info:
         s._raise_unless_retrying(leaving, 2, "ADDJOB")
     assert leaving_info.value is leaving and leaving_info.value.__suppress_context__
-    with pytest.raises(DisqueConnectionError, match="ADDJOB failed: Connection closed") as info:
+    with pytest.raises(core.DisqueConnectionError, match="ADDJOB failed: Connection closed") as info:
         s._raise_unless_retrying(dropped, 2, "ADDJOB")
     assert info.value.__cause__ is dropped
 
@@ -341,10 +337,10 @@ def test_leaving_and_dropped_connections_retry_within_budget() -> None:
 def test_other_error_replies_raise_at_once() -> None:
     s = _Settings(["a:1", "b:2"])
     paused = error_from_reply("PAUSED Queue paused in input, try later")
-    with pytest.raises(PausedError):
+    with pytest.raises(core.PausedError):
         s._raise_unless_retrying(paused, 0, "ADDJOB")
     sticky = _Settings(["a:1", "b:2"], failover_attempts=0)
-    with pytest.raises(LeavingError):
+    with pytest.raises(core.LeavingError):
         sticky._raise_unless_retrying(error_from_reply("LEAVING bye"), 0, "GETJOB")
 
 
@@ -413,6 +409,22 @@ def test_learn_resets_the_producer_sample() -> None:
     topo.learn(_three(1, 1, 1, me=NODE_B), B)
     assert topo.hello is not None and topo.hello.node_id == NODE_B and topo.current == B
     assert topo.received == 0 and not topo.produced
+
+
+def test_producer_to_follow_and_trying_only() -> None:
+    topo = Topology([A], prefer_producer=True, rng=random.Random(1))
+    topo.learn(_three(1, 1, 1), A)
+    assert topo.producer_to_follow(_jobs(NODE_A, core.producer_sample_jobs)) is None  # on it
+    target = topo.producer_to_follow(_jobs(NODE_C, core.producer_sample_jobs))
+    assert target == C
+    hello = topo.hello
+    with topo.trying_only(C):
+        assert topo.seeds == [C] and topo.hello is None and topo.candidates() == [C]
+        raise DisqueConnectionError("C unreachable")  # swallowed: the client stays
+    assert topo.seeds == [A] and topo.hello is hello
+    with pytest.raises(ValueError), topo.trying_only(C):
+        raise ValueError("not a connection failure")  # not swallowed
+    assert topo.seeds == [A]
 
 
 def test_better_nodes() -> None:
@@ -539,3 +551,23 @@ def test_route_to_owner_is_off_by_default() -> None:
 
     assert Settings()._route_to_owner is False and Settings().routes is None
     assert Settings(route_to_owner=True)._route_to_owner is True
+
+
+def test_worker_conn_is_made_once_and_dropped_after_a_move() -> None:
+    made: list[tuple[str, int]] = []
+
+    class Settings(ClientSettings[tuple[str, int]]):
+        def _init_io(self) -> None:
+            self._workers = {}
+
+        def _make_redis(self, host: str, port: int) -> tuple[str, int]:
+            made.append((host, port))
+            return (host, port)
+
+    s = Settings(route_to_owner=True)
+    routes = s.routes = core.WorkerRoutes("127.0.0.1", core.WorkerLayout(2, (7800, 7801)))
+    assert s._worker_conn(routes, 1) == ("127.0.0.1", 7801)
+    assert s._worker_conn(routes, 1) == ("127.0.0.1", 7801) and made == [("127.0.0.1", 7801)]
+    s.routes = None  # moved to another node: the old routes' connections are not used
+    with pytest.raises(ConnectionError, match="the node changed"):
+        s._worker_conn(routes, 0)
