@@ -15,7 +15,7 @@ import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from disque_mp.node.errors import (
     ERR_BADID,
@@ -330,80 +330,92 @@ def _scan_value(raw: bytes) -> int | Error:
     return ERR_NOT_INT if v is None else v
 
 
-def parse_qscan(args: list[bytes]) -> QScan | Error:
-    """``[cursor] [COUNT n] [BUSYLOOP] [MINLEN n] [MAXLEN n] [IMPORTRATE n]``, cursor anywhere."""
-    s = QScan(0, qscan_count_default, False, 0, 0, 0)
+def _scan_count(raw: bytes) -> int | Error:
+    """COUNT's value: an integer of at least 1, capped at scan_count_max."""
+    v = _scan_value(raw)
+    if isinstance(v, Error):
+        return v
+    return ERR_SYNTAX if v < 1 else min(v, limits.scan_count_max)
+
+
+ScanT = TypeVar("ScanT", bound="QScan | JScan")
+
+
+def _scan_words(args: list[bytes], s: ScanT,
+                valued: Callable[[ScanT, bytes, bytes], Error | bool]) -> ScanT | Error:
+    """QSCAN's and JSCAN's arguments into ``s``: BUSYLOOP (COUNT becomes
+    scan_count_max: everything in one call, within the bound of one call), one
+    cursor anywhere, and each other word with a value after it offered to
+    ``valued(s, word, value)``: True when it took the pair, False when the word is
+    no option of the command (then it must be the cursor), or the Error to reply."""
     cursor_set = False
     i, n = 0, len(args)
     while i < n:
         opt = args[i].lower()
-        last = i == n - 1
         if opt == b"busyloop":
             s.busyloop = True
-        elif opt in (b"count", b"minlen", b"maxlen", b"importrate") and not last:
-            v = _scan_value(args[i + 1])
-            if isinstance(v, Error):
-                return v
-            if opt == b"count":
-                if v < 1:
-                    return ERR_SYNTAX
-                s.count = min(v, limits.scan_count_max)
-            else:
-                setattr(s, opt.decode(), v)
             i += 1
-        else:
-            c = parse_cursor(args[i])
-            if cursor_set or c is None:
-                return ERR_SYNTAX if cursor_set else ERR_CURSOR
-            s.cursor, cursor_set = c, True
-        i += 1
-    if s.busyloop:  # "everything in one call", within the bound of one call
-        s.count = limits.scan_count_max
-    return s
-
-
-def parse_jscan(args: list[bytes]) -> JScan | Error:
-    """``[cursor] [COUNT n] [BUSYLOOP] [QUEUE q] [STATE s]... [REPLY all|id]``, cursor anywhere."""
-    s = JScan(0, jscan_count_default, False, None, None, False)
-    cursor_set = False
-    i, n = 0, len(args)
-    while i < n:
-        opt = args[i].lower()
-        last = i == n - 1
-        if opt == b"busyloop":
-            s.busyloop = True
-        elif opt == b"count" and not last:
-            v = _scan_value(args[i + 1])
-            if isinstance(v, Error):
-                return v
-            if v < 1:
-                return ERR_SYNTAX
-            s.count = min(v, limits.scan_count_max)
-            i += 1
-        elif opt == b"queue" and not last:
-            s.queue = args[i + 1]
-            i += 1
-        elif opt == b"state" and not last:
-            st = STATE_BY_NAME.get(args[i + 1].lower().decode("latin-1"))
-            if st is None:
-                return ERR_STATE
-            s.states = (s.states or set()) | {st}
-            i += 1
-        elif opt == b"reply" and not last:
-            kind = args[i + 1].lower()
-            if kind not in (b"all", b"id"):
-                return ERR_SYNTAX
-            s.reply_all = kind == b"all"
-            i += 1
-        else:
-            c = parse_cursor(args[i])
-            if cursor_set or c is None:
-                return ERR_SYNTAX if cursor_set else ERR_CURSOR
-            s.cursor, cursor_set = c, True
+            continue
+        took = valued(s, opt, args[i + 1]) if i < n - 1 else False
+        if isinstance(took, Error):
+            return took
+        if took:
+            i += 2
+            continue
+        c = parse_cursor(args[i])
+        if cursor_set or c is None:
+            return ERR_SYNTAX if cursor_set else ERR_CURSOR
+        s.cursor, cursor_set = c, True
         i += 1
     if s.busyloop:
         s.count = limits.scan_count_max
     return s
+
+
+def _qscan_option(s: QScan, opt: bytes, raw: bytes) -> Error | bool:
+    """QSCAN's valued options (see ``_scan_words``)."""
+    if opt not in (b"count", b"minlen", b"maxlen", b"importrate"):
+        return False
+    v = _scan_count(raw) if opt == b"count" else _scan_value(raw)
+    if isinstance(v, Error):
+        return v
+    setattr(s, opt.decode(), v)
+    return True
+
+
+def parse_qscan(args: list[bytes]) -> QScan | Error:
+    """``[cursor] [COUNT n] [BUSYLOOP] [MINLEN n] [MAXLEN n] [IMPORTRATE n]``, cursor anywhere."""
+    return _scan_words(args, QScan(0, qscan_count_default, False, 0, 0, 0), _qscan_option)
+
+
+def _jscan_option(s: JScan, opt: bytes, raw: bytes) -> Error | bool:
+    """JSCAN's valued options (see ``_scan_words``)."""
+    if opt == b"count":
+        v = _scan_count(raw)
+        if isinstance(v, Error):
+            return v
+        s.count = v
+    elif opt == b"queue":
+        s.queue = raw
+    elif opt == b"state":
+        st = STATE_BY_NAME.get(raw.lower().decode("latin-1"))
+        if st is None:
+            return ERR_STATE
+        s.states = (s.states or set()) | {st}
+    elif opt == b"reply":
+        kind = raw.lower()
+        if kind not in (b"all", b"id"):
+            return ERR_SYNTAX
+        s.reply_all = kind == b"all"
+    else:
+        return False
+    return True
+
+
+def parse_jscan(args: list[bytes]) -> JScan | Error:
+    """``[cursor] [COUNT n] [BUSYLOOP] [QUEUE q] [STATE s]... [REPLY all|id]``, cursor anywhere."""
+    return _scan_words(args, JScan(0, jscan_count_default, False, None, None, False),
+                       _jscan_option)
 
 
 # ------------------------------------------------------------------ job-ID commands
