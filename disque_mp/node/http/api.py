@@ -211,11 +211,16 @@ def _queue_name(raw: str) -> bytes:
     return name
 
 
-async def _qstat(w: NodeView, name: bytes) -> dict[str, Any]:
-    reply = await call(w, b"QSTAT", name)
+async def _pairs_or_404(w: NodeView, cmd: bytes, key: bytes, what: str) -> dict[str, Any]:
+    """``cmd key``'s reply (QSTAT, SHOW) as a dict; a null reply is a 404 naming ``what``."""
+    reply = await call(w, cmd, key)
     if reply is None:
-        raise ApiError(404, f"unknown queue '{text(name)}'")
+        raise ApiError(404, f"unknown {what} '{text(key)}'")
     return pairs(reply)
+
+
+async def _qstat(w: NodeView, name: bytes) -> dict[str, Any]:
+    return await _pairs_or_404(w, b"QSTAT", name, "queue")
 
 
 async def get_queue(w: NodeView, req: Request, args: list[str]) -> Response:
@@ -335,29 +340,28 @@ def _job_id(raw: str) -> bytes:
 
 
 async def _show(w: NodeView, job_id: bytes) -> dict[str, Any]:
-    reply = await call(w, b"SHOW", job_id)
-    if reply is None:
-        raise ApiError(404, f"unknown job '{job_id.decode()}'")
-    return pairs(reply)
+    return await _pairs_or_404(w, b"SHOW", job_id, "job")
 
 
 async def get_job(w: NodeView, req: Request, args: list[str]) -> Response:
     return ok(await _show(w, _job_id(args[0])))
 
 
-async def delete_job(w: NodeView, req: Request, args: list[str]) -> Response:
-    job_id = _job_id(args[0])
-    if not await call(w, b"DELJOB", job_id):
+async def _job_or_404(w: NodeView, cmd: bytes, job_id: bytes, done: str) -> Response:
+    """``cmd job_id`` (DELJOB, ACKJOB): ``{"id": ..., done: 1}``, 404 when no job was known."""
+    if not await call(w, cmd, job_id):
         raise ApiError(404, f"unknown job '{job_id.decode()}'")
-    return ok({"id": job_id.decode(), "deleted": 1})
+    return ok({"id": job_id.decode(), done: 1})
+
+
+async def delete_job(w: NodeView, req: Request, args: list[str]) -> Response:
+    return await _job_or_404(w, b"DELJOB", _job_id(args[0]), "deleted")
 
 
 async def post_ack(w: NodeView, req: Request, args: list[str]) -> Response:
     job_id = _job_id(args[0])
     _json_body(req)
-    if not await call(w, b"ACKJOB", job_id):
-        raise ApiError(404, f"unknown job '{job_id.decode()}'")
-    return ok({"id": job_id.decode(), "acked": 1})
+    return await _job_or_404(w, b"ACKJOB", job_id, "acked")
 
 
 async def post_nack(w: NodeView, req: Request, args: list[str]) -> Response:
