@@ -37,6 +37,7 @@ from bus.hostbus import (
     K_SEALED,
     PeerLink,
     check_proto,
+    close_links_of_removed_keys,
     dial,
     handshake_timeout_ms,
     next_backoff_ms,
@@ -244,13 +245,7 @@ class DataLinks:
     def drop_links_of_removed_keys(self, extra: list[Any]) -> int:
         """Close our data links (and ``extra``, those handed to us) whose session came
         from a key no longer in the secret file."""
-        stale = [link for link in [*self.links.values(), *extra]
-                 if not self.keyring.holds(link.sealer)]
-        for link in stale:
-            log.warning("%s: its cluster key was removed from cluster-secret-file, closing",
-                        link.drop_notice())
-            link.close()
-        return len(stale)
+        return close_links_of_removed_keys(self.keyring, [*self.links.values(), *extra])
 
     def close(self) -> None:
         self.closing = True

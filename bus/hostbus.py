@@ -37,7 +37,7 @@ import logging
 import os
 import random
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 from bus import auth, frames, messages, nodes_conf
@@ -132,6 +132,17 @@ async def dial(factory: Callable[[], asyncio.Protocol], ip: str, client_port: in
 def next_backoff_ms(last_ms: int | None, min_ms: int, max_ms: int) -> int:
     """The delay before redialing after a failure: ``min_ms`` first, doubling up to ``max_ms``."""
     return min((min_ms // 2 if last_ms is None else last_ms) * 2, max_ms)
+
+
+def close_links_of_removed_keys(keyring: auth.Keyring, links: Iterable[PeerLink]) -> int:
+    """Close the ``links`` whose session came from a key ``keyring`` no longer holds
+    (the secret file changed); how many. Bus and data links alike."""
+    stale = [link for link in links if not keyring.holds(link.sealer)]
+    for link in stale:
+        log.warning("%s: its cluster key was removed from cluster-secret-file, closing",
+                    link.drop_notice())
+        link.close()
+    return len(stale)
 
 
 class BatchedLink(asyncio.Protocol):
@@ -532,13 +543,7 @@ class ClusterBus:
     def drop_links_of_removed_keys(self) -> int:
         """After the secret file changed: close the links whose session came from a key
         no longer in it (they redial and authenticate with the keys there are)."""
-        stale = [link for link in [*self.inbound, *self.out.values()]
-                 if not self.keyring.holds(link.sealer)]
-        for link in stale:
-            log.warning("%s: its cluster key was removed from cluster-secret-file, closing",
-                        link.drop_notice())
-            link.close()
-        return len(stale)
+        return close_links_of_removed_keys(self.keyring, [*self.inbound, *self.out.values()])
 
     def _room_for_handshake(self, ip: str) -> None:
         """Make room for a new inbound link from ``ip``: past its address's share, or
