@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+
+from bench.plots import pyplot, save_figure
 
 PANELS = [("single", "cycle-1q", "single node, 1 queue"),
           ("single", "cycle-100q", "single node, 100 queues"),
@@ -13,17 +14,8 @@ COLORS = {"disque-mp": "C3", "disque-c": "C1", "redis-list": "C4", "redis-stream
           "beanstalkd": "C0", "rabbitmq": "C2", "nats": "C6"}  # one color per system
 
 
-def _plt() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def throughput_plot(meds: dict[tuple[str, str, str], dict[str, float]], path: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(PANELS), figsize=(13, 4))
     for ax, (setting, wl, title) in zip(axes, PANELS, strict=True):
         rows = [(k[2], m.get("jobs_per_s", 0.0)) for k, m in meds.items()
@@ -35,15 +27,12 @@ def throughput_plot(meds: dict[tuple[str, str, str], dict[str, float]], path: Pa
         ax.set_ylabel("jobs/s (add, take, ack)")
         ax.tick_params(axis="x", rotation=45, labelsize=8)
         ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def cdf_plot(samples: dict[str, list[int]], path: Path) -> Path:
     """Every round's samples of a (setting, rate, system) pooled into one curve."""
-    plt = _plt()
+    plt = pyplot()
     pooled: dict[tuple[str, str, str], list[int]] = {}
     for key, lat in samples.items():
         setting, wl, system, _ = key.split("|")
@@ -65,7 +54,4 @@ def cdf_plot(samples: dict[str, list[int]], path: Path) -> Path:
             ax.set_ylabel("fraction of jobs")
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

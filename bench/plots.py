@@ -31,27 +31,35 @@ def by_group(rows: list[dict[str, Any]], group: str) -> list[dict[str, Any]]:
     return [r for r in rows if r["group"] == group]
 
 
-def _axes() -> tuple[Any, Any]:
-    """A new figure off screen (the Agg backend: benchmarks run without a display)."""
+def pyplot() -> Any:
+    """matplotlib.pyplot off screen (the Agg backend: benchmarks run without a display)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    return plt.subplots(figsize=(7, 4))
+    return plt
+
+
+def save_figure(fig: Any, out: Path) -> Path:
+    """Lay the figure out, save it as a PNG (100 dpi) and free it; ``out``."""
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    pyplot().close(fig)
+    return out
+
+
+def _axes() -> tuple[Any, Any]:
+    return pyplot().subplots(figsize=(7, 4))
 
 
 def _save(fig: Any, ax: Any, out: Path, title: str) -> None:
-    """The look every plot shares: rps axis, grid, legend, saved as a PNG and freed."""
-    import matplotlib.pyplot as plt
-
+    """The look every plot here shares: rps axis, grid, legend; then ``save_figure``."""
     ax.set_ylabel("requests/s (-c 50 -n 200000)")
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    save_figure(fig, out)
 
 
 def plot_pipeline(rows: list[dict[str, Any]], out: Path) -> None:

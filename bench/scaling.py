@@ -49,6 +49,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from bench.plots import pyplot, save_figure
 from bench.redisq import children_of, redis_benchmark
 
 REPO = Path(__file__).resolve().parent.parent
@@ -215,6 +216,20 @@ def reference_server(binary: Path, workdir: Path) -> Iterator[tuple[int, list[in
 # ----- the measurements -----------------------------------------------------
 
 
+def with_medians_and_ratios(out: dict[str, Any], runs: dict[str, list[dict[str, Any]]],
+                            num: str, den: str) -> dict[str, Any]:
+    """``out`` with the ``runs``, each run key's median row, and for ADDJOB and GETJOB at
+    -P 1 and -P 32 the ratio of side ``num``'s rate to side ``den``'s."""
+    out["runs"] = runs
+    for key, rows in runs.items():
+        out[key] = median_row(rows)
+    for cmd in ("addjob", "getjob"):
+        for pipeline in (1, 32):
+            top, bottom = out[f"{cmd}_p{pipeline}_{num}"], out[f"{cmd}_p{pipeline}_{den}"]
+            out[f"{cmd}_p{pipeline}_ratio"] = top["rps"] / bottom["rps"]
+    return out
+
+
 def many_queues(workdir: Path, rounds: int = ROUNDS) -> dict[str, Any]:
     """1-worker vs 2-worker node over RANDOM_QUEUES random queues, interleaved rounds."""
     add = ("-r", str(RANDOM_QUEUES), "ADDJOB", "q:__rand_int__", "x", "0")
@@ -230,14 +245,7 @@ def many_queues(workdir: Path, rounds: int = ROUNDS) -> dict[str, Any]:
                     for cmd, args in (("addjob", add), ("getjob", get)):
                         key = f"{cmd}_p{pipeline}_{side}"
                         runs.setdefault(key, []).append(bench_cpu(port, pids, *args, pipeline=pipeline))
-    out: dict[str, Any] = {"rounds": rounds, "runs": runs}
-    for key, rows in runs.items():
-        out[key] = median_row(rows)
-    for cmd in ("addjob", "getjob"):
-        for pipeline in (1, 32):
-            w1, w2 = out[f"{cmd}_p{pipeline}_w1"], out[f"{cmd}_p{pipeline}_w2"]
-            out[f"{cmd}_p{pipeline}_ratio"] = w2["rps"] / w1["rps"]
-    return out
+    return with_medians_and_ratios({"rounds": rounds}, runs, "w2", "w1")
 
 
 def one_queue_vs_reference(workdir: Path, rounds: int = ROUNDS) -> dict[str, Any]:
@@ -261,14 +269,7 @@ def one_queue_vs_reference(workdir: Path, rounds: int = ROUNDS) -> dict[str, Any
     except RuntimeError as e:  # the reference would not start or a run failed: say so
         out["reference"] = f"{status}; the comparison failed: {str(e)[-300:]}"
         return out
-    out["runs"] = runs
-    for key, rows in runs.items():
-        out[key] = median_row(rows)
-    for cmd in ("addjob", "getjob"):
-        for pipeline in (1, 32):
-            ours, ref = out[f"{cmd}_p{pipeline}_disque_mp"], out[f"{cmd}_p{pipeline}_reference"]
-            out[f"{cmd}_p{pipeline}_ratio"] = ours["rps"] / ref["rps"]
-    return out
+    return with_medians_and_ratios(out, runs, "disque_mp", "reference")
 
 
 def roles(workdir: Path, pipeline: int = 32) -> dict[str, Any]:
@@ -371,11 +372,7 @@ def plot_model(fitted: dict[str, Any], out: Path) -> Path:
     """Predicted req/s for 1..16 workers (a core each plus the client's), and the
     measured points of this machine (its cores shared with redis-benchmark and
     whatever else runs) beside the model's figure for the CPU they got."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     ns = list(range(1, 17))
     a = (fitted["local_us"], fitted["forward_relay_us"], fitted["executed_for_other_us"],
          fitted["client_us"])
@@ -396,10 +393,7 @@ def plot_model(fitted: dict[str, Any], out: Path) -> Path:
     ax.set_xticks([1, 2, 4, 8, 16])
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 # ----- cores: 1..16 workers, its own pinned load generator --------------------
