@@ -158,6 +158,33 @@ def running_cluster(nodes: list[NodeProc], form_timeout_s: float) -> Iterator[li
             n.stop()
 
 
+# How long a test cluster of cold nodes may take to form on 2 cores shared with other
+# test runs (a generous bound, never a timed assertion).
+cluster_form_timeout_s = 60.0
+
+
+def terminate(proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
+    """SIGTERM ``proc`` if it still runs, wait up to ``timeout_s``; whether it has exited."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return False
+    return True
+
+
+@contextlib.contextmanager
+def node_cluster(base: Path, count: int, *, workers: int, node_timeout_ms: int = 3000,
+                 form_timeout_s: float = cluster_form_timeout_s) -> Iterator[list[NodeProc]]:
+    """``count`` nodes in ``base/n0`` ... with ``cluster-node-timeout`` ``node_timeout_ms``,
+    made one cluster and stopped on the way out (``running_cluster``)."""
+    nodes = [NodeProc(base / f"n{i}", workers=workers,
+                      conf={"cluster-node-timeout": node_timeout_ms}) for i in range(count)]
+    with running_cluster(nodes, form_timeout_s):
+        yield nodes
+
+
 class NodeProc:
     def __init__(
         self,
@@ -299,12 +326,8 @@ class NodeProc:
     def stop(self, timeout_s: float = 15.0) -> int:
         if self.proc is None:
             return 0
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.kill_group()
+        if not terminate(self.proc, timeout_s):
+            self.kill_group()
         rc = self.proc.returncode
         try:  # workers must be gone too
             os.killpg(self.pgid or self.proc.pid, signal.SIGKILL)

@@ -40,6 +40,21 @@ def encode_command(*args: Any) -> bytes:
     return b"".join(parts)
 
 
+def exchange(port: int, data: bytes, *, timeout_s: float = raw_timeout_s,
+             host: str = "127.0.0.1", until: bytes | None = None) -> bytes:
+    """Send ``data`` on a new connection, read what comes back until the server closes
+    (or, with ``until``, the bytes read so far end with it: one reply line)."""
+    with socket.create_connection((host, port), timeout=timeout_s) as s:
+        s.sendall(data)
+        out = b""
+        while until is None or not out.endswith(until):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            out += chunk
+        return out
+
+
 class RawClient:
     """Raw RESP over a socket: send bytes, read typed replies (RESP2 and RESP3 nulls)."""
 

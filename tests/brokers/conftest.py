@@ -18,10 +18,9 @@ import pytest
 import redis
 
 from tests.brokers.record import read_records
-from tests.nodeproc import REPO, NodeProc, running_cluster, wait_until
+from tests.nodeproc import REPO, NodeProc, node_cluster, terminate, wait_until
 
 # Bounds, not timed assertions: the machine is small and shared.
-cluster_form_timeout_s = 60.0
 worker_stop_timeout_s = 20.0
 tasks_done_timeout_s = 60.0
 # The visibility timeout (Disque RETRY) the test apps use: short so that a killed
@@ -69,12 +68,7 @@ class WorkerProc:
         """SIGTERM (warm shutdown), then SIGKILL the group in any case."""
         if self.proc is None:
             return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=worker_stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
+        terminate(self.proc, worker_stop_timeout_s)
         self.kill()
 
     def __enter__(self) -> WorkerProc:
@@ -104,8 +98,47 @@ def broker_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProc]:
 
 @pytest.fixture(scope="session")
 def broker_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[NodeProc]]:
-    base = Path(tmp_path_factory.mktemp("broker-cluster"))
-    nodes = [NodeProc(base / f"n{i}", workers=1, conf={"cluster-node-timeout": 3000})
-             for i in range(3)]
-    with running_cluster(nodes, cluster_form_timeout_s):
+    with node_cluster(tmp_path_factory.mktemp("broker-cluster"), 3, workers=1) as nodes:
         yield nodes
+
+
+def blocked_getjob(nodes: list[NodeProc]) -> bool:
+    """Some connection of these nodes runs GETJOB (CLIENT LIST's cmd)."""
+    for node in nodes:
+        r = raw(node)
+        try:
+            if b"cmd=getjob" in r.execute_command("CLIENT", "LIST"):
+                return True
+        finally:
+            r.close()
+    return False
+
+
+def check_worker_follows_leaving(cluster: list[NodeProc], q: str, rec: Path, w: WorkerProc,
+                                 what: str, send_one: Callable[[int], object]) -> None:
+    """The worker ``w`` of queue ``q`` connected to ``cluster[0]``, a producer on another
+    node (``send_one(n)`` sends task n): tasks 0-9 run, then ``cluster[0]`` starts
+    leaving, tasks 10-19 run too, the leaving node answers GETJOB with -LEAVING and
+    the worker blocks in GETJOB on another node. ``cluster[0]`` stops leaving after."""
+    for i in range(10):
+        send_one(i)
+    wait_records(rec, lambda r: len(r) >= 10, f"10 {what} produced on another node", w)
+    wait_until(lambda: blocked_getjob(cluster[:1]), 30, "the worker's GETJOB on its node",
+               detail=w.log_tail)
+    leaving = raw(cluster[0])
+    assert leaving.execute_command("CLUSTER", "LEAVING", "yes") in (b"OK", True)
+    try:
+        for i in range(10, 20):
+            send_one(i)
+        records = wait_records(rec, lambda r: len(r) >= 20,
+                               f"10 more {what} after the worker's node started leaving", w)
+        # with nothing queued there, a leaving node answers GETJOB with -LEAVING...
+        with pytest.raises(Exception, match="LEAVING"):
+            leaving.execute_command("GETJOB", "TIMEOUT", 100, "FROM", q)
+        # ...so the worker now blocks in GETJOB on another node
+        wait_until(lambda: blocked_getjob(cluster[1:]), 30,
+                   "the worker's GETJOB on a node that is not leaving", detail=w.log_tail)
+    finally:
+        leaving.execute_command("CLUSTER", "LEAVING", "no")
+        leaving.close()
+    assert sorted(r["n"] for r in records) == list(range(20))

@@ -11,12 +11,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 from celery import Celery
 
 import disque_mp.kombu  # noqa: F401  (registers disque://)
 from disque_mp.client import Disque
-from tests.brokers.conftest import WorkerProc, node_url, raw, visibility_s, wait_records
+from tests.brokers.conftest import (
+    WorkerProc,
+    check_worker_follows_leaving,
+    node_url,
+    visibility_s,
+    wait_records,
+)
 from tests.nodeproc import NodeProc, unique_queue, wait_until
 
 TASKS = "tests.brokers.celery_app"
@@ -80,18 +85,6 @@ def test_a_failing_task_is_retried_then_dead_lettered(broker_node: NodeProc,
     assert message["headers"]["id"] == task_id and message["headers"]["retries"] == 2
 
 
-def blocked_getjob(nodes: list[NodeProc]) -> bool:
-    """Some connection of these nodes runs GETJOB (CLIENT LIST's cmd)."""
-    for node in nodes:
-        r = raw(node)
-        try:
-            if b"cmd=getjob" in r.execute_command("CLIENT", "LIST"):
-                return True
-        finally:
-            r.close()
-    return False
-
-
 def read(path: Path) -> list[dict[str, Any]]:
     from tests.brokers.record import read_records
 
@@ -135,26 +128,6 @@ def test_cluster_worker_and_producer_on_different_nodes_and_leaving(
     q = unique_queue("cel")
     rec = tmp_path / "records.jsonl"
     app = producer(node_url(producer_node))
-    leaving = raw(worker_node)
     with worker(node_url(worker_node), q, tmp_path) as w:
-        for i in range(10):
-            send(app, "echo", q, i, time.time())
-        wait_records(rec, lambda r: len(r) >= 10, "10 tasks produced on another node", w)
-        wait_until(lambda: blocked_getjob([worker_node]), 30, "the worker's GETJOB on its node",
-                   detail=w.log_tail)
-        assert leaving.execute_command("CLUSTER", "LEAVING", "yes") in (b"OK", True)
-        try:
-            for i in range(10, 20):
-                send(app, "echo", q, i, time.time())
-            records = wait_records(rec, lambda r: len(r) >= 20,
-                                   "10 more tasks after the worker's node started leaving", w)
-            # with nothing queued there, a leaving node answers GETJOB with -LEAVING...
-            with pytest.raises(Exception, match="LEAVING"):
-                leaving.execute_command("GETJOB", "TIMEOUT", 100, "FROM", q)
-            # ...so the worker now blocks in GETJOB on another node
-            wait_until(lambda: blocked_getjob(broker_cluster[1:]), 30,
-                       "the worker's GETJOB on a node that is not leaving", detail=w.log_tail)
-        finally:
-            leaving.execute_command("CLUSTER", "LEAVING", "no")
-            leaving.close()
-    assert sorted(r["n"] for r in records) == list(range(20))
+        check_worker_follows_leaving(broker_cluster, q, rec, w, "tasks",
+                                     lambda i: send(app, "echo", q, i, time.time()))

@@ -7,6 +7,7 @@ worker follows its node's ``-LEAVING`` in a 3-node cluster."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +16,13 @@ from dramatiq import Message
 
 from disque_mp.client import Disque
 from disque_mp.dramatiq import DisqueBroker
-from tests.brokers.conftest import WorkerProc, raw, visibility_s, wait_records
+from tests.brokers.conftest import (
+    WorkerProc,
+    check_worker_follows_leaving,
+    visibility_s,
+    wait_records,
+)
 from tests.brokers.record import read_records
-from tests.brokers.test_celery import blocked_getjob
 from tests.nodeproc import NodeProc, unique_queue, wait_until
 
 
@@ -33,15 +38,23 @@ def worker(broker_url: str, queue: str, tmp_path: Path, name: str = "worker") ->
     return WorkerProc(args, env, tmp_path / f"{name}.log")
 
 
+@pytest.fixture
+def broker(broker_node: NodeProc) -> Iterator[DisqueBroker]:
+    """A DisqueBroker on the one-node fixture, closed after the test."""
+    b = DisqueBroker(url=url(broker_node), visibility_timeout=visibility_s)
+    yield b
+    b.close()
+
+
 def send(broker: DisqueBroker, queue: str, actor: str, *args: Any,
          delay: int | None = None) -> Message:
     return broker.enqueue(Message(queue_name=queue, actor_name=actor, args=args, kwargs={},
                                   options={}), delay=delay)
 
 
-def test_messages_run_and_a_delay_is_honoured(broker_node: NodeProc, tmp_path: Path) -> None:
+def test_messages_run_and_a_delay_is_honoured(broker_node: NodeProc, broker: DisqueBroker,
+                                              tmp_path: Path) -> None:
     q = unique_queue("dq")
-    broker = DisqueBroker(url=url(broker_node), visibility_timeout=visibility_s)
     rec = tmp_path / "records.jsonl"
     with worker(url(broker_node), q, tmp_path) as w:
         send(broker, q, "echo", -1, time.time(), delay=1500)  # rounded up: DELAY 2
@@ -54,13 +67,11 @@ def test_messages_run_and_a_delay_is_honoured(broker_node: NodeProc, tmp_path: P
     assert delayed["t"] - delayed["sent_at"] >= 1.9
     assert records[-1]["n"] == -1
     assert broker.client.qlen(q) == 0
-    broker.close()
 
 
-def test_a_failing_actor_is_retried_then_dead_lettered(broker_node: NodeProc,
-                                                       tmp_path: Path) -> None:
+def test_a_failing_actor_is_retried_then_dead_lettered(
+        broker_node: NodeProc, broker: DisqueBroker, tmp_path: Path) -> None:
     q = unique_queue("dq")
-    broker = DisqueBroker(url=url(broker_node), visibility_timeout=visibility_s)
     rec = tmp_path / "records.jsonl"
     with worker(url(broker_node), q, tmp_path) as w:
         sent = send(broker, q, "flaky", 7)
@@ -73,13 +84,11 @@ def test_a_failing_actor_is_retried_then_dead_lettered(broker_node: NodeProc,
     assert message.options["retries"] == 3  # Retries counts the failures: 3 > max_retries
     assert len(read_records(rec)) == 3  # max_retries=2: one run and two retries
     assert broker.client.qlen(q) == 0
-    broker.close()
 
 
-def test_a_message_whose_worker_is_killed_is_delivered_again(broker_node: NodeProc,
-                                                             tmp_path: Path) -> None:
+def test_a_message_whose_worker_is_killed_is_delivered_again(
+        broker_node: NodeProc, broker: DisqueBroker, tmp_path: Path) -> None:
     q = unique_queue("dq")
-    broker = DisqueBroker(url=url(broker_node), visibility_timeout=visibility_s)
     rec = tmp_path / "records.jsonl"
     marker = tmp_path / "marker"
     first = worker(url(broker_node), q, tmp_path, "first").start()
@@ -99,7 +108,6 @@ def test_a_message_whose_worker_is_killed_is_delivered_again(broker_node: NodePr
     starts = [r for r in records if r["task"] == "slow"]
     assert len(starts) == 2
     assert starts[1]["t"] - killed_at >= visibility_s / 2 - 0.5
-    broker.close()
 
 
 def test_cluster_worker_and_producer_on_different_nodes_and_leaving(
@@ -108,27 +116,9 @@ def test_cluster_worker_and_producer_on_different_nodes_and_leaving(
     q = unique_queue("dq")
     rec = tmp_path / "records.jsonl"
     broker = DisqueBroker(nodes=[f"127.0.0.1:{producer_node.port}"])
-    leaving = raw(worker_node)
     with worker(url(worker_node), q, tmp_path) as w:
-        for i in range(10):
-            send(broker, q, "echo", i, time.time())
-        wait_records(rec, lambda r: len(r) >= 10, "10 messages produced on another node", w)
-        wait_until(lambda: blocked_getjob([worker_node]), 30, "the worker's GETJOB on its node",
-                   detail=w.log_tail)
-        assert leaving.execute_command("CLUSTER", "LEAVING", "yes") in (b"OK", True)
-        try:
-            for i in range(10, 20):
-                send(broker, q, "echo", i, time.time())
-            records = wait_records(rec, lambda r: len(r) >= 20,
-                                   "10 more messages after the worker's node started leaving", w)
-            with pytest.raises(Exception, match="LEAVING"):
-                leaving.execute_command("GETJOB", "TIMEOUT", 100, "FROM", q)
-            wait_until(lambda: blocked_getjob(broker_cluster[1:]), 30,
-                       "the worker's GETJOB on a node that is not leaving", detail=w.log_tail)
-        finally:
-            leaving.execute_command("CLUSTER", "LEAVING", "no")
-            leaving.close()
-    assert sorted(r["n"] for r in records) == list(range(20))
+        check_worker_follows_leaving(broker_cluster, q, rec, w, "messages",
+                                     lambda i: send(broker, q, "echo", i, time.time()))
     with Disque([f"127.0.0.1:{producer_node.port}"]) as d:
         assert d.hello().nodes  # the producer node still serves
     broker.close()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from disque_mp.client import Disque
-from tests.brokers.conftest import cluster_form_timeout_s, visibility_s
+from tests.brokers.conftest import visibility_s
 from tests.brokers.proof import (
     Side,
     backoff_celery,
@@ -28,7 +28,7 @@ from tests.brokers.proof import (
     send,
     wait_for,
 )
-from tests.nodeproc import NodeProc, form_cluster, unique_queue
+from tests.nodeproc import NodeProc, cluster_form_timeout_s, form_cluster, unique_queue
 
 pytestmark = pytest.mark.integration
 

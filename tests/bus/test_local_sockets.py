@@ -7,9 +7,7 @@ from __future__ import annotations
 import array
 import json
 import os
-import pwd
 import socket
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +15,7 @@ import pytest
 
 from bus import frames
 from bus.mesh import K_SCATTER
+from tests.bus.other_user import fork_as_user, needs_root_and_nobody, uid_of
 from tests.nodeproc import NodeProc, unique_queue
 
 pytestmark = pytest.mark.integration
@@ -78,22 +77,7 @@ def intrude(prefix: str, flush_frame: bytes) -> dict[str, str]:
 
 def as_user(uid: int, fn: Callable[[], dict[str, str]]) -> dict[str, str]:
     """Run ``fn`` in a forked child switched to ``uid``; its result comes back as JSON."""
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never return into pytest
-        code = 1
-        try:
-            os.close(read_fd)
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            os.write(write_fd, json.dumps(fn()).encode())
-            code = 0
-        except BaseException:
-            traceback.print_exc()  # shown by pytest as the child's stderr
-        finally:
-            os._exit(code)
-    os.close(write_fd)
+    pid, read_fd = fork_as_user(uid, fn)
     with os.fdopen(read_fd, "rb") as f:
         data = f.read()
     _, status = os.waitpid(pid, 0)
@@ -102,15 +86,7 @@ def as_user(uid: int, fn: Callable[[], dict[str, str]]) -> dict[str, str]:
     return result
 
 
-def _uid_of(name: str) -> int:
-    try:
-        return pwd.getpwnam(name).pw_uid
-    except KeyError:
-        return -1
-
-
-@pytest.mark.skipif(os.getuid() != 0 or _uid_of("nobody") < 0,
-                    reason="needs root to run a helper process as the user nobody")
+@needs_root_and_nobody
 def test_another_uid_is_refused_on_mesh_handoff_and_agent(tmp_path: Path) -> None:
     with NodeProc(tmp_path, workers=2) as node:
         r = node.client(protocol=2)
@@ -119,7 +95,7 @@ def test_another_uid_is_refused_on_mesh_handoff_and_agent(tmp_path: Path) -> Non
         r.execute_command("ADDJOB", q, "keep me", 0)
         prefix = listed_prefix(node.port, node_id)
         flush = frames.encode(K_SCATTER, {"r": 1, "op": "flushall", "a": None})
-        outcome = as_user(_uid_of("nobody"), lambda: intrude(prefix, flush))
+        outcome = as_user(uid_of("nobody"), lambda: intrude(prefix, flush))
         assert outcome == {"mesh": "denied", "agent": "denied", "handoff": "denied"}, outcome
         assert r.execute_command("QLEN", q) == 1  # the flush never ran
 

@@ -158,19 +158,23 @@ def test_pfail_after_timeout_then_fail_by_majority() -> None:
         assert line[0].split()[2] == "fail"
 
 
-def test_two_nodes_never_reach_fail_quorum() -> None:
-    net = joined(2)
-    b = net.nodes[7002]
-    net.down.add(7002)
+def last_down_three_timeouts(n: int) -> tuple[Net, Membership]:
+    """``n`` joined nodes, the last one (port 7000 + n) down for three node timeouts:
+    the net and that node."""
+    net = joined(n)
+    last = net.nodes[7000 + n]
+    net.down.add(7000 + n)
     net.run(TIMEOUT_MS * 3)
+    return net, last
+
+
+def test_two_nodes_never_reach_fail_quorum() -> None:
+    net, b = last_down_three_timeouts(2)
     assert flags_of(net.nodes[7001], b.my_id) == ["fail?"]
 
 
 def test_fail_clears_when_node_answers_again() -> None:
-    net = joined(3)
-    c = net.nodes[7003]
-    net.down.add(7003)
-    net.run(TIMEOUT_MS * 3)
+    net, c = last_down_three_timeouts(3)
     assert flags_of(net.nodes[7001], c.my_id) == ["fail"]
     net.down.discard(7003)
     net.run(2000)
@@ -255,13 +259,20 @@ def test_nodes_conf_round_trip(tmp_path) -> None:
     assert {(n.ip, n.port) for n in back.others()} == {("127.0.0.1", 7002), ("127.0.0.1", 7003)}
 
 
-def test_restarted_node_with_its_conf_rejoins() -> None:
+def three_with_7003_failed_and_gone() -> tuple[Net, nodes_conf.NodesConf, str]:
+    """Three joined nodes, then 7003 down long enough to be failed, then removed (still
+    in ``net.down``): the net, 7003's conf and its ID, for a restart."""
     net = joined(3)
     c = net.nodes[7003]
     conf, c_id = c.to_conf(), c.my_id
     net.down.add(7003)
     net.run(TIMEOUT_MS * 3)
     del net.nodes[7003]
+    return net, conf, c_id
+
+
+def test_restarted_node_with_its_conf_rejoins() -> None:
+    net, conf, c_id = three_with_7003_failed_and_gone()
     net.down.discard(7003)
     c2 = net.add(7003, c_id)
     c2.load_conf(nodes_conf.parse(nodes_conf.render(conf)), net.now_ms)
@@ -384,12 +395,7 @@ def test_partition_minority_sees_pfail_majority_sees_fail_and_heal_clears() -> N
 
 
 def test_node_restarted_on_another_port_is_followed() -> None:
-    net = joined(3)
-    c = net.nodes[7003]
-    conf, c_id = c.to_conf(), c.my_id
-    net.down.add(7003)
-    net.run(TIMEOUT_MS * 3)
-    del net.nodes[7003]
+    net, conf, c_id = three_with_7003_failed_and_gone()
     c2 = net.add(7009, c_id)  # same ID and peers, new port
     c2.load_conf(conf, net.now_ms)
     net.run(3000)

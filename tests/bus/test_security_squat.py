@@ -8,29 +8,21 @@ from __future__ import annotations
 import errno
 import json
 import os
-import pwd
 import select
 import signal
 import socket
 import time
-import traceback
 from pathlib import Path
 
 import pytest
 
+from tests.bus.other_user import fork_as_user, needs_root_and_nobody, uid_of
 from tests.nodeproc import NodeProc, unique_queue
 from workers.ids import owner_of_queue
 
 pytestmark = pytest.mark.integration
 
 squat_s = 6.0  # how long the squatter tries to bind and waits for worker 0
-
-
-def _uid_of(name: str) -> int:
-    try:
-        return pwd.getpwnam(name).pw_uid
-    except KeyError:
-        return -1
 
 
 def listed_names(mark: str) -> list[str]:
@@ -80,23 +72,7 @@ def squat(names: dict[str, int], deadline: float) -> dict[str, object]:
 
 def run_squatter(uid: int, names: dict[str, int]) -> tuple[int, int]:
     """Fork the squatter as ``uid``; returns (pid, read end of its result pipe)."""
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.close(read_fd)
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            os.write(write_fd, json.dumps(squat(names, time.monotonic() + squat_s)).encode())
-            code = 0
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(code)
-    os.close(write_fd)
-    return pid, read_fd
+    return fork_as_user(uid, lambda: squat(names, time.monotonic() + squat_s))
 
 
 def worker_pid(node: NodeProc, index: int) -> int:
@@ -114,8 +90,7 @@ def queue_of_worker(index: int, workers: int) -> str:
     raise AssertionError("no queue name found for that worker")
 
 
-@pytest.mark.skipif(os.getuid() != 0 or _uid_of("nobody") < 0,
-                    reason="needs root to run a helper process as the user nobody")
+@needs_root_and_nobody
 def test_another_uid_cannot_take_a_dead_workers_place(tmp_path: Path) -> None:
     with NodeProc(tmp_path, workers=2) as node:
         r = node.client(protocol=2)
@@ -125,7 +100,7 @@ def test_another_uid_cannot_take_a_dead_workers_place(tmp_path: Path) -> None:
         names.update({n: socket.SOCK_DGRAM for n in listed_names(mark + ".fd")})
         assert len(names) == 2, names
         q = queue_of_worker(1, 2)
-        pid, result_fd = run_squatter(_uid_of("nobody"), names)
+        pid, result_fd = run_squatter(uid_of("nobody"), names)
         os.kill(worker_pid(node, 1), signal.SIGKILL)
         deadline = time.monotonic() + squat_s - 1
         while time.monotonic() < deadline:  # worker 0 forwards these to "worker 1"

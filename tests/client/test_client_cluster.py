@@ -6,19 +6,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
 
 from disque_mp.client import Disque, Job
 from disque_mp.client.aio import AsyncDisque
-from tests.nodeproc import NodeProc, running_cluster, wait_until
+from tests.nodeproc import NodeProc, cluster_form_timeout_s, node_cluster, wait_until
 from tests.nodeproc import unique_queue as _q
 
 pytestmark = pytest.mark.integration
 
-cluster_form_timeout_s = 60.0  # three cold nodes on 2 busy cores
 leaving_seen_timeout_s = 30.0
 
 
@@ -40,10 +38,7 @@ def _hello_sizes(nodes: list[NodeProc]) -> list[int]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[NodeProc]]:
-    base = Path(tmp_path_factory.mktemp("client-cluster"))
-    nodes = [NodeProc(base / f"n{i}", workers=1, conf={"cluster-node-timeout": 3000})
-             for i in range(3)]
-    with running_cluster(nodes, cluster_form_timeout_s):
+    with node_cluster(tmp_path_factory.mktemp("client-cluster"), 3, workers=1) as nodes:
         # what the client discovers: every node lists all three in HELLO
         wait_until(lambda: _hello_sizes(nodes) == [3, 3, 3], cluster_form_timeout_s,
                   "every node to list 3 nodes in HELLO")

@@ -29,11 +29,8 @@ from disque_mp.client.core import (
     addjob_args,
     consume_batch,
     consume_done,
-    error_from_reply,
     getjob_args,
-    is_leaving,
     jscan_args,
-    map_redis_error,
     parse_address,
     parse_hello,
     parse_info,
@@ -252,7 +249,7 @@ def test_pipelines_split_by_size_in_order() -> None:
     ("WEIRD something new", DisqueError),
 ])
 def test_error_from_reply(text: str, cls: type[DisqueError]) -> None:
-    err = error_from_reply(text)
+    err = core.error_from_reply(text)
     assert type(err) is cls
     assert err.code == text.split(" ", 1)[0]
     assert str(err) == text
@@ -262,25 +259,25 @@ def test_map_redis_error_puts_back_the_code_redis_py_strips() -> None:
     # redis-py's own parser, as it turns the error lines a node sent into exceptions
     stripped = BaseParser.parse_error("ERR wrong number of arguments for 'addjob' command")
     assert isinstance(stripped, redis.ResponseError) and stripped.status_code == "ERR"
-    err = map_redis_error(stripped)
+    err = core.map_redis_error(stripped)
     assert type(err) is core.CommandError
     assert str(err) == "ERR wrong number of arguments for 'addjob' command"
-    oom = map_redis_error(BaseParser.parse_error(
+    oom = core.map_redis_error(BaseParser.parse_error(
         "OOM command not allowed when used memory > 'maxmemory'."))
     assert type(oom) is core.OutOfMemoryError and str(oom).startswith("OOM command not allowed")
     kept = BaseParser.parse_error("NOJOB Job not known in the context of this node.")
     assert getattr(kept, "status_code", None) is None  # redis-py leaves Disque's codes
-    assert type(map_redis_error(kept)) is core.NoJobError
+    assert type(core.map_redis_error(kept)) is core.NoJobError
 
 
 def test_is_leaving() -> None:
-    assert is_leaving(error_from_reply("LEAVING This node is leaving the cluster"))
-    assert is_leaving(error_from_reply(
+    assert core.is_leaving(core.error_from_reply("LEAVING This node is leaving the cluster"))
+    assert core.is_leaving(core.error_from_reply(
         "NOREPL Timeout reached before replicating to the requested number of nodes, "
         "unable to hold a copy of the message for the following reason: "
         "I'm leaving the cluster"))
-    assert not is_leaving(error_from_reply("NOREPL Not enough reachable nodes"))
-    assert not is_leaving(error_from_reply("PAUSED Queue paused in input, try later"))
+    assert not core.is_leaving(core.error_from_reply("NOREPL Not enough reachable nodes"))
+    assert not core.is_leaving(core.error_from_reply("PAUSED Queue paused in input, try later"))
 
 
 # ----------------------------------------------------------------------------- settings
@@ -321,7 +318,7 @@ def test_failover_budget_is_the_nodes_known() -> None:
 
 def test_leaving_and_dropped_connections_retry_within_budget() -> None:
     s = _Settings(["a:1", "b:2"])
-    leaving = error_from_reply("LEAVING This node is leaving the cluster")
+    leaving = core.error_from_reply("LEAVING This node is leaving the cluster")
     dropped = redis.ConnectionError("Connection closed by server.")
     for attempt in (0, 1):
         s._raise_unless_retrying(leaving, attempt, "ADDJOB")  # returns: try another node
@@ -336,12 +333,12 @@ def test_leaving_and_dropped_connections_retry_within_budget() -> None:
 
 def test_other_error_replies_raise_at_once() -> None:
     s = _Settings(["a:1", "b:2"])
-    paused = error_from_reply("PAUSED Queue paused in input, try later")
+    paused = core.error_from_reply("PAUSED Queue paused in input, try later")
     with pytest.raises(core.PausedError):
         s._raise_unless_retrying(paused, 0, "ADDJOB")
     sticky = _Settings(["a:1", "b:2"], failover_attempts=0)
     with pytest.raises(core.LeavingError):
-        sticky._raise_unless_retrying(error_from_reply("LEAVING bye"), 0, "GETJOB")
+        sticky._raise_unless_retrying(core.error_from_reply("LEAVING bye"), 0, "GETJOB")
 
 
 def test_consume_loop_decisions() -> None:

@@ -29,7 +29,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from tests.faults.netns import Net
-from tests.nodeproc import proc_stats
+from tests.nodeproc import proc_stats, terminate
 
 REPO = Path(__file__).resolve().parent.parent.parent
 node_port = 7711
@@ -172,12 +172,7 @@ class FaultNode:
         if self.proc is None:
             return
         self.resume()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
+        terminate(self.proc, stop_timeout_s)
         self._signal_group(signal.SIGKILL)
         try:
             self.proc.wait(timeout=stop_timeout_s)

@@ -77,10 +77,15 @@ def open_manager(tmp_path: Path, shard: Shard, **kw: object) -> AofManager:
     return mgr
 
 
-def test_commit_refuses_with_always_while_writes_fail(tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    fault = tmp_path / "fault"
-    monkeypatch.setattr(aof_format, "_fault_path", str(fault))
+@pytest.fixture
+def fault(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A file that, while it exists, makes the AOF's writes fail with the errno it names."""
+    path = tmp_path / "fault"
+    monkeypatch.setattr(aof_format, "_fault_path", str(path))
+    return path
+
+
+def test_commit_refuses_with_always_while_writes_fail(tmp_path: Path, fault: Path) -> None:
     shard = make_shard()
     mgr = open_manager(tmp_path, shard, appendfsync="always")
     j1 = add(shard, mgr)
@@ -101,10 +106,7 @@ def test_commit_refuses_with_always_while_writes_fail(tmp_path: Path,
     assert set(file_state(mgr.writer.path)) == {j1, j2}
 
 
-def test_commit_with_everysec_does_not_refuse(tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    fault = tmp_path / "fault"
-    monkeypatch.setattr(aof_format, "_fault_path", str(fault))
+def test_commit_with_everysec_does_not_refuse(tmp_path: Path, fault: Path) -> None:
     shard = make_shard()
     mgr = open_manager(tmp_path, shard, appendfsync="everysec")
     fault.write_text("ENOSPC")
@@ -424,9 +426,7 @@ def test_bgrewriteaof_with_appendonly_no_writes_a_file_but_stays_off(tmp_path: P
 
 
 def test_records_dropped_past_the_pending_bound_are_healed_by_a_rewrite(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    fault = tmp_path / "fault"
-    monkeypatch.setattr(aof_format, "_fault_path", str(fault))
+        tmp_path: Path, fault: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(aof, "pending_bytes_max", 300)
     shard, mgr = start(tmp_path, 0, 1, appendfsync="always")
     fault.write_text("ENOSPC")
@@ -457,13 +457,11 @@ def test_flushall_leaves_nothing_to_reload(tmp_path: Path) -> None:
 
 
 def test_group_commit_in_a_loop_releases_held_replies_after_the_fsync(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, fault: Path) -> None:
     """appendfsync always with a running loop: the fsync runs in the fsync thread;
     held replies come out after it (or as the AOF error when it fails)."""
     import asyncio
 
-    fault = tmp_path / "fault"
-    monkeypatch.setattr(aof_format, "_fault_path", str(fault))
     shard, mgr = start(tmp_path, 0, 1, appendfsync="always")
     out: list[object] = []
 
@@ -505,9 +503,7 @@ def test_no_appendfsync_on_rewrite(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 
 def test_when_durable_waits_for_the_records_of_a_pending_reply(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    fault = tmp_path / "fault"
-    monkeypatch.setattr(aof_format, "_fault_path", str(fault))
+        tmp_path: Path, fault: Path) -> None:
     shard, mgr = start(tmp_path, 0, 1, appendfsync="always")
     out: list[object] = []
     add_logged(shard, mgr, queue_of(0, 1))

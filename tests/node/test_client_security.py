@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from tests.nodeproc import NodeProc
+from tests.rawclient import exchange
 
 pytestmark = pytest.mark.integration
 
@@ -80,15 +81,7 @@ def _non_loopback_ip() -> str | None:
 
 
 def _first_reply(ip: str, port: int) -> bytes:
-    with socket.create_connection((ip, port), timeout=10) as s:
-        s.sendall(b"PING\r\n")
-        data = b""
-        while not data.endswith(b"\r\n"):
-            chunk = s.recv(4096)
-            if not chunk:
-                break
-            data += chunk
-        return data
+    return exchange(port, b"PING\r\n", timeout_s=10, host=ip, until=b"\r\n")
 
 
 def test_protected_mode(tmp_path: Path) -> None:

@@ -18,13 +18,12 @@ import redis
 
 from disque_mp.client import Disque
 from disque_mp.client.aio import AsyncDisque
-from tests.nodeproc import NodeProc, running_cluster, wait_until
+from tests.nodeproc import NodeProc, node_cluster, wait_until
 from tests.nodeproc import unique_queue as _q
 from workers.ids import owner_of_job_id
 
 pytestmark = pytest.mark.integration
 
-form_timeout_s = 60.0  # cold nodes on 2 cores shared with other test runs
 wait_s = 30.0
 EXTENSIONS = ("waitjob", "globalqlen", "delqueue")
 
@@ -37,10 +36,8 @@ def one(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProc]:
 
 @pytest.fixture(scope="module")
 def three(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[NodeProc]]:
-    base = Path(tmp_path_factory.mktemp("ext-three"))
-    nodes = [NodeProc(base / f"n{i}", workers=2, conf={"cluster-node-timeout": 2000})
-             for i in range(3)]
-    with running_cluster(nodes, form_timeout_s):
+    with node_cluster(tmp_path_factory.mktemp("ext-three"), 3, workers=2,
+                      node_timeout_ms=2000) as nodes:
         yield nodes
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -26,6 +25,7 @@ import redis
 
 from disque_mp.node import aof_format
 from tests.nodeproc import NodeProc
+from tests.rawclient import exchange
 from workers.ids import owner_of_queue
 
 pytestmark = pytest.mark.integration
@@ -48,15 +48,7 @@ def info_persistence(r: redis.Redis) -> dict[str, Any]:
 
 def raw_command(port: int, line: bytes) -> bytes:
     """One inline command over a plain socket: the exact reply line."""
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        s.sendall(line + b"\r\n")
-        data = b""
-        while not data.endswith(b"\r\n"):
-            chunk = s.recv(4096)
-            if not chunk:
-                break
-            data += chunk
-        return data
+    return exchange(port, line + b"\r\n", timeout_s=10, until=b"\r\n")
 
 
 def jscan_all(r: redis.Redis) -> set[str]:

@@ -14,14 +14,13 @@ from typing import Any
 import pytest
 import redis
 
-from tests.nodeproc import NodeProc, running_cluster, wait_until
+from tests.nodeproc import NodeProc, node_cluster, wait_until
 from tests.nodeproc import unique_queue as _q
 from tests.rawclient import NULL_ARRAY, Err, RawClient, encode_command
 from workers.ids import owner_of_queue
 
 pytestmark = pytest.mark.integration
 
-form_timeout_s = 60.0  # cold nodes on 2 cores shared with other test runs
 wait_s = 30.0
 node_timeout_ms = 2000
 
@@ -32,9 +31,7 @@ def _r(node: NodeProc) -> redis.Redis:
 
 @pytest.fixture
 def three(tmp_path: Path) -> Iterator[list[NodeProc]]:
-    nodes = [NodeProc(tmp_path / f"n{i}", workers=2, conf={"cluster-node-timeout": node_timeout_ms})
-             for i in range(3)]
-    with running_cluster(nodes, form_timeout_s):
+    with node_cluster(tmp_path, 3, workers=2, node_timeout_ms=node_timeout_ms) as nodes:
         yield nodes
 
 
@@ -136,9 +133,7 @@ def test_additional_deliveries_travel_between_nodes(three: list[NodeProc]) -> No
 
 @pytest.fixture
 def four(tmp_path: Path) -> Iterator[list[NodeProc]]:
-    nodes = [NodeProc(tmp_path / f"n{i}", workers=2, conf={"cluster-node-timeout": 3000})
-             for i in range(4)]
-    with running_cluster(nodes, form_timeout_s):
+    with node_cluster(tmp_path, 4, workers=2) as nodes:
         yield nodes
 
 
@@ -210,12 +205,10 @@ def test_fault_free_run_delivers_every_acked_job_once(tmp_path: Path) -> None:
     import random
 
     rng = random.Random(4)
-    nodes = [NodeProc(tmp_path / f"n{i}", workers=2, conf={"cluster-node-timeout": 3000})
-             for i in range(4)]
     queues = [_q("once") for _ in range(4)]  # on both workers
     acked: dict[str, int] = {}
     delivered: dict[str, int] = {}
-    with running_cluster(nodes, form_timeout_s):
+    with node_cluster(tmp_path, 4, workers=2) as nodes:
         _workload(nodes, rng, workload_s, acked, delivered, queues)  # links still being set up
         victim = nodes[1]
         before = set(victim.worker_pids())

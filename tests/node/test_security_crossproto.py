@@ -4,12 +4,12 @@ its body runs; the cluster secret cannot be turned off at runtime."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 
 from tests.nodeproc import NodeProc, unique_queue
+from tests.rawclient import exchange
 
 pytestmark = pytest.mark.integration
 
@@ -18,12 +18,7 @@ ATTACK = "Possible SECURITY ATTACK detected"
 
 
 def send_and_read_all(port: int, data: bytes) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=read_timeout_s) as s:
-        s.sendall(data)
-        out = b""
-        while chunk := s.recv(65536):
-            out += chunk
-        return out
+    return exchange(port, data, timeout_s=read_timeout_s)
 
 
 def test_http_lines_as_commands_close_the_connection(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import rawclient
 from tests.httpclient import get
 from tests.nodeproc import NodeProc, free_port
 
@@ -27,12 +28,7 @@ def http_node(tmp: Path, **conf: object) -> NodeProc:
 
 def exchange(port: int, data: bytes) -> bytes:
     """Send ``data``, read the answer until the server closes."""
-    with socket.create_connection(("127.0.0.1", port), timeout=read_timeout_s) as s:
-        s.sendall(data)
-        out = b""
-        while chunk := s.recv(65536):
-            out += chunk
-        return out
+    return rawclient.exchange(port, data, timeout_s=read_timeout_s)
 
 
 def test_http_head_checks_and_bounds(tmp_path: Path) -> None:
