@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from celery import Celery
+from demo_worker import print_dead_letters, print_reports, worker_process  # examples/demo_worker.py
 
 import disque_mp.kombu  # noqa: F401  (registers disque://)
 from disque_mp.client import Disque
@@ -76,36 +75,18 @@ def main() -> None:
     if args.nodes != NODES:  # the app was configured at import: start again with these nodes
         os.execve(sys.executable, [sys.executable, __file__, "--nodes", args.nodes], env)
     here = Path(__file__).resolve().parent
-    worker = subprocess.Popen([sys.executable, "-m", "celery", "--workdir", str(here), "-A",
-                               "celery_demo", "worker", "-c", "2", "-l", "warning"],
-                              env=env, start_new_session=True)
-    try:
-        with Disque(args.nodes) as d:
-            print(f"sending to {QUEUE!r}: 3 additions (one with countdown=3) and a failing task")
-            print(f"sent at {time.strftime('%X')}")
-            add.delay(1, 2)
-            add.delay(3, 4)
-            add.apply_async((5, 6), countdown=3)  # Disque DELAY 3: queued 3 s from now
-            unreliable.delay("payment")
-            seen = 0
-            deadline = time.monotonic() + 60
-            while seen < 6 and time.monotonic() < deadline:
-                for job in d.get_jobs(REPORTS, timeout_ms=500, count=10):
-                    print("  task said:", job.body.decode())
-                    d.ack(job)
-                    seen += 1
-            while d.qlen(DEAD) == 0 and time.monotonic() < deadline:
-                time.sleep(0.2)
-            print(f"dead letters in {DEAD!r}: {d.qlen(DEAD)} (the task that failed 3 times)")
-            for job in d.qpeek(DEAD, 10):
-                d.ack(job)
-    finally:
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait()
+    cmd = [sys.executable, "-m", "celery", "--workdir", str(here), "-A", "celery_demo",
+           "worker", "-c", "2", "-l", "warning"]
+    with worker_process(cmd, env), Disque(args.nodes) as d:
+        print(f"sending to {QUEUE!r}: 3 additions (one with countdown=3) and a failing task")
+        print(f"sent at {time.strftime('%X')}")
+        add.delay(1, 2)
+        add.delay(3, 4)
+        add.apply_async((5, 6), countdown=3)  # Disque DELAY 3: queued 3 s from now
+        unreliable.delay("payment")
+        deadline = time.monotonic() + 60
+        print_reports(d, REPORTS, 6, deadline, "task")
+        print_dead_letters(d, DEAD, deadline, "the task that failed 3 times")
 
 
 if __name__ == "__main__":

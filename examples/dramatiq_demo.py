@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import dramatiq
+from demo_worker import print_dead_letters, print_reports, worker_process  # examples/demo_worker.py
 
 from disque_mp.client import Disque
 from disque_mp.dramatiq import DisqueBroker
@@ -60,36 +59,17 @@ def main() -> None:
         os.execve(sys.executable, [sys.executable, __file__, "--nodes", args.nodes], env)
     here = Path(__file__).resolve().parent
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(here), env.get("PYTHONPATH")]))
-    worker = subprocess.Popen([sys.executable, "-m", "dramatiq", "dramatiq_demo", "--processes",
-                               "1", "--threads", "2"], env=env, cwd=str(here),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
-    try:
-        with Disque(args.nodes) as d:
-            print(f"sent at {time.strftime('%X')}: two greetings (one delayed 2.5 s, run after "
-                  "3 s: Disque delays in whole seconds) and a failing message")
-            greet.send("tom")
-            greet.send_with_options(args=("ann",), delay=2500)
-            unreliable.send("payment")
-            seen, deadline = 0, time.monotonic() + 60
-            while seen < 5 and time.monotonic() < deadline:
-                for job in d.get_jobs(REPORTS, timeout_ms=500, count=10):
-                    print("  actor said:", job.body.decode())
-                    d.ack(job)
-                    seen += 1
-            dead = QUEUE + ".XQ"
-            while d.qlen(dead) == 0 and time.monotonic() < deadline:
-                time.sleep(0.2)
-            print(f"dead letters in {dead!r}: {d.qlen(dead)} (Retries gave up after 2 retries)")
-            for job in d.qpeek(dead, 10):
-                d.ack(job)
-    finally:
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait()
+    cmd = [sys.executable, "-m", "dramatiq", "dramatiq_demo", "--processes", "1", "--threads",
+           "2"]
+    with worker_process(cmd, env, cwd=str(here), quiet=True), Disque(args.nodes) as d:
+        print(f"sent at {time.strftime('%X')}: two greetings (one delayed 2.5 s, run after "
+              "3 s: Disque delays in whole seconds) and a failing message")
+        greet.send("tom")
+        greet.send_with_options(args=("ann",), delay=2500)
+        unreliable.send("payment")
+        deadline = time.monotonic() + 60
+        print_reports(d, REPORTS, 5, deadline, "actor")
+        print_dead_letters(d, QUEUE + ".XQ", deadline, "Retries gave up after 2 retries")
 
 
 if __name__ == "__main__":
