@@ -16,14 +16,13 @@ Your own app only needs the first lines:
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 from pathlib import Path
 
+import demo_worker  # examples/demo_worker.py: what the two broker demos share
 from celery import Celery
-from demo_worker import print_dead_letters, print_reports, worker_process  # examples/demo_worker.py
 
 import disque_mp.kombu  # noqa: F401  (registers disque://)
 from disque_mp.client import Disque
@@ -68,16 +67,11 @@ def unreliable(self, what: str) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--nodes", default=NODES)
-    args = ap.parse_args()
-    env = dict(os.environ, DEMO_NODES=args.nodes)
-    if args.nodes != NODES:  # the app was configured at import: start again with these nodes
-        os.execve(sys.executable, [sys.executable, __file__, "--nodes", args.nodes], env)
+    nodes, env = demo_worker.demo_nodes(__doc__, NODES, __file__)
     here = Path(__file__).resolve().parent
     cmd = [sys.executable, "-m", "celery", "--workdir", str(here), "-A", "celery_demo",
            "worker", "-c", "2", "-l", "warning"]
-    with worker_process(cmd, env), Disque(args.nodes) as d:
+    with demo_worker.worker_process(cmd, env), Disque(nodes) as d:
         print(f"sending to {QUEUE!r}: 3 additions (one with countdown=3) and a failing task")
         print(f"sent at {time.strftime('%X')}")
         add.delay(1, 2)
@@ -85,8 +79,8 @@ def main() -> None:
         add.apply_async((5, 6), countdown=3)  # Disque DELAY 3: queued 3 s from now
         unreliable.delay("payment")
         deadline = time.monotonic() + 60
-        print_reports(d, REPORTS, 6, deadline, "task")
-        print_dead_letters(d, DEAD, deadline, "the task that failed 3 times")
+        demo_worker.print_reports(d, REPORTS, 6, deadline, "task")
+        demo_worker.print_dead_letters(d, DEAD, deadline, "the task that failed 3 times")
 
 
 if __name__ == "__main__":

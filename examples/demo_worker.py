@@ -1,12 +1,15 @@
 """What the two broker demos (celery_demo.py, dramatiq_demo.py) share besides their
-apps: the worker process each starts on itself, and printing what its tasks report
-(they ADDJOB a line to a reports queue) and what landed in the dead-letter queue."""
+apps: the ``--nodes`` option, the worker process each starts on itself, and printing
+what its tasks report (they ADDJOB a line to a reports queue) and what landed in the
+dead-letter queue."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,6 +17,19 @@ from contextlib import contextmanager
 from disque_mp.client import Disque
 
 worker_stop_timeout_s = 30  # a warm shutdown gets this long, then the group is killed
+
+
+def demo_nodes(doc: str, default: str, script: str) -> tuple[str, dict[str, str]]:
+    """The demo's ``--nodes`` and the environment of its worker (``DEMO_NODES``). The
+    app reads its nodes when imported: other nodes than ``default`` start ``script``
+    again with them."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--nodes", default=default)
+    nodes = ap.parse_args().nodes
+    env = dict(os.environ, DEMO_NODES=nodes)
+    if nodes != default:
+        os.execve(sys.executable, [sys.executable, script, "--nodes", nodes], env)
+    return nodes, env
 
 
 @contextmanager

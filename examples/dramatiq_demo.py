@@ -12,14 +12,13 @@ reads what the actors report from a Disque queue. Your own app only needs:
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 from pathlib import Path
 
+import demo_worker  # examples/demo_worker.py: what the two broker demos share
 import dramatiq
-from demo_worker import print_dead_letters, print_reports, worker_process  # examples/demo_worker.py
 
 from disque_mp.client import Disque
 from disque_mp.dramatiq import DisqueBroker
@@ -51,25 +50,20 @@ def unreliable(what: str) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--nodes", default=NODES)
-    args = ap.parse_args()
-    env = dict(os.environ, DEMO_NODES=args.nodes)
-    if args.nodes != NODES:  # the app was configured at import: start again with these nodes
-        os.execve(sys.executable, [sys.executable, __file__, "--nodes", args.nodes], env)
+    nodes, env = demo_worker.demo_nodes(__doc__, NODES, __file__)
     here = Path(__file__).resolve().parent
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(here), env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "dramatiq", "dramatiq_demo", "--processes", "1", "--threads",
            "2"]
-    with worker_process(cmd, env, cwd=str(here), quiet=True), Disque(args.nodes) as d:
+    with demo_worker.worker_process(cmd, env, cwd=str(here), quiet=True), Disque(nodes) as d:
         print(f"sent at {time.strftime('%X')}: two greetings (one delayed 2.5 s, run after "
               "3 s: Disque delays in whole seconds) and a failing message")
         greet.send("tom")
         greet.send_with_options(args=("ann",), delay=2500)
         unreliable.send("payment")
         deadline = time.monotonic() + 60
-        print_reports(d, REPORTS, 5, deadline, "actor")
-        print_dead_letters(d, QUEUE + ".XQ", deadline, "Retries gave up after 2 retries")
+        demo_worker.print_reports(d, REPORTS, 5, deadline, "actor")
+        demo_worker.print_dead_letters(d, QUEUE + ".XQ", deadline, "Retries gave up after 2 retries")
 
 
 if __name__ == "__main__":

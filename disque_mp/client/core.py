@@ -65,10 +65,28 @@ consume_poll_ms = 1000
 # --------------------------------------------------------------------------- errors
 
 
+# An error reply's code word -> the DisqueError subclass raised for it (filled in as
+# each subclass below is defined with its code).
+_ERROR_CLASSES: dict[str, type[DisqueError]] = {}
+
+
 class DisqueError(Exception):
-    """A Disque error reply (``code`` is its first word: ERR, NOJOB, ...) or a client failure."""
+    """A Disque error reply (``code`` is its first word: ERR, NOJOB, ...) or a client failure.
+
+    A subclass names its code in its header, ``class PausedError(DisqueError,
+    code="PAUSED")``; ``error_from_reply`` then raises it for that code's replies
+    (``reply=False``: a client-side failure, never read from a reply). A subclass
+    without a code keeps its parent's."""
 
     code = "ERR"
+
+    def __init_subclass__(cls, code: str | None = None, reply: bool = True,
+                          **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        if code is not None:  # else: the parent's code, and its replies stay the parent's
+            cls.code = code
+            if reply:
+                _ERROR_CLASSES[code] = cls
 
     def __init__(self, message: str, code: str | None = None) -> None:
         super().__init__(message)
@@ -76,68 +94,40 @@ class DisqueError(Exception):
             self.code = code
 
 
-class CommandError(DisqueError):
+class CommandError(DisqueError, code="ERR"):
     """``-ERR ...``: a bad command or bad arguments."""
 
 
-class NoReplicationError(DisqueError):
+class NoReplicationError(DisqueError, code="NOREPL"):
     """``-NOREPL``: not enough reachable nodes for the requested replication level."""
 
-    code = "NOREPL"
 
-
-class PausedError(DisqueError):
+class PausedError(DisqueError, code="PAUSED"):
     """``-PAUSED``: the queue is paused in input."""
 
-    code = "PAUSED"
 
-
-class LeavingError(DisqueError):
+class LeavingError(DisqueError, code="LEAVING"):
     """``-LEAVING``: the node is leaving the cluster; connect to another one."""
 
-    code = "LEAVING"
 
-
-class NoJobError(DisqueError):
+class NoJobError(DisqueError, code="NOJOB"):
     """``-NOJOB``: the node does not know this job (WORKING)."""
 
-    code = "NOJOB"
 
-
-class BadIdError(DisqueError):
+class BadIdError(DisqueError, code="BADID"):
     """``-BADID``: not a job ID."""
 
-    code = "BADID"
 
-
-class TooLateError(DisqueError):
+class TooLateError(DisqueError, code="TOOLATE"):
     """``-TOOLATE``: WORKING refused, half of the job's TTL already elapsed."""
 
-    code = "TOOLATE"
 
-
-class OutOfMemoryError(DisqueError):
+class OutOfMemoryError(DisqueError, code="OOM"):
     """``-OOM``: the node is out of memory."""
 
-    code = "OOM"
 
-
-class DisqueConnectionError(DisqueError):
+class DisqueConnectionError(DisqueError, code="CONNECTION", reply=False):
     """No node of the list could be reached (the message says which were tried)."""
-
-    code = "CONNECTION"
-
-
-_ERROR_CLASSES: dict[str, type[DisqueError]] = {
-    "ERR": CommandError,
-    "NOREPL": NoReplicationError,
-    "PAUSED": PausedError,
-    "LEAVING": LeavingError,
-    "NOJOB": NoJobError,
-    "BADID": BadIdError,
-    "OOM": OutOfMemoryError,
-    "TOOLATE": TooLateError,
-}
 
 
 def error_from_reply(text: str) -> DisqueError:

@@ -29,6 +29,12 @@ tasks_done_timeout_s = 60.0
 visibility_s = 4
 
 
+@pytest.fixture(scope="session")
+def broker_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProc]:
+    with NodeProc(tmp_path_factory.mktemp("broker-node"), workers=2) as node:
+        yield node
+
+
 def node_url(*nodes: NodeProc) -> str:
     return ";".join(f"disque://127.0.0.1:{n.port}" for n in nodes)
 
@@ -88,12 +94,6 @@ def wait_records(path: Path, cond: Callable[[list[dict[str, Any]]], bool], what:
 
 def raw(node: NodeProc) -> redis.Redis:
     return redis.Redis(host="127.0.0.1", port=node.port, protocol=2, socket_timeout=10)
-
-
-@pytest.fixture(scope="session")
-def broker_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProc]:
-    with NodeProc(Path(tmp_path_factory.mktemp("broker-node")), workers=2) as node:
-        yield node
 
 
 @pytest.fixture(scope="session")

@@ -255,6 +255,17 @@ def test_error_from_reply(text: str, cls: type[DisqueError]) -> None:
     assert str(err) == text
 
 
+def test_error_classes_are_found_by_the_code_in_their_header() -> None:
+    class AppPaused(core.PausedError):  # a user's subclass: PAUSED replies stay PausedError
+        pass
+
+    assert AppPaused("x").code == "PAUSED"
+    assert type(core.error_from_reply("PAUSED Queue paused")) is core.PausedError
+    assert core.DisqueConnectionError("x").code == "CONNECTION"
+    # a client-side failure, not a reply code: a CONNECTION reply is a plain DisqueError
+    assert type(core.error_from_reply("CONNECTION x")) is DisqueError
+
+
 def test_map_redis_error_puts_back_the_code_redis_py_strips() -> None:
     # redis-py's own parser, as it turns the error lines a node sent into exceptions
     stripped = BaseParser.parse_error("ERR wrong number of arguments for 'addjob' command")
