@@ -20,7 +20,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 
 from bus.durable import write_atomic
@@ -513,15 +513,25 @@ def apply(cfg: Config, name: str, args: list[str], at_startup: bool = True) -> N
 include_depth_max = 8  # include files may include others; a cycle must not recurse forever
 
 
-def _parse_lines(cfg: Config, lines: list[str], source: str, depth: int = 0) -> None:
-    for no, raw in enumerate(lines, 1):
+def _directive_lines(lines: list[str]) -> Iterator[tuple[int, str, list[str] | None]]:
+    """(index, stripped text, words) of each line that is not blank or a comment; the
+    words are None where the quotes are unbalanced."""
+    for i, raw in enumerate(lines):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
         try:
-            words = split_args(line)
+            words: list[str] | None = split_args(line)
         except ArgsError:
-            raise ConfigError("Unbalanced quotes in configuration line", no, line, source) from None
+            words = None
+        yield i, line, words
+
+
+def _parse_lines(cfg: Config, lines: list[str], source: str, depth: int = 0) -> None:
+    for i, line, words in _directive_lines(lines):
+        no = i + 1
+        if words is None:
+            raise ConfigError("Unbalanced quotes in configuration line", no, line, source)
         if not words:
             continue
         try:
@@ -694,15 +704,8 @@ def rewrite_text(cfg: Config, old_text: str) -> str:
     """Redis' CONFIG REWRITE on a text: update in place, drop repeats, append new."""
     lines = old_text.splitlines()
     where: dict[str, list[int]] = {}
-    for i, raw in enumerate(lines):
-        s = raw.strip()
-        if not s or s.startswith("#"):
-            continue
-        try:
-            words = split_args(s)
-        except ArgsError:
-            continue  # keep what we cannot read as it is
-        d = lookup(words[0]) if words else None
+    for i, _, words in _directive_lines(lines):
+        d = lookup(words[0]) if words else None  # unreadable (None): kept as it is
         if d is not None:
             where.setdefault(d.name, []).append(i)
     defaults = Config()
