@@ -29,11 +29,13 @@ The names below are re-exported from ``core`` and ``sync``. The tunables
 
 from disque_mp.client.core import (
     DEFAULT_NODE,
+    AddJobOptions,
     BadIdError,
     ClientSettings,
     CommandError,
     DisqueConnectionError,
     DisqueError,
+    GetJobOptions,
     Hello,
     Job,
     LeavingError,
@@ -73,6 +75,7 @@ from disque_mp.client.sync import Disque, Heartbeat
 
 __all__ = [
     "DEFAULT_NODE",
+    "AddJobOptions",
     "BadIdError",
     "ClientSettings",
     "CommandError",
@@ -80,6 +83,7 @@ __all__ = [
     "DisqueConnectionError",
     "DisqueError",
     "Heartbeat",
+    "GetJobOptions",
     "Hello",
     "Job",
     "LeavingError",

@@ -275,12 +275,9 @@ class AsyncDisque(core.ClientSettings[aredis.Redis]):
                     raise core.map_redis_error(reply)
             return [core._str(x) for x in replies]
 
-    async def get_jobs(self, queues: str | bytes | Iterable[str | bytes], *,
-                       timeout_ms: int | None = None, count: int | None = None,
-                       nohang: bool = False, withcounters: bool = False) -> list[Job]:
-        jobs = core.parse_jobs(await self.execute(*core.getjob_args(
-            queues, timeout_ms=timeout_ms, count=count, nohang=nohang,
-            withcounters=withcounters)))
+    async def get_jobs(self, queues: str | bytes | Iterable[str | bytes],
+                       **options: Unpack[core.GetJobOptions]) -> list[Job]:
+        jobs = core.parse_jobs(await self.execute(*core.getjob_args(queues, **options)))
         await self._maybe_follow_producer(jobs)
         return jobs
 

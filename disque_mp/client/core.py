@@ -330,9 +330,7 @@ _ADDJOB_OPTIONS = AddJobOptions.__optional_keys__
 def addjob_args(queue: str | bytes, body: bytes | str, timeout_ms: int = 0,
                 **options: Unpack[AddJobOptions]) -> list[Any]:
     """ADDJOB's words; a keyword that is no AddJobOptions raises TypeError."""
-    unknown = options.keys() - _ADDJOB_OPTIONS
-    if unknown:
-        raise TypeError(f"unexpected ADDJOB option(s): {', '.join(sorted(unknown))}")
+    _check_options(dict(options), _ADDJOB_OPTIONS, "ADDJOB")
     args: list[Any] = ["ADDJOB", queue, body, int(timeout_ms)]
     for key, word in _ADDJOB_WORDS:
         value = cast("int | None", options.get(key))
@@ -358,22 +356,34 @@ def delqueue_args(queue: str | bytes, local: bool) -> list[Any]:
     return ["DELQUEUE", queue, *(["LOCAL"] if local else [])]
 
 
-def getjob_args(
-    queues: str | bytes | Iterable[str | bytes],
-    *,
-    timeout_ms: int | None = None,
-    count: int | None = None,
-    nohang: bool = False,
-    withcounters: bool = False,
-) -> list[Any]:
+class GetJobOptions(TypedDict, total=False):
+    """GETJOB's options, as ``get_jobs`` and ``getjob_args`` take them."""
+
+    timeout_ms: int | None
+    count: int | None
+    nohang: bool
+    withcounters: bool
+
+
+def _check_options(options: dict[str, Any], known: frozenset[str], command: str) -> None:
+    unknown = options.keys() - known
+    if unknown:
+        raise TypeError(f"unexpected {command} option(s): {', '.join(sorted(unknown))}")
+
+
+def getjob_args(queues: str | bytes | Iterable[str | bytes],
+                **options: Unpack[GetJobOptions]) -> list[Any]:
+    """GETJOB's words; a keyword that is no GetJobOptions raises TypeError."""
+    _check_options(dict(options), GetJobOptions.__optional_keys__, "GETJOB")
     args: list[Any] = ["GETJOB"]
-    if nohang:
+    if options.get("nohang"):
         args.append("NOHANG")
+    timeout_ms, count = options.get("timeout_ms"), options.get("count")
     if timeout_ms is not None:
         args += ["TIMEOUT", int(timeout_ms)]
     if count is not None:
         args += ["COUNT", int(count)]
-    if withcounters:
+    if options.get("withcounters"):
         args.append("WITHCOUNTERS")
     return args + ["FROM", *_queues(queues)]
 

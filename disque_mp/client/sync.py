@@ -310,18 +310,11 @@ class Disque(core.ClientSettings[redis.Redis]):
             return [core.map_redis_error(x) if isinstance(x, redis.ResponseError) else x
                     for x in replies]
 
-    def get_jobs(
-        self,
-        queues: str | bytes | Iterable[str | bytes],
-        *,
-        timeout_ms: int | None = None,
-        count: int | None = None,
-        nohang: bool = False,
-        withcounters: bool = False,
-    ) -> list[Job]:
-        """GETJOB; [] when the timeout elapsed (or NOHANG found nothing)."""
-        jobs = core.parse_jobs(self.execute(*core.getjob_args(queues, timeout_ms=timeout_ms, count=count,
-                                                    nohang=nohang, withcounters=withcounters)))
+    def get_jobs(self, queues: str | bytes | Iterable[str | bytes],
+                 **options: Unpack[core.GetJobOptions]) -> list[Job]:
+        """GETJOB; [] when the timeout elapsed (or NOHANG found nothing). ``options``:
+        ``core.GetJobOptions`` (timeout_ms, count, nohang, withcounters)."""
+        jobs = core.parse_jobs(self.execute(*core.getjob_args(queues, **options)))
         self._maybe_follow_producer(jobs)
         return jobs
 

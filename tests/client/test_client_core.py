@@ -200,6 +200,9 @@ def test_getjob_args() -> None:
                        withcounters=True) == [
         "GETJOB", "NOHANG", "TIMEOUT", 1000, "COUNT", 5, "WITHCOUNTERS", "FROM", "a", b"b"]
     assert getjob_args(q for q in ("a", "b"))[-3:] == ["FROM", "a", "b"]
+    assert getjob_args("q", timeout_ms=None, count=None) == ["GETJOB", "FROM", "q"]
+    with pytest.raises(TypeError, match="GETJOB option.*timeout\\b"):
+        getjob_args("q", timeout=5)  # type: ignore[call-arg]
     with pytest.raises(ValueError, match="at least one queue"):
         getjob_args([])
 
