@@ -35,9 +35,7 @@ class AsyncDisque(core.ClientSettings[aredis.Redis]):
     """See ``Disque``: the same constructor and methods, as coroutines."""
 
     def _init_io(self) -> None:
-        self._redis: aredis.Redis | None = None
         self._lock = asyncio.Lock()
-        self._workers = {}
 
     def _make_redis(self, host: str, port: int) -> aredis.Redis:
         r = aredis.Redis(**self._redis_options(host, port), retry=Retry(NoBackoff(), 0))

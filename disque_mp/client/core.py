@@ -679,10 +679,12 @@ class ClientSettings(Generic[ConnT]):
         self._password = password
         self._failover_attempts = failover_attempts
         self._redis_kwargs = dict(redis_kwargs or {})
+        self._redis: ConnT | None = None  # the main connection, made by the first command
+        self._workers = {}
         self._init_io()
 
     def _init_io(self) -> None:
-        """The connection and its lock: the twin's own kind (threads or asyncio)."""
+        """The lock around (re)connecting: the twin's own kind (threads or asyncio)."""
         raise NotImplementedError
 
     def _make_redis(self, host: str, port: int) -> ConnT:

@@ -44,9 +44,7 @@ class Disque(core.ClientSettings[redis.Redis]):
     """
 
     def _init_io(self) -> None:
-        self._redis: redis.Redis | None = None
         self._lock = threading.RLock()
-        self._workers = {}
 
     # ---- connection management
 

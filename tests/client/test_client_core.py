@@ -569,13 +569,14 @@ def test_worker_conn_is_made_once_and_dropped_after_a_move() -> None:
 
     class Settings(ClientSettings[tuple[str, int]]):
         def _init_io(self) -> None:
-            self._workers = {}
+            pass
 
         def _make_redis(self, host: str, port: int) -> tuple[str, int]:
             made.append((host, port))
             return (host, port)
 
     s = Settings(route_to_owner=True)
+    assert s._workers == {} and s._redis is None  # the base holds both, the twin the lock
     routes = s.routes = core.WorkerRoutes("127.0.0.1", core.WorkerLayout(2, (7800, 7801)))
     assert s._worker_conn(routes, 1) == ("127.0.0.1", 7801)
     assert s._worker_conn(routes, 1) == ("127.0.0.1", 7801) and made == [("127.0.0.1", 7801)]
