@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 import random
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import hiredis
@@ -28,6 +29,14 @@ def addjob_batch(n: int = PIPELINE) -> bytes:
     return resp_request(b"ADDJOB", b"queue", BODY, b"0") * n
 
 
+def taken_until(take: Callable[[], Any], end: Any) -> int:
+    """How many items ``take()`` returns before it returns ``end`` (a drain loop)."""
+    n = 0
+    while take() is not end:
+        n += 1
+    return n
+
+
 # ------------------------------------------------------------------ RESP
 
 
@@ -37,10 +46,7 @@ def test_parse_hiredis_addjob_x32(benchmark: Any) -> None:
     def parse() -> int:
         r = hiredis.Reader()
         r.feed(data)
-        n = 0
-        while r.gets() is not False:
-            n += 1
-        return n
+        return taken_until(r.gets, False)
 
     assert benchmark(parse) == PIPELINE
 
@@ -130,10 +136,7 @@ def test_queue_push_pop(benchmark: Any) -> None:
         q = Queue(b"q", 0, 0)
         for j in jobs:
             q.push(j)
-        n = 0
-        while q.pop() is not None:
-            n += 1
-        return n
+        return taken_until(q.pop, None)
 
     assert benchmark(round_trip) == QUEUE_JOBS
 
@@ -154,10 +157,7 @@ def test_queue_push_remove_half_pop(benchmark: Any) -> None:
         for j in jobs[::2]:
             j.state = ACKED
             q.remove(j)
-        n = 0
-        while q.pop() is not None:
-            n += 1
-        return n
+        return taken_until(q.pop, None)
 
     assert benchmark(round_trip) == QUEUE_JOBS // 2
 

@@ -173,39 +173,33 @@ def test_node_id_is_kept_across_restarts(tmp_path: Path) -> None:
         assert node.client().execute_command("CLUSTER", "MYID") in (first, first.encode())
 
 
+def exits_zero_leaving_no_process(node: NodeProc) -> None:
+    """The supervisor exits 0 and no process of the node's group is left behind."""
+    assert node.wait_exit() == 0
+    node.wait_for(lambda: not node.group_pids(), what="all processes gone")
+
+
 def test_sigterm_exits_zero(tmp_path: Path) -> None:
-    node = NodeProc(tmp_path, workers=2).start()
-    try:
+    with NodeProc(tmp_path, workers=2) as node:
         node.signal(signal.SIGTERM)
-        assert node.wait_exit() == 0
-        node.wait_for(lambda: not node.group_pids(), what="all processes gone")
+        exits_zero_leaving_no_process(node)
         assert "bye bye" in node.log_text()
-    finally:
-        node.stop()
 
 
 def test_ctrl_c_to_the_group_exits_zero(tmp_path: Path) -> None:
-    node = NodeProc(tmp_path, workers=2).start()
-    try:
+    with NodeProc(tmp_path, workers=2) as node:
         os.killpg(node.pgid or 0, signal.SIGINT)  # what a terminal does on Ctrl-C
-        assert node.wait_exit() == 0
-        node.wait_for(lambda: not node.group_pids(), what="all processes gone")
-    finally:
-        node.stop()
+        exits_zero_leaving_no_process(node)
 
 
 def test_shutdown_command_exits_zero(tmp_path: Path) -> None:
-    node = NodeProc(tmp_path, workers=2).start()
-    try:
+    with NodeProc(tmp_path, workers=2) as node:
         r = node.client()
         try:
             r.execute_command("SHUTDOWN")
         except redis.ConnectionError:
             pass  # the server may close the connection instead of replying
-        assert node.wait_exit() == 0
-        node.wait_for(lambda: not node.group_pids(), what="all processes gone")
-    finally:
-        node.stop()
+        exits_zero_leaving_no_process(node)
 
 
 def test_sigkill_of_the_supervisor_frees_the_port(tmp_path: Path) -> None:
