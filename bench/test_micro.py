@@ -125,12 +125,16 @@ def make_jobs(n: int) -> list[Any]:
             for i in range(n)]
 
 
-def test_queue_push_pop(benchmark: Any) -> None:
-    """workers/queue.py as the shard uses it: append newest, pop oldest."""
+@pytest.fixture
+def jobs() -> list[Any]:
+    """QUEUE_JOBS jobs for the queue benchmarks (skipped where workers.queue is not there)."""
     pytest.importorskip("workers.queue")
-    from workers.queue import Queue
+    return make_jobs(QUEUE_JOBS)
 
-    jobs = make_jobs(QUEUE_JOBS)
+
+def test_queue_push_pop(benchmark: Any, jobs: list[Any]) -> None:
+    """workers/queue.py as the shard uses it: append newest, pop oldest."""
+    from workers.queue import Queue
 
     def round_trip() -> int:
         q = Queue(b"q", 0, 0)
@@ -141,13 +145,10 @@ def test_queue_push_pop(benchmark: Any) -> None:
     assert benchmark(round_trip) == QUEUE_JOBS
 
 
-def test_queue_push_remove_half_pop(benchmark: Any) -> None:
+def test_queue_push_remove_half_pop(benchmark: Any, jobs: list[Any]) -> None:
     """Remove by job (ACK of a queued job, DEQUEUE) leaves stale entries to skip."""
-    pytest.importorskip("workers.queue")
     from workers.job import ACKED, QUEUED
     from workers.queue import Queue
-
-    jobs = make_jobs(QUEUE_JOBS)
 
     def round_trip() -> int:
         q = Queue(b"q", 0, 0)

@@ -307,6 +307,16 @@ def test_sighup_reopens_the_log_file(tmp_path: Path) -> None:
         assert "bye bye" in node.log_text()
 
 
+def exits_one_saying(node: NodeProc, message: str) -> None:
+    """Started without waiting for it to serve, the node exits 1 and says ``message``."""
+    node.start(wait=False)
+    try:
+        assert node.wait_exit(timeout_s=60) == 1
+        assert message in node.output()
+    finally:
+        node.stop()
+
+
 def test_workers_that_cannot_start_make_the_node_exit(tmp_path: Path) -> None:
     port = free_port()
     with socket.socket() as holder:  # a listener without SO_REUSEPORT: bind must fail
@@ -315,13 +325,8 @@ def test_workers_that_cannot_start_make_the_node_exit(tmp_path: Path) -> None:
         holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         holder.bind(("127.0.0.1", port))
         holder.listen(1)
-        node = NodeProc(tmp_path, workers=1, port=port)
-        node.start(wait=False)
-        try:
-            assert node.wait_exit(timeout_s=60) == 1
-            assert "failed to start 3 times in a row" in node.output()
-        finally:
-            node.stop()
+        exits_one_saying(NodeProc(tmp_path, workers=1, port=port),
+                         "failed to start 3 times in a row")
 
 
 def test_second_node_in_the_same_dir_is_refused(tmp_path: Path) -> None:
@@ -330,12 +335,7 @@ def test_second_node_in_the_same_dir_is_refused(tmp_path: Path) -> None:
         other.dir = tmp_path  # same dir, another config file and port
         other.conf_path = tmp_path / "other.conf"
         other.out_path = tmp_path / "other.out"
-        other.start(wait=False)
-        try:
-            assert other.wait_exit(timeout_s=60) == 1
-            assert "is already used by a different disque-mp node" in other.output()
-        finally:
-            other.stop()
+        exits_one_saying(other, "is already used by a different disque-mp node")
 
 
 # --- sd_notify ---
