@@ -34,6 +34,22 @@ def _wait_all_acked(d: Disque, ids: list[str], what: str = "every ACK") -> None:
     _wait_for(lambda: all(d.show(i) is None for i in ids), query_timeout_s, what)
 
 
+def _queue_with_jobs(d: Disque, name: str, bodies: Any, retry: int) -> tuple[str, list[str]]:
+    """A new queue named after ``name`` holding one job per body: (queue, job IDs)."""
+    queue = _queue(name)
+    return queue, d.add_jobs(((queue, body) for body in bodies), retry=retry)
+
+
+def _run_available_now(writer: Any, checkpoint: Path) -> Any:
+    """Start ``writer`` (a DataStreamWriter) with the availableNow trigger, wait until
+    it has taken everything there was, check it did not fail; the query."""
+    query = (writer.trigger(availableNow=True)
+             .option("checkpointLocation", str(checkpoint)).start())
+    assert query.awaitTermination(query_timeout_s)
+    assert query.exception() is None
+    return query
+
+
 def _failure_text(excinfo: pytest.ExceptionInfo[BaseException]) -> str:
     return str(excinfo.value)
 
@@ -166,9 +182,8 @@ def _stream(spark: Any, node: NodeProc, queue: str, **options: str) -> Any:
 
 def test_stream_acks_only_after_the_sink_committed(spark: Any, node: NodeProc,
                                                    tmp_path: Path) -> None:
-    queue = _queue("stream")
     with _client(node) as d:
-        ids = d.add_jobs(((queue, f"job-{i}") for i in range(500)), retry=120)
+        queue, ids = _queue_with_jobs(d, "stream", (f"job-{i}" for i in range(500)), 120)
         states_in_sink: list[str] = []
         seen: list[Any] = []
 
@@ -178,11 +193,9 @@ def test_stream_acks_only_after_the_sink_committed(spark: Any, node: NodeProc,
             # While the sink runs, its jobs are taken but not acknowledged yet.
             states_in_sink.extend(d.show(r.id)["state"] for r in rows[:20])
 
-        query = (_stream(spark, node, queue, max_jobs_per_batch="200", count="50")
-                 .writeStream.foreachBatch(sink).trigger(availableNow=True)
-                 .option("checkpointLocation", str(tmp_path / "ck")).start())
-        assert query.awaitTermination(query_timeout_s)
-        assert query.exception() is None
+        query = _run_available_now(_stream(spark, node, queue, max_jobs_per_batch="200",
+                                           count="50").writeStream.foreachBatch(sink),
+                                   tmp_path / "ck")
 
         assert sorted(r.id for r in seen) == sorted(ids)
         assert {bytes(r.body).decode() for r in seen} == {f"job-{i}" for i in range(500)}
@@ -197,9 +210,8 @@ def test_stream_acks_only_after_the_sink_committed(spark: Any, node: NodeProc,
 
 def test_stream_into_memory_sink_with_processing_time_trigger(spark: Any, node: NodeProc,
                                                               tmp_path: Path) -> None:
-    queue = _queue("mem")
     with _client(node) as d:
-        ids = d.add_jobs(((queue, f"m{i}") for i in range(300)), retry=120)
+        queue, ids = _queue_with_jobs(d, "mem", (f"m{i}" for i in range(300)), 120)
         name = "disque_mem_" + uuid.uuid4().hex[:6]
         # prefetch: the next batch's jobs are taken while Spark runs this one
         query = (_stream(spark, node, queue, prefetch="true", max_jobs_per_batch="100")
@@ -219,9 +231,8 @@ def test_stream_into_memory_sink_with_processing_time_trigger(spark: Any, node: 
 
 def test_stream_failing_before_commit_leaves_jobs_for_redelivery(spark: Any, node: NodeProc,
                                                                  tmp_path: Path) -> None:
-    queue = _queue("crash")
     with _client(node) as d:
-        ids = d.add_jobs(((queue, f"c{i}") for i in range(50)), retry=2)
+        queue, ids = _queue_with_jobs(d, "crash", (f"c{i}" for i in range(50)), 2)
 
         def failing_sink(batch_df: Any, batch_id: int) -> None:
             if batch_df.count():
@@ -240,11 +251,9 @@ def test_stream_failing_before_commit_leaves_jobs_for_redelivery(spark: Any, nod
         # restart from the same checkpoint: Spark re-plans the failed batch, whose jobs
         # the new source process never took (empty), then takes the requeued jobs
         seen: list[Any] = []
-        query = (_stream(spark, node, queue).writeStream
-                 .foreachBatch(lambda df, _: seen.extend(df.collect()))
-                 .trigger(availableNow=True)
-                 .option("checkpointLocation", str(tmp_path / "ck1")).start())
-        assert query.awaitTermination(query_timeout_s)
+        _run_available_now(_stream(spark, node, queue).writeStream
+                           .foreachBatch(lambda df, _: seen.extend(df.collect())),
+                           tmp_path / "ck1")
         assert sorted(r.id for r in seen) == sorted(ids)
         assert all(r.additional_deliveries >= 1 for r in seen)
         _wait_all_acked(d, ids)
@@ -252,9 +261,8 @@ def test_stream_failing_before_commit_leaves_jobs_for_redelivery(spark: Any, nod
 
 def test_stream_heartbeat_keeps_slow_batches_alive(spark: Any, node: NodeProc,
                                                    tmp_path: Path) -> None:
-    queue = _queue("slow")
     with _client(node) as d:
-        ids = d.add_jobs(((queue, f"s{i}") for i in range(20)), retry=2)
+        queue, ids = _queue_with_jobs(d, "slow", (f"s{i}" for i in range(20)), 2)
         seen: list[Any] = []
 
         def slow_sink(batch_df: Any, batch_id: int) -> None:
@@ -265,26 +273,21 @@ def test_stream_heartbeat_keeps_slow_batches_alive(spark: Any, node: NodeProc,
                 assert {d.show(r.id)["state"] for r in rows} == {"active"}
             seen.extend(rows)
 
-        query = (_stream(spark, node, queue).writeStream.foreachBatch(slow_sink)
-                 .trigger(availableNow=True)
-                 .option("checkpointLocation", str(tmp_path / "ck")).start())
-        assert query.awaitTermination(query_timeout_s)
-        assert query.exception() is None
+        _run_available_now(_stream(spark, node, queue).writeStream.foreachBatch(slow_sink),
+                           tmp_path / "ck")
         assert sorted(r.id for r in seen) == sorted(ids)
         assert all(r.additional_deliveries == 0 for r in seen)
 
 
 def test_stream_write_moves_jobs_between_queues(spark: Any, node: NodeProc,
                                                tmp_path: Path) -> None:
-    src, dst = _queue("src"), _queue("dst")
+    dst = _queue("dst")
     with _client(node) as d:
-        d.add_jobs(((src, f"w{i}") for i in range(100)), retry=60)
-        query = (_stream(spark, node, src).selectExpr("upper(cast(body as string)) as body")
-                 .writeStream.format("disque").option("nodes", f"127.0.0.1:{node.port}")
-                 .option("queue", dst).option("retry", "60").trigger(availableNow=True)
-                 .option("checkpointLocation", str(tmp_path / "ck")).start())
-        assert query.awaitTermination(query_timeout_s)
-        assert query.exception() is None
+        src, _ = _queue_with_jobs(d, "src", (f"w{i}" for i in range(100)), 60)
+        _run_available_now(_stream(spark, node, src)
+                           .selectExpr("upper(cast(body as string)) as body")
+                           .writeStream.format("disque").option("nodes", f"127.0.0.1:{node.port}")
+                           .option("queue", dst).option("retry", "60"), tmp_path / "ck")
         assert d.qlen(dst) == 100
         assert {j.body for j in d.qpeek(dst, 200)} == {f"W{i}".encode() for i in range(100)}
         assert d.qlen(src) == 0
