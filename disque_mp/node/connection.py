@@ -526,8 +526,7 @@ class ClientHost(WorkerCore):
         """Replies completed outside a client's read: one write per connection per turn."""
         self.flush_scheduled = False
         dirty, self.dirty = self.dirty, []
-        if self.aof is not None:
-            self.aof.write_before_replies()
+        self.aof_before_replies()
         for conn in dirty:
             conn.write_out()
             if conn.streak >= self.handoff.streak_min and not conn.closing:

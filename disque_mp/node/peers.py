@@ -98,8 +98,7 @@ class Peers:
                 reply = ERR_INTERNAL
             link.reply(meta["r"], reply)
         w.drain_effects()
-        if w.aof is not None:
-            w.aof.write_before_replies()  # the reply frames leave later this turn
+        w.aof_before_replies()  # the reply frames leave later this turn
         w.reschedule_tick()
 
     def _serve_cmds(self, link: Link, meta: dict[str, Any], bodies: list[bytes]) -> None:
