@@ -39,6 +39,7 @@ import time
 from typing import Any
 
 from bus import auth as bus_auth
+from bus import membership as mb
 from bus.clock import wall_ms
 from bus.mesh import Mesh
 from disque_mp.node.commands import jobs as cmd_jobs
@@ -297,8 +298,6 @@ class Worker(ClientHost):
             self.reschedule_tick()
 
     def on_view(self, view: dict[str, Any]) -> None:
-        from bus import membership as mb
-
         # The shard needs every known node (default REPLICATE = cluster size), which are
         # reachable, which are leaving, which our bus link has a PONG on (jobs moved
         # to a node without one would be dropped), our own LEAVING flag and our ID.
