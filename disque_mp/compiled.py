@@ -39,9 +39,10 @@ COMPILED_MODULES = (
     "workers.evict",
     "workers.timers",
     # the front end's per-command path: RESP, connections, ADDJOB/GETJOB parsing, the
-    # worker and its parts (the router, the owner side, the mesh serving, the handoff,
-    # GETJOB coordination)
+    # worker, its shared base (core) and its parts (the router, the owner side, the
+    # mesh serving, the handoff, GETJOB coordination)
     "disque_mp.node.resp",
+    "disque_mp.node.core",
     "disque_mp.node.connection",
     "disque_mp.node.commands.jobs",
     "disque_mp.node.worker",

@@ -11,22 +11,30 @@ reply queues behind it in ``slots`` until the slot is filled. Whatever is ready
 when a read has been handled leaves in one ``transport.write``; replies
 completed by other callbacks (mesh, timers) are written once per loop turn by
 the worker's ``flush_dirty``.
+
+A connection sees its worker as a ``ClientHost``: ``core.WorkerCore`` plus the
+worker's connections (admission, the dirty list, the byte counters) and the two
+parts a connection calls, typed by their native bases defined here: the
+``CommandPath`` each command takes (``router.Router``) and the ``Mover`` that
+hands a connection to another worker (``handoff.Handoff``). ``worker.Worker``
+extends ``ClientHost``; this module imports nothing above ``core.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import socket
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
+from disque_mp.node.config import Config
+from disque_mp.node.core import WorkerCore
 from disque_mp.node.resp import RequestParser, encode
+from disque_mp.node.slowlog import SlowLog
 from workers.replies import Error
-
-if TYPE_CHECKING:
-    from disque_mp.node.worker import Worker
 
 log = logging.getLogger("disque_mp.node.connection")
 
@@ -49,7 +57,7 @@ class ClientConn(asyncio.Protocol):
         "auth_fails", "throttled",
     )
 
-    def __init__(self, node: Worker, state: dict[str, Any] | None = None) -> None:
+    def __init__(self, node: ClientHost, state: dict[str, Any] | None = None) -> None:
         self.node = node
         self.transport: asyncio.Transport | None = None
         cfg = node.cfg
@@ -388,3 +396,143 @@ def _tune(sock: Any, keepalive_s: int) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, max(1, keepalive_s // 3))
     except (OSError, AttributeError):
         pass  # not every platform has every option: keep the defaults
+
+
+# ---------------------------------------------------------------------- the worker's side
+
+# Redis' text, word for word (redis-cli users search for it)
+DENIED_PROTECTED: Final = (
+    b"-DENIED Redis is running in protected mode because protected mode is enabled and no "
+    b"password is set for the default user. In this mode connections are only accepted from "
+    b"the loopback interface. If you want to connect from external computers to Redis you may "
+    b"adopt one of the following solutions: 1) Just disable protected mode sending the command "
+    b"'CONFIG SET protected-mode no' from the loopback interface by connecting to Redis from the "
+    b"same host the server is running, however MAKE SURE Redis is not publicly accessible from "
+    b"internet if you do so. Use CONFIG REWRITE to make this change permanent. 2) Alternatively "
+    b"you can just disable the protected mode by editing the Redis configuration file, and "
+    b"setting the protected mode option to 'no', and then restarting the server. 3) If you "
+    b"started the server manually just for testing, restart it with the '--protected-mode no' "
+    b"option. 4) Set up an authentication password for the default user. NOTE: You only need "
+    b"to do one of the above things in order for the server to start accepting connections "
+    b"from the outside.\r\n")
+
+
+def is_loopback_addr(addr: str, with_port: bool = True) -> bool:
+    """``addr`` is ``ip:port`` as ClientConn.addr holds it (or a bare IP with
+    ``with_port=False``); "" (a Unix socket) and "localhost" count as loopback."""
+    if not addr or addr == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(addr.rpartition(":")[0] if with_port else addr)
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
+
+
+class CommandPath:
+    """What a connection runs each of its commands through (``router.Router``),
+    and the accounting of what ran, which INFO and the slowlog read."""
+
+    def __init__(self, slowlog: SlowLog) -> None:
+        self.commands_processed = 0
+        self.forwarded = 0  # commands sent to their owner over the mesh (INFO workers)
+        self.cmdstats: dict[str, list[int]] = {}  # INFO commandstats: name -> [calls, ns]
+        self.slowlog = slowlog
+        self.slowlog_min_ns = slowlog.min_ns  # read per command: a native attribute
+
+    def execute(self, conn: ClientConn, cmd: list[bytes]) -> bytes | None:
+        """One command's encoded reply, or None when it will come later."""
+        raise NotImplementedError
+
+
+class Mover:
+    """What moves a connection to the worker its traffic goes to (``handoff.Handoff``)."""
+
+    def __init__(self, streak_min: int) -> None:
+        self.streak_min = streak_min  # consecutive commands for one other worker
+        self.handed_off = 0  # INFO: connections given away
+
+    def start(self) -> None:
+        """Inside the running loop: open the way to the other workers."""
+
+    def close(self) -> None:
+        """At shutdown."""
+
+    def consider(self, conn: ClientConn) -> None:
+        """Hand ``conn`` over unless something still ties it here."""
+        raise NotImplementedError
+
+
+class ClientHost(WorkerCore):
+    """A worker as its client connections see it: the shared core, its
+    connections, and the parts they call (set by ``Worker``)."""
+
+    router: CommandPath
+    handoff: Mover
+
+    def __init__(self, cfg: Config, index: int, node_id: str) -> None:
+        super().__init__(cfg, index, node_id)
+        self.conns: set[ClientConn] = set()
+        self.dirty: list[ClientConn] = []  # replies completed outside their read
+        self.flush_scheduled = False
+        self.next_client = 0
+        # stats (INFO; the router counts the commands)
+        self.net_in_bytes = 0
+        self.net_out_bytes = 0
+        self.connections_received = 0
+        self.rejected_connections = 0
+        # protected mode (Redis'): no password and bound beyond loopback -> loopback clients only
+        self.protected_bind = any(not is_loopback_addr(a, False) for a in cfg.bind.split() or ["*"])
+
+    def new_client_id(self) -> int:
+        self.next_client += 1
+        return self.next_client * self.workers + self.index  # unique over the node
+
+    def conn_opened(self, conn: ClientConn) -> None:
+        if self.protected_bind and self.cfg.protected_mode and not self.cfg.requirepass \
+                and not conn.handoffs and not is_loopback_addr(conn.addr):
+            self._refuse(conn, DENIED_PROTECTED)
+            return
+        if len(self.conns) * self.workers >= self.cfg.maxclients:
+            self._refuse(conn, b"-ERR max number of clients reached\r\n")
+            return
+        self.conns.add(conn)
+        if not conn.handoffs:  # a connection moved here was counted where it arrived
+            self.connections_received += 1
+
+    def _refuse(self, conn: ClientConn, reply: bytes) -> None:
+        self.rejected_connections += 1
+        transport = conn.transport
+        if transport is not None:
+            transport.write(reply)
+            transport.close()
+        conn.closing = True
+
+    def conn_closed(self, conn: ClientConn) -> None:
+        self.conns.discard(conn)
+        for waiter in list(conn.waiters):
+            waiter.cancel()
+
+    def mark_dirty(self, conn: ClientConn) -> None:
+        if not conn.dirty:
+            conn.dirty = True
+            self.dirty.append(conn)
+            if not self.flush_scheduled:
+                self.flush_scheduled = True
+                self.loop.call_soon(self.flush_dirty)
+
+    def flush_dirty(self) -> None:
+        """Replies completed outside a client's read: one write per connection per turn."""
+        self.flush_scheduled = False
+        dirty, self.dirty = self.dirty, []
+        self.aof_before_replies()
+        for conn in dirty:
+            conn.write_out()
+            if conn.streak >= self.handoff.streak_min and not conn.closing:
+                self.handoff.consider(conn)
+
+    def connection(self) -> ClientConn:
+        """A connection of this worker with no client behind it, never registered
+        (not in INFO or CLIENT LIST): the HTTP API runs its commands on one."""
+        return ClientConn(self)

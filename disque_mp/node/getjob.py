@@ -6,38 +6,81 @@ client leaves or times out).
 
 A ``GetJob`` lives on the worker that holds the client's connection; it talks
 to its own shard directly and to the other owners over the mesh (TAKE, BLOCK,
-UNBLOCK, RETURN; the owners answer with REPLY and WAKE)."""
+UNBLOCK, RETURN; the owners answer with REPLY and WAKE). ``GetJobs`` keeps the
+worker's blocked ones by token: the mesh handler (``peers.py``) hands it the
+owners' WAKEs and peer reconnections, DEBUG FLUSHALL releases them all."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bus import mesh as meshmod
 from bus.clock import wall_ms
 from bus.mesh import unpack
+from disque_mp.node.connection import ClientConn, PendingReply
+from disque_mp.node.core import WorkerCore
 from disque_mp.node.errors import ERR_LEAVING
 from disque_mp.node.resp import encode
 from workers.ids import owner_of_job_id
 from workers.replies import NULL_ARRAY, PENDING, Error
 
-if TYPE_CHECKING:
-    from disque_mp.node.connection import ClientConn, PendingReply
-    from disque_mp.node.worker import Worker
+Runs = list[tuple[int, list[bytes]]]  # (owner, its queues): consecutive queues of one owner
+
+
+class GetJobs:
+    """The GETJOBs worker ``w`` coordinates and that wait (by token)."""
+
+    def __init__(self, w: WorkerCore) -> None:
+        self.w = w
+        self.waiting: dict[int, GetJob] = {}
+
+    def on_wake(self, peer: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
+        """An owner's WAKE: jobs (or the error) for one of ours, else given back."""
+        entries = unpack(meta.get("v"), bodies)
+        job = self.waiting.get(meta["t"])
+        if job is None:
+            if not isinstance(entries, Error):
+                self.return_jobs(peer, entries)
+        else:
+            job.woken(peer, entries)
+
+    def on_peer_up(self, peer: int) -> None:
+        for job in list(self.waiting.values()):
+            job.reblock(peer)
+
+    def release_all(self) -> None:
+        """DEBUG FLUSHALL and CLUSTER RESET: each answered as on timeout."""
+        for job in list(self.waiting.values()):
+            job.release()
+
+    def return_jobs(self, owner: int, entries: list[Any]) -> None:
+        """Give back jobs taken for a GETJOB that no longer wants them."""
+        if not entries:
+            return
+        w = self.w
+        ids = [str(e[1]) for e in entries]
+        if owner == w.index:
+            w.shard.op_return(ids, wall_ms())
+            w.drain_effects()
+        else:
+            w.mesh.send(owner, meshmod.K_RETURN, {}, [i.encode() for i in ids])
 
 
 class GetJob:
     """One GETJOB coordinated by this worker (docs/architecture.md, "Invariants")."""
 
-    __slots__ = ("w", "conn", "spec", "runs", "i", "got", "token", "slot", "blocked_at",
+    __slots__ = ("w", "jobs", "conn", "spec", "runs", "i", "got", "token", "slot", "blocked_at",
                  "timer", "done", "flushed")
 
-    def __init__(self, w: Worker, conn: ClientConn, spec: Any) -> None:
-        self.w = w
+    def __init__(self, jobs: GetJobs, conn: ClientConn, spec: Any, runs: Runs) -> None:
+        """``runs``: the queues cut into runs of one owner, in the client's order."""
+        self.w = jobs.w
+        self.jobs = jobs
         self.conn = conn
         self.spec = spec
-        self.runs = _owner_runs(w, list(spec.queues))
+        self.runs = runs
         self.i = 0
         self.got: list[Any] = []
         self.token = 0
@@ -124,7 +167,7 @@ class GetJob:
         if isinstance(entries, Error):
             entries = []  # that worker is down: serve from the others
         if self.done:
-            self.w.peers.return_jobs(owner, entries)
+            self.jobs.return_jobs(owner, entries)
             return
         self.w.now_ms = wall_ms()
         self._took(entries)
@@ -133,7 +176,7 @@ class GetJob:
     def _block(self) -> None:
         w = self.w
         self.token = w.new_token()
-        w.getjobs[self.token] = self
+        self.jobs.waiting[self.token] = self
         for owner, queues in self.runs:
             self.blocked_at.setdefault(owner, []).extend(queues)
         for owner, queues in self.blocked_at.items():
@@ -164,7 +207,7 @@ class GetJob:
                 self._finish(entries, woken_by=owner)
             return
         if self.done:
-            self.w.peers.return_jobs(owner, entries)
+            self.jobs.return_jobs(owner, entries)
             return
         if not entries:
             return
@@ -200,7 +243,7 @@ class GetJob:
             for entry in self.got:
                 by_owner.setdefault(self._owner_of(entry), []).append(entry)
             for owner, entries in by_owner.items():
-                self.w.peers.return_jobs(owner, entries)
+                self.jobs.return_jobs(owner, entries)
             self.got = []
 
     def _owner_of(self, entry: Any) -> int:
@@ -213,7 +256,7 @@ class GetJob:
             self.timer = None
         if not self.token:
             return
-        w.getjobs.pop(self.token, None)
+        self.jobs.waiting.pop(self.token, None)
         for owner in self.blocked_at:
             if owner == skip:
                 continue
@@ -224,14 +267,3 @@ class GetJob:
                 meta = {"t": self.token, "f": 1} if self.flushed else {"t": self.token}
                 w.mesh.send(owner, meshmod.K_UNBLOCK, meta)
 
-
-def _owner_runs(w: Worker, queues: list[bytes]) -> list[tuple[int, list[bytes]]]:
-    """Queues cut into runs of consecutive queues with one owner (left-to-right priority)."""
-    runs: list[tuple[int, list[bytes]]] = []
-    for q in queues:
-        owner = w.router.owner_of(q) if w.workers > 1 else w.index
-        if runs and runs[-1][0] == owner:
-            runs[-1][1].append(q)
-        else:
-            runs.append((owner, [q]))
-    return runs

@@ -14,29 +14,25 @@ does one that keeps changing owner.
 from __future__ import annotations
 
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bus.mesh import HANDOFF_PURPOSE, handoff_state_bytes_max
 from bus.sockpass import SocketPass
-from disque_mp.node.connection import ClientConn
-
-if TYPE_CHECKING:
-    from disque_mp.node.worker import Worker
+from disque_mp.node.connection import ClientConn, ClientHost, Mover
 
 handoff_streak_min = 16  # consecutive commands for one other worker before moving the socket
 handoff_per_conn_max = 4  # a connection whose traffic keeps changing owner stays put after this
 
 
-class Handoff:
+class Handoff(Mover):
     """Client connections leaving worker ``w`` for their owner, and arriving."""
 
     sockets: SocketPass  # created inside the running loop (``start``)
 
-    def __init__(self, w: Worker) -> None:
+    def __init__(self, w: ClientHost) -> None:
+        # ClientConn checks its streak against ``streak_min`` after each read
+        super().__init__(handoff_streak_min if w.workers > 1 else 1 << 62)
         self.w = w
-        # ClientConn checks its streak against this after each read
-        self.streak_min = handoff_streak_min if w.workers > 1 else 1 << 62
-        self.handed_off = 0  # INFO: connections given away
 
     def start(self) -> None:
         w = self.w

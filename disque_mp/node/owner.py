@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from disque_mp.node.commands.table import run_on_shard
+from disque_mp.node.core import WorkerCore
 from disque_mp.node.errors import ERR_INTERNAL
 from workers.invariant import InvariantError
 from workers.replies import PENDING
-
-if TYPE_CHECKING:
-    from disque_mp.node.view import ShardHost
 
 log = logging.getLogger("disque_mp.node.owner")
 
@@ -31,7 +29,7 @@ Deliver = Callable[[Any], None]
 class Owner:
     """Runs the commands this worker owns (one per worker)."""
 
-    def __init__(self, w: ShardHost) -> None:
+    def __init__(self, w: WorkerCore) -> None:
         self.w = w
 
     def run(self, name: bytes, args: list[bytes], later: Callable[[], Deliver],

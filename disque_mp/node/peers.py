@@ -12,11 +12,12 @@ jobs it serves the other workers' requests:
     BLOCK     a waiter for a peer's blocked GETJOB, answered later with WAKE;
               UNBLOCK drops it, and so does the loss of the peer's link
     RETURN    jobs a GETJOB took and no longer wants, requeued uncounted
-    SCATTER   this worker's part of a node-wide command (``Worker.local_op``)
+    SCATTER   this worker's part of a node-wide command (``local_op``: ``Worker.local_op``)
 
 As the asker it takes in RAWREPLIES (spliced into the clients' reply streams,
 in order), WAKE for its own blocked GETJOBs, and the (re)connection of a peer,
-which may have lost the GETJOB waiters registered with it.
+which may have lost the GETJOB waiters registered with it (both for
+``getjob.GetJobs``).
 """
 
 from __future__ import annotations
@@ -24,33 +25,41 @@ from __future__ import annotations
 import array
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Callable
+from typing import Any, Final
 
 import hiredis
 
 from bus import mesh as meshmod
 from bus.clock import wall_ms
-from bus.mesh import Link, pack, unpack
+from bus.mesh import Link, pack
+from disque_mp.node.core import WorkerCore
 from disque_mp.node.errors import ERR_INTERNAL
+from disque_mp.node.getjob import GetJobs
 from disque_mp.node.resp import encode
+from disque_mp.node.router import Router
 from workers.invariant import InvariantError
 from workers.replies import PENDING, Error
-
-if TYPE_CHECKING:
-    from disque_mp.node.router import Router
-    from disque_mp.node.worker import Worker
 
 log = logging.getLogger("disque_mp.node.peers")
 _perf_ns: Final = time.perf_counter_ns
 
 
 
-class Peers:
-    """The other workers, as worker ``w`` serves and hears them on the mesh."""
+LocalOp = Callable[[str, Any], Any]  # this worker's part of a node-wide command
 
-    def __init__(self, w: Worker, router: Router) -> None:
+
+class Peers:
+    """The other workers, as worker ``w`` serves and hears them on the mesh: the
+    ``router``'s fast paths and owner side serve their commands, ``getjobs`` takes
+    the WAKEs for ours, ``local_op`` answers SCATTER."""
+
+    def __init__(self, w: WorkerCore, router: Router, getjobs: GetJobs, local_op: LocalOp) -> None:
         self.w = w
         self.router = router
+        self.owner = router.owner
+        self.getjobs = getjobs
+        self.local_op = local_op
         self.raw_reader = hiredis.Reader()  # parses the RAW frames peers send us
 
     def log(self, text: str) -> None:
@@ -81,7 +90,7 @@ class Peers:
             w.shard.op_return([b.decode() for b in bodies], w.now_ms)
         elif kind == meshmod.K_SCATTER:
             try:
-                reply = w.local_op(meta["op"], meta.get("a"))
+                reply = self.local_op(meta["op"], meta.get("a"))
             except InvariantError:
                 raise
             except Exception:  # a bug: answer it, or the asking client waits forever
@@ -89,8 +98,7 @@ class Peers:
                 reply = ERR_INTERNAL
             link.reply(meta["r"], reply)
         w.drain_effects()
-        if w.aof is not None:
-            w.aof.write_before_replies()  # the reply frames leave later this turn
+        w.aof_before_replies()  # the reply frames leave later this turn
         w.reschedule_tick()
 
     def _serve_cmds(self, link: Link, meta: dict[str, Any], bodies: list[bytes]) -> None:
@@ -101,7 +109,7 @@ class Peers:
             at += argc
 
     def _serve_one(self, link: Link, rid: int, name: bytes, args: list[bytes]) -> None:
-        reply = self.w.owner.run(name, args, lambda: lambda value: link.reply(rid, value), True)
+        reply = self.owner.run(name, args, lambda: lambda value: link.reply(rid, value), True)
         if reply is not PENDING:
             link.reply(rid, reply)
 
@@ -186,7 +194,7 @@ class Peers:
             link.raw_reply(rid, encode(value, resp3))
 
         t0 = _perf_ns()
-        reply = self.w.owner.run(name, cmd[1:], lambda: deliver, True)
+        reply = self.owner.run(name, cmd[1:], lambda: deliver, True)
         self.router.count(name.decode(), t0, cmd)
         if reply is not PENDING:
             deliver(reply)
@@ -219,29 +227,10 @@ class Peers:
     # ------------------------------------------------------------------ our GETJOBs
 
     def on_wake(self, peer: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
-        entries = unpack(meta.get("v"), bodies)
-        job = self.w.getjobs.get(meta["t"])
-        if job is None:
-            if not isinstance(entries, Error):
-                self.return_jobs(peer, entries)
-        else:
-            job.woken(peer, entries)
+        self.getjobs.on_wake(peer, meta, bodies)
 
     def on_peer_up(self, peer: int) -> None:
-        for job in list(self.w.getjobs.values()):
-            job.reblock(peer)
-
-    def return_jobs(self, owner: int, entries: list[Any]) -> None:
-        """Give back jobs taken for a GETJOB that no longer wants them."""
-        if not entries:
-            return
-        w = self.w
-        ids = [str(e[1]) for e in entries]
-        if owner == w.index:
-            w.shard.op_return(ids, wall_ms())
-            w.drain_effects()
-        else:
-            w.mesh.send(owner, meshmod.K_RETURN, {}, [i.encode() for i in ids])
+        self.getjobs.on_peer_up(peer)
 
     def after_batch(self) -> None:
         """After a read of mesh frames: reply callbacks may have called the shard

@@ -24,44 +24,39 @@ import functools
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from bus.mesh import unpack
 from disque_mp.node.commands import jobs as cmd_jobs
 from disque_mp.node.commands.jobs import GetJobArgs
 from disque_mp.node.commands.table import TABLE, Command
-from disque_mp.node.connection import ClientConn
+from disque_mp.node.connection import ClientConn, ClientHost, CommandPath
 from disque_mp.node.errors import ERR_BADID, ERR_NOAUTH, ERR_OOM, err_arity, err_unknown
-from disque_mp.node.getjob import GetJob
+from disque_mp.node.getjob import GetJob, GetJobs, Runs
+from disque_mp.node.owner import Owner
 from disque_mp.node.resp import NULL3, NULL_ARRAY2, append_request, encode, encode_jobs
 from workers.ids import is_valid_job_id, owner_of_job_id, owner_of_queue
 from workers.invariant import InvariantError
 from workers.replies import NULL_ARRAY, PENDING, Error, Status
-
-if TYPE_CHECKING:
-    from disque_mp.node.worker import Worker
 
 owner_cache_max = 65536  # queue name -> owner memo; cleared when full (names are unbounded)
 NOAUTH_OK: Final = frozenset({"auth", "hello", "quit"})
 
 _perf_ns: Final = time.perf_counter_ns  # INFO commandstats; compiled in, no lookup per command
 
-class Router:
-    """The per-command path of worker ``w`` (one per worker)."""
+class Router(CommandPath):
+    """The per-command path of worker ``w`` (one per worker): ``owner`` runs what
+    our shard owns, ``getjobs`` coordinates the GETJOBs it cannot answer alone."""
 
-    def __init__(self, w: Worker) -> None:
+    def __init__(self, w: ClientHost, owner: Owner, getjobs: GetJobs) -> None:
+        super().__init__(w.slowlog)  # the accounting: commandstats, slowlog, counters
         self.w = w
-        self.owner = w.owner
+        self.owner = owner
+        self.getjobs = getjobs
         self.cfg = w.cfg
         self.index = w.index
         self.workers = w.workers
         self.owner_cache: dict[bytes, int] = {}
-        # accounting: INFO commandstats and total_commands_processed, the slowlog
-        self.commands_processed = 0
-        self.forwarded = 0  # commands sent to their owner over the mesh (INFO workers)
-        self.cmdstats: dict[str, list[int]] = {}
-        self.slowlog = w.slowlog
-        self.slowlog_min_ns = w.slowlog.min_ns  # read per command: a native attribute
         self.lookup = self._build_lookup()
         self.fast = self._build_fast()
         # The forwarded-work budget: general-path commands of one connection running on
@@ -455,10 +450,10 @@ class Router:
             reply = cmd_jobs.getjob_now(self.w.shard, spec, self.w.now_ms)
             if reply is not None:
                 return reply
-            return GetJob(self.w, conn, spec).wait_here()
+            return GetJob(self.getjobs, conn, spec, [(owner, list(spec.queues))]).wait_here()
         if owner >= 0:
             self._count_streak(conn, owner)  # a consumer of another worker's queue moves there
-        return GetJob(self.w, conn, spec).start()
+        return GetJob(self.getjobs, conn, spec, self.owner_runs(spec.queues)).start()
 
     def single_owner(self, queues: list[bytes]) -> int:
         """The worker owning every queue named, or -1 when they are spread."""
@@ -469,6 +464,17 @@ class Router:
             if self.owner_of(queues[i]) != owner:
                 return -1
         return owner
+
+    def owner_runs(self, queues: list[bytes]) -> Runs:
+        """Queues cut into runs of consecutive queues with one owner (left-to-right priority)."""
+        runs: Runs = []
+        for q in queues:
+            owner = self.owner_of(q) if self.workers > 1 else self.index
+            if runs and runs[-1][0] == owner:
+                runs[-1][1].append(q)
+            else:
+                runs.append((owner, [q]))
+        return runs
 
 
 def encode_getjob(reply: Any, withcounters: bool, resp3: bool) -> bytes:

@@ -73,20 +73,6 @@ class MemoryHost(WorkerBasics, Protocol):
     def drain_effects(self) -> None: ...  # after an eviction pass (the AOF's DELJOBs)
 
 
-class ShardHost(WorkerBasics, Protocol):
-    """What the owner side (``owner.Owner``) uses of its worker."""
-
-    @property
-    def now_ms(self) -> int: ...
-    @property
-    def aof(self) -> Any: ...  # the AOF manager, or None
-    @property
-    def tokens(self) -> dict[int, Any]: ...  # a reply that comes later, by its Wake token
-
-    def new_token(self) -> int: ...
-    def drain_effects(self) -> None: ...  # the AOF records of what just ran
-
-
 class MemoryGauge(Protocol):
     """What node-wide commands use of the memory monitor."""
 

@@ -14,12 +14,15 @@
     HTTP           ``http/``: metrics, the admin API, the dashboard
     memory         ``memory.py``: the maxmemory levels
 
-It also keeps what the parts share: the loop turn's clock (``now_ms``), the
-handlers waiting for a shard ``Wake`` (``tokens``) and our blocked GETJOBs
-(``getjobs``). Effects of the shard are drained after every batch of calls:
-``Wake`` answers a pending client (ours or a peer's), ``Send`` goes to the
-cluster bus, and ``AofAppend`` to the AOF manager. Ticks run the shard's timers,
-the per-second rates and the idle-client timeout.
+What the parts share lives in the native base classes ``Worker`` extends, below
+every part: ``core.WorkerCore`` (the loop turn's clock ``now_ms``, the shard and
+its effects, the handlers waiting for a shard ``Wake`` in ``tokens``, the timer
+tick) and ``connection.ClientHost`` (the client connections and what they call);
+our blocked GETJOBs are ``getjob.GetJobs``. Effects of the shard are drained
+after every batch of calls: ``Wake`` answers a pending client (ours or a
+peer's), ``Send`` goes to the cluster bus, and ``AofAppend`` to the AOF manager.
+Ticks run the shard's timers; ``Worker`` adds the per-second rates and the
+idle-client timeout.
 """
 
 from __future__ import annotations
@@ -27,24 +30,23 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import gc
-import ipaddress
 import logging
 import os
 import random
 import resource
 import signal
 import time
-from collections.abc import Callable
-from typing import Any, Final
+from typing import Any
 
 from bus import auth as bus_auth
+from bus import membership as mb
 from bus.clock import wall_ms
 from bus.mesh import Mesh
 from disque_mp.node.commands import jobs as cmd_jobs
 from disque_mp.node.commands.server import local_op as server_local_op
 from disque_mp.node.config import Config, worker_ports
-from disque_mp.node.connection import ClientConn, PendingReply
-from disque_mp.node.getjob import GetJob
+from disque_mp.node.connection import ClientConn, ClientHost, PendingReply
+from disque_mp.node.getjob import GetJobs
 from disque_mp.node.handoff import Handoff
 from disque_mp.node.listen import listen_sockets
 from disque_mp.node.log import setup_logging
@@ -52,8 +54,7 @@ from disque_mp.node.memory import Monitor, rss_bytes
 from disque_mp.node.owner import Owner
 from disque_mp.node.peers import Peers
 from disque_mp.node.router import Router
-from disque_mp.node.slowlog import SlowLog
-from workers.effects import AofAppend, Send, Wake
+from workers.effects import Send
 from workers.invariant import InvariantError
 from workers.shard import Shard
 
@@ -74,35 +75,6 @@ gc_thresholds = (10_000, 10, 100)
 idle_check_ms = 1000  # `timeout` is in seconds: checking each second is exact enough
 PR_SET_PDEATHSIG = 1
 
-
-# Redis' text, word for word (redis-cli users search for it)
-DENIED_PROTECTED: Final = (
-    b"-DENIED Redis is running in protected mode because protected mode is enabled and no "
-    b"password is set for the default user. In this mode connections are only accepted from "
-    b"the loopback interface. If you want to connect from external computers to Redis you may "
-    b"adopt one of the following solutions: 1) Just disable protected mode sending the command "
-    b"'CONFIG SET protected-mode no' from the loopback interface by connecting to Redis from the "
-    b"same host the server is running, however MAKE SURE Redis is not publicly accessible from "
-    b"internet if you do so. Use CONFIG REWRITE to make this change permanent. 2) Alternatively "
-    b"you can just disable the protected mode by editing the Redis configuration file, and "
-    b"setting the protected mode option to 'no', and then restarting the server. 3) If you "
-    b"started the server manually just for testing, restart it with the '--protected-mode no' "
-    b"option. 4) Set up an authentication password for the default user. NOTE: You only need "
-    b"to do one of the above things in order for the server to start accepting connections "
-    b"from the outside.\r\n")
-
-
-def is_loopback_addr(addr: str, with_port: bool = True) -> bool:
-    """``addr`` is ``ip:port`` as ClientConn.addr holds it (or a bare IP with
-    ``with_port=False``); "" (a Unix socket) and "localhost" count as loopback."""
-    if not addr or addr == "localhost":
-        return True
-    try:
-        ip = ipaddress.ip_address(addr.rpartition(":")[0] if with_port else addr)
-    except ValueError:
-        return False
-    mapped = getattr(ip, "ipv4_mapped", None)
-    return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
 
 
 def run_worker(cfg: Config, index: int, node_id: str, ready: Any) -> None:
@@ -139,51 +111,26 @@ def _die_with_parent() -> None:
         pass  # not Linux: the getppid poll still catches it
 
 
-class Worker:
-    """One worker: its lifecycle, and what its parts share."""
+class Worker(ClientHost):
+    """One worker: its lifecycle, and the parts it wires (``ClientHost`` and
+    ``core.WorkerCore`` hold what they share)."""
 
     def __init__(self, cfg: Config, index: int, node_id: str) -> None:
-        self.cfg = cfg
-        self.index = index
-        self.workers = cfg.workers
-        self.node_id = node_id
+        super().__init__(cfg, index, node_id)
         self.parent_pid = os.getppid()
         self.start_s = time.time()
-        self.now_ms = wall_ms()
-        self.conns: set[ClientConn] = set()
-        self.dirty: list[ClientConn] = []
-        self.flush_scheduled = False
-        self.tokens: dict[int, Callable[[Any], None]] = {}  # shard token -> Wake handler
-        self.getjobs: dict[int, GetJob] = {}  # our blocked GETJOBs by token
-        self.next_token = 0
-        self.next_client = 0
-        # stats (INFO; the router counts the commands)
-        self.net_in_bytes = 0
-        self.net_out_bytes = 0
-        self.connections_received = 0
-        self.rejected_connections = 0
-        self.slowlog = SlowLog(index, self.workers)
-        self.slowlog.configure(cfg.slowlog_log_slower_than, cfg.slowlog_max_len)
-        self.tick_handle: asyncio.TimerHandle | None = None
-        self.tick_at = 0
         self.idle_check_at = 0
         self.rate_base = (0, 0, 0)  # commands, bytes in, bytes out at the last sample
         self.rates: tuple[int, float, float] = (0, 0.0, 0.0)  # ops/s, KB/s in, KB/s out
-        self.stopping = False
         self.rewrite_aof_at_exit = False  # SHUTDOWN REWRITE-AOF
         self.servers: list[asyncio.AbstractServer] = []
-        self.send_hook: Callable[[Send], None] = self._drop_send
-        self.aof: Any = None
-        self.agent: Any = None
         self.memory: Monitor | None = None
         cmd_jobs.apply_limits(cfg)
         self.view_seen = False  # a membership view reached the shard (on_view)
-        self.oom = False  # past maxmemory: denyoom commands answer ERR_OOM (disque_mp/node/memory.py)
-        # protected mode (Redis'): no password and bound beyond loopback -> loopback clients only
-        self.protected_bind = any(not is_loopback_addr(a, False) for a in cfg.bind.split() or ["*"])
-        self.owner: Owner = Owner(self)  # runs the commands our shard owns (router and peers)
-        self.router = Router(self)
-        self.peers = Peers(self, self.router)
+        self.getjobs = GetJobs(self)  # our blocked GETJOBs, by token
+        self.owner = Owner(self)  # runs the commands our shard owns (router and peers)
+        self.router = Router(self, self.owner, self.getjobs)
+        self.peers = Peers(self, self.router, self.getjobs, self.local_op)
         self.handoff = Handoff(self)
 
     # ------------------------------------------------------------------ lifecycle
@@ -211,7 +158,7 @@ class Worker:
         self.loop.add_signal_handler(signal.SIGTERM, self.request_stop)
         self.loop.add_signal_handler(signal.SIGHUP, self.reopen_log)
         self.loop.call_later(parent_poll_s, self._check_parent)
-        self._tick()
+        self.tick()
         self.memory = Monitor(self)
         self.memory.start()
         if ready is not None:
@@ -333,99 +280,7 @@ class Worker:
         blocked = bool(conn.waiters) and all(type(s) is PendingReply and s.data is None for s in (conn.slots or ()))
         return not blocked and (conn.pending() or conn.transport.get_write_buffer_size() > 0)
 
-    def log(self, text: str) -> None:
-        log.warning("%s", text)
-
-    # ------------------------------------------------------------------ connections
-
-    def new_client_id(self) -> int:
-        self.next_client += 1
-        return self.next_client * self.workers + self.index  # unique over the node
-
-    def conn_opened(self, conn: ClientConn) -> None:
-        if self.protected_bind and self.cfg.protected_mode and not self.cfg.requirepass \
-                and not conn.handoffs and not is_loopback_addr(conn.addr):
-            self.rejected_connections += 1
-            assert conn.transport is not None
-            conn.transport.write(DENIED_PROTECTED)
-            conn.transport.close()
-            conn.closing = True
-            return
-        if len(self.conns) * self.workers >= self.cfg.maxclients:
-            self.rejected_connections += 1
-            assert conn.transport is not None
-            conn.transport.write(b"-ERR max number of clients reached\r\n")
-            conn.transport.close()
-            conn.closing = True
-            return
-        self.conns.add(conn)
-        if not conn.handoffs:  # a connection moved here was counted where it arrived
-            self.connections_received += 1
-
-    def conn_closed(self, conn: ClientConn) -> None:
-        self.conns.discard(conn)
-        for waiter in list(conn.waiters):
-            waiter.cancel()
-
-    def mark_dirty(self, conn: ClientConn) -> None:
-        if not conn.dirty:
-            conn.dirty = True
-            self.dirty.append(conn)
-            if not self.flush_scheduled:
-                self.flush_scheduled = True
-                self.loop.call_soon(self.flush_dirty)
-
-    def flush_dirty(self) -> None:
-        """Replies completed outside a client's read: one write per connection per turn."""
-        self.flush_scheduled = False
-        dirty, self.dirty = self.dirty, []
-        if self.aof is not None:
-            self.aof.write_before_replies()
-        for conn in dirty:
-            conn.write_out()
-            if conn.streak >= self.handoff.streak_min and not conn.closing:
-                self.handoff.consider(conn)
-
-    def connection(self) -> ClientConn:
-        """A connection of this worker with no client behind it, never registered
-        (not in INFO or CLIENT LIST): the HTTP API runs its commands on one."""
-        return ClientConn(self)
-
-    def begin_batch(self) -> None:
-        """A client's read of commands starts: the clock of this loop turn."""
-        self.now_ms = wall_ms()
-
-    def end_batch(self) -> None:
-        """After the commands of a read: effects, then the AOF before the replies."""
-        self.drain_effects()
-        if self.aof is not None:
-            self.aof.write_before_replies()
-        self.reschedule_tick()
-
-    # ------------------------------------------------------------------ effects and time
-
-    def new_token(self) -> int:
-        """A token for a shard call whose reply may come later (``Wake``)."""
-        self.next_token += 1
-        return self.next_token
-
-    def drain_effects(self) -> None:
-        effects = self.shard.take_effects()
-        while effects:
-            for eff in effects:
-                if type(eff) is Wake:
-                    handler = self.tokens.pop(eff.token, None)
-                    if handler is not None:
-                        handler(eff.reply)
-                elif type(eff) is Send:
-                    self.send_hook(eff)
-                elif type(eff) is AofAppend:
-                    if self.aof is not None:
-                        self.aof.append_effect(eff.record)  # committed once per loop turn
-            effects = self.shard.take_effects()  # handlers may have called the shard
-
-    def _drop_send(self, eff: Send) -> None:
-        pass  # no cluster bus in this build: single node
+    # ------------------------------------------------------------------ cluster
 
     def _send_to_bus(self, eff: Send) -> None:
         if not self.agent.send(eff.node_id, eff.kind, eff.slot, eff.meta, eff.bodies) \
@@ -442,13 +297,7 @@ class Worker:
             self.drain_effects()
             self.reschedule_tick()
 
-    def leaving(self) -> bool:
-        """CLUSTER LEAVING yes on this node (the membership view says so)."""
-        return self.agent is not None and bool(self.agent.view.get("leaving"))
-
     def on_view(self, view: dict[str, Any]) -> None:
-        from bus import membership as mb
-
         # The shard needs every known node (default REPLICATE = cluster size), which are
         # reachable, which are leaving, which our bus link has a PONG on (jobs moved
         # to a node without one would be dropped), our own LEAVING flag and our ID.
@@ -457,18 +306,11 @@ class Worker:
         self.view_seen = True
         self.drain_effects()  # LEAVING releases blocked clients with -LEAVING
 
-    def _tick(self) -> None:
-        self.tick_handle = None
-        self.now_ms = wall_ms()
+    def on_tick(self) -> None:
         if self.now_ms >= self.idle_check_at:
             self._each_second()
         self.slowlog.configure(self.cfg.slowlog_log_slower_than, self.cfg.slowlog_max_len)
         self.router.slowlog_min_ns = self.slowlog.min_ns
-        due = self.shard.tick(self.now_ms)
-        self.drain_effects()
-        period_ms = max(1, 1000 // max(self.cfg.hz, 1))
-        at = self.now_ms + period_ms if due is None else min(due, self.now_ms + period_ms)
-        self._schedule_tick(at)
 
     def _each_second(self) -> None:
         """Rates for INFO (instantaneous_*) and Redis' idle client `timeout`."""
@@ -490,19 +332,6 @@ class Worker:
                 log.log(15, "Closing idle client %s", conn.addr)
                 conn.transport.close()
 
-    def _schedule_tick(self, at_ms: int) -> None:
-        if self.tick_handle is not None:
-            self.tick_handle.cancel()
-        self.tick_at = at_ms
-        delay_s = max(0, at_ms - wall_ms()) / 1000
-        self.tick_handle = self.loop.call_later(delay_s, self._tick)
-
-    def reschedule_tick(self) -> None:
-        """An op may have added a timer due before the planned tick (DELAY 0.x, TTL)."""
-        due = getattr(self.shard, "_heap", None)
-        if due and due[0] < self.tick_at:
-            self._schedule_tick(due[0])
-
     # ------------------------------------------------------------------ node-wide operations
 
     def flush_all(self) -> None:
@@ -511,8 +340,7 @@ class Worker:
         the same for its own, so no waiter is kept), the shard emptied, the AOF
         started afresh (or flushed jobs come back at restart), and the memory level
         follows at once, not a sample later."""
-        for getjob in list(self.getjobs.values()):
-            getjob.release()
+        self.getjobs.release_all()
         self.shard.op_flushall(keep_waiters=False)
         if self.aof is not None:
             self.aof.flushed()

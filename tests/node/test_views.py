@@ -15,7 +15,8 @@ NODE = Path(__file__).resolve().parents[2] / "disque_mp" / "node"
 VIEWERS = sorted([*(NODE / "commands").glob("*.py"), NODE / "memory.py", NODE / "view.py",
                   *(NODE / "http").glob("*.py")])
 FORBIDDEN = {"disque_mp.node.worker", "disque_mp.node.router", "disque_mp.node.peers",
-             "disque_mp.node.handoff", "disque_mp.node.getjob", "disque_mp.node.connection"}
+             "disque_mp.node.handoff", "disque_mp.node.getjob", "disque_mp.node.connection",
+             "disque_mp.node.core"}
 OURS = ("disque_mp", "workers", "bus")
 
 

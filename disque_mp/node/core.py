@@ -1,0 +1,135 @@
+"""What every part of a worker shares: the bottom of the worker's modules.
+
+``WorkerCore`` is the native base class of ``worker.Worker``. It holds the state
+the per-command parts (``connection.py``, ``getjob.py``, ``handoff.py``,
+``router.py``, ``peers.py``, ``owner.py``) read and write: the config, where
+the worker sits, the loop turn's clock (``now_ms``), the shard and its effects,
+the mesh, the handlers waiting for a shard ``Wake`` (``tokens``) and the timer
+tick. The parts are typed against this class (or ``connection.ClientHost``,
+which adds the client connections), never against ``Worker``: they sit below the
+worker, and a call on a native class stays a native call once compiled (a
+``Protocol``-typed one would be a generic Python call). It imports nothing of
+the worker's other modules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from bus.clock import wall_ms
+from bus.mesh import Mesh
+from disque_mp.node.config import Config
+from disque_mp.node.slowlog import SlowLog
+from workers.effects import AofAppend, Send, Wake
+from workers.shard import Shard
+
+log = logging.getLogger("disque_mp.node.worker")
+
+
+class WorkerCore:
+    """The state and calls the parts of one worker share (``Worker`` extends it)."""
+
+    shard: Shard  # made in ``Worker.main``, once the loop runs
+    mesh: Mesh  # the other workers of the host
+    loop: asyncio.AbstractEventLoop
+
+    def __init__(self, cfg: Config, index: int, node_id: str) -> None:
+        self.cfg = cfg
+        self.index = index
+        self.workers = cfg.workers
+        self.node_id = node_id
+        self.now_ms = wall_ms()
+        self.tokens: dict[int, Callable[[Any], None]] = {}  # shard token -> Wake handler
+        self.next_token = 0
+        self.aof: Any = None  # the AOF manager (aof.py), or None
+        self.agent: Any = None  # the cluster agent (bus/agent.py), or None
+        self.oom = False  # past maxmemory: denyoom commands answer ERR_OOM (memory.py)
+        self.stopping = False
+        self.send_hook: Callable[[Send], None] = self._drop_send
+        self.slowlog = SlowLog(index, self.workers)
+        self.slowlog.configure(cfg.slowlog_log_slower_than, cfg.slowlog_max_len)
+        self.tick_handle: asyncio.TimerHandle | None = None
+        self.tick_at = 0
+
+    def log(self, text: str) -> None:
+        log.warning("%s", text)
+
+    def leaving(self) -> bool:
+        """CLUSTER LEAVING yes on this node (the membership view says so)."""
+        return self.agent is not None and bool(self.agent.view.get("leaving"))
+
+    # ------------------------------------------------------------------ batches and effects
+
+    def begin_batch(self) -> None:
+        """A client's read of commands starts: the clock of this loop turn."""
+        self.now_ms = wall_ms()
+
+    def end_batch(self) -> None:
+        """After the commands of a read: effects, then the AOF before the replies."""
+        self.drain_effects()
+        self.aof_before_replies()
+        self.reschedule_tick()
+
+    def aof_before_replies(self) -> None:
+        """This batch's AOF records go to the kernel before its replies leave. Without
+        an open AOF file (appendonly no) nothing is called: one attribute read instead
+        of an interpreted call per batch (aof.py is not compiled)."""
+        aof = self.aof
+        if aof is not None and aof.writer is not None:
+            aof.write_before_replies()
+
+    def new_token(self) -> int:
+        """A token for a shard call whose reply may come later (``Wake``)."""
+        self.next_token += 1
+        return self.next_token
+
+    def drain_effects(self) -> None:
+        effects = self.shard.take_effects()
+        while effects:
+            for eff in effects:
+                if type(eff) is Wake:
+                    handler = self.tokens.pop(eff.token, None)
+                    if handler is not None:
+                        handler(eff.reply)
+                elif type(eff) is Send:
+                    self.send_hook(eff)
+                elif type(eff) is AofAppend:
+                    if self.aof is not None:
+                        self.aof.append_effect(eff.record)  # committed once per loop turn
+            effects = self.shard.take_effects()  # handlers may have called the shard
+
+    def _drop_send(self, eff: Send) -> None:
+        pass  # no cluster bus in this build: single node
+
+    # ------------------------------------------------------------------ the timer tick
+
+    def tick(self) -> None:
+        """The shard's due timers, then the next tick: at the shard's next deadline,
+        or one ``hz`` period from now, whichever comes first."""
+        self.tick_handle = None
+        self.now_ms = wall_ms()
+        self.on_tick()
+        due = self.shard.tick(self.now_ms)
+        self.drain_effects()
+        period_ms = max(1, 1000 // max(self.cfg.hz, 1))
+        at = self.now_ms + period_ms if due is None else min(due, self.now_ms + period_ms)
+        self._schedule_tick(at)
+
+    def on_tick(self) -> None:
+        """The worker's own work at each tick, before the shard's (``Worker`` adds it)."""
+
+    def _schedule_tick(self, at_ms: int) -> None:
+        if self.tick_handle is not None:
+            self.tick_handle.cancel()
+        self.tick_at = at_ms
+        delay_s = max(0, at_ms - wall_ms()) / 1000
+        self.tick_handle = self.loop.call_later(delay_s, self.tick)
+
+    def reschedule_tick(self) -> None:
+        """An op may have added a timer due before the planned tick (DELAY 0.x, TTL)."""
+        due = self.shard.timers.next_due()
+        if due is not None and due < self.tick_at:
+            self._schedule_tick(due)
