@@ -83,7 +83,7 @@ class Sim:
                     if isinstance(eff.reply, list):
                         for e in eff.reply:
                             self._delivered(node_id, e[1])
-            shard._effects[:0] = effects
+            shard.core._effects[:0] = effects
             plain(node_id)
 
         net.drain = drain  # type: ignore[method-assign]
