@@ -58,6 +58,33 @@ class AckGc(GcHooks):
         self.tries = {}
         self.gone = {}
 
+    def acks(self, job_ids: list[str], now_ms: int, fast: bool) -> int:
+        """ACKJOB, or FASTACK (``fast``: delete at once, best-effort DELJOB to the
+        nodes that may have a copy, to every node for a job we do not know).
+        Replies the number of jobs known here."""
+        s = self.core
+        known = 0
+        for job_id in job_ids:
+            job = s.lookup(job_id)
+            if job is None:
+                if not s._known:
+                    continue
+                if fast:
+                    self.fastack_cluster(job_id, None)
+                else:
+                    self.ackjob_unknown(job_id, now_ms)  # dummy ACK (not counted, as Disque)
+                continue
+            known += 1
+            s._observe_processing(job, now_ms)
+            if not fast:
+                self.ack(job, now_ms)
+                continue
+            if job.nodes[0] is not s._me:
+                self.fastack_cluster(job_id, job)
+            s._unregister(job, now_ms)
+        s.stats.acked += known
+        return known
+
     def ack(self, job: Job, now_ms: int) -> None:
         """ACKJOB of a job we hold: final at once when nobody else may have a copy,
         else acked here and the GC started."""
@@ -181,10 +208,10 @@ class AckGc(GcHooks):
 
     def on_gotack(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                   now_ms: int) -> None:
-        s = self.core
-        job = s._job_of(meta)
+        job = self.core._job_of(meta)
         if job is None:
             return
+        s = self.core
         known = bool(meta["k"])
         if not self.ack_cluster(job, now_ms):
             return

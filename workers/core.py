@@ -43,8 +43,13 @@ from workers.job import (
     del_record,
 )
 from workers.queue import PAUSED_OUT, Fed, Queue
-from workers.replies import ERR_LEAVING, ERR_NOREPL_TIMEOUT
+from workers.replies import ERR_LEAVING, Error
 from workers.timers import Timers
+
+# A synchronous ADDJOB whose job left before enough copies were made (timeout,
+# TTL, DELJOB, FLUSHALL): the reference's text.
+ERR_NOREPL_TIMEOUT: Final = Error(
+    "NOREPL Timeout reached before replicating to the requested number of nodes")
 
 time_error_ms: Final = 500  # Disque's DISQUE_TIME_ERR: requeue jitter; WILLQUEUE fires this early
 

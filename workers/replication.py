@@ -45,7 +45,7 @@ from __future__ import annotations
 from typing import Any
 
 from workers.ackgc import AckGc, setack_meta
-from workers.core import Core, ReplWait
+from workers.core import ERR_NOREPL_TIMEOUT, Core, ReplWait
 from workers.effects import QUEUED_INCR_DELIVERIES, QUEUED_INCR_NACKS, AofAppend, Send, Wake
 from workers.extensions import Extensions
 from workers.federation import peer_job
@@ -65,7 +65,7 @@ from workers.job import (
     union,
 )
 from workers.queue import PAUSED_IN, Queue
-from workers.replies import ERR_NOREPL_TIMEOUT, PENDING, Status
+from workers.replies import PENDING, Status
 
 # Replication (spec "Job replication strategy"): one more node every 50 ms.
 repl_step_ms = 50
@@ -268,34 +268,34 @@ class Replication:
 
     def on_willqueue(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                      now_ms: int) -> None:
-        s = self.core
-        job = s._job_of(meta)
+        job = self._held_job(sender, meta, now_ms)
         if job is None:
-            self._setack_if_gone(sender, meta, now_ms)
             return
+        s = self.core
         job.delivered = union(job.delivered, (sender,))
         if job.state == QUEUED:
             s._send_job(s._others(job), "QUEUED", job)
         elif job.state == ACKED:
             s._send_job([sender], "SETACK", job, setack_meta(job))
 
-    def _setack_if_gone(self, sender: str, meta: dict[str, Any], now_ms: int) -> None:
-        """A holder is about to queue (or queued) a job we saw acknowledged or deleted
-        cluster-wide: tell it, so that it acks its copy and runs the GC over the nodes
+    def _held_job(self, sender: str, meta: dict[str, Any], now_ms: int) -> Job | None:
+        """The job a WILLQUEUE or QUEUED names, if we hold it. If not and we saw it
+        acknowledged or deleted cluster-wide, the holder about to queue it (or that
+        queued it) is told, so that it acks its copy and runs the GC over the nodes
         it knows (a copy the GC we took part in did not reach)."""
-        jid = meta["j"]
-        if self.gc.gone and type(jid) is str and self.gc.is_gone(jid, now_ms):
-            self.core._send(sender, "SETACK", slot_of_job_id(jid), {"j": jid, "m": 0})
+        job = self.core._job_of(meta)
+        if job is None:
+            jid = meta["j"]
+            if self.gc.gone and type(jid) is str and self.gc.is_gone(jid, now_ms):
+                self.core._send(sender, "SETACK", slot_of_job_id(jid), {"j": jid, "m": 0})
+        return job
 
     def on_queued(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                   now_ms: int) -> None:
+        job = self._held_job(sender, meta, now_ms)
+        if job is None or job.state == WAIT_REPL:
+            return
         s = self.core
-        job = s._job_of(meta)
-        if job is None:
-            self._setack_if_gone(sender, meta, now_ms)
-            return
-        if job.state == WAIT_REPL:
-            return
         if job.state == ACKED:
             s._send_job([sender], "SETACK", job, setack_meta(job))
             return

@@ -43,9 +43,6 @@ ERR_NOJOB = Error("NOJOB Job not known in the context of this node.")
 ERR_PAUSED = Error("PAUSED Queue paused in input, try later")
 ERR_NOREPL = Error("NOREPL Not enough reachable nodes for the requested replication level")
 ERR_LEAVING = Error("LEAVING This node is leaving the cluster, please connect to a different one")
-ERR_NOREPL_TIMEOUT = Error(
-    "NOREPL Timeout reached before replicating to the requested number of nodes"
-)
 
 
 def err_arity(name: str) -> Error:

@@ -32,7 +32,14 @@ from collections.abc import Set as AbstractSet
 from typing import Any, Final
 
 from workers.ackgc import AckGc
-from workers.core import Core, Stats, Waiter, latency_bounds_ms, queue_idle_evict_ms
+from workers.core import (
+    ERR_NOREPL_TIMEOUT,
+    Core,
+    Stats,
+    Waiter,
+    latency_bounds_ms,
+    queue_idle_evict_ms,
+)
 from workers.effects import AofAppend, Effect, Wake
 from workers.extensions import Extensions
 from workers.federation import Federation
@@ -58,7 +65,6 @@ from workers.replies import (
     ERR_LEAVING,
     ERR_NOJOB,
     ERR_NOREPL,
-    ERR_NOREPL_TIMEOUT,
     ERR_PAUSED,
     Error,
     Status,
@@ -380,38 +386,12 @@ class Shard:
     # ------------------------------------------------------------------ job-addressed ops
 
     def op_ackjob(self, job_ids: list[str], now_ms: int) -> int:
-        c = self.core
-        known = 0
-        for job_id in job_ids:
-            job = c.lookup(job_id)
-            if job is None:
-                if c._known:
-                    self.gc.ackjob_unknown(job_id, now_ms)  # dummy ACK (not counted, as Disque)
-                continue
-            known += 1
-            c._observe_processing(job, now_ms)
-            self.gc.ack(job, now_ms)
-        c.stats.acked += known
-        return known
+        return self.gc.acks(job_ids, now_ms, False)
 
     def op_fastack(self, job_ids: list[str], now_ms: int) -> int:
         """Delete, and a best-effort DELJOB to the nodes that may have a copy (to
         every node when we do not know the job)."""
-        c = self.core
-        known = 0
-        for job_id in job_ids:
-            job = c.lookup(job_id)
-            if job is None:
-                if c._known:
-                    self.gc.fastack_cluster(job_id, None)
-                continue
-            known += 1
-            c._observe_processing(job, now_ms)
-            if job.nodes[0] is not c._me:
-                self.gc.fastack_cluster(job_id, job)
-            c._unregister(job, now_ms)
-        c.stats.acked += known
-        return known
+        return self.gc.acks(job_ids, now_ms, True)
 
     def op_deljob(self, job_ids: list[str], now_ms: int) -> int:
         c = self.core

@@ -18,8 +18,8 @@ import random
 
 import pytest
 
-from tests.sim.net import Net
-from workers.effects import Wake
+from tests.sim.net import Net, woken_jobs
+from workers.effects import Effect
 
 traffic_ms = 20_000
 quiet_ms = 90_000  # room for requeues (RETRY 2 s) and the GC backoff
@@ -35,24 +35,11 @@ class AckSim:
         self.held: list[tuple[int, str]] = []  # (ack time, job id)
         self.blocked: dict[tuple[str, int], int] = {}
         self.added = 0
-        self._wrap_drain()
+        self.net.watch = self._watch
 
-    def _wrap_drain(self) -> None:
-        net = self.net
-        plain = net.drain
-
-        def drain(node_id: str) -> None:
-            shard = net.nodes[node_id].shard
-            effects = shard.take_effects()
-            for eff in effects:
-                if type(eff) is Wake and self.blocked.pop((node_id, eff.token), None):
-                    if isinstance(eff.reply, list):
-                        for e in eff.reply:
-                            self._delivered(node_id, e[1])
-            shard.core._effects[:0] = effects
-            plain(node_id)
-
-        net.drain = drain  # type: ignore[method-assign]
+    def _watch(self, node_id: str, effects: list[Effect]) -> None:
+        for jid in woken_jobs(node_id, effects, self.blocked):
+            self._delivered(node_id, jid)
 
     def _delivered(self, node: str, jid: str) -> None:
         if jid in self.acked_at:
