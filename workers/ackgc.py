@@ -111,7 +111,7 @@ class AckGc(GcHooks):
             rw = s._repl.pop(job.id, None)
             if rw is not None:
                 s._effects.append(Wake(rw.token, Status(job.id)))
-        job.state = ACKED
+        job.move(ACKED)
         job.flags &= ~FLAG_WILLQUEUE_SENT
         if s.waits.wait_entries:
             s.waits.job_done(job.id)  # WAITJOB (workers/extensions.py)

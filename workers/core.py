@@ -220,6 +220,7 @@ class Core:
         return self.lookup(jid)
 
     def _register(self, job: Job) -> None:
+        job.check_entry()
         jid = job.id
         i = job_bucket(jid)
         b = self._jobs[i]
@@ -256,7 +257,7 @@ class Core:
         if job.flags & FLAGS_DELAY_MASK and not job.flags & FLAG_QUEUED_ONCE:
             self._undelay(job)
         was = job.state
-        job.state = DELETED
+        job.move(DELETED)
         # Stale timer-bucket and deque entries keep the record until purged (up to
         # its TTL): they must not keep the body, which memory accounting no longer counts.
         job.body = b""
@@ -325,7 +326,7 @@ class Core:
     def _enqueue(self, job: Job, q: Queue, now_ms: int, serve: bool = True) -> None:
         """Disque's enqueueJob minus its checks: the job becomes QUEUED in ``q``.
         ``serve=False``: the caller queues a batch and serves waiters after it."""
-        job.state = QUEUED
+        job.move(QUEUED)
         flags = job.flags
         if flags & FLAGS_DELAY_MASK and not flags & FLAG_QUEUED_ONCE:
             self._undelay(job)
@@ -359,7 +360,7 @@ class Core:
 
     def _dequeue(self, job: Job, q: Queue, now_ms: int) -> None:
         """A QUEUED job goes back to ACTIVE without being delivered."""
-        job.state = ACTIVE
+        job.move(ACTIVE)
         q.remove(job)
         self._maybe_idle(q, now_ms)
         if job.qtime_ms:
@@ -367,7 +368,7 @@ class Core:
 
     def _deliver(self, job: Job, q: Queue, now_ms: int, withcounters: bool) -> list[Any]:
         """``job`` was just popped from ``q`` for a client: make it ACTIVE, build its entry."""
-        job.state = ACTIVE
+        job.move(ACTIVE)
         st = self.stats
         if not job.flags & FLAG_DELIVERED:
             wait_ms = now_ms - job.ctime_us // US_PER_MS
@@ -446,7 +447,7 @@ class Core:
             self._forget_delivery(job)
             if q.jobs_out:
                 q.jobs_out -= 1
-            job.state = QUEUED
+            job.move(QUEUED)
             q.push(job)
             self.timers.schedule(job, job.ctime_us // US_PER_MS + job.ttl_s * 1000)
             if q.waiters is not None and not q.paused & PAUSED_OUT:

@@ -172,7 +172,7 @@ class Federation(FedHooks):
             job = q.pop()
             if job is None:
                 break
-            job.state = ACTIVE
+            job.move(ACTIVE)
             job.delivered = union(job.delivered, (node,))
             job.flags &= ~FLAG_WILLQUEUE_SENT
             if job.retry_s:

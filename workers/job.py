@@ -27,6 +27,8 @@ from __future__ import annotations
 import struct
 from typing import Final
 
+from workers.invariant import InvariantError
+
 # Job states (the spec's state machine). Small ints: compared on hot paths.
 WAIT_REPL: Final = 0
 ACTIVE: Final = 1
@@ -36,6 +38,29 @@ DELETED: Final = 4  # unregistered: any stale reference to the record must ignor
 
 STATE_NAMES = ("wait-repl", "active", "queued", "acked", "deleted")
 STATE_BY_NAME = {name: i for i, name in enumerate(STATE_NAMES[:4])}
+
+# Disque's state machine: the states a job enters a shard's table in, and the
+# moves it may make there (``Job.move`` checks each one; any other is a bug).
+# wait-repl: an ADDJOB waiting for its copies; active: created, copied here from
+# another node, loaded from the AOF; acked: a dummy ACK (an ACK of an unknown job).
+ENTRY_STATES: Final = (WAIT_REPL, ACTIVE, ACKED)
+MOVES: Final = (
+    # wait-repl: replicated (queued next, or waits its DELAY); acknowledged before
+    # its copies were confirmed; deleted (timeout, TTL, DELJOB, FLUSHALL)
+    (ACTIVE, ACKED, DELETED),
+    # active: queued (DELAY or RETRY elapsed, NACK, ENQUEUE, a peer's ENQUEUE,
+    # YOURJOBS, a GETJOB giving it back); acknowledged; deleted (TTL, FASTACK, DELJOB)
+    (QUEUED, ACKED, DELETED),
+    # queued: delivered, or taken out of the queue (DEQUEUE, WORKING, a peer's
+    # QUEUED or WORKING, moved by YOURJOBS, an ACK: active first); deleted
+    (ACTIVE, DELETED),
+    # acked: deleted (the GC completed or gave up, TTL)
+    (DELETED,),
+    # deleted: final (a stale timer or queue entry may still point at the record)
+    (),
+)
+_ENTRY_BITS: Final = (1 << WAIT_REPL) | (1 << ACTIVE) | (1 << ACKED)
+_MOVE_BITS: Final = tuple(sum(1 << to for to in tos) for tos in MOVES)
 
 # Flags
 FLAG_DELIVERED: Final = 1  # served to a client at least once (at-most-once jobs never requeue then)
@@ -181,6 +206,18 @@ class Job(Timed):
         self.flags = delay_s << _FLAG_BITS
         self.awake_ms = 0
         self.dtime_ms = -1
+
+    def move(self, to: int) -> None:
+        """Change the job's state by one of the state machine's ``MOVES``."""
+        if not _MOVE_BITS[self.state] >> to & 1:
+            raise InvariantError(f"job {self.id}: {STATE_NAMES[self.state]} -> "
+                                 f"{STATE_NAMES[to]} is not a move of the state machine")
+        self.state = to
+
+    def check_entry(self) -> None:
+        """The job is about to be registered: its state must be one of ``ENTRY_STATES``."""
+        if not _ENTRY_BITS >> self.state & 1:
+            raise InvariantError(f"job {self.id} registered {STATE_NAMES[self.state]}")
 
     @property
     def delay_s(self) -> int:

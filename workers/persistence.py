@@ -36,13 +36,14 @@ def load_record(s: Core, record: bytes, enqueue: bool, now_ms: int) -> None:
     if job.delivered == s._me:
         job.delivered = s._me  # the same tuple object as jobs created here
     job.queue = s._queue(job.queue, now_ms).name
+    requeue = job.state == QUEUED and enqueue
+    if job.state != ACKED:
+        job.state = ACTIVE  # enters the table active (queued again just below if asked)
     s._register(job)
-    if job.state == QUEUED and enqueue:
+    if requeue:
         s._enqueue(job, s._queues[job.queue], now_ms)
     else:
-        if job.state != ACKED:
-            job.state = ACTIVE
-            if job.retry_s and job.qtime_ms <= now_ms:
-                job.qtime_ms = now_ms + job.retry_s * 1000 + s._jitter()
+        if job.state == ACTIVE and job.retry_s and job.qtime_ms <= now_ms:
+            job.qtime_ms = now_ms + job.retry_s * 1000 + s._jitter()
         s.timers.schedule(job, s._due(job))
     s._last_ctime_us = max(s._last_ctime_us, job.ctime_us)

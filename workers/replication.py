@@ -130,7 +130,8 @@ class Replication:
     def _activate(self, job: Job, q: Queue, now_ms: int) -> None:
         """A job of ours reached its replication: queue it (or wait for its DELAY)."""
         s = self.core
-        job.state = ACTIVE
+        if job.state == WAIT_REPL:  # (an ASYNC job is active already)
+            job.move(ACTIVE)
         if job.delay_s:
             job.qtime_ms = now_ms + job.delay_s * 1000
             s._reschedule(job)
