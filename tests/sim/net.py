@@ -19,6 +19,7 @@ run is a function of its seed.
 from __future__ import annotations
 
 import heapq
+import os
 import random
 from collections.abc import Callable
 from typing import Any
@@ -250,3 +251,12 @@ def woken_jobs(node_id: str, effects: list[Effect], blocked: dict[tuple[str, int
             if isinstance(eff.reply, list):
                 out += [e[1] for e in eff.reply]
     return out
+
+
+def seeds(count_env: str, count_default: int) -> list[int]:
+    """The seeds a simulation runs: SIM_SEED alone when set (to replay one), else 1 to
+    the count in ``count_env`` (``count_default`` when unset)."""
+    one = os.environ.get("SIM_SEED")
+    if one:
+        return [int(one)]
+    return list(range(1, int(os.environ.get(count_env, str(count_default))) + 1))

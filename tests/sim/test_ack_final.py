@@ -13,12 +13,11 @@ from every node at the end.
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
 
-from tests.sim.net import Net, woken_jobs
+from tests.sim.net import Net, seeds, woken_jobs
 from workers.effects import Effect
 
 traffic_ms = 20_000
@@ -106,14 +105,7 @@ class AckSim:
         self.net.check()
 
 
-def _seeds() -> list[int]:
-    one = os.environ.get("SIM_SEED")
-    if one:
-        return [int(one)]
-    return list(range(1, int(os.environ.get("SIM_ACK_SEEDS", "20")) + 1))
-
-
-@pytest.mark.parametrize("seed", _seeds())
+@pytest.mark.parametrize("seed", seeds("SIM_ACK_SEEDS", 20))
 def test_no_redelivery_after_answered_ack(seed: int) -> None:
     sim = AckSim(seed)
     sim.run()

@@ -20,13 +20,12 @@ More seeds: SIM_SEEDS=1000 (default 100, about 20 s).
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass, field
 
 import pytest
 
-from tests.sim.net import Net, woken_jobs
+from tests.sim.net import Net, seeds, woken_jobs
 from workers.effects import Effect, Wake
 from workers.replies import Status
 
@@ -265,14 +264,7 @@ class Sim:
         net.check()
 
 
-def _seeds() -> list[int]:
-    one = os.environ.get("SIM_SEED")
-    if one:
-        return [int(one)]
-    return list(range(1, int(os.environ.get("SIM_SEEDS", "100")) + 1))
-
-
-@pytest.mark.parametrize("seed", _seeds())
+@pytest.mark.parametrize("seed", seeds("SIM_SEEDS", 100))
 def test_sim(seed: int) -> None:
     sim = Sim(seed)
     try:

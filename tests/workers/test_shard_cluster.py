@@ -272,6 +272,18 @@ def _reachable_without_our_link() -> Net:
     return net
 
 
+def _at_most_once_job_stays_until_the_link_is_back(net: Net) -> None:
+    """x blocks on a queue where a holds an at-most-once job: x's NEEDJOBS reach a,
+    the job stays queued at a until a's link to x is back, then x gets it."""
+    a, x = net.ids
+    jid = _added(net, a, replicate=1, retry_s=0)
+    tok = net.block(x)
+    net.run(1000)
+    assert net.sent.get("NEEDJOBS") and (x, tok) not in net.wakes
+    assert net.holders(jid) == {a: QUEUED}
+    _link_back_then_x_gets_it(net, tok, jid)
+
+
 def _link_back_then_x_gets_it(net: Net, tok: int, jid: str) -> None:
     """Once a's link to x is back (the first PONG on it), x's blocked GETJOB gets the
     job (x asks again: its NEEDJOBS backoff) and both nodes hold it active."""
@@ -294,12 +306,7 @@ def test_needjobs_from_a_node_we_cannot_reach_moves_no_at_most_once_job() -> Non
     a, x = net.ids
     net.cut_one_way(a, x)
     net.refresh_views()  # a sees x unreachable (no PONG on its link); x sees a
-    jid = _added(net, a, replicate=1, retry_s=0)
-    tok = net.block(x)
-    net.run(1000)
-    assert net.sent.get("NEEDJOBS") and (x, tok) not in net.wakes
-    assert net.holders(jid) == {a: QUEUED}
-    _link_back_then_x_gets_it(net, tok, jid)
+    _at_most_once_job_stays_until_the_link_is_back(net)
 
 
 def test_needjobs_from_a_reachable_node_without_our_link_moves_no_at_most_once_job() -> None:
@@ -307,14 +314,7 @@ def test_needjobs_from_a_reachable_node_without_our_link_moves_no_at_most_once_j
     otherwise) before its outbound links to them have carried a PONG. The view
     says so (linked False); a NEEDJOBS then must not move an at-most-once job
     that the bus would drop."""
-    net = _reachable_without_our_link()
-    a, x = net.ids
-    jid = _added(net, a, replicate=1, retry_s=0)
-    tok = net.block(x)
-    net.run(1000)
-    assert net.sent.get("NEEDJOBS") and (x, tok) not in net.wakes
-    assert net.holders(jid) == {a: QUEUED}
-    _link_back_then_x_gets_it(net, tok, jid)
+    _at_most_once_job_stays_until_the_link_is_back(_reachable_without_our_link())
 
 
 def test_late_yourjobs_to_a_reachable_asker_without_our_link_waits_for_the_link() -> None:
