@@ -1,4 +1,6 @@
-"""A named queue: jobs ordered by creation time, plus the queue's bookkeeping.
+"""A named queue: jobs ordered by creation time, plus the queue's bookkeeping;
+and ``Fed``, the queue's federation state (recent sources, NEEDJOBS backoff,
+import rate) that workers/federation.py keeps for queues with consumers.
 
 Structure: one ``collections.deque`` of job records sorted by ``ctime_us``
 (unique per creating node; ties keep arrival order), with lazy deletion.
