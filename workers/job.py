@@ -59,8 +59,10 @@ MOVES: Final = (
     # deleted: final (a stale timer or queue entry may still point at the record)
     (),
 )
-_ENTRY_BITS: Final = (1 << WAIT_REPL) | (1 << ACTIVE) | (1 << ACKED)
-_MOVE_BITS: Final = tuple(sum(1 << to for to in tos) for tos in MOVES)
+# The table as bits of one small int, tested on the per-job path: bit 8*from + to
+# is a move, bit 8*state + 7 an entry state.
+_MOVE_BITS: Final = sum((1 << (8 * src + to)) for src, tos in enumerate(MOVES) for to in tos) \
+    + sum(1 << (8 * state + 7) for state in ENTRY_STATES)
 
 # Flags
 FLAG_DELIVERED: Final = 1  # served to a client at least once (at-most-once jobs never requeue then)
@@ -209,14 +211,14 @@ class Job(Timed):
 
     def move(self, to: int) -> None:
         """Change the job's state by one of the state machine's ``MOVES``."""
-        if not _MOVE_BITS[self.state] >> to & 1:
+        if not _MOVE_BITS >> (8 * self.state + to) & 1:
             raise InvariantError(f"job {self.id}: {STATE_NAMES[self.state]} -> "
                                  f"{STATE_NAMES[to]} is not a move of the state machine")
         self.state = to
 
     def check_entry(self) -> None:
         """The job is about to be registered: its state must be one of ``ENTRY_STATES``."""
-        if not _ENTRY_BITS >> self.state & 1:
+        if not _MOVE_BITS >> (8 * self.state + 7) & 1:
             raise InvariantError(f"job {self.id} registered {STATE_NAMES[self.state]}")
 
     @property

@@ -110,6 +110,7 @@ ERR_TOOLATE: Final = Error(
     "the next delivery."
 )
 
+
 def _over_bounds(queue: bytes, body: bytes, ttl_s: int, delay_s: int, retry_s: int | None,
                  maxdeliver: int) -> Error | None:
     """ADDJOB past a bound of workers/job.py (the job could not be encoded)."""
@@ -123,11 +124,12 @@ def _over_bounds(queue: bytes, body: bytes, ttl_s: int, delay_s: int, retry_s: i
     return None
 
 
-
 _Handler = Callable[[str, dict[str, Any], list[bytes], int], None]
 
 
 class Shard:
+    """One worker's shard: the API the worker calls, over the parts it owns."""
+
     def __init__(self, node_id: str, index: int, workers: int, seed: bytes, rng: random.Random,
                  now_ms: int, *, queue_idle_ms: int = queue_idle_evict_ms) -> None:
         self.index = index
