@@ -28,17 +28,22 @@ from typing import Any, Final
 
 from workers.effects import AofAppend, Effect, Send, Wake
 from workers.ids import JobIdGen, slot_of, slot_of_job_id
-from workers.invariant import InvariantError
+from workers.invariant import InvariantError, invariant
 from workers.job import (
+    ACKED,
     ACTIVE,
     DELETED,
+    ENTRY_STATES,
     FLAG_DELIVERED,
     FLAG_NACK_DELAYED,
     FLAG_QUEUED_ONCE,
     FLAG_WILLQUEUE_SENT,
     FLAGS_DELAY_MASK,
+    MOVES,
     QUEUED,
+    STATE_NAMES,
     US_PER_MS,
+    WAIT_REPL,
     Job,
     del_record,
 )
@@ -69,6 +74,18 @@ _FLAGS_QUEUE_CLEARS: Final = FLAG_WILLQUEUE_SENT | FLAG_NACK_DELAYED
 
 _K_NACKS: Final = b"nacks"
 _K_ADD_DELIV: Final = b"additional-deliveries"
+
+
+# The per-job path (ADDJOB, GETJOB, ACKJOB) changes a job's state without
+# ``Job.move``'s table lookup: each such move has a precondition of one
+# comparison, or none, that the state table (workers/job.py) implies; checked
+# against the table here, once. Every other move goes through ``Job.move``.
+invariant({s for s, tos in enumerate(MOVES) if QUEUED in tos} == {ACTIVE},
+          "_enqueue: only an active job may be queued")
+invariant(ACTIVE in MOVES[QUEUED], "_deliver: a queued job (Queue.pop) may become active")
+invariant(all(DELETED in MOVES[s] for s in (WAIT_REPL, ACTIVE, QUEUED, ACKED)),
+          "_unregister: every registered job may be deleted")
+invariant(set(ENTRY_STATES) == {WAIT_REPL, ACTIVE, ACKED}, "_register: entry states")
 
 
 def job_bucket(job_id: str) -> int:
@@ -220,7 +237,8 @@ class Core:
         return self.lookup(jid)
 
     def _register(self, job: Job) -> None:
-        job.check_entry()
+        if job.state == QUEUED or job.state == DELETED:  # not in ENTRY_STATES
+            job.check_entry()  # raises
         jid = job.id
         i = job_bucket(jid)
         b = self._jobs[i]
@@ -257,7 +275,7 @@ class Core:
         if job.flags & FLAGS_DELAY_MASK and not job.flags & FLAG_QUEUED_ONCE:
             self._undelay(job)
         was = job.state
-        job.move(DELETED)
+        job.state = DELETED  # from any registered state (MOVES)
         # Stale timer-bucket and deque entries keep the record until purged (up to
         # its TTL): they must not keep the body, which memory accounting no longer counts.
         job.body = b""
@@ -326,7 +344,10 @@ class Core:
     def _enqueue(self, job: Job, q: Queue, now_ms: int, serve: bool = True) -> None:
         """Disque's enqueueJob minus its checks: the job becomes QUEUED in ``q``.
         ``serve=False``: the caller queues a batch and serves waiters after it."""
-        job.move(QUEUED)
+        if job.state != ACTIVE:  # MOVES: only active -> queued
+            raise InvariantError(f"job {job.id}: {STATE_NAMES[job.state]} -> queued is not "
+                                 "a move of the state machine")
+        job.state = QUEUED
         flags = job.flags
         if flags & FLAGS_DELAY_MASK and not flags & FLAG_QUEUED_ONCE:
             self._undelay(job)
@@ -368,7 +389,7 @@ class Core:
 
     def _deliver(self, job: Job, q: Queue, now_ms: int, withcounters: bool) -> list[Any]:
         """``job`` was just popped from ``q`` for a client: make it ACTIVE, build its entry."""
-        job.move(ACTIVE)
+        job.state = ACTIVE  # queued -> active (Queue.pop returns queued jobs only)
         st = self.stats
         if not job.flags & FLAG_DELIVERED:
             wait_ms = now_ms - job.ctime_us // US_PER_MS
