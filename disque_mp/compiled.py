@@ -27,6 +27,10 @@ from typing import Any
 
 COMPILED_MODULES = (
     "workers.shard",
+    "workers.core",
+    "workers.lifecycle",
+    "workers.pause",
+    "workers.persistence",
     "workers.replication",
     "workers.ackgc",
     "workers.views",

@@ -3,22 +3,31 @@ acknowledged job is kept until every node that may hold a copy confirmed the
 ACK (SETACK / GOTACK), then deleted everywhere (DELJOB); an ACK of a job this
 node does not know is kept as a dummy ACK so it survives a partition.
 
-``AckGc`` is an object the shard owns (``Shard.gc``) and calls: it keeps the
-GC attempts of acked jobs and the IDs of jobs known gone cluster-wide, and
-reaches the jobs through the shard, typed by the ``GcCore`` protocol (this
-module imports neither workers/shard.py nor workers/replication.py). Marking a
-job acked (``_ack_cluster``) stays with replication: it is on the ACKJOB path.
-The GC of an acked job shares the job's one timer entry (its ``qtime_ms`` is
-the next attempt).
+``AckGc`` is an object the shard owns (``Shard.gc``) and calls: it marks jobs
+acked (ACKJOB, SETACK, GOTACK), keeps the GC attempts of acked jobs and the
+IDs of jobs known gone cluster-wide, and reaches the jobs through the shard's
+``Core`` (workers/core.py). The GC of an acked job shares the job's one timer
+entry (its ``qtime_ms`` is the next attempt).
 """
 
 from __future__ import annotations
 
-import random
-from typing import Any, Protocol
+from typing import Any
 
+from workers.core import Core, GcHooks
+from workers.effects import AofAppend, Wake
 from workers.ids import is_at_most_once_id, slot_of_job_id
-from workers.job import ACKED, US_PER_MS, WAIT_REPL, Job, merge_nodes, union
+from workers.job import (
+    ACKED,
+    FLAG_WILLQUEUE_SENT,
+    QUEUED,
+    US_PER_MS,
+    WAIT_REPL,
+    Job,
+    merge_nodes,
+    union,
+)
+from workers.replies import Status
 
 # Ack GC retries: first retry after 1 s, doubling, with up to +50 % random error,
 # at most 60 s apart; after gc_attempts_max retries the job is dropped anyway
@@ -36,33 +45,12 @@ gone_ids_keep_ms = 30_000
 gone_ids_max = 100_000
 
 
-class GcCore(Protocol):
-    """What the ack GC uses of the shard (``workers.shard.Shard`` is one)."""
+class AckGc(GcHooks):
+    """ACKs, GC attempts of acked jobs and the recently gone job IDs of one shard."""
 
-    node_id: str
-    _known: tuple[str, ...]
-    _leaving: bool
-    _rng: random.Random
-
-    def _register(self, job: Job) -> None: ...
-    def _unregister(self, job: Job, now_ms: int) -> None: ...
-    def _job_of(self, meta: dict[str, Any]) -> Job | None: ...
-    def _ack_cluster(self, job: Job, now_ms: int) -> bool: ...
-    def _reschedule(self, job: Job) -> None: ...
-    def _others(self, job: Job) -> list[str]: ...
-    def _setack_meta(self, job: Job) -> dict[str, Any]: ...
-    def _send(self, node: str, kind: str, slot: int, meta: dict[str, Any],
-              bodies: list[bytes] | None = None) -> None: ...
-    def _send_job(self, nodes: list[str] | tuple[str, ...], kind: str, job: Job,
-                  meta: dict[str, Any] | None = None) -> None: ...
-
-
-class AckGc:
-    """GC attempts of acked jobs and the recently gone job IDs of one shard."""
-
-    def __init__(self, shard: GcCore) -> None:
-        self.shard = shard
-        self.tries: dict[str, int] = {}  # acked jobs -> GC attempts made
+    def __init__(self, core: Core) -> None:
+        super().__init__()
+        self.core = core
         self.gone: dict[str, int] = {}  # acked/deleted job IDs -> kept until (ms)
 
     def reset(self) -> None:
@@ -70,9 +58,77 @@ class AckGc:
         self.tries = {}
         self.gone = {}
 
+    def acks(self, job_ids: list[str], now_ms: int, fast: bool) -> int:
+        """ACKJOB, or FASTACK (``fast``: delete at once, best-effort DELJOB to the
+        nodes that may have a copy, to every node for a job we do not know).
+        Replies the number of jobs known here."""
+        s = self.core
+        known = 0
+        for job_id in job_ids:
+            job = s.lookup(job_id)
+            if job is None:
+                if not s._known:
+                    continue
+                if fast:
+                    self.fastack_cluster(job_id, None)
+                else:
+                    self.ackjob_unknown(job_id, now_ms)  # dummy ACK (not counted, as Disque)
+                continue
+            known += 1
+            s._observe_processing(job, now_ms)
+            if not fast:
+                self.ack(job, now_ms)
+                continue
+            if job.nodes[0] is not s._me:
+                self.fastack_cluster(job_id, job)
+            s._unregister(job, now_ms)
+        s.stats.acked += known
+        return known
+
+    def ack(self, job: Job, now_ms: int) -> None:
+        """ACKJOB of a job we hold: final at once when nobody else may have a copy,
+        else acked here and the GC started."""
+        s = self.core
+        d = job.delivered
+        if d is s._me or (d and all(n == s.node_id for n in d)):
+            # Nobody else may have a copy: the ACK is final, the job goes at once.
+            if job.state == QUEUED:
+                s._dequeue(job, s._queues[job.queue], now_ms)
+            s._unregister(job, now_ms)
+            return
+        if self.ack_cluster(job, now_ms):
+            self.start_gc(job, now_ms)
+
+    def ack_cluster(self, job: Job, now_ms: int) -> bool:
+        """ACK-JOB: mark acked; returns False when the job was dropped at once
+        (nobody else may have a copy)."""
+        if job.state == ACKED:
+            return True
+        s = self.core
+        if job.state == QUEUED:
+            s._dequeue(job, s._queues[job.queue], now_ms)
+        elif job.state == WAIT_REPL:
+            rw = s._repl.pop(job.id, None)
+            if rw is not None:
+                s._effects.append(Wake(rw.token, Status(job.id)))
+        job.move(ACKED)
+        job.flags &= ~FLAG_WILLQUEUE_SENT
+        if s.waits.wait_entries:
+            s.waits.job_done(job.id)  # WAITJOB (workers/extensions.py)
+        if job.delivered and not s._others(job):
+            s._unregister(job, now_ms)
+            return False
+        job.confirmed = (s.node_id,) if s.node_id in job.delivered else ()
+        self.tries.pop(job.id, None)
+        if s.aof:
+            s._effects.append(AofAppend(job.to_record()))
+        # Every acked job has a GC timer, also where another node runs the GC: if
+        # that node's DELJOB is lost, our own attempt finds the copies gone.
+        return self.arm_gc(job, now_ms)
+
     def start_gc(self, job: Job, now_ms: int) -> None:
         """START-GC, then arm the next attempt (exponential backoff, random error)."""
-        s = self.shard
+        s = self.core
         if not job.delivered:
             s._send("*", "SETACK", slot_of_job_id(job.id), {"j": job.id, "m": 0})
         else:
@@ -85,13 +141,13 @@ class AckGc:
                 s._unregister(job, now_ms)
                 self.remember_gone(job.id, now_ms)
                 return
-            s._send_job(todo, "SETACK", job, s._setack_meta(job))
+            s._send_job(todo, "SETACK", job, setack_meta(job))
         self.arm_gc(job, now_ms)
 
     def arm_gc(self, job: Job, now_ms: int) -> bool:
         """Next GC attempt: exponential backoff with random error; False when the
         attempts are used up and the job was dropped."""
-        s = self.shard
+        s = self.core
         tries = self.tries.get(job.id, 0)
         if tries >= gc_attempts_max:
             s._unregister(job, now_ms)  # reclaim memory (spec: GC "after some time")
@@ -105,24 +161,25 @@ class AckGc:
     def _dummy_ack(self, job_id: str, now_ms: int) -> None:
         """ACKJOB of a job we do not know: keep the ACK (empty ``acked`` job) so it
         survives a partition; its TTL comes from the ID."""
-        s = self.shard
+        s = self.core
         ttl_s = max(int(job_id[36:40], 16) * 60, 60)
         job = Job(job_id, b"", b"", ACKED, 0, ttl_s, now_ms * US_PER_MS, 0, 1, 0, ())
         s._register(job)
         self.start_gc(job, now_ms)
 
     def ackjob_unknown(self, job_id: str, now_ms: int) -> None:
-        s = self.shard
+        s = self.core
         if s._known and not s._leaving and not is_at_most_once_id(job_id):
             self._dummy_ack(job_id, now_ms)
 
-    def on_setack(self, sender: str, meta: dict[str, Any], now_ms: int) -> None:
-        s = self.shard
+    def on_setack(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
+                  now_ms: int) -> None:
+        s = self.core
         jid = meta["j"]
         may_have = int(meta["m"])
         job = s._job_of(meta)
         slot = slot_of_job_id(jid)
-        if job is not None and not s._ack_cluster(job, now_ms):
+        if job is not None and not self.ack_cluster(job, now_ms):
             # We knew it and dropped it at once (GC attempts used up): known.
             s._send(sender, "GOTACK", slot, {"j": jid, "k": 1})
             return
@@ -149,13 +206,14 @@ class AckGc:
             job.confirmed = union(job.confirmed, (sender,))
             self.start_gc(job, now_ms)
 
-    def on_gotack(self, sender: str, meta: dict[str, Any], now_ms: int) -> None:
-        s = self.shard
-        job = s._job_of(meta)
+    def on_gotack(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
+                  now_ms: int) -> None:
+        job = self.core._job_of(meta)
         if job is None:
             return
+        s = self.core
         known = bool(meta["k"])
-        if not s._ack_cluster(job, now_ms):
+        if not self.ack_cluster(job, now_ms):
             return
         if not job.delivered:  # a dummy ACK
             if known:
@@ -174,8 +232,9 @@ class AckGc:
                 s._unregister(job, now_ms)
                 self.remember_gone(job.id, now_ms)
 
-    def on_deljob(self, meta: dict[str, Any], now_ms: int) -> None:
-        s = self.shard
+    def on_deljob(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
+                  now_ms: int) -> None:
+        s = self.core
         job = s._job_of(meta)
         if job is not None and job.state == WAIT_REPL:
             return  # our own pending ADDJOB: its timer decides
@@ -200,9 +259,16 @@ class AckGc:
         return until is not None and until > now_ms
 
     def fastack_cluster(self, job_id: str, job: Job | None) -> None:
-        s = self.shard
+        s = self.core
         if job is None:
             if s._known:
                 s._send("*", "DELJOB", slot_of_job_id(job_id), {"j": job_id})
             return
         s._send_job(s._others(job), "DELJOB", job)
+
+
+def setack_meta(job: Job) -> dict[str, Any]:
+    """SETACK's meta: the count the spec asks for, and the nodes themselves, so that
+    a receiver that knows a node we do not runs the GC itself (equal counts of
+    different node lists would otherwise confirm a GC that misses a copy)."""
+    return {"j": job.id, "m": len(job.delivered), "d": list(job.delivered)}

@@ -4,11 +4,11 @@ DELQUEUE.
 
 ``Extensions`` is a collaborator the shard owns (``Shard.ext``) and calls: the
 extensions change the same job records and timers as the reference's commands,
-so they reach them through the shard, typed by the ``ShardCore`` protocol below
-(what they use of it; this module imports neither workers/shard.py nor
-workers/federation.py). Keeping them here keeps the reference's state machine
+so they reach them through the shard's ``Core`` (workers/core.py, whose
+``WaitHooks`` it extends: a job leaving the table is done for WAITJOB) and ACK
+through its ``AckGc``. Keeping them here keeps the reference's state machine
 readable on its own. Cluster messages they add to (``QUEUED``) are listed in
-workers/federation.py; their own request/reply messages (meta JSON, bodies raw):
+workers/replication.py; their own request/reply messages (meta JSON, bodies raw):
 
 =========  =====================================  ==========================
 kind       meta                                   bodies
@@ -26,9 +26,11 @@ the queue there answers it, to the same slot here: the worker that asked.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
-from workers.effects import QUEUED_INCR_NACKS, AofAppend, Effect, Wake
+from workers.ackgc import AckGc
+from workers.core import Core, WaitHooks
+from workers.effects import QUEUED_INCR_NACKS, AofAppend, Wake
 from workers.ids import slot_of
 from workers.job import (
     ACKED,
@@ -44,7 +46,6 @@ from workers.job import (
 )
 from workers.queue import Queue
 from workers.replies import PENDING, Error
-from workers.timers import Timers
 
 # QUEUED's extension fields: "w" the ms the sender waits before queueing the job
 # (NACK ... DELAY: no other holder may queue it earlier), "dl" 1 when the sender
@@ -91,33 +92,6 @@ class Gather(Timed):
         return self.count if self.ids is None else len(self.ids)
 
 
-class ShardCore(Protocol):
-    """What the extensions use of the shard (``workers.shard.Shard`` is one)."""
-
-    node_id: str
-    aof: bool
-    stat_dead_lettered: int
-    timers: Timers
-    _effects: list[Effect]
-    _jobs: list[dict[str, Job] | None]
-    _peers: tuple[str, ...]
-    _reach: tuple[str, ...] | None
-
-    def lookup(self, job_id: str) -> Job | None: ...
-    def op_qlen(self, queue: bytes) -> int: ...
-    def _queue(self, name: bytes, now_ms: int) -> Queue: ...
-    def _enqueue(self, job: Job, q: Queue, now_ms: int, serve: bool = True) -> None: ...
-    def _ack(self, job: Job, now_ms: int) -> None: ...
-    def _forget_delivery(self, job: Job) -> int: ...
-    def _undelay(self, job: Job) -> None: ...
-    def _reschedule(self, job: Job) -> None: ...
-    def _others(self, job: Job) -> list[str]: ...
-    def _send(self, node: str, kind: str, slot: int, meta: dict[str, Any],
-              bodies: list[bytes] | None = None) -> None: ...
-    def _send_job(self, nodes: list[str] | tuple[str, ...], kind: str, job: Job,
-                  meta: dict[str, Any] | None = None) -> None: ...
-
-
 def past_maxdeliver(job: Job) -> bool:
     """The job was delivered ``maxdeliver`` times (first delivery, then one per
     NACK or redelivery, as this node counts them) and is not a dead letter yet."""
@@ -126,11 +100,13 @@ def past_maxdeliver(job: Job) -> bool:
         and not job.queue.startswith(DEAD_PREFIX)
 
 
-class Extensions:
+class Extensions(WaitHooks):
     """The extensions' state (WAITJOBs, gathers) and operations on one shard."""
 
-    def __init__(self, shard: ShardCore) -> None:
-        self.shard = shard
+    def __init__(self, core: Core, gc: AckGc) -> None:
+        super().__init__()
+        self.core = core
+        self.gc = gc
         # WAITJOBs by the jobs they wait on, GLOBALQLEN / DELQUEUE gathering the
         # other nodes' answers by token.
         self.waits: dict[str, list[Gather]] = {}
@@ -151,7 +127,7 @@ class Extensions:
         """NACK ... DELAY: the job stays active (not deliverable) until the delay
         ends, then is queued without counting a further delivery. Every other
         holder pushes its own requeue past the delay (QUEUED with "w")."""
-        s = self.shard
+        s = self.core
         s._forget_delivery(job)
         job.flags = (job.flags & ~FLAG_WILLQUEUE_SENT) | FLAG_NACK_DELAYED
         job.qtime_ms = now_ms + delay_ms
@@ -168,8 +144,8 @@ class Extensions:
     def dead_letter(self, job: Job, now_ms: int, incr: int) -> None:
         """Queue the job in ``dead:<queue>`` (same ID, same counters) instead of its
         queue; the other holders move their copies too (QUEUED with "dl")."""
-        s = self.shard
-        s.stat_dead_lettered += 1
+        s = self.core
+        s.stats.dead_lettered += 1
         dq = self._move_to_dead(job, now_ms)
         s._enqueue(job, dq, now_ms)
         others = s._others(job)
@@ -184,7 +160,7 @@ class Extensions:
     def _move_to_dead(self, job: Job, now_ms: int) -> Queue:
         """Point a job that is not queued at its dead-letter queue (the same slot,
         so the same owner: workers/ids.py), keeping the per-queue bookkeeping."""
-        s = self.shard
+        s = self.core
         s._forget_delivery(job)
         if job.flags & FLAGS_DELAY_MASK and not job.flags & FLAG_QUEUED_ONCE:
             s._undelay(job)
@@ -200,8 +176,8 @@ class Extensions:
         if job.queue.startswith(DEAD_PREFIX):
             return
         self._move_to_dead(job, now_ms)
-        if self.shard.aof:
-            self.shard._effects.append(AofAppend(job.to_record()))
+        if self.core.aof:
+            self.core._effects.append(AofAppend(job.to_record()))
 
     # ------------------------------------------------------------------ WAITJOB
 
@@ -212,7 +188,7 @@ class Extensions:
         ``Wake(token, count)`` when the last one is or at the timeout (0: none)."""
         pending: list[str] = []
         for jid in job_ids:
-            job = self.shard.lookup(jid)
+            job = self.core.lookup(jid)
             if job is not None and job.state != ACKED:
                 pending.append(jid)
         done = len(job_ids) - len(pending)
@@ -230,7 +206,7 @@ class Extensions:
             else:
                 ws.append(w)
         if timeout_ms:
-            self.shard.timers.schedule(w, now_ms + timeout_ms)
+            self.core.timers.schedule(w, now_ms + timeout_ms)
         return PENDING
 
     def job_done(self, job_id: str) -> None:
@@ -247,9 +223,9 @@ class Extensions:
 
     def _finish(self, g: Gather) -> None:
         g.finished = True
-        self.shard.timers.unschedule(g)
+        self.core.timers.unschedule(g)
         self.gathers.pop(g.token, None)
-        self.shard._effects.append(Wake(g.token, g.reply()))
+        self.core._effects.append(Wake(g.token, g.reply()))
 
     def fire_gather(self, g: Gather, now_ms: int) -> None:
         """Timeout: reply with what is known (WAITJOB's stale entries go with
@@ -276,7 +252,7 @@ class Extensions:
     def _ask_all(self, g: Gather, kind: str, queue: bytes, now_ms: int) -> Any:
         """Send the request to every reachable node; PENDING, or the reply at once
         when there is no other node."""
-        s = self.shard
+        s = self.core
         nodes = s._reach if s._reach is not None else s._peers
         if not nodes:
             return g.reply()
@@ -296,12 +272,12 @@ class Extensions:
         return g
 
     def op_globalqlen(self, token: int, queue: bytes, now_ms: int) -> Any:
-        return self._ask_all(Gather(token, self.shard.op_qlen(queue)), "QLENASK", queue, now_ms)
+        return self._ask_all(Gather(token, self.core.qlen(queue)), "QLENASK", queue, now_ms)
 
     def _on_qlenask(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                     now_ms: int) -> None:
-        self.shard._send(sender, "QLENIS", slot_of(bodies[0]),
-                         {"r": meta["r"], "n": self.shard.op_qlen(bodies[0])})
+        self.core._send(sender, "QLENIS", slot_of(bodies[0]),
+                         {"r": meta["r"], "n": self.core.qlen(bodies[0])})
 
     def _on_qlenis(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                    now_ms: int) -> None:
@@ -323,17 +299,17 @@ class Extensions:
 
     def _delqueue_here(self, queue: bytes, now_ms: int) -> list[str]:
         """O(jobs of this shard): delayed and active jobs are not indexed by queue."""
-        victims = [j for b in self.shard._jobs if b for j in b.values()
+        victims = [j for b in self.core._jobs if b for j in b.values()
                    if j.queue == queue and j.state != ACKED]
         for job in victims:
             if job.state != DELETED:
-                self.shard._ack(job, now_ms)  # the ACK reaches every holder (SETACK, GC)
+                self.gc.ack(job, now_ms)  # the ACK reaches every holder (SETACK, GC)
         return [j.id for j in victims]
 
     def _on_delq(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                  now_ms: int) -> None:
         ids = self._delqueue_here(bytes(bodies[0]), now_ms)
-        self.shard._send(sender, "DELQDONE", slot_of(bodies[0]), {"r": meta["r"]},
+        self.core._send(sender, "DELQDONE", slot_of(bodies[0]), {"r": meta["r"]},
                          ["".join(ids).encode()])
 
     def _on_delqdone(self, sender: str, meta: dict[str, Any], bodies: list[bytes],

@@ -2,11 +2,11 @@
 the other nodes for jobs (NEEDJOBS), a node with jobs moves some (YOURJOBS).
 
 ``Federation`` is an object the shard owns (``Shard.fed``) and calls; it keeps
-the per-queue federation state (``Fed``: recent sources, NEEDJOBS backoff,
-import rate) and the NEEDJOBS we could not serve yet, and reaches the jobs,
-queues and timers through the shard, typed by the ``FedCore`` protocol (this
-module imports neither workers/shard.py nor workers/replication.py). Messages
-(``meta`` is JSON, bodies raw; the full table is in workers/replication.py):
+the per-queue federation state (``Fed`` in workers/queue.py: recent sources,
+NEEDJOBS backoff, import rate) and the NEEDJOBS we could not serve yet, and
+reaches the jobs, queues and timers through the shard's ``Core``
+(workers/core.py), whose ``FedHooks`` it extends. Messages (``meta`` is JSON,
+bodies raw; the full table is in workers/replication.py):
 
 =========  =====================================  ==========================
 kind       meta                                   bodies
@@ -20,13 +20,14 @@ A ``Fed`` sits in the shard's timer heap as its own target (the next NEEDJOBS).
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
-from workers.effects import AofAppend, Effect
+from workers.ackgc import AckGc
+from workers.core import Core, FedHooks
+from workers.effects import AofAppend
 from workers.ids import is_valid_job_id
-from workers.job import ACTIVE, FLAG_DELIVERED, FLAG_WILLQUEUE_SENT, Job, Timed, merge_nodes, union
-from workers.queue import PAUSED_IN, PAUSED_OUT, Queue
-from workers.timers import Timers
+from workers.job import ACTIVE, FLAG_DELIVERED, FLAG_WILLQUEUE_SENT, Job, merge_nodes, union
+from workers.queue import PAUSED_IN, PAUSED_OUT, Fed, Queue
 
 # Federation (spec FAQ): ad hoc NEEDJOBS to recent sources 25 ms .. 2 s apart,
 # broadcast to everyone 100 ms .. 30 s apart, doubling while nothing arrives.
@@ -36,8 +37,6 @@ needjobs_bcast_min_ms = 100
 needjobs_bcast_max_ms = 30_000
 needjobs_count_min = 5  # Disque's NEEDJOBS_MIN_REQUEST
 needjobs_count_max = 100  # Disque's NEEDJOBS_MAX_REQUEST: a YOURJOBS is at most this many jobs
-# A source forgets a node as a recent provider after this long without jobs from it.
-responders_ttl_ms = 10_000
 # A YOURJOBS frame carries at most this many body bytes (at least one job): a
 # reply never holds the bus for long.
 yourjobs_bytes_max = 4 << 20
@@ -51,82 +50,13 @@ fed_queues_max = 65536  # bound on queues with federation state (evicted with th
 
 
 
-class Fed(Timed):
-    """Federation state of one queue: recent sources, NEEDJOBS backoff, import rate."""
-
-    __slots__ = ("queue", "responders", "adhoc_ms", "adhoc_attempt", "bcast_ms",
-                 "bcast_attempt", "rate_sec", "rate_now", "rate_prev")
-
-    def __init__(self, queue: Queue) -> None:
-        self.queue = queue
-        self.responders: dict[str, int] = {}  # node -> last time it sent us jobs (ms)
-        self.adhoc_ms = 0
-        self.adhoc_attempt = 0
-        self.bcast_ms = 0
-        self.bcast_attempt = 0
-        self.rate_sec = 0  # second the rate_now counter is about
-        self.rate_now = 0  # jobs imported during rate_sec
-        self.rate_prev = 0  # jobs imported during the second before
-        self.awake_ms = 0  # timer bucket (shard heap)
-
-    def import_rate(self, now_ms: int) -> int:
-        sec = now_ms // 1000
-        if sec == self.rate_sec:
-            return max(self.rate_now, self.rate_prev)
-        if sec == self.rate_sec + 1:
-            return self.rate_now
-        return 0
-
-    def count_import(self, n: int, now_ms: int) -> None:
-        sec = now_ms // 1000
-        if sec != self.rate_sec:
-            self.rate_prev = self.rate_now if sec == self.rate_sec + 1 else 0
-            self.rate_now = 0
-            self.rate_sec = sec
-        self.rate_now += n
-
-    def expire(self, now_ms: int) -> None:
-        if self.responders:
-            old = [n for n, t in self.responders.items() if now_ms - t > responders_ttl_ms]
-            for n in old:
-                del self.responders[n]
-
-
-class FedCore(Protocol):
-    """What federation uses of the shard (``workers.shard.Shard`` is one)."""
-
-    node_id: str
-    aof: bool
-    timers: Timers
-    _effects: list[Effect]
-    _queues: dict[bytes, Queue]
-    _known: tuple[str, ...]
-    _peers: tuple[str, ...]
-    _unlinked: frozenset[str]
-    _leaving: bool
-    _now_ms: int
-
-    def lookup(self, job_id: str) -> Job | None: ...
-    def _register(self, job: Job) -> None: ...
-    def _queue(self, name: bytes, now_ms: int) -> Queue: ...
-    def _enqueue(self, job: Job, q: Queue, now_ms: int, serve: bool = True) -> None: ...
-    def _serve_waiters(self, q: Queue, now_ms: int) -> None: ...
-    def _maybe_idle(self, q: Queue, now_ms: int) -> None: ...
-    def _reschedule(self, job: Job) -> None: ...
-    def _jitter(self) -> int: ...
-    def _is_gone(self, job_id: str, now_ms: int) -> bool: ...
-    def _send_queued(self, job: Job, incr: int = 0) -> None: ...
-    def _send(self, node: str, kind: str, slot: int, meta: dict[str, Any],
-              bodies: list[bytes] | None = None) -> None: ...
-
-
-class Federation:
+class Federation(FedHooks):
     """Federation state and messages of one shard."""
 
-    def __init__(self, shard: FedCore) -> None:
-        self.shard = shard
-        self.feds: dict[bytes, Fed] = {}  # queues with federation state
-        self.asks: dict[bytes, tuple[str, int]] = {}  # queue -> (asker, until ms)
+    def __init__(self, core: Core, gc: AckGc) -> None:
+        super().__init__()
+        self.core = core
+        self.gc = gc
 
     def reset(self) -> None:
         """FLUSHALL: every queue is gone."""
@@ -143,7 +73,7 @@ class Federation:
 
     def needjobs(self, q: Queue, reached_zero: bool, now_ms: int) -> None:
         """Disque's needJobsForQueue: ad hoc to recent sources, else broadcast."""
-        s = self.shard
+        s = self.core
         if s._leaving or not s._known:
             return
         fed = self.feds.get(q.name)
@@ -180,7 +110,7 @@ class Federation:
 
     def _arm_fed(self, fed: Fed, now_ms: int) -> None:
         q = fed.queue
-        s = self.shard
+        s = self.core
         if q.waiters is None or s._leaving:
             return
         nxt = fed.bcast_ms + self._bcast_delay(fed)
@@ -191,7 +121,7 @@ class Federation:
 
     def fire_fed(self, fed: Fed, now_ms: int) -> None:
         q = fed.queue
-        s = self.shard
+        s = self.core
         if self.feds.get(q.name) is not fed or s._queues.get(q.name) is not q:
             return
         if q.waiters is None or s._leaving:
@@ -204,7 +134,7 @@ class Federation:
     def on_needjobs(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                     now_ms: int) -> None:
         name = bytes(bodies[0])
-        s = self.shard
+        s = self.core
         count = int(meta["c"])
         q = s._queues.get(name)
         if q is not None and q.paused & PAUSED_OUT:
@@ -227,7 +157,7 @@ class Federation:
     def _can_move_jobs_to(self, node: str) -> bool:
         """A YOURJOBS to ``node`` would be written: reachable, and our bus link to it
         has carried a PONG (set_view)."""
-        s = self.shard
+        s = self.core
         return node in s._peers and node not in s._unlinked
 
     def _send_yourjobs(self, q: Queue, node: str, count: int, now_ms: int) -> None:
@@ -235,14 +165,14 @@ class Federation:
         serialized for the wire; we keep an active copy of at-least-once jobs (they
         are queued again after RETRY if the message is lost) and an active copy
         with no requeue time of at-most-once ones (so an ACK still finds them)."""
-        s = self.shard
+        s = self.core
         recs: list[bytes] = []
         size = 0
         while len(recs) < count and size < yourjobs_bytes_max:
             job = q.pop()
             if job is None:
                 break
-            job.state = ACTIVE
+            job.move(ACTIVE)
             job.delivered = union(job.delivered, (node,))
             job.flags &= ~FLAG_WILLQUEUE_SENT
             if job.retry_s:
@@ -260,13 +190,13 @@ class Federation:
     def on_yourjobs(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                     now_ms: int) -> None:
         q: Queue | None = None
-        s = self.shard
+        s = self.core
         n = 0
         touched: list[Queue] = []  # served once the whole batch is queued (COUNT > 1)
         for rec in bodies:
             job = peer_job(rec)
             if job is None or job.etime_ms <= now_ms or (
-                    s._is_gone(job.id, now_ms)):
+                    self.gc.gone and self.gc.is_gone(job.id, now_ms)):
                 continue
             q = s._queue(job.queue, now_ms)
             if not touched or touched[-1] is not q:
@@ -316,7 +246,7 @@ class Federation:
         worker 0 to relay it): its jobs left the queue when it was built. Queue again
         each one still active here and not delivered since (the asker stays in its
         node list: a GC asks it, it answers it does not know the job)."""
-        s = self.shard
+        s = self.core
         s._now_ms = now_ms
         touched: list[Queue] = []
         for rec in bodies:
@@ -340,7 +270,7 @@ class Federation:
         so that their RETRY timers count from now. Without it a holder whose timer
         was set by an older QUEUED requeued the job while it was being delivered
         here, and could deliver it again after the ACK was answered here."""
-        s = self.shard
+        s = self.core
         if job.retry_s:
             s._send_queued(job)
 
@@ -351,13 +281,6 @@ class Federation:
         if ask is None or ask[1] < now_ms or not self._can_move_jobs_to(ask[0]):
             return
         self._send_yourjobs(q, ask[0], needjobs_count_min, now_ms)
-
-    def qstat_import(self, q: Queue, now_ms: int) -> tuple[list[str], int]:
-        fed = self.feds.get(q.name)
-        if fed is None:
-            return [], 0
-        fed.expire(now_ms)
-        return list(fed.responders), fed.import_rate(now_ms)
 
 
 def peer_job(rec: bytes) -> Job | None:

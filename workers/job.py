@@ -27,6 +27,8 @@ from __future__ import annotations
 import struct
 from typing import Final
 
+from workers.invariant import InvariantError
+
 # Job states (the spec's state machine). Small ints: compared on hot paths.
 WAIT_REPL: Final = 0
 ACTIVE: Final = 1
@@ -36,6 +38,31 @@ DELETED: Final = 4  # unregistered: any stale reference to the record must ignor
 
 STATE_NAMES = ("wait-repl", "active", "queued", "acked", "deleted")
 STATE_BY_NAME = {name: i for i, name in enumerate(STATE_NAMES[:4])}
+
+# Disque's state machine: the states a job enters a shard's table in, and the
+# moves it may make there (``Job.move`` checks each one; any other is a bug).
+# wait-repl: an ADDJOB waiting for its copies; active: created, copied here from
+# another node, loaded from the AOF; acked: a dummy ACK (an ACK of an unknown job).
+ENTRY_STATES: Final = (WAIT_REPL, ACTIVE, ACKED)
+MOVES: Final = (
+    # wait-repl: replicated (queued next, or waits its DELAY); acknowledged before
+    # its copies were confirmed; deleted (timeout, TTL, DELJOB, FLUSHALL)
+    (ACTIVE, ACKED, DELETED),
+    # active: queued (DELAY or RETRY elapsed, NACK, ENQUEUE, a peer's ENQUEUE,
+    # YOURJOBS, a GETJOB giving it back); acknowledged; deleted (TTL, FASTACK, DELJOB)
+    (QUEUED, ACKED, DELETED),
+    # queued: delivered, or taken out of the queue (DEQUEUE, WORKING, a peer's
+    # QUEUED or WORKING, moved by YOURJOBS, an ACK: active first); deleted
+    (ACTIVE, DELETED),
+    # acked: deleted (the GC completed or gave up, TTL)
+    (DELETED,),
+    # deleted: final (a stale timer or queue entry may still point at the record)
+    (),
+)
+# The table as bits of one small int, tested on the per-job path: bit 8*from + to
+# is a move, bit 8*state + 7 an entry state.
+_MOVE_BITS: Final = sum((1 << (8 * src + to)) for src, tos in enumerate(MOVES) for to in tos) \
+    + sum(1 << (8 * state + 7) for state in ENTRY_STATES)
 
 # Flags
 FLAG_DELIVERED: Final = 1  # served to a client at least once (at-most-once jobs never requeue then)
@@ -181,6 +208,18 @@ class Job(Timed):
         self.flags = delay_s << _FLAG_BITS
         self.awake_ms = 0
         self.dtime_ms = -1
+
+    def move(self, to: int) -> None:
+        """Change the job's state by one of the state machine's ``MOVES``."""
+        if not _MOVE_BITS >> (8 * self.state + to) & 1:
+            raise InvariantError(f"job {self.id}: {STATE_NAMES[self.state]} -> "
+                                 f"{STATE_NAMES[to]} is not a move of the state machine")
+        self.state = to
+
+    def check_entry(self) -> None:
+        """The job is about to be registered: its state must be one of ``ENTRY_STATES``."""
+        if not _MOVE_BITS >> (8 * self.state + 7) & 1:
+            raise InvariantError(f"job {self.id} registered {STATE_NAMES[self.state]}")
 
     @property
     def delay_s(self) -> int:

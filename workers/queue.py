@@ -1,4 +1,6 @@
-"""A named queue: jobs ordered by creation time, plus the queue's bookkeeping.
+"""A named queue: jobs ordered by creation time, plus the queue's bookkeeping;
+and ``Fed``, the queue's federation state (recent sources, NEEDJOBS backoff,
+import rate) that workers/federation.py keeps for queues with consumers.
 
 Structure: one ``collections.deque`` of job records sorted by ``ctime_us``
 (unique per creating node; ties keep arrival order), with lazy deletion.
@@ -177,3 +179,49 @@ class Queue(Timed):
         if live != self.live or len(self._dq) - live != self.stale:
             return f"queue {self.name!r} counts live={self.live}/{live} stale={self.stale}"
         return None
+
+
+# Federation: a source forgets a node as a recent provider after this long
+# without jobs from it.
+responders_ttl_ms = 10_000
+
+
+class Fed(Timed):
+    """Federation state of one queue: recent sources, NEEDJOBS backoff, import rate."""
+
+    __slots__ = ("queue", "responders", "adhoc_ms", "adhoc_attempt", "bcast_ms",
+                 "bcast_attempt", "rate_sec", "rate_now", "rate_prev")
+
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+        self.responders: dict[str, int] = {}  # node -> last time it sent us jobs (ms)
+        self.adhoc_ms = 0
+        self.adhoc_attempt = 0
+        self.bcast_ms = 0
+        self.bcast_attempt = 0
+        self.rate_sec = 0  # second the rate_now counter is about
+        self.rate_now = 0  # jobs imported during rate_sec
+        self.rate_prev = 0  # jobs imported during the second before
+        self.awake_ms = 0  # timer bucket (shard heap)
+
+    def import_rate(self, now_ms: int) -> int:
+        sec = now_ms // 1000
+        if sec == self.rate_sec:
+            return max(self.rate_now, self.rate_prev)
+        if sec == self.rate_sec + 1:
+            return self.rate_now
+        return 0
+
+    def count_import(self, n: int, now_ms: int) -> None:
+        sec = now_ms // 1000
+        if sec != self.rate_sec:
+            self.rate_prev = self.rate_now if sec == self.rate_sec + 1 else 0
+            self.rate_now = 0
+            self.rate_sec = sec
+        self.rate_now += n
+
+    def expire(self, now_ms: int) -> None:
+        if self.responders:
+            old = [n for n, t in self.responders.items() if now_ms - t > responders_ttl_ms]
+            for n in old:
+                del self.responders[n]

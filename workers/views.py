@@ -1,10 +1,10 @@
-"""Read-only views of a shard: QSCAN / JSCAN pages, the /metrics counters and
-largest queues, and the cross-structure invariant check the tests run.
+"""Read-only views of a shard: SHOW, QSTAT, QPEEK, QSCAN / JSCAN pages, the
+/metrics counters and largest queues, and the cross-structure invariant check
+the tests run.
 
-Functions over the shard typed by the ``ViewCore`` protocol (what they read of
-it), so this module does not import workers/shard.py; the shard's
-``op_qscan`` / ``op_jscan`` / ``metrics`` / ``check`` call them. None of them is
-on the per-job path.
+Functions over the shard's ``Core`` (workers/core.py); the shard's ``op_show``,
+``op_qstat``, ``op_qscan``, ``op_jscan``, ``metrics`` and ``check`` call them.
+None of them is on the per-job path.
 """
 
 from __future__ import annotations
@@ -12,61 +12,85 @@ from __future__ import annotations
 import heapq
 from collections.abc import Set as AbstractSet
 from operator import attrgetter
-from typing import Any, Protocol
+from typing import Any
 
-from workers.federation import Federation
+from workers.core import Core, time_error_ms
 from workers.invariant import invariant
 from workers.job import (
     ACKED,
     ACTIVE,
     FLAG_QUEUED_ONCE,
     FLAGS_DELAY_MASK,
+    FLAGS_MAXDELIVER_MIN,
     QUEUED,
+    STATE_NAMES,
     US_PER_MS,
     WAIT_REPL,
     Job,
 )
-from workers.queue import PAUSE_NAMES, PAUSED_OUT, Queue
-from workers.replies import Status
-from workers.timers import Timers
+from workers.queue import PAUSE_NAMES, PAUSED_OUT
+from workers.replies import NULL_ARRAY, Status
 
 scan_empty_steps_per_count = 10  # a scan call visits at most count*10 empty positions
 _live = attrgetter("live")  # a queue's queued jobs: the key of the largest queues
 
 
-class ViewCore(Protocol):
-    """What the views read of the shard (``workers.shard.Shard`` is one)."""
+def show(job: Job, now_ms: int) -> list[Any]:
+    """SHOW's reply for a job we hold."""
+    etime = job.ctime_us // US_PER_MS + job.ttl_s * 1000
+    qtime = job.qtime_ms if job.state in (ACTIVE, QUEUED) else 0
+    requeue_in = max(0, qtime - now_ms) if qtime else 0
+    awake_in = max(0, qtime - time_error_ms - now_ms) if qtime else 0
+    return [
+        b"id", job.id,
+        b"queue", job.queue,
+        b"state", STATE_NAMES[job.state],
+        b"repl", job.repl,
+        b"ttl", max(0, -(-(etime - now_ms) // 1000)),
+        b"ctime", job.ctime_ns,
+        b"delay", job.delay_s,
+        b"retry", job.retry_s,
+        b"nacks", job.nacks,
+        b"additional-deliveries", job.additional_deliveries,
+        b"nodes-delivered", list(job.delivered),
+        b"nodes-confirmed", list(job.confirmed),
+        b"next-requeue-within", requeue_in,
+        b"next-awake-within", awake_in,
+        b"body", job.body,
+    ] + ([b"maxdeliver", job.maxdeliver] if job.flags >= FLAGS_MAXDELIVER_MIN else [])  # fmt: skip
 
-    timers: Timers
-    fed: Federation
-    stat_added: int
-    stat_delivered: int
-    stat_acked: int
-    stat_nacked: int
-    stat_requeued_retry: int
-    stat_requeued_enqueue: int
-    stat_expired: int
-    stat_dead_lettered: int
-    wait_counts: list[int]
-    wait_sum_ms: int
-    proc_counts: list[int]
-    proc_sum_ms: int
-    _now_ms: int
-    _jobs: list[dict[str, Job] | None]
-    _njobs: int
-    _queues: dict[bytes, Queue]
-    _qscan: list[Queue | None]
-    _waiters: dict[int, Any]
-    _outstanding: int
-    _active: dict[bytes, int]
-    _delayed: dict[bytes, int]
 
-    def jobs(self) -> list[Job]: ...
-    def _show(self, job: Job, now_ms: int) -> list[Any]: ...
+def qstat(s: Core, queue: bytes, now_ms: int) -> Any:
+    """QSTAT's reply: the reference answers *-1 for an unknown queue (SHOW answers $-1)."""
+    q = s._queues.get(queue)
+    if q is None:
+        return NULL_ARRAY
+    imports, rate = s.fed.qstat_import(q, now_ms) if s.fed.feds else ([], 0)
+    return [
+        b"name", q.name,
+        b"len", q.live,
+        b"age", max(0, (now_ms - q.ctime_ms) // 1000),
+        b"idle", max(0, (now_ms - q.atime_ms) // 1000),
+        b"blocked", 0 if q.waiters is None else len(q.waiters),
+        b"import-from", imports,
+        b"import-rate", rate,
+        b"jobs-in", q.jobs_in,
+        b"jobs-out", q.jobs_out,
+        b"pause", PAUSE_NAMES[q.paused],
+    ]  # fmt: skip
+
+
+def qpeek(s: Core, queue: bytes, count: int) -> list[list[Any]]:
+    """QPEEK: the oldest ``count`` jobs, or the newest ``-count``."""
+    q = s._queues.get(queue)
+    if q is None:
+        return []
+    jobs = q.oldest(count) if count >= 0 else q.newest(-count)
+    return [[q.name, j.id, j.body] for j in jobs]
 
 
 def qscan(
-    s: ViewCore, cursor: int, count: int, minlen: int, maxlen: int, importrate: int
+    s: Core, cursor: int, count: int, minlen: int, maxlen: int, importrate: int
 ) -> tuple[int, list[bytes]]:
     """Queues from table position ``cursor``; next cursor 0 means done.
 
@@ -95,7 +119,7 @@ def qscan(
 
 
 def jscan(
-    s: ViewCore,
+    s: Core,
     cursor: int,
     count: int,
     queue: bytes | None,
@@ -121,11 +145,11 @@ def jscan(
                 continue
             if states is not None and job.state not in states:
                 continue
-            items.append(s._show(job, now_ms) if reply_all else Status(job.id))
+            items.append(show(job, now_ms) if reply_all else Status(job.id))
     return (pos if pos < len(s._jobs) else 0), items
 
 
-def metrics(s: ViewCore, queues_max: int, now_ms: int) -> dict[str, Any]:
+def metrics(s: Core, queues_max: int, now_ms: int) -> dict[str, Any]:
     """Counters, histograms and the ``queues_max`` largest queues (by queued jobs)
     for /metrics and the HTTP API; a queue row is [name, queued, active, delayed,
     oldest queued age ms (-1: empty), jobs in, jobs out, blocked clients, pause
@@ -140,24 +164,25 @@ def metrics(s: ViewCore, queues_max: int, now_ms: int) -> dict[str, Any]:
             names += [n for n in {*s._active, *s._delayed} if n not in queues]
             names = names[:queues_max]
         rows = [_queue_row(s, name, now_ms) for name in names]
+    st = s.stats
     return {
-        "added": s.stat_added, "delivered": s.stat_delivered,
-        "acked": s.stat_acked, "nacked": s.stat_nacked,
-        "requeued_retry": s.stat_requeued_retry,
-        "requeued_nack": s.stat_nacked,
-        "requeued_enqueue": s.stat_requeued_enqueue, "expired": s.stat_expired,
-        "dead_lettered": s.stat_dead_lettered,
+        "added": st.added, "delivered": st.delivered,
+        "acked": st.acked, "nacked": st.nacked,
+        "requeued_retry": st.requeued_retry,
+        "requeued_nack": st.nacked,
+        "requeued_enqueue": st.requeued_enqueue, "expired": st.expired,
+        "dead_lettered": st.dead_lettered,
         "jobs": s._njobs, "queues": len(queues),
         "queued": sum(q.live for q in queues.values()),
         "active": s._outstanding, "delayed": sum(s._delayed.values()),
         "blocked": len(s._waiters),
-        "wait_counts": list(s.wait_counts), "wait_sum_ms": s.wait_sum_ms,
-        "proc_counts": list(s.proc_counts), "proc_sum_ms": s.proc_sum_ms,
+        "wait_counts": list(st.wait_counts), "wait_sum_ms": st.wait_sum_ms,
+        "proc_counts": list(st.proc_counts), "proc_sum_ms": st.proc_sum_ms,
         "queue_rows": rows,
     }  # fmt: skip
 
 
-def _queue_row(s: ViewCore, name: bytes, now_ms: int) -> list[Any]:
+def _queue_row(s: Core, name: bytes, now_ms: int) -> list[Any]:
     q = s._queues.get(name)
     if q is None:  # evicted while some of its jobs are delivered or delayed
         return [name, 0, s._active.get(name, 0), s._delayed.get(name, 0), -1,
@@ -170,7 +195,7 @@ def _queue_row(s: ViewCore, name: bytes, now_ms: int) -> list[Any]:
             PAUSE_NAMES[q.paused], rate]
 
 
-def check(s: ViewCore) -> None:
+def check(s: Core) -> None:
     """Check every cross-structure invariant (tests; O(jobs))."""
     jobs = s.jobs()
     invariant(len(jobs) == s._njobs, f"job count {s._njobs} != {len(jobs)}")
@@ -202,7 +227,7 @@ def check(s: ViewCore) -> None:
     _check_metrics(s, jobs)
 
 
-def _check_metrics(s: ViewCore, jobs: list[Job]) -> None:
+def _check_metrics(s: Core, jobs: list[Job]) -> None:
     """The /metrics bookkeeping agrees with the jobs (tests; O(jobs))."""
     active: dict[bytes, int] = {}
     outstanding = 0

@@ -19,11 +19,13 @@ run is a function of its seed.
 from __future__ import annotations
 
 import heapq
+import os
 import random
+from collections.abc import Callable
 from typing import Any
 
-from workers.effects import Send, Wake
-from workers.replies import PENDING
+from workers.effects import Effect, Send, Wake
+from workers.replies import PENDING, Status
 from workers.shard import Shard
 
 T0 = 1_795_301_808_328
@@ -53,6 +55,8 @@ class Net:
         self.cut_out: set[tuple[str, str]] = set()  # (src, dst): src's link to dst is down
         self.nodes: dict[str, Node] = {}
         self.wakes: dict[tuple[str, int], Any] = {}  # (node, token) -> reply
+        # Sees each node's effects before they are carried out (a simulation's checks).
+        self.watch: Callable[[str, list[Effect]], None] | None = None
         self.sent: dict[str, int] = {}  # message kind -> count (tests look at traffic)
         self.next_token = 0
         for i in range(n):
@@ -112,8 +116,10 @@ class Net:
     # ------------------------------------------------------------------ effects
 
     def drain(self, node_id: str) -> None:
-        shard = self.nodes[node_id].shard
-        for eff in shard.take_effects():
+        effects = self.nodes[node_id].shard.take_effects()
+        if self.watch is not None:
+            self.watch(node_id, effects)
+        for eff in effects:
             if type(eff) is Send:
                 self._route(node_id, eff)
             elif type(eff) is Wake:
@@ -190,6 +196,15 @@ class Net:
             return self.wakes.get((node_id, r[1]))
         return r
 
+    def added(self, node_id: str, wait_ms: int, **kw: Any) -> str:
+        """ADDJOB (``addjob``'s options), ``wait_ms`` of network time, and the new job's
+        ID: the reply must be one by then."""
+        r = self.addjob(node_id, **kw)
+        self.run(wait_ms)
+        rep = self.reply(node_id, r)
+        assert isinstance(rep, Status), rep
+        return str(rep)
+
     def take(self, node_id: str, queue: bytes = b"q", count: int = 1) -> list[list[Any]]:
         out = self.nodes[node_id].shard.op_take([queue], count, False, self.now)
         self.drain(node_id)
@@ -225,3 +240,23 @@ class Net:
         for n in self.nodes.values():
             if n.alive:
                 n.shard.check()
+
+
+def woken_jobs(node_id: str, effects: list[Effect], blocked: dict[tuple[str, int], int]) -> list[str]:
+    """IDs of the jobs the effects deliver to blocked GETJOBs of ``blocked``
+    (each such waiter is removed from it)."""
+    out: list[str] = []
+    for eff in effects:
+        if type(eff) is Wake and blocked.pop((node_id, eff.token), None):
+            if isinstance(eff.reply, list):
+                out += [e[1] for e in eff.reply]
+    return out
+
+
+def seeds(count_env: str, count_default: int) -> list[int]:
+    """The seeds a simulation runs: SIM_SEED alone when set (to replay one), else 1 to
+    the count in ``count_env`` (``count_default`` when unset)."""
+    one = os.environ.get("SIM_SEED")
+    if one:
+        return [int(one)]
+    return list(range(1, int(os.environ.get(count_env, str(count_default))) + 1))

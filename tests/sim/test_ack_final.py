@@ -13,13 +13,12 @@ from every node at the end.
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
 
-from tests.sim.net import Net
-from workers.effects import Wake
+from tests.sim.net import Net, seeds, woken_jobs
+from workers.effects import Effect
 
 traffic_ms = 20_000
 quiet_ms = 90_000  # room for requeues (RETRY 2 s) and the GC backoff
@@ -35,24 +34,11 @@ class AckSim:
         self.held: list[tuple[int, str]] = []  # (ack time, job id)
         self.blocked: dict[tuple[str, int], int] = {}
         self.added = 0
-        self._wrap_drain()
+        self.net.watch = self._watch
 
-    def _wrap_drain(self) -> None:
-        net = self.net
-        plain = net.drain
-
-        def drain(node_id: str) -> None:
-            shard = net.nodes[node_id].shard
-            effects = shard.take_effects()
-            for eff in effects:
-                if type(eff) is Wake and self.blocked.pop((node_id, eff.token), None):
-                    if isinstance(eff.reply, list):
-                        for e in eff.reply:
-                            self._delivered(node_id, e[1])
-            shard._effects[:0] = effects
-            plain(node_id)
-
-        net.drain = drain  # type: ignore[method-assign]
+    def _watch(self, node_id: str, effects: list[Effect]) -> None:
+        for jid in woken_jobs(node_id, effects, self.blocked):
+            self._delivered(node_id, jid)
 
     def _delivered(self, node: str, jid: str) -> None:
         if jid in self.acked_at:
@@ -119,14 +105,7 @@ class AckSim:
         self.net.check()
 
 
-def _seeds() -> list[int]:
-    one = os.environ.get("SIM_SEED")
-    if one:
-        return [int(one)]
-    return list(range(1, int(os.environ.get("SIM_ACK_SEEDS", "20")) + 1))
-
-
-@pytest.mark.parametrize("seed", _seeds())
+@pytest.mark.parametrize("seed", seeds("SIM_ACK_SEEDS", 20))
 def test_no_redelivery_after_answered_ack(seed: int) -> None:
     sim = AckSim(seed)
     sim.run()

@@ -20,14 +20,13 @@ More seeds: SIM_SEEDS=1000 (default 100, about 20 s).
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass, field
 
 import pytest
 
-from tests.sim.net import Net
-from workers.effects import Wake
+from tests.sim.net import Net, seeds, woken_jobs
+from workers.effects import Effect, Wake
 from workers.replies import Status
 
 chaos_ms = 30_000  # phase 1: traffic and faults
@@ -65,28 +64,15 @@ class Sim:
         self.held: list[tuple[int, str, str]] = []  # (ack time, node, job id) consumers hold
         self.blocked: dict[tuple[str, int], int] = {}  # blocked GETJOB -> give-up time
         self.ack_p = 0.8
-        self._wrap_drain()
+        self.net.watch = self._watch
 
-    def _wrap_drain(self) -> None:
+    def _watch(self, node_id: str, effects: list[Effect]) -> None:
         """See ADDJOB replies as they are produced, to record the holders then."""
-        net = self.net
-        plain = net.drain
-
-        def drain(node_id: str) -> None:
-            shard = net.nodes[node_id].shard
-            effects = shard.take_effects()
-            for eff in effects:  # ADDJOB replies first: a waiter may be served before
-                if type(eff) is Wake and (node_id, eff.token) in self.pending:
-                    self._addjob_done(node_id, eff.token, eff.reply)
-            for eff in effects:
-                if type(eff) is Wake and self.blocked.pop((node_id, eff.token), None):
-                    if isinstance(eff.reply, list):
-                        for e in eff.reply:
-                            self._delivered(node_id, e[1])
-            shard._effects[:0] = effects
-            plain(node_id)
-
-        net.drain = drain  # type: ignore[method-assign]
+        for eff in effects:  # ADDJOB replies first: a waiter may be served before
+            if type(eff) is Wake and (node_id, eff.token) in self.pending:
+                self._addjob_done(node_id, eff.token, eff.reply)
+        for jid in woken_jobs(node_id, effects, self.blocked):
+            self._delivered(node_id, jid)
 
     def _addjob_done(self, node: str, token: int, reply: object) -> None:
         repl, retry, crashes = self.pending.pop((node, token))
@@ -278,14 +264,7 @@ class Sim:
         net.check()
 
 
-def _seeds() -> list[int]:
-    one = os.environ.get("SIM_SEED")
-    if one:
-        return [int(one)]
-    return list(range(1, int(os.environ.get("SIM_SEEDS", "100")) + 1))
-
-
-@pytest.mark.parametrize("seed", _seeds())
+@pytest.mark.parametrize("seed", seeds("SIM_SEEDS", 100))
 def test_sim(seed: int) -> None:
     sim = Sim(seed)
     try:

@@ -67,7 +67,7 @@ def test_willqueue_for_a_job_acked_and_collected_here_gets_setack() -> None:
     assert net.holders(jid) == {c: ACTIVE}  # the GC over a and b is done
     net.run(30_000)
     assert not net.holders(jid)
-    assert net.nodes[c].shard.stat_requeued_retry == 0
+    assert net.nodes[c].shard.stats.requeued_retry == 0
 
 
 def test_yourjobs_brings_back_the_senders_node_list() -> None:

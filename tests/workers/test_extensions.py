@@ -220,11 +220,7 @@ def test_waitjob_in_a_cluster_the_ack_elsewhere_ends_the_wait() -> None:
 
 
 def _added_id(net: Net, node: str, **kw: Any) -> str:
-    r = net.addjob(node, **kw)
-    net.run(20)
-    rep = net.reply(node, r)
-    assert isinstance(rep, Status), rep
-    return str(rep)
+    return net.added(node, 20, **kw)
 
 
 # ------------------------------------------------------------------ GLOBALQLEN / DELQUEUE

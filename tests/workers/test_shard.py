@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 
+from workers import core as core_mod
+from workers import lifecycle as lifecycle_mod
 from workers import shard as shard_mod
 from workers.effects import Wake
 from workers.job import ACKED, ACTIVE, QUEUED
@@ -16,7 +18,7 @@ from workers.timers import timer_resolution_ms
 
 NODE = "739317b21b9046a3454204425426c55a12ccc07a"
 T0 = 1_795_301_808_328
-IDLE_MS = shard_mod.queue_idle_evict_ms
+IDLE_MS = core_mod.queue_idle_evict_ms
 RES = timer_resolution_ms
 
 
@@ -241,7 +243,7 @@ def test_nack_requeues_asap_with_counter(env: Env) -> None:
     assert env.s.op_nack([a], env.now) == 0  # already queued
     sh = env.show(a)
     assert sh[b"state"] == "queued" and sh[b"nacks"] == 1 and sh[b"additional-deliveries"] == 0
-    assert 30_000 <= sh[b"next-requeue-within"] < 30_000 + shard_mod.time_error_ms
+    assert 30_000 <= sh[b"next-requeue-within"] < 30_000 + core_mod.time_error_ms
     assert sh[b"next-awake-within"] == sh[b"next-requeue-within"] - 500
 
 
@@ -331,7 +333,7 @@ def test_retry_requeues_delivered_job(env: Env) -> None:
     env.take()
     env.advance(9_000)
     assert env.state(a) == ACTIVE
-    env.advance(1_000 + shard_mod.time_error_ms + RES)
+    env.advance(1_000 + core_mod.time_error_ms + RES)
     assert env.state(a) == QUEUED
     assert env.show(a)[b"additional-deliveries"] == 1
     env.take()
@@ -434,7 +436,7 @@ def test_tick_returns_next_deadline_and_caps_work(env: Env, monkeypatch: Any) ->
     env.add(ttl_s=10)
     nxt = env.s.tick(env.now)
     assert nxt is not None and env.now + 10_000 <= nxt <= env.now + 10_000 + RES
-    monkeypatch.setattr(shard_mod, "timer_work_per_tick_max", 3)
+    monkeypatch.setattr(lifecycle_mod, "timer_work_per_tick_max", 3)
     for _ in range(7):
         env.add(ttl_s=10)
     later = env.now + 20_000
@@ -618,7 +620,7 @@ def test_job_waiting_longer_than_retry_is_not_requeued_on_delivery(env: Env) -> 
     env.now += 60_000  # sat queued for 12 retry periods (no tick needed: queued jobs wait)
     env.take()
     sh = env.show(a)
-    assert 5_000 <= sh[b"next-requeue-within"] < 5_000 + shard_mod.time_error_ms
+    assert 5_000 <= sh[b"next-requeue-within"] < 5_000 + core_mod.time_error_ms
     env.advance(1_000)
     assert env.state(a) == ACTIVE
 

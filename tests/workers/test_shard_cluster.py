@@ -17,11 +17,7 @@ from workers.shard import ERR_NOREPL_LEAVING
 
 
 def _added(net: Net, node: str, **kw: Any) -> str:
-    r = net.addjob(node, **kw)
-    net.run(100)
-    rep = net.reply(node, r)
-    assert isinstance(rep, Status), rep
-    return str(rep)
+    return net.added(node, 100, **kw)
 
 
 def test_replicate_3_waits_for_two_gotjobs_then_queues_on_the_creator() -> None:
@@ -163,7 +159,7 @@ def test_memory_returns_to_baseline_after_add_get_ack_run() -> None:
     net.run(120_000)
     for n in net.nodes.values():
         assert n.shard.info()["registered_jobs"] == 0
-        assert not n.shard.gc.tries and not n.shard._repl
+        assert not n.shard.gc.tries and not n.shard.core._repl
     net.check()
 
 
@@ -264,6 +260,43 @@ def test_federation_broadcast_finds_jobs_queued_before_the_consumer_came() -> No
     assert sum(net.nodes[n].shard.op_qlen(b"q") for n in net.ids) == 2  # never requeued
 
 
+def _reachable_without_our_link() -> Net:
+    """Two nodes a, x: a's link to x is down, yet a's view says x is reachable
+    (restarted, peers from nodes.conf: no PONG on the link yet)."""
+    net = Net(2, seed=19)
+    a, x = net.ids
+    net.cut_one_way(a, x)
+    net.refresh_views()
+    net.nodes[a].shard.set_view(a, [(x, True, False, False)], False)  # reachable, no link
+    net.drain(a)
+    return net
+
+
+def _at_most_once_job_stays_until_the_link_is_back(net: Net) -> None:
+    """x blocks on a queue where a holds an at-most-once job: x's NEEDJOBS reach a,
+    the job stays queued at a until a's link to x is back, then x gets it."""
+    a, x = net.ids
+    jid = _added(net, a, replicate=1, retry_s=0)
+    tok = net.block(x)
+    net.run(1000)
+    assert net.sent.get("NEEDJOBS") and (x, tok) not in net.wakes
+    assert net.holders(jid) == {a: QUEUED}
+    _link_back_then_x_gets_it(net, tok, jid)
+
+
+def _link_back_then_x_gets_it(net: Net, tok: int, jid: str) -> None:
+    """Once a's link to x is back (the first PONG on it), x's blocked GETJOB gets the
+    job (x asks again: its NEEDJOBS backoff) and both nodes hold it active."""
+    a, x = net.ids
+    net.heal()
+    net.refresh_views()
+    net.run(5000)
+    rep = net.wakes.get((x, tok))
+    assert rep is not None and rep[0][1] == jid
+    assert net.holders(jid) == {a: ACTIVE, x: ACTIVE}
+    net.check()
+
+
 def test_needjobs_from_a_node_we_cannot_reach_moves_no_at_most_once_job() -> None:
     """Right after a peer restarts (or a partition heals) its outbound link to us may be
     up while ours to it is still down: its NEEDJOBS reaches us, our YOURJOBS would be
@@ -273,18 +306,7 @@ def test_needjobs_from_a_node_we_cannot_reach_moves_no_at_most_once_job() -> Non
     a, x = net.ids
     net.cut_one_way(a, x)
     net.refresh_views()  # a sees x unreachable (no PONG on its link); x sees a
-    jid = _added(net, a, replicate=1, retry_s=0)
-    tok = net.block(x)
-    net.run(1000)
-    assert net.sent.get("NEEDJOBS") and (x, tok) not in net.wakes
-    assert net.holders(jid) == {a: QUEUED}
-    net.heal()
-    net.refresh_views()
-    net.run(5000)  # x asks again (its NEEDJOBS backoff)
-    rep = net.wakes.get((x, tok))
-    assert rep is not None and rep[0][1] == jid
-    assert net.holders(jid) == {a: ACTIVE, x: ACTIVE}
-    net.check()
+    _at_most_once_job_stays_until_the_link_is_back(net)
 
 
 def test_needjobs_from_a_reachable_node_without_our_link_moves_no_at_most_once_job() -> None:
@@ -292,48 +314,21 @@ def test_needjobs_from_a_reachable_node_without_our_link_moves_no_at_most_once_j
     otherwise) before its outbound links to them have carried a PONG. The view
     says so (linked False); a NEEDJOBS then must not move an at-most-once job
     that the bus would drop."""
-    net = Net(2, seed=19)
-    a, x = net.ids
-    net.cut_one_way(a, x)
-    net.refresh_views()
-    net.nodes[a].shard.set_view(a, [(x, True, False, False)], False)  # reachable, no link
-    net.drain(a)
-    jid = _added(net, a, replicate=1, retry_s=0)
-    tok = net.block(x)
-    net.run(1000)
-    assert net.sent.get("NEEDJOBS") and (x, tok) not in net.wakes
-    assert net.holders(jid) == {a: QUEUED}
-    net.heal()
-    net.refresh_views()  # the first PONG on a's link to x
-    net.run(5000)
-    rep = net.wakes.get((x, tok))
-    assert rep is not None and rep[0][1] == jid
-    assert net.holders(jid) == {a: ACTIVE, x: ACTIVE}
-    net.check()
+    _at_most_once_job_stays_until_the_link_is_back(_reachable_without_our_link())
 
 
 def test_late_yourjobs_to_a_reachable_asker_without_our_link_waits_for_the_link() -> None:
     """The remembered ask (a NEEDJOBS for a queue we had nothing in) gets a late
     YOURJOBS when a job arrives: not while our link to the asker has no PONG."""
-    net = Net(2, seed=19)
+    net = _reachable_without_our_link()
     a, x = net.ids
-    net.cut_one_way(a, x)
-    net.refresh_views()
-    net.nodes[a].shard.set_view(a, [(x, True, False, False)], False)  # reachable, no link
-    net.drain(a)
     tok = net.block(x)
     net.run(300)  # x's NEEDJOBS reaches a, which remembers the ask
     assert net.sent.get("NEEDJOBS")
     jid = _added(net, a, replicate=1, retry_s=0)
     net.run(50)
     assert (x, tok) not in net.wakes and net.holders(jid) == {a: QUEUED}
-    net.heal()
-    net.refresh_views()
-    net.run(5000)
-    rep = net.wakes.get((x, tok))
-    assert rep is not None and rep[0][1] == jid
-    assert net.holders(jid) == {a: ACTIVE, x: ACTIVE}
-    net.check()
+    _link_back_then_x_gets_it(net, tok, jid)
 
 
 def test_needjobs_backoff_while_nothing_arrives() -> None:
@@ -360,7 +355,7 @@ def test_leaving_node_releases_waiters_and_replicates_externally() -> None:
     assert a not in states and sorted(states.values()) == [ACTIVE, QUEUED]
     assert net.addjob(a, replicate=3) == ERR_NOREPL_LEAVING  # only 2 other nodes
     # Not leaving nodes see a as not a target.
-    assert a not in net.nodes[b].shard._peers
+    assert a not in net.nodes[b].shard.core._peers
     net.ack(a, [jid[:-4] + "0e11"])
     assert net.holders(jid[:-4] + "0e11") == {}  # no dummy ACK while leaving
 

@@ -1,0 +1,591 @@
+"""The shard's core: the job table, the queues, the blocked GETJOBs, the timer
+heap and the effects, with the moves of a job between them (register,
+enqueue, dequeue, deliver, unregister). Every other part of the shard
+(``workers/shard.py`` wires them) changes jobs through a ``Core``.
+
+Data structures
+- jobs: ``job_buckets`` fixed dicts keyed by job ID; the bucket comes from two
+  random characters of the ID. Fixed buckets give JSCAN a stable cursor (a
+  bucket index): a job never moves, so a scan never skips one that exists for
+  the whole scan.
+- queues: ``dict`` name -> ``Queue`` (``workers/queue.py``) plus a QSCAN table
+  (list with a free list; a queue keeps its position while it exists).
+- timers: ONE heap of due times with a bucket of targets each
+  (``workers/timers.py``; ``workers/lifecycle.py`` drains it).
+
+The parts above the core that it must tell of a move (federation, the ack GC,
+WAITJOB) are reached through the small base classes at the end of this module
+(``FedHooks``, ``GcHooks``, ``WaitHooks``): each part extends its own, so the
+core calls it natively without importing it. Alone, a core has no-op hooks.
+"""
+
+from __future__ import annotations
+
+import random
+from bisect import bisect_left
+from collections.abc import Sequence
+from typing import Any, Final
+
+from workers.effects import AofAppend, Effect, Send, Wake
+from workers.ids import JobIdGen, slot_of, slot_of_job_id
+from workers.invariant import InvariantError, invariant
+from workers.job import (
+    ACKED,
+    ACTIVE,
+    DELETED,
+    ENTRY_STATES,
+    FLAG_DELIVERED,
+    FLAG_NACK_DELAYED,
+    FLAG_QUEUED_ONCE,
+    FLAG_WILLQUEUE_SENT,
+    FLAGS_DELAY_MASK,
+    MOVES,
+    QUEUED,
+    STATE_NAMES,
+    US_PER_MS,
+    WAIT_REPL,
+    Job,
+    del_record,
+)
+from workers.queue import PAUSED_OUT, Fed, Queue
+from workers.replies import ERR_LEAVING, Error
+from workers.timers import Timers
+
+# A synchronous ADDJOB whose job left before enough copies were made (timeout,
+# TTL, DELJOB, FLUSHALL): the reference's text.
+ERR_NOREPL_TIMEOUT: Final = Error(
+    "NOREPL Timeout reached before replicating to the requested number of nodes")
+
+time_error_ms: Final = 500  # Disque's DISQUE_TIME_ERR: requeue jitter; WILLQUEUE fires this early
+
+# Disque evicts idle empty queues from its cron; the spec only says "after some time".
+queue_idle_evict_ms = 30_000
+
+job_buckets: Final = 4096  # JSCAN cursor space; power of two
+_JOB_BUCKET_MASK: Final = job_buckets - 1
+
+# Observability (/metrics, disque_mp/node/http/): histogram bounds in ms of a job's wait
+# (ADDJOB to its first delivery) and processing (a delivery to its ACK); one extra
+# bucket past the last bound. The shard only counts; the HTTP side exports seconds.
+latency_bounds_ms: Final = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000,
+                            60_000, 300_000, 900_000, 3_600_000)
+# Queueing a job ends a WILLQUEUE round and any NACK ... DELAY wait.
+_FLAGS_QUEUE_CLEARS: Final = FLAG_WILLQUEUE_SENT | FLAG_NACK_DELAYED
+
+_K_NACKS: Final = b"nacks"
+_K_ADD_DELIV: Final = b"additional-deliveries"
+
+
+# The per-job path (ADDJOB, GETJOB, ACKJOB) changes a job's state without
+# ``Job.move``'s table lookup: each such move has a precondition of one
+# comparison, or none, that the state table (workers/job.py) implies; checked
+# against the table here, once. Every other move goes through ``Job.move``.
+invariant({s for s, tos in enumerate(MOVES) if QUEUED in tos} == {ACTIVE},
+          "_enqueue: only an active job may be queued")
+invariant(ACTIVE in MOVES[QUEUED], "_deliver: a queued job (Queue.pop) may become active")
+invariant(all(DELETED in MOVES[s] for s in (WAIT_REPL, ACTIVE, QUEUED, ACKED)),
+          "_unregister: every registered job may be deleted")
+invariant(set(ENTRY_STATES) == {WAIT_REPL, ACTIVE, ACKED}, "_register: entry states")
+
+
+def job_bucket(job_id: str) -> int:
+    """JSCAN bucket: two characters of the random part of the ID (deterministic)."""
+    return (ord(job_id[14]) * 97 + ord(job_id[15])) & _JOB_BUCKET_MASK
+
+
+class Waiter:
+    """A blocked GETJOB registered on this shard."""
+
+    __slots__ = ("token", "queues", "count", "withcounters")
+
+    def __init__(self, token: int, queues: list[bytes], count: int, withcounters: bool) -> None:
+        self.token = token
+        self.queues = queues
+        self.count = count
+        self.withcounters = withcounters
+
+
+class ReplWait:
+    """A synchronous ADDJOB waiting for GOTJOBs (the job is in ``wait-repl``)."""
+
+    __slots__ = ("token", "deadline_ms", "flexible")
+
+    def __init__(self, token: int, deadline_ms: int, flexible: bool) -> None:
+        self.token = token
+        self.deadline_ms = deadline_ms  # 0 = no timeout (ms-timeout 0): until the TTL
+        # REPLICATE was not given: "the cluster size when smaller" follows the
+        # reachable nodes while we wait (a node found dead lowers the goal).
+        self.flexible = flexible
+
+
+class Stats:
+    """Totals for /metrics: monotonic over the process (FLUSHALL keeps them)."""
+
+    def __init__(self) -> None:
+        self.added = 0  # jobs created by ADDJOB here
+        self.delivered = 0  # jobs taken from a queue for a GETJOB
+        self.acked = 0  # known jobs acknowledged by ACKJOB / FASTACK
+        self.nacked = 0  # requeued by NACK
+        self.requeued_retry = 0  # requeued because RETRY elapsed without an ACK
+        self.requeued_enqueue = 0  # requeued by ENQUEUE
+        self.expired = 0  # deleted because their TTL elapsed
+        self.dead_lettered = 0  # moved to dead:<queue> by MAXDELIVER
+        self.wait_counts = [0] * (len(latency_bounds_ms) + 1)
+        self.wait_sum_ms = 0
+        self.proc_counts = [0] * (len(latency_bounds_ms) + 1)
+        self.proc_sum_ms = 0
+
+
+class Core:
+    """Jobs, queues, waiters, timers and effects of one shard, and the cluster
+    view (who may take a copy) that decides where messages go."""
+
+    def __init__(self, node_id: str, index: int, seed: bytes, rng: random.Random, now_ms: int,
+                 queue_idle_ms: int) -> None:
+        self.node_id = node_id
+        # Every worker mints IDs from its own stream: mix the index into the seed.
+        self._seed = seed + index.to_bytes(4, "big")
+        self._ids = JobIdGen(node_id, self._seed)
+        self._rng = rng
+        self._queue_idle_ms = queue_idle_ms
+        self._me: tuple[str, ...] = (node_id,)
+        self._peers: tuple[str, ...] = ()  # replication targets: reachable, not leaving
+        self._known: tuple[str, ...] = ()  # every other known node (cluster size - 1)
+        self._reach: tuple[str, ...] | None = None  # reachable nodes, leaving too (set_view)
+        # reachable peers our bus link has no PONG on yet (set_view): not sent YOURJOBS
+        self._unlinked: frozenset[str] = frozenset()
+        self._leaving: bool = False
+        self._memory_level = 0  # set_memory_level(): 0 ok, 1 >= 75 %, 2 >= 95 %, 3 >= 100 %
+        self._effects: list[Effect] = []
+        self._last_ctime_us = 0
+        self._now_ms = now_ms
+        # Emit AofAppend effects (job records, deletions): the worker sets this
+        # while appendonly is on, so the records cost nothing otherwise.
+        self.aof = False
+        self.stats = Stats()
+        self.fed = FedHooks()
+        self.gc = GcHooks()
+        self.waits = WaitHooks()
+        self.reset()
+
+    def reset(self) -> None:
+        """Empty tables (FLUSHALL); the parts reset their own state."""
+        self._jobs: list[dict[str, Job] | None] = [None] * job_buckets
+        self._njobs = 0
+        self.body_bytes = 0  # sum of len(body) of registered jobs (memory accounting)
+        self._queues: dict[bytes, Queue] = {}
+        self._qscan: list[Queue | None] = []
+        self._qscan_free: list[int] = []
+        self.timers = Timers()
+        self._waiters: dict[int, Waiter] = {}
+        self._repl: dict[str, ReplWait] = {}  # wait-repl jobs -> the blocked ADDJOB
+        # /metrics: delivered and not acked jobs (their count, and per queue; each
+        # job keeps its delivery ms), jobs waiting for their DELAY per queue. The
+        # per-queue entries exist only while non-zero.
+        self._outstanding = 0  # jobs delivered and not acked (Job.dtime_ms >= 0)
+        self._active: dict[bytes, int] = {}
+        self._delayed: dict[bytes, int] = {}
+
+    # ------------------------------------------------------------------ view
+
+    def set_peers(self, reachable_node_ids: list[str] | tuple[str, ...]) -> None:
+        """Other nodes, all reachable (``set_view`` gives the full picture). Empty: single node."""
+        self._peers = tuple(n for n in reachable_node_ids if n != self.node_id)
+        self._known = self._peers
+        self._reach = None
+
+    def set_view(self, myid: str, peers: Sequence[tuple[Any, ...]],
+                 leaving: bool) -> None:
+        """The membership view: our ID, every other known node as (id, reachable,
+        leaving[, linked]), our own LEAVING flag. Replication targets are the
+        reachable nodes that are not leaving. ``linked`` (default: reachable) is
+        False while our bus link to the node has not carried a PONG: a message
+        to it would be dropped (membership.Node.linked)."""
+        if myid and myid != self.node_id:
+            # CLUSTER RESET HARD gave the node a new ID: new jobs carry it.
+            self.node_id = myid
+            self._me = (myid,)
+            self._ids = JobIdGen(myid, self._seed)
+        self._known = tuple(p[0] for p in peers if p[0] != self.node_id)
+        self._peers = tuple(p[0] for p in peers if p[1] and not p[2] and p[0] != self.node_id)
+        self._unlinked = frozenset(p[0] for p in peers if p[1] and len(p) > 3 and not p[3])
+        # Every reachable node, leaving or not: they still hold jobs (GLOBALQLEN, DELQUEUE).
+        self._reach = tuple(p[0] for p in peers if p[1] and p[0] != self.node_id)
+        self.set_leaving(leaving)
+
+    def set_leaving(self, leaving: bool) -> None:
+        """CLUSTER LEAVING: no new local copies, no NEEDJOBS, no dummy ACKs, and
+        blocked clients are released with -LEAVING (spec, "Gracefully removal")."""
+        was = self._leaving
+        self._leaving = leaving
+        if leaving and not was:
+            for w in list(self._waiters.values()):
+                self._drop_waiter(w, self._now_ms)
+                self._effects.append(Wake(w.token, ERR_LEAVING))
+
+    # ------------------------------------------------------------------ the job table
+
+    def lookup(self, job_id: str) -> Job | None:
+        b = self._jobs[job_bucket(job_id)]
+        return None if b is None else b.get(job_id)
+
+    def _job_of(self, meta: dict[str, Any]) -> Job | None:
+        """The job a cluster message names (``meta["j"]``), if it is ours."""
+        jid = meta["j"]
+        if type(jid) is not str or len(jid) != 40:
+            return None
+        return self.lookup(jid)
+
+    def _register(self, job: Job) -> None:
+        if job.state == QUEUED or job.state == DELETED:  # not in ENTRY_STATES
+            job.check_entry()  # raises
+        jid = job.id
+        i = job_bucket(jid)
+        b = self._jobs[i]
+        if b is None:
+            b = self._jobs[i] = {}
+        elif jid in b:
+            raise InvariantError(f"job {jid} registered twice")
+        b[jid] = job
+        self._njobs += 1
+        self.body_bytes += len(job.body)
+        if job.flags & FLAGS_DELAY_MASK and not job.flags & FLAG_QUEUED_ONCE:
+            self._delayed[job.queue] = self._delayed.get(job.queue, 0) + 1
+
+    def _unregister(self, job: Job, now_ms: int) -> None:
+        jid = job.id
+        b = self._jobs[job_bucket(jid)]
+        if b is None or b.pop(jid, None) is not job:
+            raise InvariantError(f"unregister of unknown job {jid}")
+        self._njobs -= 1
+        self.body_bytes -= len(job.body)
+        if self.aof:
+            self._effects.append(AofAppend(del_record(jid)))
+        if self._repl:
+            rw = self._repl.pop(jid, None)
+            if rw is not None:
+                self._effects.append(Wake(rw.token, ERR_NOREPL_TIMEOUT))
+        gc = self.gc
+        if gc.tries:
+            gc.tries.pop(jid, None)
+        waits = self.waits
+        if waits.wait_entries:
+            waits.job_done(jid)
+        self._forget_delivery(job)
+        if job.flags & FLAGS_DELAY_MASK and not job.flags & FLAG_QUEUED_ONCE:
+            self._undelay(job)
+        was = job.state
+        job.state = DELETED  # from any registered state (MOVES)
+        # Stale timer-bucket and deque entries keep the record until purged (up to
+        # its TTL): they must not keep the body, which memory accounting no longer counts.
+        job.body = b""
+        if was == QUEUED:
+            q = self._queues[job.queue]
+            q.remove(job)
+            self._maybe_idle(q, now_ms)
+        self.timers.unschedule(job)
+
+    def _unregister_quiet(self, job: Job, now_ms: int) -> None:
+        """Unregister without an AOF deletion record (the record is not ours to log)."""
+        aof, self.aof = self.aof, False
+        try:
+            self._unregister(job, now_ms)
+        finally:
+            self.aof = aof
+
+    def jobs(self) -> list[Job]:
+        """Every registered job (tests, AOF rewrite)."""
+        return [j for b in self._jobs if b for j in b.values()]
+
+    # ------------------------------------------------------------------ queues
+
+    def _queue(self, name: bytes, now_ms: int) -> Queue:
+        q = self._queues.get(name)
+        if q is None:
+            q = self._create_queue(name, now_ms)
+        return q
+
+    def _create_queue(self, name: bytes, now_ms: int) -> Queue:
+        name = bytes(name)  # the canonical name object every job of the queue shares
+        q = Queue(name, slot_of(name), now_ms)
+        self._queues[name] = q
+        if self._qscan_free:
+            q.scan_idx = self._qscan_free.pop()
+            self._qscan[q.scan_idx] = q
+        else:
+            q.scan_idx = len(self._qscan)
+            self._qscan.append(q)
+        self._maybe_idle(q, now_ms)
+        return q
+
+    def qlen(self, queue: bytes) -> int:
+        q = self._queues.get(queue)
+        return 0 if q is None else q.live
+
+    def _maybe_idle(self, q: Queue, now_ms: int) -> None:
+        """Arm the eviction check of a queue that has become empty and unwatched."""
+        if not q.live and q.waiters is None and not q.paused:
+            self.timers.schedule(q, q.atime_ms + self._queue_idle_ms)
+
+    def _evict(self, q: Queue) -> None:
+        del self._queues[q.name]
+        self._qscan[q.scan_idx] = None
+        self._qscan_free.append(q.scan_idx)
+        q.drop_all()
+        self.timers.unschedule(q)
+        feds = self.fed.feds
+        if feds:
+            fed = feds.pop(q.name, None)
+            if fed is not None:
+                self.timers.unschedule(fed)
+
+    # ------------------------------------------------------------------ moves
+
+    def _enqueue(self, job: Job, q: Queue, now_ms: int, serve: bool = True) -> None:
+        """Disque's enqueueJob minus its checks: the job becomes QUEUED in ``q``.
+        ``serve=False``: the caller queues a batch and serves waiters after it."""
+        if job.state != ACTIVE:  # MOVES: only active -> queued
+            raise InvariantError(f"job {job.id}: {STATE_NAMES[job.state]} -> queued is not "
+                                 "a move of the state machine")
+        job.state = QUEUED
+        flags = job.flags
+        if flags & FLAGS_DELAY_MASK and not flags & FLAG_QUEUED_ONCE:
+            self._undelay(job)
+        self._forget_delivery(job)  # queued again (retry, NACK, ENQUEUE, a peer's QUEUED)
+        job.flags = (flags & ~_FLAGS_QUEUE_CLEARS) | FLAG_QUEUED_ONCE
+        if job.retry_s:
+            job.qtime_ms = now_ms + job.retry_s * 1000 + int(self._rng.random() * time_error_ms)
+        else:
+            job.qtime_ms = 0  # at-most-once: never queued again
+        q.push(job)
+        q.atime_ms = now_ms
+        q.jobs_in += 1
+        self.timers.schedule(job, job.ctime_us // US_PER_MS + job.ttl_s * 1000)
+        if not serve:
+            return
+        if q.waiters is not None and not q.paused & PAUSED_OUT:
+            self._serve_waiters(q, now_ms)
+        elif self.fed.asks and q.live == 1 and q.waiters is None:
+            self.fed.push_to_asker(q, now_ms)
+
+    def _requeue(self, job: Job, q: Queue, now_ms: int, incr: int = 0) -> None:
+        """Queue a known job again (retry timer, NACK, ENQUEUE): QUEUED to the
+        other holders as the re-queueing state machine says, and log the state.
+        ``incr`` (QUEUED_INCR_*): the counter this requeue incremented here, which
+        the other holders increment too."""
+        self._enqueue(job, q, now_ms)
+        if job.nodes[0] is not self._me and job.state == QUEUED:
+            self._send_queued(job, incr)
+        if self.aof:
+            self._effects.append(AofAppend(job.to_record()))
+
+    def _dequeue(self, job: Job, q: Queue, now_ms: int) -> None:
+        """A QUEUED job goes back to ACTIVE without being delivered."""
+        job.move(ACTIVE)
+        q.remove(job)
+        self._maybe_idle(q, now_ms)
+        if job.qtime_ms:
+            self.timers.schedule(job, job.qtime_ms)
+
+    def _deliver(self, job: Job, q: Queue, now_ms: int, withcounters: bool) -> list[Any]:
+        """``job`` was just popped from ``q`` for a client: make it ACTIVE, build its entry."""
+        job.state = ACTIVE  # queued -> active (Queue.pop returns queued jobs only)
+        st = self.stats
+        if not job.flags & FLAG_DELIVERED:
+            wait_ms = now_ms - job.ctime_us // US_PER_MS
+            st.wait_counts[bisect_left(latency_bounds_ms, wait_ms)] += 1
+            st.wait_sum_ms += wait_ms
+            job.flags |= FLAG_DELIVERED
+        st.delivered += 1
+        if job.dtime_ms < 0:
+            self._active[q.name] = self._active.get(q.name, 0) + 1
+            self._outstanding += 1
+        job.dtime_ms = now_ms
+        q.jobs_out += 1
+        q.atime_ms = now_ms
+        if job.qtime_ms:
+            if job.qtime_ms <= now_ms:
+                # It waited in the queue longer than RETRY: counting RETRY from the
+                # queueing would requeue it at once, a certain duplicate delivery.
+                job.qtime_ms = now_ms + job.retry_s * 1000 + self._jitter()
+            self.timers.schedule(job, job.qtime_ms)
+        if withcounters:
+            return [q.name, job.id, job.body, _K_NACKS, job.nacks,
+                    _K_ADD_DELIV, job.additional_deliveries]
+        return [q.name, job.id, job.body]
+
+    def _serve_waiters(self, q: Queue, now_ms: int) -> None:
+        while q.live and q.waiters:
+            token = next(iter(q.waiters))
+            w = self._waiters[token]
+            self._drop_waiter(w, now_ms)
+            entries: list[list[Any]] = []
+            while len(entries) < w.count:
+                job = q.pop()
+                if job is None:
+                    break
+                entries.append(self._deliver(job, q, now_ms, w.withcounters))
+            self._effects.append(Wake(token, entries))
+        self._maybe_idle(q, now_ms)
+        if not q.live and self.fed.feds:
+            self.fed.needjobs(q, True, now_ms)  # drained: ask the recent sources at once
+
+    def _drop_waiter(self, w: Waiter, now_ms: int) -> None:
+        del self._waiters[w.token]
+        for name in w.queues:
+            q = self._queues.get(name)
+            if q is not None and q.waiters is not None:
+                q.waiters.pop(w.token, None)
+                if not q.waiters:
+                    q.waiters = None
+                    self._maybe_idle(q, now_ms)
+
+    def unblock(self, token: int, now_ms: int | None = None,
+                forget_queues: bool = False) -> None:
+        """Drop a waiter. ``forget_queues``: it was released by a flush of the node
+        (DEBUG FLUSHALL, CLUSTER RESET) that this shard ran before the waiter came
+        (another worker's BLOCK, sent before that flush); the queues it waited on
+        that are empty and idle now go at once, as the flush would have taken them."""
+        w = self._waiters.get(token)
+        if w is None:
+            return
+        self._drop_waiter(w, self._now_ms if now_ms is None else now_ms)
+        if forget_queues:
+            for name in w.queues:
+                q = self._queues.get(name)
+                if q is not None and not q.live and q.waiters is None and not q.paused:
+                    self._evict(q)
+
+    def give_back(self, job_ids: list[str], now_ms: int) -> None:
+        """Give back jobs a multi-owner GETJOB took but did not send: no delivery counted."""
+        for job_id in job_ids:
+            job = self.lookup(job_id)
+            if job is None or job.state != ACTIVE:
+                continue
+            q = self._queue(job.queue, now_ms)
+            if not job.nacks and not job.additional_deliveries:
+                job.flags &= ~FLAG_DELIVERED  # that take was its only delivery
+            self._forget_delivery(job)
+            if q.jobs_out:
+                q.jobs_out -= 1
+            job.move(QUEUED)
+            q.push(job)
+            self.timers.schedule(job, job.ctime_us // US_PER_MS + job.ttl_s * 1000)
+            if q.waiters is not None and not q.paused & PAUSED_OUT:
+                self._serve_waiters(q, now_ms)
+
+    # ------------------------------------------------------------------ timers
+
+    def _due(self, job: Job) -> int:
+        """The job's next deadline: TTL; requeue (WILLQUEUE 500 ms earlier when other
+        nodes may have a copy); next replication step (wait-repl); next GC (acked)."""
+        etime = job.ctime_us // US_PER_MS + job.ttl_s * 1000
+        qt = job.qtime_ms
+        if qt and job.state != QUEUED:
+            if (job.state == ACTIVE and not job.flags & FLAG_WILLQUEUE_SENT
+                    and job.nodes[0] is not self._me):
+                qt -= time_error_ms
+            if qt < etime:
+                return qt
+        return etime
+
+    def _reschedule(self, job: Job) -> None:
+        self.timers.unschedule(job)
+        self.timers.schedule(job, self._due(job))
+
+    def _jitter(self) -> int:
+        return int(self._rng.random() * time_error_ms)
+
+    # ------------------------------------------------------------------ observability
+
+    def _forget_delivery(self, job: Job) -> int:
+        """The job is no longer delivered-and-unacked: its delivery ms, or -1."""
+        at = job.dtime_ms
+        if at >= 0:
+            job.dtime_ms = -1
+            self._outstanding -= 1
+            n = self._active.get(job.queue, 0) - 1
+            if n > 0:
+                self._active[job.queue] = n
+            else:
+                self._active.pop(job.queue, None)
+        return at
+
+    def _observe_processing(self, job: Job, now_ms: int) -> None:
+        at = self._forget_delivery(job)
+        if at >= 0:
+            took_ms = now_ms - at if now_ms > at else 0
+            st = self.stats
+            st.proc_counts[bisect_left(latency_bounds_ms, took_ms)] += 1
+            st.proc_sum_ms += took_ms
+
+    def _undelay(self, job: Job) -> None:
+        n = self._delayed.get(job.queue, 0) - 1
+        if n > 0:
+            self._delayed[job.queue] = n
+        else:
+            self._delayed.pop(job.queue, None)
+
+    # ------------------------------------------------------------------ messages out
+
+    def _send(self, node: str, kind: str, slot: int, meta: dict[str, Any],
+              bodies: list[bytes] | None = None) -> None:
+        self._effects.append(Send(node, kind, slot, meta, bodies if bodies is not None else []))
+
+    def _others(self, job: Job) -> list[str]:
+        me = self.node_id
+        return [n for n in job.delivered if n != me]
+
+    def _send_job(self, nodes: list[str] | tuple[str, ...], kind: str, job: Job,
+                  meta: dict[str, Any] | None = None) -> None:
+        slot = slot_of_job_id(job.id)
+        m = {"j": job.id} if meta is None else meta
+        for n in nodes:
+            self._effects.append(Send(n, kind, slot, m, []))
+
+    def _send_queued(self, job: Job, incr: int = 0) -> None:
+        others = self._others(job)
+        if others:
+            self._send_job(others, "QUEUED", job, {"j": job.id, "f": incr} if incr else None)
+
+
+class FedHooks:
+    """Federation as the core sees it (``workers/federation.py``'s ``Federation``
+    extends it): the per-queue state, and the two moments the core tells it of."""
+
+    def __init__(self) -> None:
+        self.feds: dict[bytes, Fed] = {}  # queues with federation state
+        self.asks: dict[bytes, tuple[str, int]] = {}  # queue -> (asker, until ms)
+
+    def needjobs(self, q: Queue, reached_zero: bool, now_ms: int) -> None:
+        """``q`` has consumers and no jobs: ask the other nodes for some."""
+
+    def push_to_asker(self, q: Queue, now_ms: int) -> None:
+        """A job was queued in an otherwise empty queue with no local consumer."""
+
+    def qstat_import(self, q: Queue, now_ms: int) -> tuple[list[str], int]:
+        """QSTAT's import-from and import-rate of ``q``."""
+        fed = self.feds.get(q.name)
+        if fed is None:
+            return [], 0
+        fed.expire(now_ms)
+        return list(fed.responders), fed.import_rate(now_ms)
+
+
+class GcHooks:
+    """The ack GC as the core sees it (``workers/ackgc.py``'s ``AckGc`` extends
+    it): the attempts made per acked job, forgotten with the job."""
+
+    def __init__(self) -> None:
+        self.tries: dict[str, int] = {}  # acked jobs -> GC attempts made
+
+
+class WaitHooks:
+    """WAITJOB as the core sees it (``workers/extensions.py``'s ``Extensions``
+    extends it): a job leaving the table is done for the WAITJOBs on it."""
+
+    def __init__(self) -> None:
+        self.wait_entries = 0  # (job, WAITJOB) pairs waited on
+
+    def job_done(self, job_id: str) -> None:
+        """The job was acknowledged or left this shard."""

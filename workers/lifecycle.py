@@ -1,0 +1,209 @@
+"""A job's life after ADDJOB on its timers and requeues: ``tick`` drains the
+shard's one timer heap (``workers/timers.py``) and fires each target: a job's
+TTL, its requeue (RETRY or DELAY elapsed; WILLQUEUE first when other nodes may
+hold a copy), its next replication step (``wait-repl``) or GC attempt
+(``acked``); an idle queue's eviction; a federation state's next NEEDJOBS; a
+gathering command's timeout. NACK, ENQUEUE and WORKING requeue or postpone a
+job by hand.
+
+Timer kinds (a target is re-examined as a whole when its bucket fires):
+- job TTL: any state, the job is deleted at ``ctime + ttl``;
+- job qtime: an active job is queued again (DELAY elapsed, or RETRY elapsed
+  after the last queueing without an ACK: additional-deliveries + 1);
+- queue idle: an empty queue with no waiter and no pause is evicted after
+  ``queue_idle_evict_ms`` (workers/core.py).
+
+``Lifecycle`` is an object the shard owns (``Shard.life``); it changes jobs
+through the shard's ``Core`` and hands cluster deadlines to the parts that own
+them (replication, the ack GC, federation, the extensions).
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any, cast
+
+from workers.ackgc import AckGc
+from workers.core import Core, time_error_ms
+from workers.effects import QUEUED_INCR_DELIVERIES, QUEUED_INCR_NACKS, AofAppend
+from workers.extensions import Extensions, Gather, past_maxdeliver
+from workers.federation import Federation
+from workers.invariant import invariant
+from workers.job import (
+    ACKED,
+    ACTIVE,
+    DELETED,
+    FLAG_DELIVERED,
+    FLAG_NACK_DELAYED,
+    FLAG_QUEUED_ONCE,
+    FLAG_REQUEUE_COUNTS,
+    FLAG_WILLQUEUE_SENT,
+    FLAGS_MAXDELIVER_MIN,
+    QUEUED,
+    US_PER_MS,
+    WAIT_REPL,
+    Job,
+)
+from workers.queue import PAUSED_IN, Fed, Queue
+from workers.replication import Replication
+
+# Bound on timer targets handled by one tick(): a tick never stalls the event
+# loop for long (about 10 ms of work); the rest is due again immediately.
+timer_work_per_tick_max = 10_000
+
+
+class Lifecycle:
+    """The shard's timers firing, and the requeue commands."""
+
+    def __init__(self, core: Core, repl: Replication, gc: AckGc, fed: Federation,
+                 ext: Extensions) -> None:
+        self.core = core
+        self.repl = repl
+        self.gc = gc
+        self.fed = fed
+        self.ext = ext
+
+    def tick(self, now_ms: int) -> int | None:
+        """Do the timer work due at ``now_ms`` (bounded); return the next due time."""
+        self.core._now_ms = now_ms
+        timers = self.core.timers
+        heap = timers.heap
+        work = 0
+        while heap and heap[0] <= now_ms:
+            key = heap[0]
+            b = timers.buckets[key]
+            timers.firing_key = key
+            while b.items:
+                if work >= timer_work_per_tick_max:
+                    timers.firing_key = 0
+                    return now_ms
+                t = b.items.pop()
+                work += 1
+                if t.awake_ms != key:
+                    continue  # stale entry: moved to another bucket or deleted
+                t.awake_ms = 0
+                if type(t) is Job:
+                    self._fire_job(t, now_ms)
+                elif type(t) is Queue:
+                    self._fire_queue(t, now_ms)
+                elif type(t) is Gather:
+                    self.ext.fire_gather(t, now_ms)
+                else:
+                    self.fed.fire_fed(cast(Fed, t), now_ms)
+            timers.firing_key = 0
+            invariant(heapq.heappop(heap) == key, "timer heap top changed while firing")
+            del timers.buckets[key]
+        return heap[0] if heap else None
+
+    def _fire_job(self, job: Job, now_ms: int) -> None:
+        s = self.core
+        if job.ctime_us // US_PER_MS + job.ttl_s * 1000 <= now_ms:
+            if job.state == WAIT_REPL:
+                self.repl.repl_failed(job, now_ms)
+            else:
+                s.stats.expired += 1
+                s._unregister(job, now_ms)
+            return
+        if job.state == WAIT_REPL:
+            self.repl.fire_wait_repl(job, now_ms)
+            return
+        if job.state == ACKED:
+            if job.qtime_ms and job.qtime_ms <= now_ms:
+                self.gc.start_gc(job, now_ms)  # re-arms itself (or drops the job)
+            else:
+                s.timers.schedule(job, s._due(job))
+            return
+        if (job.state == ACTIVE and job.qtime_ms and not job.flags & FLAG_WILLQUEUE_SENT
+                and job.qtime_ms - time_error_ms <= now_ms and job.nodes[0] is not s._me):
+            job.flags |= FLAG_WILLQUEUE_SENT
+            others = s._others(job)
+            if others:
+                s._send_job(others, "WILLQUEUE", job)
+        if job.state == ACTIVE and job.qtime_ms and job.qtime_ms <= now_ms:
+            q = s._queue(job.queue, now_ms)
+            if q.paused & PAUSED_IN:
+                # paused in input: never requeue now, try again after another retry period
+                job.qtime_ms = now_ms + max(job.retry_s, 1) * 1000 + s._jitter()
+            else:
+                self._requeue_due(job, q, now_ms)
+        if job.state != DELETED:
+            s.timers.schedule(job, s._due(job))
+
+    def _requeue_due(self, job: Job, q: Queue, now_ms: int) -> None:
+        """The requeue time of an active job came: RETRY elapsed, the end of its
+        DELAY or of a NACK's DELAY (counted by the NACK already)."""
+        incr = 0
+        if job.flags & FLAG_NACK_DELAYED:
+            job.flags &= ~FLAG_NACK_DELAYED
+        else:
+            if job.flags & FLAG_REQUEUE_COUNTS:
+                job.additional_deliveries += 1
+                incr = QUEUED_INCR_DELIVERIES
+            if job.flags & FLAG_QUEUED_ONCE:  # not the end of a DELAY
+                self.core.stats.requeued_retry += 1
+            if job.flags >= FLAGS_MAXDELIVER_MIN and past_maxdeliver(job):
+                self.ext.dead_letter(job, now_ms, incr)
+                return
+        self.core._requeue(job, q, now_ms, incr)
+
+    def _fire_queue(self, q: Queue, now_ms: int) -> None:
+        s = self.core
+        if s._queues.get(q.name) is not q:
+            return
+        if q.live or q.waiters is not None or q.paused:
+            return  # re-armed when it becomes idle again
+        if q.atime_ms + s._queue_idle_ms <= now_ms:
+            s._evict(q)
+        else:
+            s.timers.schedule(q, q.atime_ms + s._queue_idle_ms)
+
+    # ------------------------------------------------------------------ by hand
+
+    def requeue(self, job_ids: list[str], now_ms: int, nack: bool, delay_ms: int) -> int:
+        """NACK [DELAY] (``nack``) or ENQUEUE: queue active jobs again (after the
+        delay), or dead-letter them when a NACK reaches their MAXDELIVER."""
+        s = self.core
+        st = s.stats
+        done = 0
+        for job_id in job_ids:
+            job = s.lookup(job_id)
+            # Disque's enqueueJob refuses queued jobs and at-most-once jobs queued once.
+            if job is None or job.state != ACTIVE or not job.qtime_ms:
+                continue
+            q = s._queue(job.queue, now_ms)
+            incr = 0
+            if nack:
+                job.nacks += 1
+                st.nacked += 1
+                incr = QUEUED_INCR_NACKS
+            else:
+                st.requeued_enqueue += 1
+                if job.flags & FLAG_DELIVERED:  # ENQUEUE of a job never served here: no delivery
+                    job.additional_deliveries += 1
+                    incr = QUEUED_INCR_DELIVERIES
+            if nack and job.flags >= FLAGS_MAXDELIVER_MIN and past_maxdeliver(job):
+                self.ext.dead_letter(job, now_ms, incr)
+            elif delay_ms:
+                self.ext.nack_later(job, delay_ms, now_ms)
+            else:
+                s._requeue(job, q, now_ms, incr)
+            done += 1
+        return done
+
+    def working(self, job: Job, now_ms: int) -> Any:
+        """WORKING of a job we hold, half its TTL not elapsed: postpone its requeue
+        (here and on the other holders); replies the retry in seconds."""
+        s = self.core
+        if job.state == QUEUED:
+            s._dequeue(job, s._queues[job.queue], now_ms)
+        if job.retry_s and job.state != WAIT_REPL:
+            job.qtime_ms = now_ms + job.retry_s * 1000 + s._jitter()
+            job.flags &= ~FLAG_WILLQUEUE_SENT
+            s._reschedule(job)
+            if job.nodes[0] is not s._me:
+                others = s._others(job)  # the other copies must not requeue it either
+                if others:
+                    s._send_job(others, "WORKING", job)
+        if s.aof:
+            s._effects.append(AofAppend(job.to_record()))
+        return job.retry_s

@@ -1,0 +1,68 @@
+"""PAUSE (spec "Pausing queues"): a queue paused in input takes no new jobs, one
+paused in output serves none; ``bcast`` sends the resulting state to every
+reachable node, which sets it on its own copy of the queue (a PAUSE message:
+meta ``{"f": pause flags}``, bodies ``[queue name]``).
+
+``Pause`` is an object the shard owns (``Shard.pause``); it changes queues
+through the shard's ``Core`` (workers/core.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workers.core import Core
+from workers.ids import slot_of
+from workers.queue import PAUSE_NAMES, PAUSED_IN, PAUSED_OUT, Queue
+from workers.replies import Status
+
+_OPTION_FLAGS = {"none": 0, "in": PAUSED_IN, "out": PAUSED_OUT, "all": PAUSED_IN | PAUSED_OUT}
+
+
+class Pause:
+    """PAUSE and its broadcast on one shard."""
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+
+    def op_pause(self, queue: bytes, opts: list[str], now_ms: int) -> Status:
+        """PAUSE with validated lowercase options; replies the resulting state.
+
+        As in Disque the new state is built from the options alone (``in`` then
+        ``out`` in two commands leaves ``out``); ``bcast`` sends the resulting state
+        to every reachable node.
+        """
+        flags = 0
+        update = False
+        for opt in opts:
+            bits = _OPTION_FLAGS.get(opt)
+            if bits is not None:
+                flags = 0 if opt == "none" else flags | bits
+                update = True
+        q = self.set_pause(queue, flags, now_ms) if update else self.core._queues.get(queue)
+        state = q.paused if q is not None else 0
+        if "bcast" in opts:
+            # Every reachable node gets the resulting state (spec: PAUSE ... bcast).
+            self.core._send("*", "PAUSE", slot_of(queue), {"f": state}, [bytes(queue)])
+        return Status(PAUSE_NAMES[state])
+
+    def set_pause(self, queue: bytes, flags: int, now_ms: int) -> Queue | None:
+        s = self.core
+        q = s._queues.get(queue)
+        if q is None and not flags:
+            return None
+        q = s._queue(queue, now_ms)
+        was_out = q.paused & PAUSED_OUT
+        q.paused = flags
+        if flags:
+            s.timers.unschedule(q)  # paused queues are never evicted
+        elif not q.live:
+            s._maybe_idle(q, now_ms)
+        if was_out and not flags & PAUSED_OUT and q.waiters is not None:
+            s._serve_waiters(q, now_ms)
+        return q
+
+    def on_pause(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
+                 now_ms: int) -> None:
+        flags = int(meta["f"]) & (PAUSED_IN | PAUSED_OUT)
+        self.set_pause(bytes(bodies[0]), flags, now_ms)

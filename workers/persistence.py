@@ -1,0 +1,49 @@
+"""Loading the shard from the AOF (docs/persistence.md): one record at a time,
+through the shard's ``Core`` (workers/core.py). Writing is the core's
+``AofAppend`` effects, carried out by the worker."""
+
+from __future__ import annotations
+
+from workers.core import Core
+from workers.job import ACKED, ACTIVE, DEL_RECORD_TAG, QUEUED, Job, job_id_of_record
+
+_DEL_TAG = bytes((DEL_RECORD_TAG,))
+
+
+def load_record(s: Core, record: bytes, enqueue: bool, now_ms: int) -> None:
+    """Replay one AOF record: a job record registers or replaces its job, a
+    deletion record removes it. Raises ``ValueError`` on a malformed record.
+    Emits nothing (the record is already in a file).
+
+    A loaded job is ``active`` with its retry timer, unless it was queued and
+    ``enqueue`` (controlled restart) asks to queue it again; at-most-once jobs
+    queued once keep qtime 0 and so are never queued again; ``acked`` stays
+    acked unless no other node has a copy (then it is simply gone).
+    """
+    if record[:1] == _DEL_TAG:
+        gone = s.lookup(job_id_of_record(record))
+        if gone is not None:
+            s._unregister_quiet(gone, now_ms)
+        return
+    job = Job.from_record(record)
+    old = s.lookup(job.id)
+    if old is not None:
+        s._unregister_quiet(old, now_ms)  # a later record of the same job wins
+    if job.etime_ms <= now_ms:
+        return
+    if job.state == ACKED and all(n == s.node_id for n in job.delivered):
+        return
+    if job.delivered == s._me:
+        job.delivered = s._me  # the same tuple object as jobs created here
+    job.queue = s._queue(job.queue, now_ms).name
+    requeue = job.state == QUEUED and enqueue
+    if job.state != ACKED:
+        job.state = ACTIVE  # enters the table active (queued again just below if asked)
+    s._register(job)
+    if requeue:
+        s._enqueue(job, s._queues[job.queue], now_ms)
+    else:
+        if job.state == ACTIVE and job.retry_s and job.qtime_ms <= now_ms:
+            job.qtime_ms = now_ms + job.retry_s * 1000 + s._jitter()
+        s.timers.schedule(job, s._due(job))
+    s._last_ctime_us = max(s._last_ctime_us, job.ctime_us)
