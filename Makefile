@@ -57,6 +57,10 @@ sysdeps:
 	@if ! command -v openssl >/dev/null; then \
 		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null; \
 	fi
+	@# valgrind: bench/instructions.py counts a whole node's instructions under callgrind
+	@if ! command -v valgrind >/dev/null || ! command -v callgrind_control >/dev/null; then \
+		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null; \
+	fi
 	@if ! command -v java >/dev/null || ! java -version 2>&1 | grep -qE 'version "(17|21)'; then \
 		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null; \
 	fi

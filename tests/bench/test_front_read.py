@@ -12,19 +12,21 @@ import pytest
 from bench import front_read
 
 REPO = Path(__file__).resolve().parents[2]
-LINE = re.compile(r"^\s*(\w+): ADDJOB ([\d,]+) ns/read \(([-+][\d.]+) %\), "
-                  r"GETJOB ([\d,]+) ns/read \(([-+][\d.]+) %\)$")
+LINE = re.compile(r"^\s*(\w+) -P (\d+) *: ADDJOB ([\d,]+) ns/command \(([-+][\d.]+) %\), "
+                  r"GETJOB ([\d,]+) ns/command \(([-+][\d.]+) %\)$")
 
 
 def test_each_tree_reports_both_commands(capsys: pytest.CaptureFixture[str]) -> None:
-    assert front_read.main([f"a={REPO}", f"b={REPO}", "--reads", "50", "--repeats", "2"]) == 0
+    assert front_read.main([f"a={REPO}", f"b={REPO}", "--reads", "50", "--repeats", "2",
+                            "--pipeline", "1", "8"]) == 0
     rows = [LINE.match(line) for line in capsys.readouterr().out.splitlines()]
-    assert [m.group(1) for m in rows if m] == ["a", "b"]
-    first = rows[0]
-    assert first is not None and first.group(3) == "+0.0" and first.group(5) == "+0.0"
+    assert [(m.group(1), m.group(2)) for m in rows if m] == [("a", "1"), ("b", "1"),
+                                                              ("a", "8"), ("b", "8")]
+    for first in (rows[0], rows[2]):
+        assert first is not None and first.group(4) == "+0.0" and first.group(6) == "+0.0"
     for m in rows:
-        assert m is not None and int(m.group(2).replace(",", "")) > 0
-        assert int(m.group(4).replace(",", "")) > 0
+        assert m is not None and int(m.group(3).replace(",", "")) > 0
+        assert int(m.group(5).replace(",", "")) > 0
 
 
 def test_a_tree_without_the_node_is_refused(tmp_path: Path) -> None:

@@ -1,0 +1,122 @@
+"""A/B of source trees in instructions per request, under callgrind: the guard that a
+shared 2-core machine cannot blur.
+
+    python -m bench.instructions before=/tmp/base after=. [--requests 20000] \\
+        [--pipeline 1 32] [--workers 2]
+
+``bench.ab`` and ``bench.front_read`` time the trees; on a busy or throttled machine
+their figures move by 5 to 30 % between runs. Here each tree (``label=dir``, its
+compiled build if it has one) runs as a whole node (every worker and the
+supervisor) under ``valgrind --tool=callgrind``, with ``PYTHONHASHSEED=0``, and
+redis-benchmark sends ``--requests`` ``ADDJOB q:__rand_int__ x 0`` and then as many
+``GETJOB NOHANG FROM q:__rand_int__`` over 10,000 queues (as bench.ab). The counters
+of every process are dumped and zeroed between the phases (``callgrind_control
+-d``), so each phase's instructions are its own: the per-request figure is the
+CPU work of the node's code for that command, kernel excluded, the same from run
+to run within a few tenths of a percent. Needs valgrind (``apt-get install
+valgrind``) and redis-benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+start_timeout_s = 180.0  # a node under callgrind starts some 20x slower
+phase_timeout_s = 900.0
+PHASES = (("ADDJOB", "ADDJOB q:__rand_int__ x 0"), ("GETJOB NOHANG", "GETJOB NOHANG FROM q:__rand_int__"))
+TOTALS = re.compile(rb"^(?:summary|totals): (\d+)", re.M)
+
+
+def _dump_all(pids: list[int]) -> None:
+    subprocess.run(["callgrind_control", "-d", *map(str, pids)], capture_output=True,
+                   timeout=60, check=True)
+
+
+def _node_pids(root: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-g", str(root)], capture_output=True, text=True).stdout
+    return sorted(int(p) for p in out.split())
+
+
+def _phase_totals(work: Path, dump: int) -> int:
+    """Instructions of one dump, over every process of the node."""
+    total = 0
+    for path in work.glob(f"cg.*.{dump}"):
+        m = TOTALS.search(path.read_bytes())
+        total += int(m.group(1)) if m else 0
+    return total
+
+
+def run_tree(tree: Path, workers: int, requests: int, pipeline: int) -> dict[str, float]:
+    """Instructions per request of each phase on one node of ``tree``."""
+    from tests.nodeproc import free_port
+
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="instructions-") as tmp:
+        work = Path(tmp)
+        env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0"}
+        proc = subprocess.Popen(
+            ["valgrind", "--tool=callgrind", "--trace-children=yes",
+             f"--callgrind-out-file={work}/cg.%p", sys.executable, "-m", "disque_mp",
+             "--port", str(port), "--dir", str(work), "--workers", str(workers),
+             "--maxmemory", "8gb", "--loglevel", "warning"],
+            cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
+        try:
+            _wait_ready(proc, port)
+            pids = _node_pids(proc.pid)
+            _dump_all(pids)  # dump 1: the start
+            out: dict[str, float] = {}
+            for dump, (name, cmd) in enumerate(PHASES, start=2):
+                subprocess.run(["redis-benchmark", "-p", str(port), "-c", "50", "-n", str(requests),
+                                "-P", str(pipeline), "-q", "-r", "10000", *cmd.split()],
+                               capture_output=True, timeout=phase_timeout_s, check=True)
+                _dump_all(pids)
+                out[name] = _phase_totals(work, dump) / requests
+            return out
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=120)
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], port: int) -> None:
+    deadline = time.monotonic() + start_timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        ok = subprocess.run(["redis-cli", "-p", str(port), "PING"], capture_output=True).stdout
+        if ok.strip() == b"PONG":
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"node under callgrind on port {port} did not start")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.instructions")
+    p.add_argument("trees", nargs="+", help="label=dir")
+    p.add_argument("--requests", type=int, default=20_000)
+    p.add_argument("--pipeline", type=int, nargs="+", default=[1, 32])
+    p.add_argument("--workers", type=int, default=2)
+    a = p.parse_args(argv)
+    for tool in ("valgrind", "callgrind_control", "redis-benchmark"):
+        if shutil.which(tool) is None:
+            sys.exit(f"{tool} is not installed")
+    sides = [(label, Path(d).resolve()) for label, _, d in (s.partition("=") for s in a.trees)]
+    for pipeline in a.pipeline:
+        rows = {label: run_tree(tree, a.workers, a.requests, pipeline) for label, tree in sides}
+        first = rows[sides[0][0]]
+        for label, got in rows.items():
+            cells = ", ".join(f"{name} {n:,.0f} instr/req ({100 * (n / first[name] - 1):+.2f} %)"
+                              for name, n in got.items())
+            print(f"{label:>12} -P {pipeline:<2}: {cells}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
