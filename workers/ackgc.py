@@ -67,7 +67,7 @@ class AckGc(GcHooks):
         for job_id in job_ids:
             job = s.lookup(job_id)
             if job is None:
-                if not s._known:
+                if not s.known:
                     continue
                 if fast:
                     self.fastack_cluster(job_id, None)
@@ -75,13 +75,13 @@ class AckGc(GcHooks):
                     self.ackjob_unknown(job_id, now_ms)  # dummy ACK (not counted, as Disque)
                 continue
             known += 1
-            s._observe_processing(job, now_ms)
+            s.observe_processing(job, now_ms)
             if not fast:
                 self.ack(job, now_ms)
                 continue
-            if job.nodes[0] is not s._me:
+            if job.nodes[0] is not s.me:
                 self.fastack_cluster(job_id, job)
-            s._unregister(job, now_ms)
+            s.unregister(job, now_ms)
         s.stats.acked += known
         return known
 
@@ -90,11 +90,11 @@ class AckGc(GcHooks):
         else acked here and the GC started."""
         s = self.core
         d = job.delivered
-        if d is s._me or (d and all(n == s.node_id for n in d)):
+        if d is s.me or (d and all(n == s.node_id for n in d)):
             # Nobody else may have a copy: the ACK is final, the job goes at once.
             if job.state == QUEUED:
-                s._dequeue(job, s._queues[job.queue], now_ms)
-            s._unregister(job, now_ms)
+                s.dequeue(job, s.queues[job.queue], now_ms)
+            s.unregister(job, now_ms)
             return
         if self.ack_cluster(job, now_ms):
             self.start_gc(job, now_ms)
@@ -106,22 +106,22 @@ class AckGc(GcHooks):
             return True
         s = self.core
         if job.state == QUEUED:
-            s._dequeue(job, s._queues[job.queue], now_ms)
+            s.dequeue(job, s.queues[job.queue], now_ms)
         elif job.state == WAIT_REPL:
-            rw = s._repl.pop(job.id, None)
+            rw = s.repl.pop(job.id, None)
             if rw is not None:
-                s._effects.append(Wake(rw.token, Status(job.id)))
+                s.effects.append(Wake(rw.token, Status(job.id)))
         job.move(ACKED)
         job.flags &= ~FLAG_WILLQUEUE_SENT
         if s.waits.wait_entries:
             s.waits.job_done(job.id)  # WAITJOB (workers/extensions.py)
-        if job.delivered and not s._others(job):
-            s._unregister(job, now_ms)
+        if job.delivered and not s.others(job):
+            s.unregister(job, now_ms)
             return False
         job.confirmed = (s.node_id,) if s.node_id in job.delivered else ()
         self.tries.pop(job.id, None)
         if s.aof:
-            s._effects.append(AofAppend(job.to_record()))
+            s.effects.append(AofAppend(job.to_record()))
         # Every acked job has a GC timer, also where another node runs the GC: if
         # that node's DELJOB is lost, our own attempt finds the copies gone.
         return self.arm_gc(job, now_ms)
@@ -130,18 +130,18 @@ class AckGc(GcHooks):
         """START-GC, then arm the next attempt (exponential backoff, random error)."""
         s = self.core
         if not job.delivered:
-            s._send("*", "SETACK", slot_of_job_id(job.id), {"j": job.id, "m": 0})
+            s.send("*", "SETACK", slot_of_job_id(job.id), {"j": job.id, "m": 0})
         else:
             conf = job.confirmed
             todo = [n for n in job.delivered if n != s.node_id and n not in conf]
             if not todo:
                 # Every other holder already confirmed (a dummy ACK that learnt its
                 # holders later, ourselves among them or not): the GC is complete.
-                s._send_job(s._others(job), "DELJOB", job)
-                s._unregister(job, now_ms)
+                s.send_job(s.others(job), "DELJOB", job)
+                s.unregister(job, now_ms)
                 self.remember_gone(job.id, now_ms)
                 return
-            s._send_job(todo, "SETACK", job, setack_meta(job))
+            s.send_job(todo, "SETACK", job, setack_meta(job))
         self.arm_gc(job, now_ms)
 
     def arm_gc(self, job: Job, now_ms: int) -> bool:
@@ -150,12 +150,12 @@ class AckGc(GcHooks):
         s = self.core
         tries = self.tries.get(job.id, 0)
         if tries >= gc_attempts_max:
-            s._unregister(job, now_ms)  # reclaim memory (spec: GC "after some time")
+            s.unregister(job, now_ms)  # reclaim memory (spec: GC "after some time")
             return False
         self.tries[job.id] = tries + 1
         delay = min(gc_first_ms << min(tries, 16), gc_backoff_max_ms)
-        job.qtime_ms = now_ms + delay + int(s._rng.random() * delay / 2)
-        s._reschedule(job)
+        job.qtime_ms = now_ms + delay + int(s.rng.random() * delay / 2)
+        s.reschedule(job)
         return True
 
     def _dummy_ack(self, job_id: str, now_ms: int) -> None:
@@ -164,12 +164,12 @@ class AckGc(GcHooks):
         s = self.core
         ttl_s = max(int(job_id[36:40], 16) * 60, 60)
         job = Job(job_id, b"", b"", ACKED, 0, ttl_s, now_ms * US_PER_MS, 0, 1, 0, ())
-        s._register(job)
+        s.register(job)
         self.start_gc(job, now_ms)
 
     def ackjob_unknown(self, job_id: str, now_ms: int) -> None:
         s = self.core
-        if s._known and not s._leaving and not is_at_most_once_id(job_id):
+        if s.known and not s.leaving and not is_at_most_once_id(job_id):
             self._dummy_ack(job_id, now_ms)
 
     def on_setack(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
@@ -177,28 +177,28 @@ class AckGc(GcHooks):
         s = self.core
         jid = meta["j"]
         may_have = int(meta["m"])
-        job = s._job_of(meta)
+        job = s.job_of(meta)
         slot = slot_of_job_id(jid)
         if job is not None and not self.ack_cluster(job, now_ms):
             # We knew it and dropped it at once (GC attempts used up): known.
-            s._send(sender, "GOTACK", slot, {"j": jid, "k": 1})
+            s.send(sender, "GOTACK", slot, {"j": jid, "k": 1})
             return
         if job is None:
-            s._send(sender, "GOTACK", slot, {"j": jid, "k": 0})
+            s.send(sender, "GOTACK", slot, {"j": jid, "k": 0})
             if type(jid) is str and len(jid) == 40:
                 self.remember_gone(jid, now_ms)  # acked elsewhere before its copy came
             return
         nodes = meta.get("d")
         if may_have == 0:
-            s._send(sender, "GOTACK", slot, {"j": jid, "k": 1})
+            s.send(sender, "GOTACK", slot, {"j": jid, "k": 1})
             self.start_gc(job, now_ms)
         elif nodes is None:  # a count only (spec): compare counts
             if len(job.delivered) <= may_have:
-                s._send(sender, "GOTACK", slot, {"j": jid, "k": 1})
+                s.send(sender, "GOTACK", slot, {"j": jid, "k": 1})
             else:
                 self.start_gc(job, now_ms)  # we know more holders: we run the GC
         elif all(n in nodes for n in job.delivered):
-            s._send(sender, "GOTACK", slot, {"j": jid, "k": 1})
+            s.send(sender, "GOTACK", slot, {"j": jid, "k": 1})
         else:
             # We know a node the sender does not: we run the GC over both lists (the
             # sender has the job acked, so it counts as confirmed).
@@ -208,7 +208,7 @@ class AckGc(GcHooks):
 
     def on_gotack(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                   now_ms: int) -> None:
-        job = self.core._job_of(meta)
+        job = self.core.job_of(meta)
         if job is None:
             return
         s = self.core
@@ -217,32 +217,32 @@ class AckGc(GcHooks):
             return
         if not job.delivered:  # a dummy ACK
             if known:
-                s._unregister(job, now_ms)  # a node that knows the job runs the GC
+                s.unregister(job, now_ms)  # a node that knows the job runs the GC
                 return
             job.confirmed = union(job.confirmed, (sender,))
-            if all(n in job.confirmed for n in s._known):
-                s._unregister(job, now_ms)  # nobody knows the job (a wrong ID)
+            if all(n in job.confirmed for n in s.known):
+                s.unregister(job, now_ms)  # nobody knows the job (a wrong ID)
             return
         if known or sender in job.delivered:
             job.delivered = union(job.delivered, (sender,))
             job.confirmed = union(job.confirmed, (sender,))
             me, conf = s.node_id, job.confirmed
             if all(n in conf or n == me for n in job.delivered):  # we hold it acked
-                s._send_job(s._others(job), "DELJOB", job)
-                s._unregister(job, now_ms)
+                s.send_job(s.others(job), "DELJOB", job)
+                s.unregister(job, now_ms)
                 self.remember_gone(job.id, now_ms)
 
     def on_deljob(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                   now_ms: int) -> None:
         s = self.core
-        job = s._job_of(meta)
+        job = s.job_of(meta)
         if job is not None and job.state == WAIT_REPL:
             return  # our own pending ADDJOB: its timer decides
         jid = meta["j"]
         if type(jid) is str and len(jid) == 40:
             self.remember_gone(jid, now_ms)
         if job is not None:
-            s._unregister(job, now_ms)
+            s.unregister(job, now_ms)
 
     def remember_gone(self, job_id: str, now_ms: int) -> None:
         gone = self.gone
@@ -261,10 +261,10 @@ class AckGc(GcHooks):
     def fastack_cluster(self, job_id: str, job: Job | None) -> None:
         s = self.core
         if job is None:
-            if s._known:
-                s._send("*", "DELJOB", slot_of_job_id(job_id), {"j": job_id})
+            if s.known:
+                s.send("*", "DELJOB", slot_of_job_id(job_id), {"j": job_id})
             return
-        s._send_job(s._others(job), "DELJOB", job)
+        s.send_job(s.others(job), "DELJOB", job)
 
 
 def setack_meta(job: Job) -> dict[str, Any]:

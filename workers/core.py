@@ -145,20 +145,20 @@ class Core:
         self.node_id = node_id
         # Every worker mints IDs from its own stream: mix the index into the seed.
         self._seed = seed + index.to_bytes(4, "big")
-        self._ids = JobIdGen(node_id, self._seed)
-        self._rng = rng
-        self._queue_idle_ms = queue_idle_ms
-        self._me: tuple[str, ...] = (node_id,)
-        self._peers: tuple[str, ...] = ()  # replication targets: reachable, not leaving
-        self._known: tuple[str, ...] = ()  # every other known node (cluster size - 1)
-        self._reach: tuple[str, ...] | None = None  # reachable nodes, leaving too (set_view)
+        self.ids = JobIdGen(node_id, self._seed)
+        self.rng = rng
+        self.queue_idle_ms = queue_idle_ms
+        self.me: tuple[str, ...] = (node_id,)
+        self.peers: tuple[str, ...] = ()  # replication targets: reachable, not leaving
+        self.known: tuple[str, ...] = ()  # every other known node (cluster size - 1)
+        self.reach: tuple[str, ...] | None = None  # reachable nodes, leaving too (set_view)
         # reachable peers our bus link has no PONG on yet (set_view): not sent YOURJOBS
-        self._unlinked: frozenset[str] = frozenset()
-        self._leaving: bool = False
-        self._memory_level = 0  # set_memory_level(): 0 ok, 1 >= 75 %, 2 >= 95 %, 3 >= 100 %
-        self._effects: list[Effect] = []
-        self._last_ctime_us = 0
-        self._now_ms = now_ms
+        self.unlinked: frozenset[str] = frozenset()
+        self.leaving: bool = False
+        self.memory_level = 0  # set_memory_level(): 0 ok, 1 >= 75 %, 2 >= 95 %, 3 >= 100 %
+        self.effects: list[Effect] = []
+        self.last_ctime_us = 0
+        self.now_ms = now_ms
         # Emit AofAppend effects (job records, deletions): the worker sets this
         # while appendonly is on, so the records cost nothing otherwise.
         self.aof = False
@@ -170,29 +170,29 @@ class Core:
 
     def reset(self) -> None:
         """Empty tables (FLUSHALL); the parts reset their own state."""
-        self._jobs: list[dict[str, Job] | None] = [None] * job_buckets
-        self._njobs = 0
+        self.job_buckets: list[dict[str, Job] | None] = [None] * job_buckets
+        self.njobs = 0
         self.body_bytes = 0  # sum of len(body) of registered jobs (memory accounting)
-        self._queues: dict[bytes, Queue] = {}
-        self._qscan: list[Queue | None] = []
+        self.queues: dict[bytes, Queue] = {}
+        self.qscan: list[Queue | None] = []
         self._qscan_free: list[int] = []
         self.timers = Timers()
-        self._waiters: dict[int, Waiter] = {}
-        self._repl: dict[str, ReplWait] = {}  # wait-repl jobs -> the blocked ADDJOB
+        self.waiters: dict[int, Waiter] = {}
+        self.repl: dict[str, ReplWait] = {}  # wait-repl jobs -> the blocked ADDJOB
         # /metrics: delivered and not acked jobs (their count, and per queue; each
         # job keeps its delivery ms), jobs waiting for their DELAY per queue. The
         # per-queue entries exist only while non-zero.
-        self._outstanding = 0  # jobs delivered and not acked (Job.dtime_ms >= 0)
-        self._active: dict[bytes, int] = {}
-        self._delayed: dict[bytes, int] = {}
+        self.outstanding = 0  # jobs delivered and not acked (Job.dtime_ms >= 0)
+        self.active: dict[bytes, int] = {}
+        self.delayed: dict[bytes, int] = {}
 
     # ------------------------------------------------------------------ view
 
     def set_peers(self, reachable_node_ids: list[str] | tuple[str, ...]) -> None:
         """Other nodes, all reachable (``set_view`` gives the full picture). Empty: single node."""
-        self._peers = tuple(n for n in reachable_node_ids if n != self.node_id)
-        self._known = self._peers
-        self._reach = None
+        self.peers = tuple(n for n in reachable_node_ids if n != self.node_id)
+        self.known = self.peers
+        self.reach = None
 
     def set_view(self, myid: str, peers: Sequence[tuple[Any, ...]],
                  leaving: bool) -> None:
@@ -204,132 +204,132 @@ class Core:
         if myid and myid != self.node_id:
             # CLUSTER RESET HARD gave the node a new ID: new jobs carry it.
             self.node_id = myid
-            self._me = (myid,)
-            self._ids = JobIdGen(myid, self._seed)
-        self._known = tuple(p[0] for p in peers if p[0] != self.node_id)
-        self._peers = tuple(p[0] for p in peers if p[1] and not p[2] and p[0] != self.node_id)
-        self._unlinked = frozenset(p[0] for p in peers if p[1] and len(p) > 3 and not p[3])
+            self.me = (myid,)
+            self.ids = JobIdGen(myid, self._seed)
+        self.known = tuple(p[0] for p in peers if p[0] != self.node_id)
+        self.peers = tuple(p[0] for p in peers if p[1] and not p[2] and p[0] != self.node_id)
+        self.unlinked = frozenset(p[0] for p in peers if p[1] and len(p) > 3 and not p[3])
         # Every reachable node, leaving or not: they still hold jobs (GLOBALQLEN, DELQUEUE).
-        self._reach = tuple(p[0] for p in peers if p[1] and p[0] != self.node_id)
+        self.reach = tuple(p[0] for p in peers if p[1] and p[0] != self.node_id)
         self.set_leaving(leaving)
 
     def set_leaving(self, leaving: bool) -> None:
         """CLUSTER LEAVING: no new local copies, no NEEDJOBS, no dummy ACKs, and
         blocked clients are released with -LEAVING (spec, "Gracefully removal")."""
-        was = self._leaving
-        self._leaving = leaving
+        was = self.leaving
+        self.leaving = leaving
         if leaving and not was:
-            for w in list(self._waiters.values()):
-                self._drop_waiter(w, self._now_ms)
-                self._effects.append(Wake(w.token, ERR_LEAVING))
+            for w in list(self.waiters.values()):
+                self._drop_waiter(w, self.now_ms)
+                self.effects.append(Wake(w.token, ERR_LEAVING))
 
     # ------------------------------------------------------------------ the job table
 
     def lookup(self, job_id: str) -> Job | None:
-        b = self._jobs[job_bucket(job_id)]
+        b = self.job_buckets[job_bucket(job_id)]
         return None if b is None else b.get(job_id)
 
-    def _job_of(self, meta: dict[str, Any]) -> Job | None:
+    def job_of(self, meta: dict[str, Any]) -> Job | None:
         """The job a cluster message names (``meta["j"]``), if it is ours."""
         jid = meta["j"]
         if type(jid) is not str or len(jid) != 40:
             return None
         return self.lookup(jid)
 
-    def _register(self, job: Job) -> None:
+    def register(self, job: Job) -> None:
         if job.state == QUEUED or job.state == DELETED:  # not in ENTRY_STATES
             job.check_entry()  # raises
         jid = job.id
         i = job_bucket(jid)
-        b = self._jobs[i]
+        b = self.job_buckets[i]
         if b is None:
-            b = self._jobs[i] = {}
+            b = self.job_buckets[i] = {}
         elif jid in b:
             raise InvariantError(f"job {jid} registered twice")
         b[jid] = job
-        self._njobs += 1
+        self.njobs += 1
         self.body_bytes += len(job.body)
         if job.flags & FLAGS_DELAY_MASK and not job.flags & FLAG_QUEUED_ONCE:
-            self._delayed[job.queue] = self._delayed.get(job.queue, 0) + 1
+            self.delayed[job.queue] = self.delayed.get(job.queue, 0) + 1
 
-    def _unregister(self, job: Job, now_ms: int) -> None:
+    def unregister(self, job: Job, now_ms: int) -> None:
         jid = job.id
-        b = self._jobs[job_bucket(jid)]
+        b = self.job_buckets[job_bucket(jid)]
         if b is None or b.pop(jid, None) is not job:
             raise InvariantError(f"unregister of unknown job {jid}")
-        self._njobs -= 1
+        self.njobs -= 1
         self.body_bytes -= len(job.body)
         if self.aof:
-            self._effects.append(AofAppend(del_record(jid)))
-        if self._repl:
-            rw = self._repl.pop(jid, None)
+            self.effects.append(AofAppend(del_record(jid)))
+        if self.repl:
+            rw = self.repl.pop(jid, None)
             if rw is not None:
-                self._effects.append(Wake(rw.token, ERR_NOREPL_TIMEOUT))
+                self.effects.append(Wake(rw.token, ERR_NOREPL_TIMEOUT))
         gc = self.gc
         if gc.tries:
             gc.tries.pop(jid, None)
         waits = self.waits
         if waits.wait_entries:
             waits.job_done(jid)
-        self._forget_delivery(job)
+        self.forget_delivery(job)
         if job.flags & FLAGS_DELAY_MASK and not job.flags & FLAG_QUEUED_ONCE:
-            self._undelay(job)
+            self.undelay(job)
         was = job.state
         job.state = DELETED  # from any registered state (MOVES)
         # Stale timer-bucket and deque entries keep the record until purged (up to
         # its TTL): they must not keep the body, which memory accounting no longer counts.
         job.body = b""
         if was == QUEUED:
-            q = self._queues[job.queue]
+            q = self.queues[job.queue]
             q.remove(job)
-            self._maybe_idle(q, now_ms)
+            self.maybe_idle(q, now_ms)
         self.timers.unschedule(job)
 
-    def _unregister_quiet(self, job: Job, now_ms: int) -> None:
+    def unregister_quiet(self, job: Job, now_ms: int) -> None:
         """Unregister without an AOF deletion record (the record is not ours to log)."""
         aof, self.aof = self.aof, False
         try:
-            self._unregister(job, now_ms)
+            self.unregister(job, now_ms)
         finally:
             self.aof = aof
 
     def jobs(self) -> list[Job]:
         """Every registered job (tests, AOF rewrite)."""
-        return [j for b in self._jobs if b for j in b.values()]
+        return [j for b in self.job_buckets if b for j in b.values()]
 
     # ------------------------------------------------------------------ queues
 
-    def _queue(self, name: bytes, now_ms: int) -> Queue:
-        q = self._queues.get(name)
+    def queue(self, name: bytes, now_ms: int) -> Queue:
+        q = self.queues.get(name)
         if q is None:
-            q = self._create_queue(name, now_ms)
+            q = self.create_queue(name, now_ms)
         return q
 
-    def _create_queue(self, name: bytes, now_ms: int) -> Queue:
+    def create_queue(self, name: bytes, now_ms: int) -> Queue:
         name = bytes(name)  # the canonical name object every job of the queue shares
         q = Queue(name, slot_of(name), now_ms)
-        self._queues[name] = q
+        self.queues[name] = q
         if self._qscan_free:
             q.scan_idx = self._qscan_free.pop()
-            self._qscan[q.scan_idx] = q
+            self.qscan[q.scan_idx] = q
         else:
-            q.scan_idx = len(self._qscan)
-            self._qscan.append(q)
-        self._maybe_idle(q, now_ms)
+            q.scan_idx = len(self.qscan)
+            self.qscan.append(q)
+        self.maybe_idle(q, now_ms)
         return q
 
     def qlen(self, queue: bytes) -> int:
-        q = self._queues.get(queue)
+        q = self.queues.get(queue)
         return 0 if q is None else q.live
 
-    def _maybe_idle(self, q: Queue, now_ms: int) -> None:
+    def maybe_idle(self, q: Queue, now_ms: int) -> None:
         """Arm the eviction check of a queue that has become empty and unwatched."""
         if not q.live and q.waiters is None and not q.paused:
-            self.timers.schedule(q, q.atime_ms + self._queue_idle_ms)
+            self.timers.schedule(q, q.atime_ms + self.queue_idle_ms)
 
-    def _evict(self, q: Queue) -> None:
-        del self._queues[q.name]
-        self._qscan[q.scan_idx] = None
+    def evict(self, q: Queue) -> None:
+        del self.queues[q.name]
+        self.qscan[q.scan_idx] = None
         self._qscan_free.append(q.scan_idx)
         q.drop_all()
         self.timers.unschedule(q)
@@ -341,7 +341,7 @@ class Core:
 
     # ------------------------------------------------------------------ moves
 
-    def _enqueue(self, job: Job, q: Queue, now_ms: int, serve: bool = True) -> None:
+    def enqueue(self, job: Job, q: Queue, now_ms: int, serve: bool = True) -> None:
         """Disque's enqueueJob minus its checks: the job becomes QUEUED in ``q``.
         ``serve=False``: the caller queues a batch and serves waiters after it."""
         if job.state != ACTIVE:  # MOVES: only active -> queued
@@ -350,11 +350,11 @@ class Core:
         job.state = QUEUED
         flags = job.flags
         if flags & FLAGS_DELAY_MASK and not flags & FLAG_QUEUED_ONCE:
-            self._undelay(job)
-        self._forget_delivery(job)  # queued again (retry, NACK, ENQUEUE, a peer's QUEUED)
+            self.undelay(job)
+        self.forget_delivery(job)  # queued again (retry, NACK, ENQUEUE, a peer's QUEUED)
         job.flags = (flags & ~_FLAGS_QUEUE_CLEARS) | FLAG_QUEUED_ONCE
         if job.retry_s:
-            job.qtime_ms = now_ms + job.retry_s * 1000 + int(self._rng.random() * time_error_ms)
+            job.qtime_ms = now_ms + job.retry_s * 1000 + int(self.rng.random() * time_error_ms)
         else:
             job.qtime_ms = 0  # at-most-once: never queued again
         q.push(job)
@@ -364,30 +364,30 @@ class Core:
         if not serve:
             return
         if q.waiters is not None and not q.paused & PAUSED_OUT:
-            self._serve_waiters(q, now_ms)
+            self.serve_waiters(q, now_ms)
         elif self.fed.asks and q.live == 1 and q.waiters is None:
             self.fed.push_to_asker(q, now_ms)
 
-    def _requeue(self, job: Job, q: Queue, now_ms: int, incr: int = 0) -> None:
+    def requeue(self, job: Job, q: Queue, now_ms: int, incr: int = 0) -> None:
         """Queue a known job again (retry timer, NACK, ENQUEUE): QUEUED to the
         other holders as the re-queueing state machine says, and log the state.
         ``incr`` (QUEUED_INCR_*): the counter this requeue incremented here, which
         the other holders increment too."""
-        self._enqueue(job, q, now_ms)
-        if job.nodes[0] is not self._me and job.state == QUEUED:
-            self._send_queued(job, incr)
+        self.enqueue(job, q, now_ms)
+        if job.nodes[0] is not self.me and job.state == QUEUED:
+            self.send_queued(job, incr)
         if self.aof:
-            self._effects.append(AofAppend(job.to_record()))
+            self.effects.append(AofAppend(job.to_record()))
 
-    def _dequeue(self, job: Job, q: Queue, now_ms: int) -> None:
+    def dequeue(self, job: Job, q: Queue, now_ms: int) -> None:
         """A QUEUED job goes back to ACTIVE without being delivered."""
         job.move(ACTIVE)
         q.remove(job)
-        self._maybe_idle(q, now_ms)
+        self.maybe_idle(q, now_ms)
         if job.qtime_ms:
             self.timers.schedule(job, job.qtime_ms)
 
-    def _deliver(self, job: Job, q: Queue, now_ms: int, withcounters: bool) -> list[Any]:
+    def deliver(self, job: Job, q: Queue, now_ms: int, withcounters: bool) -> list[Any]:
         """``job`` was just popped from ``q`` for a client: make it ACTIVE, build its entry."""
         job.state = ACTIVE  # queued -> active (Queue.pop returns queued jobs only)
         st = self.stats
@@ -398,8 +398,8 @@ class Core:
             job.flags |= FLAG_DELIVERED
         st.delivered += 1
         if job.dtime_ms < 0:
-            self._active[q.name] = self._active.get(q.name, 0) + 1
-            self._outstanding += 1
+            self.active[q.name] = self.active.get(q.name, 0) + 1
+            self.outstanding += 1
         job.dtime_ms = now_ms
         q.jobs_out += 1
         q.atime_ms = now_ms
@@ -407,38 +407,38 @@ class Core:
             if job.qtime_ms <= now_ms:
                 # It waited in the queue longer than RETRY: counting RETRY from the
                 # queueing would requeue it at once, a certain duplicate delivery.
-                job.qtime_ms = now_ms + job.retry_s * 1000 + self._jitter()
+                job.qtime_ms = now_ms + job.retry_s * 1000 + self.jitter()
             self.timers.schedule(job, job.qtime_ms)
         if withcounters:
             return [q.name, job.id, job.body, _K_NACKS, job.nacks,
                     _K_ADD_DELIV, job.additional_deliveries]
         return [q.name, job.id, job.body]
 
-    def _serve_waiters(self, q: Queue, now_ms: int) -> None:
+    def serve_waiters(self, q: Queue, now_ms: int) -> None:
         while q.live and q.waiters:
             token = next(iter(q.waiters))
-            w = self._waiters[token]
+            w = self.waiters[token]
             self._drop_waiter(w, now_ms)
             entries: list[list[Any]] = []
             while len(entries) < w.count:
                 job = q.pop()
                 if job is None:
                     break
-                entries.append(self._deliver(job, q, now_ms, w.withcounters))
-            self._effects.append(Wake(token, entries))
-        self._maybe_idle(q, now_ms)
+                entries.append(self.deliver(job, q, now_ms, w.withcounters))
+            self.effects.append(Wake(token, entries))
+        self.maybe_idle(q, now_ms)
         if not q.live and self.fed.feds:
             self.fed.needjobs(q, True, now_ms)  # drained: ask the recent sources at once
 
     def _drop_waiter(self, w: Waiter, now_ms: int) -> None:
-        del self._waiters[w.token]
+        del self.waiters[w.token]
         for name in w.queues:
-            q = self._queues.get(name)
+            q = self.queues.get(name)
             if q is not None and q.waiters is not None:
                 q.waiters.pop(w.token, None)
                 if not q.waiters:
                     q.waiters = None
-                    self._maybe_idle(q, now_ms)
+                    self.maybe_idle(q, now_ms)
 
     def unblock(self, token: int, now_ms: int | None = None,
                 forget_queues: bool = False) -> None:
@@ -446,15 +446,15 @@ class Core:
         (DEBUG FLUSHALL, CLUSTER RESET) that this shard ran before the waiter came
         (another worker's BLOCK, sent before that flush); the queues it waited on
         that are empty and idle now go at once, as the flush would have taken them."""
-        w = self._waiters.get(token)
+        w = self.waiters.get(token)
         if w is None:
             return
-        self._drop_waiter(w, self._now_ms if now_ms is None else now_ms)
+        self._drop_waiter(w, self.now_ms if now_ms is None else now_ms)
         if forget_queues:
             for name in w.queues:
-                q = self._queues.get(name)
+                q = self.queues.get(name)
                 if q is not None and not q.live and q.waiters is None and not q.paused:
-                    self._evict(q)
+                    self.evict(q)
 
     def give_back(self, job_ids: list[str], now_ms: int) -> None:
         """Give back jobs a multi-owner GETJOB took but did not send: no delivery counted."""
@@ -462,91 +462,91 @@ class Core:
             job = self.lookup(job_id)
             if job is None or job.state != ACTIVE:
                 continue
-            q = self._queue(job.queue, now_ms)
+            q = self.queue(job.queue, now_ms)
             if not job.nacks and not job.additional_deliveries:
                 job.flags &= ~FLAG_DELIVERED  # that take was its only delivery
-            self._forget_delivery(job)
+            self.forget_delivery(job)
             if q.jobs_out:
                 q.jobs_out -= 1
             job.move(QUEUED)
             q.push(job)
             self.timers.schedule(job, job.ctime_us // US_PER_MS + job.ttl_s * 1000)
             if q.waiters is not None and not q.paused & PAUSED_OUT:
-                self._serve_waiters(q, now_ms)
+                self.serve_waiters(q, now_ms)
 
     # ------------------------------------------------------------------ timers
 
-    def _due(self, job: Job) -> int:
+    def due(self, job: Job) -> int:
         """The job's next deadline: TTL; requeue (WILLQUEUE 500 ms earlier when other
         nodes may have a copy); next replication step (wait-repl); next GC (acked)."""
         etime = job.ctime_us // US_PER_MS + job.ttl_s * 1000
         qt = job.qtime_ms
         if qt and job.state != QUEUED:
             if (job.state == ACTIVE and not job.flags & FLAG_WILLQUEUE_SENT
-                    and job.nodes[0] is not self._me):
+                    and job.nodes[0] is not self.me):
                 qt -= time_error_ms
             if qt < etime:
                 return qt
         return etime
 
-    def _reschedule(self, job: Job) -> None:
+    def reschedule(self, job: Job) -> None:
         self.timers.unschedule(job)
-        self.timers.schedule(job, self._due(job))
+        self.timers.schedule(job, self.due(job))
 
-    def _jitter(self) -> int:
-        return int(self._rng.random() * time_error_ms)
+    def jitter(self) -> int:
+        return int(self.rng.random() * time_error_ms)
 
     # ------------------------------------------------------------------ observability
 
-    def _forget_delivery(self, job: Job) -> int:
+    def forget_delivery(self, job: Job) -> int:
         """The job is no longer delivered-and-unacked: its delivery ms, or -1."""
         at = job.dtime_ms
         if at >= 0:
             job.dtime_ms = -1
-            self._outstanding -= 1
-            n = self._active.get(job.queue, 0) - 1
+            self.outstanding -= 1
+            n = self.active.get(job.queue, 0) - 1
             if n > 0:
-                self._active[job.queue] = n
+                self.active[job.queue] = n
             else:
-                self._active.pop(job.queue, None)
+                self.active.pop(job.queue, None)
         return at
 
-    def _observe_processing(self, job: Job, now_ms: int) -> None:
-        at = self._forget_delivery(job)
+    def observe_processing(self, job: Job, now_ms: int) -> None:
+        at = self.forget_delivery(job)
         if at >= 0:
             took_ms = now_ms - at if now_ms > at else 0
             st = self.stats
             st.proc_counts[bisect_left(latency_bounds_ms, took_ms)] += 1
             st.proc_sum_ms += took_ms
 
-    def _undelay(self, job: Job) -> None:
-        n = self._delayed.get(job.queue, 0) - 1
+    def undelay(self, job: Job) -> None:
+        n = self.delayed.get(job.queue, 0) - 1
         if n > 0:
-            self._delayed[job.queue] = n
+            self.delayed[job.queue] = n
         else:
-            self._delayed.pop(job.queue, None)
+            self.delayed.pop(job.queue, None)
 
     # ------------------------------------------------------------------ messages out
 
-    def _send(self, node: str, kind: str, slot: int, meta: dict[str, Any],
+    def send(self, node: str, kind: str, slot: int, meta: dict[str, Any],
               bodies: list[bytes] | None = None) -> None:
-        self._effects.append(Send(node, kind, slot, meta, bodies if bodies is not None else []))
+        self.effects.append(Send(node, kind, slot, meta, bodies if bodies is not None else []))
 
-    def _others(self, job: Job) -> list[str]:
+    def others(self, job: Job) -> list[str]:
         me = self.node_id
         return [n for n in job.delivered if n != me]
 
-    def _send_job(self, nodes: list[str] | tuple[str, ...], kind: str, job: Job,
+    def send_job(self, nodes: list[str] | tuple[str, ...], kind: str, job: Job,
                   meta: dict[str, Any] | None = None) -> None:
         slot = slot_of_job_id(job.id)
         m = {"j": job.id} if meta is None else meta
         for n in nodes:
-            self._effects.append(Send(n, kind, slot, m, []))
+            self.effects.append(Send(n, kind, slot, m, []))
 
-    def _send_queued(self, job: Job, incr: int = 0) -> None:
-        others = self._others(job)
+    def send_queued(self, job: Job, incr: int = 0) -> None:
+        others = self.others(job)
         if others:
-            self._send_job(others, "QUEUED", job, {"j": job.id, "f": incr} if incr else None)
+            self.send_job(others, "QUEUED", job, {"j": job.id, "f": incr} if incr else None)
 
 
 class FedHooks:

@@ -128,16 +128,16 @@ class Extensions(WaitHooks):
         ends, then is queued without counting a further delivery. Every other
         holder pushes its own requeue past the delay (QUEUED with "w")."""
         s = self.core
-        s._forget_delivery(job)
+        s.forget_delivery(job)
         job.flags = (job.flags & ~FLAG_WILLQUEUE_SENT) | FLAG_NACK_DELAYED
         job.qtime_ms = now_ms + delay_ms
-        s._reschedule(job)
-        others = s._others(job)
+        s.reschedule(job)
+        others = s.others(job)
         if others:
-            s._send_job(others, "QUEUED", job,
+            s.send_job(others, "QUEUED", job,
                         {"j": job.id, "f": QUEUED_INCR_NACKS, QUEUED_WAIT: delay_ms})
         if s.aof:
-            s._effects.append(AofAppend(job.to_record()))
+            s.effects.append(AofAppend(job.to_record()))
 
     # ------------------------------------------------------------------ MAXDELIVER
 
@@ -147,26 +147,26 @@ class Extensions(WaitHooks):
         s = self.core
         s.stats.dead_lettered += 1
         dq = self._move_to_dead(job, now_ms)
-        s._enqueue(job, dq, now_ms)
-        others = s._others(job)
+        s.enqueue(job, dq, now_ms)
+        others = s.others(job)
         if others and job.state == QUEUED:
             meta: dict[str, Any] = {"j": job.id, QUEUED_DEAD: 1}
             if incr:
                 meta["f"] = incr
-            s._send_job(others, "QUEUED", job, meta)
+            s.send_job(others, "QUEUED", job, meta)
         if s.aof:
-            s._effects.append(AofAppend(job.to_record()))
+            s.effects.append(AofAppend(job.to_record()))
 
     def _move_to_dead(self, job: Job, now_ms: int) -> Queue:
         """Point a job that is not queued at its dead-letter queue (the same slot,
         so the same owner: workers/ids.py), keeping the per-queue bookkeeping."""
         s = self.core
-        s._forget_delivery(job)
+        s.forget_delivery(job)
         if job.flags & FLAGS_DELAY_MASK and not job.flags & FLAG_QUEUED_ONCE:
-            s._undelay(job)
+            s.undelay(job)
             job.flags |= FLAG_QUEUED_ONCE
         job.flags &= ~FLAG_NACK_DELAYED
-        dq = s._queue(dead_queue_of(job.queue), now_ms)
+        dq = s.queue(dead_queue_of(job.queue), now_ms)
         job.queue = dq.name
         return dq
 
@@ -177,7 +177,7 @@ class Extensions(WaitHooks):
             return
         self._move_to_dead(job, now_ms)
         if self.core.aof:
-            self.core._effects.append(AofAppend(job.to_record()))
+            self.core.effects.append(AofAppend(job.to_record()))
 
     # ------------------------------------------------------------------ WAITJOB
 
@@ -225,7 +225,7 @@ class Extensions(WaitHooks):
         g.finished = True
         self.core.timers.unschedule(g)
         self.gathers.pop(g.token, None)
-        self.core._effects.append(Wake(g.token, g.reply()))
+        self.core.effects.append(Wake(g.token, g.reply()))
 
     def fire_gather(self, g: Gather, now_ms: int) -> None:
         """Timeout: reply with what is known (WAITJOB's stale entries go with
@@ -253,14 +253,14 @@ class Extensions(WaitHooks):
         """Send the request to every reachable node; PENDING, or the reply at once
         when there is no other node."""
         s = self.core
-        nodes = s._reach if s._reach is not None else s._peers
+        nodes = s.reach if s.reach is not None else s.peers
         if not nodes:
             return g.reply()
         g.waiting = set(nodes)
         self.gathers[g.token] = g
         slot = slot_of(queue)
         for n in nodes:
-            s._send(n, kind, slot, {"r": g.token}, [bytes(queue)])
+            s.send(n, kind, slot, {"r": g.token}, [bytes(queue)])
         s.timers.schedule(g, now_ms + cluster_request_timeout_ms)
         return PENDING
 
@@ -276,7 +276,7 @@ class Extensions(WaitHooks):
 
     def _on_qlenask(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                     now_ms: int) -> None:
-        self.core._send(sender, "QLENIS", slot_of(bodies[0]),
+        self.core.send(sender, "QLENIS", slot_of(bodies[0]),
                          {"r": meta["r"], "n": self.core.qlen(bodies[0])})
 
     def _on_qlenis(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
@@ -299,7 +299,7 @@ class Extensions(WaitHooks):
 
     def _delqueue_here(self, queue: bytes, now_ms: int) -> list[str]:
         """O(jobs of this shard): delayed and active jobs are not indexed by queue."""
-        victims = [j for b in self.core._jobs if b for j in b.values()
+        victims = [j for b in self.core.job_buckets if b for j in b.values()
                    if j.queue == queue and j.state != ACKED]
         for job in victims:
             if job.state != DELETED:
@@ -309,7 +309,7 @@ class Extensions(WaitHooks):
     def _on_delq(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                  now_ms: int) -> None:
         ids = self._delqueue_here(bytes(bodies[0]), now_ms)
-        self.core._send(sender, "DELQDONE", slot_of(bodies[0]), {"r": meta["r"]},
+        self.core.send(sender, "DELQDONE", slot_of(bodies[0]), {"r": meta["r"]},
                          ["".join(ids).encode()])
 
     def _on_delqdone(self, sender: str, meta: dict[str, Any], bodies: list[bytes],

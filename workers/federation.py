@@ -74,7 +74,7 @@ class Federation(FedHooks):
     def needjobs(self, q: Queue, reached_zero: bool, now_ms: int) -> None:
         """Disque's needJobsForQueue: ad hoc to recent sources, else broadcast."""
         s = self.core
-        if s._leaving or not s._known:
+        if s.leaving or not s.known:
             return
         fed = self.feds.get(q.name)
         if reached_zero and (fed is None or not fed.import_rate(now_ms)):
@@ -85,7 +85,7 @@ class Federation(FedHooks):
                 return
         fed.expire(now_ms)
         rate = fed.import_rate(now_ms)
-        nodes = len(fed.responders) or len(s._known)
+        nodes = len(fed.responders) or len(s.known)
         want = max(needjobs_count_min, min(needjobs_count_max, rate // max(nodes, 1)))
         name = [q.name]
         # Broadcast on its own (slow) schedule even while we have recent sources:
@@ -94,12 +94,12 @@ class Federation(FedHooks):
         if now_ms - fed.bcast_ms >= self._bcast_delay(fed):
             fed.bcast_ms = now_ms
             fed.bcast_attempt += 1
-            s._send("*", "NEEDJOBS", q.slot, {"c": want}, name)
+            s.send("*", "NEEDJOBS", q.slot, {"c": want}, name)
         elif fed.responders and (reached_zero or now_ms - fed.adhoc_ms >= self._adhoc_delay(fed)):
             fed.adhoc_ms = now_ms
             fed.adhoc_attempt += 1
             for n in fed.responders:
-                s._send(n, "NEEDJOBS", q.slot, {"c": want}, name)
+                s.send(n, "NEEDJOBS", q.slot, {"c": want}, name)
         self._arm_fed(fed, now_ms)
 
     def _bcast_delay(self, fed: Fed) -> int:
@@ -111,7 +111,7 @@ class Federation(FedHooks):
     def _arm_fed(self, fed: Fed, now_ms: int) -> None:
         q = fed.queue
         s = self.core
-        if q.waiters is None or s._leaving:
+        if q.waiters is None or s.leaving:
             return
         nxt = fed.bcast_ms + self._bcast_delay(fed)
         if fed.responders:
@@ -122,9 +122,9 @@ class Federation(FedHooks):
     def fire_fed(self, fed: Fed, now_ms: int) -> None:
         q = fed.queue
         s = self.core
-        if self.feds.get(q.name) is not fed or s._queues.get(q.name) is not q:
+        if self.feds.get(q.name) is not fed or s.queues.get(q.name) is not q:
             return
-        if q.waiters is None or s._leaving:
+        if q.waiters is None or s.leaving:
             return
         if not q.live or q.paused & PAUSED_OUT:
             self.needjobs(q, False, now_ms)
@@ -136,7 +136,7 @@ class Federation(FedHooks):
         name = bytes(bodies[0])
         s = self.core
         count = int(meta["c"])
-        q = s._queues.get(name)
+        q = s.queues.get(name)
         if q is not None and q.paused & PAUSED_OUT:
             return  # spec: no jobs for other nodes out of a queue paused in output
         if q is None or not q.live:
@@ -158,7 +158,7 @@ class Federation(FedHooks):
         """A YOURJOBS to ``node`` would be written: reachable, and our bus link to it
         has carried a PONG (set_view)."""
         s = self.core
-        return node in s._peers and node not in s._unlinked
+        return node in s.peers and node not in s.unlinked
 
     def _send_yourjobs(self, q: Queue, node: str, count: int, now_ms: int) -> None:
         """Move up to ``count`` queued jobs to ``node``. Each leaves the queue as it is
@@ -176,16 +176,16 @@ class Federation(FedHooks):
             job.delivered = union(job.delivered, (node,))
             job.flags &= ~FLAG_WILLQUEUE_SENT
             if job.retry_s:
-                job.qtime_ms = now_ms + job.retry_s * 1000 + s._jitter()
+                job.qtime_ms = now_ms + job.retry_s * 1000 + s.jitter()
             else:
                 job.qtime_ms = 0
-            s._reschedule(job)
+            s.reschedule(job)
             recs.append(job.to_record())
             size += len(job.body)
         if recs:
             q.atime_ms = now_ms
-            s._send(node, "YOURJOBS", q.slot, {}, recs)
-        s._maybe_idle(q, now_ms)
+            s.send(node, "YOURJOBS", q.slot, {}, recs)
+        s.maybe_idle(q, now_ms)
 
     def on_yourjobs(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                     now_ms: int) -> None:
@@ -198,7 +198,7 @@ class Federation(FedHooks):
             if job is None or job.etime_ms <= now_ms or (
                     self.gc.gone and self.gc.is_gone(job.id, now_ms)):
                 continue
-            q = s._queue(job.queue, now_ms)
+            q = s.queue(job.queue, now_ms)
             if not touched or touched[-1] is not q:
                 touched.append(q)
             old = s.lookup(job.id)
@@ -216,7 +216,7 @@ class Federation(FedHooks):
                 if old.state == ACTIVE and old.dtime_ms < 0 and (
                         old.retry_s or not old.flags & FLAG_DELIVERED):
                     s.timers.unschedule(old)
-                    s._enqueue(old, q, now_ms, False)
+                    s.enqueue(old, q, now_ms, False)
                     self._tell_queued(old)
                     n += 1
                 continue
@@ -224,15 +224,15 @@ class Federation(FedHooks):
             job.state = ACTIVE
             job.delivered = union(job.delivered, (s.node_id, sender))
             job.confirmed = ()
-            s._register(job)
-            s._enqueue(job, q, now_ms, False)
+            s.register(job)
+            s.enqueue(job, q, now_ms, False)
             self._tell_queued(job)
             if s.aof:
-                s._effects.append(AofAppend(job.to_record()))
+                s.effects.append(AofAppend(job.to_record()))
             n += 1
         for tq in touched:
             if tq.waiters is not None and not tq.paused & PAUSED_OUT:
-                s._serve_waiters(tq, now_ms)
+                s.serve_waiters(tq, now_ms)
         if q is None:
             return
         fed = self._fed_of(q)
@@ -247,23 +247,23 @@ class Federation(FedHooks):
         each one still active here and not delivered since (the asker stays in its
         node list: a GC asks it, it answers it does not know the job)."""
         s = self.core
-        s._now_ms = now_ms
+        s.now_ms = now_ms
         touched: list[Queue] = []
         for rec in bodies:
             job = peer_job(rec)
             old = s.lookup(job.id) if job is not None else None
             if old is None or old.state != ACTIVE or old.dtime_ms >= 0:
                 continue
-            q = s._queue(old.queue, now_ms)
+            q = s.queue(old.queue, now_ms)
             if q.paused & PAUSED_IN and old.retry_s:
                 continue  # its RETRY timer brings it back
             s.timers.unschedule(old)
-            s._enqueue(old, q, now_ms, False)
+            s.enqueue(old, q, now_ms, False)
             if not touched or touched[-1] is not q:
                 touched.append(q)
         for tq in touched:
             if tq.waiters is not None and not tq.paused & PAUSED_OUT:
-                s._serve_waiters(tq, now_ms)
+                s.serve_waiters(tq, now_ms)
 
     def _tell_queued(self, job: Job) -> None:
         """A job moved here by YOURJOBS is queued here now: QUEUED to its other holders,
@@ -272,7 +272,7 @@ class Federation(FedHooks):
         here, and could deliver it again after the ACK was answered here."""
         s = self.core
         if job.retry_s:
-            s._send_queued(job)
+            s.send_queued(job)
 
     def push_to_asker(self, q: Queue, now_ms: int) -> None:
         """A job was queued in an otherwise empty queue with no local consumer: if a

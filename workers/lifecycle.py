@@ -65,7 +65,7 @@ class Lifecycle:
 
     def tick(self, now_ms: int) -> int | None:
         """Do the timer work due at ``now_ms`` (bounded); return the next due time."""
-        self.core._now_ms = now_ms
+        self.core.now_ms = now_ms
         timers = self.core.timers
         heap = timers.heap
         work = 0
@@ -102,7 +102,7 @@ class Lifecycle:
                 self.repl.repl_failed(job, now_ms)
             else:
                 s.stats.expired += 1
-                s._unregister(job, now_ms)
+                s.unregister(job, now_ms)
             return
         if job.state == WAIT_REPL:
             self.repl.fire_wait_repl(job, now_ms)
@@ -111,23 +111,23 @@ class Lifecycle:
             if job.qtime_ms and job.qtime_ms <= now_ms:
                 self.gc.start_gc(job, now_ms)  # re-arms itself (or drops the job)
             else:
-                s.timers.schedule(job, s._due(job))
+                s.timers.schedule(job, s.due(job))
             return
         if (job.state == ACTIVE and job.qtime_ms and not job.flags & FLAG_WILLQUEUE_SENT
-                and job.qtime_ms - time_error_ms <= now_ms and job.nodes[0] is not s._me):
+                and job.qtime_ms - time_error_ms <= now_ms and job.nodes[0] is not s.me):
             job.flags |= FLAG_WILLQUEUE_SENT
-            others = s._others(job)
+            others = s.others(job)
             if others:
-                s._send_job(others, "WILLQUEUE", job)
+                s.send_job(others, "WILLQUEUE", job)
         if job.state == ACTIVE and job.qtime_ms and job.qtime_ms <= now_ms:
-            q = s._queue(job.queue, now_ms)
+            q = s.queue(job.queue, now_ms)
             if q.paused & PAUSED_IN:
                 # paused in input: never requeue now, try again after another retry period
-                job.qtime_ms = now_ms + max(job.retry_s, 1) * 1000 + s._jitter()
+                job.qtime_ms = now_ms + max(job.retry_s, 1) * 1000 + s.jitter()
             else:
                 self._requeue_due(job, q, now_ms)
         if job.state != DELETED:
-            s.timers.schedule(job, s._due(job))
+            s.timers.schedule(job, s.due(job))
 
     def _requeue_due(self, job: Job, q: Queue, now_ms: int) -> None:
         """The requeue time of an active job came: RETRY elapsed, the end of its
@@ -144,18 +144,18 @@ class Lifecycle:
             if job.flags >= FLAGS_MAXDELIVER_MIN and past_maxdeliver(job):
                 self.ext.dead_letter(job, now_ms, incr)
                 return
-        self.core._requeue(job, q, now_ms, incr)
+        self.core.requeue(job, q, now_ms, incr)
 
     def _fire_queue(self, q: Queue, now_ms: int) -> None:
         s = self.core
-        if s._queues.get(q.name) is not q:
+        if s.queues.get(q.name) is not q:
             return
         if q.live or q.waiters is not None or q.paused:
             return  # re-armed when it becomes idle again
-        if q.atime_ms + s._queue_idle_ms <= now_ms:
-            s._evict(q)
+        if q.atime_ms + s.queue_idle_ms <= now_ms:
+            s.evict(q)
         else:
-            s.timers.schedule(q, q.atime_ms + s._queue_idle_ms)
+            s.timers.schedule(q, q.atime_ms + s.queue_idle_ms)
 
     # ------------------------------------------------------------------ by hand
 
@@ -170,7 +170,7 @@ class Lifecycle:
             # Disque's enqueueJob refuses queued jobs and at-most-once jobs queued once.
             if job is None or job.state != ACTIVE or not job.qtime_ms:
                 continue
-            q = s._queue(job.queue, now_ms)
+            q = s.queue(job.queue, now_ms)
             incr = 0
             if nack:
                 job.nacks += 1
@@ -186,7 +186,7 @@ class Lifecycle:
             elif delay_ms:
                 self.ext.nack_later(job, delay_ms, now_ms)
             else:
-                s._requeue(job, q, now_ms, incr)
+                s.requeue(job, q, now_ms, incr)
             done += 1
         return done
 
@@ -195,15 +195,15 @@ class Lifecycle:
         (here and on the other holders); replies the retry in seconds."""
         s = self.core
         if job.state == QUEUED:
-            s._dequeue(job, s._queues[job.queue], now_ms)
+            s.dequeue(job, s.queues[job.queue], now_ms)
         if job.retry_s and job.state != WAIT_REPL:
-            job.qtime_ms = now_ms + job.retry_s * 1000 + s._jitter()
+            job.qtime_ms = now_ms + job.retry_s * 1000 + s.jitter()
             job.flags &= ~FLAG_WILLQUEUE_SENT
-            s._reschedule(job)
-            if job.nodes[0] is not s._me:
-                others = s._others(job)  # the other copies must not requeue it either
+            s.reschedule(job)
+            if job.nodes[0] is not s.me:
+                others = s.others(job)  # the other copies must not requeue it either
                 if others:
-                    s._send_job(others, "WORKING", job)
+                    s.send_job(others, "WORKING", job)
         if s.aof:
-            s._effects.append(AofAppend(job.to_record()))
+            s.effects.append(AofAppend(job.to_record()))
         return job.retry_s

@@ -39,27 +39,27 @@ class Pause:
             if bits is not None:
                 flags = 0 if opt == "none" else flags | bits
                 update = True
-        q = self.set_pause(queue, flags, now_ms) if update else self.core._queues.get(queue)
+        q = self.set_pause(queue, flags, now_ms) if update else self.core.queues.get(queue)
         state = q.paused if q is not None else 0
         if "bcast" in opts:
             # Every reachable node gets the resulting state (spec: PAUSE ... bcast).
-            self.core._send("*", "PAUSE", slot_of(queue), {"f": state}, [bytes(queue)])
+            self.core.send("*", "PAUSE", slot_of(queue), {"f": state}, [bytes(queue)])
         return Status(PAUSE_NAMES[state])
 
     def set_pause(self, queue: bytes, flags: int, now_ms: int) -> Queue | None:
         s = self.core
-        q = s._queues.get(queue)
+        q = s.queues.get(queue)
         if q is None and not flags:
             return None
-        q = s._queue(queue, now_ms)
+        q = s.queue(queue, now_ms)
         was_out = q.paused & PAUSED_OUT
         q.paused = flags
         if flags:
             s.timers.unschedule(q)  # paused queues are never evicted
         elif not q.live:
-            s._maybe_idle(q, now_ms)
+            s.maybe_idle(q, now_ms)
         if was_out and not flags & PAUSED_OUT and q.waiters is not None:
-            s._serve_waiters(q, now_ms)
+            s.serve_waiters(q, now_ms)
         return q
 
     def on_pause(self, sender: str, meta: dict[str, Any], bodies: list[bytes],

@@ -23,27 +23,27 @@ def load_record(s: Core, record: bytes, enqueue: bool, now_ms: int) -> None:
     if record[:1] == _DEL_TAG:
         gone = s.lookup(job_id_of_record(record))
         if gone is not None:
-            s._unregister_quiet(gone, now_ms)
+            s.unregister_quiet(gone, now_ms)
         return
     job = Job.from_record(record)
     old = s.lookup(job.id)
     if old is not None:
-        s._unregister_quiet(old, now_ms)  # a later record of the same job wins
+        s.unregister_quiet(old, now_ms)  # a later record of the same job wins
     if job.etime_ms <= now_ms:
         return
     if job.state == ACKED and all(n == s.node_id for n in job.delivered):
         return
-    if job.delivered == s._me:
-        job.delivered = s._me  # the same tuple object as jobs created here
-    job.queue = s._queue(job.queue, now_ms).name
+    if job.delivered == s.me:
+        job.delivered = s.me  # the same tuple object as jobs created here
+    job.queue = s.queue(job.queue, now_ms).name
     requeue = job.state == QUEUED and enqueue
     if job.state != ACKED:
         job.state = ACTIVE  # enters the table active (queued again just below if asked)
-    s._register(job)
+    s.register(job)
     if requeue:
-        s._enqueue(job, s._queues[job.queue], now_ms)
+        s.enqueue(job, s.queues[job.queue], now_ms)
     else:
         if job.state == ACTIVE and job.retry_s and job.qtime_ms <= now_ms:
-            job.qtime_ms = now_ms + job.retry_s * 1000 + s._jitter()
-        s.timers.schedule(job, s._due(job))
-    s._last_ctime_us = max(s._last_ctime_us, job.ctime_us)
+            job.qtime_ms = now_ms + job.retry_s * 1000 + s.jitter()
+        s.timers.schedule(job, s.due(job))
+    s.last_ctime_us = max(s.last_ctime_us, job.ctime_us)

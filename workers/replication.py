@@ -89,19 +89,19 @@ class Replication:
         ``job`` is not registered yet. ``external``: we keep no copy (leaving, or
         past 75 % of maxmemory)."""
         s = self.core
-        targets = list(s._peers)
-        s._rng.shuffle(targets)
+        targets = list(s.peers)
+        s.rng.shuffle(targets)
         chosen = tuple(targets[:need])
         job.delivered = chosen if external else (s.node_id, *chosen)
         if async_:
             return self._addjob_async(job, q, chosen, external, now_ms)
         job.state = WAIT_REPL
         job.confirmed = () if external else (s.node_id,)
-        s._register(job)
+        s.register(job)
         deadline = now_ms + timeout_ms if timeout_ms else 0
-        s._repl[job.id] = ReplWait(token, deadline, flexible)
+        s.repl[job.id] = ReplWait(token, deadline, flexible)
         job.qtime_ms = now_ms + repl_step_ms
-        s.timers.schedule(job, s._due(job))
+        s.timers.schedule(job, s.due(job))
         self._send_repljob(job, chosen)
         return PENDING
 
@@ -112,9 +112,9 @@ class Replication:
         self._send_repljob(job, chosen)
         if external:
             if chosen:
-                s._send_job([chosen[0]], "ENQUEUE", job, {"j": job.id, "d": list(chosen)})
+                s.send_job([chosen[0]], "ENQUEUE", job, {"j": job.id, "d": list(chosen)})
             return Status(job.id)
-        s._register(job)
+        s.register(job)
         self._activate(job, q, now_ms)
         return Status(job.id)
 
@@ -123,7 +123,7 @@ class Replication:
             return
         rec = job.to_record()
         slot = slot_of_job_id(job.id)
-        eff = self.core._effects
+        eff = self.core.effects
         for n in nodes:
             eff.append(Send(n, "REPLJOB", slot, {}, [rec]))
 
@@ -134,20 +134,20 @@ class Replication:
             job.move(ACTIVE)
         if job.delay_s:
             job.qtime_ms = now_ms + job.delay_s * 1000
-            s._reschedule(job)
+            s.reschedule(job)
         else:
             job.qtime_ms = 0
             s.timers.unschedule(job)
-            s._enqueue(job, q, now_ms)
+            s.enqueue(job, q, now_ms)
         if s.aof:
-            s._effects.append(AofAppend(job.to_record()))
+            s.effects.append(AofAppend(job.to_record()))
 
     def fire_wait_repl(self, job: Job, now_ms: int) -> None:
         """The timer of a job in ``wait-repl``: its deadline, or the next replication step."""
         s = self.core
-        rw = s._repl.get(job.id)
+        rw = s.repl.get(job.id)
         if rw is None:
-            s._unregister(job, now_ms)
+            s.unregister(job, now_ms)
             return
         if rw.deadline_ms and rw.deadline_ms <= now_ms:
             self.repl_failed(job, now_ms)
@@ -156,48 +156,48 @@ class Replication:
             # Spec: one more node every 50 ms, and REPLJOB again to everyone in
             # delivered so each can refresh its list of nodes that may have a copy.
             have = job.delivered
-            fresh = [n for n in s._peers if n not in have]
+            fresh = [n for n in s.peers if n not in have]
             if fresh:
-                job.delivered = (*have, s._rng.choice(fresh))
-            self._send_repljob(job, s._others(job))
+                job.delivered = (*have, s.rng.choice(fresh))
+            self._send_repljob(job, s.others(job))
             job.qtime_ms = now_ms + repl_step_ms
             if rw.flexible and self._flexible_done(job):
                 return
-        s.timers.schedule(job, s._due(job))
+        s.timers.schedule(job, s.due(job))
 
     def _flexible_done(self, job: Job) -> bool:
         s = self.core
         external = s.node_id not in job.delivered
-        reach = len(s._peers) + (0 if external else 1)
+        reach = len(s.peers) + (0 if external else 1)
         goal = max(1, min(job.repl, reach))
         if len(job.confirmed) < goal:
             return False
         job.repl = len(job.confirmed)
-        self._repl_done(job, s._now_ms)
+        self._repl_done(job, s.now_ms)
         return True
 
     def repl_failed(self, job: Job, now_ms: int) -> None:
         """Timeout: error to the client, best-effort DELJOB of the copies made."""
         s = self.core
-        rw = s._repl.pop(job.id, None)
-        s._send_job(s._others(job), "DELJOB", job)
-        s._unregister(job, now_ms)
+        rw = s.repl.pop(job.id, None)
+        s.send_job(s.others(job), "DELJOB", job)
+        s.unregister(job, now_ms)
         if rw is not None:
-            s._effects.append(Wake(rw.token, ERR_NOREPL_TIMEOUT))
+            s.effects.append(Wake(rw.token, ERR_NOREPL_TIMEOUT))
 
     def _repl_done(self, job: Job, now_ms: int) -> None:
         s = self.core
-        rw = s._repl.pop(job.id)
+        rw = s.repl.pop(job.id)
         if s.node_id not in job.delivered:
             # External replication: one node that got the job queues it; we keep no copy.
             # The list of every node that may have a copy goes along: we forget the
             # job now, so the holder must know them all for the ACK GC.
-            holder = s._rng.choice([n for n in job.confirmed if n != s.node_id])
-            s._send_job([holder], "ENQUEUE", job, {"j": job.id, "d": list(job.delivered)})
-            s._unregister_quiet(job, now_ms)
+            holder = s.rng.choice([n for n in job.confirmed if n != s.node_id])
+            s.send_job([holder], "ENQUEUE", job, {"j": job.id, "d": list(job.delivered)})
+            s.unregister_quiet(job, now_ms)
         else:
-            self._activate(job, s._queue(job.queue, now_ms), now_ms)
-        s._effects.append(Wake(rw.token, Status(job.id)))
+            self._activate(job, s.queue(job.queue, now_ms), now_ms)
+        s.effects.append(Wake(rw.token, Status(job.id)))
 
     # ------------------------------------------------------------------ messages
 
@@ -212,35 +212,35 @@ class Replication:
         old = s.lookup(job.id)
         if old is not None:
             old.delivered = union(old.delivered, job.delivered)
-            s._send_job([sender], "GOTJOB", old)
+            s.send_job([sender], "GOTJOB", old)
             return
         if job.etime_ms <= now_ms:
             return
-        if s._memory_level > 0:
+        if s.memory_level > 0:
             return  # spec: a node near its memory limit takes no copies (no GOTJOB)
-        q = s._queues.get(job.queue)
+        q = s.queues.get(job.queue)
         if q is not None and q.paused & PAUSED_IN:
             return  # a queue paused in input takes no copies (spec, PAUSE)
-        q = s._queue(job.queue, now_ms)
+        q = s.queue(job.queue, now_ms)
         job.queue = q.name
         job.state = ACTIVE
         job.delivered = union(job.delivered, (s.node_id, sender))
         job.confirmed = ()
         job.flags |= FLAG_REPLICA
         if job.retry_s:
-            job.qtime_ms = now_ms + (job.delay_s + job.retry_s) * 1000 + s._jitter()
+            job.qtime_ms = now_ms + (job.delay_s + job.retry_s) * 1000 + s.jitter()
         else:
             job.qtime_ms = 0
-        s._register(job)
-        s.timers.schedule(job, s._due(job))
+        s.register(job)
+        s.timers.schedule(job, s.due(job))
         if s.aof:
-            s._effects.append(AofAppend(job.to_record()))
+            s.effects.append(AofAppend(job.to_record()))
         # Disque answers a duplicate REPLJOB too: a lost GOTJOB is then re-sent.
-        s._send_job([sender], "GOTJOB", job)
+        s.send_job([sender], "GOTJOB", job)
 
     def on_gotjob(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                   now_ms: int) -> None:
-        job = self.core._job_of(meta)
+        job = self.core.job_of(meta)
         if job is None or job.state != WAIT_REPL:
             return
         job.delivered = union(job.delivered, (sender,))
@@ -251,7 +251,7 @@ class Replication:
     def on_enqueue(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                    now_ms: int) -> None:
         s = self.core
-        job = s._job_of(meta)
+        job = s.job_of(meta)
         if job is None:
             return
         nodes = meta.get("d")
@@ -262,10 +262,10 @@ class Replication:
             return
         if not job.retry_s and job.flags & FLAG_QUEUED_ONCE:
             return  # at-most-once: queued once already (a duplicate ENQUEUE)
-        q = s._queue(job.queue, now_ms)
+        q = s.queue(job.queue, now_ms)
         if q.paused & PAUSED_IN:
             return  # spec: a queue paused in input accepts no ENQUEUE messages
-        s._enqueue(job, q, now_ms)
+        s.enqueue(job, q, now_ms)
 
     def on_willqueue(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                      now_ms: int) -> None:
@@ -275,20 +275,20 @@ class Replication:
         s = self.core
         job.delivered = union(job.delivered, (sender,))
         if job.state == QUEUED:
-            s._send_job(s._others(job), "QUEUED", job)
+            s.send_job(s.others(job), "QUEUED", job)
         elif job.state == ACKED:
-            s._send_job([sender], "SETACK", job, setack_meta(job))
+            s.send_job([sender], "SETACK", job, setack_meta(job))
 
     def _held_job(self, sender: str, meta: dict[str, Any], now_ms: int) -> Job | None:
         """The job a WILLQUEUE or QUEUED names, if we hold it. If not and we saw it
         acknowledged or deleted cluster-wide, the holder about to queue it (or that
         queued it) is told, so that it acks its copy and runs the GC over the nodes
         it knows (a copy the GC we took part in did not reach)."""
-        job = self.core._job_of(meta)
+        job = self.core.job_of(meta)
         if job is None:
             jid = meta["j"]
             if self.gc.gone and type(jid) is str and self.gc.is_gone(jid, now_ms):
-                self.core._send(sender, "SETACK", slot_of_job_id(jid), {"j": jid, "m": 0})
+                self.core.send(sender, "SETACK", slot_of_job_id(jid), {"j": jid, "m": 0})
         return job
 
     def on_queued(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
@@ -298,7 +298,7 @@ class Replication:
             return
         s = self.core
         if job.state == ACKED:
-            s._send_job([sender], "SETACK", job, setack_meta(job))
+            s.send_job([sender], "SETACK", job, setack_meta(job))
             return
         job.delivered = union(job.delivered, (sender,))
         incr = meta.get("f", 0)
@@ -311,27 +311,27 @@ class Replication:
         wait_ms = meta.get("w", 0)
         dead = meta.get("dl", 0)
         if job.state == QUEUED and (sender > s.node_id or wait_ms or dead):
-            s._dequeue(job, s._queues[job.queue], now_ms)  # the greater ID keeps it
+            s.dequeue(job, s.queues[job.queue], now_ms)  # the greater ID keeps it
         if dead:
             self.ext.follow_dead_letter(job, now_ms)
         if job.retry_s:
-            qtime = now_ms + wait_ms + job.retry_s * 1000 + s._jitter()
+            qtime = now_ms + wait_ms + job.retry_s * 1000 + s.jitter()
             if not job.flags & FLAG_NACK_DELAYED or qtime > job.qtime_ms:
                 job.qtime_ms = qtime  # a QUEUED that crossed our NACK's DELAY never cuts it short
             job.flags &= ~FLAG_WILLQUEUE_SENT
-            s._reschedule(job)
+            s.reschedule(job)
 
     def on_working(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                    now_ms: int) -> None:
         """A client said WORKING on another node: postpone our requeue as well
         (and leave the queue, the job is being processed elsewhere)."""
         s = self.core
-        job = s._job_of(meta)
+        job = s.job_of(meta)
         if job is None or job.state in (ACKED, WAIT_REPL) or not job.retry_s:
             return
         job.delivered = union(job.delivered, (sender,))
         if job.state == QUEUED:
-            s._dequeue(job, s._queues[job.queue], now_ms)
-        job.qtime_ms = now_ms + job.retry_s * 1000 + s._jitter()
+            s.dequeue(job, s.queues[job.queue], now_ms)
+        job.qtime_ms = now_ms + job.retry_s * 1000 + s.jitter()
         job.flags &= ~FLAG_WILLQUEUE_SENT
-        s._reschedule(job)
+        s.reschedule(job)

@@ -180,9 +180,9 @@ class Shard:
 
     def take_effects(self) -> list[Effect]:
         c = self.core
-        eff = c._effects
+        eff = c.effects
         if eff:
-            c._effects = []
+            c.effects = []
         return eff
 
     def set_peers(self, reachable_node_ids: list[str] | tuple[str, ...]) -> None:
@@ -200,12 +200,12 @@ class Shard:
     def has_peers(self) -> bool:
         """Other reachable nodes can take copies: a default ADDJOB then waits for
         replication (PENDING) instead of answering at once."""
-        return bool(self.core._peers)
+        return bool(self.core.peers)
 
     def set_memory_level(self, level: int) -> None:
         """Memory warning level from disque_mp/node/memory.py: from 1 (75 % of maxmemory) on,
         ADDJOB replicates externally only, like a leaving node."""
-        self.core._memory_level = level
+        self.core.memory_level = level
 
     def lookup(self, job_id: str) -> Job | None:
         return self.core.lookup(job_id)
@@ -215,7 +215,7 @@ class Shard:
         """One cluster message from node ``sender`` (malformed input is dropped).
         Shapes and values were checked at the edge (bus/messages.py); only the job
         records inside are parsed by the parts (``federation.peer_job``)."""
-        self.core._now_ms = now_ms
+        self.core.now_ms = now_ms
         handler = self._handlers.get(kind)
         if handler is None:
             self.ext.on_message(sender, kind, meta, bodies, now_ms)
@@ -239,7 +239,7 @@ class Shard:
             if err is not None:
                 return err
         c = self.core
-        peers = len(c._peers)  # reachable nodes that can take a copy
+        peers = len(c.peers)  # reachable nodes that can take a copy
         flexible = replicate is None
         if replicate is None:
             # The cluster size up to 3, counting the nodes we can reach (Disque counts
@@ -258,40 +258,40 @@ class Shard:
                 retry_s = 1
         # A leaving node, or one past 75 % of maxmemory, holds no copy itself:
         # every replica must be external (Disque's extrepl).
-        extrepl = c._leaving or c._memory_level > 0
+        extrepl = c.leaving or c.memory_level > 0
         additional = replicate if extrepl else replicate - 1
         if additional > peers:
             if extrepl and additional - 1 == peers:
-                return ERR_NOREPL_LEAVING if c._leaving else ERR_NOREPL_MEMORY
+                return ERR_NOREPL_LEAVING if c.leaving else ERR_NOREPL_MEMORY
             return ERR_NOREPL
-        q = c._queues.get(queue)
+        q = c.queues.get(queue)
         if q is None:
-            q = c._create_queue(queue, now_ms)
+            q = c.create_queue(queue, now_ms)
         elif maxlen and q.live >= maxlen:
             return ERR_MAXLEN_REACHED
         elif q.paused & PAUSED_IN:
             return ERR_PAUSED
         ctime_us = now_ms * US_PER_MS
-        if ctime_us <= c._last_ctime_us:
-            ctime_us = c._last_ctime_us + 1
-        c._last_ctime_us = ctime_us
-        job_id = c._ids.make(q.slot, ttl_s, retry_s)
+        if ctime_us <= c.last_ctime_us:
+            ctime_us = c.last_ctime_us + 1
+        c.last_ctime_us = ctime_us
+        job_id = c.ids.make(q.slot, ttl_s, retry_s)
         job = Job(job_id, q.name, body, ACTIVE, replicate, ttl_s, ctime_us, delay_s, retry_s,
-                  0, c._me)
+                  0, c.me)
         if maxdeliver:
             job.set_maxdeliver(maxdeliver)
         c.stats.added += 1
         if additional:
             return self.repl.addjob_cluster(job, q, additional, extrepl, timeout_ms, async_,
                                             token, now_ms, flexible)
-        c._register(job)
+        c.register(job)
         if delay_s:
             job.qtime_ms = now_ms + delay_s * 1000
             c.timers.schedule(job, job.qtime_ms)
         else:
-            c._enqueue(job, q, now_ms)
+            c.enqueue(job, q, now_ms)
         if c.aof:
-            c._effects.append(AofAppend(job.to_record()))
+            c.effects.append(AofAppend(job.to_record()))
         return Status(job_id)
 
     def op_take(
@@ -301,9 +301,9 @@ class Shard:
         if len(queues) != 1:
             return self._take_many(queues, count, withcounters, now_ms)
         c = self.core
-        q = c._queues.get(queues[0])
+        q = c.queues.get(queues[0])
         if q is None:
-            q = c._create_queue(queues[0], now_ms)
+            q = c.create_queue(queues[0], now_ms)
         out: list[list[Any]] = []
         if q.paused & PAUSED_OUT:
             return out
@@ -311,9 +311,9 @@ class Shard:
             job = q.pop()
             if job is None:
                 break
-            out.append(c._deliver(job, q, now_ms, withcounters))
+            out.append(c.deliver(job, q, now_ms, withcounters))
         if not q.live:
-            c._maybe_idle(q, now_ms)
+            c.maybe_idle(q, now_ms)
             if out and self.fed.feds:
                 self.fed.needjobs(q, True, now_ms)
         return out
@@ -324,7 +324,7 @@ class Shard:
         c = self.core
         qs = []
         for name in queues:
-            q = c._queue(name, now_ms)
+            q = c.queue(name, now_ms)
             if not q.paused & PAUSED_OUT:
                 qs.append(q)
         out: list[list[Any]] = []
@@ -333,14 +333,14 @@ class Shard:
             for q in qs:
                 job = q.pop()
                 if job is not None:
-                    out.append(c._deliver(job, q, now_ms, withcounters))
+                    out.append(c.deliver(job, q, now_ms, withcounters))
                     if len(out) >= count:
                         break
             if len(out) == before:
                 break
         for q in qs:
             if not q.live:
-                c._maybe_idle(q, now_ms)
+                c.maybe_idle(q, now_ms)
         return out
 
     def op_block(
@@ -352,20 +352,20 @@ class Shard:
         other owners), the waiter is served at once, still through ``Wake``.
         """
         c = self.core
-        if token in c._waiters:
+        if token in c.waiters:
             self.op_unblock(token, now_ms)
         entries = self.op_take(queues, count, withcounters, now_ms)
         if entries:
-            c._effects.append(Wake(token, entries))
+            c.effects.append(Wake(token, entries))
             return
-        if c._leaving:
-            c._effects.append(Wake(token, ERR_LEAVING))  # spec: a leaving node never blocks
+        if c.leaving:
+            c.effects.append(Wake(token, ERR_LEAVING))  # spec: a leaving node never blocks
             return
         w = Waiter(token, list(queues), count, withcounters)
-        c._waiters[token] = w
+        c.waiters[token] = w
         feds = self.fed.feds
         for name in queues:
-            q = c._queue(name, now_ms)
+            q = c.queue(name, now_ms)
             if q.waiters is None:
                 q.waiters = {}
                 fed = feds.get(q.name) if feds else None
@@ -373,7 +373,7 @@ class Shard:
                     fed.bcast_attempt = 0  # a new wait starts with short delays
             q.waiters[token] = w
             c.timers.unschedule(q)  # a watched queue is not evicted
-            if c._known:
+            if c.known:
                 self.fed.needjobs(q, False, now_ms)
 
     def op_unblock(self, token: int, now_ms: int | None = None,
@@ -402,7 +402,7 @@ class Shard:
             job = c.lookup(job_id)
             if job is not None:
                 known += 1
-                c._unregister(job, now_ms)
+                c.unregister(job, now_ms)
         return known
 
     def op_nack(self, job_ids: list[str], now_ms: int, delay_s: int = 0) -> int:
@@ -419,9 +419,9 @@ class Shard:
         for job_id in job_ids:
             job = c.lookup(job_id)
             if job is not None and job.state == QUEUED:
-                c._dequeue(job, c._queues[job.queue], now_ms)
+                c.dequeue(job, c.queues[job.queue], now_ms)
                 if c.aof:
-                    c._effects.append(AofAppend(job.to_record()))
+                    c.effects.append(AofAppend(job.to_record()))
                 done += 1
         return done
 
@@ -456,10 +456,10 @@ class Shard:
         """Memory pressure (workers/evict.py): drop an empty queue nobody waits on and
         nobody paused now, as the idle timer would later. False if it must stay."""
         c = self.core
-        q = c._queues.get(name)
+        q = c.queues.get(name)
         if q is None or q.live or q.waiters is not None or q.paused:
             return False
-        c._evict(q)
+        c.evict(q)
         return True
 
     def op_qscan(self, cursor: int, count: int, minlen: int, maxlen: int,
@@ -499,19 +499,19 @@ class Shard:
         blocked GETJOB itself (as the reference's flushServerData) and the queues
         they waited on go too."""
         c = self.core
-        for rw in c._repl.values():
-            c._effects.append(Wake(rw.token, ERR_NOREPL_TIMEOUT))  # their jobs are gone
+        for rw in c.repl.values():
+            c.effects.append(Wake(rw.token, ERR_NOREPL_TIMEOUT))  # their jobs are gone
         self.ext.finish_all()  # WAITJOBs: every job is gone
-        waiters = list(c._waiters.values()) if keep_waiters else []
-        for q in c._queues.values():
+        waiters = list(c.waiters.values()) if keep_waiters else []
+        for q in c.queues.values():
             q.drop_all()
         c.reset()
         self.gc.reset()
         self.fed.reset()
         for w in waiters:
-            c._waiters[w.token] = w
+            c.waiters[w.token] = w
             for name in w.queues:
-                q = c._queue(name, c._now_ms)
+                q = c.queue(name, c.now_ms)
                 if q.waiters is None:
                     q.waiters = {}
                 q.waiters[w.token] = w
@@ -520,9 +520,9 @@ class Shard:
     def info(self) -> dict[str, int]:
         c = self.core
         return {
-            "registered_jobs": c._njobs,
-            "registered_queues": len(c._queues),
-            "blocked_clients": len(c._waiters),
+            "registered_jobs": c.njobs,
+            "registered_queues": len(c.queues),
+            "blocked_clients": len(c.waiters),
         }
 
     def metrics(self, queues_max: int, now_ms: int) -> dict[str, Any]:
@@ -534,7 +534,7 @@ class Shard:
         return self.core.jobs()
 
     def queue_names(self) -> list[bytes]:
-        return list(self.core._queues)
+        return list(self.core.queues)
 
     def check(self) -> None:
         """Check every cross-structure invariant (tests; O(jobs); views.py)."""

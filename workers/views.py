@@ -62,7 +62,7 @@ def show(job: Job, now_ms: int) -> list[Any]:
 
 def qstat(s: Core, queue: bytes, now_ms: int) -> Any:
     """QSTAT's reply: the reference answers *-1 for an unknown queue (SHOW answers $-1)."""
-    q = s._queues.get(queue)
+    q = s.queues.get(queue)
     if q is None:
         return NULL_ARRAY
     imports, rate = s.fed.qstat_import(q, now_ms) if s.fed.feds else ([], 0)
@@ -82,7 +82,7 @@ def qstat(s: Core, queue: bytes, now_ms: int) -> Any:
 
 def qpeek(s: Core, queue: bytes, count: int) -> list[list[Any]]:
     """QPEEK: the oldest ``count`` jobs, or the newest ``-count``."""
-    q = s._queues.get(queue)
+    q = s.queues.get(queue)
     if q is None:
         return []
     jobs = q.oldest(count) if count >= 0 else q.newest(-count)
@@ -97,7 +97,7 @@ def qscan(
     ``maxlen`` 0 means no upper bound; ``importrate`` > 0 keeps queues importing
     at least that many jobs/s.
     """
-    table = s._qscan
+    table = s.qscan
     pos = cursor
     names: list[bytes] = []
     seen = 0
@@ -112,7 +112,7 @@ def qscan(
         seen += 1
         if q.live < minlen or (maxlen and q.live > maxlen):
             continue
-        if importrate > 0 and s.fed.qstat_import(q, s._now_ms)[1] < importrate:
+        if importrate > 0 and s.fed.qstat_import(q, s.now_ms)[1] < importrate:
             continue
         names.append(q.name)
     return (pos if pos < len(table) else 0), names
@@ -133,8 +133,8 @@ def jscan(
     seen = 0
     steps_max = max(count, 1) * scan_empty_steps_per_count
     steps = 0
-    while pos < len(s._jobs) and seen < count and steps < steps_max:
-        b = s._jobs[pos]
+    while pos < len(s.job_buckets) and seen < count and steps < steps_max:
+        b = s.job_buckets[pos]
         pos += 1
         steps += 1
         if not b:
@@ -146,7 +146,7 @@ def jscan(
             if states is not None and job.state not in states:
                 continue
             items.append(show(job, now_ms) if reply_all else Status(job.id))
-    return (pos if pos < len(s._jobs) else 0), items
+    return (pos if pos < len(s.job_buckets) else 0), items
 
 
 def metrics(s: Core, queues_max: int, now_ms: int) -> dict[str, Any]:
@@ -154,14 +154,14 @@ def metrics(s: Core, queues_max: int, now_ms: int) -> dict[str, Any]:
     for /metrics and the HTTP API; a queue row is [name, queued, active, delayed,
     oldest queued age ms (-1: empty), jobs in, jobs out, blocked clients, pause
     state, import rate]. O(queues) to find the largest: read once per scrape."""
-    queues = s._queues
+    queues = s.queues
     rows: list[list[Any]] = []
     if queues_max > 0:
         if len(queues) > queues_max:
             names = [q.name for q in heapq.nlargest(queues_max, queues.values(), key=_live)]
         else:  # room for all, and for evicted queues that still have jobs out
             names = list(queues)
-            names += [n for n in {*s._active, *s._delayed} if n not in queues]
+            names += [n for n in {*s.active, *s.delayed} if n not in queues]
             names = names[:queues_max]
         rows = [_queue_row(s, name, now_ms) for name in names]
     st = s.stats
@@ -172,10 +172,10 @@ def metrics(s: Core, queues_max: int, now_ms: int) -> dict[str, Any]:
         "requeued_nack": st.nacked,
         "requeued_enqueue": st.requeued_enqueue, "expired": st.expired,
         "dead_lettered": st.dead_lettered,
-        "jobs": s._njobs, "queues": len(queues),
+        "jobs": s.njobs, "queues": len(queues),
         "queued": sum(q.live for q in queues.values()),
-        "active": s._outstanding, "delayed": sum(s._delayed.values()),
-        "blocked": len(s._waiters),
+        "active": s.outstanding, "delayed": sum(s.delayed.values()),
+        "blocked": len(s.waiters),
         "wait_counts": list(st.wait_counts), "wait_sum_ms": st.wait_sum_ms,
         "proc_counts": list(st.proc_counts), "proc_sum_ms": st.proc_sum_ms,
         "queue_rows": rows,
@@ -183,14 +183,14 @@ def metrics(s: Core, queues_max: int, now_ms: int) -> dict[str, Any]:
 
 
 def _queue_row(s: Core, name: bytes, now_ms: int) -> list[Any]:
-    q = s._queues.get(name)
+    q = s.queues.get(name)
     if q is None:  # evicted while some of its jobs are delivered or delayed
-        return [name, 0, s._active.get(name, 0), s._delayed.get(name, 0), -1,
+        return [name, 0, s.active.get(name, 0), s.delayed.get(name, 0), -1,
                 0, 0, 0, "none", 0]
     oldest = q.oldest(1)
     age_ms = max(0, now_ms - oldest[0].ctime_us // US_PER_MS) if oldest else -1
     rate = s.fed.qstat_import(q, now_ms)[1] if s.fed.feds else 0
-    return [name, q.live, s._active.get(name, 0), s._delayed.get(name, 0), age_ms,
+    return [name, q.live, s.active.get(name, 0), s.delayed.get(name, 0), age_ms,
             q.jobs_in, q.jobs_out, 0 if q.waiters is None else len(q.waiters),
             PAUSE_NAMES[q.paused], rate]
 
@@ -198,29 +198,29 @@ def _queue_row(s: Core, name: bytes, now_ms: int) -> list[Any]:
 def check(s: Core) -> None:
     """Check every cross-structure invariant (tests; O(jobs))."""
     jobs = s.jobs()
-    invariant(len(jobs) == s._njobs, f"job count {s._njobs} != {len(jobs)}")
+    invariant(len(jobs) == s.njobs, f"job count {s.njobs} != {len(jobs)}")
     queued: dict[bytes, int] = {}
     for job in jobs:
         invariant(job.state in (WAIT_REPL, ACTIVE, QUEUED, ACKED), f"{job} bad state")
         if job.state == QUEUED:
-            invariant(job.queue in s._queues, f"{job} queued in a missing queue")
+            invariant(job.queue in s.queues, f"{job} queued in a missing queue")
             queued[job.queue] = queued.get(job.queue, 0) + 1
         if job.awake_ms:
             invariant(s.timers.holds(job), f"{job} timer bucket lost")
         else:
             invariant(False, f"{job} has no timer (TTL would never fire)")
-    for name, q in s._queues.items():
+    for name, q in s.queues.items():
         err = q.check()
         invariant(err is None, str(err))
         invariant(q.live == queued.get(name, 0), f"queue {name!r} live count wrong")
-        invariant(s._qscan[q.scan_idx] is q, f"queue {name!r} not in scan table")
+        invariant(s.qscan[q.scan_idx] is q, f"queue {name!r} not in scan table")
         if q.waiters is not None:
             for token in q.waiters:
-                invariant(token in s._waiters, f"dangling waiter {token}")
+                invariant(token in s.waiters, f"dangling waiter {token}")
             invariant(not q.live or q.paused & PAUSED_OUT, f"queue {name!r} has jobs and waiters")
-    for w in s._waiters.values():
+    for w in s.waiters.values():
         for name in w.queues:
-            wq = s._queues.get(name)
+            wq = s.queues.get(name)
             invariant(wq is not None and wq.waiters and w.token in wq.waiters,
                       f"waiter {w.token} not on queue {name!r}")
     s.timers.check()
@@ -236,11 +236,11 @@ def _check_metrics(s: Core, jobs: list[Job]) -> None:
             invariant(job.state in (ACTIVE, ACKED), f"delivered job {job.id} is not active")
             active[job.queue] = active.get(job.queue, 0) + 1
             outstanding += 1
-    invariant(active == s._active, f"active per queue {s._active} != {active}")
-    invariant(outstanding == s._outstanding,
-              f"{s._outstanding} jobs counted outstanding, {outstanding} are")
+    invariant(active == s.active, f"active per queue {s.active} != {active}")
+    invariant(outstanding == s.outstanding,
+              f"{s.outstanding} jobs counted outstanding, {outstanding} are")
     delayed: dict[bytes, int] = {}
     for job in jobs:
         if job.flags & FLAGS_DELAY_MASK and not job.flags & FLAG_QUEUED_ONCE:
             delayed[job.queue] = delayed.get(job.queue, 0) + 1
-    invariant(delayed == s._delayed, f"delayed per queue {s._delayed} != {delayed}")
+    invariant(delayed == s.delayed, f"delayed per queue {s.delayed} != {delayed}")

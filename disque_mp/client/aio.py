@@ -190,7 +190,7 @@ class AsyncDisque(core.ClientSettings[aredis.Redis]):
 
     async def add_job(self, queue: str | bytes, body: bytes | str, timeout_ms: int = 0,
                       **options: Unpack[core.AddJobOptions]) -> str:
-        return core._str(await self.execute(*core.addjob_args(queue, body, timeout_ms, **options)))
+        return core.as_str(await self.execute(*core.addjob_args(queue, body, timeout_ms, **options)))
 
     async def add_jobs(self, items: Iterable[tuple[str | bytes, bytes | str]],
                        timeout_ms: int = 0, **options: Unpack[core.AddJobOptions]) -> list[str]:
@@ -207,7 +207,7 @@ class AsyncDisque(core.ClientSettings[aredis.Redis]):
 
     async def _pipeline(self, commands: list[list[Any]]) -> list[str]:
         out: list[str] = []
-        for chunk in core._chunks_by_size(commands, core.pipeline_bytes_max):
+        for chunk in core.chunks_by_size(commands, core.pipeline_bytes_max):
             routes = await self._current_routes()
             out += (await self._round_trip(chunk) if routes is None
                     else await self._routed_trip(routes, chunk))
@@ -252,7 +252,7 @@ class AsyncDisque(core.ClientSettings[aredis.Redis]):
         for reply in replies:
             if isinstance(reply, redis.ResponseError):
                 raise core.map_redis_error(reply)
-        return [core._str(x) for x in replies]
+        return [core.as_str(x) for x in replies]
 
     async def _round_trip(self, commands: Sequence[Sequence[Any]]) -> list[str]:
         attempt = 0
@@ -271,7 +271,7 @@ class AsyncDisque(core.ClientSettings[aredis.Redis]):
             for reply in replies:
                 if isinstance(reply, redis.ResponseError):
                     raise core.map_redis_error(reply)
-            return [core._str(x) for x in replies]
+            return [core.as_str(x) for x in replies]
 
     async def get_jobs(self, queues: str | bytes | Iterable[str | bytes],
                        **options: Unpack[core.GetJobOptions]) -> list[Job]:
@@ -293,35 +293,35 @@ class AsyncDisque(core.ClientSettings[aredis.Redis]):
                 await self._connect(None)
 
     async def ack(self, *ids: _IdArgs) -> int:
-        return int(await self.execute("ACKJOB", *core._ids(ids)))
+        return int(await self.execute("ACKJOB", *core.job_ids_of(ids)))
 
     async def fast_ack(self, *ids: _IdArgs) -> int:
-        return int(await self.execute("FASTACK", *core._ids(ids)))
+        return int(await self.execute("FASTACK", *core.job_ids_of(ids)))
 
     async def nack(self, *ids: _IdArgs, delay: int | None = None) -> int:
         """NACK; ``delay`` (seconds, disque-mp extension): deliverable only after it."""
-        return int(await self.execute(*core.nack_args(core._ids(ids), delay)))
+        return int(await self.execute(*core.nack_args(core.job_ids_of(ids), delay)))
 
     async def enqueue(self, *ids: _IdArgs) -> int:
-        return int(await self.execute("ENQUEUE", *core._ids(ids)))
+        return int(await self.execute("ENQUEUE", *core.job_ids_of(ids)))
 
     async def dequeue(self, *ids: _IdArgs) -> int:
-        return int(await self.execute("DEQUEUE", *core._ids(ids)))
+        return int(await self.execute("DEQUEUE", *core.job_ids_of(ids)))
 
     async def del_job(self, *ids: _IdArgs) -> int:
-        return int(await self.execute("DELJOB", *core._ids(ids)))
+        return int(await self.execute("DELJOB", *core.job_ids_of(ids)))
 
     async def working(self, job: str | Job) -> int:
-        return int(await self.execute("WORKING", core._ids((job,))[0]))
+        return int(await self.execute("WORKING", core.job_ids_of((job,))[0]))
 
     async def show(self, job: str | Job) -> dict[str, Any] | None:
-        return core.parse_pairs(await self.execute("SHOW", core._ids((job,))[0]))
+        return core.parse_pairs(await self.execute("SHOW", core.job_ids_of((job,))[0]))
 
     async def wait_jobs(self, *ids: _IdArgs, timeout_ms: int | None = None) -> int:
         """WAITJOB (disque-mp extension): block until every job is acknowledged,
         deleted or expired (or ``timeout_ms``: None/0 waits forever); how many are.
         The connection's socket timeout must exceed the wait."""
-        return int(await self.execute(*core.waitjob_args(core._ids(ids), timeout_ms)))
+        return int(await self.execute(*core.waitjob_args(core.job_ids_of(ids), timeout_ms)))
 
     async def global_qlen(self, queue: str | bytes) -> int:
         """GLOBALQLEN (disque-mp extension): QLEN summed over every reachable node."""
@@ -342,7 +342,7 @@ class AsyncDisque(core.ClientSettings[aredis.Redis]):
         return core.parse_pairs(await self.execute("QSTAT", queue))
 
     async def pause(self, queue: str | bytes, *options: str) -> str:
-        return core._str(await self.execute("PAUSE", queue, *options))
+        return core.as_str(await self.execute("PAUSE", queue, *options))
 
     async def iter_queues(self, *, count: int | None = None, minlen: int | None = None,
                           maxlen: int | None = None,
@@ -352,7 +352,7 @@ class AsyncDisque(core.ClientSettings[aredis.Redis]):
             cursor, names = core.parse_scan(await self.execute(*core.qscan_args(
                 cursor, count, minlen, maxlen, importrate)))
             for name in names:
-                yield core._str(name)
+                yield core.as_str(name)
             if cursor == 0:
                 return
 
@@ -373,7 +373,7 @@ class AsyncDisque(core.ClientSettings[aredis.Redis]):
             cursor, items = core.parse_scan(await self.execute(*core.jscan_args(
                 cursor, count, queue, states, reply_all)))
             for item in items:
-                yield core.parse_pairs(item) if reply_all else core._str(item)
+                yield core.parse_pairs(item) if reply_all else core.as_str(item)
             if cursor == 0:
                 return
 
@@ -385,7 +385,7 @@ class AsyncDisque(core.ClientSettings[aredis.Redis]):
                       fast_ack: bool = False, poll_ms: int = core.consume_poll_ms) -> int:
         """Like ``Disque.consume`` with a handler (a coroutine function): ACK on return,
         NACK on exception, WORKING while it runs. Returns the number of jobs handled."""
-        names = core._queues(queues)
+        names = core.queue_list(queues)
         handled = 0
         while not core.consume_done(max_jobs, handled, stop):
             want = core.consume_batch(count, max_jobs, handled)
@@ -417,7 +417,7 @@ class AsyncDisque(core.ClientSettings[aredis.Redis]):
                 async for job in jobs:
                     ...
         """
-        names = core._queues(queues)
+        names = core.queue_list(queues)
         in_hand: list[Job] = []
         beats: dict[str, asyncio.Task[None]] = {}
         try:

@@ -198,7 +198,7 @@ class Hello:
 # --------------------------------------------------------------------------- parsing
 
 
-def _str(value: Any) -> str:
+def as_str(value: Any) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", "surrogateescape")
     return str(value)
@@ -229,10 +229,10 @@ def parse_nodes(nodes: str | Sequence[str | tuple[str, int]] | None) -> list[tup
 def parse_job(item: Sequence[Any]) -> Job:
     nacks = extra = None
     if len(item) >= 7:
-        counters = {_str(item[i]): item[i + 1] for i in range(3, len(item) - 1, 2)}
+        counters = {as_str(item[i]): item[i + 1] for i in range(3, len(item) - 1, 2)}
         nacks = int(counters.get("nacks", 0))
         extra = int(counters.get("additional-deliveries", 0))
-    return Job(_str(item[0]), _str(item[1]), bytes(item[2]), nacks, extra)
+    return Job(as_str(item[0]), as_str(item[1]), bytes(item[2]), nacks, extra)
 
 
 def parse_jobs(reply: Any) -> list[Job]:
@@ -252,12 +252,12 @@ def parse_pairs(reply: Any) -> dict[str, Any] | None:
         reply = [x for kv in reply.items() for x in kv]
     out: dict[str, Any] = {}
     for i in range(0, len(reply) - 1, 2):
-        key = _str(reply[i])
+        key = as_str(reply[i])
         value = reply[i + 1]
         if isinstance(value, list):
-            value = [_str(v) for v in value]
+            value = [as_str(v) for v in value]
         elif isinstance(value, bytes) and key not in _SHOW_BYTES_FIELDS:
-            value = _str(value)
+            value = as_str(value)
         out[key] = value
     return out
 
@@ -268,10 +268,10 @@ def parse_hello(reply: Any, host: str, port: int) -> Hello:
     A standalone reference node reports an empty IP for itself: the address we
     connected to is used then.
     """
-    version, my_id = int(reply[0]), _str(reply[1])
+    version, my_id = int(reply[0]), as_str(reply[1])
     nodes = []
     for entry in reply[2:]:
-        node_id, ip, node_port, priority = (_str(x) for x in entry[:4])
+        node_id, ip, node_port, priority = (as_str(x) for x in entry[:4])
         if not ip:
             ip, node_port = (host, str(port)) if node_id == my_id else (ip, node_port)
         if ip and node_port.isdigit():
@@ -283,7 +283,7 @@ def parse_scan(reply: Any) -> tuple[int, list[Any]]:
     return int(reply[0]), list(reply[1] or [])
 
 
-def _queues(queues: str | bytes | Iterable[str | bytes]) -> list[str | bytes]:
+def queue_list(queues: str | bytes | Iterable[str | bytes]) -> list[str | bytes]:
     if isinstance(queues, str | bytes):
         return [queues]
     out = list(queues)
@@ -292,16 +292,16 @@ def _queues(queues: str | bytes | Iterable[str | bytes]) -> list[str | bytes]:
     return out
 
 
-def _ids(ids: tuple[str | Job | Iterable[str | Job], ...]) -> list[str]:
+def job_ids_of(ids: tuple[str | Job | Iterable[str | Job], ...]) -> list[str]:
     """Accept job IDs, Job records, or one iterable of either."""
     flat: list[str] = []
     for item in ids:
         if isinstance(item, Job):
             flat.append(item.id)
         elif isinstance(item, str | bytes):
-            flat.append(_str(item))
+            flat.append(as_str(item))
         else:
-            flat.extend(x.id if isinstance(x, Job) else _str(x) for x in item)
+            flat.extend(x.id if isinstance(x, Job) else as_str(x) for x in item)
     return flat
 
 
@@ -385,7 +385,7 @@ def getjob_args(queues: str | bytes | Iterable[str | bytes],
         args += ["COUNT", int(count)]
     if options.get("withcounters"):
         args.append("WITHCOUNTERS")
-    return args + ["FROM", *_queues(queues)]
+    return args + ["FROM", *queue_list(queues)]
 
 
 def qscan_args(cursor: int, count: int | None, minlen: int | None, maxlen: int | None,
@@ -416,7 +416,7 @@ def _command_bytes(args: Sequence[Any]) -> int:
     return sum(16 + (len(a) if isinstance(a, bytes | str) else 20) for a in args)
 
 
-def _chunks_by_size(commands: Sequence[Sequence[Any]],
+def chunks_by_size(commands: Sequence[Sequence[Any]],
                     bytes_max: int) -> Iterator[Sequence[Sequence[Any]]]:
     start, size = 0, 0
     for i, args in enumerate(commands):
@@ -430,7 +430,7 @@ def _chunks_by_size(commands: Sequence[Sequence[Any]],
 
 def parse_info(text: Any) -> dict[str, str]:
     out: dict[str, str] = {}
-    for line in _str(text).splitlines():
+    for line in as_str(text).splitlines():
         if line and not line.startswith("#") and ":" in line:
             key, _, value = line.partition(":")
             out[key] = value
@@ -570,7 +570,7 @@ def owner_of_command(args: Sequence[Any], workers: int) -> int | None:
     node's own), or None when it should go to the main connection."""
     if not args or workers < 1:
         return None
-    name = _str(args[0]).upper()
+    name = as_str(args[0]).upper()
     if name == "ADDJOB":
         return owner_of_queue(_bytes(args[1]), workers) if len(args) >= 4 else None
     if name == "GETJOB":
@@ -579,7 +579,7 @@ def owner_of_command(args: Sequence[Any], workers: int) -> int | None:
     if name in ROUTED_BY_IDS and len(args) >= 2:
         owner: int | None = None
         for job_id in args[1:]:
-            text = _str(job_id)
+            text = as_str(job_id)
             if not is_valid_job_id(text):
                 return None  # the main connection answers -BADID
             k = owner_of_job_id(text, workers)
@@ -594,7 +594,7 @@ def _getjob_single_queue(args: Sequence[Any]) -> bytes | None:
     """GETJOB's queue when it names exactly one (after FROM), else None."""
     i, n = 1, len(args)
     while i < n:
-        word = _str(args[i]).upper()
+        word = as_str(args[i]).upper()
         if word == "FROM":
             return _bytes(args[i + 1]) if n - i == 2 else None
         if word in _GETJOB_VALUED:

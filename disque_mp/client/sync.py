@@ -222,7 +222,7 @@ class Disque(core.ClientSettings[redis.Redis]):
         """ADDJOB; returns the job ID. ``options``: ``core.AddJobOptions`` (replicate,
         delay, retry, ttl, maxlen, async_, maxdeliver; times in seconds). ``maxdeliver``
         (disque-mp extension): deliveries before the job goes to ``dead:<queue>``."""
-        return core._str(self.execute(*core.addjob_args(queue, body, timeout_ms, **options)))
+        return core.as_str(self.execute(*core.addjob_args(queue, body, timeout_ms, **options)))
 
     def add_jobs(self, items: Iterable[tuple[str | bytes, bytes | str]], timeout_ms: int = 0,
                  **options: Unpack[core.AddJobOptions]) -> list[str]:
@@ -243,7 +243,7 @@ class Disque(core.ClientSettings[redis.Redis]):
         return ids
 
     def _pipeline(self, commands: list[list[Any]]) -> list[str]:
-        return [core._str(x) for x in self.execute_many(commands)]
+        return [core.as_str(x) for x in self.execute_many(commands)]
 
     def execute_many(self, commands: Sequence[Sequence[Any]], *,
                      raise_on_error: bool = True) -> list[Any]:
@@ -255,7 +255,7 @@ class Disque(core.ClientSettings[redis.Redis]):
         node and sends that round trip again.
         """
         out: list[Any] = []
-        for chunk in core._chunks_by_size(commands, core.pipeline_bytes_max):
+        for chunk in core.chunks_by_size(commands, core.pipeline_bytes_max):
             routes = self._current_routes()
             out += self._round_trip(chunk) if routes is None else self._routed_trip(routes, chunk)
         if raise_on_error:
@@ -329,37 +329,37 @@ class Disque(core.ClientSettings[redis.Redis]):
             self.connect()
 
     def ack(self, *ids: str | Job | Iterable[str | Job]) -> int:
-        return int(self.execute("ACKJOB", *core._ids(ids)))
+        return int(self.execute("ACKJOB", *core.job_ids_of(ids)))
 
     def fast_ack(self, *ids: str | Job | Iterable[str | Job]) -> int:
-        return int(self.execute("FASTACK", *core._ids(ids)))
+        return int(self.execute("FASTACK", *core.job_ids_of(ids)))
 
     def nack(self, *ids: str | Job | Iterable[str | Job], delay: int | None = None) -> int:
         """NACK; ``delay`` (seconds, disque-mp extension): deliverable only after it."""
-        return int(self.execute(*core.nack_args(core._ids(ids), delay)))
+        return int(self.execute(*core.nack_args(core.job_ids_of(ids), delay)))
 
     def enqueue(self, *ids: str | Job | Iterable[str | Job]) -> int:
-        return int(self.execute("ENQUEUE", *core._ids(ids)))
+        return int(self.execute("ENQUEUE", *core.job_ids_of(ids)))
 
     def dequeue(self, *ids: str | Job | Iterable[str | Job]) -> int:
-        return int(self.execute("DEQUEUE", *core._ids(ids)))
+        return int(self.execute("DEQUEUE", *core.job_ids_of(ids)))
 
     def del_job(self, *ids: str | Job | Iterable[str | Job]) -> int:
-        return int(self.execute("DELJOB", *core._ids(ids)))
+        return int(self.execute("DELJOB", *core.job_ids_of(ids)))
 
     def working(self, job: str | Job) -> int:
         """WORKING; returns the seconds the next delivery was postponed by (the retry)."""
-        return int(self.execute("WORKING", core._ids((job,))[0]))
+        return int(self.execute("WORKING", core.job_ids_of((job,))[0]))
 
     def show(self, job: str | Job) -> dict[str, Any] | None:
         """SHOW as a dict (None for an unknown job); ``body`` stays bytes."""
-        return core.parse_pairs(self.execute("SHOW", core._ids((job,))[0]))
+        return core.parse_pairs(self.execute("SHOW", core.job_ids_of((job,))[0]))
 
     def wait_jobs(self, *ids: str | Job | Iterable[str | Job], timeout_ms: int | None = None) -> int:
         """WAITJOB (disque-mp extension): block until every job is acknowledged,
         deleted or expired (or ``timeout_ms``: None/0 waits forever); how many are.
         The connection's socket timeout must exceed the wait."""
-        return int(self.execute(*core.waitjob_args(core._ids(ids), timeout_ms)))
+        return int(self.execute(*core.waitjob_args(core.job_ids_of(ids), timeout_ms)))
 
     def global_qlen(self, queue: str | bytes) -> int:
         """GLOBALQLEN (disque-mp extension): QLEN summed over every reachable node."""
@@ -381,7 +381,7 @@ class Disque(core.ClientSettings[redis.Redis]):
 
     def pause(self, queue: str | bytes, *options: str) -> str:
         """PAUSE queue in|out|all|none|state [bcast]; returns the pause state."""
-        return core._str(self.execute("PAUSE", queue, *options))
+        return core.as_str(self.execute("PAUSE", queue, *options))
 
     def iter_queues(self, *, count: int | None = None, minlen: int | None = None,
                     maxlen: int | None = None, importrate: int | None = None) -> Iterator[str]:
@@ -390,7 +390,7 @@ class Disque(core.ClientSettings[redis.Redis]):
         while True:
             cursor, names = core.parse_scan(self.execute(*core.qscan_args(cursor, count, minlen, maxlen,
                                                                 importrate)))
-            yield from (core._str(n) for n in names)
+            yield from (core.as_str(n) for n in names)
             if cursor == 0:
                 return
 
@@ -410,7 +410,7 @@ class Disque(core.ClientSettings[redis.Redis]):
             cursor, items = core.parse_scan(self.execute(*core.jscan_args(cursor, count, queue, states,
                                                                 reply_all)))
             for item in items:
-                yield core.parse_pairs(item) if reply_all else core._str(item)
+                yield core.parse_pairs(item) if reply_all else core.as_str(item)
             if cursor == 0:
                 return
 
@@ -440,7 +440,7 @@ class Disque(core.ClientSettings[redis.Redis]):
         leaving the loop (break, exception) NACKs the job in hand, so it is
         delivered again at once (ACK it yourself before ``break`` if it is done).
         """
-        runner = _ConsumeLoop(self, core._queues(queues), count, max_jobs, stop, fast_ack, poll_ms)
+        runner = _ConsumeLoop(self, core.queue_list(queues), count, max_jobs, stop, fast_ack, poll_ms)
         if handler is None:
             return runner.iterate()
         return runner.run(handler)

@@ -24,12 +24,12 @@ from disque_mp.client.core import (
     Job,
     NodeInfo,
     Topology,
-    _chunks_by_size,
-    _ids,
     addjob_args,
+    chunks_by_size,
     consume_batch,
     consume_done,
     getjob_args,
+    job_ids_of,
     jscan_args,
     parse_address,
     parse_hello,
@@ -219,21 +219,21 @@ def test_scan_args() -> None:
 
 def test_ids_accept_ids_jobs_and_one_iterable() -> None:
     job = Job("q", JOB_ID_B, b"")
-    assert _ids((JOB_ID, job)) == [JOB_ID, JOB_ID_B]
-    assert _ids(([JOB_ID, job],)) == [JOB_ID, JOB_ID_B]
-    assert _ids((JOB_ID.encode(),)) == [JOB_ID]  # type: ignore[arg-type]
-    assert _ids(((j for j in [job]),)) == [JOB_ID_B]
+    assert job_ids_of((JOB_ID, job)) == [JOB_ID, JOB_ID_B]
+    assert job_ids_of(([JOB_ID, job],)) == [JOB_ID, JOB_ID_B]
+    assert job_ids_of((JOB_ID.encode(),)) == [JOB_ID]  # type: ignore[arg-type]
+    assert job_ids_of(((j for j in [job]),)) == [JOB_ID_B]
 
 
 def test_pipelines_split_by_size_in_order() -> None:
     commands: list[list[Any]] = [["ACKJOB", "x" * 100] for _ in range(10)]  # ~16+6 + 16+100 bytes each
-    chunks = list(_chunks_by_size(commands, 300))
+    chunks = list(chunks_by_size(commands, 300))
     assert [len(c) for c in chunks] == [2, 2, 2, 2, 2]
     assert [cmd for c in chunks for cmd in c] == commands
     big: list[list[Any]] = [["ADDJOB", "q", "x" * 1000, 0]]
-    assert list(_chunks_by_size(big + commands[:1], 300)) == [big, commands[:1]]  # alone
-    assert list(_chunks_by_size([], 300)) == []
-    assert list(_chunks_by_size(commands, 1 << 20)) == [commands]
+    assert list(chunks_by_size(big + commands[:1], 300)) == [big, commands[:1]]  # alone
+    assert list(chunks_by_size([], 300)) == []
+    assert list(chunks_by_size(commands, 1 << 20)) == [commands]
 
 
 # ----------------------------------------------------------------------------- errors

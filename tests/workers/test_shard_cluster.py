@@ -159,7 +159,7 @@ def test_memory_returns_to_baseline_after_add_get_ack_run() -> None:
     net.run(120_000)
     for n in net.nodes.values():
         assert n.shard.info()["registered_jobs"] == 0
-        assert not n.shard.gc.tries and not n.shard.core._repl
+        assert not n.shard.gc.tries and not n.shard.core.repl
     net.check()
 
 
@@ -355,7 +355,7 @@ def test_leaving_node_releases_waiters_and_replicates_externally() -> None:
     assert a not in states and sorted(states.values()) == [ACTIVE, QUEUED]
     assert net.addjob(a, replicate=3) == ERR_NOREPL_LEAVING  # only 2 other nodes
     # Not leaving nodes see a as not a target.
-    assert a not in net.nodes[b].shard.core._peers
+    assert a not in net.nodes[b].shard.core.peers
     net.ack(a, [jid[:-4] + "0e11"])
     assert net.holders(jid[:-4] + "0e11") == {}  # no dummy ACK while leaving
 

@@ -62,25 +62,25 @@ def test_the_shard_registers_jobs_only_in_entry_states(state: int) -> None:
     s = Shard(NODE, 0, 1, b"seed", random.Random(1), T0)
     job = _job(state)
     if state in ENTRY_STATES:
-        s.core._register(job)
+        s.core.register(job)
         assert s.lookup(job.id) is job
     else:
         with pytest.raises(InvariantError, match="registered"):
-            s.core._register(job)
+            s.core.register(job)
         assert s.lookup(job.id) is None
 
 
 def test_the_per_job_path_refuses_to_queue_a_job_that_is_not_active() -> None:
     """_enqueue checks the table's only move into queued (active -> queued) itself."""
     s = Shard(NODE, 0, 1, b"seed", random.Random(1), T0)
-    q = s.core._queue(b"q", T0)
+    q = s.core.queue(b"q", T0)
     for state in (ACKED, WAIT_REPL):
         job = _job(state)
-        s.core._register(job)
+        s.core.register(job)
         with pytest.raises(InvariantError, match="not a move of the state machine"):
-            s.core._enqueue(job, q, T0)
+            s.core.enqueue(job, q, T0)
         assert job.state == state and q.live == 0
-        s.core._unregister(job, T0)
+        s.core.unregister(job, T0)
 
 
 def test_a_job_walks_the_table_through_the_shard_ops() -> None:
