@@ -46,6 +46,8 @@ ERL_ARGS = "+sbwt none +sbwtdcpu none +sbwtdio none"
 
 
 def scratch_root() -> Path:
+    """Where the peers keep their data while measured: the machine's RAM-backed
+    /dev/shm where writable (no peer waits on the disk), else the temp dir."""
     shm = Path("/dev/shm")
     return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
 
