@@ -18,7 +18,8 @@ function el(tag, attrs, ...children) {
     else if (k === "text") node.textContent = v;
     else node.setAttribute(k, v === true ? "" : v);
   }
-  for (const c of children.flat()) {
+  // flat to any depth: a view passes lists of [dt, dd] pairs as well as nodes
+  for (const c of children.flat(Infinity)) {
     if (c === null || c === undefined) continue;
     node.append(c instanceof Node ? c : document.createTextNode(String(c)));
   }
