@@ -196,6 +196,9 @@ class Config:
     # besides its bound addresses and localhost (DNS rebinding)
     http_connections_max: int = 512
     http_allowed_hosts: str = ""
+    # the log line's shape: "text" (Redis' line) or "json" (one object a line, for
+    # Loki, Elasticsearch, journald's JSON readers; docs/observability.md)
+    logformat: str = "text"
 
 
 class ConfigValueError(ValueError):
@@ -384,6 +387,9 @@ DIRECTIVES: tuple[Directive, ...] = (
        lo=0, hi=10_000),
     _d("http-connections-max", "int", True, "Invalid http-connections-max value", lo=1),
     _d("http-allowed-hosts", "special", True, nargs=0),
+    # ours: the log's format (docs/observability.md)
+    _d("logformat", "enum", False, "Invalid logformat. Must be one of text, json",
+       choices=("text", "json")),
 )
 BY_NAME: dict[str, Directive] = {d.name: d for d in DIRECTIVES}
 # Names Redis users know for our limit directives (same field, same units).
@@ -592,7 +598,29 @@ def load(path: str | None, overrides: list[list[str]] | None = None) -> Config:
     if reason:
         raise ConfigError(reason, 0, f"worker-ports-base {cfg.worker_ports_base}",
                           cfg.config_file)
+    reason = check_secret_file(cfg)
+    if reason:
+        raise ConfigError(reason, 0, f"cluster-secret-file {cfg.cluster_secret_file}",
+                          cfg.config_file)
     return cfg
+
+
+def check_secret_file(cfg: Config) -> str:
+    """What is wrong with ``cluster-secret-file`` ("" = nothing): the file must be
+    readable by this user and hold a key, now, before any worker starts (a relative
+    name is inside ``dir``). ``--test-config``, run as the service's user, says so."""
+    name = cfg.cluster_secret_file
+    if not name:
+        return ""
+    path = name if os.path.isabs(name) else os.path.join(cfg.dir, name)
+    from bus.auth import SecretError, load_keys
+
+    try:
+        load_keys(path)
+    except SecretError as exc:
+        return (f"cluster-secret-file: {exc} (create it with one secret a line, readable "
+                "by the user the node runs as, mode 600: docs/operations.md)")
+    return ""
 
 
 def worker_ports(cfg: Config) -> list[int]:
