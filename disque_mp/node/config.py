@@ -199,6 +199,9 @@ class Config:
     # the log line's shape: "text" (Redis' line) or "json" (one object a line, for
     # Loki, Elasticsearch, journald's JSON readers; docs/observability.md)
     logformat: str = "text"
+    # /readyz waits this long for every worker to answer; a worker that does not
+    # (stopped, stuck in a long call) makes the node not ready rather than hang the probe
+    readyz_timeout_ms: int = 2000
 
 
 class ConfigValueError(ValueError):
@@ -390,6 +393,8 @@ DIRECTIVES: tuple[Directive, ...] = (
     # ours: the log's format (docs/observability.md)
     _d("logformat", "enum", False, "Invalid logformat. Must be one of text, json",
        choices=("text", "json")),
+    _d("readyz-timeout-ms", "int", True, "Invalid readyz-timeout-ms value", lo=1,
+       hi=60_000),
 )
 BY_NAME: dict[str, Directive] = {d.name: d for d in DIRECTIVES}
 # Names Redis users know for our limit directives (same field, same units).

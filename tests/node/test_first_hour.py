@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -96,6 +99,27 @@ def test_healthz_and_readyz(running: NodeProc) -> None:
     assert ready.status == 200, body
     assert body["status"] == "ready" and body["workers_up"] == 2 and body["workers_down"] == []
     assert body["cluster"]["state"] == "ok" and body["cluster"]["nodes"] == 1
+
+
+def readyz_status(port: int) -> int:
+    """/readyz's status, 0 when this connection went to a stopped worker."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return 0
+
+
+def test_readyz_is_503_while_a_worker_does_not_answer(running: NodeProc) -> None:
+    stopped = running.worker_pids()[0]
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        wait_until(lambda: readyz_status(http_port(running)) == 503, 60, "/readyz 503")
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+    wait_until(lambda: readyz_status(http_port(running)) == 200, 60, "/readyz 200 again")
 
 
 def write_conf(path: Path, secret: str) -> Path:

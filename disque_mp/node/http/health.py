@@ -4,13 +4,16 @@ Kubernetes asks, as they ask Redis' PING or RabbitMQ's ``/api/health/checks``.
 ``/healthz`` says the process answers HTTP (the worker serving it is up): 200
 always. ``/readyz`` asks every worker over the mesh, as INFO does, and reads the
 membership view: 200 when every worker answered and the node knows its
-membership; 503 otherwise, with the same JSON body saying what is missing. Failing
+membership; 503 otherwise, with the same JSON body saying what is missing. Workers
+that do not answer within ``readyz-timeout-ms`` count as down (when the wait runs
+out, every other worker does: the gather answers all at once). Failing
 peers do not make a node unready (Disque is AP: a node serves through a partition),
 the body names them.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -38,7 +41,14 @@ def cluster_state(w: NodeView) -> dict[str, Any]:
 
 
 async def get_readyz(w: NodeView, req: Request, args: list[str]) -> Response:
-    parts = await gather(w, "http.health", None)
+    answers = gather(w, "http.health", None)
+    try:
+        parts = await asyncio.wait_for(asyncio.shield(answers),
+                                       w.cfg.readyz_timeout_ms / 1000)
+    except asyncio.TimeoutError:  # a worker stopped or stuck: not ready, and say so now
+        answers.cancel()
+        parts = [None] * w.workers
+        parts[w.index] = {"worker": w.index}
     down = [i for i, p in enumerate(parts) if not isinstance(p, dict)]
     cluster = cluster_state(w)
     ready = not down and cluster["state"] != "unknown"
