@@ -603,17 +603,14 @@ def load(path: str | None, overrides: list[list[str]] | None = None) -> Config:
     if reason:
         raise ConfigError(reason, 0, f"worker-ports-base {cfg.worker_ports_base}",
                           cfg.config_file)
-    reason = check_secret_file(cfg)
-    if reason:
-        raise ConfigError(reason, 0, f"cluster-secret-file {cfg.cluster_secret_file}",
-                          cfg.config_file)
     return cfg
 
 
 def check_secret_file(cfg: Config) -> str:
     """What is wrong with ``cluster-secret-file`` ("" = nothing): the file must be
     readable by this user and hold a key, now, before any worker starts (a relative
-    name is inside ``dir``). ``--test-config``, run as the service's user, says so."""
+    name is inside ``dir``). Not part of ``load()``, which reads the config alone: the
+    supervisor asks it at start, and ``--test-config``, run as the service's user."""
     name = cfg.cluster_secret_file
     if not name:
         return ""

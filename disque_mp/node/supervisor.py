@@ -141,6 +141,9 @@ class Supervisor:
                         ", ".join(build["stale"]))
         log.info("Shard modules: %s", compiled.summary())
         self._lock_dir()
+        secret = config.check_secret_file(cfg)
+        if secret:
+            raise StartupError(secret)
         self._check_ports()
         self._make_socket_dir()
         self._load_identity()

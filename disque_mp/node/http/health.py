@@ -45,7 +45,7 @@ async def get_readyz(w: NodeView, req: Request, args: list[str]) -> Response:
     try:
         parts = await asyncio.wait_for(asyncio.shield(answers),
                                        w.cfg.readyz_timeout_ms / 1000)
-    except asyncio.TimeoutError:  # a worker stopped or stuck: not ready, and say so now
+    except TimeoutError:  # a worker stopped or stuck: not ready, and say so now
         answers.cancel()
         parts = [None] * w.workers
         parts[w.index] = {"worker": w.index}
