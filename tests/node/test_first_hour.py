@@ -8,6 +8,7 @@ the nodes that must fail to start never get a worker going.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -144,32 +145,52 @@ def test_test_config_checks_the_cluster_secret_file(tmp_path: Path) -> None:
     assert out.returncode == 0 and "is valid" in out.stdout, out
 
 
-def test_no_config_file_rewrite_error_and_json_log(tmp_path: Path) -> None:
-    """Started from the command line alone: CONFIG REWRITE gives the reference's
-    error and the log says what to do; ``--logformat json`` logs JSON lines."""
-    port = free_port()
+def start_without_config(tmp_path: Path, port: int, *extra: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    with open(tmp_path / "out", "wb") as out:
-        proc = subprocess.Popen(
+    with open(tmp_path / "out", "ab") as out:
+        return subprocess.Popen(
             [sys.executable, "-m", "disque_mp", "--port", str(port), "--dir", str(tmp_path),
-             "--workers", "1", "--logformat", "json"],
+             "--workers", "1", "--logformat", "json", *extra],
             cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_answering(r: redis.Redis) -> None:
+    def answers() -> bool:
+        try:
+            return bool(r.ping())
+        except redis.ConnectionError:
+            return False
+
+    wait_until(answers, 60, "the node answering PING")
+
+
+def test_no_config_file_rewrite_error_restart_and_json_log(tmp_path: Path) -> None:
+    """Started from the command line alone: CONFIG REWRITE gives the reference's
+    error and the log says what to do, which works (the next start with
+    ``--aof-enqueue-jobs-once yes`` has the queued jobs queued at once);
+    ``--logformat json`` logs JSON lines."""
+    port = free_port()
+    proc = start_without_config(tmp_path, port)
+    r = redis.Redis(port=port, protocol=2, socket_timeout=5)
     try:
-        r = redis.Redis(port=port, protocol=2, socket_timeout=5)
-
-        def answers() -> bool:
-            try:
-                return bool(r.ping())
-            except redis.ConnectionError:
-                return False
-
-        wait_until(answers, 60, "the node answering PING")
+        wait_answering(r)
         with pytest.raises(redis.ResponseError, match="^The server is running without a config file$"):
             r.execute_command("CONFIG", "REWRITE")
         wait_until(lambda: "CONFIG REWRITE refused" in (tmp_path / "out").read_text(), 30,
                    "the log line")
+        for n in range(3):  # RETRY 300: without the option they would wait 5 minutes
+            r.execute_command("ADDJOB", "restarted", f"job{n}", 0, "RETRY", 300)
+        assert r.execute_command("CONFIG", "SET", "aof-enqueue-jobs-once", "yes") in (b"OK", True)
+        with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
+            r.execute_command("SHUTDOWN", "REWRITE-AOF")  # the node closes, no reply
+        assert proc.wait(timeout=30) == 0
+        proc = start_without_config(tmp_path, port, "--aof-enqueue-jobs-once", "yes")
         r.close()
+        r = redis.Redis(port=port, protocol=2, socket_timeout=5)
+        wait_answering(r)
+        assert r.execute_command("QLEN", "restarted") == 3
     finally:
+        r.close()
         proc.terminate()
         proc.wait(timeout=30)
     lines = (tmp_path / "out").read_text().splitlines()
