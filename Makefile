@@ -36,6 +36,7 @@ $(VENV)/.compiled: $(VENV)/.base setup.py $(wildcard workers/*.py bus/*.py disqu
 	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w $(WHEEL_DIR) . >/dev/null
 	$(PY) -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); z.extractall(".", [n for n in z.namelist() if n.endswith(".so")])' $(WHEEL_DIR)/disque_mp-*.whl
 	$(PY) -m disque_mp.compiled stamp
+	rm -rf build/lib* build/bdist*  # copies of the sources: keep only the C build cache
 	touch $@
 
 # pydisque is also tested on redis-py 5, which cannot share a venv with redis-py 8.
