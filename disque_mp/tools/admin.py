@@ -90,10 +90,11 @@ def queue_rows(d: Disque, include_empty: bool) -> list[dict[str, Any]]:
             if reply is None or isinstance(reply, DisqueError):
                 continue  # gone between QSCAN and QSTAT
             stat = {as_str(reply[i]): reply[i + 1] for i in range(0, len(reply) - 1, 2)}
-            row: dict[str, Any] = {"name": name, "queued": int(stat.get("len", 0)), "age_s": int(stat.get("age", 0)),
-                   "idle_s": int(stat.get("idle", 0)), "blocked": int(stat.get("blocked", 0)),
-                   "pause": as_str(stat.get("pause", b"none")),
-                   "import_rate": int(stat.get("import-rate", 0))}
+            row: dict[str, Any] = {
+                "name": name, "queued": int(stat.get("len", 0)), "age_s": int(stat.get("age", 0)),
+                "idle_s": int(stat.get("idle", 0)), "blocked": int(stat.get("blocked", 0)),
+                "pause": as_str(stat.get("pause", b"none")),
+                "import_rate": int(stat.get("import-rate", 0))}
             if include_empty or row["queued"] or row["blocked"]:
                 rows.append(row)
     rows.sort(key=lambda r: (-r["queued"], r["name"]))
