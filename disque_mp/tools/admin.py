@@ -262,5 +262,8 @@ def main(argv: list[str]) -> int:
         return 1
     finally:
         d.close()
-    print(json.dumps(result, indent=1) if args.json else result)
+    try:
+        print(json.dumps(result, indent=1) if args.json else result, flush=True)
+    except BrokenPipeError:  # `disque-mp admin queues | head`: the reader has enough
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0

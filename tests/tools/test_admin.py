@@ -124,3 +124,13 @@ def test_console_script_entry_and_help(node, tmp_path: Path):
     for directive in ("appendfsync", "cluster-secret-file", "http-port", "workers"):
         assert f" {directive}" in help_text
     assert "docs/operations.md" in help_text and "admin" in help_text
+
+
+def test_output_into_a_closed_pipe_is_no_error(node, tmp_path: Path):
+    """`disque-mp admin node | head -1`: the reader leaves early, admin exits 0 without a traceback."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    cmd = (f"{sys.executable} -m disque_mp admin --node 127.0.0.1:{node.port} --json node"
+           " | true; echo ${PIPESTATUS[0]}")
+    done = subprocess.run(["bash", "-c", cmd], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.stdout.strip() == "0" and "Traceback" not in done.stderr, done.stderr
