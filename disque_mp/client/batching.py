@@ -3,8 +3,9 @@
 - ``AddWindow``: ADDJOBs pipelined on a connection of their own, at most
   ``window`` of them sent and not yet answered (RabbitMQ's asynchronous
   publisher confirms, with a bound). ``add`` returns once the command is
-  written; an error reply surfaces as an exception from the next ``add`` or
-  from ``flush``, which waits for every reply. A dropped connection (or a node
+  written; an error reply surfaces as an exception from the next ``add`` (which
+  then sends nothing: call it again) or from ``flush``, which waits for every
+  reply; each error is raised once, and the adds after a refused one go on. A dropped connection (or a node
   that answers -LEAVING) moves to another node and sends the unanswered ADDJOBs
   again: at-least-once, as a resent ``add_job`` is. Nothing is dropped
   silently: at interpreter exit the adds still unanswered are waited for and
