@@ -253,11 +253,17 @@ class AckBatcher:
 _live_windows: weakref.WeakSet[AddWindow] = weakref.WeakSet()
 
 
+def flush_windows() -> None:
+    """Flush every open AddWindow of this process (errors logged, not raised): what a
+    producer that does not know its broker's windows calls before it measures or exits."""
+    for window in list(_live_windows):
+        try:
+            window.flush()
+        except (DisqueError, redis.RedisError, OSError) as exc:
+            log.error("pipelined ADDJOBs: %s", exc)
+
+
 @atexit.register
 def _flush_at_exit() -> None:
     """A plain loop that adds and exits still gets its adds answered (or logged)."""
-    for window in list(_live_windows):
-        try:
-            window.close()
-        except (DisqueError, redis.RedisError, OSError) as exc:
-            log.error("pipelined ADDJOBs at exit: %s", exc)
+    flush_windows()
