@@ -144,9 +144,21 @@ class AddWindow:
 
     def _read_ready(self) -> None:
         """Read the replies already here, without waiting."""
-        conn = self._conn
-        while self._sent and conn is not None and conn.can_read(0):
+        while self._sent and self._conn is not None:
+            try:
+                if not self._conn.can_read(0):
+                    return
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                self._dropped(exc)
+                return
             self._read_one()
+
+    def _dropped(self, exc: Exception) -> None:
+        """The connection is gone: every unanswered ADDJOB goes again, to another node."""
+        lost = list(self._sent)
+        self._sent.clear()
+        self._move(exc, 0)
+        self._send(lost)
 
     def _read_one(self) -> None:
         """Wait for the oldest unanswered ADDJOB's reply."""
@@ -163,10 +175,7 @@ class AddWindow:
                 self._error = err
             return
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-            lost = list(self._sent)
-            self._sent.clear()
-            self._move(exc, 0)
-            self._send(lost)
+            self._dropped(exc)
             return
         self._sent.popleft()
         self.confirmed += 1
