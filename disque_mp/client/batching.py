@@ -63,6 +63,7 @@ class AddWindow:
         self._redis: redis.Redis | None = None
         self._conn: Any = None
         self.confirmed = 0  # ADDJOBs the node answered with a job ID
+        self._drops = 0  # connections lost in a row, no reply read in between
         _live_windows.add(self)
 
     @property
@@ -154,10 +155,13 @@ class AddWindow:
             self._read_one()
 
     def _dropped(self, exc: Exception) -> None:
-        """The connection is gone: every unanswered ADDJOB goes again, to another node."""
+        """The connection is gone: every unanswered ADDJOB goes again, to another node.
+        Connections lost in a row count against the client's failover budget: past
+        it, DisqueConnectionError (the unanswered adds may or may not have landed)."""
         lost = list(self._sent)
         self._sent.clear()
-        self._move(exc, 0)
+        self._drops += 1
+        self._move(exc, self._drops - 1)
         self._send(lost)
 
     def _read_one(self) -> None:
@@ -179,13 +183,15 @@ class AddWindow:
             return
         self._sent.popleft()
         self.confirmed += 1
+        self._drops = 0
 
     def _resend_elsewhere(self, err: DisqueError, first: list[Any]) -> None:
         """The node is leaving: the rest of the window goes to another node with ``first``."""
         rest = list(self._sent)
         self._sent.clear()
+        self._drops += 1
         try:
-            self._move(err, 0)
+            self._move(err, self._drops - 1)
         except DisqueError as final:
             self._error = self._error or final
             return
