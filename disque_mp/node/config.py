@@ -769,6 +769,8 @@ def rewrite_line(cfg: Config, d: Directive) -> str:
 
 
 def _is_default(cfg: Config, d: Directive, defaults: Config) -> bool:
+    if d.name == "requirepass" and cfg.requirepass_file:
+        return True  # the password stays in its own file, never copied into the config
     return bool(getattr(cfg, d.attr) == getattr(defaults, d.attr))
 
 

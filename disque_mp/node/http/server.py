@@ -218,19 +218,18 @@ class HttpConn(asyncio.Protocol):
 
     def _admit_unauthed(self) -> None:
         """Count this new connection in the unauthenticated share; past the share (per
-        worker, as maxclients), close the oldest idle one: a stranger's idle connections
-        give way, an operator's request (sent at once) is read before its turn comes."""
+        worker, as maxclients), close the oldest unauthenticated one: a stranger's idle
+        connections give way, an operator's request (sent at once) is read before its
+        turn comes."""
         cfg = self.w.cfg
         share = max(1, cfg.http_unauth_connections_max // max(1, cfg.workers))
         queue = HttpConn.unauthed
         queue[self] = None
         if len(queue) <= share:
             return
-        for old in queue:
-            if old is not self and not old.busy and not old.closing:
-                queue.pop(old)
-                old._close()
-                return
+        oldest = next(iter(queue))  # never self: the share is at least 1
+        queue.pop(oldest)
+        oldest._close()  # also one lingering after a 401: strangers share one budget
 
     def _authenticated(self) -> None:
         if not self.authed:
