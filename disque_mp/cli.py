@@ -12,6 +12,7 @@ Subcommands live in other modules, imported only when used:
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from pathlib import Path
 
@@ -36,9 +37,16 @@ file, for example:
 
 --test-config  read the configuration, report errors, and exit (0 = valid)
 
+A password on the command line (--requirepass) is readable by every local user
+in /proc/<pid>/cmdline: give it as --requirepass-file FILE (its first line,
+a file of mode 0600) or in the environment variable DISQUE_MP_REQUIREPASS.
+
 Config directives (each one documented in docs/operations.md, "Configuration
 file"; systemd/disque-mp.conf is an example file):
 """
+
+# requirepass from the environment: after the config file, before the command line
+REQUIREPASS_ENV = "DISQUE_MP_REQUIREPASS"
 
 # subcommand -> (module, function); imported lazily so that a node start does
 # not pay for them and a missing one is a clear error, not an ImportError.
@@ -132,6 +140,9 @@ def main(argv: list[str]) -> int:
         return 2
     from disque_mp.node import config
 
+    env_pass = os.environ.pop(REQUIREPASS_ENV, None)  # the workers need not see it
+    if env_pass:
+        overrides = [["requirepass", env_pass], *overrides]
     try:
         cfg = config.load(path, overrides)
     except config.ConfigError as e:
