@@ -4,25 +4,39 @@ VENV := .venv
 PY := $(VENV)/bin/python
 VENV5 := .venv-redis5
 # every compiled extension in the tree (the shard's, the front end's, the group library)
-NATIVE_SO = $(shell find workers disque_mp -name '*.so')
+NATIVE_SO = $(shell find workers bus disque_mp -name '*.so')
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test lint typecheck unit bench chaos sysdeps clean pure compile bench-brokers bench-frameworks
+.PHONY: run test lint typecheck unit bench chaos sysdeps clean pure compile wheel bench-brokers bench-frameworks
 
-# The node's own virtualenv; re-installed when pyproject.toml changes.
-$(VENV)/.installed: pyproject.toml
+# The node's own virtualenv. Two stamps, so that `make run` installs only what a node
+# needs (its dependencies, plus mypy and setuptools to compile it) and `make test` adds
+# the rest (pytest, PySpark, Celery, Dramatiq ...); each re-installs when pyproject.toml
+# changes.
+$(VENV)/.base: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip 'setuptools>=77'
+	$(PY) -m pip install -q --upgrade pip 'setuptools>=77' 'mypy>=1.10'
+	DISQUE_MP_PURE=1 $(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.base
 	DISQUE_MP_PURE=1 $(PY) -m pip install -q -e '.[test,spark,celery,dramatiq]'
 	touch $@
 
-# The modules of disque_mp/compiled.py compiled with mypyc, in place (setup.py):
-# rebuilt whenever a source of workers/ or disque_mp/ changes (no second list of the
-# compiled modules to keep in step); `make pure` removes them.
-$(VENV)/.compiled: $(VENV)/.installed setup.py $(wildcard workers/*.py disque_mp/*.py disque_mp/*/*.py disque_mp/*/*/*.py)
-	rm -f *__mypyc*.so disque_mp/*__mypyc*.so
-	$(PY) setup.py -q build_ext --inplace >/dev/null
+# One mypyc build (setup.py; the list is disque_mp/compiled.py) gives both the wheel that
+# `pip install .` would build, kept in $(WHEEL_DIR) (tests/test_wheel.py installs it in a
+# fresh venv and runs a node from it, outside the checkout), and the in-place modules:
+# the wheel's extensions are unpacked into the tree, so the tree, the tests and `make run`
+# use them. Rebuilt whenever a source of workers/, bus/ or disque_mp/ changes (no second
+# list of the compiled modules to keep in step); `make pure` removes them.
+WHEEL_DIR := $(VENV)/wheel
+$(VENV)/.compiled: $(VENV)/.base setup.py $(wildcard workers/*.py bus/*.py disque_mp/*.py disque_mp/*/*.py disque_mp/*/*/*.py)
+	rm -rf $(WHEEL_DIR) build/lib*
+	rm -f $(NATIVE_SO) *__mypyc*.so
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w $(WHEEL_DIR) . >/dev/null
+	$(PY) -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); z.extractall(".", [n for n in z.namelist() if n.endswith(".so")])' $(WHEEL_DIR)/disque_mp-*.whl
 	$(PY) -m disque_mp.compiled stamp
+	rm -rf build/lib* build/bdist*  # copies of the sources: keep only the C build cache
 	touch $@
 
 # pydisque is also tested on redis-py 5, which cannot share a venv with redis-py 8.
@@ -70,21 +84,37 @@ sysdeps:
 
 compile: $(VENV)/.compiled
 
-pure:
-	rm -f $(VENV)/.compiled $(NATIVE_SO) *__mypyc*.so disque_mp/.native-stamp.json
+wheel: $(VENV)/.compiled
+	@ls $(WHEEL_DIR)/*.whl
 
-HTTP_PORT ?= 7780
+pure:
+	rm -rf $(VENV)/.compiled $(WHEEL_DIR) $(NATIVE_SO) *__mypyc*.so disque_mp/.native-stamp.json
+
+# `make run PORT=7712` (bus on PORT + 10000, dashboard on PORT + 69: 7780 for 7711;
+# HTTP_PORT=... another, HTTP_PORT=0 none); the node's files (nodes.conf, log, AOF) stay
+# in run/ (run/PORT/ for another port).
+PORT ?= 7711
+HTTP_PORT ?= $(shell expr $(PORT) + 69)
+RUN_DIR ?= $(if $(filter 7711,$(PORT)),run,run/$(PORT))
 
 run: $(VENV)/.compiled
-	mkdir -p run
-	@echo "Dashboard: http://127.0.0.1:$(HTTP_PORT)/  (metrics: http://127.0.0.1:$(HTTP_PORT)/metrics)"
-	$(VENV)/bin/disque-mp --bind 127.0.0.1 --port 7711 --dir run --http-port $(HTTP_PORT) --http-bind 127.0.0.1
+	mkdir -p $(RUN_DIR)
+	@[ "$(HTTP_PORT)" = 0 ] || echo "Dashboard: http://127.0.0.1:$(HTTP_PORT)/  (metrics: http://127.0.0.1:$(HTTP_PORT)/metrics)"
+	$(VENV)/bin/disque-mp --bind 127.0.0.1 --port $(PORT) --dir $(RUN_DIR) --http-port $(HTTP_PORT) --http-bind 127.0.0.1
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-test: sysdeps $(VENV)/.compiled $(VENV5)/.installed lint
+typecheck: $(VENV)/.installed
+	$(VENV)/bin/mypy
+
+# The tests that start no node process (no `integration` marker): the shard, parsers,
+# the simulation, the client's core; a few minutes.
+unit: $(VENV)/.installed $(VENV)/.compiled
+	$(PY) -m pytest -q -m "not integration" tests/workers tests/bus tests/node tests/client tests/sim
+
+test: sysdeps $(VENV)/.installed $(VENV)/.compiled $(VENV5)/.installed lint
 	$(PY) -m pytest -q
 	# the same source uncompiled (DISQUE_MP_PURE=1): shard, simulation, front end (the
 	# tests without the integration marker, plus the front end's end-to-end tests)
@@ -92,7 +122,7 @@ test: sysdeps $(VENV)/.compiled $(VENV5)/.installed lint
 		tests/workers tests/bus tests/node tests/client tests/bench tests/sim
 	DISQUE_MP_PURE=1 $(PY) -m pytest -q -p no:cacheprovider tests/node/test_frontend.py
 
-bench: sysdeps $(VENV)/.compiled
+bench: sysdeps $(VENV)/.installed $(VENV)/.compiled
 	$(PY) -m bench.run_all
 
 # disque-mp head to head with RabbitMQ (classic and quorum queues), NATS JetStream, Redis
@@ -122,20 +152,20 @@ bench-peers: sysdeps $(VENV)/.compiled $(VENV)/.bench-installed
 # The proof against the brokers Python teams run: the same Celery and Dramatiq apps with
 # real workers on disque-mp, redis-server and rabbitmq-server (about 30 minutes);
 # bench/results/brokers-proof.{json,md}. The assertions on disque-mp are in make test.
-bench-brokers: sysdeps $(VENV)/.compiled
+bench-brokers: sysdeps $(VENV)/.installed $(VENV)/.compiled
 	$(PY) -m bench.brokers_proof
 
 # The same Celery and Dramatiq apps end to end on disque://, redis:// and amqp:// (a
 # rabbitmq-server of its own on free ports): no-op tasks/s, consume alone, paced p99;
 # bench/results/brokers.{json,md}.
-bench-frameworks: sysdeps $(VENV)/.compiled
+bench-frameworks: sysdeps $(VENV)/.installed $(VENV)/.compiled
 	$(PY) -m bench.brokers --tasks 5000 --paced-tasks 1000 --rounds 3
 
 # The long fault suite: 5 nodes in network namespaces (needs root and iproute2), every
 # fault kind, about 10 minutes per seed, three seeds in a row; history JSON, PNG
 # timelines and summary.md in bench/results/chaos/ (tests/faults/chaos.py).
 CHAOS_SEEDS ?= 1 2 3
-chaos: $(VENV)/.compiled
+chaos: $(VENV)/.installed $(VENV)/.compiled
 	$(PY) -m tests.faults.chaos --seeds $(CHAOS_SEEDS) --out bench/results/chaos
 
 clean:

@@ -18,7 +18,15 @@ import sys
 
 from setuptools import setup
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.abspath(__file__))
+# Twice: mypy (mypyc's type check) takes sys.path minus its first entry as the installed
+# packages' path, and that is where it must find the tree's own packages (disque_mp, bus,
+# workers), as it does under `python setup.py` (sys.path[0] is this directory already).
+# Under pip's PEP 517 hook sys.path[0] is pip's own directory: with the tree only at
+# sys.path[0], mypy dropped it, checked the uncompiled modules that the compiled ones
+# import (the command table) as sources, and failed on their import cycle
+# ("Cannot determine type of cmd_ackjob"), so `pip install .` did not build.
+sys.path[:0] = [ROOT, ROOT]
 from disque_mp.compiled import COMPILED_MODULES  # noqa: E402
 
 

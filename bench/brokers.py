@@ -10,9 +10,11 @@ with Celery's amqp:// transport (py-amqp) and Dramatiq's RabbitmqBroker (pika)),
 in the same run:
 
 1. **prefill**: a producer process enqueues ``--tasks`` no-op tasks as fast as
-   it can, no worker running (enqueue/s alone);
+   it can, no worker running (enqueue/s alone; the time includes waiting for the
+   node's replies to pipelined publishes, ``flush_windows``);
 2. **drain**: a real worker process starts (``celery worker -c 2`` prefork,
-   ``acks_late``, prefetch multiplier 4 / ``dramatiq --processes 2 --threads 4``)
+   ``acks_late``, prefetch multiplier 4 / ``dramatiq --processes 1 --threads 2``,
+   ``--dramatiq-processes`` / ``--dramatiq-threads`` to change it)
    and runs them (consume/s alone: tasks / (last start - first start), the
    worker's start-up not counted);
 3. **saturated**: ``--tasks`` more, produced while the worker consumes;
@@ -70,8 +72,10 @@ WORKER_ARGS = {
     "celery": ["celery", "-A", "bench.brokers_apps:celery_app", "worker", "-c", "2",
                "-P", "prefork", "-l", "warning", "--without-mingle", "--without-gossip",
                "--without-heartbeat"],
-    "dramatiq": ["dramatiq", "bench.brokers_apps", "--processes", "2", "--threads", "4"],
+    "dramatiq": ["dramatiq", "bench.brokers_apps"],  # + --processes, --threads
 }
+dramatiq_processes_default = 1
+dramatiq_threads_default = 2
 
 
 # --------------------------------------------------------------------------- producer side
@@ -100,6 +104,9 @@ def produce(count: int, rate: float) -> dict[str, float]:
             if wait > 0:
                 time.sleep(wait)
         send(time.time())
+    from disque_mp.client.batching import flush_windows
+
+    flush_windows()  # disque://: the pipelined publishes answered (a no-op elsewhere)
     return {"begin": begin, "end": time.time()}
 
 
@@ -171,12 +178,12 @@ def _phase(lines: list[tuple[float, float]], window: dict[str, float]) -> dict[s
 
 
 def run_one(framework: str, broker: str, url: str, tasks: int, paced_tasks: int,
-            paced_rate: float, workdir: Path) -> dict[str, Any]:
+            paced_rate: float, workdir: Path, worker_args: list[str]) -> dict[str, Any]:
     queue = f"bench-{framework}-{uuid.uuid4().hex[:8]}"
     record = workdir / f"{framework}-{broker}.rec"
     log = workdir / f"{framework}-{broker}.log"
     env = _env(framework, url, queue, record)
-    args = list(WORKER_ARGS[framework])
+    args = list(WORKER_ARGS[framework]) + worker_args
     if framework == "celery":
         args += ["-Q", queue]
     load_before = os.getloadavg()[0]
@@ -231,6 +238,14 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def _git_rev() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=str(REPO),
+                         capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                           cwd=str(REPO), capture_output=True, text=True).stdout.strip()
+    return out.stdout.strip() + (" (uncommitted changes)" if dirty else "")
+
+
 def _median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The median of every figure over the rounds of one framework on one broker."""
     def med(values: list[Any]) -> Any:
@@ -283,7 +298,10 @@ def to_markdown(report: dict[str, Any]) -> str:
         "",
         f"`{report['command']}` at {report['time']}, {report['machine']}; node: disque-mp "
         f"with {node_workers} workers ({report['node_build']}), redis-server "
-        f"{v['redis-server'].split()[2]}, rabbitmq-server {v['rabbitmq-server']}; workers, "
+        f"{v['redis-server'].split()[2]}, rabbitmq-server {v['rabbitmq-server']}; git "
+        f"{report.get('git_rev', '?')}; worker flags: celery "
+        f"`{' '.join(report['worker_flags']['celery'])}`, dramatiq "
+        f"`{' '.join(report['worker_flags']['dramatiq'])}`; workers, "
         "producer, node, redis-server and rabbitmq-server share the machine's cores. "
         f"Medians of {report['rounds']} rounds, brokers interleaved; load avg is the "
         "1-minute load average, lowest-highest seen before and after the runs.",
@@ -315,8 +333,11 @@ def run_rounds(args: argparse.Namespace, urls: dict[str, str],
         for framework in args.frameworks.split(","):
             for broker in order:
                 print(f"round {i + 1}: {framework} on {broker} ...", file=sys.stderr, flush=True)
+                extra = [] if framework == "celery" else [
+                    "--processes", str(args.dramatiq_processes),
+                    "--threads", str(args.dramatiq_threads)]
                 run = run_one(framework, broker, urls[broker], args.tasks, args.paced_tasks,
-                              args.paced_rate, workdir / f"r{i}")
+                              args.paced_rate, workdir / f"r{i}", extra)
                 run["round"] = i + 1
                 print(json.dumps(run), file=sys.stderr, flush=True)
                 runs.append(run)
@@ -331,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frameworks", default="celery,dramatiq")
     ap.add_argument("--brokers", default=",".join(brokers_all))
     ap.add_argument("--rounds", type=int, default=rounds_default)
+    ap.add_argument("--dramatiq-processes", type=int, default=dramatiq_processes_default)
+    ap.add_argument("--dramatiq-threads", type=int, default=dramatiq_threads_default)
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     ap.add_argument("--produce", type=int, help=argparse.SUPPRESS)  # producer subprocess
     ap.add_argument("--rate", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -371,6 +394,10 @@ def main(argv: list[str] | None = None) -> int:
               "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "machine": f"{os.cpu_count()} CPUs, {platform.platform()}",
               "node_build": compiled.summary(), "versions": _versions(),
+              "git_rev": _git_rev(),
+              "worker_flags": {"celery": WORKER_ARGS["celery"][4:] + ["-Q", "<queue>"],
+                               "dramatiq": ["--processes", str(args.dramatiq_processes),
+                                            "--threads", str(args.dramatiq_threads)]},
               "medians": medians(runs), "runs": runs}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "brokers.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hmac
 import os
+import stat
 import struct
 from typing import Any
 
@@ -114,6 +115,37 @@ def load_keys(path: str) -> list[bytes]:
         raise SecretError(f"{path}: {exc}") from None
 
 
+# The keys the bus of this process uses now (the last Keyring configured): what a
+# CONFIG SET cluster-secret-file must share a key with (check_new_secret_file).
+keys_in_use: list[bytes] = []
+
+
+def check_new_secret_file(path: str, replace_allowed: bool) -> list[bytes]:
+    """The keys of a file CONFIG SET is asked to take, or SecretError: a regular file
+    of the node's user (or root) that no other user may read or write, of secret-file
+    syntax, sharing a key with the keys in use unless ``cluster-secret-replace`` is
+    yes (a rotation always keeps one key; a file sharing none cuts every member off
+    and lets whoever can read that file in)."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise SecretError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError:
+        raise SecretError(f"cannot read {path!r}: not a file name") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise SecretError(f"{path} is not a regular file")
+    if st.st_uid not in (os.geteuid(), 0):
+        raise SecretError(f"{path} is owned by uid {st.st_uid}, not by the node's user")
+    if st.st_mode & 0o077:
+        raise SecretError(f"{path} has mode {st.st_mode & 0o7777:04o}: other users may read "
+                          "or change it (chmod 600 it)")
+    keys = load_keys(path)
+    if keys_in_use and not replace_allowed and not set(keys) & set(keys_in_use):
+        raise SecretError(f"{path} shares no key with the keys in use (to replace every "
+                          "key at once, CONFIG SET cluster-secret-replace yes first)")
+    return keys
+
+
 class Keyring:
     """The keys this process accepts; ``keys[0]`` signs. Empty: no secret (open bus)."""
 
@@ -129,6 +161,7 @@ class Keyring:
     def configure(self, path: str) -> None:
         """Load ``path`` ("" = no secret); SecretError leaves the keys as they were."""
         self.keys = load_keys(path) if path else []
+        keys_in_use[:] = self.keys
 
     def holds(self, sealer: Sealer | None) -> bool:
         """Does a link's session still derive from one of our keys? (False once the

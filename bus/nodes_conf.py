@@ -149,7 +149,7 @@ def load(path: str) -> NodesConf | None:
 
 def save(path: str, nc: NodesConf) -> None:
     """Write atomically: temp file, fsync, rename over, fsync the directory."""
-    write_atomic(path, render(nc).encode())
+    write_atomic(path, render(nc).encode(), 0o600)  # our node ID: no other user's business
 
 
 def load_or_create(path: str, ip: str, port: int) -> tuple[NodesConf, bool]:

@@ -4,6 +4,7 @@ As with ``disque-server``, every config directive can be given on the command
 line as ``--name args...``; these come after the file and override it.
 Subcommands live in other modules, imported only when used:
 
+    disque-mp admin ...            -> disque_mp.tools.admin.main(rest)
     disque-mp check-aof FILE ...   -> disque_mp.tools.check_aof.main(rest)
     disque-mp bench ...            -> bench.loadgen.main(rest)
 """
@@ -11,6 +12,7 @@ Subcommands live in other modules, imported only when used:
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from disque_mp import __version__
 
 USAGE = """\
 Usage: disque-mp [CONFIG_FILE] [--directive value ...]
+       disque-mp admin queues|peek|requeue|node|cluster ...   (admin --help)
        disque-mp check-aof FILE ...
        disque-mp bench ...
        disque-mp --test-config [CONFIG_FILE] [--directive value ...]
@@ -33,11 +36,22 @@ file, for example:
   disque-mp --appendonly yes --appendfsync everysec
 
 --test-config  read the configuration, report errors, and exit (0 = valid)
+
+A password on the command line (--requirepass) is readable by every local user
+in /proc/<pid>/cmdline: give it as --requirepass-file FILE (its first line,
+a file of mode 0600) or in the environment variable DISQUE_MP_REQUIREPASS.
+
+Config directives (each one documented in docs/operations.md, "Configuration
+file"; systemd/disque-mp.conf is an example file):
 """
+
+# requirepass from the environment: after the config file, before the command line
+REQUIREPASS_ENV = "DISQUE_MP_REQUIREPASS"
 
 # subcommand -> (module, function); imported lazily so that a node start does
 # not pay for them and a missing one is a clear error, not an ImportError.
 SUBCOMMANDS = {
+    "admin": ("disque_mp.tools.admin", "main"),
     "check-aof": ("disque_mp.tools.check_aof", "main"),
     "bench": ("bench.loadgen", "main"),
 }
@@ -97,11 +111,24 @@ def _subcommand(name: str, rest: list[str]) -> int:
     return int(result or 0)
 
 
+def directive_list(width: int = 78) -> str:
+    """Every directive name, wrapped: what ``--help`` lists after USAGE."""
+    from disque_mp.node.config import DIRECTIVES
+
+    lines, line = [], " "
+    for d in DIRECTIVES:
+        if len(line) + 1 + len(d.name) > width:
+            lines.append(line)
+            line = " "
+        line += " " + d.name
+    return "\n".join([*lines, line]) + "\n"
+
+
 def main(argv: list[str]) -> int:
     if argv and argv[0] in SUBCOMMANDS:
         return _subcommand(argv[0], argv[1:])
     if any(a in ("-h", "--help") for a in argv):
-        print(USAGE, end="")
+        print(USAGE + directive_list(), end="")
         return 0
     if any(a in ("-v", "--version") for a in argv):
         print(f"disque-mp {__version__}")
@@ -113,6 +140,9 @@ def main(argv: list[str]) -> int:
         return 2
     from disque_mp.node import config
 
+    env_pass = os.environ.pop(REQUIREPASS_ENV, None)  # the workers need not see it
+    if env_pass:
+        overrides = [["requirepass", env_pass], *overrides]
     try:
         cfg = config.load(path, overrides)
     except config.ConfigError as e:

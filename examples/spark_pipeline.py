@@ -17,6 +17,7 @@ import argparse
 import tempfile
 import uuid
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import functions as F
 
@@ -27,14 +28,33 @@ CSV = Path(__file__).resolve().parent / "data" / "sales.csv"
 ORDER_SCHEMA = "order_id int, city string, product string, quantity int, amount double"
 
 
+def wait_with_progress(query: Any, every_s: int = 2) -> None:
+    """awaitTermination, printing each micro-batch as it completes (jobs taken, then ACKed)."""
+    seen = -1
+    done = 0
+    while True:
+        finished = query.awaitTermination(every_s)
+        for progress in query.recentProgress:
+            if progress["batchId"] > seen and progress["numInputRows"]:
+                seen = progress["batchId"]
+                done += progress["numInputRows"]
+                print(f"  micro-batch {seen}: {progress['numInputRows']} jobs "
+                      f"({done} so far)", flush=True)
+        if finished:
+            return
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", default="127.0.0.1:7711", help="comma-separated host:port list")
     ap.add_argument("--queue", default=f"sales-{uuid.uuid4().hex[:6]}")
     args = ap.parse_args()
 
+    print("starting a local Spark session (local[2]; the JVM takes 10-30 s to start) ...",
+          flush=True)
     spark = local_session("disque-pipeline")
     orders = spark.read.csv(str(CSV), header=True, schema=ORDER_SCHEMA)
+    print(f"enqueueing {CSV.name} into {args.queue!r} with the batch writer ...", flush=True)
 
     # 2. one job per order; RETRY 60 s: a job a crashed consumer took comes back within a minute
     (orders.select(F.to_json(F.struct(*orders.columns)).alias("body"))
@@ -49,11 +69,12 @@ def main() -> None:
     parsed = jobs.select(F.from_json(F.col("body").cast("string"), ORDER_SCHEMA).alias("o"))
     totals = (parsed.groupBy("o.city")
               .agg(F.count("*").alias("orders"), F.round(F.sum("o.amount"), 2).alias("revenue")))
+    print("consuming with a streaming query (500 jobs per micro-batch) ...", flush=True)
     with tempfile.TemporaryDirectory() as checkpoint:
         query = (totals.writeStream.outputMode("complete").format("memory")
                  .queryName("city_totals").trigger(availableNow=True)
                  .option("checkpointLocation", checkpoint).start())
-        query.awaitTermination()
+        wait_with_progress(query)
     result = spark.table("city_totals").orderBy(F.desc("revenue"))
     result.show()
 

@@ -19,14 +19,19 @@ The modules:
 - ``core``: everything that is not I/O (errors, records, reply parsing, argument
   building, node selection, the tunables); no asyncio, threading or sockets.
 - ``sync``: ``Disque`` over redis-py, thread-safe; ``Heartbeat`` keeps jobs alive.
+- ``batching``: ``AddWindow`` (pipelined ADDJOB, a bounded window of unanswered
+  adds whose errors surface on the next add or on ``flush``) and ``AckBatcher``
+  (ACKJOB in batches from a thread), what the Celery and Dramatiq brokers use
+  to avoid a round trip per message.
 - ``aio``: ``AsyncDisque`` over redis.asyncio, the same methods as coroutines
   (also importable as ``disque_mp.aclient.AsyncDisque``).
 
-The names below are re-exported from ``core`` and ``sync``. The tunables
+The names below are re-exported from ``core``, ``batching`` and ``sync``. The tunables
 (``producer_sample_jobs``, ``pipeline_bytes_max`` ...) are read by both clients from
 ``disque_mp.client.core``: set them there, not on this package.
 """
 
+from disque_mp.client.batching import AckBatcher, AddWindow, add_window_default
 from disque_mp.client.core import (
     DEFAULT_NODE,
     AddJobOptions,
@@ -75,6 +80,8 @@ from disque_mp.client.sync import Disque, Heartbeat
 
 __all__ = [
     "DEFAULT_NODE",
+    "AckBatcher",
+    "AddWindow",
     "AddJobOptions",
     "BadIdError",
     "ClientSettings",
@@ -94,6 +101,7 @@ __all__ = [
     "PausedError",
     "TooLateError",
     "Topology",
+    "add_window_default",
     "addjob_args",
     "consume_batch",
     "consume_done",

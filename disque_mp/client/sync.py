@@ -454,13 +454,17 @@ class Heartbeat:
         self._due: dict[str, float] = {}  # job ID -> monotonic time of the next WORKING
         self._cond = threading.Condition()
         self._stopped = False
+        # when the thread wakes next (monotonic; inf: when told): an add due later
+        # does not wake it, so a consumer taking many jobs does not wake it per job
+        self._wake_at = float("inf")
         self._thread = threading.Thread(target=self._run, name="disque-heartbeat", daemon=True)
         self._thread.start()
 
     def add(self, job_id: str) -> None:
         with self._cond:
-            self._due[job_id] = time.monotonic() + core.heartbeat_first_s
-            self._cond.notify()
+            due = self._due[job_id] = time.monotonic() + core.heartbeat_first_s
+            if due < self._wake_at:
+                self._cond.notify()
 
     def remove(self, job_id: str) -> None:
         with self._cond:
@@ -483,8 +487,10 @@ class Heartbeat:
             with self._cond:
                 nxt = self._next_due()
                 while not self._stopped and (nxt is None or nxt[1] > time.monotonic()):
+                    self._wake_at = float("inf") if nxt is None else nxt[1]
                     self._cond.wait(None if nxt is None else nxt[1] - time.monotonic())
                     nxt = self._next_due()
+                self._wake_at = float("-inf")  # busy: it reads _due again before waiting
                 if self._stopped or nxt is None:
                     return
                 job_id = nxt[0]

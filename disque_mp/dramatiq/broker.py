@@ -23,6 +23,15 @@
   to ``dead:<queue>``, the node's dead-letter queue; a message the Retries
   middleware gives up on still goes to ``<queue>.XQ``, Dramatiq's name.
 - Failover across nodes and ``-LEAVING`` come from the client.
+- No round trip per message where RabbitMQ has none: with ``confirm_delivery``
+  off (the default, as on Dramatiq's RabbitMQ broker) ``enqueue`` pipelines its
+  ADDJOB (``disque_mp.client.AddWindow``: at most ``publish_window`` unanswered;
+  an error reply raises from the next ``enqueue`` or from ``confirm_enqueued()``,
+  which ``close``, ``join``, ``pending`` and ``flush`` call first); with
+  ``async_acks`` (default) acks leave in batches from a thread
+  (``disque_mp.client.AckBatcher``), as a RabbitMQ consumer's basic.ack leaves
+  without a reply. The consumer waits for a free prefetch slot on a condition
+  the ack signals, not by polling.
 """
 
 from __future__ import annotations
@@ -41,7 +50,15 @@ from dramatiq.errors import BrokerConnectionError, DecodeError
 from dramatiq.message import Message
 from dramatiq.middleware import Middleware
 
-from disque_mp.client import Disque, DisqueConnectionError, DisqueError, Heartbeat
+from disque_mp.client import (
+    AckBatcher,
+    AddWindow,
+    Disque,
+    DisqueConnectionError,
+    DisqueError,
+    Heartbeat,
+    add_window_default,
+)
 
 log = logging.getLogger("disque_mp.dramatiq")
 
@@ -54,8 +71,9 @@ message_ttl_default_s = 24 * 3600
 dead_message_ttl_default_s = 7 * 24 * 3600
 # One GETJOB blocks at most this long (the consumer's own timeout is usually 1 s).
 block_ms_max = 1000
-# Sleep between checks while the prefetch limit is reached (no GETJOB then).
-prefetch_full_sleep_s = 0.005
+# Longest wait for a free prefetch slot before re-checking the consumer's deadline
+# (an ack wakes the wait at once; this only bounds a wait nothing ends).
+prefetch_full_wait_s = 0.1
 # purge: IDs peeked and acked per round, rounds at most (a producer faster than
 # the purge would keep it going forever)
 purge_batch_jobs = 1000
@@ -103,7 +121,10 @@ class DisqueBroker(Broker):
     ``replicate``: copies per job in a cluster (node default when None).
     ``heartbeat``: WORKING for held messages (default on). ``max_deliveries``:
     ADDJOB ``MAXDELIVER`` (None: no cap). ``client``: an existing ``Disque`` to
-    use instead of creating one.
+    use instead of creating one. ``confirm_delivery``: each ``enqueue`` waits for
+    the node's reply (off: pipelined, at most ``publish_window`` unanswered, errors
+    from the next ``enqueue`` or ``confirm_enqueued()``). ``async_acks``: acks sent
+    in batches by a thread (off: each ack waits for its ACKJOB's reply).
     """
 
     def __init__(
@@ -120,6 +141,9 @@ class DisqueBroker(Broker):
         max_deliveries: int | None = None,
         password: str | None = None,
         client: Disque | None = None,
+        confirm_delivery: bool = False,
+        publish_window: int = add_window_default,
+        async_acks: bool = True,
     ) -> None:
         super().__init__(middleware=middleware)
         if visibility_timeout < 1:
@@ -138,6 +162,9 @@ class DisqueBroker(Broker):
         self.replicate = replicate
         self.heartbeat = heartbeat
         self.max_deliveries = max_deliveries
+        self.async_acks = async_acks
+        # None: every enqueue waits for its reply (confirm_delivery)
+        self.adds = None if confirm_delivery else AddWindow(self.client, publish_window)
         self.queues: set[str] = set()
 
     # ---- queues
@@ -164,15 +191,24 @@ class DisqueBroker(Broker):
         self.emit_before("enqueue", message, delay)
         try:
             if not self._requeue_in_place(message, delay_s):
-                self.client.add_job(message.queue_name, message.encode(),
-                                    replicate=self.replicate, delay=delay_s,
-                                    retry=self.visibility_timeout_s,
-                                    ttl=self.message_ttl_s + (delay_s or 0),
-                                    maxdeliver=self.max_deliveries)
+                add = self.client.add_job if self.adds is None else self.adds.add
+                add(message.queue_name, message.encode(), replicate=self.replicate,
+                    delay=delay_s, retry=self.visibility_timeout_s,
+                    ttl=self.message_ttl_s + (delay_s or 0), maxdeliver=self.max_deliveries)
         except DisqueConnectionError as exc:
             raise BrokerConnectionError(str(exc)) from exc
         self.emit_after("enqueue", message, delay)
         return message
+
+    def confirm_enqueued(self) -> None:
+        """Wait until the node answered every pipelined enqueue; raise the first error
+        reply not raised yet (a no-op with ``confirm_delivery``)."""
+        if self.adds is None:
+            return
+        try:
+            self.adds.flush()
+        except DisqueConnectionError as exc:
+            raise BrokerConnectionError(str(exc)) from exc
 
     def _requeue_in_place(self, message: Message, delay_s: int | None) -> bool:
         """A retry of a message a consumer of ours still holds: NACK [DELAY] its job.
@@ -206,6 +242,7 @@ class DisqueBroker(Broker):
 
     def flush(self, queue_name: str) -> None:
         """Ack every job queued on the connected node in the queue and its dead letters."""
+        self.confirm_enqueued()
         for name in (queue_name, xq_name(queue_name)):
             for _ in range(purge_rounds_max):
                 jobs = self.client.qpeek(name, purge_batch_jobs)
@@ -219,6 +256,7 @@ class DisqueBroker(Broker):
 
     def pending(self, queue_name: str) -> int:
         """Jobs of the queue queued or being worked on (active) on the connected node."""
+        self.confirm_enqueued()
         return sum(1 for _ in self.client.iter_jobs(queue=queue_name, states=["queued"])) + \
             sum(1 for _ in self.client.iter_jobs(queue=queue_name, states=["active"]))
 
@@ -234,7 +272,11 @@ class DisqueBroker(Broker):
             time.sleep(join_poll_s)
 
     def close(self) -> None:
-        self.client.close()
+        try:
+            if self.adds is not None:
+                self.adds.close()
+        finally:
+            self.client.close()
 
 
 class DisqueConsumer(Consumer):
@@ -250,24 +292,33 @@ class DisqueConsumer(Consumer):
         self._buffer: deque[DisqueMessage] = deque()
         self._held: set[str] = set()  # job IDs taken, not yet acked/nacked/requeued
         self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)  # a held message was released
         self._beat = Heartbeat(self.client.working) if broker.heartbeat else None
+        self._acks = AckBatcher(self.client) if broker.async_acks else None
 
     def __next__(self) -> DisqueMessage | None:
         deadline = time.monotonic() + self.timeout_ms / 1000
         while True:
             if self._buffer:
                 return self._buffer.popleft()
-            with self._lock:
-                free = self.prefetch - len(self._held)
+            free = self._wait_free(deadline)
             remaining_ms = int((deadline - time.monotonic()) * 1000)
             if free > 0:
                 self._fetch(free, max(1, min(block_ms_max, remaining_ms)))
                 if self._buffer:
                     continue
-            else:
-                time.sleep(prefetch_full_sleep_s)
             if time.monotonic() >= deadline:
                 return None
+
+    def _wait_free(self, deadline: float) -> int:
+        """Free prefetch slots, waiting (until ``deadline``) for an ack to free one."""
+        with self._freed:
+            while len(self._held) >= self.prefetch:
+                left_s = deadline - time.monotonic()
+                if left_s <= 0:
+                    break
+                self._freed.wait(min(left_s, prefetch_full_wait_s))
+            return self.prefetch - len(self._held)
 
     def _fetch(self, count: int, block_ms: int) -> None:
         try:
@@ -303,8 +354,9 @@ class DisqueConsumer(Consumer):
             if self._beat is not None:
                 self._beat.remove(m.job_id)
             ids.append(m.job_id)
-        with self._lock:
+        with self._freed:
             self._held.difference_update(ids)
+            self._freed.notify_all()
         return ids
 
     def holds(self, job_id: str) -> bool:
@@ -314,7 +366,11 @@ class DisqueConsumer(Consumer):
     def ack(self, message: MessageProxy) -> None:
         assert isinstance(message, DisqueMessage)
         ids = self._release([message])
-        if not message.requeued_in_place:  # else the retry's NACK DELAY requeued it
+        if message.requeued_in_place:  # the retry's NACK DELAY requeued it
+            return
+        if self._acks is not None:
+            self._acks.ack(message.job_id)
+        else:
             self._call(self.client.ack, ids)
 
     def nack(self, message: MessageProxy) -> None:
@@ -351,3 +407,5 @@ class DisqueConsumer(Consumer):
             if self._beat is not None:
                 self._beat.close()
                 self._beat = None
+            if self._acks is not None:
+                self._acks.close()

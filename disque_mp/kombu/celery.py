@@ -89,6 +89,8 @@ class DisqueTask(Task):
         result = super().apply_async(args, kwargs, task_id, producer, link, link_error,
                                      shadow, **options)
         with self.app.pool.acquire(block=True) as conn:
+            if isinstance(conn.transport, Transport):
+                conn.transport.confirm_published()  # the new message first, then the ack
             conn.transport.disque.ack(job_id)  # the main process forgets it without acking
         return result
 

@@ -18,6 +18,14 @@ or a lost connection):
   ``NACK``, never by publishing them again (that would duplicate them);
 - queue size: ``QLEN``; purge: ``QPEEK`` + ``ACKJOB`` until the queue is empty.
 
+No round trip per message where py-amqp has none: publishing pipelines its ADDJOBs
+(``disque_mp.client.AddWindow``, at most ``publish_window`` unanswered, an error
+reply raised by the next publish or when the connection closes) unless the
+``confirm_publish`` transport option asks for a reply per message, as py-amqp's
+does; acks leave in batches from a thread (``disque_mp.client.AckBatcher``;
+``async_acks=False`` for one ACKJOB round trip each); a consumer whose prefetch
+slots are all taken waits for an ack to free one (a condition), not a poll.
+
 The delivery tag of a message is its Disque job ID. While a message is held
 unacked, a heartbeat thread sends ``WORKING`` for it (first after 0.5 s, then
 every half of its retry), so a task longer than the visibility timeout is not
@@ -37,6 +45,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
@@ -47,11 +56,14 @@ from kombu.transport import virtual
 
 import disque_mp
 from disque_mp.client import (
+    AckBatcher,
+    AddWindow,
     Disque,
     DisqueConnectionError,
     DisqueError,
     Heartbeat,
     Job,
+    add_window_default,
 )
 
 log = logging.getLogger("disque_mp.kombu")
@@ -70,7 +82,8 @@ message_ttl_default_s = 24 * 3600
 block_ms_max = 1000
 # Jobs asked for by one GETJOB when the channel has no prefetch limit.
 fetch_count_default = 100
-# Sleep between polls while the prefetch limit is reached (no GETJOB is sent then).
+# Longest wait for a free prefetch slot while every one is taken (no GETJOB is sent
+# then); an ack ends the wait at once, this bounds a wait nothing ends.
 polling_interval_default_s = 0.01
 # Purge: job IDs peeked and acked per round, and the rounds before giving up
 # (a producer that outpaces the purge would otherwise keep it going forever).
@@ -157,6 +170,8 @@ class QoS(virtual.QoS):
         self._beat: Heartbeat | None = None
         if channel.heartbeat:
             self._beat = Heartbeat(channel.client.working)
+        self._acks = AckBatcher(channel.client) if channel.async_acks else None
+        self._freed = channel.connection.slot_freed
 
     def append(self, message: Any, delivery_tag: str) -> None:
         super().append(message, delivery_tag)
@@ -166,8 +181,17 @@ class QoS(virtual.QoS):
     def ack(self, delivery_tag: str) -> None:
         if self._beat is not None:
             self._beat.remove(delivery_tag)
-        self.channel.client.ack(delivery_tag)
+        if self._acks is not None:
+            self._acks.ack(delivery_tag)
+        else:
+            self.channel.client.ack(delivery_tag)
         self._quick_ack(delivery_tag)
+        self._freed.set()
+
+    def flush_acks(self) -> None:
+        """Wait until every ack handed to the batching thread was sent."""
+        if self._acks is not None:
+            self._acks.flush()
 
     def forget(self, delivery_tag: str) -> None:
         """Stop holding a message without acking it: its job was requeued (a
@@ -175,6 +199,7 @@ class QoS(virtual.QoS):
         if self._beat is not None:
             self._beat.remove(delivery_tag)
         self._quick_ack(delivery_tag)
+        self._freed.set()
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         if self._beat is not None:
@@ -185,6 +210,7 @@ class QoS(virtual.QoS):
             message = self._delivered.get(delivery_tag)
             self.channel.dead_letter(delivery_tag, message)
         self._quick_ack(delivery_tag)
+        self._freed.set()
 
     def restore_unacked(self) -> list[tuple[BaseException, Any]]:
         """NACK every message delivered and not acked: Disque queues them again now."""
@@ -225,6 +251,8 @@ class QoS(virtual.QoS):
         if self._beat is not None:
             self._beat.close()
             self._beat = None
+        if self._acks is not None:
+            self._acks.close()
 
 
 class Channel(virtual.Channel):
@@ -237,6 +265,7 @@ class Channel(virtual.Channel):
     from_transport_options: Any = virtual.Channel.from_transport_options + (
         "visibility_timeout", "message_ttl", "replicate", "async_replication",
         "dead_letter_queue", "priority_steps", "heartbeat", "fetch_count", "max_deliveries",
+        "async_acks",
     )
     visibility_timeout: int = visibility_timeout_default_s
     message_ttl: int = message_ttl_default_s
@@ -247,6 +276,7 @@ class Channel(virtual.Channel):
     heartbeat: bool = True
     fetch_count: int = fetch_count_default
     max_deliveries: int | None = None
+    async_acks: bool = True
 
     def __init__(self, connection: Transport, **kwargs: Any) -> None:
         super().__init__(connection, **kwargs)
@@ -308,13 +338,12 @@ class Channel(virtual.Channel):
         delay_s, ttl_s = job_times(message.get("headers") or {}, time.time(),
                                    int(self.message_ttl))
         priority = self._get_message_priority(message, reverse=False)
-        self.client.add_job(self._queue_for(queue, priority),
-                            json.dumps(message, separators=(",", ":")),
-                            replicate=self.replicate, delay=delay_s or None,
-                            retry=int(self.visibility_timeout), ttl=ttl_s,
-                            async_=bool(self.async_replication),
-                            maxdeliver=None if self.max_deliveries is None
-                            else int(self.max_deliveries))
+        adds = self.connection.adds
+        add = self.client.add_job if adds is None else adds.add
+        add(self._queue_for(queue, priority), json.dumps(message, separators=(",", ":")),
+            replicate=self.replicate, delay=delay_s or None,
+            retry=int(self.visibility_timeout), ttl=ttl_s, async_=bool(self.async_replication),
+            maxdeliver=None if self.max_deliveries is None else int(self.max_deliveries))
 
     def _get(self, queue: str, timeout: float | None = None) -> dict[str, Any]:
         """One message (basic_get): NOHANG, Empty when there is none."""
@@ -381,6 +410,7 @@ class Channel(virtual.Channel):
         self.client.nack(message.delivery_tag)
 
     def _size(self, queue: str) -> int:
+        self.connection.confirm_published()
         return sum(self.client.qlen(q) for q in self._all_queues(queue))
 
     def _purge(self, queue: str) -> int:
@@ -388,6 +418,7 @@ class Channel(virtual.Channel):
 
         Jobs queued on other nodes of a cluster (or being worked on) stay: Disque
         has no cluster-wide "empty this queue"."""
+        self.connection.confirm_published()
         purged = 0
         for name in self._all_queues(queue):
             for _ in range(purge_rounds_max):
@@ -416,7 +447,9 @@ class Transport(virtual.Transport):
     messages without ``expires``, s), ``replicate``, ``async_replication``,
     ``dead_letter_queue``, ``priority_steps``, ``heartbeat`` (WORKING for unacked
     messages), ``fetch_count``, ``polling_interval``, ``socket_timeout``,
-    ``connect_timeout``, ``password`` (or in the URL).
+    ``connect_timeout``, ``password`` (or in the URL), ``confirm_publish`` (a reply
+    per published message; off: pipelined), ``publish_window`` (unanswered
+    publishes at most), ``async_acks`` (acks in batches from a thread).
     """
 
     Channel = Channel
@@ -438,6 +471,9 @@ class Transport(virtual.Transport):
     def __init__(self, client: Any, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)
         self._disque: Disque | None = None
+        self._adds: AddWindow | None = None
+        # set when an ack frees a prefetch slot: ends drain_events' wait for one
+        self.slot_freed = threading.Event()
 
     def seeds(self) -> list[str]:
         """Every node named by the URL(s) and the ``nodes`` transport option, as
@@ -464,11 +500,36 @@ class Transport(virtual.Transport):
                                   password=conninfo.password or opts.get("password"))
         return self._disque
 
+    @property
+    def adds(self) -> AddWindow | None:
+        """The window of pipelined publishes; None with ``confirm_publish``."""
+        conninfo: Any = self.client
+        opts = conninfo.transport_options
+        if opts.get("confirm_publish"):
+            return None
+        if self._adds is None:
+            self._adds = AddWindow(self.disque, int(opts.get("publish_window",
+                                                             add_window_default)))
+        return self._adds
+
+    def confirm_published(self) -> None:
+        """Wait for the node's reply to every pipelined publish; raise the first error."""
+        if self._adds is not None:
+            self._adds.flush()
+
     def establish_connection(self) -> Transport:
         self.disque.ping()  # DisqueConnectionError (a connection error) if no node answers
         return super().establish_connection()
 
     def close_connection(self, connection: Any) -> None:
+        try:
+            if self._adds is not None:
+                self._adds.close()
+                self._adds = None
+        finally:
+            self._close_client(connection)
+
+    def _close_client(self, connection: Any) -> None:
         super().close_connection(connection)
         if self._disque is not None:
             self._disque.close()
@@ -476,12 +537,13 @@ class Transport(virtual.Transport):
 
     def drain_events(self, connection: Any, timeout: Any = None, **kwargs: Any) -> Any:
         # The base loop sleeps polling_interval after every empty round; our
-        # GETJOB already blocked, so only sleep when nothing was asked for
-        # (every channel at its prefetch limit).
+        # GETJOB already blocked, so only wait when nothing was asked for (every
+        # channel at its prefetch limit), and only until an ack frees a slot.
         cycle = self.cycle
         assert cycle is not None  # set by the constructor
         start = time.monotonic()
         while True:
+            self.slot_freed.clear()
             try:
                 cycle.get(self._deliver, timeout=timeout)
                 return
@@ -489,7 +551,7 @@ class Transport(virtual.Transport):
                 if timeout is not None and time.monotonic() - start >= timeout:
                     raise TimeoutError() from None
                 if not any(c._consumers and c.qos.can_consume() for c in self.channels):
-                    time.sleep(self.polling_interval or 0)
+                    self.slot_freed.wait(self.polling_interval or 0)
 
     def driver_version(self) -> str:
         return disque_mp.__version__

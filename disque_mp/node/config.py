@@ -196,6 +196,13 @@ class Config:
     # besides its bound addresses and localhost (DNS rebinding)
     http_connections_max: int = 512
     http_allowed_hosts: str = ""
+    # operator-side safety (docs/security.md, "Files, secrets and the HTTP endpoint")
+    dir_strict_modes: bool = True  # refuse a dir of another user or writable by group/others
+    cluster_secret_replace: bool = False  # CONFIG SET cluster-secret-file may drop every key in use
+    http_unauth_connections_max: int = 128  # HTTP connections not yet authenticated, per node
+    http_unauth_idle_ms: int = 10_000  # such a connection is closed when idle this long
+    http_metrics_label_bytes_max: int = 256  # a queue name longer than this is cut in /metrics
+    requirepass_file: str = ""  # requirepass read from this file (not seen in /proc's cmdline)
     # the log line's shape: "text" (Redis' line) or "json" (one object a line, for
     # Loki, Elasticsearch, journald's JSON readers; docs/observability.md)
     logformat: str = "text"
@@ -206,6 +213,11 @@ class Config:
 
 class ConfigValueError(ValueError):
     """A directive's value is not acceptable; the message is the reason."""
+
+
+class ConfigRefused(ConfigValueError):
+    """A CONFIG SET of ours refused for a reason the client is told (the reference
+    has no text for it): a loose secret file, a dir change under the AOF."""
 
 
 class ConfigError(Exception):
@@ -390,6 +402,16 @@ DIRECTIVES: tuple[Directive, ...] = (
        lo=0, hi=10_000),
     _d("http-connections-max", "int", True, "Invalid http-connections-max value", lo=1),
     _d("http-allowed-hosts", "special", True, nargs=0),
+    # ours: operator-side safety (docs/security.md)
+    _d("dir-strict-modes", "bool", False),
+    _d("cluster-secret-replace", "bool", True),
+    _d("http-unauth-connections-max", "int", True, "Invalid http-unauth-connections-max value",
+       lo=1),
+    _d("http-unauth-idle-ms", "int", True, "Invalid http-unauth-idle-ms value",
+       lo=100, hi=3_600_000),
+    _d("http-metrics-label-bytes-max", "int", True, "Invalid http-metrics-label-bytes-max value",
+       lo=16, hi=65536),
+    _d("requirepass-file", "special", False),
     # ours: the log's format (docs/observability.md)
     _d("logformat", "enum", False, "Invalid logformat. Must be one of text, json",
        choices=("text", "json")),
@@ -416,7 +438,7 @@ def _special_value(cfg: Config, d: Directive, args: list[str], at_startup: bool)
                 "and let systemd supervise it (see systemd/disque-mp.service)")
         return False
     if name == "dir":
-        return _set_dir(v, at_startup)
+        return _set_dir(cfg, v, at_startup)
     if name == "client-output-buffer-limit":
         return _client_output_buffer_limit(args)
     if name == "unixsocketperm":
@@ -440,12 +462,15 @@ def _special_value(cfg: Config, d: Directive, args: list[str], at_startup: bool)
         return " ".join(words)
     if name == "cluster-secret-file":
         if not at_startup and v:  # at start-up the worker reads it, from inside dir
-            from bus.auth import SecretError, load_keys
+            from bus.auth import SecretError, check_new_secret_file
 
             try:
-                load_keys(v)
+                check_new_secret_file(v, cfg.cluster_secret_replace)
             except SecretError as exc:
-                raise ConfigValueError(str(exc)) from None
+                raise ConfigRefused(str(exc)) from None
+        return v
+    if name == "requirepass-file":
+        cfg.requirepass = _read_requirepass_file(v)
         return v
     if name == "appendfilename":
         if "/" in v or not v:
@@ -454,18 +479,67 @@ def _special_value(cfg: Config, d: Directive, args: list[str], at_startup: bool)
     raise ConfigValueError(f"no parser for {name}")  # table and code out of step: a bug
 
 
-def _set_dir(path: str, at_startup: bool) -> str:
+requirepass_file_bytes_max = 4096  # a password file: one line; Disque's limit is 512
+
+
+def _read_requirepass_file(path: str) -> str:
+    """``requirepass`` from a file (its first line): a password on the command line is
+    readable by every local user in /proc/<pid>/cmdline; a file of mode 0600 is not."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(requirepass_file_bytes_max + 1)
+    except (OSError, ValueError) as e:
+        raise ConfigValueError(f"Can't read requirepass-file '{path}': {e}") from None
+    if len(data) > requirepass_file_bytes_max:
+        raise ConfigValueError(f"requirepass-file '{path}' is larger than "
+                               f"{requirepass_file_bytes_max} bytes")
+    lines = data.decode("utf-8", "surrogateescape").splitlines()
+    password = lines[0] if lines else ""
+    if not password:
+        raise ConfigValueError(f"requirepass-file '{path}' holds no password")
+    if len(password) > authpass_len_max:
+        raise ConfigValueError("Password is longer than REDIS_AUTHPASS_MAX_LEN")
+    return password
+
+
+def _set_dir(cfg: Config, path: str, at_startup: bool) -> str:
     """At start-up the supervisor creates and enters ``dir``; at run time CONFIG
     SET dir changes into it right away, as Disque does."""
     if not path:
         raise ConfigValueError("dir can't be empty")
     if at_startup:
         return path
+    if cfg.appendonly and os.path.realpath(path) != os.path.realpath(cfg.dir):
+        # the AOF stays open in the old dir while a restart would read the new one:
+        # every job written so far would be lost (turn appendonly off first)
+        raise ConfigRefused("can't change dir while appendonly is yes "
+                            "(CONFIG SET appendonly no first, or restart with the new dir)")
+    problem = dir_mode_problem(path) if cfg.dir_strict_modes else None
+    if problem:
+        raise ConfigRefused(problem)
     try:
         os.chdir(path)
     except (OSError, ValueError) as e:  # ValueError: an embedded NUL
         raise ConfigValueError(f"Can't chdir to '{path}': {e}") from None
     return os.getcwd()
+
+
+def dir_mode_problem(path: str) -> str | None:
+    """Why ``path`` may not be the data dir, or None: another local user could have
+    planted files in it (a nodes.conf that sets the node's ID, an AOF of jobs), as
+    sshd's StrictModes refuses a loose key file (``dir-strict-modes``)."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None  # chdir says why
+    if st.st_uid != os.geteuid():
+        return (f"Refusing the dir '{path}': it is owned by uid {st.st_uid}, not by the "
+                f"node's user (uid {os.geteuid()}); another user may have planted files in it. "
+                "Use a directory of the node's own (or set dir-strict-modes no)")
+    if st.st_mode & 0o022:
+        return (f"Refusing the dir '{path}': its mode {st.st_mode & 0o7777:04o} lets other "
+                f"users write in it; run chmod go-w '{path}' (or set dir-strict-modes no)")
+    return None
 
 
 def _client_output_buffer_limit(args: list[str]) -> str:
@@ -692,8 +766,9 @@ def config_set(cfg: Config, name: str, value: str) -> str | None:
     try:
         args = split_args(value) if d.nargs != 1 else [value]
         new = parse_value(cfg, d, args, at_startup=False)
-    except (ConfigValueError, ArgsError):
-        return f"Invalid argument '{value}' for CONFIG SET '{name}'"
+    except (ConfigValueError, ArgsError) as exc:
+        why = f": {exc}" if isinstance(exc, ConfigRefused) else ""  # ours: say why
+        return f"Invalid argument '{value}' for CONFIG SET '{name}'{why}"
     setattr(cfg, d.attr, new)
     for fn in _set_listeners:
         fn(d.name, value)
@@ -724,6 +799,8 @@ def rewrite_line(cfg: Config, d: Directive) -> str:
 
 
 def _is_default(cfg: Config, d: Directive, defaults: Config) -> bool:
+    if d.name == "requirepass" and cfg.requirepass_file:
+        return True  # the password stays in its own file, never copied into the config
     return bool(getattr(cfg, d.attr) == getattr(defaults, d.attr))
 
 

@@ -14,9 +14,13 @@ the port). In order:
    SIGTERM/SIGINT, restarts a dead worker into its slot after a bounded
    backoff, and tells systemd READY=1 once every worker's ``ready`` is set.
 
-The directory lock is an flock on ``dir`` that the workers inherit across
-fork, so it is released only when the last process of this node is gone: a
-restart after SIGKILL waits for the old workers instead of racing them.
+The directory lock is an flock on ``dir/disque-mp.lock`` that the workers
+inherit across fork, so it is released only when the last process of this node
+is gone: a restart after SIGKILL waits for the old workers instead of racing
+them. The lock is a file of the node's own (mode 0600) in a directory only the
+node's user may write (``dir_strict_modes``, sshd's StrictModes): no other local
+user can open it, so none can hold the lock and keep the node from starting.
+Everything the node creates is private to its user (``node_umask``).
 """
 
 from __future__ import annotations
@@ -61,6 +65,8 @@ config_report_bytes_max = 1 << 20  # one CONFIG SET report line; ours are < 1 KB
 fd_headroom = 128  # files beyond maxclients: mesh sockets, AOF files, logs
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 PR_SET_NAME = 15  # <linux/prctl.h>
+node_umask = 0o077  # AOF, log, nodes.conf, pidfile: 0600; directories: 0700
+lock_file_name = "disque-mp.lock"  # in dir; flocked while any process of the node lives
 
 
 class StartupError(Exception):
@@ -121,12 +127,16 @@ class Supervisor:
         """Everything before the fork; raises StartupError with a clear message."""
         cfg = self.cfg
         _set_process_name("disque-mp X")
+        os.umask(node_umask)  # before the first file or directory the node creates
         try:
             os.makedirs(cfg.dir, exist_ok=True)
             os.chdir(cfg.dir)
         except OSError as e:
             raise StartupError(f"Can't chdir to '{cfg.dir}': {e.strerror}") from None
         cfg.dir = os.getcwd()  # workers and CONFIG GET dir see the absolute path
+        problem = config.dir_mode_problem(cfg.dir) if cfg.dir_strict_modes else None
+        if problem:  # before the log file or nodes.conf is opened there
+            raise StartupError(problem)
         try:
             setup_logging(cfg, "X")
         except OSError as e:
@@ -151,7 +161,7 @@ class Supervisor:
         self._write_pidfile()
 
     def _lock_dir(self) -> None:
-        fd = os.open(".", os.O_RDONLY)
+        fd = open_lock_file(lock_file_name)
         deadline = time.monotonic() + lock_wait_s
         while True:
             try:
@@ -510,6 +520,19 @@ class Supervisor:
                 peercred.remove_socket_dir(self.socket_dir)
         log.info("disque-mp is now ready to exit, bye bye...")
         return code
+
+
+def open_lock_file(name: str) -> int:
+    """The node's lock file in the current dir, created 0600; never one that is a link
+    or another user's (only the node's user can create files in a strict dir)."""
+    try:
+        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise StartupError(f"Can't open the lock file {name}: {e.strerror}") from None
+    if os.fstat(fd).st_uid != os.geteuid():
+        os.close(fd)
+        raise StartupError(f"Refusing the lock file {name}: it belongs to another user")
+    return fd
 
 
 def _set_process_name(name: str) -> None:

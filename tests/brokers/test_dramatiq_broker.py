@@ -9,6 +9,7 @@ import pytest
 from dramatiq import Message
 from dramatiq.errors import QueueJoinTimeout
 
+from disque_mp.client import PausedError
 from disque_mp.dramatiq import DisqueBroker, DisqueMessage
 from disque_mp.dramatiq.broker import delay_seconds, nodes_from_url
 from tests.nodeproc import NodeProc, unique_queue
@@ -110,6 +111,7 @@ def test_a_message_not_held_is_published_and_max_deliveries_is_set(
     q = unique_queue("dqm")
     first = b.enqueue(message(q, 1))
     b.enqueue(first, delay=None)  # a plain Message: a second job
+    b.confirm_enqueued()  # enqueue pipelines its ADDJOB: wait for the node's replies
     jobs = b.client.qpeek(q, 10)
     assert len(jobs) == 2
     shown = b.client.show(jobs[0].id)
@@ -118,3 +120,46 @@ def test_a_message_not_held_is_published_and_max_deliveries_is_set(
     with pytest.raises(ValueError, match="max_deliveries"):
         DisqueBroker(nodes=["127.0.0.1:1"], max_deliveries=0)
     b.close()
+
+
+def test_enqueue_pipelines_and_an_error_surfaces_later(broker: DisqueBroker,
+                                                      broker_node: NodeProc) -> None:
+    """An ADDJOB refused by the node (a paused queue) raises from a later call, not
+    lost; the enqueues after it still land; confirm_delivery waits on each."""
+    paused, other = unique_queue("dqp"), unique_queue("dqo")
+    broker.client.pause(paused, "in")
+    raised, sent = [], 0
+    for target in (paused, other, other):
+        try:
+            broker.enqueue(message(target, 1))
+            sent += target == other
+        except PausedError as exc:  # the paused add's error: this enqueue sent nothing
+            raised.append(exc)
+    try:
+        broker.confirm_enqueued()
+    except PausedError as exc:
+        raised.append(exc)
+    assert len(raised) == 1  # the refused add, raised once
+    assert broker.client.qlen(other) == sent >= 1 and broker.client.qlen(paused) == 0
+    sync = DisqueBroker(url=f"disque://127.0.0.1:{broker_node.port}", confirm_delivery=True)
+    with pytest.raises(PausedError):
+        sync.enqueue(message(paused, 1))
+    sync.close()
+    broker.client.pause(paused, "none")
+    broker.flush(other)
+
+
+def test_acks_leave_in_batches_and_close_sends_them(broker: DisqueBroker) -> None:
+    q = unique_queue("dqa")
+    broker.declare_queue(q)
+    for i in range(40):
+        broker.enqueue(message(q, i))
+    consumer = broker.consume(q, prefetch=40, timeout=2000)
+    taken = [next(consumer) for _ in range(40)]
+    assert all(isinstance(m, DisqueMessage) for m in taken)
+    for m in taken:
+        consumer.ack(m)
+    acks = consumer._acks
+    consumer.close()  # flushes the pending acks
+    assert acks is not None and 1 <= acks.batches < 40
+    assert all(broker.client.show(m.job_id) is None for m in taken if isinstance(m, DisqueMessage))

@@ -14,7 +14,7 @@ import pytest
 from celery import Celery
 
 import disque_mp.kombu  # noqa: F401  (registers disque://)
-from disque_mp.client import Disque
+from disque_mp.client import Disque, PausedError
 from disque_mp.kombu import BroadcastNotSupported, Transport, transport
 from disque_mp.kombu.transport import job_times, seconds_until
 from tests.nodeproc import NodeProc, unique_queue, wait_until
@@ -88,6 +88,7 @@ def test_size_purge_ack_and_requeue(broker_node: NodeProc, disque: Disque) -> No
         again = sq.get(timeout=5)
         assert again.delivery_tag == m.delivery_tag
         again.ack()
+        sq.consumer.channel.qos.flush_acks()  # acks leave in batches from a thread
         assert disque.show(m.delivery_tag) is None or disque.show(m.delivery_tag)["state"] == "acked"
         assert sq.qsize() == 4
         assert sq.clear() == 4
@@ -117,6 +118,7 @@ def test_closing_a_channel_nacks_its_unacked_messages(broker_node: NodeProc,
         sq.consumer.qos(prefetch_count=2)
         for i in range(3):
             sq.put({"n": i})
+        conn.transport.confirm_published()  # publishes are pipelined: wait for the replies
         taken = [sq.get(timeout=5) for _ in range(2)]
         assert disque.qlen(q) == 1
     # NACKed at close: back at once (not after the 30 s visibility timeout), not copied
@@ -125,6 +127,51 @@ def test_closing_a_channel_nacks_its_unacked_messages(broker_node: NodeProc,
     assert disque.show(taken[0].delivery_tag)["nacks"] == 1
     with connection(broker_node) as conn:
         assert conn.SimpleQueue(q).clear() == 3
+
+
+def test_publish_pipelines_and_an_error_surfaces_later(broker_node: NodeProc,
+                                                      disque: Disque) -> None:
+    """A publish the node refuses (a paused queue) raises from a later publish or from
+    confirm_published, once; the publishes after it land. confirm_publish raises at once."""
+    paused, other = unique_queue("kp"), unique_queue("ko")
+    disque.pause(paused, "in")
+    raised, sent = [], 0
+    with connection(broker_node) as conn:
+        producer = conn.Producer()
+        for target in (paused, other, other):
+            try:
+                producer.publish({"x": 1}, routing_key=target, declare=[kombu.Queue(target)])
+                sent += target == other
+            except PausedError as exc:  # the paused add's error: this publish sent nothing
+                raised.append(exc)
+        try:
+            conn.transport.confirm_published()
+        except PausedError as exc:
+            raised.append(exc)
+    assert len(raised) == 1
+    assert disque.qlen(other) == sent >= 1 and disque.qlen(paused) == 0
+    with connection(broker_node, confirm_publish=True) as conn, pytest.raises(PausedError):
+        conn.Producer().publish({"x": 1}, routing_key=paused, declare=[kombu.Queue(paused)])
+    disque.pause(paused, "none")
+    with connection(broker_node) as conn:
+        assert conn.SimpleQueue(other).clear() == sent
+
+
+def test_acks_leave_in_batches(broker_node: NodeProc, disque: Disque) -> None:
+    q = unique_queue("ka")
+    with connection(broker_node) as conn:
+        sq = conn.SimpleQueue(q)
+        sq.consumer.qos(prefetch_count=40)
+        for i in range(40):
+            sq.put({"n": i})
+        taken = [sq.get(timeout=5) for _ in range(40)]
+        for m in taken:
+            m.ack()
+        qos = sq.consumer.channel.qos
+        qos.flush_acks()
+        assert qos._acks is not None and 1 <= qos._acks.batches < 40
+        assert all(disque.show(m.delivery_tag) is None for m in taken)
+        sq.close()
 
 
 def test_priority_steps_consume_lower_numbers_first(broker_node: NodeProc) -> None:

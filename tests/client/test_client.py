@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from disque_mp.client import (
+    AckBatcher,
+    AddWindow,
     BadIdError,
     CommandError,
     Disque,
@@ -187,6 +189,63 @@ def test_add_jobs_pipelines_and_stops_at_the_first_error(d: Disque) -> None:
     assert [j.body for j in d.qpeek(q, 3)] == [b"j0", b"j1", b"j2"]
     with pytest.raises(CommandError, match="TTL must be a number > 0"):
         d.add_jobs([(q, "x")], ttl=0)
+
+
+def test_add_window_bounds_pipelines_and_resends_after_a_drop(d: Disque) -> None:
+    q = _q("window")
+    w = AddWindow(d, window=4)
+    for i in range(20):
+        w.add(q, f"j{i}", retry=60)
+        assert w.pending <= 4
+    w.flush()
+    assert w.pending == 0 and w.confirmed == 20 and d.qlen(q) == 20
+    # the node closes the window's connection: the next adds go on a new one, and
+    # what was written and not answered is written again
+    host, port = w._conn._sock.getsockname()[:2]
+    d.execute("CLIENT", "KILL", f"{host}:{port}")
+    for i in range(20, 30):
+        w.add(q, f"j{i}", retry=60)
+    w.close()
+    assert d.qlen(q) == 30
+    assert sorted(j.body for j in d.qpeek(q, 30)) == sorted(f"j{i}".encode() for i in range(30))
+    with pytest.raises(ValueError, match="window"):
+        AddWindow(d, window=0)
+
+
+def test_add_window_raises_an_error_reply_once_and_goes_on(d: Disque) -> None:
+    paused, other = _q("wpaused"), _q("wother")
+    d.pause(paused, "in")
+    w = AddWindow(d)
+    raised, sent = [], 0
+    for target in (paused, other, other, other):
+        try:
+            w.add(target, "x")
+            sent += target == other
+        except PausedError as exc:  # the paused add's error: this add sent nothing
+            raised.append(exc)
+    try:
+        w.flush()
+    except PausedError as exc:
+        raised.append(exc)
+    w.flush()  # raised once only
+    assert len(raised) == 1 and d.qlen(other) == sent >= 2 and d.qlen(paused) == 0
+    d.pause(paused, "none")
+    w.close()
+
+
+def test_ack_batcher_acks_everything_in_few_commands(d: Disque) -> None:
+    q = _q("acks")
+    ids = d.add_jobs((q, f"j{i}") for i in range(200))
+    jobs = d.get_jobs(q, count=200, nohang=True)
+    assert len(jobs) == 200
+    acks = AckBatcher(d)
+    for job in jobs:
+        acks.ack(job.id)
+    assert acks.flush()
+    assert 1 <= acks.batches < 200
+    acks.close()
+    acks.ack(ids[0])  # after close: an ACKJOB of its own
+    assert all(d.show(i) is None for i in ids)
 
 
 # ----------------------------------------------------------------------------- errors

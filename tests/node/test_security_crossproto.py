@@ -48,6 +48,7 @@ def test_the_cluster_secret_cannot_be_turned_off_at_runtime(tmp_path: Path) -> N
     secret.write_text("first secret of this test\n")
     newer = tmp_path / "newer.secret"
     newer.write_text("second secret of this test\nfirst secret of this test\n")
+    newer.chmod(0o600)  # CONFIG SET takes only a file no other user may read
     with NodeProc(tmp_path / "n", workers=2, conf={"cluster-secret-file": str(secret)}) as node:
         r = node.client(protocol=2)
         with pytest.raises(Exception, match="cannot be turned off at runtime"):

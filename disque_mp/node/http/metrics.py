@@ -9,6 +9,7 @@ handles.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -36,8 +37,18 @@ REQUEUE_REASONS = (("retry", "requeued_retry"), ("nack", "requeued_nack"),
                    ("enqueue", "requeued_enqueue"))
 
 
-def queue_label(name: bytes) -> str:
-    return name.decode("utf-8", "replace")
+label_hash_bytes = 8  # the digest that keeps two cut names apart (16 hex characters)
+
+
+def queue_label(name: bytes, bytes_max: int = 1 << 30) -> str:
+    """A queue's label: its name, or past ``http-metrics-label-bytes-max`` its first
+    bytes, "~" and a digest of the whole name (a 64 KB name would make each scrape
+    megabytes; two long names sharing their start keep two series)."""
+    if len(name) <= bytes_max:
+        return name.decode("utf-8", "replace")
+    digest = hashlib.blake2b(name, digest_size=label_hash_bytes).hexdigest()
+    keep = max(0, bytes_max - len(digest) - 1)
+    return name[:keep].decode("utf-8", "ignore") + "~" + digest
 
 
 def merge_queue_rows(parts: list[dict[str, Any]], queues_max: int) -> list[list[Any]]:
@@ -81,6 +92,7 @@ class SnapshotCollector:
 
     def _queues(self) -> Iterator[Metric]:
         cap = self.w.cfg.http_metrics_queues_max
+        label_max = self.w.cfg.http_metrics_label_bytes_max
         rows = merge_queue_rows(self.parts, cap)
         fams: list[GaugeMetricFamily | CounterMetricFamily] = [
             GaugeMetricFamily("disque_queue_jobs_queued", "Jobs waiting in the queue", labels=["queue"]),
@@ -101,7 +113,7 @@ class SnapshotCollector:
                               labels=["queue"]),
         ]
         for name, queued, active, delayed, age_ms, jin, jout, blocked, pause, rate in rows:
-            label = [queue_label(name)]
+            label = [queue_label(name, label_max)]
             values = (queued, active, delayed, max(age_ms, 0) / 1000, jin, jout, blocked,
                       PAUSE_VALUES.get(pause, 0), rate)
             for fam, value in zip(fams, values, strict=True):

@@ -14,6 +14,15 @@ and closed before its body is read. The ``Host`` header must name a bound
 address, ``localhost`` or a name of ``http-allowed-hosts`` (a DNS-rebinding page
 names its own domain), and at most ``http-connections-max`` connections are open
 on the node. An ``ssl.SSLContext`` makes it HTTPS.
+
+A connection counts as unauthenticated until a request head of it passes those
+checks: at most ``http-unauth-connections-max`` of them (per node) are open, a
+new one closes the oldest idle one past that share, and each is closed after
+``http-unauth-idle-ms`` idle, so idle strangers never take the operator's slot.
+A wrong password is counted (INFO), logged (at most one line a second) and
+answered ``auth-failure-delay-ms`` late, as RESP's AUTH is. Every answer forbids
+framing (``X-Frame-Options``, CSP ``frame-ancestors``): no foreign page can put
+the dashboard's buttons under a click.
 """
 
 from __future__ import annotations
@@ -25,10 +34,12 @@ import hmac
 import ipaddress
 import logging
 import ssl
+import time
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from bus.auth import STATS as auth_stats
 from disque_mp.node.listen import listen_sockets
 from disque_mp.node.tls import https_context
 
@@ -40,6 +51,9 @@ log = logging.getLogger("disque_mp.node.http")
 header_count_max = 100  # headers in one request; a real browser sends about 20
 keepalive_idle_s = 60.0  # an idle keep-alive connection is closed after this
 linger_s = 2.0  # after an error answer, input is drained this long before closing
+auth_log_interval_s = 1.0  # wrong HTTP passwords: at most one log line this often
+# on every answer: no page of another origin may frame ours (clickjacking)
+FRAME_HEADERS = "X-Frame-Options: DENY\r\nContent-Security-Policy: frame-ancestors 'none'"
 REASONS = {200: "OK", 204: "No Content", 400: "Bad Request", 401: "Unauthorized",
            404: "Not Found", 405: "Method Not Allowed", 409: "Conflict",
            403: "Forbidden", 411: "Length Required", 413: "Content Too Large",
@@ -73,7 +87,7 @@ class Response:
     def encode(self, keep_alive: bool, head_only: bool = False) -> bytes:
         lines = [f"HTTP/1.1 {self.status} {REASONS.get(self.status, 'Unknown')}",
                  f"Content-Type: {self.content_type}", f"Content-Length: {len(self.body)}",
-                 "Cache-Control: no-store", "X-Content-Type-Options: nosniff",
+                 "Cache-Control: no-store", "X-Content-Type-Options: nosniff", FRAME_HEADERS,
                  "Connection: " + ("keep-alive" if keep_alive else "close")]
         lines += [f"{k}: {v}" for k, v in self.headers.items()]
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
@@ -161,6 +175,8 @@ class HttpConn(asyncio.Protocol):
     """One HTTP connection: requests parsed from ``buf`` and answered in order."""
 
     open_count = 0  # this worker's open HTTP connections (http-connections-max)
+    # this worker's connections not yet authenticated, oldest first (a dict keeps order)
+    unauthed: dict[HttpConn, None] = {}
 
     def __init__(self, w: NodeView, handle: Any) -> None:
         self.w = w
@@ -171,6 +187,7 @@ class HttpConn(asyncio.Protocol):
         self.closing = False
         self.idle: asyncio.TimerHandle | None = None
         self.counted = False
+        self.authed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -182,19 +199,42 @@ class HttpConn(asyncio.Protocol):
             return
         HttpConn.open_count += 1
         self.counted = True
+        self._admit_unauthed()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
         if self.counted:
             HttpConn.open_count -= 1
             self.counted = False
+        HttpConn.unauthed.pop(self, None)
         if self.idle is not None:
             self.idle.cancel()
 
     def _arm_idle(self) -> None:
         if self.idle is not None:
             self.idle.cancel()
-        self.idle = self.w.loop.call_later(keepalive_idle_s, self._close)
+        idle_s = keepalive_idle_s if self.authed else self.w.cfg.http_unauth_idle_ms / 1000
+        self.idle = self.w.loop.call_later(idle_s, self._close)
+
+    def _admit_unauthed(self) -> None:
+        """Count this new connection in the unauthenticated share; past the share (per
+        worker, as maxclients), close the oldest unauthenticated one: a stranger's idle
+        connections give way, an operator's request (sent at once) is read before its
+        turn comes."""
+        cfg = self.w.cfg
+        share = max(1, cfg.http_unauth_connections_max // max(1, cfg.workers))
+        queue = HttpConn.unauthed
+        queue[self] = None
+        if len(queue) <= share:
+            return
+        oldest = next(iter(queue))  # never self: the share is at least 1
+        queue.pop(oldest)
+        oldest._close()  # also one lingering after a 401: strangers share one budget
+
+    def _authenticated(self) -> None:
+        if not self.authed:
+            self.authed = True
+            HttpConn.unauthed.pop(self, None)
 
     def _close(self) -> None:
         if self.transport is not None:
@@ -222,6 +262,7 @@ class HttpConn(asyncio.Protocol):
             if len(self.buf) > limit:
                 self._fail(413, "request too large (http-request-bytes-max)")
             return
+        headers: dict[str, str] = {}
         try:
             method, target, headers = parse_head(bytes(self.buf[:end]))
             self._check_head(headers)
@@ -231,8 +272,12 @@ class HttpConn(asyncio.Protocol):
             if end + 4 + length > limit:
                 raise BadRequest(413, "request too large (http-request-bytes-max)")
         except BadRequest as e:
+            if e.status == 401 and "authorization" in headers:
+                self._wrong_password()
+                return
             self._fail(e.status, str(e), _CHALLENGE if e.status == 401 else None)
             return
+        self._authenticated()
         if len(self.buf) < end + 4 + length:
             return  # the body is still coming
         body = bytes(self.buf[end + 4:end + 4 + length])
@@ -294,8 +339,42 @@ class HttpConn(asyncio.Protocol):
         else:
             transport.close()
 
+    def _wrong_password(self) -> None:
+        """A wrong password: counted (INFO's auth failures), logged at most once a second,
+        answered 401 after ``auth-failure-delay-ms`` (the connection then closes)."""
+        auth_stats["client_auth_failures"] += 1
+        _log_wrong_password(self.transport)
+        self.closing = True
+        if self.transport is not None:
+            self.transport.pause_reading()
+        delay_s = self.w.cfg.auth_failure_delay_ms / 1000
+        if self.idle is not None:
+            self.idle.cancel()
+        self.idle = self.w.loop.call_later(delay_s, self._answer_wrong_password)
+
+    def _answer_wrong_password(self) -> None:
+        self.closing = False  # _fail sets it again and lingers
+        if self.transport is not None:
+            self.transport.resume_reading()
+        self._fail(401, "authentication required", _CHALLENGE)
+
     def eof_received(self) -> bool:
         return False  # the client is done sending: close
+
+
+_auth_log = {"next_s": 0.0, "quiet": 0}  # this worker's rate limit of the lines below
+
+
+def _log_wrong_password(transport: asyncio.Transport | None) -> None:
+    now = time.monotonic()
+    if now < _auth_log["next_s"]:
+        _auth_log["quiet"] += 1
+        return
+    peer = transport.get_extra_info("peername") if transport is not None else None
+    log.warning("HTTP: wrong password from %s (%d more not logged since the last line)",
+                peer[0] if peer else "?", _auth_log["quiet"])
+    _auth_log["next_s"] = now + auth_log_interval_s
+    _auth_log["quiet"] = 0
 
 
 _CHALLENGE = {"WWW-Authenticate": 'Basic realm="disque-mp", charset="UTF-8"'}

@@ -1,0 +1,269 @@
+"""``disque-mp admin``: the daily questions about a running node, without redis-cli.
+
+    disque-mp admin queues                 queues with their sizes, largest first
+    disque-mp admin peek QUEUE [COUNT]     the oldest COUNT jobs (negative: newest first)
+    disque-mp admin requeue QUEUE          dead:QUEUE's jobs back to QUEUE
+    disque-mp admin node                   this node: ID, build, workers, clients, jobs, memory
+    disque-mp admin cluster                the cluster as this node sees it
+
+Everything goes through the project's client (``disque_mp.client.Disque``), pinned to
+the one node named by ``--node`` (no failover: the answer is about that node). The
+password comes from ``--password`` or the ``DISQUE_MP_PASSWORD`` environment variable
+(kept off the command line, where ``ps`` shows it). ``--json`` prints one JSON document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from disque_mp.client import Disque, DisqueError, Job
+from disque_mp.client.core import as_str
+
+DEAD_PREFIX = "dead:"  # where MAXDELIVER moves a job (see docs/extensions.md)
+queues_scanned_max = 100_000  # queue names one `queues` call looks at: bounds its memory
+qstat_batch = 500  # QSTATs per pipelined round trip
+requeue_batch = 100  # jobs one GETJOB takes from the dead-letter queue
+requeue_add_timeout_ms = 5000  # ADDJOB's replication timeout for a requeued job
+body_shown_chars = 60  # a job body in peek's table is cut here (--json shows it whole)
+
+# INFO fields `admin node` shows, in this order (label, INFO key)
+NODE_FIELDS = (
+    ("version", "disque_version"), ("build", "shard_build"),
+    ("uptime_s", "uptime_in_seconds"), ("workers", "workers"), ("tcp_port", "tcp_port"),
+    ("clients", "connected_clients"), ("blocked_clients", "blocked_clients"),
+    ("jobs", "registered_jobs"), ("queues", "registered_queues"),
+    ("memory", "used_memory_human"), ("maxmemory", "maxmemory_human"),
+    ("aof", "aof_enabled"), ("aof_last_write", "aof_last_write_status"),
+)
+
+
+class AdminError(Exception):
+    """What the operator did wrong (bad queue name, nothing to requeue ...): one line, exit 1."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="disque-mp admin", description="Ask a running disque-mp node the daily questions.")
+    p.add_argument("--node", default="127.0.0.1:7711", help="host:port (default 127.0.0.1:7711)")
+    p.add_argument("--password", default=os.environ.get("DISQUE_MP_PASSWORD"),
+                   help="requirepass (default: $DISQUE_MP_PASSWORD)")
+    p.add_argument("--json", action="store_true", help="one JSON document instead of a table")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    q = sub.add_parser("queues", help="queues with their sizes, largest first")
+    q.add_argument("--limit", type=int, default=50, help="rows shown (default 50)")
+    q.add_argument("--all", action="store_true", help="include empty queues")
+    pk = sub.add_parser("peek", help="jobs at the head of a queue, nothing consumed")
+    pk.add_argument("queue")
+    pk.add_argument("count", type=int, nargs="?", default=10,
+                    help="how many (default 10; negative: the newest first)")
+    rq = sub.add_parser("requeue", help="dead:QUEUE's jobs back to QUEUE (new IDs)")
+    rq.add_argument("queue", help="QUEUE or dead:QUEUE")
+    rq.add_argument("--max", type=int, default=10_000, help="at most this many (default 10000)")
+    sub.add_parser("node", help="this node: ID, build, workers, clients, jobs, memory, AOF")
+    sub.add_parser("cluster", help="the cluster as this node sees it: state and nodes")
+    return p
+
+
+# --------------------------------------------------------------------------- queues
+
+
+def queue_rows(d: Disque, include_empty: bool) -> list[dict[str, Any]]:
+    """QSTAT of every queue the node knows (QSCAN), largest first, ties by name."""
+    names: list[str] = []
+    seen: set[str] = set()
+    for name in d.iter_queues(count=1000):
+        if name not in seen:
+            seen.add(name)
+            names.append(name)
+        if len(names) >= queues_scanned_max:
+            break
+    rows = []
+    for start in range(0, len(names), qstat_batch):
+        chunk = names[start:start + qstat_batch]
+        replies = d.execute_many([("QSTAT", n) for n in chunk], raise_on_error=False)
+        for name, reply in zip(chunk, replies, strict=True):
+            if reply is None or isinstance(reply, DisqueError):
+                continue  # gone between QSCAN and QSTAT
+            stat = {as_str(reply[i]): reply[i + 1] for i in range(0, len(reply) - 1, 2)}
+            row: dict[str, Any] = {
+                "name": name, "queued": int(stat.get("len", 0)), "age_s": int(stat.get("age", 0)),
+                "idle_s": int(stat.get("idle", 0)), "blocked": int(stat.get("blocked", 0)),
+                "pause": as_str(stat.get("pause", b"none")),
+                "import_rate": int(stat.get("import-rate", 0))}
+            if include_empty or row["queued"] or row["blocked"]:
+                rows.append(row)
+    rows.sort(key=lambda r: (-r["queued"], r["name"]))
+    return rows
+
+
+def cmd_queues(d: Disque, args: argparse.Namespace) -> Any:
+    rows = queue_rows(d, args.all)
+    shown = rows[:max(args.limit, 0)]
+    if args.json:
+        return {"queues": shown, "total": len(rows)}
+    table = [("QUEUE", "QUEUED", "BLOCKED", "AGE_S", "PAUSE")]
+    table += [(r["name"], str(r["queued"]), str(r["blocked"]), str(r["age_s"]), r["pause"])
+              for r in shown]
+    more = f"\n({len(rows) - len(shown)} more: --limit)" if len(rows) > len(shown) else ""
+    if not rows:
+        return "no queue holds a job (--all lists empty ones too)"
+    return _table(table) + more
+
+
+# --------------------------------------------------------------------------- peek
+
+
+def _job_dict(job: Job, show: dict[str, Any] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": job.id, "queue": job.queue,
+                           "body": job.body.decode("utf-8", "backslashreplace")}
+    if show is not None:
+        for key in ("nacks", "additional-deliveries", "ctime", "ttl", "retry", "maxdeliver"):
+            if key in show:
+                out[key] = show[key]
+    return out
+
+
+def cmd_peek(d: Disque, args: argparse.Namespace) -> Any:
+    if args.count == 0:
+        raise AdminError("COUNT must not be 0 (positive: oldest first, negative: newest first)")
+    jobs = d.qpeek(args.queue, args.count)
+    shows = d.execute_many([("SHOW", j.id) for j in jobs], raise_on_error=False) if jobs else []
+    found = [_job_dict(j, _pairs(s)) for j, s in zip(jobs, shows, strict=True)]
+    if args.json:
+        return {"queue": args.queue, "jobs": found}
+    if not found:
+        return f"queue {args.queue!r} has no queued job"
+    table = [("ID", "NACKS", "DELIVERIES", "BODY")]
+    for j in found:
+        body = j["body"] if len(j["body"]) <= body_shown_chars else j["body"][:body_shown_chars] + "..."
+        table.append((j["id"], str(j.get("nacks", "")), str(j.get("additional-deliveries", "")),
+                      body.replace("\n", "\\n")))
+    return _table(table)
+
+
+def _pairs(reply: Any) -> dict[str, Any] | None:
+    if reply is None or isinstance(reply, DisqueError):
+        return None
+    return {as_str(reply[i]): reply[i + 1] for i in range(0, len(reply) - 1, 2)}
+
+
+# --------------------------------------------------------------------------- requeue
+
+
+def _add_copy(d: Disque, queue: str, job_id: str, body: bytes) -> str:
+    """ADDJOB a copy of a dead letter: its remaining TTL, its RETRY, its MAXDELIVER (as the
+    dashboard's requeue does: a poison job gets its n deliveries again)."""
+    show = d.show(job_id) or {}
+    ttl_s, retry_s = int(show.get("ttl", 0)), int(show.get("retry", -1))
+    maxdeliver = int(show.get("maxdeliver", 0))
+    ttl = ttl_s if ttl_s > 1 else None
+    retry = retry_s if ttl is not None and 0 <= retry_s < ttl_s else None  # RETRY <= TTL
+    return d.add_job(queue, body, requeue_add_timeout_ms, ttl=ttl, retry=retry,
+                     maxdeliver=maxdeliver if maxdeliver > 0 else None)
+
+
+def cmd_requeue(d: Disque, args: argparse.Namespace) -> Any:
+    target = args.queue[len(DEAD_PREFIX):] if args.queue.startswith(DEAD_PREFIX) else args.queue
+    if not target:
+        raise AdminError(f"no queue named after {DEAD_PREFIX!r}")
+    dead = DEAD_PREFIX + target
+    moved = 0
+    while moved < args.max:
+        taken = d.get_jobs(dead, nohang=True, count=min(requeue_batch, args.max - moved))
+        if not taken:
+            break
+        for i, job in enumerate(taken):
+            try:
+                _add_copy(d, target, job.id, job.body)
+            except DisqueError as e:  # give the rest back to the dead-letter queue
+                d.nack(*[t.id for t in taken[i:]])
+                raise AdminError(f"requeued {moved} from {dead} to {target}, then: {e}") from None
+            d.ack(job.id)
+            moved += 1
+    left = d.qlen(dead)
+    if args.json:
+        return {"from": dead, "to": target, "requeued": moved, "left": left}
+    return f"requeued {moved} jobs from {dead} to {target}; {left} left in {dead}"
+
+
+# --------------------------------------------------------------------------- node, cluster
+
+
+def cmd_node(d: Disque, args: argparse.Namespace) -> Any:
+    info = d.info("all")
+    out: dict[str, Any] = {"id": d.hello().node_id, "node": args.node}
+    out.update((label, info[key]) for label, key in NODE_FIELDS if key in info)
+    if args.json:
+        return out
+    return _table([(k, str(v)) for k, v in out.items()])
+
+
+def cluster_state(d: Disque) -> dict[str, Any]:
+    info = {k: v for k, v in (line.split(":", 1) for line in
+                              as_str(d.execute("CLUSTER", "INFO")).splitlines() if ":" in line)}
+    nodes = []
+    for line in as_str(d.execute("CLUSTER", "NODES")).splitlines():
+        fields = line.split()
+        if len(fields) >= 6:
+            nodes.append({"id": fields[0], "address": fields[1], "flags": fields[2],
+                          "link": fields[5]})
+    return {"state": info.get("cluster_state", "?"),
+            "known_nodes": int(info.get("cluster_known_nodes", 0)),
+            "reachable_nodes": int(info.get("cluster_reachable_nodes", 0)), "nodes": nodes}
+
+
+def cmd_cluster(d: Disque, args: argparse.Namespace) -> Any:
+    state = cluster_state(d)
+    if args.json:
+        return state
+    head = (f"cluster_state:{state['state']}  known nodes: {state['known_nodes']}  "
+            f"reachable: {state['reachable_nodes']}\n")
+    rows = [("ID", "ADDRESS", "FLAGS", "LINK")]
+    rows += [(n["id"], n["address"], n["flags"], n["link"]) for n in state["nodes"]]
+    return head + _table(rows)
+
+
+# --------------------------------------------------------------------------- output, main
+
+
+def _table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
+             for r in rows]
+    return "\n".join(lines)
+
+
+COMMANDS: dict[str, Callable[[Disque, argparse.Namespace], Any]] = {
+    "queues": cmd_queues, "peek": cmd_peek, "requeue": cmd_requeue,
+    "node": cmd_node, "cluster": cmd_cluster,
+}
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        d = Disque(args.node, password=args.password, failover_attempts=0,
+                   follow_priority=False, socket_timeout=30)
+    except ValueError as e:
+        print(f"disque-mp admin: {e}", file=sys.stderr)
+        return 2
+    try:
+        result = COMMANDS[args.command](d, args)
+    except (AdminError, DisqueError, ValueError) as e:
+        print(f"disque-mp admin: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"disque-mp admin: cannot reach {args.node}: {e}", file=sys.stderr)
+        return 1
+    finally:
+        d.close()
+    try:
+        print(json.dumps(result, indent=1) if args.json else result, flush=True)
+    except BrokenPipeError:  # `disque-mp admin queues | head`: the reader has enough
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
