@@ -5,7 +5,9 @@ leaves nothing bound: its workers exit within a second and a new node can bind
 the port). In order:
 
 1. create and enter ``dir``; open ``logfile`` there; lock ``dir`` (two nodes in
-   one dir would mix their AOF files and node IDs);
+   one dir would mix their AOF files and node IDs); check the cluster secret
+   file and that every port the workers will bind is free (a port in use is one
+   line naming it and its holder, before any worker starts);
 2. load or create the node ID (``bus/nodes_conf.py``), write ``pidfile``;
 3. fork ``workers`` processes with ``multiprocess`` (start method ``fork``,
    before any thread or event loop exists), each running
