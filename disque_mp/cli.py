@@ -149,6 +149,10 @@ def main(argv: list[str]) -> int:
         print(e.report(), file=sys.stderr, end="")
         return 1
     if test_only:
+        problem = config.check_secret_file(cfg)  # the files it names, as this user reads them
+        if problem:
+            print(f"disque-mp: {problem}", file=sys.stderr)
+            return 1
         print(f"disque-mp: configuration {path or '(command line)'} is valid")
         return 0
     from disque_mp.node import supervisor

@@ -203,6 +203,12 @@ class Config:
     http_unauth_idle_ms: int = 10_000  # such a connection is closed when idle this long
     http_metrics_label_bytes_max: int = 256  # a queue name longer than this is cut in /metrics
     requirepass_file: str = ""  # requirepass read from this file (not seen in /proc's cmdline)
+    # the log line's shape: "text" (Redis' line) or "json" (one object a line, for
+    # Loki, Elasticsearch, journald's JSON readers; docs/observability.md)
+    logformat: str = "text"
+    # /readyz waits this long for every worker to answer; a worker that does not
+    # (stopped, stuck in a long call) makes the node not ready rather than hang the probe
+    readyz_timeout_ms: int = 2000
 
 
 class ConfigValueError(ValueError):
@@ -406,6 +412,11 @@ DIRECTIVES: tuple[Directive, ...] = (
     _d("http-metrics-label-bytes-max", "int", True, "Invalid http-metrics-label-bytes-max value",
        lo=16, hi=65536),
     _d("requirepass-file", "special", False),
+    # ours: the log's format (docs/observability.md)
+    _d("logformat", "enum", False, "Invalid logformat. Must be one of text, json",
+       choices=("text", "json")),
+    _d("readyz-timeout-ms", "int", True, "Invalid readyz-timeout-ms value", lo=1,
+       hi=60_000),
 )
 BY_NAME: dict[str, Directive] = {d.name: d for d in DIRECTIVES}
 # Names Redis users know for our limit directives (same field, same units).
@@ -667,6 +678,25 @@ def load(path: str | None, overrides: list[list[str]] | None = None) -> Config:
         raise ConfigError(reason, 0, f"worker-ports-base {cfg.worker_ports_base}",
                           cfg.config_file)
     return cfg
+
+
+def check_secret_file(cfg: Config) -> str:
+    """What is wrong with ``cluster-secret-file`` ("" = nothing): the file must be
+    readable by this user and hold a key, now, before any worker starts (a relative
+    name is inside ``dir``). Not part of ``load()``, which reads the config alone: the
+    supervisor asks it at start, and ``--test-config``, run as the service's user."""
+    name = cfg.cluster_secret_file
+    if not name:
+        return ""
+    path = name if os.path.isabs(name) else os.path.join(cfg.dir, name)
+    from bus.auth import SecretError, load_keys
+
+    try:
+        load_keys(path)
+    except SecretError as exc:
+        return (f"cluster-secret-file: {exc} (create it with one secret a line, readable "
+                "by the user the node runs as, mode 600: docs/operations.md)")
+    return ""
 
 
 def worker_ports(cfg: Config) -> list[int]:

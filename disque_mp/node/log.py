@@ -7,11 +7,13 @@ time with milliseconds, a level mark (``.`` debug, ``-`` verbose, ``*``
 notice, ``#`` warning) and the message. Every process calls
 ``setup_logging(cfg, role)`` once (again after a fork); modules log with
 ``logging.getLogger(__name__)``: ``log.info`` is Disque's notice level,
-``log.log(VERBOSE, ...)`` its verbose level.
+``log.log(VERBOSE, ...)`` its verbose level. ``logformat json`` writes one JSON
+object a line instead (``JsonFormatter``), for log pipelines that parse JSON.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import logging.handlers
 import os
@@ -50,6 +52,40 @@ class RedisFormatter(logging.Formatter):
         return f"{record.process}:{self.role} {stamp}.{ms:03d} {_mark(record.levelno)} {text}"
 
 
+class JsonFormatter(logging.Formatter):
+    """``logformat json``: one JSON object a line, the same facts as the text line.
+
+        {"ts": "2026-11-21T23:59:01.123Z", "pid": 12345, "role": "X",
+         "level": "notice", "logger": "disque_mp.node.supervisor",
+         "msg": "Ready to accept connections (4 workers)"}
+
+    ``ts`` is UTC (RFC 3339, milliseconds); ``level`` is Disque's level name; a
+    traceback, when there is one, is in ``exc``."""
+
+    def __init__(self, role: str) -> None:
+        super().__init__()
+        self.role = role
+
+    def format(self, record: logging.LogRecord) -> str:
+        ms = int((record.created % 1) * 1000)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        entry: dict[str, object] = {
+            "ts": f"{stamp}.{ms:03d}Z", "pid": record.process, "role": self.role,
+            "level": _level_name(record.levelno), "logger": record.name,
+            "msg": record.getMessage()}
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def _level_name(levelno: int) -> str:
+    if levelno >= logging.WARNING:
+        return "warning"
+    if levelno >= logging.INFO:
+        return "notice"
+    return "verbose" if levelno >= VERBOSE else "debug"
+
+
 def _stream_handler(stream: TextIO) -> logging.Handler:
     return logging.StreamHandler(stream)
 
@@ -86,7 +122,8 @@ def setup_logging(cfg: Config, role: str) -> None:
             root.removeHandler(old)
             old.close()
     for h in handlers:
-        h.setFormatter(RedisFormatter(role))
+        json_lines = cfg.logformat == "json" and not isinstance(h, logging.handlers.SysLogHandler)
+        h.setFormatter(JsonFormatter(role) if json_lines else RedisFormatter(role))
         setattr(h, _handler_tag, True)
         root.addHandler(h)
     set_loglevel(cfg.loglevel)

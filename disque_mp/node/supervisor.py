@@ -5,7 +5,9 @@ leaves nothing bound: its workers exit within a second and a new node can bind
 the port). In order:
 
 1. create and enter ``dir``; open ``logfile`` there; lock ``dir`` (two nodes in
-   one dir would mix their AOF files and node IDs);
+   one dir would mix their AOF files and node IDs); check the cluster secret
+   file and that every port the workers will bind is free (a port in use is one
+   line naming it and its holder, before any worker starts);
 2. load or create the node ID (``bus/nodes_conf.py``), write ``pidfile``;
 3. fork ``workers`` processes with ``multiprocess`` (start method ``fork``,
    before any thread or event loop exists), each running
@@ -48,6 +50,7 @@ from bus.durable import write_atomic
 from disque_mp import __version__, compiled
 from disque_mp.node import config, sdnotify
 from disque_mp.node.config import Config
+from disque_mp.node.listen import port_busy
 from disque_mp.node.log import VERBOSE, setup_logging
 
 log = logging.getLogger("disque_mp.node.supervisor")
@@ -150,6 +153,10 @@ class Supervisor:
                         ", ".join(build["stale"]))
         log.info("Shard modules: %s", compiled.summary())
         self._lock_dir()
+        secret = config.check_secret_file(cfg)
+        if secret:
+            raise StartupError(secret)
+        self._check_ports()
         self._make_socket_dir()
         self._load_identity()
         self._raise_fd_limit()
@@ -174,6 +181,27 @@ class Supervisor:
                     "is already used by a different disque-mp node. Please make sure that "
                     "different nodes use different dirs.")
             time.sleep(0.05)
+
+    def _check_ports(self) -> None:
+        """Every port the workers will bind is free, said in one line before any worker
+        starts: the workers bind the client and HTTP ports with SO_REUSEPORT, which
+        would let this node share another node's ports (and split its requests)."""
+        cfg = self.cfg
+        ports = [("client port", cfg.bind, cfg.port),
+                 ("cluster bus port", cfg.bind, cfg.port + 10000)]
+        if cfg.tls_port:
+            ports.append(("TLS port", cfg.bind, cfg.tls_port))
+        if cfg.http_port:
+            ports.append(("HTTP port", cfg.http_bind, cfg.http_port))
+        ports += [(f"worker port of W{i}", cfg.bind, p)
+                  for i, p in enumerate(config.worker_ports(cfg))]
+        for label, bind, port in ports:
+            why = port_busy(bind, port)
+            if why:
+                raise StartupError(f"Can't listen on the {label} {port}: {why}")
+        if cfg.http_port:
+            log.info("HTTP (dashboard, /metrics, /api, /healthz) on %s port %d",
+                     cfg.http_bind or "0.0.0.0", cfg.http_port)
 
     def _make_socket_dir(self) -> None:
         """The workers' local sockets live in a fresh directory only our uid can
@@ -578,6 +606,7 @@ def run(cfg: Config) -> int:
             peercred.remove_socket_dir(sup.socket_dir)
         if logging.getLogger().handlers:
             log.warning("%s", e)
-        print(f"disque-mp: {e}", file=sys.stderr)
+        if cfg.logfile or not logging.getLogger().handlers:  # else the line is on stdout
+            print(f"disque-mp: {e}", file=sys.stderr)
         return 1
     return sup.run()

@@ -112,12 +112,27 @@ def test_dashboard_pause_nack_and_requeue(node: NodeProc, browser: Any, tmp_path
     find(browser, f"button[data-action=resume][data-queue={css_str(q)}]").click()  # the page follows
     wait_until(lambda: qstat(r, q)[b"pause"] == b"none", wait_s, "QSTAT pause none")
 
-    # open the queue, then the active job, and NACK it
+    # open the queue (its fields read as text, the page does not scroll sideways),
+    # then the active job, and NACK it
     browser.get(base(node) + "/#/queue/" + urllib.parse.quote(q, safe=""))
     find(browser, f"a[data-action=open][data-job={css_str(active_id)}]").click()
     find(browser, "#job")
     assert active_id in browser.find_element("css selector", "#job h1").text
     assert "active" in browser.find_element("css selector", "#job-state").text
+    assert_fields_read(browser, {"queue": q, "state": "active", "nacks": "0", "repl": "1"})
+    job_page = browser.current_url
+    browser.get(base(node) + "/#/queue/" + urllib.parse.quote(q, safe=""))
+
+    def queue_fields() -> str:  # read in one script: the view refreshes every 2 s
+        return str(browser.execute_script(
+            "const d = document.querySelector('dl.fields'); return d ? d.innerText : '';"))
+
+    wait_until(lambda: "length\n11" in queue_fields() and "pause\nnone" in queue_fields(),
+               wait_s, "the queue's fields as text")
+    assert "[object" not in queue_fields()
+    assert_no_sideways_scroll(browser)
+    browser.get(job_page)  # not a click: the queue view redraws every 2 s under it
+    find(browser, "#job")
     find(browser, f"button[data-action=nack][data-job={css_str(active_id)}]").click()
 
     def nacks() -> int:
@@ -137,6 +152,29 @@ def test_dashboard_pause_nack_and_requeue(node: NodeProc, browser: Any, tmp_path
     wait_until(lambda: (r.execute_command("QLEN", q), r.execute_command("QLEN", "dead:" + q))
                == (before + 3, 0), wait_s, "the jobs back in their queue")
     browser.save_screenshot(str(tmp_path / "dead.png"))
+
+
+def assert_fields_read(browser: Any, want: dict[str, str]) -> None:
+    """The job page's fields are text (not "[object HTMLElement]"), at two widths
+    without a sideways scroll."""
+    text = find(browser, "#job dl.fields").text
+    assert "[object" not in text, text
+    for name, value in want.items():
+        cell = browser.find_element("css selector", f"#job dd[data-field={css_str(name)}]")
+        assert cell.text == value, (name, cell.text)
+    assert_no_sideways_scroll(browser)
+
+
+def assert_no_sideways_scroll(browser: Any) -> None:
+    size = browser.get_window_size()
+    try:
+        for width in (1360, 800):
+            browser.set_window_size(width, 900)
+            wide = browser.execute_script(
+                "const d = document.documentElement; return [d.scrollWidth, d.clientWidth];")
+            assert wide[0] <= wide[1], (width, wide)
+    finally:
+        browser.set_window_size(size["width"], size["height"])
 
 
 def test_dashboard_is_usable_by_keyboard(node: NodeProc, browser: Any) -> None:

@@ -148,6 +148,8 @@ def cmd_config(w: NodeView, conn: Client, cmd: list[bytes]) -> Any:
     if sub == b"rewrite":
         if n != 2:
             return Error("ERR Wrong number of arguments for CONFIG rewrite")
+        if not w.cfg.config_file:
+            return _no_config_file()
         try:
             configmod.rewrite(w.cfg)
         except OSError as exc:
@@ -218,6 +220,17 @@ def cmd_slowlog(w: NodeView, conn: Client, cmd: list[bytes]) -> Any:
     if sub == b"reset" and n == 2:
         return gather(w, conn, "slowlog_reset", None, lambda parts: OK)
     return ERR_SLOWLOG
+
+
+def _no_config_file() -> Error:
+    """CONFIG REWRITE on a node started without a config file: the reference's reply,
+    and in the log what to do (a controlled restart needs the file to carry
+    aof-enqueue-jobs-once across the restart)."""
+    log.warning("CONFIG REWRITE refused: the node was started without a config file, so "
+                "there is nowhere to write. Start it with one (disque-mp /path/disque-mp.conf); "
+                "for a controlled restart without one, start the next node with "
+                "--aof-enqueue-jobs-once yes")
+    return Error("ERR The server is running without a config file")
 
 
 def cmd_bgrewriteaof(w: NodeView, conn: Client, cmd: list[bytes]) -> Any:

@@ -16,6 +16,7 @@ The API has the semantics of the commands because it runs them (``commands.call`
     POST   /api/jobs/{id}/nack           NACK (only an active job)
     POST   /api/jobs/{id}/dead           move to the dead-letter queue dead:{queue}
     GET    /api/nodes                    HELLO and the cluster view (flags, links)
+    GET    /healthz, /readyz             liveness and readiness probes (health.py)
 
 Errors are ``{"error": text, "status": code}``: 400 bad job ID or body, 404 unknown
 path, queue or job, 405 wrong method (with ``Allow``), 409 a job in a state the
@@ -37,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from bus.clock import wall_ms
+from disque_mp.node.http import health
 from disque_mp.node.http import metrics as metricsmod
 from disque_mp.node.http.commands import ReplyError, call
 from disque_mp.node.http.ops import gather
@@ -438,6 +440,8 @@ ROUTES: list[tuple[re.Pattern[str], dict[str, Handler]]] = [
     (re.compile(r"/(?:index\.html)?"), {"GET": get_index}),
     (re.compile(r"/static/([a-z]+\.[a-z]+)"), {"GET": get_static}),
     (re.compile(r"/metrics"), {"GET": get_metrics}),
+    (re.compile(r"/healthz"), {"GET": health.get_healthz}),
+    (re.compile(r"/readyz"), {"GET": health.get_readyz}),
     (re.compile(r"/api/overview"), {"GET": get_overview}),
     (re.compile(r"/api/queues"), {"GET": get_queues}),
     (re.compile(rf"/api/queues/{_SEG}"), {"GET": get_queue}),

@@ -8,6 +8,7 @@ values cross the mesh packed like any reply (JSON, bytes moved to frame bodies).
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import TYPE_CHECKING, Any
 
 from bus.clock import wall_ms
@@ -22,6 +23,8 @@ def local_op(w: NodeView, op: str, arg: Any) -> Any:
     """This worker's part (``commands.server.local_op`` calls it for ``http.*`` ops)."""
     if op == "http.metrics":
         return worker_snapshot(w, int(arg))
+    if op == "http.health":  # /readyz: this worker answers (health.py)
+        return {"worker": w.index, "pid": os.getpid()}
     return Error(f"ERR unknown node operation '{op}'")
 
 

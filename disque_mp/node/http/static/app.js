@@ -6,7 +6,7 @@ const PERIOD_MS = 2000;      // live refresh of the current view
 const CHART_POINTS = 90;     // rate history kept for the chart (3 minutes at 2 s)
 const DEAD = "dead:";        // dead-letter queue of q is dead:q
 
-const state = { route: "", timer: null, history: [], filter: "", busy: false, sampled: false };
+const state = { route: "", timer: null, history: [], filter: "", busy: false, sampled: false, seq: 0 };
 
 // ------------------------------------------------------------------ helpers
 
@@ -18,7 +18,8 @@ function el(tag, attrs, ...children) {
     else if (k === "text") node.textContent = v;
     else node.setAttribute(k, v === true ? "" : v);
   }
-  for (const c of children.flat()) {
+  // flat to any depth: a view passes lists of [dt, dd] pairs as well as nodes
+  for (const c of children.flat(Infinity)) {
     if (c === null || c === undefined) continue;
     node.append(c instanceof Node ? c : document.createTextNode(String(c)));
   }
@@ -277,7 +278,11 @@ function parseRoute() {
 
 async function refresh() {
   clearTimeout(state.timer);
-  const main = document.getElementById("view");
+  // Refreshes overlap (a timer's still waiting on the API when the route changes):
+  // only the latest may draw, or a late queue list would replace the job just opened.
+  const seq = ++state.seq;
+  const viewEl = document.getElementById("view");
+  const main = { replaceChildren: (...nodes) => { if (seq === state.seq) viewEl.replaceChildren(...nodes); } };
   const { view, arg } = parseRoute();
   document.querySelectorAll("nav a[data-nav]").forEach(a =>
     a.getAttribute("data-nav") === (view === "queue" || view === "job" ? "queues" : view)
@@ -290,12 +295,12 @@ async function refresh() {
     else if (view === "dead") await viewDead(main);
     else if (view === "nodes") await viewNodes(main);
     else await viewQueues(main);
-    main.setAttribute("data-loaded", view);
+    if (seq === state.seq) viewEl.setAttribute("data-loaded", view);
   } catch (e) {
     main.replaceChildren(el("div", { class: "card" }, el("h1", {}, "Error"), el("p", { id: "error" }, e.message)));
   }
   // live views refresh; a job's detail stays put while one reads it
-  if (view !== "job") state.timer = setTimeout(refresh, PERIOD_MS);
+  if (view !== "job" && seq === state.seq) state.timer = setTimeout(refresh, PERIOD_MS);
 }
 
 let pendingG = false;
