@@ -128,3 +128,37 @@ def test_a_turns_commands_leave_in_frames_under_the_body_bound() -> None:
         asyncio.set_event_loop(None)
         loop.close()
 
+
+
+def _fill_queue(port: int, q: str, n: int, body: str) -> None:
+    filler = RawClient(port)
+    filler.send(b"".join(encode_command("ADDJOB", q, body, 0) for _ in range(n)))
+    assert all(isinstance(filler.read(), Status) for _ in range(n))
+    filler.close()
+
+
+def test_replies_piled_behind_a_blocked_getjob_count_against_the_output_limit(
+        node: NodeProc) -> None:
+    q = _queue_of(1, unique_queue("pile"))
+    _fill_queue(node.port, q, 4, "p" * (1 << 20))
+    c = connect_to_worker(node.port, 0)
+    blocked = encode_command("GETJOB", "TIMEOUT", 0, "FROM", unique_queue("never"))
+    # 300 MB of QPEEK replies behind a GETJOB that never answers: past the 8 MB limit
+    # the client is cut, its pile dropped
+    c.send(blocked + encode_command("QPEEK", q, 1) * 300)
+    assert c.closed()
+    assert b"used_memory" in RawClient(node.port).call("INFO", "memory")
+    assert RawClient(node.port).call("QLEN", q) == 4  # the node serves on
+
+
+def test_a_flood_of_forwarded_reads_leaves_the_node_answering(node: NodeProc) -> None:
+    q = _queue_of(1, unique_queue("flood"))
+    _fill_queue(node.port, q, 1000, "f" * 2048)
+    flooders = [connect_to_worker(node.port, 0) for _ in range(4)]
+    for f in flooders:  # each asks for 600 MB and reads none of it
+        f.send(encode_command("QPEEK", q, 1000) * 300)
+    other = RawClient(node.port)
+    assert other.call("PING") == Status("PONG")
+    assert b"worker1:" in other.call("INFO", "workers")
+    assert all(f.closed() for f in flooders)  # cut by the 8 MB output limit
+    assert RawClient(node.port).call("QLEN", q) == 1000
