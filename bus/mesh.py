@@ -50,7 +50,7 @@ from typing import Any
 
 from bus import auth as bus_auth
 from bus import peercred
-from bus.frames import FrameError, FrameReader, encode
+from bus.frames import FrameError, FrameReader, encode, frame_bodies_max
 from workers.invariant import InvariantError
 from workers.replies import NULL_ARRAY, Error, Status
 
@@ -67,6 +67,10 @@ reconnect_delay_s = 0.05  # peers start within a few hundred ms of each other
 # beside its mesh listener "...<i>".
 HANDOFF_PURPOSE = "{index}.fd"
 handoff_state_bytes_max = 64 * 1024  # one datagram: a connection's small state
+# A forwarded command travels with one frame body per argument (and a reply with one
+# per bulk string): past the frame's body count it is refused with this error.
+refused_log_every = 1000  # a client repeating a refused command must not flood the log
+ERR_TOO_BIG = f"ERR too many arguments or reply parts to forward to another worker (max {frame_bodies_max})"
 
 
 def socket_name(port: int, node_id: str, index: int) -> str:
@@ -204,8 +208,13 @@ class Link(asyncio.Protocol):
             self.mesh.mark(self)
 
     def add_command(self, rid: int, name: str, args: list[bytes]) -> None:
+        """Queue a job command in this turn's CMDS batch; a batch that the command
+        would take past the frame's body count leaves first (``command`` refuses a
+        single command that cannot fit alone)."""
         if self.raw_rids:
             self.close_raw()  # the RAW commands before this one run first
+        if self.cmd_rids and len(self.cmd_args) + len(args) > frame_bodies_max:
+            self.close_batches()
         if not self.cmd_rids:
             self.mesh.mark(self)
         self.cmd_rids.append(rid)
@@ -232,13 +241,28 @@ class Link(asyncio.Protocol):
         return self.raw_parts
 
     def reply(self, rid: int, value: Any) -> None:
-        """Answer request ``rid`` (batched with the other answers of this turn)."""
+        """Answer request ``rid`` (batched with the other answers of this turn). A
+        reply that would take the batch past the frame's body count starts a new
+        batch; one that cannot fit a frame alone is answered with an error."""
         if self.transport is None:
             return  # the asker is gone
+        bodies = self.reply_bodies
+        before = len(bodies)
+        packed = pack(value, bodies)
+        if len(bodies) > frame_bodies_max:
+            del bodies[before:]
+            if self.reply_rids:
+                self.close_batches()
+                bodies = self.reply_bodies
+            packed = pack(value, bodies)
+            if len(bodies) > frame_bodies_max:
+                del bodies[:]
+                self.mesh.count_refused()
+                packed = pack(Error(ERR_TOO_BIG), bodies)
         if not self.reply_rids:
             self.mesh.mark(self)
         self.reply_rids.append(rid)
-        self.reply_values.append(pack(value, self.reply_bodies))
+        self.reply_values.append(packed)
 
     def raw_reply(self, rid: int, data: bytes) -> None:
         """Answer RAW request ``rid`` with its encoded reply (batched per turn)."""
@@ -261,6 +285,9 @@ class Link(asyncio.Protocol):
             self.mesh.fail_raw(self, rids, f"ERR {exc}")
 
     def close_batches(self) -> None:
+        """Queue the open batches. Each batch is taken off the link before it is
+        encoded, so a batch that fails to encode never stays behind to fail every
+        later send (its requests get the error instead)."""
         if self.raw_rids:
             self.close_raw()
         if self.rawrep_rids:
@@ -273,20 +300,22 @@ class Link(asyncio.Protocol):
                 pass  # incoming links always have a transport while they exist
         if self.cmd_rids:
             meta = {"r": self.cmd_rids, "n": self.cmd_names, "c": self.cmd_argc}
-            frame, rids = encode(K_CMDS, meta, self.cmd_args), self.cmd_rids
+            args, rids = self.cmd_args, self.cmd_rids
             self.cmd_rids, self.cmd_names, self.cmd_argc, self.cmd_args = [], [], [], []
             try:
-                self._queue(frame)
-            except ConnectionError as exc:
+                self._queue(encode(K_CMDS, meta, args))
+            except (ConnectionError, FrameError) as exc:
                 self.mesh.fail(self, rids, f"ERR {exc}")
         if self.reply_rids:
             meta = {"r": self.reply_rids, "v": self.reply_values}
-            frame = encode(K_REPLIES, meta, self.reply_bodies)
+            bodies = self.reply_bodies
             self.reply_rids, self.reply_values, self.reply_bodies = [], [], []
             try:
-                self._queue(frame)
+                self._queue(encode(K_REPLIES, meta, bodies))
             except ConnectionError:
                 pass  # incoming links always have a transport while they exist
+            except FrameError as exc:  # a bug: ``reply`` keeps batches under the bound
+                self.mesh.log(f"mesh: a reply batch for worker {self.peer} was dropped: {exc}")
 
     def flush(self) -> None:
         self.dirty = False
@@ -328,6 +357,7 @@ class Mesh:
         self._dirty: list[Link] = []
         self._flush_scheduled = False
         self._next_rid = 0
+        self.refused = 0  # requests and replies refused for not fitting one frame
         self._server: asyncio.AbstractServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.closing = False
@@ -416,7 +446,23 @@ class Mesh:
         self._flush_scheduled = False
         dirty, self._dirty = self._dirty, []
         for link in dirty:
-            link.flush()
+            try:
+                link.flush()
+            except Exception:  # a bug: a link that cannot send must not stay wedged
+                logging.getLogger("disque_mp.mesh").exception(
+                    "mesh: sending to worker %d failed; the link is reset", link.peer)
+                self.reset(link)
+
+    def reset(self, link: Link) -> None:
+        """Drop a link's unsent frames and batches and close it: its requests fail
+        at once (``lost``) and an outgoing link redials."""
+        link.cmd_rids, link.cmd_names, link.cmd_argc, link.cmd_args = [], [], [], []
+        link.reply_rids, link.reply_values, link.reply_bodies = [], [], []
+        link.rawrep_rids, link.rawrep_lens, link.rawrep_parts = array.array("I"), array.array("I"), []
+        link.outq.clear()
+        link.outq_bytes = 0
+        if link.transport is not None:
+            link.transport.abort()
 
     def request(self, peer: int, kind: int, meta: dict[str, Any], bodies: Any, callback: ReplyCallback) -> None:
         link = self.links[peer]
@@ -430,11 +476,21 @@ class Mesh:
         except ConnectionError as exc:
             del link.pending[rid]
             callback({"v": {"e": f"ERR {exc}"}}, [])
+        except FrameError:
+            del link.pending[rid]
+            self.count_refused()
+            callback({"v": {"e": ERR_TOO_BIG}}, [])
 
     def command(self, peer: int, name: str, args: list[bytes], callback: ReplyCallback) -> None:
-        """Run job command ``name`` on worker ``peer`` (batched per loop turn)."""
+        """Run job command ``name`` on worker ``peer`` (batched per loop turn). A
+        command with more arguments than a frame carries is refused here, with an
+        error, before it touches the link."""
         link = self.links[peer]
         assert link is not None, "no mesh link to ourselves"
+        if len(args) > frame_bodies_max:
+            self.count_refused()
+            callback({"v": {"e": ERR_TOO_BIG}}, [])
+            return
         self._next_rid += 1
         rid = self._next_rid
         link.pending[rid] = callback
@@ -455,8 +511,16 @@ class Mesh:
         assert link is not None, "no mesh link to ourselves"
         try:
             link.send(kind, meta, bodies)
-        except ConnectionError as exc:
+        except (ConnectionError, FrameError) as exc:
             self.log(f"mesh: dropped a frame for worker {peer}: {exc}")
+
+    def count_refused(self) -> None:
+        """A request or reply too big for one frame was refused (logged, the first
+        and then every ``refused_log_every``-th)."""
+        self.refused += 1
+        if self.refused % refused_log_every == 1:
+            self.log(f"mesh: refused a request or reply too big for one frame "
+                     f"({self.refused} so far)")
 
     # --- receiving ---
 

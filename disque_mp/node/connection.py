@@ -54,7 +54,7 @@ class ClientConn(asyncio.Protocol):
         "lib_name", "lib_ver", "id", "ctime_s", "last_cmd", "last_s", "closing",
         "waiters", "dirty", "streak_owner", "streak", "handoffs", "addr", "gone",
         "close_after_write", "soft_since_s", "unfilled", "forwarded", "out_bytes",
-        "auth_fails", "throttled",
+        "auth_fails", "throttled", "slots_bytes",
     )
 
     def __init__(self, node: ClientHost, state: dict[str, Any] | None = None) -> None:
@@ -66,6 +66,9 @@ class ClientConn(asyncio.Protocol):
         self.out: list[bytes] = []
         self.out_bytes = 0  # bytes in ``out`` (the output limits' count between writes)
         self.slots: deque[bytes | PendingReply] | None = None
+        # bytes of the replies ready in ``slots`` (waiting behind one not known yet):
+        # they count against the output limits as the written ones do
+        self.slots_bytes = 0
         self.resp3 = False
         self.authed = not cfg.requirepass
         self.name = b""
@@ -107,6 +110,10 @@ class ClientConn(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.gone = True
         self.transport = None
+        # replies piled behind a blocked one go with the client (a blocked GETJOB
+        # may keep this object alive until its timeout)
+        self.slots = None
+        self.slots_bytes = 0
         self.node.conn_closed(self)
 
     def pause_writing(self) -> None:
@@ -184,12 +191,15 @@ class ClientConn(asyncio.Protocol):
                 if reply is not None:
                     if self.slots:
                         self.slots.append(reply)
+                        self.slots_bytes += len(reply)
+                        if queued + self.slots_bytes > room:
+                            self.check_output(queued, lim)
                     else:
                         self.out.append(reply)
                         self.out_bytes += len(reply)
-                    queued += len(reply)
-                    if queued > room:
-                        self.check_output(queued, lim)
+                        queued += len(reply)
+                        if queued > room:
+                            self.check_output(queued, lim)
                 if self.closing:
                     break
             node.end_batch()
@@ -223,6 +233,7 @@ class ClientConn(asyncio.Protocol):
     def reply(self, data: bytes) -> None:
         if self.slots:
             self.slots.append(data)
+            self.slots_bytes += len(data)
         else:
             self.out.append(data)
             self.out_bytes += len(data)
@@ -243,7 +254,8 @@ class ClientConn(asyncio.Protocol):
         slots = self.slots
         if slots is None or self.gone:
             return
-        moved = False
+        self.slots_bytes += len(data)
+        moved = 0
         out = self.out
         while slots:
             head = slots[0]
@@ -255,16 +267,15 @@ class ClientConn(asyncio.Protocol):
             else:
                 ready = head  # type: ignore[assignment]
             out.append(ready)
-            self.out_bytes += len(ready)
+            moved += len(ready)
             slots.popleft()
-            moved = True
-        if not moved:
-            return  # a reply behind one still missing: nothing new to write or count
+        self.slots_bytes -= moved
+        self.out_bytes += moved
         lim = output_limits(self.node.cfg.client_output_buffer_limit)
-        # replies from other workers count as they arrive
-        if self.out_bytes > lim.room(self.transport):
+        # replies from other workers count as they arrive, written or piled
+        if self.out_bytes + self.slots_bytes > lim.room(self.transport):
             self.check_output(self.out_bytes, lim)
-        if self.out:
+        if self.out:  # else a reply behind one still missing: nothing new to write
             self.node.mark_dirty(self)
 
     def write_out(self) -> None:
@@ -295,7 +306,7 @@ class ClientConn(asyncio.Protocol):
         if transport is None or self.closing:
             return
         hard, soft, soft_s = lim.hard, lim.soft, lim.soft_s
-        size = queued + transport.get_write_buffer_size()
+        size = queued + self.slots_bytes + transport.get_write_buffer_size()
         over = bool(hard) and size > hard
         if not over and soft and size > soft:
             now = time.monotonic()
@@ -314,6 +325,7 @@ class ClientConn(asyncio.Protocol):
         self.out.clear()
         self.out_bytes = 0
         self.slots = None
+        self.slots_bytes = 0
         self.node.log(f"Client id={self.id} addr={self.addr} closed for overcoming of output "
                       f"buffer limits ({size} bytes unread)")
         transport.abort()

@@ -32,6 +32,7 @@ import hiredis
 
 from bus import mesh as meshmod
 from bus.clock import wall_ms
+from bus.frames import FrameError
 from bus.mesh import Link, pack
 from disque_mp.node.core import WorkerCore
 from disque_mp.node.errors import ERR_INTERNAL
@@ -128,7 +129,13 @@ class Peers:
                 if not isinstance(entries, Error):  # asker is gone: give the jobs back
                     w.shard.op_return([e[1] for e in entries], w.now_ms)
                 return
-            link.send(meshmod.K_WAKE, {"t": remote, "v": value}, out)
+            try:
+                link.send(meshmod.K_WAKE, {"t": remote, "v": value}, out)
+            except FrameError:  # more jobs than a frame carries: give them back
+                if not isinstance(entries, Error):
+                    w.shard.op_return([e[1] for e in entries], w.now_ms)
+                w.mesh.count_refused()
+                link.send(meshmod.K_WAKE, {"t": remote, "v": {"e": meshmod.ERR_TOO_BIG}})
 
         w.tokens[token] = wake
         w.shard.op_block(token, bodies, meta["c"], meta["w"], w.now_ms)
