@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
+from typing import Annotated
 
 from taskiq import Context, SmartRetryMiddleware, TaskiqDepends
 
@@ -30,19 +31,19 @@ def _job(ctx: Context) -> str:
 
 
 @broker.task
-async def echo(n: int, ctx: Context = TaskiqDepends()) -> int:
+async def echo(n: int, ctx: Annotated[Context, TaskiqDepends()]) -> int:
     record("echo", n, n=n, job=_job(ctx))
     return n * 2
 
 
 @broker.task(retry_on_error=True, max_retries=3)
-async def flaky(n: int, ctx: Context = TaskiqDepends()) -> None:
+async def flaky(n: int, ctx: Annotated[Context, TaskiqDepends()]) -> None:
     record("flaky", n, n=n, job=_job(ctx), retries=int(ctx.message.labels.get("_retries", 0)))
     raise RuntimeError(f"flaky {n} fails every time")
 
 
 @broker.task
-async def slow(marker: str, ctx: Context = TaskiqDepends()) -> None:
+async def slow(marker: str, ctx: Annotated[Context, TaskiqDepends()]) -> None:
     """Sleeps a minute the first time (the test kills the worker meanwhile)."""
     record("slow", marker, marker=marker, job=_job(ctx))
     path = Path(marker)

@@ -149,7 +149,8 @@ def test_killed_mid_task_the_job_comes_back(broker_node: NodeProc, tmp_path: Pat
     rec, marker = tmp_path / "rec.jsonl", tmp_path / "marker"
 
     async def go() -> None:
-        broker = DisqueBroker(node_url(broker_node), queue=queue)
+        # RETRY is the producer's (ADDJOB): the visibility timeout the job comes back after
+        broker = DisqueBroker(node_url(broker_node), queue=queue, visibility_timeout_s=visibility_s)
         await broker.startup()
         try:
             await kicker(broker, "slow").kiq(str(marker))
