@@ -127,7 +127,8 @@ class DisqueBroker(AsyncBroker):
         self.message_ttl_s = int(message_ttl_s)
         self.maxdeliver = _maxdeliver_of(maxdeliver)
         self.client = client or AsyncDisque(nodes_from_url(url), password=password)
-        self._held: dict[str, _Held] = {}  # task ID -> its job, while it runs here
+        self._held: dict[str, _Held] = {}  # job ID -> its state, while its task runs here
+        self._job_of_task: dict[str, str] = {}  # task ID -> the job ID it last came in
 
     async def shutdown(self) -> None:
         for held in list(self._held.values()):
@@ -143,10 +144,14 @@ class DisqueBroker(AsyncBroker):
                     f"label {name!r} needs ADDJOB {name.upper()}, which this Disque node "
                     f"does not have yet: remove the label")
         delay_s = _delay_s_of(labels)
-        held = self._held.get(message.task_id)
+        held = self._held.get(self._job_of_task.get(message.task_id, ""))
         if held is not None and not held.requeued:
-            await self._requeue_in_place(held, delay_s)
-            return
+            try:
+                await self._requeue_in_place(held, delay_s)
+                return
+            except DisqueError as exc:  # e.g. its node is gone: the retry is a new job
+                log.warning("NACK DELAY of %s refused (%s): the retry is a new job",
+                            held.job_id, exc)
         maxdeliver = _maxdeliver_of(labels.get("maxdeliver", self.maxdeliver))
         await self.client.add_job(
             self.queue, message.message, 0, retry=self.visibility_timeout_s,
@@ -154,8 +159,8 @@ class DisqueBroker(AsyncBroker):
 
     async def _requeue_in_place(self, held: _Held, delay_s: int | None) -> None:
         """A retry of a task this broker runs: NACK [DELAY] its job, same job ID."""
-        held.beat.cancel()
         await self.client.nack(held.job_id, delay=delay_s)
+        held.beat.cancel()
         held.requeued = True
 
     async def listen(self) -> AsyncGenerator[bytes | AckableMessage, None]:
@@ -179,16 +184,17 @@ class DisqueBroker(AsyncBroker):
         _set_label(message, job_id_label, job.id)
         if job.nacks:  # NACK DELAYs were its retries: the middleware counts on
             _set_label(message, "_retries", int(message.labels.get("_retries") or 0) + job.nacks)
-        task_id = message.task_id
         beat = asyncio.create_task(self._heartbeat(job.id))
-        self._held[task_id] = _Held(job.id, beat)
+        self._held[job.id] = _Held(job.id, beat)
+        self._job_of_task[message.task_id] = job.id
         data = self.formatter.dumps(message).message
-        return AckableMessage(data=data, ack=lambda: self._ack(task_id, job.id))
+        return AckableMessage(data=data, ack=lambda: self._ack(message.task_id, job.id))
 
     async def _ack(self, task_id: str, job_id: str) -> None:
-        held = self._held.get(task_id)
-        if held is not None and held.job_id == job_id:
-            del self._held[task_id]
+        if self._job_of_task.get(task_id) == job_id:
+            del self._job_of_task[task_id]
+        held = self._held.pop(job_id, None)
+        if held is not None:
             held.beat.cancel()
             if held.requeued:  # its retry requeued the job in place
                 return
