@@ -28,8 +28,9 @@ APP = "tests.brokers.taskiq_app"
 
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server not installed")
+    if shutil.which("redis-server") is None:  # the result backend's test skips, not the rest
+        yield ""
+        return
     server = RedisServer(tmp_path_factory.mktemp("taskiq-redis"), free_port()).start()
     try:
         yield f"redis://127.0.0.1:{server.port}/0"
@@ -73,6 +74,9 @@ def kicker(broker: DisqueBroker, task: str, **labels: Any) -> AsyncKicker[Any, A
 
 
 def test_result_through_taskiq_redis_backend(shared: Shared) -> None:
+    if not shared.redis_url:
+        pytest.skip("redis-server not installed (make sysdeps)")
+
     async def go() -> Any:
         broker = shared.producer()
         await broker.startup()
