@@ -7,11 +7,11 @@
   ack goes to ``dead:<queue>``, the node's dead-letter queue.
 - listen: ``GETJOB TIMEOUT <ms> COUNT 1 WITHCOUNTERS FROM <queue>``; each job is
   yielded as an ``AckableMessage`` whose ``ack`` is ``ACKJOB``. Taskiq calls it after the
-  task ran (``when_saved``, its default, or ``when_executed``); the task sees its job
-  ID in the ``disque_job_id`` label (``Context.message.labels``): a worker killed mid-task
+  task ran (``when_saved``, its default, or ``when_executed``): a worker killed mid-task
   never acked, and Disque delivers the job again after ``visibility_timeout_s``. While
   the task runs, a heartbeat sends ``WORKING`` every half visibility timeout, so a long
-  task that is alive is not delivered twice.
+  task that is alive is not delivered twice. The task sees its job ID in the
+  ``disque_job_id`` label (``Context.message.labels``).
 - retries: Taskiq's retry middlewares (``SimpleRetryMiddleware``,
   ``SmartRetryMiddleware``) retry by kicking the same task ID again. A kick of a task
   this broker is running becomes ``NACK <job> DELAY <delay label>`` on the same job:
