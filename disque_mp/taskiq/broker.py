@@ -9,9 +9,9 @@
   yielded as an ``AckableMessage`` whose ``ack`` is ``ACKJOB``. Taskiq calls it after the
   task ran (``when_saved``, its default, or ``when_executed``): a worker killed mid-task
   never acked, and Disque delivers the job again after ``visibility_timeout_s``. While
-  the task runs, a heartbeat sends ``WORKING`` every half visibility timeout, so a long
-  task that is alive is not delivered twice. The task sees its job ID in the
-  ``disque_job_id`` label (``Context.message.labels``).
+  the task runs, a heartbeat sends ``WORKING`` (first after half a second, then every
+  half visibility timeout), so a long task that is alive is not delivered twice. The
+  task sees its job ID in the ``disque_job_id`` label (``Context.message.labels``).
 - retries: Taskiq's retry middlewares (``SimpleRetryMiddleware``,
   ``SmartRetryMiddleware``) retry by kicking the same task ID again. A kick of a task
   this broker is running becomes ``NACK <job> DELAY <delay label>`` on the same job:
@@ -36,7 +36,7 @@ from taskiq import AckableMessage, AsyncBroker, BrokerMessage, TaskiqMessage
 from taskiq.labels import prepare_label
 
 from disque_mp.aclient import AsyncDisque
-from disque_mp.client.core import DisqueError, Job
+from disque_mp.client.core import DisqueError, Job, heartbeat_first_s, heartbeat_retry_fraction
 
 log = logging.getLogger("disque_mp.taskiq")
 
@@ -204,13 +204,16 @@ class DisqueBroker(AsyncBroker):
         await self.client.ack(job_id)
 
     async def _heartbeat(self, job_id: str) -> None:
-        """WORKING every half visibility timeout while the task runs."""
-        pause_s = max(0.5, self.visibility_timeout_s / 2)
+        """WORKING soon after delivery (``heartbeat_first_s``), then every half of the
+        retry time WORKING answers, as the client's own consumer does."""
+        pause_s = heartbeat_first_s
         while True:
             await asyncio.sleep(pause_s)
             try:
-                if await self.client.working(job_id) <= 0:
-                    return
+                retry_s = await self.client.working(job_id)
             except DisqueError as exc:
                 log.warning("WORKING %s: %s", job_id, exc)
                 return
+            if retry_s <= 0:
+                return
+            pause_s = retry_s * heartbeat_retry_fraction

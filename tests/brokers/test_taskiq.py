@@ -19,7 +19,8 @@ from taskiq.kicker import AsyncKicker
 from bench.redisq import RedisServer
 from disque_mp.taskiq import DisqueBroker, UnsupportedLabelError
 from tests.brokers.conftest import WorkerProc, node_url, raw, visibility_s, wait_records
-from tests.nodeproc import NodeProc, free_port
+from tests.brokers.record import read_records
+from tests.nodeproc import NodeProc, free_port, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -67,6 +68,11 @@ def shared(broker_node: NodeProc, redis_url: str,
     queue = f"taskiq-{uuid.uuid4().hex[:8]}"
     with worker(broker_node, queue, d / "rec.jsonl", d / "worker.log", redis_url) as w:
         yield Shared(broker_node, queue, d / "rec.jsonl", w, redis_url)
+
+
+def show(r: Any, job: str) -> dict[bytes, Any]:
+    reply = r.execute_command("SHOW", job)
+    return dict(zip(reply[::2], reply[1::2], strict=True))
 
 
 def kicker(broker: DisqueBroker, task: str, **labels: Any) -> AsyncKicker[Any, Any]:
@@ -163,7 +169,22 @@ def test_killed_mid_task_the_job_comes_back(broker_node: NodeProc, tmp_path: Pat
 
     asyncio.run(go())
     with worker(broker_node, queue, rec, tmp_path / "w1.log") as w1:
-        wait_records(rec, lambda r: any(x["task"] == "slow" for x in r), "the slow task started", w1)
+        started = wait_records(rec, lambda r: any(x["task"] == "slow" for x in r),
+                               "the slow task started", w1)
+        job = started[0]["job"]
+        # alive, the task keeps its job: the heartbeat's WORKING pushes the requeue back
+        r = raw(broker_node)
+        last = [show(r, job)[b"next-requeue-within"]]
+
+        def pushed_back() -> bool:
+            now = show(r, job)[b"next-requeue-within"]
+            pushed, last[0] = now > last[0], now
+            return pushed
+
+        wait_until(pushed_back, 30, "a WORKING from the running task's heartbeat",
+                   poll_s=0.1, detail=w1.log_tail)
+        assert show(r, job)[b"state"] == b"active"
+        assert sum(x["task"] == "slow" for x in read_records(rec)) == 1
         w1.kill()  # mid-task: nothing acked the job
     with worker(broker_node, queue, rec, tmp_path / "w2.log") as w2:
         records = wait_records(rec, lambda r: any(x["task"] == "slow-done" for x in r),
