@@ -20,7 +20,7 @@ $(VENV)/.base: pyproject.toml
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.base
-	DISQUE_MP_PURE=1 $(PY) -m pip install -q -e '.[test,spark,celery,dramatiq]'
+	DISQUE_MP_PURE=1 $(PY) -m pip install -q -e '.[test,spark,celery,dramatiq,taskiq]'
 	touch $@
 
 # One mypyc build (setup.py; the list is disque_mp/compiled.py) gives both the wheel that

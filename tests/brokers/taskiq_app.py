@@ -1,0 +1,53 @@
+"""The Taskiq tasks the broker tests run in a real ``taskiq worker`` process.
+Settings from the environment: DISQUE_BROKER_URL, BROKER_TEST_QUEUE,
+BROKER_RECORD_FILE (one JSON line per task run), DISQUE_VISIBILITY_S and
+TASKIQ_REDIS_URL (a taskiq-redis result backend when set)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Annotated
+
+from taskiq import Context, SmartRetryMiddleware, TaskiqDepends
+
+from disque_mp.taskiq import DisqueBroker
+from tests.brokers.record import record
+
+broker = DisqueBroker(os.environ.get("DISQUE_BROKER_URL", "disque://127.0.0.1:7711"),
+                      queue=os.environ.get("BROKER_TEST_QUEUE", "taskiq-test"),
+                      visibility_timeout_s=int(os.environ.get("DISQUE_VISIBILITY_S", "4")))
+broker.add_middlewares(SmartRetryMiddleware(default_retry_count=3, default_delay=1,
+                                            use_jitter=False))
+if os.environ.get("TASKIQ_REDIS_URL"):
+    from taskiq_redis import RedisAsyncResultBackend
+
+    broker = broker.with_result_backend(RedisAsyncResultBackend(os.environ["TASKIQ_REDIS_URL"]))
+
+
+def _job(ctx: Context) -> str:
+    return str(ctx.message.labels.get("disque_job_id"))
+
+
+@broker.task
+async def echo(n: int, ctx: Annotated[Context, TaskiqDepends()]) -> int:
+    record("echo", n, n=n, job=_job(ctx))
+    return n * 2
+
+
+@broker.task(retry_on_error=True, max_retries=3)
+async def flaky(n: int, ctx: Annotated[Context, TaskiqDepends()]) -> None:
+    record("flaky", n, n=n, job=_job(ctx), retries=int(ctx.message.labels.get("_retries", 0)))
+    raise RuntimeError(f"flaky {n} fails every time")
+
+
+@broker.task
+async def slow(marker: str, ctx: Annotated[Context, TaskiqDepends()]) -> None:
+    """Sleeps a minute the first time (the test kills the worker meanwhile)."""
+    record("slow", marker, marker=marker, job=_job(ctx))
+    path = Path(marker)
+    if not path.exists():
+        path.write_text("started")
+        await asyncio.sleep(60)
+    record("slow-done", marker, marker=marker, job=_job(ctx))

@@ -1,0 +1,193 @@
+"""disque_mp.taskiq against a real node and a real ``taskiq worker`` process: results
+through taskiq-redis's result backend on a real redis-server, retries as NACK DELAY on
+the same job, the ack after the task ran (a worker killed mid-task: the job comes back),
+MAXDELIVER from a label, and the labels the node cannot honour yet refused."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from taskiq.exceptions import SendTaskError
+from taskiq.kicker import AsyncKicker
+
+from bench.redisq import RedisServer
+from disque_mp.taskiq import DisqueBroker, UnsupportedLabelError
+from tests.brokers.conftest import WorkerProc, node_url, raw, visibility_s, wait_records
+from tests.brokers.record import read_records
+from tests.nodeproc import NodeProc, free_port, wait_until
+
+pytestmark = pytest.mark.integration
+
+APP = "tests.brokers.taskiq_app"
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if shutil.which("redis-server") is None:  # the result backend's test skips, not the rest
+        yield ""
+        return
+    server = RedisServer(tmp_path_factory.mktemp("taskiq-redis"), free_port()).start()
+    try:
+        yield f"redis://127.0.0.1:{server.port}/0"
+    finally:
+        server.stop()
+
+
+def worker(node: NodeProc, queue: str, rec: Path, log: Path, redis_url: str = "") -> WorkerProc:
+    return WorkerProc(["taskiq", "worker", f"{APP}:broker", "--workers", "1"],
+                      {"DISQUE_BROKER_URL": node_url(node), "BROKER_TEST_QUEUE": queue,
+                       "BROKER_RECORD_FILE": str(rec), "DISQUE_VISIBILITY_S": str(visibility_s),
+                       "TASKIQ_REDIS_URL": redis_url}, log)
+
+
+class Shared:
+    """One worker for the tests that do not kill it."""
+
+    def __init__(self, node: NodeProc, queue: str, rec: Path, w: WorkerProc, redis_url: str):
+        self.node, self.queue, self.rec, self.w, self.redis_url = node, queue, rec, w, redis_url
+
+    def producer(self, **kw: Any) -> DisqueBroker:
+        broker = DisqueBroker(node_url(self.node), queue=self.queue, **kw)
+        if self.redis_url:
+            from taskiq_redis import RedisAsyncResultBackend
+
+            broker = broker.with_result_backend(RedisAsyncResultBackend(self.redis_url))
+        return broker
+
+
+@pytest.fixture(scope="module")
+def shared(broker_node: NodeProc, redis_url: str,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
+    d = tmp_path_factory.mktemp("taskiq")
+    queue = f"taskiq-{uuid.uuid4().hex[:8]}"
+    with worker(broker_node, queue, d / "rec.jsonl", d / "worker.log", redis_url) as w:
+        yield Shared(broker_node, queue, d / "rec.jsonl", w, redis_url)
+
+
+def show(r: Any, job: str) -> dict[bytes, Any]:
+    reply = r.execute_command("SHOW", job)
+    return dict(zip(reply[::2], reply[1::2], strict=True))
+
+
+def kicker(broker: DisqueBroker, task: str, **labels: Any) -> AsyncKicker[Any, Any]:
+    return AsyncKicker(task_name=f"{APP}:{task}", broker=broker, labels=labels)
+
+
+def test_result_through_taskiq_redis_backend(shared: Shared) -> None:
+    if not shared.redis_url:
+        pytest.skip("redis-server not installed (make sysdeps)")
+
+    async def go() -> Any:
+        broker = shared.producer()
+        await broker.startup()
+        try:
+            task = await kicker(broker, "echo").kiq(21)
+            return await task.wait_result(timeout=60)
+        finally:
+            await broker.shutdown()
+
+    result = asyncio.run(go())
+    assert not result.is_err and result.return_value == 42
+    records = wait_records(shared.rec, lambda r: any(x["task"] == "echo" for x in r),
+                           "the echo task ran", shared.w)
+    # acked after it ran: the job is gone from the node
+    job = next(x["job"] for x in records if x["task"] == "echo")
+    assert job.startswith("D-") and raw(shared.node).execute_command("SHOW", job) is None
+
+
+def test_retry_is_nack_delay_on_the_same_job(shared: Shared) -> None:
+    async def go() -> None:
+        broker = shared.producer()
+        await broker.startup()
+        try:
+            # the decorator's labels travel with a kick from the task object; a kick
+            # by name, as here, gives them itself
+            await kicker(broker, "flaky", retry_on_error=True, max_retries=3).kiq(7)
+        finally:
+            await broker.shutdown()
+
+    asyncio.run(go())
+    records = wait_records(shared.rec, lambda r: sum(x["task"] == "flaky" for x in r) >= 3,
+                           "3 runs of the flaky task", shared.w)
+    runs = [x for x in records if x["task"] == "flaky"]
+    assert len({x["job"] for x in runs}) == 1  # one job: NACK DELAY, not a new ADDJOB
+    assert [x["retries"] for x in runs] == [0, 1, 2]
+    # DELAY 1: the node never delivers a retry before its delay ends
+    assert all(b["t"] - a["t"] >= 0.9 for a, b in zip(runs, runs[1:], strict=False))
+    # max_retries=3 reached: SmartRetryMiddleware gives up, the last run is acked
+    r = raw(shared.node)
+    for _ in range(100):  # the ack follows the last run's record
+        if r.execute_command("SHOW", runs[0]["job"]) is None:
+            break
+        asyncio.run(asyncio.sleep(0.1))
+    assert r.execute_command("SHOW", runs[0]["job"]) is None
+
+
+def test_maxdeliver_label_and_refused_labels(broker_node: NodeProc) -> None:
+    queue = f"taskiq-md-{uuid.uuid4().hex[:8]}"
+    r = raw(broker_node)
+
+    async def go() -> None:
+        broker = DisqueBroker(node_url(broker_node), queue=queue)
+        await broker.startup()
+        try:
+            await kicker(broker, "echo", maxdeliver=1).kiq(1)
+            for label in ("group", "dedup"):
+                with pytest.raises(SendTaskError) as refused:  # taskiq wraps kick's error
+                    await kicker(broker, "echo", **{label: "tenant-a"}).kiq(2)
+                assert isinstance(refused.value.__cause__, UnsupportedLabelError)
+                assert f"ADDJOB {label.upper()}" in str(refused.value.__cause__)
+        finally:
+            await broker.shutdown()
+
+    asyncio.run(go())
+    assert r.execute_command("QLEN", queue) == 1  # the refused kicks added nothing
+    (_, job_id, _), = r.execute_command("GETJOB", "NOHANG", "FROM", queue)
+    r.execute_command("NACK", job_id)  # delivered once: MAXDELIVER 1 dead-letters it
+    assert r.execute_command("QLEN", f"dead:{queue}") == 1
+    r.execute_command("DELQUEUE", f"dead:{queue}")
+
+
+def test_killed_mid_task_the_job_comes_back(broker_node: NodeProc, tmp_path: Path) -> None:
+    queue = f"taskiq-kill-{uuid.uuid4().hex[:8]}"
+    rec, marker = tmp_path / "rec.jsonl", tmp_path / "marker"
+
+    async def go() -> None:
+        # RETRY is the producer's (ADDJOB): the visibility timeout the job comes back after
+        broker = DisqueBroker(node_url(broker_node), queue=queue, visibility_timeout_s=visibility_s)
+        await broker.startup()
+        try:
+            await kicker(broker, "slow").kiq(str(marker))
+        finally:
+            await broker.shutdown()
+
+    asyncio.run(go())
+    with worker(broker_node, queue, rec, tmp_path / "w1.log") as w1:
+        started = wait_records(rec, lambda r: any(x["task"] == "slow" for x in r),
+                               "the slow task started", w1)
+        job = started[0]["job"]
+        # alive, the task keeps its job: the heartbeat's WORKING pushes the requeue back
+        r = raw(broker_node)
+        last = [show(r, job)[b"next-requeue-within"]]
+
+        def pushed_back() -> bool:
+            now = show(r, job)[b"next-requeue-within"]
+            pushed, last[0] = now > last[0], now
+            return pushed
+
+        wait_until(pushed_back, 30, "a WORKING from the running task's heartbeat",
+                   poll_s=0.1, detail=w1.log_tail)
+        assert show(r, job)[b"state"] == b"active"
+        assert sum(x["task"] == "slow" for x in read_records(rec)) == 1
+        w1.kill()  # mid-task: nothing acked the job
+    with worker(broker_node, queue, rec, tmp_path / "w2.log") as w2:
+        records = wait_records(rec, lambda r: any(x["task"] == "slow-done" for x in r),
+                               "the slow task again, in a new worker", w2)
+    runs = [x for x in records if x["task"] == "slow"]
+    assert len(runs) == 2 and runs[0]["job"] == runs[1]["job"]
