@@ -7,34 +7,20 @@ extensions change the same job records and timers as the reference's commands,
 so they reach them through the shard's ``Core`` (workers/core.py, whose
 ``WaitHooks`` it extends: a job leaving the table is done for WAITJOB) and ACK
 through its ``AckGc``. Keeping them here keeps the reference's state machine
-readable on its own. Cluster messages they add to (``QUEUED``) are listed in
-workers/replication.py; their own request/reply messages (meta JSON, bodies raw):
-
-=========  =====================================  ==========================
-kind       meta                                   bodies
-=========  =====================================  ==========================
-QLENASK    {"r": request}                         [queue name]
-QLENIS     {"r": request, "n": queued jobs}
-DELQ       {"r": request}                         [queue name]
-DELQDONE   {"r": request}                         [40-byte job IDs, joined]
-=========  =====================================  ==========================
-
-A request goes to the queue's slot on every reachable node, so the worker owning
-the queue there answers it, to the same slot here: the worker that asked.
+readable on its own. Their cluster messages (QLENASK, QLENIS, DELQ, DELQDONE, and
+the fields they add to QUEUED) are in the catalogue, workers/messages.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Final
 
 from workers.ackgc import AckGc
 from workers.core import Core, WaitHooks
 from workers.effects import QUEUED_INCR_NACKS, AofAppend, Wake
-from workers.ids import slot_of
+from workers.ids import DEAD_PREFIX, slot_of
 from workers.job import (
     ACKED,
-    DEAD_PREFIX,
     DELETED,
     FLAG_NACK_DELAYED,
     FLAG_QUEUED_ONCE,
@@ -112,14 +98,6 @@ class Extensions(WaitHooks):
         self.waits: dict[str, list[Gather]] = {}
         self.wait_entries = 0  # sum of the lists' lengths (waitjob_entries_max)
         self.gathers: dict[int, Gather] = {}
-
-    def on_message(self, sender: str, kind: str, meta: dict[str, Any],
-                   bodies: list[bytes], now_ms: int) -> None:
-        """The extensions' own messages (the reference's are handled by the
-        shard); an unknown kind is dropped."""
-        handler = EXT_HANDLERS.get(kind)
-        if handler is not None:
-            handler(self, sender, meta, bodies, now_ms)
 
     # ------------------------------------------------------------------ NACK DELAY
 
@@ -274,12 +252,12 @@ class Extensions(WaitHooks):
     def op_globalqlen(self, token: int, queue: bytes, now_ms: int) -> Any:
         return self._ask_all(Gather(token, self.core.qlen(queue)), "QLENASK", queue, now_ms)
 
-    def _on_qlenask(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
+    def on_qlenask(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                     now_ms: int) -> None:
         self.core.send(sender, "QLENIS", slot_of(bodies[0]),
                          {"r": meta["r"], "n": self.core.qlen(bodies[0])})
 
-    def _on_qlenis(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
+    def on_qlenis(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                    now_ms: int) -> None:
         g = self._answered(sender, meta)
         if g is not None:
@@ -306,13 +284,13 @@ class Extensions(WaitHooks):
                 self.gc.ack(job, now_ms)  # the ACK reaches every holder (SETACK, GC)
         return [j.id for j in victims]
 
-    def _on_delq(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
+    def on_delq(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                  now_ms: int) -> None:
         ids = self._delqueue_here(bytes(bodies[0]), now_ms)
         self.core.send(sender, "DELQDONE", slot_of(bodies[0]), {"r": meta["r"]},
                          ["".join(ids).encode()])
 
-    def _on_delqdone(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
+    def on_delqdone(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                      now_ms: int) -> None:
         g = self._answered(sender, meta)
         if g is None or g.ids is None:
@@ -322,12 +300,3 @@ class Extensions(WaitHooks):
             g.ids.add(raw[at : at + JOB_ID_BYTES].decode("ascii", "replace"))
         if not g.waiting:
             self._finish(g)
-
-
-_Handler = Callable[[Extensions, str, dict[str, Any], list[bytes], int], None]
-EXT_HANDLERS: dict[str, _Handler] = {
-    "QLENASK": Extensions._on_qlenask,
-    "QLENIS": Extensions._on_qlenis,
-    "DELQ": Extensions._on_delq,
-    "DELQDONE": Extensions._on_delqdone,
-}

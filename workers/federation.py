@@ -5,15 +5,8 @@ the other nodes for jobs (NEEDJOBS), a node with jobs moves some (YOURJOBS).
 the per-queue federation state (``Fed`` in workers/queue.py: recent sources,
 NEEDJOBS backoff, import rate) and the NEEDJOBS we could not serve yet, and
 reaches the jobs, queues and timers through the shard's ``Core``
-(workers/core.py), whose ``FedHooks`` it extends. Messages (``meta`` is JSON,
-bodies raw; the full table is in workers/replication.py):
-
-=========  =====================================  ==========================
-kind       meta                                   bodies
-=========  =====================================  ==========================
-NEEDJOBS   {"c": count}                           [queue name]
-YOURJOBS   {}                                     [job record, ...]
-=========  =====================================  ==========================
+(workers/core.py), whose ``FedHooks`` it extends. Its messages, NEEDJOBS and
+YOURJOBS, are in the catalogue (workers/messages.py).
 
 A ``Fed`` sits in the shard's timer heap as its own target (the next NEEDJOBS).
 """

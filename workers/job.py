@@ -128,7 +128,6 @@ node_id_bytes_max: Final = 64  # node IDs are 40 hex characters
 # ADDJOB ... MAXDELIVER n: deliveries before the job goes to its dead-letter queue
 # (a 16-bit record field; ten thousand redeliveries is already a hot loop).
 maxdeliver_max: Final = 10_000
-DEAD_PREFIX: Final = b"dead:"  # the dead-letter queue of queue q is dead:q
 
 US_PER_MS: Final = 1_000
 

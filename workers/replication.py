@@ -8,30 +8,8 @@ changes jobs through the shard's ``Core`` (workers/core.py). The ack GC
 (NEEDJOBS / YOURJOBS) ``Federation`` (workers/federation.py), PAUSE's broadcast
 workers/pause.py; ``Shard.on_message`` dispatches every kind to its part.
 Messages come in as ``(sender, meta, bodies, now_ms)`` and leave as ``Send``
-effects. Message kinds and payloads of the whole shard (``meta`` is JSON, job
-records and queue names travel in ``bodies`` as raw bytes):
-
-=========  =====================================  ==========================
-kind       meta                                   bodies
-=========  =====================================  ==========================
-REPLJOB    {}                                     [job record]
-GOTJOB     {"j": id}
-ENQUEUE    {"j": id, "d": [node, ...]}
-WILLQUEUE  {"j": id}
-QUEUED     {"j": id[, "f": 2|4 (increment nacks|deliveries)]
-            [, "w": ms (NACK DELAY), "dl": 1 (moved to dead:<queue>)]}
-WORKING    {"j": id}
-SETACK     {"j": id, "m": may-have[, "d": [node, ...]]}
-GOTACK     {"j": id, "k": 0|1 (known)}
-DELJOB     {"j": id}
-NEEDJOBS   {"c": count}                           [queue name]
-YOURJOBS   {}                                     [job record, ...]
-PAUSE      {"f": pause flags}                     [queue name]
-=========  =====================================  ==========================
-
-Every message about a job is sent to the job's slot (carried by its ID), so on
-the receiving host it reaches the worker owning the same slot; queue messages
-use the queue's slot.
+effects; every kind, its fields, its check and its handler are in the catalogue,
+workers/messages.py.
 
 Timers reuse the shard's one heap: a job's single timer entry also covers its
 cluster deadlines (``qtime_ms`` is the next 50 ms replication step for a

@@ -57,6 +57,7 @@ from workers.job import (
     ttl_max_s,
 )
 from workers.lifecycle import Lifecycle
+from workers.messages import KINDS
 from workers.pause import Pause
 from workers.persistence import load_record
 from workers.queue import PAUSED_IN, PAUSED_OUT
@@ -141,13 +142,9 @@ class Shard:
         self.repl = Replication(c, self.gc, self.ext)  # REPLJOB ... WORKING
         self.life = Lifecycle(c, self.repl, self.gc, self.fed, self.ext)
         self.pause = Pause(c)
-        r, g, f = self.repl, self.gc, self.fed
+        # Each kind's handler, as the catalogue names it (its part and method).
         self._handlers: dict[str, _Handler] = {
-            "REPLJOB": r.on_repljob, "GOTJOB": r.on_gotjob, "ENQUEUE": r.on_enqueue,
-            "WILLQUEUE": r.on_willqueue, "QUEUED": r.on_queued, "WORKING": r.on_working,
-            "SETACK": g.on_setack, "GOTACK": g.on_gotack, "DELJOB": g.on_deljob,
-            "NEEDJOBS": f.on_needjobs, "YOURJOBS": f.on_yourjobs, "PAUSE": self.pause.on_pause,
-        }  # fmt: skip
+            k.name: getattr(getattr(self, k.part), k.handler) for k in KINDS}
 
     # ------------------------------------------------------------------ plumbing
 
@@ -213,13 +210,12 @@ class Shard:
     def on_message(self, sender: str, kind: str, meta: dict[str, Any], bodies: list[bytes],
                    now_ms: int) -> None:
         """One cluster message from node ``sender`` (malformed input is dropped).
-        Shapes and values were checked at the edge (bus/messages.py); only the job
-        records inside are parsed by the parts (``federation.peer_job``)."""
+        Shapes and values were checked at the edge (bus/messages.py, by the rules of
+        the catalogue, workers/messages.py, whose handlers this dispatches to); only
+        the job records inside are parsed by the parts (``federation.peer_job``)."""
         self.core.now_ms = now_ms
         handler = self._handlers.get(kind)
-        if handler is None:
-            self.ext.on_message(sender, kind, meta, bodies, now_ms)
-        else:
+        if handler is not None:  # a kind of a newer peer's is dropped
             handler(sender, meta, bodies, now_ms)
 
     def tick(self, now_ms: int) -> int | None:
@@ -532,9 +528,6 @@ class Shard:
     def jobs(self) -> list[Job]:
         """Every registered job (tests, AOF rewrite)."""
         return self.core.jobs()
-
-    def queue_names(self) -> list[bytes]:
-        return list(self.core.queues)
 
     def check(self) -> None:
         """Check every cross-structure invariant (tests; O(jobs); views.py)."""

@@ -42,6 +42,7 @@ from dramatiq.message import Message
 from dramatiq.middleware import Middleware
 
 from disque_mp.client import Disque, DisqueConnectionError, DisqueError, Heartbeat
+from disque_mp.client.limits import MAXDELIVER_MAX as max_deliveries_max
 
 log = logging.getLogger("disque_mp.dramatiq")
 
@@ -63,8 +64,6 @@ purge_rounds_max = 10_000
 # join(): how often it looks at the queue
 join_poll_s = 0.1
 url_scheme = "disque://"
-# ADDJOB MAXDELIVER's bound (the node refuses more)
-max_deliveries_max = 10_000
 
 
 def delay_seconds(delay_ms: int | float | None) -> int | None:

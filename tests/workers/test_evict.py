@@ -91,7 +91,7 @@ def test_evict_step_drops_only_what_breaks_no_guarantee() -> None:
         assert s.lookup(jid) is not None
     assert all(s.lookup(j).state == QUEUED for j in keep[:25])  # type: ignore[union-attr]
     assert all(s.lookup(j).state == ACTIVE for j in inflight)  # type: ignore[union-attr]
-    names = set(s.queue_names())
+    names = set(s.core.queues)
     # empty queues go, even one whose jobs are in flight: a requeue creates it again
     assert names.isdisjoint({b"empty", b"amo2", b"acks", b"inflight"})
     assert {b"work", b"amo", b"paused", b"watched"} <= names
@@ -116,7 +116,7 @@ def test_op_evict_queue_refuses_paused_watched_and_nonempty_queues() -> None:
     s.op_pause(b"p", ["none"], T0)
     s.op_unblock(5, T0)
     assert s.op_evict_queue(b"p") and s.op_evict_queue(b"w")
-    assert set(s.queue_names()) == {b"full"}
+    assert set(s.core.queues) == {b"full"}
     s.check()
 
 
