@@ -8,7 +8,9 @@ evicts data whose loss violates no safety guarantee:
   other nodes; dropping it early costs at most a late duplicate GC round;
 - at-most-once jobs (RETRY 0) already delivered: they will never be delivered
   again, so nobody can miss them (observability only);
-- empty queues nobody waits on and nobody paused: recreated on next use.
+- empty queues nobody waits on: recreated on next use. Paused ones too, unlike
+  the spec (which never evicts a paused queue): PAUSEs of new names would
+  otherwise fill the budget for good (workers/pause.py).
 
 Never evicted: queued jobs, active at-least-once jobs, at-most-once jobs not
 delivered yet. Pure: works through the shard's public ops (JSCAN, QSCAN,
@@ -62,7 +64,7 @@ def select_jobs(shard: Any, cursor: int, visit_max: int, now_ms: int) -> tuple[i
 
 def select_queues(shard: Any, cursor: int, visit_max: int) -> tuple[int, list[bytes]]:
     """Names of empty queues among ``visit_max`` queues from ``cursor`` (the shard
-    still checks waiters and pause when asked to evict one)."""
+    still checks waiters when asked to evict one)."""
     nxt, names = shard.op_qscan(cursor, visit_max, 0, 0, 0)
     return nxt, [name for name in names if shard.op_qlen(name) == 0]
 

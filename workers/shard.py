@@ -444,16 +444,17 @@ class Shard:
     def op_qstat(self, queue: bytes, now_ms: int) -> Any:
         return qstat(self.core, queue, now_ms)
 
-    def op_pause(self, queue: bytes, opts: list[str], now_ms: int) -> Status:
+    def op_pause(self, queue: bytes, opts: list[str], now_ms: int) -> Status | Error:
         """PAUSE with validated lowercase options (workers/pause.py)."""
         return self.pause.op_pause(queue, opts, now_ms)
 
     def op_evict_queue(self, name: bytes) -> bool:
-        """Memory pressure (workers/evict.py): drop an empty queue nobody waits on and
-        nobody paused now, as the idle timer would later. False if it must stay."""
+        """Memory pressure (workers/evict.py): drop an empty queue nobody waits on, as
+        the idle timer would later, paused or not (workers/pause.py says why). False
+        if it must stay."""
         c = self.core
         q = c.queues.get(name)
-        if q is None or q.live or q.waiters is not None or q.paused:
+        if q is None or q.live or q.waiters is not None:
             return False
         c.evict(q)
         return True
