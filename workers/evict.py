@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workers.job import ACKED, ACTIVE, FLAG_DELIVERED, Job
+from workers.job import ACKED, ACTIVE, Job
 
 # Jobs an eviction pass looks at per call: a pass stays around 1-10 ms even when
 # every job it visits goes (~1 us per job visited, ~5-10 us per job evicted); the
@@ -37,7 +37,7 @@ def job_evictable(job: Job) -> bool:
     """True when dropping ``job`` breaks no delivery guarantee."""
     if job.state == ACKED:
         return True
-    return job.state == ACTIVE and job.retry_s == 0 and bool(job.flags & FLAG_DELIVERED)
+    return job.state == ACTIVE and job.retry_s == 0 and job.was_delivered()
 
 
 class EvictCursor:

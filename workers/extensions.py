@@ -5,7 +5,7 @@ DELQUEUE.
 ``Extensions`` is a collaborator the shard owns (``Shard.ext``) and calls: the
 extensions change the same job records and timers as the reference's commands,
 so they reach them through the shard's ``Core`` (workers/core.py, whose
-``WaitHooks`` it extends: a job leaving the table is done for WAITJOB) and ACK
+events it hears: a job acknowledged or leaving the table is done for WAITJOB) and ACK
 through its ``AckGc``. Keeping them here keeps the reference's state machine
 readable on its own. Their cluster messages (QLENASK, QLENIS, DELQ, DELQDONE, and
 the fields they add to QUEUED) are in the catalogue, workers/messages.py.
@@ -16,16 +16,12 @@ from __future__ import annotations
 from typing import Any, Final
 
 from workers.ackgc import AckGc
-from workers.core import Core, WaitHooks
-from workers.effects import QUEUED_INCR_NACKS, AofAppend, Wake
+from workers.core import Core, Events
+from workers.effects import QUEUED_INCR_NACKS
 from workers.ids import DEAD_PREFIX, slot_of
 from workers.job import (
     ACKED,
     DELETED,
-    FLAG_NACK_DELAYED,
-    FLAG_QUEUED_ONCE,
-    FLAG_WILLQUEUE_SENT,
-    FLAGS_DELAY_MASK,
     QUEUED,
     Job,
     Timed,
@@ -86,13 +82,13 @@ def past_maxdeliver(job: Job) -> bool:
         and not job.queue.startswith(DEAD_PREFIX)
 
 
-class Extensions(WaitHooks):
+class Extensions(Events):
     """The extensions' state (WAITJOBs, gathers) and operations on one shard."""
 
     def __init__(self, core: Core, gc: AckGc) -> None:
-        super().__init__()
         self.core = core
         self.gc = gc
+        core.subscribe(self, "after_ack", "after_job_gone")
         # WAITJOBs by the jobs they wait on, GLOBALQLEN / DELQUEUE gathering the
         # other nodes' answers by token.
         self.waits: dict[str, list[Gather]] = {}
@@ -107,15 +103,14 @@ class Extensions(WaitHooks):
         holder pushes its own requeue past the delay (QUEUED with "w")."""
         s = self.core
         s.forget_delivery(job)
-        job.flags = (job.flags & ~FLAG_WILLQUEUE_SENT) | FLAG_NACK_DELAYED
+        job.mark_nack_delayed()
         job.qtime_ms = now_ms + delay_ms
         s.reschedule(job)
         others = s.others(job)
         if others:
             s.send_job(others, "QUEUED", job,
                         {"j": job.id, "f": QUEUED_INCR_NACKS, QUEUED_WAIT: delay_ms})
-        if s.aof:
-            s.effects.append(AofAppend(job.to_record()))
+        s.log_job(job)
 
     # ------------------------------------------------------------------ MAXDELIVER
 
@@ -132,18 +127,17 @@ class Extensions(WaitHooks):
             if incr:
                 meta["f"] = incr
             s.send_job(others, "QUEUED", job, meta)
-        if s.aof:
-            s.effects.append(AofAppend(job.to_record()))
+        s.log_job(job)
 
     def _move_to_dead(self, job: Job, now_ms: int) -> Queue:
         """Point a job that is not queued at its dead-letter queue (the same slot,
         so the same owner: workers/ids.py), keeping the per-queue bookkeeping."""
         s = self.core
         s.forget_delivery(job)
-        if job.flags & FLAGS_DELAY_MASK and not job.flags & FLAG_QUEUED_ONCE:
+        if job.waits_delay():
             s.undelay(job)
-            job.flags |= FLAG_QUEUED_ONCE
-        job.flags &= ~FLAG_NACK_DELAYED
+            job.end_delay()
+        job.unmark_nack_delayed()
         dq = s.queue(dead_queue_of(job.queue), now_ms)
         job.queue = dq.name
         return dq
@@ -154,8 +148,7 @@ class Extensions(WaitHooks):
         if job.queue.startswith(DEAD_PREFIX):
             return
         self._move_to_dead(job, now_ms)
-        if self.core.aof:
-            self.core.effects.append(AofAppend(job.to_record()))
+        self.core.log_job(job)
 
     # ------------------------------------------------------------------ WAITJOB
 
@@ -184,8 +177,16 @@ class Extensions(WaitHooks):
             else:
                 ws.append(w)
         if timeout_ms:
-            self.core.timers.schedule(w, now_ms + timeout_ms)
+            self.core.schedule(w, now_ms + timeout_ms)
         return PENDING
+
+    def after_ack(self, job_id: str) -> None:
+        if self.wait_entries:
+            self.job_done(job_id)
+
+    def after_job_gone(self, job_id: str) -> None:
+        if self.wait_entries:
+            self.job_done(job_id)
 
     def job_done(self, job_id: str) -> None:
         """The job was acknowledged or left this shard: the WAITJOBs on it count it."""
@@ -201,9 +202,9 @@ class Extensions(WaitHooks):
 
     def _finish(self, g: Gather) -> None:
         g.finished = True
-        self.core.timers.unschedule(g)
+        self.core.unschedule(g)
         self.gathers.pop(g.token, None)
-        self.core.effects.append(Wake(g.token, g.reply()))
+        self.core.wake(g.token, g.reply())
 
     def fire_gather(self, g: Gather, now_ms: int) -> None:
         """Timeout: reply with what is known (WAITJOB's stale entries go with
@@ -239,7 +240,7 @@ class Extensions(WaitHooks):
         slot = slot_of(queue)
         for n in nodes:
             s.send(n, kind, slot, {"r": g.token}, [bytes(queue)])
-        s.timers.schedule(g, now_ms + cluster_request_timeout_ms)
+        s.schedule(g, now_ms + cluster_request_timeout_ms)
         return PENDING
 
     def _answered(self, sender: str, meta: dict[str, Any]) -> Gather | None:

@@ -67,7 +67,7 @@ class Pause:
         was_out = q.paused & PAUSED_OUT
         q.paused = flags
         if flags:
-            s.timers.unschedule(q)  # paused queues are never evicted
+            s.unschedule(q)  # paused queues are never evicted
         elif not q.live:
             s.maybe_idle(q, now_ms)
         if was_out and not flags & PAUSED_OUT and q.waiters is not None:

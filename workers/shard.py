@@ -40,7 +40,7 @@ from workers.core import (
     latency_bounds_ms,
     queue_idle_evict_ms,
 )
-from workers.effects import AofAppend, Effect, Wake
+from workers.effects import Effect
 from workers.extensions import Extensions
 from workers.federation import Federation
 from workers.job import (
@@ -136,9 +136,10 @@ class Shard:
         self.index = index
         self.workers = workers
         self.core = c = Core(node_id, index, seed, rng, now_ms, queue_idle_ms)
-        self.gc = c.gc = AckGc(c)  # ACKs, SETACK / GOTACK / DELJOB, dummy ACKs, gone IDs
-        self.ext = c.waits = Extensions(c, self.gc)  # NACK DELAY, MAXDELIVER, WAITJOB, ...
-        self.fed = c.fed = Federation(c, self.gc)  # NEEDJOBS / YOURJOBS
+        # The parts hear the core's events they subscribe to (workers/core.py's Events).
+        self.gc = AckGc(c)  # ACKs, SETACK / GOTACK / DELJOB, dummy ACKs, gone IDs
+        self.ext = Extensions(c, self.gc)  # NACK DELAY, MAXDELIVER, WAITJOB, ...
+        self.fed = Federation(c, self.gc)  # NEEDJOBS / YOURJOBS
         self.repl = Replication(c, self.gc, self.ext)  # REPLJOB ... WORKING
         self.life = Lifecycle(c, self.repl, self.gc, self.fed, self.ext)
         self.pause = Pause(c)
@@ -176,11 +177,7 @@ class Shard:
         return self.core.stats
 
     def take_effects(self) -> list[Effect]:
-        c = self.core
-        eff = c.effects
-        if eff:
-            c.effects = []
-        return eff
+        return self.core.take_effects()
 
     def set_peers(self, reachable_node_ids: list[str] | tuple[str, ...]) -> None:
         """Other nodes, all reachable (``set_view`` gives the full picture). Empty: single node."""
@@ -283,11 +280,10 @@ class Shard:
         c.register(job)
         if delay_s:
             job.qtime_ms = now_ms + delay_s * 1000
-            c.timers.schedule(job, job.qtime_ms)
+            c.schedule(job, job.qtime_ms)
         else:
             c.enqueue(job, q, now_ms)
-        if c.aof:
-            c.effects.append(AofAppend(job.to_record()))
+        c.log_job(job)
         return Status(job_id)
 
     def op_take(
@@ -310,8 +306,8 @@ class Shard:
             out.append(c.deliver(job, q, now_ms, withcounters))
         if not q.live:
             c.maybe_idle(q, now_ms)
-            if out and self.fed.feds:
-                self.fed.needjobs(q, True, now_ms)
+            if out:
+                c.drained(q, now_ms)
         return out
 
     def _take_many(
@@ -352,10 +348,10 @@ class Shard:
             self.op_unblock(token, now_ms)
         entries = self.op_take(queues, count, withcounters, now_ms)
         if entries:
-            c.effects.append(Wake(token, entries))
+            c.wake(token, entries)
             return
         if c.leaving:
-            c.effects.append(Wake(token, ERR_LEAVING))  # spec: a leaving node never blocks
+            c.wake(token, ERR_LEAVING)  # spec: a leaving node never blocks
             return
         w = Waiter(token, list(queues), count, withcounters)
         c.waiters[token] = w
@@ -368,7 +364,7 @@ class Shard:
                 if fed is not None:
                     fed.bcast_attempt = 0  # a new wait starts with short delays
             q.waiters[token] = w
-            c.timers.unschedule(q)  # a watched queue is not evicted
+            c.unschedule(q)  # a watched queue is not evicted
             if c.known:
                 self.fed.needjobs(q, False, now_ms)
 
@@ -379,7 +375,22 @@ class Shard:
 
     def op_return(self, job_ids: list[str], now_ms: int) -> None:
         """Give back jobs a multi-owner GETJOB took but did not send: no delivery counted."""
-        self.core.give_back(job_ids, now_ms)
+        c = self.core
+        for job_id in job_ids:
+            job = c.lookup(job_id)
+            if job is None or job.state != ACTIVE:
+                continue
+            q = c.queue(job.queue, now_ms)
+            if not job.nacks and not job.additional_deliveries:
+                job.unmark_delivered()  # that take was its only delivery
+            c.forget_delivery(job)
+            if q.jobs_out:
+                q.jobs_out -= 1
+            job.move(QUEUED)
+            q.push(job)
+            c.schedule(job, job.ctime_us // US_PER_MS + job.ttl_s * 1000)
+            if q.waiters is not None and not q.paused & PAUSED_OUT:
+                c.serve_waiters(q, now_ms)
 
     # ------------------------------------------------------------------ job-addressed ops
 
@@ -416,8 +427,7 @@ class Shard:
             job = c.lookup(job_id)
             if job is not None and job.state == QUEUED:
                 c.dequeue(job, c.queues[job.queue], now_ms)
-                if c.aof:
-                    c.effects.append(AofAppend(job.to_record()))
+                c.log_job(job)
                 done += 1
         return done
 
@@ -442,7 +452,7 @@ class Shard:
         return qpeek(self.core, queue, count)
 
     def op_qstat(self, queue: bytes, now_ms: int) -> Any:
-        return qstat(self.core, queue, now_ms)
+        return qstat(self.core, self.fed, queue, now_ms)
 
     def op_pause(self, queue: bytes, opts: list[str], now_ms: int) -> Status | Error:
         """PAUSE with validated lowercase options (workers/pause.py)."""
@@ -462,7 +472,7 @@ class Shard:
     def op_qscan(self, cursor: int, count: int, minlen: int, maxlen: int,
                  importrate: int) -> tuple[int, list[bytes]]:
         """Queues from table position ``cursor``; next cursor 0 means done (views.py)."""
-        return qscan(self.core, cursor, count, minlen, maxlen, importrate)
+        return qscan(self.core, self.fed, cursor, count, minlen, maxlen, importrate)
 
     def op_jscan(self, cursor: int, count: int, queue: bytes | None,
                  states: AbstractSet[int] | None, reply_all: bool,
@@ -497,7 +507,7 @@ class Shard:
         they waited on go too."""
         c = self.core
         for rw in c.repl.values():
-            c.effects.append(Wake(rw.token, ERR_NOREPL_TIMEOUT))  # their jobs are gone
+            c.wake(rw.token, ERR_NOREPL_TIMEOUT)  # their jobs are gone
         self.ext.finish_all()  # WAITJOBs: every job is gone
         waiters = list(c.waiters.values()) if keep_waiters else []
         for q in c.queues.values():
@@ -512,7 +522,7 @@ class Shard:
                 if q.waiters is None:
                     q.waiters = {}
                 q.waiters[w.token] = w
-                c.timers.unschedule(q)
+                c.unschedule(q)
 
     def info(self) -> dict[str, int]:
         c = self.core
@@ -524,7 +534,7 @@ class Shard:
 
     def metrics(self, queues_max: int, now_ms: int) -> dict[str, Any]:
         """Counters, histograms and the largest queues for /metrics (views.py)."""
-        return metrics(self.core, queues_max, now_ms)
+        return metrics(self.core, self.fed, queues_max, now_ms)
 
     def jobs(self) -> list[Job]:
         """Every registered job (tests, AOF rewrite)."""
