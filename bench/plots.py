@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.figures import pyplot, save_figure
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 # The performance targets: (name, what is compared, the ratio needed).
@@ -29,24 +31,6 @@ def load(path: Path) -> list[dict[str, Any]]:
 
 def by_group(rows: list[dict[str, Any]], group: str) -> list[dict[str, Any]]:
     return [r for r in rows if r["group"] == group]
-
-
-def pyplot() -> Any:
-    """matplotlib.pyplot off screen (the Agg backend: benchmarks run without a display)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_figure(fig: Any, out: Path) -> Path:
-    """Lay the figure out, save it as a PNG (100 dpi) and free it; ``out``."""
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    pyplot().close(fig)
-    return out
 
 
 def _axes() -> tuple[Any, Any]:

@@ -49,7 +49,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.plots import pyplot, save_figure
+from bench.figures import pyplot, save_figure
 from bench.redisq import children_of, redis_benchmark
 
 REPO = Path(__file__).resolve().parent.parent

@@ -141,3 +141,84 @@ def test_no_import_circle() -> None:
     graph = _import_graph()
     assert "disque_mp.node.worker" in graph and graph["disque_mp.node.worker"]
     assert _circles(graph) == []
+
+
+# ---- the shard's core speaks in verbs (workers/core.py)
+
+WORKERS = REPO / "workers"
+
+
+def _parts(*but: str) -> list[Path]:
+    return [p for p in sorted(WORKERS.glob("*.py")) if p.name not in but]
+
+
+def test_job_flags_only_through_the_jobs_named_methods() -> None:
+    """No raw flag bit operation outside workers/job.py: the parts read and set a
+    job's flags through ``Job``'s named methods (``mark_delivered`` ...)."""
+    raw = []
+    for p in _parts("job.py"):
+        for node in ast.walk(ast.parse(p.read_text(), filename=str(p))):
+            name = (node.id if isinstance(node, ast.Name) else node.name
+                    if isinstance(node, ast.alias) else "")
+            if name.startswith(("FLAG_", "FLAGS_")) or (
+                    isinstance(node, ast.Attribute) and node.attr == "flags"):
+                raw.append(f"{p.name}:{getattr(node, 'lineno', '?')}")
+    assert raw == [], raw
+
+
+def test_one_aof_append_verb() -> None:
+    """Only the core makes AOF records (``Core.log_job``, and its deletion record
+    when a job leaves): a move ends with the verb, never with a record of its own."""
+    makers = []
+    for p in _parts("core.py", "effects.py"):
+        for node in ast.walk(ast.parse(p.read_text(), filename=str(p))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                    and node.func.id == "AofAppend":
+                makers.append(f"{p.name}:{node.lineno}")
+    assert makers == [], makers
+
+
+def _core_fields_touched() -> dict[str, set[str]]:
+    """Attributes of a ``Core`` that are not methods, as the parts reach them
+    (``self.core.x``, a local bound to ``self.core``, a parameter typed ``Core``),
+    with the files that do."""
+    import workers.core
+
+    verbs = {n for n, v in vars(workers.core.Core).items() if callable(v) or isinstance(v, property)}
+    out: dict[str, set[str]] = {}
+    for p in _parts("core.py"):
+        for fn in ast.walk(ast.parse(p.read_text(), filename=str(p))):
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            bound = {a.arg for a in fn.args.args
+                     if isinstance(a.annotation, ast.Name) and a.annotation.id == "Core"}
+            for n in ast.walk(fn):
+                if isinstance(n, ast.Assign) and isinstance(n.value, ast.Attribute) \
+                        and n.value.attr == "core" and isinstance(n.targets[0], ast.Name):
+                    bound.add(n.targets[0].id)
+            for n in ast.walk(fn):
+                if not isinstance(n, ast.Attribute) or n.attr in verbs:
+                    continue
+                v = n.value
+                if (isinstance(v, ast.Name) and v.id in bound) or (
+                        isinstance(v, ast.Attribute) and v.attr == "core"
+                        and isinstance(v.value, ast.Name) and v.value.id == "self"):
+                    out.setdefault(n.attr, set()).add(p.name)
+    return out
+
+
+# The core's fields some part still reads or writes instead of calling a verb: this
+# list only shrinks (docs/shard.md, "The core's verbs").
+CORE_FIELDS_STILL_TOUCHED = frozenset({
+    "queues", "node_id", "now_ms", "stats", "peers", "me", "known", "leaving", "repl",
+    "memory_level", "last_ctime_us", "rng", "njobs", "waiters", "job_buckets", "timers",
+    "aof", "body_bytes", "ids", "queue_idle_ms", "reach", "unlinked", "qscan",
+    "outstanding", "active", "delayed",
+})
+
+
+def test_parts_reach_the_core_through_verbs_and_its_fields_only_shrink() -> None:
+    touched = _core_fields_touched()
+    assert "queues" in touched  # the walk sees the parts
+    assert set(touched) <= CORE_FIELDS_STILL_TOUCHED, {
+        f: sorted(files) for f, files in touched.items() if f not in CORE_FIELDS_STILL_TOUCHED}

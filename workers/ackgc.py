@@ -14,12 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from workers.core import Core, GcHooks
-from workers.effects import AofAppend, Wake
+from workers.core import Core, Events
 from workers.ids import is_at_most_once_id, slot_of_job_id
 from workers.job import (
     ACKED,
-    FLAG_WILLQUEUE_SENT,
     QUEUED,
     US_PER_MS,
     WAIT_REPL,
@@ -45,13 +43,18 @@ gone_ids_keep_ms = 30_000
 gone_ids_max = 100_000
 
 
-class AckGc(GcHooks):
+class AckGc(Events):
     """ACKs, GC attempts of acked jobs and the recently gone job IDs of one shard."""
 
     def __init__(self, core: Core) -> None:
-        super().__init__()
         self.core = core
+        self.tries: dict[str, int] = {}  # acked jobs -> GC attempts made
         self.gone: dict[str, int] = {}  # acked/deleted job IDs -> kept until (ms)
+        core.subscribe(self, "after_job_gone")
+
+    def after_job_gone(self, job_id: str) -> None:
+        if self.tries:
+            self.tries.pop(job_id, None)
 
     def reset(self) -> None:
         """FLUSHALL: every job is gone."""
@@ -110,18 +113,16 @@ class AckGc(GcHooks):
         elif job.state == WAIT_REPL:
             rw = s.repl.pop(job.id, None)
             if rw is not None:
-                s.effects.append(Wake(rw.token, Status(job.id)))
+                s.wake(rw.token, Status(job.id))
         job.move(ACKED)
-        job.flags &= ~FLAG_WILLQUEUE_SENT
-        if s.waits.wait_entries:
-            s.waits.job_done(job.id)  # WAITJOB (workers/extensions.py)
+        job.new_requeue_time()
+        s.acked(job.id)  # WAITJOB (workers/extensions.py)
         if job.delivered and not s.others(job):
             s.unregister(job, now_ms)
             return False
         job.confirmed = (s.node_id,) if s.node_id in job.delivered else ()
         self.tries.pop(job.id, None)
-        if s.aof:
-            s.effects.append(AofAppend(job.to_record()))
+        s.log_job(job)
         # Every acked job has a GC timer, also where another node runs the GC: if
         # that node's DELJOB is lost, our own attempt finds the copies gone.
         return self.arm_gc(job, now_ms)

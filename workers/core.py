@@ -13,10 +13,10 @@ Data structures
 - timers: ONE heap of due times with a bucket of targets each
   (``workers/timers.py``; ``workers/lifecycle.py`` drains it).
 
-The parts above the core that it must tell of a move (federation, the ack GC,
-WAITJOB) are reached through the small base classes at the end of this module
-(``FedHooks``, ``GcHooks``, ``WaitHooks``): each part extends its own, so the
-core calls it natively without importing it. Alone, a core has no-op hooks.
+The parts above the core that must hear of a move (federation, the ack GC,
+WAITJOB) subscribe to named events (``Events`` at the end of this module, as
+Dramatiq's middleware hooks: ``after_ack``, ``after_job_gone`` ...): the core
+calls the subscribers of an event, never a part it knows by a back-pointer.
 """
 
 from __future__ import annotations
@@ -34,20 +34,16 @@ from workers.job import (
     ACTIVE,
     DELETED,
     ENTRY_STATES,
-    FLAG_DELIVERED,
-    FLAG_NACK_DELAYED,
-    FLAG_QUEUED_ONCE,
-    FLAG_WILLQUEUE_SENT,
-    FLAGS_DELAY_MASK,
     MOVES,
     QUEUED,
     STATE_NAMES,
     US_PER_MS,
     WAIT_REPL,
     Job,
+    Timed,
     del_record,
 )
-from workers.queue import PAUSED_OUT, Fed, Queue
+from workers.queue import PAUSED_OUT, Queue
 from workers.replies import ERR_LEAVING, Error
 from workers.timers import Timers
 
@@ -69,8 +65,6 @@ _JOB_BUCKET_MASK: Final = job_buckets - 1
 # bucket past the last bound. The shard only counts; the HTTP side exports seconds.
 latency_bounds_ms: Final = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000,
                             60_000, 300_000, 900_000, 3_600_000)
-# Queueing a job ends a WILLQUEUE round and any NACK ... DELAY wait.
-_FLAGS_QUEUE_CLEARS: Final = FLAG_WILLQUEUE_SENT | FLAG_NACK_DELAYED
 
 _K_NACKS: Final = b"nacks"
 _K_ADD_DELIV: Final = b"additional-deliveries"
@@ -163,9 +157,12 @@ class Core:
         # while appendonly is on, so the records cost nothing otherwise.
         self.aof = False
         self.stats = Stats()
-        self.fed = FedHooks()
-        self.gc = GcHooks()
-        self.waits = WaitHooks()
+        # Each event's subscribers (``subscribe``), in subscription order.
+        self._after_ack: tuple[Events, ...] = ()
+        self._after_job_gone: tuple[Events, ...] = ()
+        self._after_queue_evicted: tuple[Events, ...] = ()
+        self._after_queued_unwatched: tuple[Events, ...] = ()
+        self._after_queue_drained: tuple[Events, ...] = ()
         self.reset()
 
     def reset(self) -> None:
@@ -223,6 +220,25 @@ class Core:
                 self._drop_waiter(w, self.now_ms)
                 self.effects.append(Wake(w.token, ERR_LEAVING))
 
+    # ------------------------------------------------------------------ events
+
+    def subscribe(self, part: Events, *events: str) -> None:
+        """``part`` hears ``events`` (names of ``Events``' methods) from now on."""
+        for name in events:
+            invariant(name in EVENTS, f"no event {name}")
+            attr = "_" + name
+            setattr(self, attr, (*getattr(self, attr), part))
+
+    def acked(self, job_id: str) -> None:
+        """Tell the subscribers the job was acknowledged here."""
+        for sub in self._after_ack:
+            sub.after_ack(job_id)
+
+    def drained(self, q: Queue, now_ms: int) -> None:
+        """Tell the subscribers a consumer took the last job of ``q``."""
+        for sub in self._after_queue_drained:
+            sub.after_queue_drained(q, now_ms)
+
     # ------------------------------------------------------------------ the job table
 
     def lookup(self, job_id: str) -> Job | None:
@@ -249,7 +265,7 @@ class Core:
         b[jid] = job
         self.njobs += 1
         self.body_bytes += len(job.body)
-        if job.flags & FLAGS_DELAY_MASK and not job.flags & FLAG_QUEUED_ONCE:
+        if job.waits_delay():
             self.delayed[job.queue] = self.delayed.get(job.queue, 0) + 1
 
     def unregister(self, job: Job, now_ms: int) -> None:
@@ -260,19 +276,15 @@ class Core:
         self.njobs -= 1
         self.body_bytes -= len(job.body)
         if self.aof:
-            self.effects.append(AofAppend(del_record(jid)))
+            self.effects.append(AofAppend(del_record(jid)))  # the one deletion record
         if self.repl:
             rw = self.repl.pop(jid, None)
             if rw is not None:
                 self.effects.append(Wake(rw.token, ERR_NOREPL_TIMEOUT))
-        gc = self.gc
-        if gc.tries:
-            gc.tries.pop(jid, None)
-        waits = self.waits
-        if waits.wait_entries:
-            waits.job_done(jid)
+        for sub in self._after_job_gone:
+            sub.after_job_gone(jid)
         self.forget_delivery(job)
-        if job.flags & FLAGS_DELAY_MASK and not job.flags & FLAG_QUEUED_ONCE:
+        if job.waits_delay():
             self.undelay(job)
         was = job.state
         job.state = DELETED  # from any registered state (MOVES)
@@ -284,6 +296,12 @@ class Core:
             q.remove(job)
             self.maybe_idle(q, now_ms)
         self.timers.unschedule(job)
+
+    def log_job(self, job: Job) -> None:
+        """The AOF verb: the job's state after a move, as a record (while appendonly
+        is on). Every move that changes what a restart must know ends with it."""
+        if self.aof:
+            self.effects.append(AofAppend(job.to_record()))
 
     def unregister_quiet(self, job: Job, now_ms: int) -> None:
         """Unregister without an AOF deletion record (the record is not ours to log)."""
@@ -333,11 +351,8 @@ class Core:
         self._qscan_free.append(q.scan_idx)
         q.drop_all()
         self.timers.unschedule(q)
-        feds = self.fed.feds
-        if feds:
-            fed = feds.pop(q.name, None)
-            if fed is not None:
-                self.timers.unschedule(fed)
+        for sub in self._after_queue_evicted:
+            sub.after_queue_evicted(q)
 
     # ------------------------------------------------------------------ moves
 
@@ -348,11 +363,10 @@ class Core:
             raise InvariantError(f"job {job.id}: {STATE_NAMES[job.state]} -> queued is not "
                                  "a move of the state machine")
         job.state = QUEUED
-        flags = job.flags
-        if flags & FLAGS_DELAY_MASK and not flags & FLAG_QUEUED_ONCE:
+        if job.waits_delay():
             self.undelay(job)
         self.forget_delivery(job)  # queued again (retry, NACK, ENQUEUE, a peer's QUEUED)
-        job.flags = (flags & ~_FLAGS_QUEUE_CLEARS) | FLAG_QUEUED_ONCE
+        job.mark_queued()
         if job.retry_s:
             job.qtime_ms = now_ms + job.retry_s * 1000 + int(self.rng.random() * time_error_ms)
         else:
@@ -365,8 +379,9 @@ class Core:
             return
         if q.waiters is not None and not q.paused & PAUSED_OUT:
             self.serve_waiters(q, now_ms)
-        elif self.fed.asks and q.live == 1 and q.waiters is None:
-            self.fed.push_to_asker(q, now_ms)
+        elif q.live == 1 and q.waiters is None:
+            for sub in self._after_queued_unwatched:
+                sub.after_queued_unwatched(q, now_ms)
 
     def requeue(self, job: Job, q: Queue, now_ms: int, incr: int = 0) -> None:
         """Queue a known job again (retry timer, NACK, ENQUEUE): QUEUED to the
@@ -376,8 +391,7 @@ class Core:
         self.enqueue(job, q, now_ms)
         if job.nodes[0] is not self.me and job.state == QUEUED:
             self.send_queued(job, incr)
-        if self.aof:
-            self.effects.append(AofAppend(job.to_record()))
+        self.log_job(job)
 
     def dequeue(self, job: Job, q: Queue, now_ms: int) -> None:
         """A QUEUED job goes back to ACTIVE without being delivered."""
@@ -391,11 +405,11 @@ class Core:
         """``job`` was just popped from ``q`` for a client: make it ACTIVE, build its entry."""
         job.state = ACTIVE  # queued -> active (Queue.pop returns queued jobs only)
         st = self.stats
-        if not job.flags & FLAG_DELIVERED:
+        if not job.was_delivered():
             wait_ms = now_ms - job.ctime_us // US_PER_MS
             st.wait_counts[bisect_left(latency_bounds_ms, wait_ms)] += 1
             st.wait_sum_ms += wait_ms
-            job.flags |= FLAG_DELIVERED
+            job.mark_delivered()
         st.delivered += 1
         if job.dtime_ms < 0:
             self.active[q.name] = self.active.get(q.name, 0) + 1
@@ -427,8 +441,8 @@ class Core:
                 entries.append(self.deliver(job, q, now_ms, w.withcounters))
             self.effects.append(Wake(token, entries))
         self.maybe_idle(q, now_ms)
-        if not q.live and self.fed.feds:
-            self.fed.needjobs(q, True, now_ms)  # drained: ask the recent sources at once
+        if not q.live:
+            self.drained(q, now_ms)
 
     def _drop_waiter(self, w: Waiter, now_ms: int) -> None:
         del self.waiters[w.token]
@@ -456,24 +470,6 @@ class Core:
                 if q is not None and not q.live and q.waiters is None and not q.paused:
                     self.evict(q)
 
-    def give_back(self, job_ids: list[str], now_ms: int) -> None:
-        """Give back jobs a multi-owner GETJOB took but did not send: no delivery counted."""
-        for job_id in job_ids:
-            job = self.lookup(job_id)
-            if job is None or job.state != ACTIVE:
-                continue
-            q = self.queue(job.queue, now_ms)
-            if not job.nacks and not job.additional_deliveries:
-                job.flags &= ~FLAG_DELIVERED  # that take was its only delivery
-            self.forget_delivery(job)
-            if q.jobs_out:
-                q.jobs_out -= 1
-            job.move(QUEUED)
-            q.push(job)
-            self.timers.schedule(job, job.ctime_us // US_PER_MS + job.ttl_s * 1000)
-            if q.waiters is not None and not q.paused & PAUSED_OUT:
-                self.serve_waiters(q, now_ms)
-
     # ------------------------------------------------------------------ timers
 
     def due(self, job: Job) -> int:
@@ -482,12 +478,37 @@ class Core:
         etime = job.ctime_us // US_PER_MS + job.ttl_s * 1000
         qt = job.qtime_ms
         if qt and job.state != QUEUED:
-            if (job.state == ACTIVE and not job.flags & FLAG_WILLQUEUE_SENT
+            if (job.state == ACTIVE and not job.willqueue_sent()
                     and job.nodes[0] is not self.me):
                 qt -= time_error_ms
             if qt < etime:
                 return qt
         return etime
+
+    def schedule(self, target: Timed, due_ms: int) -> None:
+        """``target`` fires at ``due_ms`` or earlier (workers/timers.py)."""
+        self.timers.schedule(target, due_ms)
+
+    def unschedule(self, target: Timed) -> None:
+        self.timers.unschedule(target)
+
+    def arm(self, job: Job) -> None:
+        """The job fires at its next deadline (``due``) or earlier."""
+        self.timers.schedule(job, self.due(job))
+
+    def start_firing(self) -> None:
+        """A tick begins (``Lifecycle.tick``): see ``next_fired``."""
+        self.timers.start_firing()
+
+    def next_fired(self, now_ms: int, pops_max: int) -> Timed | None:
+        """The next target due at ``now_ms``, or None (workers/timers.py)."""
+        return self.timers.next_fired(now_ms, pops_max)
+
+    def next_deadline(self, now_ms: int) -> int | None:
+        """When the tick must run again: now when it stopped at its bound, else the
+        earliest due time (None: no timer)."""
+        t = self.timers
+        return now_ms if t.capped else t.next_due()
 
     def reschedule(self, job: Job) -> None:
         self.timers.unschedule(job)
@@ -528,6 +549,17 @@ class Core:
 
     # ------------------------------------------------------------------ messages out
 
+    def wake(self, token: int, reply: Any) -> None:
+        """Answer a client waiting on this shard (blocked GETJOB, ADDJOB, WAITJOB ...)."""
+        self.effects.append(Wake(token, reply))
+
+    def take_effects(self) -> list[Effect]:
+        """The effects since the last call, in order (the worker carries them out)."""
+        eff = self.effects
+        if eff:
+            self.effects = []
+        return eff
+
     def send(self, node: str, kind: str, slot: int, meta: dict[str, Any],
               bodies: list[bytes] | None = None) -> None:
         self.effects.append(Send(node, kind, slot, meta, bodies if bodies is not None else []))
@@ -549,43 +581,27 @@ class Core:
             self.send_job(others, "QUEUED", job, {"j": job.id, "f": incr} if incr else None)
 
 
-class FedHooks:
-    """Federation as the core sees it (``workers/federation.py``'s ``Federation``
-    extends it): the per-queue state, and the two moments the core tells it of."""
+class Events:
+    """The moments of a job's or a queue's life the core tells the parts of, as
+    Dramatiq's middleware hooks: a part extends this, overrides the events it
+    needs and subscribes to them (``Core.subscribe``); the core calls every
+    subscriber of an event, never a part it knows by name. Alone, a core has none."""
 
-    def __init__(self) -> None:
-        self.feds: dict[bytes, Fed] = {}  # queues with federation state
-        self.asks: dict[bytes, tuple[str, int]] = {}  # queue -> (asker, until ms)
+    def after_ack(self, job_id: str) -> None:
+        """The job was acknowledged here (it may stay, acked, for the GC)."""
 
-    def needjobs(self, q: Queue, reached_zero: bool, now_ms: int) -> None:
-        """``q`` has consumers and no jobs: ask the other nodes for some."""
+    def after_job_gone(self, job_id: str) -> None:
+        """The job left the job table (acked and collected, deleted, expired)."""
 
-    def push_to_asker(self, q: Queue, now_ms: int) -> None:
+    def after_queue_evicted(self, q: Queue) -> None:
+        """The queue left the queue table (idle, or memory pressure)."""
+
+    def after_queued_unwatched(self, q: Queue, now_ms: int) -> None:
         """A job was queued in an otherwise empty queue with no local consumer."""
 
-    def qstat_import(self, q: Queue, now_ms: int) -> tuple[list[str], int]:
-        """QSTAT's import-from and import-rate of ``q``."""
-        fed = self.feds.get(q.name)
-        if fed is None:
-            return [], 0
-        fed.expire(now_ms)
-        return list(fed.responders), fed.import_rate(now_ms)
+    def after_queue_drained(self, q: Queue, now_ms: int) -> None:
+        """A consumer took the last job of the queue."""
 
 
-class GcHooks:
-    """The ack GC as the core sees it (``workers/ackgc.py``'s ``AckGc`` extends
-    it): the attempts made per acked job, forgotten with the job."""
-
-    def __init__(self) -> None:
-        self.tries: dict[str, int] = {}  # acked jobs -> GC attempts made
-
-
-class WaitHooks:
-    """WAITJOB as the core sees it (``workers/extensions.py``'s ``Extensions``
-    extends it): a job leaving the table is done for the WAITJOBs on it."""
-
-    def __init__(self) -> None:
-        self.wait_entries = 0  # (job, WAITJOB) pairs waited on
-
-    def job_done(self, job_id: str) -> None:
-        """The job was acknowledged or left this shard."""
+EVENTS: Final = frozenset(("after_ack", "after_job_gone", "after_queue_evicted",
+                           "after_queued_unwatched", "after_queue_drained"))

@@ -8,7 +8,9 @@ evicts data whose loss violates no safety guarantee:
   other nodes; dropping it early costs at most a late duplicate GC round;
 - at-most-once jobs (RETRY 0) already delivered: they will never be delivered
   again, so nobody can miss them (observability only);
-- empty queues nobody waits on and nobody paused: recreated on next use.
+- empty queues nobody waits on: recreated on next use. Paused ones too, unlike
+  the spec (which never evicts a paused queue): PAUSEs of new names would
+  otherwise fill the budget for good (workers/pause.py).
 
 Never evicted: queued jobs, active at-least-once jobs, at-most-once jobs not
 delivered yet. Pure: works through the shard's public ops (JSCAN, QSCAN,
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workers.job import ACKED, ACTIVE, FLAG_DELIVERED, Job
+from workers.job import ACKED, ACTIVE, Job
 
 # Jobs an eviction pass looks at per call: a pass stays around 1-10 ms even when
 # every job it visits goes (~1 us per job visited, ~5-10 us per job evicted); the
@@ -35,7 +37,7 @@ def job_evictable(job: Job) -> bool:
     """True when dropping ``job`` breaks no delivery guarantee."""
     if job.state == ACKED:
         return True
-    return job.state == ACTIVE and job.retry_s == 0 and bool(job.flags & FLAG_DELIVERED)
+    return job.state == ACTIVE and job.retry_s == 0 and job.was_delivered()
 
 
 class EvictCursor:
@@ -62,7 +64,7 @@ def select_jobs(shard: Any, cursor: int, visit_max: int, now_ms: int) -> tuple[i
 
 def select_queues(shard: Any, cursor: int, visit_max: int) -> tuple[int, list[bytes]]:
     """Names of empty queues among ``visit_max`` queues from ``cursor`` (the shard
-    still checks waiters and pause when asked to evict one)."""
+    still checks waiters when asked to evict one)."""
     nxt, names = shard.op_qscan(cursor, visit_max, 0, 0, 0)
     return nxt, [name for name in names if shard.op_qlen(name) == 0]
 

@@ -5,41 +5,23 @@ DELQUEUE.
 ``Extensions`` is a collaborator the shard owns (``Shard.ext``) and calls: the
 extensions change the same job records and timers as the reference's commands,
 so they reach them through the shard's ``Core`` (workers/core.py, whose
-``WaitHooks`` it extends: a job leaving the table is done for WAITJOB) and ACK
+events it hears: a job acknowledged or leaving the table is done for WAITJOB) and ACK
 through its ``AckGc``. Keeping them here keeps the reference's state machine
-readable on its own. Cluster messages they add to (``QUEUED``) are listed in
-workers/replication.py; their own request/reply messages (meta JSON, bodies raw):
-
-=========  =====================================  ==========================
-kind       meta                                   bodies
-=========  =====================================  ==========================
-QLENASK    {"r": request}                         [queue name]
-QLENIS     {"r": request, "n": queued jobs}
-DELQ       {"r": request}                         [queue name]
-DELQDONE   {"r": request}                         [40-byte job IDs, joined]
-=========  =====================================  ==========================
-
-A request goes to the queue's slot on every reachable node, so the worker owning
-the queue there answers it, to the same slot here: the worker that asked.
+readable on its own. Their cluster messages (QLENASK, QLENIS, DELQ, DELQDONE, and
+the fields they add to QUEUED) are in the catalogue, workers/messages.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Final
 
 from workers.ackgc import AckGc
-from workers.core import Core, WaitHooks
-from workers.effects import QUEUED_INCR_NACKS, AofAppend, Wake
-from workers.ids import slot_of
+from workers.core import Core, Events
+from workers.effects import QUEUED_INCR_NACKS
+from workers.ids import DEAD_PREFIX, slot_of
 from workers.job import (
     ACKED,
-    DEAD_PREFIX,
     DELETED,
-    FLAG_NACK_DELAYED,
-    FLAG_QUEUED_ONCE,
-    FLAG_WILLQUEUE_SENT,
-    FLAGS_DELAY_MASK,
     QUEUED,
     Job,
     Timed,
@@ -100,26 +82,18 @@ def past_maxdeliver(job: Job) -> bool:
         and not job.queue.startswith(DEAD_PREFIX)
 
 
-class Extensions(WaitHooks):
+class Extensions(Events):
     """The extensions' state (WAITJOBs, gathers) and operations on one shard."""
 
     def __init__(self, core: Core, gc: AckGc) -> None:
-        super().__init__()
         self.core = core
         self.gc = gc
+        core.subscribe(self, "after_ack", "after_job_gone")
         # WAITJOBs by the jobs they wait on, GLOBALQLEN / DELQUEUE gathering the
         # other nodes' answers by token.
         self.waits: dict[str, list[Gather]] = {}
         self.wait_entries = 0  # sum of the lists' lengths (waitjob_entries_max)
         self.gathers: dict[int, Gather] = {}
-
-    def on_message(self, sender: str, kind: str, meta: dict[str, Any],
-                   bodies: list[bytes], now_ms: int) -> None:
-        """The extensions' own messages (the reference's are handled by the
-        shard); an unknown kind is dropped."""
-        handler = EXT_HANDLERS.get(kind)
-        if handler is not None:
-            handler(self, sender, meta, bodies, now_ms)
 
     # ------------------------------------------------------------------ NACK DELAY
 
@@ -129,15 +103,14 @@ class Extensions(WaitHooks):
         holder pushes its own requeue past the delay (QUEUED with "w")."""
         s = self.core
         s.forget_delivery(job)
-        job.flags = (job.flags & ~FLAG_WILLQUEUE_SENT) | FLAG_NACK_DELAYED
+        job.mark_nack_delayed()
         job.qtime_ms = now_ms + delay_ms
         s.reschedule(job)
         others = s.others(job)
         if others:
             s.send_job(others, "QUEUED", job,
                         {"j": job.id, "f": QUEUED_INCR_NACKS, QUEUED_WAIT: delay_ms})
-        if s.aof:
-            s.effects.append(AofAppend(job.to_record()))
+        s.log_job(job)
 
     # ------------------------------------------------------------------ MAXDELIVER
 
@@ -154,18 +127,17 @@ class Extensions(WaitHooks):
             if incr:
                 meta["f"] = incr
             s.send_job(others, "QUEUED", job, meta)
-        if s.aof:
-            s.effects.append(AofAppend(job.to_record()))
+        s.log_job(job)
 
     def _move_to_dead(self, job: Job, now_ms: int) -> Queue:
         """Point a job that is not queued at its dead-letter queue (the same slot,
         so the same owner: workers/ids.py), keeping the per-queue bookkeeping."""
         s = self.core
         s.forget_delivery(job)
-        if job.flags & FLAGS_DELAY_MASK and not job.flags & FLAG_QUEUED_ONCE:
+        if job.waits_delay():
             s.undelay(job)
-            job.flags |= FLAG_QUEUED_ONCE
-        job.flags &= ~FLAG_NACK_DELAYED
+            job.end_delay()
+        job.unmark_nack_delayed()
         dq = s.queue(dead_queue_of(job.queue), now_ms)
         job.queue = dq.name
         return dq
@@ -176,8 +148,7 @@ class Extensions(WaitHooks):
         if job.queue.startswith(DEAD_PREFIX):
             return
         self._move_to_dead(job, now_ms)
-        if self.core.aof:
-            self.core.effects.append(AofAppend(job.to_record()))
+        self.core.log_job(job)
 
     # ------------------------------------------------------------------ WAITJOB
 
@@ -206,8 +177,16 @@ class Extensions(WaitHooks):
             else:
                 ws.append(w)
         if timeout_ms:
-            self.core.timers.schedule(w, now_ms + timeout_ms)
+            self.core.schedule(w, now_ms + timeout_ms)
         return PENDING
+
+    def after_ack(self, job_id: str) -> None:
+        if self.wait_entries:
+            self.job_done(job_id)
+
+    def after_job_gone(self, job_id: str) -> None:
+        if self.wait_entries:
+            self.job_done(job_id)
 
     def job_done(self, job_id: str) -> None:
         """The job was acknowledged or left this shard: the WAITJOBs on it count it."""
@@ -223,9 +202,9 @@ class Extensions(WaitHooks):
 
     def _finish(self, g: Gather) -> None:
         g.finished = True
-        self.core.timers.unschedule(g)
+        self.core.unschedule(g)
         self.gathers.pop(g.token, None)
-        self.core.effects.append(Wake(g.token, g.reply()))
+        self.core.wake(g.token, g.reply())
 
     def fire_gather(self, g: Gather, now_ms: int) -> None:
         """Timeout: reply with what is known (WAITJOB's stale entries go with
@@ -261,7 +240,7 @@ class Extensions(WaitHooks):
         slot = slot_of(queue)
         for n in nodes:
             s.send(n, kind, slot, {"r": g.token}, [bytes(queue)])
-        s.timers.schedule(g, now_ms + cluster_request_timeout_ms)
+        s.schedule(g, now_ms + cluster_request_timeout_ms)
         return PENDING
 
     def _answered(self, sender: str, meta: dict[str, Any]) -> Gather | None:
@@ -274,12 +253,12 @@ class Extensions(WaitHooks):
     def op_globalqlen(self, token: int, queue: bytes, now_ms: int) -> Any:
         return self._ask_all(Gather(token, self.core.qlen(queue)), "QLENASK", queue, now_ms)
 
-    def _on_qlenask(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
+    def on_qlenask(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                     now_ms: int) -> None:
         self.core.send(sender, "QLENIS", slot_of(bodies[0]),
                          {"r": meta["r"], "n": self.core.qlen(bodies[0])})
 
-    def _on_qlenis(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
+    def on_qlenis(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                    now_ms: int) -> None:
         g = self._answered(sender, meta)
         if g is not None:
@@ -306,13 +285,13 @@ class Extensions(WaitHooks):
                 self.gc.ack(job, now_ms)  # the ACK reaches every holder (SETACK, GC)
         return [j.id for j in victims]
 
-    def _on_delq(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
+    def on_delq(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                  now_ms: int) -> None:
         ids = self._delqueue_here(bytes(bodies[0]), now_ms)
         self.core.send(sender, "DELQDONE", slot_of(bodies[0]), {"r": meta["r"]},
                          ["".join(ids).encode()])
 
-    def _on_delqdone(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
+    def on_delqdone(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                      now_ms: int) -> None:
         g = self._answered(sender, meta)
         if g is None or g.ids is None:
@@ -322,12 +301,3 @@ class Extensions(WaitHooks):
             g.ids.add(raw[at : at + JOB_ID_BYTES].decode("ascii", "replace"))
         if not g.waiting:
             self._finish(g)
-
-
-_Handler = Callable[[Extensions, str, dict[str, Any], list[bytes], int], None]
-EXT_HANDLERS: dict[str, _Handler] = {
-    "QLENASK": Extensions._on_qlenask,
-    "QLENIS": Extensions._on_qlenis,
-    "DELQ": Extensions._on_delq,
-    "DELQDONE": Extensions._on_delqdone,
-}

@@ -5,15 +5,8 @@ the other nodes for jobs (NEEDJOBS), a node with jobs moves some (YOURJOBS).
 the per-queue federation state (``Fed`` in workers/queue.py: recent sources,
 NEEDJOBS backoff, import rate) and the NEEDJOBS we could not serve yet, and
 reaches the jobs, queues and timers through the shard's ``Core``
-(workers/core.py), whose ``FedHooks`` it extends. Messages (``meta`` is JSON,
-bodies raw; the full table is in workers/replication.py):
-
-=========  =====================================  ==========================
-kind       meta                                   bodies
-=========  =====================================  ==========================
-NEEDJOBS   {"c": count}                           [queue name]
-YOURJOBS   {}                                     [job record, ...]
-=========  =====================================  ==========================
+(workers/core.py), whose queue events it hears. Its messages, NEEDJOBS and
+YOURJOBS, are in the catalogue (workers/messages.py).
 
 A ``Fed`` sits in the shard's timer heap as its own target (the next NEEDJOBS).
 """
@@ -23,10 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 from workers.ackgc import AckGc
-from workers.core import Core, FedHooks
-from workers.effects import AofAppend
+from workers.core import Core, Events
 from workers.ids import is_valid_job_id
-from workers.job import ACTIVE, FLAG_DELIVERED, FLAG_WILLQUEUE_SENT, Job, merge_nodes, union
+from workers.job import ACTIVE, Job, merge_nodes, union
 from workers.queue import PAUSED_IN, PAUSED_OUT, Fed, Queue
 
 # Federation (spec FAQ): ad hoc NEEDJOBS to recent sources 25 ms .. 2 s apart,
@@ -50,13 +42,38 @@ fed_queues_max = 65536  # bound on queues with federation state (evicted with th
 
 
 
-class Federation(FedHooks):
+class Federation(Events):
     """Federation state and messages of one shard."""
 
     def __init__(self, core: Core, gc: AckGc) -> None:
-        super().__init__()
         self.core = core
         self.gc = gc
+        self.feds: dict[bytes, Fed] = {}  # queues with federation state
+        self.asks: dict[bytes, tuple[str, int]] = {}  # queue -> (asker, until ms)
+        core.subscribe(self, "after_queue_evicted", "after_queued_unwatched",
+                       "after_queue_drained")
+
+    def after_queue_evicted(self, q: Queue) -> None:
+        if self.feds:
+            fed = self.feds.pop(q.name, None)
+            if fed is not None:
+                self.core.unschedule(fed)
+
+    def after_queued_unwatched(self, q: Queue, now_ms: int) -> None:
+        if self.asks:
+            self.push_to_asker(q, now_ms)
+
+    def after_queue_drained(self, q: Queue, now_ms: int) -> None:
+        if self.feds:
+            self.needjobs(q, True, now_ms)  # drained: ask the recent sources at once
+
+    def qstat_import(self, q: Queue, now_ms: int) -> tuple[list[str], int]:
+        """QSTAT's import-from and import-rate of ``q``."""
+        fed = self.feds.get(q.name)
+        if fed is None:
+            return [], 0
+        fed.expire(now_ms)
+        return list(fed.responders), fed.import_rate(now_ms)
 
     def reset(self) -> None:
         """FLUSHALL: every queue is gone."""
@@ -116,8 +133,8 @@ class Federation(FedHooks):
         nxt = fed.bcast_ms + self._bcast_delay(fed)
         if fed.responders:
             nxt = min(nxt, fed.adhoc_ms + self._adhoc_delay(fed))
-        s.timers.unschedule(fed)
-        s.timers.schedule(fed, max(nxt, now_ms + 1))
+        s.unschedule(fed)
+        s.schedule(fed, max(nxt, now_ms + 1))
 
     def fire_fed(self, fed: Fed, now_ms: int) -> None:
         q = fed.queue
@@ -174,7 +191,7 @@ class Federation(FedHooks):
                 break
             job.move(ACTIVE)
             job.delivered = union(job.delivered, (node,))
-            job.flags &= ~FLAG_WILLQUEUE_SENT
+            job.new_requeue_time()
             if job.retry_s:
                 job.qtime_ms = now_ms + job.retry_s * 1000 + s.jitter()
             else:
@@ -214,8 +231,8 @@ class Federation(FedHooks):
                 # acked: its RETRY runs here) is not queued again either: that client
                 # may be about to ACK it, and our own timer requeues it if not.
                 if old.state == ACTIVE and old.dtime_ms < 0 and (
-                        old.retry_s or not old.flags & FLAG_DELIVERED):
-                    s.timers.unschedule(old)
+                        old.retry_s or not old.was_delivered()):
+                    s.unschedule(old)
                     s.enqueue(old, q, now_ms, False)
                     self._tell_queued(old)
                     n += 1
@@ -227,8 +244,7 @@ class Federation(FedHooks):
             s.register(job)
             s.enqueue(job, q, now_ms, False)
             self._tell_queued(job)
-            if s.aof:
-                s.effects.append(AofAppend(job.to_record()))
+            s.log_job(job)
             n += 1
         for tq in touched:
             if tq.waiters is not None and not tq.paused & PAUSED_OUT:
@@ -257,7 +273,7 @@ class Federation(FedHooks):
             q = s.queue(old.queue, now_ms)
             if q.paused & PAUSED_IN and old.retry_s:
                 continue  # its RETRY timer brings it back
-            s.timers.unschedule(old)
+            s.unschedule(old)
             s.enqueue(old, q, now_ms, False)
             if not touched or touched[-1] is not q:
                 touched.append(q)

@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import binascii
 import re
+from typing import Final
 
 from blake3 import blake3
 
 SLOTS = 16384
 JOB_ID_LEN = 40
+# MAXDELIVER's dead-letter queue of queue q is dead:q (clients and brokers read it
+# through disque_mp/client/limits.py).
+DEAD_PREFIX: Final = b"dead:"
+_DEAD_PREFIX_LEN: Final = len(DEAD_PREFIX)
 _ID_RE = re.compile(rb"\AD-[0-9a-fA-F]{8}-[A-Za-z0-9+/]{24}-[0-9a-fA-F]{4}\Z")
 _id_match = _ID_RE.match  # bound once: IDs are checked on every ACKJOB
 
@@ -25,8 +30,8 @@ def slot_of(queue: bytes) -> int:
     A dead-letter queue ``dead:<q>`` has the slot of ``<q>``: MAXDELIVER moves a
     job there with its ID (which carries ``<q>``'s slot), so both queues must have
     one owner (as a Redis Cluster hash tag does)."""
-    if queue[:5] == b"dead:":
-        queue = queue[5:]
+    if queue[:_DEAD_PREFIX_LEN] == DEAD_PREFIX:
+        queue = queue[_DEAD_PREFIX_LEN:]
     return int.from_bytes(blake3(queue).digest()[:2], "big") % SLOTS
 
 

@@ -128,7 +128,6 @@ node_id_bytes_max: Final = 64  # node IDs are 40 hex characters
 # ADDJOB ... MAXDELIVER n: deliveries before the job goes to its dead-letter queue
 # (a 16-bit record field; ten thousand redeliveries is already a hot loop).
 maxdeliver_max: Final = 10_000
-DEAD_PREFIX: Final = b"dead:"  # the dead-letter queue of queue q is dead:q
 
 US_PER_MS: Final = 1_000
 
@@ -220,6 +219,81 @@ class Job(Timed):
         """The job is about to be registered: its state must be one of ``ENTRY_STATES``."""
         if not _MOVE_BITS >> (8 * self.state + 7) & 1:
             raise InvariantError(f"job {self.id} registered {STATE_NAMES[self.state]}")
+
+    # ---- flags: every move reads and sets them through these names, never the bits
+    # (a shape test keeps raw FLAG_* operations inside this module)
+
+    def was_delivered(self) -> bool:
+        """Served to a client at least once (an at-most-once job never requeues then)."""
+        return bool(self.flags & FLAG_DELIVERED)
+
+    def mark_delivered(self) -> None:
+        self.flags |= FLAG_DELIVERED
+
+    def unmark_delivered(self) -> None:
+        """A take given back unsent (multi-owner GETJOB): it was no delivery."""
+        self.flags &= ~FLAG_DELIVERED
+
+    def in_deque(self) -> bool:
+        """The record sits in its queue's deque (possibly as a stale entry)."""
+        return bool(self.flags & FLAG_IN_DEQUE)
+
+    def mark_in_deque(self) -> None:
+        self.flags |= FLAG_IN_DEQUE
+
+    def unmark_in_deque(self) -> None:
+        self.flags &= ~FLAG_IN_DEQUE
+
+    def willqueue_sent(self) -> bool:
+        """WILLQUEUE went out for the current requeue time."""
+        return bool(self.flags & FLAG_WILLQUEUE_SENT)
+
+    def mark_willqueue_sent(self) -> None:
+        self.flags |= FLAG_WILLQUEUE_SENT
+
+    def new_requeue_time(self) -> None:
+        """The requeue time moved: a WILLQUEUE is due again before it."""
+        self.flags &= ~FLAG_WILLQUEUE_SENT
+
+    def queued_once(self) -> bool:
+        """Was queued at least once (not the end of its ADDJOB DELAY)."""
+        return bool(self.flags & FLAG_QUEUED_ONCE)
+
+    def waits_delay(self) -> bool:
+        """Created with a DELAY and not queued yet (counted in the per-queue delayed)."""
+        flags = self.flags
+        return bool(flags & FLAGS_DELAY_MASK) and not flags & FLAG_QUEUED_ONCE
+
+    def end_delay(self) -> None:
+        """The job leaves its DELAY without being queued (moved to a dead-letter queue)."""
+        self.flags |= FLAG_QUEUED_ONCE
+
+    def mark_queued(self) -> None:
+        """Queued: the WILLQUEUE round and any NACK ... DELAY wait end."""
+        self.flags = (self.flags & ~(FLAG_WILLQUEUE_SENT | FLAG_NACK_DELAYED)) | FLAG_QUEUED_ONCE
+
+    def mark_replica(self) -> None:
+        """A REPLJOB copy: its first requeue counts a delivery (JOB_FLAG_BCAST_QUEUED)."""
+        self.flags |= FLAG_REPLICA
+
+    def requeue_counts(self) -> bool:
+        """A requeue now counts an additional delivery (delivered, queued or a copy)."""
+        return bool(self.flags & FLAG_REQUEUE_COUNTS)
+
+    def nack_delayed(self) -> bool:
+        """Waits for the end of a NACK ... DELAY (already counted by the NACK)."""
+        return bool(self.flags & FLAG_NACK_DELAYED)
+
+    def mark_nack_delayed(self) -> None:
+        """NACK ... DELAY: the wait starts, a new requeue time (WILLQUEUE due again)."""
+        self.flags = (self.flags & ~FLAG_WILLQUEUE_SENT) | FLAG_NACK_DELAYED
+
+    def unmark_nack_delayed(self) -> None:
+        self.flags &= ~FLAG_NACK_DELAYED
+
+    def has_maxdeliver(self) -> bool:
+        """ADDJOB ... MAXDELIVER was given (cheaper than ``maxdeliver``)."""
+        return self.flags >= FLAGS_MAXDELIVER_MIN
 
     @property
     def delay_s(self) -> int:

@@ -20,25 +20,17 @@ them (replication, the ack GC, federation, the extensions).
 
 from __future__ import annotations
 
-import heapq
 from typing import Any, cast
 
 from workers.ackgc import AckGc
 from workers.core import Core, time_error_ms
-from workers.effects import QUEUED_INCR_DELIVERIES, QUEUED_INCR_NACKS, AofAppend
+from workers.effects import QUEUED_INCR_DELIVERIES, QUEUED_INCR_NACKS
 from workers.extensions import Extensions, Gather, past_maxdeliver
 from workers.federation import Federation
-from workers.invariant import invariant
 from workers.job import (
     ACKED,
     ACTIVE,
     DELETED,
-    FLAG_DELIVERED,
-    FLAG_NACK_DELAYED,
-    FLAG_QUEUED_ONCE,
-    FLAG_REQUEUE_COUNTS,
-    FLAG_WILLQUEUE_SENT,
-    FLAGS_MAXDELIVER_MIN,
     QUEUED,
     US_PER_MS,
     WAIT_REPL,
@@ -65,35 +57,22 @@ class Lifecycle:
 
     def tick(self, now_ms: int) -> int | None:
         """Do the timer work due at ``now_ms`` (bounded); return the next due time."""
-        self.core.now_ms = now_ms
-        timers = self.core.timers
-        heap = timers.heap
-        work = 0
-        while heap and heap[0] <= now_ms:
-            key = heap[0]
-            b = timers.buckets[key]
-            timers.firing_key = key
-            while b.items:
-                if work >= timer_work_per_tick_max:
-                    timers.firing_key = 0
-                    return now_ms
-                t = b.items.pop()
-                work += 1
-                if t.awake_ms != key:
-                    continue  # stale entry: moved to another bucket or deleted
-                t.awake_ms = 0
-                if type(t) is Job:
-                    self._fire_job(t, now_ms)
-                elif type(t) is Queue:
-                    self._fire_queue(t, now_ms)
-                elif type(t) is Gather:
-                    self.ext.fire_gather(t, now_ms)
-                else:
-                    self.fed.fire_fed(cast(Fed, t), now_ms)
-            timers.firing_key = 0
-            invariant(heapq.heappop(heap) == key, "timer heap top changed while firing")
-            del timers.buckets[key]
-        return heap[0] if heap else None
+        c = self.core
+        c.now_ms = now_ms
+        c.start_firing()
+        while True:
+            t = c.next_fired(now_ms, timer_work_per_tick_max)
+            if t is None:
+                break
+            if type(t) is Job:
+                self._fire_job(t, now_ms)
+            elif type(t) is Queue:
+                self._fire_queue(t, now_ms)
+            elif type(t) is Gather:
+                self.ext.fire_gather(t, now_ms)
+            else:
+                self.fed.fire_fed(cast(Fed, t), now_ms)
+        return c.next_deadline(now_ms)
 
     def _fire_job(self, job: Job, now_ms: int) -> None:
         s = self.core
@@ -111,11 +90,11 @@ class Lifecycle:
             if job.qtime_ms and job.qtime_ms <= now_ms:
                 self.gc.start_gc(job, now_ms)  # re-arms itself (or drops the job)
             else:
-                s.timers.schedule(job, s.due(job))
+                s.arm(job)
             return
-        if (job.state == ACTIVE and job.qtime_ms and not job.flags & FLAG_WILLQUEUE_SENT
+        if (job.state == ACTIVE and job.qtime_ms and not job.willqueue_sent()
                 and job.qtime_ms - time_error_ms <= now_ms and job.nodes[0] is not s.me):
-            job.flags |= FLAG_WILLQUEUE_SENT
+            job.mark_willqueue_sent()
             others = s.others(job)
             if others:
                 s.send_job(others, "WILLQUEUE", job)
@@ -127,21 +106,21 @@ class Lifecycle:
             else:
                 self._requeue_due(job, q, now_ms)
         if job.state != DELETED:
-            s.timers.schedule(job, s.due(job))
+            s.arm(job)
 
     def _requeue_due(self, job: Job, q: Queue, now_ms: int) -> None:
         """The requeue time of an active job came: RETRY elapsed, the end of its
         DELAY or of a NACK's DELAY (counted by the NACK already)."""
         incr = 0
-        if job.flags & FLAG_NACK_DELAYED:
-            job.flags &= ~FLAG_NACK_DELAYED
+        if job.nack_delayed():
+            job.unmark_nack_delayed()
         else:
-            if job.flags & FLAG_REQUEUE_COUNTS:
+            if job.requeue_counts():
                 job.additional_deliveries += 1
                 incr = QUEUED_INCR_DELIVERIES
-            if job.flags & FLAG_QUEUED_ONCE:  # not the end of a DELAY
+            if job.queued_once():  # not the end of a DELAY
                 self.core.stats.requeued_retry += 1
-            if job.flags >= FLAGS_MAXDELIVER_MIN and past_maxdeliver(job):
+            if job.has_maxdeliver() and past_maxdeliver(job):
                 self.ext.dead_letter(job, now_ms, incr)
                 return
         self.core.requeue(job, q, now_ms, incr)
@@ -155,7 +134,7 @@ class Lifecycle:
         if q.atime_ms + s.queue_idle_ms <= now_ms:
             s.evict(q)
         else:
-            s.timers.schedule(q, q.atime_ms + s.queue_idle_ms)
+            s.schedule(q, q.atime_ms + s.queue_idle_ms)
 
     # ------------------------------------------------------------------ by hand
 
@@ -178,10 +157,10 @@ class Lifecycle:
                 incr = QUEUED_INCR_NACKS
             else:
                 st.requeued_enqueue += 1
-                if job.flags & FLAG_DELIVERED:  # ENQUEUE of a job never served here: no delivery
+                if job.was_delivered():  # ENQUEUE of a job never served here: no delivery
                     job.additional_deliveries += 1
                     incr = QUEUED_INCR_DELIVERIES
-            if nack and job.flags >= FLAGS_MAXDELIVER_MIN and past_maxdeliver(job):
+            if nack and job.has_maxdeliver() and past_maxdeliver(job):
                 self.ext.dead_letter(job, now_ms, incr)
             elif delay_ms:
                 self.ext.nack_later(job, delay_ms, now_ms)
@@ -198,12 +177,11 @@ class Lifecycle:
             s.dequeue(job, s.queues[job.queue], now_ms)
         if job.retry_s and job.state != WAIT_REPL:
             job.qtime_ms = now_ms + job.retry_s * 1000 + s.jitter()
-            job.flags &= ~FLAG_WILLQUEUE_SENT
+            job.new_requeue_time()
             s.reschedule(job)
             if job.nodes[0] is not s.me:
                 others = s.others(job)  # the other copies must not requeue it either
                 if others:
                     s.send_job(others, "WORKING", job)
-        if s.aof:
-            s.effects.append(AofAppend(job.to_record()))
+        s.log_job(job)
         return job.retry_s

@@ -5,17 +5,26 @@ meta ``{"f": pause flags}``, bodies ``[queue name]``).
 
 ``Pause`` is an object the shard owns (``Shard.pause``); it changes queues
 through the shard's ``Core`` (workers/core.py).
+
+A paused queue costs memory like any other: past maxmemory a PAUSE that would
+create a queue answers the OOM error (pausing or resuming an existing queue is
+always allowed), and under memory pressure an empty paused queue nobody waits on
+is evicted like an unpaused one (workers/evict.py) although the spec keeps paused
+queues: otherwise PAUSEs of new names alone fill the budget for good, and every
+ADDJOB answers OOM.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from workers.core import Core
 from workers.ids import slot_of
 from workers.queue import PAUSE_NAMES, PAUSED_IN, PAUSED_OUT, Queue
-from workers.replies import Status
+from workers.replies import ERR_OOM, Error, Status
 
+# disque_mp/node/memory.py's level 3 (past maxmemory), as Shard.set_memory_level gives it.
+_LEVEL_OOM: Final = 3
 _OPTION_FLAGS = {"none": 0, "in": PAUSED_IN, "out": PAUSED_OUT, "all": PAUSED_IN | PAUSED_OUT}
 
 
@@ -25,7 +34,7 @@ class Pause:
     def __init__(self, core: Core) -> None:
         self.core = core
 
-    def op_pause(self, queue: bytes, opts: list[str], now_ms: int) -> Status:
+    def op_pause(self, queue: bytes, opts: list[str], now_ms: int) -> Status | Error:
         """PAUSE with validated lowercase options; replies the resulting state.
 
         As in Disque the new state is built from the options alone (``in`` then
@@ -39,6 +48,9 @@ class Pause:
             if bits is not None:
                 flags = 0 if opt == "none" else flags | bits
                 update = True
+        if update and flags and self.core.memory_level >= _LEVEL_OOM \
+                and queue not in self.core.queues:
+            return ERR_OOM  # a paused queue is memory too: none is created past maxmemory
         q = self.set_pause(queue, flags, now_ms) if update else self.core.queues.get(queue)
         state = q.paused if q is not None else 0
         if "bcast" in opts:
@@ -55,7 +67,7 @@ class Pause:
         was_out = q.paused & PAUSED_OUT
         q.paused = flags
         if flags:
-            s.timers.unschedule(q)  # paused queues are never evicted
+            s.unschedule(q)  # paused queues are never evicted
         elif not q.live:
             s.maybe_idle(q, now_ms)
         if was_out and not flags & PAUSED_OUT and q.waiters is not None:
@@ -65,4 +77,7 @@ class Pause:
     def on_pause(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                  now_ms: int) -> None:
         flags = int(meta["f"]) & (PAUSED_IN | PAUSED_OUT)
-        self.set_pause(bytes(bodies[0]), flags, now_ms)
+        queue = bytes(bodies[0])
+        if flags and self.core.memory_level >= _LEVEL_OOM and queue not in self.core.queues:
+            return  # past maxmemory a peer's PAUSE creates no queue either
+        self.set_pause(queue, flags, now_ms)

@@ -45,5 +45,5 @@ def load_record(s: Core, record: bytes, enqueue: bool, now_ms: int) -> None:
     else:
         if job.state == ACTIVE and job.retry_s and job.qtime_ms <= now_ms:
             job.qtime_ms = now_ms + job.retry_s * 1000 + s.jitter()
-        s.timers.schedule(job, s.due(job))
+        s.arm(job)
     s.last_ctime_us = max(s.last_ctime_us, job.ctime_us)

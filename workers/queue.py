@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any, Final
 
-from workers.job import FLAG_IN_DEQUE, QUEUED, Job, Timed
+from workers.job import QUEUED, Job, Timed
 
 # Purge stale entries once there are more than this many and more than live ones:
 # small queues never pay for a purge, big ones pay O(n) only after n removals.
@@ -84,10 +84,10 @@ class Queue(Timed):
     def push(self, job: Job) -> None:
         """Insert a job whose state the caller has just set to QUEUED."""
         self.live += 1
-        if job.flags & FLAG_IN_DEQUE:
+        if job.in_deque():
             self.stale -= 1  # revive the stale entry: it is already in ctime position
             return
-        job.flags |= FLAG_IN_DEQUE
+        job.mark_in_deque()
         dq = self._dq
         if not dq or dq[-1].ctime_us <= job.ctime_us:
             dq.append(job)
@@ -101,7 +101,7 @@ class Queue(Timed):
         dq = self._dq
         while dq:
             job = dq.popleft()
-            job.flags &= ~FLAG_IN_DEQUE
+            job.unmark_in_deque()
             if job.state == QUEUED:
                 self.live -= 1
                 return job
@@ -121,14 +121,14 @@ class Queue(Timed):
             if job.state == QUEUED:
                 keep.append(job)
             else:
-                job.flags &= ~FLAG_IN_DEQUE
+                job.unmark_in_deque()
         self._dq = keep
         self.stale = 0
 
     def drop_all(self) -> None:
         """Forget every entry (queue evicted or flushed): clear deque membership."""
         for job in self._dq:
-            job.flags &= ~FLAG_IN_DEQUE
+            job.unmark_in_deque()
         self._dq.clear()
         self.live = 0
         self.stale = 0
@@ -167,7 +167,7 @@ class Queue(Timed):
             if id(job) in seen:
                 return f"job {job.id} twice in queue {self.name!r}"
             seen.add(id(job))
-            if not job.flags & FLAG_IN_DEQUE:
+            if not job.in_deque():
                 return f"job {job.id} in deque without FLAG_IN_DEQUE"
             if job.ctime_us < prev:
                 return f"queue {self.name!r} out of ctime order at {job.id}"

@@ -8,30 +8,8 @@ changes jobs through the shard's ``Core`` (workers/core.py). The ack GC
 (NEEDJOBS / YOURJOBS) ``Federation`` (workers/federation.py), PAUSE's broadcast
 workers/pause.py; ``Shard.on_message`` dispatches every kind to its part.
 Messages come in as ``(sender, meta, bodies, now_ms)`` and leave as ``Send``
-effects. Message kinds and payloads of the whole shard (``meta`` is JSON, job
-records and queue names travel in ``bodies`` as raw bytes):
-
-=========  =====================================  ==========================
-kind       meta                                   bodies
-=========  =====================================  ==========================
-REPLJOB    {}                                     [job record]
-GOTJOB     {"j": id}
-ENQUEUE    {"j": id, "d": [node, ...]}
-WILLQUEUE  {"j": id}
-QUEUED     {"j": id[, "f": 2|4 (increment nacks|deliveries)]
-            [, "w": ms (NACK DELAY), "dl": 1 (moved to dead:<queue>)]}
-WORKING    {"j": id}
-SETACK     {"j": id, "m": may-have[, "d": [node, ...]]}
-GOTACK     {"j": id, "k": 0|1 (known)}
-DELJOB     {"j": id}
-NEEDJOBS   {"c": count}                           [queue name]
-YOURJOBS   {}                                     [job record, ...]
-PAUSE      {"f": pause flags}                     [queue name]
-=========  =====================================  ==========================
-
-Every message about a job is sent to the job's slot (carried by its ID), so on
-the receiving host it reaches the worker owning the same slot; queue messages
-use the queue's slot.
+effects; every kind, its fields, its check and its handler are in the catalogue,
+workers/messages.py.
 
 Timers reuse the shard's one heap: a job's single timer entry also covers its
 cluster deadlines (``qtime_ms`` is the next 50 ms replication step for a
@@ -46,17 +24,13 @@ from typing import Any
 
 from workers.ackgc import AckGc, setack_meta
 from workers.core import ERR_NOREPL_TIMEOUT, Core, ReplWait
-from workers.effects import QUEUED_INCR_DELIVERIES, QUEUED_INCR_NACKS, AofAppend, Send, Wake
+from workers.effects import QUEUED_INCR_DELIVERIES, QUEUED_INCR_NACKS
 from workers.extensions import Extensions
 from workers.federation import peer_job
 from workers.ids import slot_of_job_id
 from workers.job import (
     ACKED,
     ACTIVE,
-    FLAG_NACK_DELAYED,
-    FLAG_QUEUED_ONCE,
-    FLAG_REPLICA,
-    FLAG_WILLQUEUE_SENT,
     QUEUED,
     WAIT_REPL,
     Job,
@@ -101,7 +75,7 @@ class Replication:
         deadline = now_ms + timeout_ms if timeout_ms else 0
         s.repl[job.id] = ReplWait(token, deadline, flexible)
         job.qtime_ms = now_ms + repl_step_ms
-        s.timers.schedule(job, s.due(job))
+        s.arm(job)
         self._send_repljob(job, chosen)
         return PENDING
 
@@ -123,9 +97,9 @@ class Replication:
             return
         rec = job.to_record()
         slot = slot_of_job_id(job.id)
-        eff = self.core.effects
+        s = self.core
         for n in nodes:
-            eff.append(Send(n, "REPLJOB", slot, {}, [rec]))
+            s.send(n, "REPLJOB", slot, {}, [rec])
 
     def _activate(self, job: Job, q: Queue, now_ms: int) -> None:
         """A job of ours reached its replication: queue it (or wait for its DELAY)."""
@@ -137,10 +111,9 @@ class Replication:
             s.reschedule(job)
         else:
             job.qtime_ms = 0
-            s.timers.unschedule(job)
+            s.unschedule(job)
             s.enqueue(job, q, now_ms)
-        if s.aof:
-            s.effects.append(AofAppend(job.to_record()))
+        s.log_job(job)
 
     def fire_wait_repl(self, job: Job, now_ms: int) -> None:
         """The timer of a job in ``wait-repl``: its deadline, or the next replication step."""
@@ -163,7 +136,7 @@ class Replication:
             job.qtime_ms = now_ms + repl_step_ms
             if rw.flexible and self._flexible_done(job):
                 return
-        s.timers.schedule(job, s.due(job))
+        s.arm(job)
 
     def _flexible_done(self, job: Job) -> bool:
         s = self.core
@@ -183,7 +156,7 @@ class Replication:
         s.send_job(s.others(job), "DELJOB", job)
         s.unregister(job, now_ms)
         if rw is not None:
-            s.effects.append(Wake(rw.token, ERR_NOREPL_TIMEOUT))
+            s.wake(rw.token, ERR_NOREPL_TIMEOUT)
 
     def _repl_done(self, job: Job, now_ms: int) -> None:
         s = self.core
@@ -197,7 +170,7 @@ class Replication:
             s.unregister_quiet(job, now_ms)
         else:
             self._activate(job, s.queue(job.queue, now_ms), now_ms)
-        s.effects.append(Wake(rw.token, Status(job.id)))
+        s.wake(rw.token, Status(job.id))
 
     # ------------------------------------------------------------------ messages
 
@@ -226,15 +199,14 @@ class Replication:
         job.state = ACTIVE
         job.delivered = union(job.delivered, (s.node_id, sender))
         job.confirmed = ()
-        job.flags |= FLAG_REPLICA
+        job.mark_replica()
         if job.retry_s:
             job.qtime_ms = now_ms + (job.delay_s + job.retry_s) * 1000 + s.jitter()
         else:
             job.qtime_ms = 0
         s.register(job)
-        s.timers.schedule(job, s.due(job))
-        if s.aof:
-            s.effects.append(AofAppend(job.to_record()))
+        s.arm(job)
+        s.log_job(job)
         # Disque answers a duplicate REPLJOB too: a lost GOTJOB is then re-sent.
         s.send_job([sender], "GOTJOB", job)
 
@@ -260,7 +232,7 @@ class Replication:
             job.delivered = union(job.delivered, nodes)  # bounded: the record must encode
         if job.state != ACTIVE:
             return
-        if not job.retry_s and job.flags & FLAG_QUEUED_ONCE:
+        if not job.retry_s and job.queued_once():
             return  # at-most-once: queued once already (a duplicate ENQUEUE)
         q = s.queue(job.queue, now_ms)
         if q.paused & PAUSED_IN:
@@ -316,9 +288,9 @@ class Replication:
             self.ext.follow_dead_letter(job, now_ms)
         if job.retry_s:
             qtime = now_ms + wait_ms + job.retry_s * 1000 + s.jitter()
-            if not job.flags & FLAG_NACK_DELAYED or qtime > job.qtime_ms:
+            if not job.nack_delayed() or qtime > job.qtime_ms:
                 job.qtime_ms = qtime  # a QUEUED that crossed our NACK's DELAY never cuts it short
-            job.flags &= ~FLAG_WILLQUEUE_SENT
+            job.new_requeue_time()
             s.reschedule(job)
 
     def on_working(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
@@ -333,5 +305,5 @@ class Replication:
         if job.state == QUEUED:
             s.dequeue(job, s.queues[job.queue], now_ms)
         job.qtime_ms = now_ms + job.retry_s * 1000 + s.jitter()
-        job.flags &= ~FLAG_WILLQUEUE_SENT
+        job.new_requeue_time()
         s.reschedule(job)

@@ -43,6 +43,9 @@ ERR_NOJOB = Error("NOJOB Job not known in the context of this node.")
 ERR_PAUSED = Error("PAUSED Queue paused in input, try later")
 ERR_NOREPL = Error("NOREPL Not enough reachable nodes for the requested replication level")
 ERR_LEAVING = Error("LEAVING This node is leaving the cluster, please connect to a different one")
+# Past maxmemory (disque_mp/node/memory.py's level 3): Redis' text, as the command
+# table's denyoom flag answers it; the shard gives it to a PAUSE that would create a queue.
+ERR_OOM = Error("OOM command not allowed when used memory > 'maxmemory'.")
 
 
 def err_arity(name: str) -> Error:

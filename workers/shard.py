@@ -40,7 +40,7 @@ from workers.core import (
     latency_bounds_ms,
     queue_idle_evict_ms,
 )
-from workers.effects import AofAppend, Effect, Wake
+from workers.effects import Effect
 from workers.extensions import Extensions
 from workers.federation import Federation
 from workers.job import (
@@ -57,6 +57,7 @@ from workers.job import (
     ttl_max_s,
 )
 from workers.lifecycle import Lifecycle
+from workers.messages import KINDS
 from workers.pause import Pause
 from workers.persistence import load_record
 from workers.queue import PAUSED_IN, PAUSED_OUT
@@ -135,19 +136,16 @@ class Shard:
         self.index = index
         self.workers = workers
         self.core = c = Core(node_id, index, seed, rng, now_ms, queue_idle_ms)
-        self.gc = c.gc = AckGc(c)  # ACKs, SETACK / GOTACK / DELJOB, dummy ACKs, gone IDs
-        self.ext = c.waits = Extensions(c, self.gc)  # NACK DELAY, MAXDELIVER, WAITJOB, ...
-        self.fed = c.fed = Federation(c, self.gc)  # NEEDJOBS / YOURJOBS
+        # The parts hear the core's events they subscribe to (workers/core.py's Events).
+        self.gc = AckGc(c)  # ACKs, SETACK / GOTACK / DELJOB, dummy ACKs, gone IDs
+        self.ext = Extensions(c, self.gc)  # NACK DELAY, MAXDELIVER, WAITJOB, ...
+        self.fed = Federation(c, self.gc)  # NEEDJOBS / YOURJOBS
         self.repl = Replication(c, self.gc, self.ext)  # REPLJOB ... WORKING
         self.life = Lifecycle(c, self.repl, self.gc, self.fed, self.ext)
         self.pause = Pause(c)
-        r, g, f = self.repl, self.gc, self.fed
+        # Each kind's handler, as the catalogue names it (its part and method).
         self._handlers: dict[str, _Handler] = {
-            "REPLJOB": r.on_repljob, "GOTJOB": r.on_gotjob, "ENQUEUE": r.on_enqueue,
-            "WILLQUEUE": r.on_willqueue, "QUEUED": r.on_queued, "WORKING": r.on_working,
-            "SETACK": g.on_setack, "GOTACK": g.on_gotack, "DELJOB": g.on_deljob,
-            "NEEDJOBS": f.on_needjobs, "YOURJOBS": f.on_yourjobs, "PAUSE": self.pause.on_pause,
-        }  # fmt: skip
+            k.name: getattr(getattr(self, k.part), k.handler) for k in KINDS}
 
     # ------------------------------------------------------------------ plumbing
 
@@ -179,11 +177,7 @@ class Shard:
         return self.core.stats
 
     def take_effects(self) -> list[Effect]:
-        c = self.core
-        eff = c.effects
-        if eff:
-            c.effects = []
-        return eff
+        return self.core.take_effects()
 
     def set_peers(self, reachable_node_ids: list[str] | tuple[str, ...]) -> None:
         """Other nodes, all reachable (``set_view`` gives the full picture). Empty: single node."""
@@ -213,13 +207,12 @@ class Shard:
     def on_message(self, sender: str, kind: str, meta: dict[str, Any], bodies: list[bytes],
                    now_ms: int) -> None:
         """One cluster message from node ``sender`` (malformed input is dropped).
-        Shapes and values were checked at the edge (bus/messages.py); only the job
-        records inside are parsed by the parts (``federation.peer_job``)."""
+        Shapes and values were checked at the edge (bus/messages.py, by the rules of
+        the catalogue, workers/messages.py, whose handlers this dispatches to); only
+        the job records inside are parsed by the parts (``federation.peer_job``)."""
         self.core.now_ms = now_ms
         handler = self._handlers.get(kind)
-        if handler is None:
-            self.ext.on_message(sender, kind, meta, bodies, now_ms)
-        else:
+        if handler is not None:  # a kind of a newer peer's is dropped
             handler(sender, meta, bodies, now_ms)
 
     def tick(self, now_ms: int) -> int | None:
@@ -287,11 +280,10 @@ class Shard:
         c.register(job)
         if delay_s:
             job.qtime_ms = now_ms + delay_s * 1000
-            c.timers.schedule(job, job.qtime_ms)
+            c.schedule(job, job.qtime_ms)
         else:
             c.enqueue(job, q, now_ms)
-        if c.aof:
-            c.effects.append(AofAppend(job.to_record()))
+        c.log_job(job)
         return Status(job_id)
 
     def op_take(
@@ -314,8 +306,8 @@ class Shard:
             out.append(c.deliver(job, q, now_ms, withcounters))
         if not q.live:
             c.maybe_idle(q, now_ms)
-            if out and self.fed.feds:
-                self.fed.needjobs(q, True, now_ms)
+            if out:
+                c.drained(q, now_ms)
         return out
 
     def _take_many(
@@ -356,10 +348,10 @@ class Shard:
             self.op_unblock(token, now_ms)
         entries = self.op_take(queues, count, withcounters, now_ms)
         if entries:
-            c.effects.append(Wake(token, entries))
+            c.wake(token, entries)
             return
         if c.leaving:
-            c.effects.append(Wake(token, ERR_LEAVING))  # spec: a leaving node never blocks
+            c.wake(token, ERR_LEAVING)  # spec: a leaving node never blocks
             return
         w = Waiter(token, list(queues), count, withcounters)
         c.waiters[token] = w
@@ -372,7 +364,7 @@ class Shard:
                 if fed is not None:
                     fed.bcast_attempt = 0  # a new wait starts with short delays
             q.waiters[token] = w
-            c.timers.unschedule(q)  # a watched queue is not evicted
+            c.unschedule(q)  # a watched queue is not evicted
             if c.known:
                 self.fed.needjobs(q, False, now_ms)
 
@@ -383,7 +375,22 @@ class Shard:
 
     def op_return(self, job_ids: list[str], now_ms: int) -> None:
         """Give back jobs a multi-owner GETJOB took but did not send: no delivery counted."""
-        self.core.give_back(job_ids, now_ms)
+        c = self.core
+        for job_id in job_ids:
+            job = c.lookup(job_id)
+            if job is None or job.state != ACTIVE:
+                continue
+            q = c.queue(job.queue, now_ms)
+            if not job.nacks and not job.additional_deliveries:
+                job.unmark_delivered()  # that take was its only delivery
+            c.forget_delivery(job)
+            if q.jobs_out:
+                q.jobs_out -= 1
+            job.move(QUEUED)
+            q.push(job)
+            c.schedule(job, job.ctime_us // US_PER_MS + job.ttl_s * 1000)
+            if q.waiters is not None and not q.paused & PAUSED_OUT:
+                c.serve_waiters(q, now_ms)
 
     # ------------------------------------------------------------------ job-addressed ops
 
@@ -420,8 +427,7 @@ class Shard:
             job = c.lookup(job_id)
             if job is not None and job.state == QUEUED:
                 c.dequeue(job, c.queues[job.queue], now_ms)
-                if c.aof:
-                    c.effects.append(AofAppend(job.to_record()))
+                c.log_job(job)
                 done += 1
         return done
 
@@ -446,18 +452,19 @@ class Shard:
         return qpeek(self.core, queue, count)
 
     def op_qstat(self, queue: bytes, now_ms: int) -> Any:
-        return qstat(self.core, queue, now_ms)
+        return qstat(self.core, self.fed, queue, now_ms)
 
-    def op_pause(self, queue: bytes, opts: list[str], now_ms: int) -> Status:
+    def op_pause(self, queue: bytes, opts: list[str], now_ms: int) -> Status | Error:
         """PAUSE with validated lowercase options (workers/pause.py)."""
         return self.pause.op_pause(queue, opts, now_ms)
 
     def op_evict_queue(self, name: bytes) -> bool:
-        """Memory pressure (workers/evict.py): drop an empty queue nobody waits on and
-        nobody paused now, as the idle timer would later. False if it must stay."""
+        """Memory pressure (workers/evict.py): drop an empty queue nobody waits on, as
+        the idle timer would later, paused or not (workers/pause.py says why). False
+        if it must stay."""
         c = self.core
         q = c.queues.get(name)
-        if q is None or q.live or q.waiters is not None or q.paused:
+        if q is None or q.live or q.waiters is not None:
             return False
         c.evict(q)
         return True
@@ -465,7 +472,7 @@ class Shard:
     def op_qscan(self, cursor: int, count: int, minlen: int, maxlen: int,
                  importrate: int) -> tuple[int, list[bytes]]:
         """Queues from table position ``cursor``; next cursor 0 means done (views.py)."""
-        return qscan(self.core, cursor, count, minlen, maxlen, importrate)
+        return qscan(self.core, self.fed, cursor, count, minlen, maxlen, importrate)
 
     def op_jscan(self, cursor: int, count: int, queue: bytes | None,
                  states: AbstractSet[int] | None, reply_all: bool,
@@ -500,7 +507,7 @@ class Shard:
         they waited on go too."""
         c = self.core
         for rw in c.repl.values():
-            c.effects.append(Wake(rw.token, ERR_NOREPL_TIMEOUT))  # their jobs are gone
+            c.wake(rw.token, ERR_NOREPL_TIMEOUT)  # their jobs are gone
         self.ext.finish_all()  # WAITJOBs: every job is gone
         waiters = list(c.waiters.values()) if keep_waiters else []
         for q in c.queues.values():
@@ -515,7 +522,7 @@ class Shard:
                 if q.waiters is None:
                     q.waiters = {}
                 q.waiters[w.token] = w
-                c.timers.unschedule(q)
+                c.unschedule(q)
 
     def info(self) -> dict[str, int]:
         c = self.core
@@ -527,14 +534,11 @@ class Shard:
 
     def metrics(self, queues_max: int, now_ms: int) -> dict[str, Any]:
         """Counters, histograms and the largest queues for /metrics (views.py)."""
-        return metrics(self.core, queues_max, now_ms)
+        return metrics(self.core, self.fed, queues_max, now_ms)
 
     def jobs(self) -> list[Job]:
         """Every registered job (tests, AOF rewrite)."""
         return self.core.jobs()
-
-    def queue_names(self) -> list[bytes]:
-        return list(self.core.queues)
 
     def check(self) -> None:
         """Check every cross-structure invariant (tests; O(jobs); views.py)."""

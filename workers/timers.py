@@ -5,8 +5,10 @@ bucket it sits in (``awake_ms``); moving or deleting it leaves a stale entry,
 counted and purged when the bucket is half stale. Sharing one int key and one
 list slot per job keeps ~1M waiting timers cheap.
 
-The shard owns one ``Timers`` and drains it in ``Shard.tick`` (what a target's
-firing means is the shard's business, not this heap's).
+The shard owns one ``Timers``; ``Lifecycle.tick`` (workers/lifecycle.py, which
+``Shard.tick`` calls) takes the due targets from it one by one with
+``next_fired`` and fires each: what a firing means is the lifecycle's business,
+how the heap is drained (and bounded per tick) is this module's.
 """
 
 from __future__ import annotations
@@ -34,13 +36,45 @@ class TimerBucket:
 
 
 class Timers:
-    """Due time -> targets. ``firing_key``: the bucket ``Shard.tick`` is draining
+    """Due time -> targets. ``firing_key``: the bucket ``next_fired`` is draining
     (0 = none); a target scheduled in the past joins it."""
 
     def __init__(self) -> None:
         self.buckets: dict[int, TimerBucket] = {}
         self.heap: list[int] = []
         self.firing_key = 0
+        self.popped = 0  # entries taken since ``start_firing`` (stale ones too)
+        self.capped = False  # ``next_fired`` stopped at its bound: more is due now
+
+    def start_firing(self) -> None:
+        """A tick begins: its bound on entries taken starts again."""
+        self.popped = 0
+        self.capped = False
+
+    def next_fired(self, now_ms: int, pops_max: int) -> Timed | None:
+        """The next target due at ``now_ms``, its timer cleared; None when nothing
+        more is due, or when ``pops_max`` entries (stale ones count: purging them
+        is work too) were taken since ``start_firing`` (``capped`` then says so)."""
+        heap = self.heap
+        while heap and heap[0] <= now_ms:
+            key = heap[0]
+            items = self.buckets[key].items
+            self.firing_key = key
+            while items:
+                if self.popped >= pops_max:
+                    self.firing_key = 0
+                    self.capped = True
+                    return None
+                t = items.pop()
+                self.popped += 1
+                if t.awake_ms != key:
+                    continue  # stale entry: moved to another bucket or deleted
+                t.awake_ms = 0
+                return t
+            self.firing_key = 0
+            invariant(heapq.heappop(heap) == key, "timer heap top changed while firing")
+            del self.buckets[key]
+        return None
 
     def schedule(self, target: Timed, due_ms: int) -> None:
         """Make sure ``target`` is examined at ``due_ms`` or earlier (never before due)."""

@@ -15,13 +15,11 @@ from operator import attrgetter
 from typing import Any
 
 from workers.core import Core, time_error_ms
+from workers.federation import Federation
 from workers.invariant import invariant
 from workers.job import (
     ACKED,
     ACTIVE,
-    FLAG_QUEUED_ONCE,
-    FLAGS_DELAY_MASK,
-    FLAGS_MAXDELIVER_MIN,
     QUEUED,
     STATE_NAMES,
     US_PER_MS,
@@ -57,15 +55,15 @@ def show(job: Job, now_ms: int) -> list[Any]:
         b"next-requeue-within", requeue_in,
         b"next-awake-within", awake_in,
         b"body", job.body,
-    ] + ([b"maxdeliver", job.maxdeliver] if job.flags >= FLAGS_MAXDELIVER_MIN else [])  # fmt: skip
+    ] + ([b"maxdeliver", job.maxdeliver] if job.has_maxdeliver() else [])  # fmt: skip
 
 
-def qstat(s: Core, queue: bytes, now_ms: int) -> Any:
+def qstat(s: Core, fed: Federation, queue: bytes, now_ms: int) -> Any:
     """QSTAT's reply: the reference answers *-1 for an unknown queue (SHOW answers $-1)."""
     q = s.queues.get(queue)
     if q is None:
         return NULL_ARRAY
-    imports, rate = s.fed.qstat_import(q, now_ms) if s.fed.feds else ([], 0)
+    imports, rate = fed.qstat_import(q, now_ms) if fed.feds else ([], 0)
     return [
         b"name", q.name,
         b"len", q.live,
@@ -90,7 +88,8 @@ def qpeek(s: Core, queue: bytes, count: int) -> list[list[Any]]:
 
 
 def qscan(
-    s: Core, cursor: int, count: int, minlen: int, maxlen: int, importrate: int
+    s: Core, fed: Federation, cursor: int, count: int, minlen: int, maxlen: int,
+    importrate: int,
 ) -> tuple[int, list[bytes]]:
     """Queues from table position ``cursor``; next cursor 0 means done.
 
@@ -112,7 +111,7 @@ def qscan(
         seen += 1
         if q.live < minlen or (maxlen and q.live > maxlen):
             continue
-        if importrate > 0 and s.fed.qstat_import(q, s.now_ms)[1] < importrate:
+        if importrate > 0 and fed.qstat_import(q, s.now_ms)[1] < importrate:
             continue
         names.append(q.name)
     return (pos if pos < len(table) else 0), names
@@ -149,7 +148,7 @@ def jscan(
     return (pos if pos < len(s.job_buckets) else 0), items
 
 
-def metrics(s: Core, queues_max: int, now_ms: int) -> dict[str, Any]:
+def metrics(s: Core, fed: Federation, queues_max: int, now_ms: int) -> dict[str, Any]:
     """Counters, histograms and the ``queues_max`` largest queues (by queued jobs)
     for /metrics and the HTTP API; a queue row is [name, queued, active, delayed,
     oldest queued age ms (-1: empty), jobs in, jobs out, blocked clients, pause
@@ -163,7 +162,7 @@ def metrics(s: Core, queues_max: int, now_ms: int) -> dict[str, Any]:
             names = list(queues)
             names += [n for n in {*s.active, *s.delayed} if n not in queues]
             names = names[:queues_max]
-        rows = [_queue_row(s, name, now_ms) for name in names]
+        rows = [_queue_row(s, fed, name, now_ms) for name in names]
     st = s.stats
     return {
         "added": st.added, "delivered": st.delivered,
@@ -182,14 +181,14 @@ def metrics(s: Core, queues_max: int, now_ms: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _queue_row(s: Core, name: bytes, now_ms: int) -> list[Any]:
+def _queue_row(s: Core, fed: Federation, name: bytes, now_ms: int) -> list[Any]:
     q = s.queues.get(name)
     if q is None:  # evicted while some of its jobs are delivered or delayed
         return [name, 0, s.active.get(name, 0), s.delayed.get(name, 0), -1,
                 0, 0, 0, "none", 0]
     oldest = q.oldest(1)
     age_ms = max(0, now_ms - oldest[0].ctime_us // US_PER_MS) if oldest else -1
-    rate = s.fed.qstat_import(q, now_ms)[1] if s.fed.feds else 0
+    rate = fed.qstat_import(q, now_ms)[1] if fed.feds else 0
     return [name, q.live, s.active.get(name, 0), s.delayed.get(name, 0), age_ms,
             q.jobs_in, q.jobs_out, 0 if q.waiters is None else len(q.waiters),
             PAUSE_NAMES[q.paused], rate]
@@ -241,6 +240,6 @@ def _check_metrics(s: Core, jobs: list[Job]) -> None:
               f"{s.outstanding} jobs counted outstanding, {outstanding} are")
     delayed: dict[bytes, int] = {}
     for job in jobs:
-        if job.flags & FLAGS_DELAY_MASK and not job.flags & FLAG_QUEUED_ONCE:
+        if job.waits_delay():
             delayed[job.queue] = delayed.get(job.queue, 0) + 1
     invariant(delayed == s.delayed, f"delayed per queue {s.delayed} != {delayed}")

@@ -59,6 +59,7 @@ from disque_mp.client import (
     Heartbeat,
     add_window_default,
 )
+from disque_mp.client.limits import MAXDELIVER_MAX as max_deliveries_max
 
 log = logging.getLogger("disque_mp.dramatiq")
 
@@ -81,8 +82,6 @@ purge_rounds_max = 10_000
 # join(): how often it looks at the queue
 join_poll_s = 0.1
 url_scheme = "disque://"
-# ADDJOB MAXDELIVER's bound (the node refuses more)
-max_deliveries_max = 10_000
 
 
 def delay_seconds(delay_ms: int | float | None) -> int | None:

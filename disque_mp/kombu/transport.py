@@ -65,11 +65,9 @@ from disque_mp.client import (
     Job,
     add_window_default,
 )
+from disque_mp.client.limits import MAXDELIVER_MAX as max_deliveries_max
 
 log = logging.getLogger("disque_mp.kombu")
-
-# ADDJOB MAXDELIVER's bound (the node refuses more)
-max_deliveries_max = 10_000
 
 DEFAULT_PORT = 7711
 # Disque's own default RETRY: a message not acked (and not kept alive by the

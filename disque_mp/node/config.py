@@ -21,7 +21,7 @@ import fnmatch
 import os
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from bus.durable import write_atomic
 
@@ -849,7 +849,4 @@ def rewrite(cfg: Config, path: str = "") -> None:
     write_atomic(path, rewrite_text(cfg, old).encode("utf-8", errors="surrogateescape"), mode)
 
 
-def field_names() -> list[str]:
-    """Every Config field (tests check each has a directive)."""
-    return [f.name for f in fields(Config)]
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bus.clock import wall_ms
 from bus.mesh import Mesh
@@ -25,6 +25,10 @@ from disque_mp.node.config import Config
 from disque_mp.node.slowlog import SlowLog
 from workers.effects import AofAppend, Send, Wake
 from workers.shard import Shard
+
+if TYPE_CHECKING:  # made by the worker only where configured (appendonly, cluster)
+    from bus.agent import ClusterAgent
+    from disque_mp.node.aof import AofManager
 
 log = logging.getLogger("disque_mp.node.worker")
 
@@ -44,8 +48,8 @@ class WorkerCore:
         self.now_ms = wall_ms()
         self.tokens: dict[int, Callable[[Any], None]] = {}  # shard token -> Wake handler
         self.next_token = 0
-        self.aof: Any = None  # the AOF manager (aof.py), or None
-        self.agent: Any = None  # the cluster agent (bus/agent.py), or None
+        self.aof: AofManager | None = None  # the AOF manager (aof.py), or None
+        self.agent: ClusterAgent | None = None  # the cluster agent (bus/agent.py), or None
         self.oom = False  # past maxmemory: denyoom commands answer ERR_OOM (memory.py)
         self.stopping = False
         self.send_hook: Callable[[Send], None] = self._drop_send

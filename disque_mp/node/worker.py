@@ -283,8 +283,9 @@ class Worker(ClientHost):
     # ------------------------------------------------------------------ cluster
 
     def _send_to_bus(self, eff: Send) -> None:
-        if not self.agent.send(eff.node_id, eff.kind, eff.slot, eff.meta, eff.bodies) \
-                and eff.kind == "YOURJOBS":
+        agent = self.agent  # this hook is installed with the agent
+        if agent is not None and not agent.send(eff.node_id, eff.kind, eff.slot, eff.meta,
+                                                eff.bodies) and eff.kind == "YOURJOBS":
             # Its jobs left our queue when the shard wrote it: queue them again
             # (an at-most-once job would be queued nowhere).
             self.shard.yourjobs_unsent(eff.bodies, wall_ms())

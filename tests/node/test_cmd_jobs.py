@@ -9,7 +9,7 @@ import pytest
 
 from disque_mp.node.commands import jobs as C
 from disque_mp.node.commands.table import run_on_shard
-from workers.replies import ERR_BADID, ERR_SYNTAX, NULL_ARRAY, PENDING, Error, Status
+from workers.replies import ERR_BADID, ERR_SYNTAX, NULL_ARRAY, Error, Status
 from workers.shard import Shard
 
 NODE = "739317b21b9046a3454204425426c55a12ccc07a"
@@ -139,13 +139,14 @@ def test_getjob_errors(words: list[bytes], err: str) -> None:
     assert C.parse_getjob(words) == err
 
 
-def test_run_getjob_paths(shard: Shard) -> None:
+def test_getjob_now_paths(shard: Shard) -> None:
     g = C.parse_getjob([b"NOHANG", b"FROM", b"q"])
     assert isinstance(g, C.GetJobArgs)
-    assert C.run_getjob(shard, g, 1, T0) is NULL_ARRAY
+    assert C.getjob_now(shard, g, T0) is NULL_ARRAY
     g2 = C.parse_getjob([b"FROM", b"q"])
     assert isinstance(g2, C.GetJobArgs)
-    assert C.run_getjob(shard, g2, 2, T0) is PENDING
+    assert C.getjob_now(shard, g2, T0) is None  # the client is to wait
+    shard.op_block(2, g2.queues, g2.count, g2.withcounters, T0)
     jid = run(shard, "ADDJOB", "q", "x", "0")
     (wake,) = shard.take_effects()
     assert wake.token == 2 and wake.reply == [[b"q", jid, b"x"]]

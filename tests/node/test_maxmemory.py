@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from redis.exceptions import OutOfMemoryError
 
 from disque_mp.node import aof_format, memory
 from tests.nodeproc import NodeProc
@@ -279,3 +280,32 @@ def test_freed_bodies_go_back_to_the_os(tmp_path: Path) -> None:
         after = int(r.info("memory")["used_memory_rss"])
         assert after < full - 32 * 1024 * 1024, (full, after)
         r.close()
+
+
+def test_pauses_of_new_queues_stay_within_maxmemory(node: NodeProc, c: RawClient) -> None:
+    """A paused queue costs memory as a job does: past maxmemory a PAUSE that would
+    create a queue answers OOM, and under pressure empty paused queues are evicted
+    (workers/pause.py), so a flood of PAUSEs of new names cannot hold the node past
+    its budget. A paused queue holding jobs keeps its state."""
+    held = queues_of(0, "held", 1)[0]
+    add_id(c, held)
+    assert c.call("PAUSE", held, "in") == "in"
+    budget = int(info_memory(c)["used_memory"]) + 4 * 1024 * 1024  # ~3,800 more queues
+    set_maxmemory(c, budget)
+    r = node.client(protocol=2)
+    replies: list[Any] = []
+    for batch in range(40):  # ten times the queues the budget holds
+        pipe = r.pipeline(transaction=False)
+        for i in range(1000):
+            pipe.execute_command("PAUSE", f"flood{batch}-{i}", "in")
+        replies += pipe.execute(raise_on_error=False)
+    r.close()
+    # each is paused, or refused with OOM when a sample found the node past its budget
+    # before eviction brought it back (how many depends on the timing)
+    assert all(x == b"in" or isinstance(x, OutOfMemoryError) for x in replies)
+    # the sampled level lags a little; unbounded it took ten times the budget
+    assert int(info_memory(c)["used_memory_peak"]) < 2 * budget
+    wait_for(lambda: int(info_memory(c)["memory_warning_level"]) < 3, "eviction below maxmemory")
+    assert int(info_memory(c)["evicted_queues"]) > 0
+    assert c.call("PAUSE", held, "state") == "in" and c.call("QLEN", held) == 1
+    assert c.call("PAUSE", held, "none") == "none"  # resuming is always allowed

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from workers import evict
 from workers.effects import AofAppend
 from workers.job import ACKED, ACTIVE, DEL_RECORD_TAG, FLAG_DELIVERED, QUEUED, job_id_of_record
+from workers.replies import ERR_OOM
 from workers.shard import Shard
 
 NODE = "739317b21b9046a3454204425426c55a12ccc07a"
@@ -77,7 +78,9 @@ def test_evict_step_drops_only_what_breaks_no_guarantee() -> None:
     keep += inflight
     gone += [acked_kept(s) for _ in range(4)]
     s.op_take([b"empty"], 1, False, T0)  # creates an empty queue
-    s.op_pause(b"paused", ["in"], T0)  # paused empty queue: stays
+    s.op_pause(b"paused", ["in"], T0)  # paused empty queue: goes too (workers/pause.py)
+    add(s, b"pausedfull")
+    s.op_pause(b"pausedfull", ["in"], T0)  # paused with a job: stays
     s.op_block(99, [b"watched"], 1, False, T0)  # a waiter: stays
     s.take_effects()
 
@@ -91,12 +94,12 @@ def test_evict_step_drops_only_what_breaks_no_guarantee() -> None:
         assert s.lookup(jid) is not None
     assert all(s.lookup(j).state == QUEUED for j in keep[:25])  # type: ignore[union-attr]
     assert all(s.lookup(j).state == ACTIVE for j in inflight)  # type: ignore[union-attr]
-    names = set(s.queue_names())
+    names = set(s.core.queues)
     # empty queues go, even one whose jobs are in flight: a requeue creates it again
-    assert names.isdisjoint({b"empty", b"amo2", b"acks", b"inflight"})
-    assert {b"work", b"amo", b"paused", b"watched"} <= names
-    assert s.op_qstat(b"paused", T0)[-1] == "in" and s.op_qstat(b"watched", T0)[9] == 1
-    assert queues == 4
+    assert names.isdisjoint({b"empty", b"amo2", b"acks", b"inflight", b"paused"})
+    assert {b"work", b"amo", b"pausedfull", b"watched"} <= names
+    assert s.op_qstat(b"pausedfull", T0)[-1] == "in" and s.op_qstat(b"watched", T0)[9] == 1
+    assert queues == 5
     # every eviction is in the AOF as a deletion record
     dels = [e.record for e in s.take_effects() if isinstance(e, AofAppend)]
     assert all(r[0] == DEL_RECORD_TAG for r in dels)
@@ -107,16 +110,34 @@ def test_evict_step_drops_only_what_breaks_no_guarantee() -> None:
     s.check()
 
 
-def test_op_evict_queue_refuses_paused_watched_and_nonempty_queues() -> None:
+def test_op_evict_queue_refuses_watched_and_nonempty_queues_not_paused_ones() -> None:
     s = shard()
     s.op_pause(b"p", ["in"], T0)
     s.op_block(5, [b"w"], 1, False, T0)
+    s.op_pause(b"w", ["out"], T0)
     add(s, b"full")
-    assert [s.op_evict_queue(n) for n in (b"p", b"w", b"full", b"nosuch")] == [False] * 4
-    s.op_pause(b"p", ["none"], T0)
+    s.op_pause(b"full", ["all"], T0)
+    assert [s.op_evict_queue(n) for n in (b"w", b"full", b"nosuch")] == [False] * 3
+    assert s.op_evict_queue(b"p")  # paused, empty, unwatched: memory pressure takes it
     s.op_unblock(5, T0)
-    assert s.op_evict_queue(b"p") and s.op_evict_queue(b"w")
-    assert set(s.queue_names()) == {b"full"}
+    assert s.op_evict_queue(b"w")
+    assert set(s.core.queues) == {b"full"}
+    s.check()
+
+
+def test_past_maxmemory_pause_creates_no_queue() -> None:
+    s = shard()
+    s.op_pause(b"old", ["in"], T0)
+    s.set_memory_level(3)
+    assert s.op_pause(b"new", ["in"], T0) == ERR_OOM
+    assert s.op_pause(b"new", ["none"], T0) == "none"  # nothing to create: no refusal
+    assert s.op_pause(b"new", [], T0) == "none"  # a state query
+    assert s.op_pause(b"old", ["all"], T0) == "all"  # an existing queue: allowed
+    assert s.op_pause(b"old", ["none"], T0) == "none"
+    s.on_message("b" * 40, "PAUSE", {"f": 1}, [b"frompeer"], T0)
+    assert b"new" not in s.core.queues and b"frompeer" not in s.core.queues
+    s.set_memory_level(2)
+    assert s.op_pause(b"new", ["in"], T0) == "in"
     s.check()
 
 

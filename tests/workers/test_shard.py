@@ -140,7 +140,7 @@ def test_take_round_robin_left_to_right(env: Env) -> None:
 
 def test_take_creates_queues_like_the_reference(env: Env) -> None:
     assert env.take(b"nosuch") == []
-    assert b"nosuch" in env.s.queue_names()
+    assert b"nosuch" in env.s.core.queues
     assert env.s.op_qstat(b"nosuch", env.now)[:4] == [b"name", b"nosuch", b"len", 0]
 
 
@@ -403,11 +403,11 @@ def test_queue_with_waiter_or_pause_or_jobs_not_evicted(env: Env) -> None:
     env.s.op_pause(b"paused", ["out"], env.now)
     env.take(b"empty")
     env.advance(IDLE_MS * 3)
-    assert sorted(env.s.queue_names()) == [b"paused", b"watched", b"withjob"]
+    assert sorted(env.s.core.queues) == [b"paused", b"watched", b"withjob"]
     env.s.op_unblock(1, env.now)
     env.s.op_pause(b"paused", ["none"], env.now)
     env.advance(IDLE_MS + RES)
-    assert env.s.queue_names() == [b"withjob"]
+    assert list(env.s.core.queues) == [b"withjob"]
 
 
 def test_activity_delays_eviction(env: Env) -> None:
@@ -417,16 +417,16 @@ def test_activity_delays_eviction(env: Env) -> None:
     env.take()
     env.s.op_ackjob([a], env.now)
     env.advance(IDLE_MS // 2 + RES)
-    assert env.s.queue_names() == [b"q"]
+    assert list(env.s.core.queues) == [b"q"]
     env.advance(IDLE_MS // 2 + RES)
-    assert env.s.queue_names() == []
+    assert list(env.s.core.queues) == []
 
 
 def test_evicted_queue_with_active_jobs_comes_back(env: Env) -> None:
     a = env.add(retry_s=60, ttl_s=3600)
     env.take()
     env.advance(IDLE_MS + RES)
-    assert env.s.queue_names() == []
+    assert list(env.s.core.queues) == []
     env.advance(31_000)
     assert env.state(a) == QUEUED and env.s.op_qlen(b"q") == 1
 
@@ -481,7 +481,7 @@ def test_pause_semantics(env: Env) -> None:
     assert env.s.op_pause(b"q3", ["none"], env.now) == "none"
     assert env.s.op_pause(b"q3", ["bcast"], env.now) == "none"
     assert env.s.op_pause(b"unknown", ["state"], env.now) == "none"
-    assert b"unknown" not in env.s.queue_names()
+    assert b"unknown" not in env.s.core.queues
     assert isinstance(env.add(b"q3"), Status)
 
 

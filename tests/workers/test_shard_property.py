@@ -182,7 +182,7 @@ class ShardMachine(RuleBasedStateMachine):
         jobs = self.s.jobs()
         assert info["registered_jobs"] == len(jobs)
         queued = sum(1 for j in jobs if j.state == QUEUED)
-        assert queued == sum(self.s.op_qlen(q) for q in self.s.queue_names())
+        assert queued == sum(self.s.op_qlen(q) for q in self.s.core.queues)
         assert info["blocked_clients"] == len(self.blocked)
         for jid, et in self.etime.items():
             if et > self.now:

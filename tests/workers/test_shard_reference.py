@@ -16,7 +16,7 @@ from typing import Any
 from disque_mp.node.commands import jobs as cmd_jobs
 from disque_mp.node.commands.table import run_on_shard
 from tests import REFERENCE_DIR
-from workers.replies import NULL_ARRAY, PENDING, Error, Status
+from workers.replies import NULL_ARRAY, Error, Status
 from workers.shard import Shard
 
 REF = REFERENCE_DIR
@@ -106,9 +106,8 @@ class Replayer:
             g = cmd_jobs.parse_getjob(args)
             if isinstance(g, Error):
                 return g
-            r = cmd_jobs.run_getjob(s, g, 1, self.now)
-            if r is PENDING:  # GETJOB TIMEOUT: the front end times out and unblocks
-                s.op_unblock(1, self.now)
+            r = cmd_jobs.getjob_now(s, g, self.now)
+            if r is None:  # GETJOB TIMEOUT: the front end times out and answers
                 return NULL_ARRAY
             return r
         if name in (b"qscan", b"jscan"):

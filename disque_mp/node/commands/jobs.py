@@ -35,7 +35,7 @@ from disque_mp.node.errors import (
 )
 from workers.ids import is_valid_job_id
 from workers.job import STATE_BY_NAME, delay_max_s, maxdeliver_max, retry_max_s, ttl_max_s
-from workers.replies import NULL_ARRAY, PENDING, Error
+from workers.replies import NULL_ARRAY, Error
 from workers.shard import (
     ERR_DELAY_MAX,
     ERR_MAXDELIVER,
@@ -291,15 +291,6 @@ def getjob_now(shard: Shard, g: GetJobArgs, now_ms: int) -> Any:
     if entries:
         return entries
     return NULL_ARRAY if g.nohang else None
-
-
-def run_getjob(shard: Shard, g: GetJobArgs, token: int, now_ms: int) -> Any:
-    """GETJOB when one shard owns every queue named: reply now or PENDING (Wake later)."""
-    reply = getjob_now(shard, g, now_ms)
-    if reply is not None:
-        return reply
-    shard.op_block(token, g.queues, g.count, g.withcounters, now_ms)
-    return PENDING
 
 
 # ------------------------------------------------------------------ QSCAN / JSCAN

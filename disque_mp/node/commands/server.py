@@ -60,51 +60,74 @@ def _text(raw: bytes) -> str:
 
 
 
+def _op_qscan(w: NodeView, arg: Any) -> Any:
+    cursor, count, minlen, maxlen, importrate = arg
+    nxt, names = w.shard.op_qscan(cursor, count, minlen, maxlen, importrate)
+    return [nxt, names]
+
+
+def _op_jscan(w: NodeView, arg: Any) -> Any:
+    cursor, count, queue, states, reply_all = arg
+    qname = queue.encode("latin-1") if queue is not None else None
+    nxt, items = w.shard.op_jscan(cursor, count, qname, set(states) if states is not None else None,
+                                  reply_all, w.now_ms)
+    return [nxt, items]
+
+
+def _op_flushall(w: NodeView, arg: Any) -> Any:
+    w.flush_all()  # blocked GETJOBs answered as on timeout, shard, AOF, memory level
+    return OK
+
+
+def _op_resetstat(w: NodeView, arg: Any) -> Any:
+    w.reset_stats()
+    return OK
+
+
+def _op_slowlog_reset(w: NodeView, arg: Any) -> Any:
+    w.slowlog.reset()
+    return OK
+
+
+def _op_bgrewriteaof(w: NodeView, arg: Any) -> Any:
+    if w.aof is None:
+        return "ERR Append only file persistence is not available in this build"
+    return w.aof.bgrewriteaof()
+
+
+def _op_rewrite_at_exit(w: NodeView, arg: Any) -> Any:
+    w.rewrite_aof_at_exit = True
+    return OK
+
+
+# A node-wide command's part on each worker, by the operation name its scatter
+# frame carries (the HTTP endpoint's gathers, ``http.*``, are disque_mp/node/http/ops.py's).
+_LOCAL_OPS: dict[str, Callable[[NodeView, Any], Any]] = {
+    "info": lambda w, arg: w.local_stats(),
+    "qscan": _op_qscan,
+    "jscan": _op_jscan,
+    "flushall": _op_flushall,
+    "config_set": lambda w, arg: _apply_config(w, arg[0], arg[1]),
+    "resetstat": _op_resetstat,
+    "clients": lambda w, arg: [client_line(w, c) for c in w.conns],
+    "client_kill": lambda w, arg: kill_clients(w, list(arg)),
+    "slowlog_get": lambda w, arg: w.slowlog.newest(int(arg)),
+    "slowlog_len": lambda w, arg: len(w.slowlog.entries),
+    "slowlog_reset": _op_slowlog_reset,
+    "bgrewriteaof": _op_bgrewriteaof,
+    "memory": lambda w, arg: w.memory.local_used() if w.memory is not None else 0,
+    "rewrite_at_exit": _op_rewrite_at_exit,
+}
+
+
 def local_op(w: NodeView, op: str, arg: Any) -> Any:
     """This worker's part of a node-wide command."""
-    if op.startswith("http."):  # the HTTP endpoint's gathers (disque_mp/node/http/ops.py)
+    if op.startswith("http."):
         return http_local_op(w, op, arg)
-    if op == "info":
-        return w.local_stats()
-    if op == "qscan":
-        cursor, count, minlen, maxlen, importrate = arg
-        nxt, names = w.shard.op_qscan(cursor, count, minlen, maxlen, importrate)
-        return [nxt, names]
-    if op == "jscan":
-        cursor, count, queue, states, reply_all = arg
-        qname = queue.encode("latin-1") if queue is not None else None
-        nxt, items = w.shard.op_jscan(cursor, count, qname, set(states) if states is not None else None,
-                                      reply_all, w.now_ms)
-        return [nxt, items]
-    if op == "flushall":
-        w.flush_all()  # blocked GETJOBs answered as on timeout, shard, AOF, memory level
-        return OK
-    if op == "config_set":
-        return _apply_config(w, arg[0], arg[1])
-    if op == "resetstat":
-        w.reset_stats()
-        return OK
-    if op == "clients":
-        return [client_line(w, c) for c in w.conns]
-    if op == "client_kill":
-        return kill_clients(w, list(arg))
-    if op == "slowlog_get":
-        return w.slowlog.newest(int(arg))
-    if op == "slowlog_len":
-        return len(w.slowlog.entries)
-    if op == "slowlog_reset":
-        w.slowlog.reset()
-        return OK
-    if op == "bgrewriteaof":
-        if w.aof is None:
-            return "ERR Append only file persistence is not available in this build"
-        return w.aof.bgrewriteaof()
-    if op == "memory":
-        return w.memory.local_used() if w.memory is not None else 0
-    if op == "rewrite_at_exit":
-        w.rewrite_aof_at_exit = True
-        return OK
-    return Error(f"ERR unknown node operation '{op}'")
+    fn = _LOCAL_OPS.get(op)
+    if fn is None:
+        return Error(f"ERR unknown node operation '{op}'")
+    return fn(w, arg)
 
 
 def cmd_shutdown(w: NodeView, conn: Client, cmd: list[bytes]) -> Any:

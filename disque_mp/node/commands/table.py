@@ -32,6 +32,7 @@ from workers.replies import Error, Status
 
 if TYPE_CHECKING:
     from disque_mp.node.view import Client, NodeView
+    from workers.shard import Shard
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +111,7 @@ TABLE: dict[bytes, Command] = {
 }
 
 
-def run_on_shard(shard: Any, name: bytes, args: list[bytes], token: int, now_ms: int) -> Any:
+def run_on_shard(shard: Shard, name: bytes, args: list[bytes], token: int, now_ms: int) -> Any:
     """Run a ``queue``- or ``ids``-routed command on the owner's shard (``name``
     lowercase, ``args`` after it): locally, or for another worker that forwarded it."""
     c = TABLE.get(name)

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from bus.clock import wall_ms
+from disque_mp.client.limits import DEAD_PREFIX
 from disque_mp.node.http import health
 from disque_mp.node.http import metrics as metricsmod
 from disque_mp.node.http.commands import ReplyError, call
@@ -48,7 +49,6 @@ from workers.ids import is_valid_job_id
 if TYPE_CHECKING:
     from disque_mp.node.view import NodeView
 
-DEAD_PREFIX = "dead:"  # the dead-letter queue of queue q is dead:q
 queue_jobs_default = 50  # jobs shown by GET /api/queues/{queue} without ?count
 queues_default = 100  # queues listed by GET /api/queues without ?limit
 jscan_calls_max = 8  # JSCAN calls one queue view spends looking for its active jobs

@@ -1,0 +1,46 @@
+"""The one catalogue of cluster message kinds (workers/messages.py): every kind has
+a check that the edge runs and a handler that the shard dispatches to."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from bus.messages import BadMessage, check_job
+from workers import messages
+from workers.shard import Shard
+
+NODE = "a" * 40
+
+
+def _shard() -> Shard:
+    return Shard(NODE, 0, 1, b"seed", random.Random(1), 1_000_000)
+
+
+def test_every_kind_has_a_check_and_a_handler() -> None:
+    s = _shard()
+    names = [k.name for k in messages.KINDS]
+    assert len(set(names)) == len(names) == len(messages.CATALOGUE)
+    for k in messages.KINDS:
+        assert callable(k.check), k.name
+        handler = getattr(getattr(s, k.part), k.handler)
+        assert callable(handler), k.name
+        assert s._handlers[k.name] == handler  # the dispatch reads the catalogue
+
+
+@pytest.mark.parametrize("kind", list(messages.CATALOGUE))
+def test_the_edge_checks_every_kind_by_its_catalogue_rule(kind: str) -> None:
+    # an empty meta is wrong for every kind but REPLJOB / YOURJOBS, whose bodies
+    # are then missing: each kind's rule runs and refuses it
+    with pytest.raises(BadMessage):
+        check_job({"k": kind, "s": 0, "m": {}}, [])
+
+
+def test_an_unknown_kind_passes_the_edge_only_without_bodies_and_is_dropped() -> None:
+    assert check_job({"k": "NEWER", "s": 1, "m": {"x": 1}}, []) == ("NEWER", 1, {"x": 1})
+    with pytest.raises(BadMessage, match="unknown job message"):
+        check_job({"k": "NEWER", "s": 1, "m": {}}, [b"x"])
+    s = _shard()
+    s.on_message(NODE.replace("a", "b"), "NEWER", {}, [], 1_000_000)
+    assert s.take_effects() == []

@@ -1,0 +1,220 @@
+"""The catalogue of cluster messages between shards, as Disque's
+``CLUSTERMSG_TYPE_*`` in cluster.h: one line per kind with its name, its fields,
+the check of its shape and the shard part and method that handle it.
+
+The sender builds ``Send(node, kind, slot, meta, bodies)`` effects; the edge
+(bus/messages.py ``check_job``) runs the kind's ``check`` before any state
+changes; the shard (workers/shard.py ``Shard.on_message``) dispatches to the
+kind's handler. Adding a kind is one line in ``KINDS`` plus its handler (a test
+checks that every kind has both). ``meta`` is JSON; job records, queue names
+and job IDs travel in ``bodies`` as raw bytes. A message about a job goes to
+the job's slot (carried by its ID), so on the receiving host it reaches the
+worker owning the same slot; a queue message uses the queue's slot.
+
+=========  ===================================================  ====================
+kind       meta                                                 bodies
+=========  ===================================================  ====================
+REPLJOB    {}                                                   [job record]
+GOTJOB     {"j": id}
+ENQUEUE    {"j": id, "d": [node, ...]}
+WILLQUEUE  {"j": id}
+QUEUED     {"j": id[, "f": 2|4 (increment nacks|deliveries)]
+            [, "w": ms (NACK DELAY), "dl": 1 (moved to dead:<queue>)]}
+WORKING    {"j": id}
+SETACK     {"j": id, "m": may-have[, "d": [node, ...]]}
+GOTACK     {"j": id, "k": 0|1 (known)}
+DELJOB     {"j": id}
+NEEDJOBS   {"c": count}                                         [queue name]
+YOURJOBS   {}                                                   [job record, ...]
+PAUSE      {"f": pause flags}                                   [queue name]
+QLENASK    {"r": request}                                       [queue name]
+QLENIS     {"r": request, "n": queued jobs}
+DELQ       {"r": request}                                       [queue name]
+DELQDONE   {"r": request}                                       [40-byte IDs, joined]
+=========  ===================================================  ====================
+
+QLENASK ... DELQDONE are the extensions' (GLOBALQLEN, DELQUEUE: workers/extensions.py);
+a request goes to the queue's slot on every reachable node and the answer to the
+same slot here, the worker that asked. A kind this catalogue does not know (a
+newer peer's) passes the edge only without bodies, and the shard drops it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+from workers.ids import SLOTS, is_valid_job_id, slot_of, slot_of_job_id
+from workers.job import delay_max_s
+
+u32_max: Final = (1 << 32) - 1
+# ENQUEUE's and SETACK's node lists: at most every node of a cluster (the
+# membership table keeps at most 1000, bus/membership.py's nodes_max).
+node_list_max: Final = 1000
+# NEEDJOBS / PAUSE / QLENASK / DELQ: longer than any queue a client could name.
+queue_name_bytes_max: Final = 64 * 1024
+request_id_max: Final = (1 << 63) - 1  # a worker's request token
+queued_wait_ms_max: Final = delay_max_s * 1000  # QUEUED "w": a NACK's DELAY, at most ADDJOB's
+_NODE_ID_LEN: Final = 40
+_HEX: Final = frozenset("0123456789abcdef")
+
+# The shape check of a kind: (slot, meta, bodies) -> None when well formed, else
+# what is wrong (the edge drops the link with it).
+Check = Callable[[int, dict[str, Any], list[bytes]], str | None]
+
+
+class Kind:
+    """One message kind: its name, its fields (as the table above), its check,
+    and the part of the shard (``Shard`` attribute) and method that handle it."""
+
+    __slots__ = ("name", "meta", "bodies", "check", "part", "handler")
+
+    def __init__(self, name: str, meta: str, bodies: str, check: Check, part: str,
+                 handler: str) -> None:
+        self.name = name
+        self.meta = meta
+        self.bodies = bodies
+        self.check = check
+        self.part = part
+        self.handler = handler
+
+
+def _int(value: Any, lo: int, hi: int) -> bool:
+    return type(value) is int and lo <= value <= hi
+
+
+def _node_list(nodes: Any) -> bool:
+    return type(nodes) is list and len(nodes) <= node_list_max and all(
+        isinstance(n, str) and len(n) == _NODE_ID_LEN and set(n) <= _HEX for n in nodes)
+
+
+def _about_job(slot: int, meta: dict[str, Any], bodies: list[bytes]) -> str | None:
+    jid = meta.get("j")
+    if not isinstance(jid, str) or not is_valid_job_id(jid):
+        return "bad job ID"
+    if slot_of_job_id(jid) != slot:
+        return "job ID and slot disagree"
+    return "unexpected bodies" if bodies else None
+
+
+def _records(slot: int, meta: dict[str, Any], bodies: list[bytes]) -> str | None:
+    return None if bodies else "no job record"
+
+
+def _repljob(slot: int, meta: dict[str, Any], bodies: list[bytes]) -> str | None:
+    return None if len(bodies) == 1 else "REPLJOB carries one job record"
+
+
+def _enqueue(slot: int, meta: dict[str, Any], bodies: list[bytes]) -> str | None:
+    err = _about_job(slot, meta, bodies)
+    if err is None and not _node_list(meta.get("d", [])):
+        return "bad ENQUEUE node list"
+    return err
+
+
+def _queued(slot: int, meta: dict[str, Any], bodies: list[bytes]) -> str | None:
+    """QUEUED's optional fields: the counter to increment, the extensions' NACK
+    DELAY wait and dead-letter move (workers/extensions.py)."""
+    err = _about_job(slot, meta, bodies)
+    if err is None and not (_int(meta.get("f", 0), 0, 255)
+                            and _int(meta.get("w", 0), 0, queued_wait_ms_max)
+                            and _int(meta.get("dl", 0), 0, 1)):
+        return "bad QUEUED fields"
+    return err
+
+
+def _setack(slot: int, meta: dict[str, Any], bodies: list[bytes]) -> str | None:
+    err = _about_job(slot, meta, bodies)
+    if err is not None:
+        return err
+    if not _int(meta.get("m"), 0, u32_max):
+        return "bad SETACK count"
+    # the sender's node list (optional: the spec sends a count)
+    return None if _node_list(meta.get("d", [])) else "bad SETACK node list"
+
+
+def _gotack(slot: int, meta: dict[str, Any], bodies: list[bytes]) -> str | None:
+    err = _about_job(slot, meta, bodies)
+    if err is None and (type(meta.get("k")) is not int or meta.get("k") not in (0, 1)):
+        return "bad GOTACK flag"
+    return err
+
+
+def _queue_body(slot: int, bodies: list[bytes]) -> str | None:
+    if len(bodies) != 1 or len(bodies[0]) > queue_name_bytes_max:
+        return "bad queue name"
+    return None if slot_of(bodies[0]) == slot else "queue name and slot disagree"
+
+
+def _needjobs(slot: int, meta: dict[str, Any], bodies: list[bytes]) -> str | None:
+    err = _queue_body(slot, bodies)
+    if err is None and not _int(meta.get("c"), 0, u32_max):
+        return "bad NEEDJOBS count"
+    return err
+
+
+def _pause(slot: int, meta: dict[str, Any], bodies: list[bytes]) -> str | None:
+    err = _queue_body(slot, bodies)
+    if err is None and not _int(meta.get("f"), 0, 255):
+        return "bad PAUSE flags"
+    return err
+
+
+def _request(slot: int, meta: dict[str, Any], bodies: list[bytes]) -> str | None:
+    """QLENASK / DELQ: a request number and the queue."""
+    err = _queue_body(slot, bodies)
+    if err is None and not _int(meta.get("r"), 0, request_id_max):
+        return "bad request number"
+    return err
+
+
+def _qlenis(slot: int, meta: dict[str, Any], bodies: list[bytes]) -> str | None:
+    if bodies:
+        return "unexpected bodies"
+    if not (_int(meta.get("r"), 0, request_id_max) and _int(meta.get("n"), 0, 1 << 62)):
+        return "bad QLENIS"
+    return None
+
+
+def _delqdone(slot: int, meta: dict[str, Any], bodies: list[bytes]) -> str | None:
+    if not _int(meta.get("r"), 0, request_id_max):
+        return "bad request number"
+    if len(bodies) > 1 or (bodies and len(bodies[0]) % 40):
+        return "bad DELQDONE job IDs"
+    return None
+
+
+_JOB: Final = '{"j": id}'
+KINDS: Final = (
+    Kind("REPLJOB", "{}", "[job record]", _repljob, "repl", "on_repljob"),
+    Kind("GOTJOB", _JOB, "", _about_job, "repl", "on_gotjob"),
+    Kind("ENQUEUE", '{"j": id, "d": [node, ...]}', "", _enqueue, "repl", "on_enqueue"),
+    Kind("WILLQUEUE", _JOB, "", _about_job, "repl", "on_willqueue"),
+    Kind("QUEUED", '{"j": id[, "f": incr][, "w": ms][, "dl": 1]}', "", _queued, "repl",
+         "on_queued"),
+    Kind("WORKING", _JOB, "", _about_job, "repl", "on_working"),
+    Kind("SETACK", '{"j": id, "m": may-have[, "d": [node, ...]]}', "", _setack, "gc",
+         "on_setack"),
+    Kind("GOTACK", '{"j": id, "k": 0|1}', "", _gotack, "gc", "on_gotack"),
+    Kind("DELJOB", _JOB, "", _about_job, "gc", "on_deljob"),
+    Kind("NEEDJOBS", '{"c": count}', "[queue name]", _needjobs, "fed", "on_needjobs"),
+    Kind("YOURJOBS", "{}", "[job record, ...]", _records, "fed", "on_yourjobs"),
+    Kind("PAUSE", '{"f": pause flags}', "[queue name]", _pause, "pause", "on_pause"),
+    Kind("QLENASK", '{"r": request}', "[queue name]", _request, "ext", "on_qlenask"),
+    Kind("QLENIS", '{"r": request, "n": queued jobs}', "", _qlenis, "ext", "on_qlenis"),
+    Kind("DELQ", '{"r": request}', "[queue name]", _request, "ext", "on_delq"),
+    Kind("DELQDONE", '{"r": request}', "[40-byte job IDs, joined]", _delqdone, "ext",
+         "on_delqdone"),
+)
+CATALOGUE: Final = {k.name: k for k in KINDS}
+
+
+def check(kind: str, slot: int, meta: dict[str, Any], bodies: list[bytes]) -> str | None:
+    """A job message's shape: None when well formed, else what is wrong."""
+    if not 0 <= slot < SLOTS:
+        return "malformed job frame"
+    k = CATALOGUE.get(kind)
+    if k is None:
+        # a newer peer's kind: the shard ignores kinds it does not know
+        return f"unknown job message {kind[:32]!r} with bodies" if bodies else None
+    return k.check(slot, meta, bodies)
