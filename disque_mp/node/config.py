@@ -196,6 +196,11 @@ class Config:
     # besides its bound addresses and localhost (DNS rebinding)
     http_connections_max: int = 512
     http_allowed_hosts: str = ""
+    # security bounds, the command layer (docs/security.md, "Names and guesses"): a
+    # queue name's bytes (its dead-letter queue dead:<name> must still fit a bus
+    # frame's name field), wrong passwords per second on the whole node
+    queue_name_bytes_max: int = 64 * 1024 - len("dead:")
+    auth_failures_per_second_max: int = 100
 
 
 class ConfigValueError(ValueError):
@@ -233,6 +238,9 @@ authpass_len_max = 512  # Disque's REDIS_AUTHPASS_MAX_LEN
 bind_addresses_max = 16  # Disque's REDIS_BINDADDR_MAX
 hz_min, hz_max = 1, 500  # Disque clamps hz into this range
 workers_max = 1024  # one process per core; more would only thrash
+# The cluster bus carries a queue name of at most 64 KB (bus/messages.py); MAXDELIVER
+# names the dead-letter queue dead:<name>, so a client's name leaves room for it.
+queue_name_bytes_limit = 64 * 1024 - len("dead:")
 long_min, long_max = -(1 << 63), (1 << 63) - 1  # Disque keeps numbers in a long long
 
 
@@ -384,6 +392,12 @@ DIRECTIVES: tuple[Directive, ...] = (
        lo=0, hi=10_000),
     _d("http-connections-max", "int", True, "Invalid http-connections-max value", lo=1),
     _d("http-allowed-hosts", "special", True, nargs=0),
+    # ours: security bounds of the command layer (docs/security.md)
+    _d("queue-name-bytes-max", "int", True,
+       f"queue-name-bytes-max must be between 1 and {queue_name_bytes_limit}",
+       lo=1, hi=queue_name_bytes_limit),
+    _d("auth-failures-per-second-max", "int", True,
+       "auth-failures-per-second-max must be between 1 and 1000000", lo=1, hi=1_000_000),
 )
 BY_NAME: dict[str, Directive] = {d.name: d for d in DIRECTIVES}
 # Names Redis users know for our limit directives (same field, same units).
