@@ -196,10 +196,10 @@ class Config:
     # besides its bound addresses and localhost (DNS rebinding)
     http_connections_max: int = 512
     http_allowed_hosts: str = ""
-    # security bounds, the command layer (docs/security.md, "Names and guesses"): a
-    # queue name's bytes (its dead-letter queue dead:<name> must still fit a bus
-    # frame's name field), wrong passwords per second on the whole node
-    queue_name_bytes_max: int = 64 * 1024 - len("dead:")
+    # security bounds, the command layer (docs/security.md, "Names, guesses and
+    # restarts"): a queue name's bytes (its dead-letter queue dead:<name> must still
+    # fit a job record and a bus frame), wrong passwords per second on the whole node
+    queue_name_bytes_max: int = 0xFFFF - len("dead:")
     auth_failures_per_second_max: int = 100
 
 
@@ -238,9 +238,10 @@ authpass_len_max = 512  # Disque's REDIS_AUTHPASS_MAX_LEN
 bind_addresses_max = 16  # Disque's REDIS_BINDADDR_MAX
 hz_min, hz_max = 1, 500  # Disque clamps hz into this range
 workers_max = 1024  # one process per core; more would only thrash
-# The cluster bus carries a queue name of at most 64 KB (bus/messages.py); MAXDELIVER
-# names the dead-letter queue dead:<name>, so a client's name leaves room for it.
-queue_name_bytes_limit = 64 * 1024 - len("dead:")
+# A job record holds a queue name of at most 0xFFFF bytes (workers/job.py) and the
+# cluster bus one of at most 64 KB (bus/messages.py); MAXDELIVER names the dead-letter
+# queue dead:<name>, so a client's name leaves room for it.
+queue_name_bytes_limit = 0xFFFF - len("dead:")
 long_min, long_max = -(1 << 63), (1 << 63) - 1  # Disque keeps numbers in a long long
 
 

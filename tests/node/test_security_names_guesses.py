@@ -20,12 +20,13 @@ from disque_mp.node.resp import RequestParser
 from tests.nodeproc import NodeProc, unique_queue
 from tests.rawclient import encode_command
 from workers.job import DEAD_PREFIX
+from workers.job import queue_name_bytes_max as record_queue_name_bytes_max
 
 pytestmark = pytest.mark.integration
 
 PASSWORD = "guard-pass"
 read_timeout_s = 20.0
-name_max = 64 * 1024 - len(DEAD_PREFIX)
+name_max = 0xFFFF - len(DEAD_PREFIX)  # a job record's name field holds dead:<name>
 
 
 @pytest.fixture(scope="module")
@@ -49,14 +50,15 @@ def error_of(r: redis.Redis, *args: object) -> str:
 
 def test_the_default_leaves_room_for_the_dead_letter_prefix() -> None:
     assert Config().queue_name_bytes_max == name_max
-    assert name_max + len(DEAD_PREFIX) == bus_queue_name_bytes_max
+    assert name_max + len(DEAD_PREFIX) == record_queue_name_bytes_max
+    assert name_max + len(DEAD_PREFIX) <= bus_queue_name_bytes_max
 
 
 def test_a_queue_name_longer_than_the_bound_is_refused(node: NodeProc) -> None:
     r = client(node)
     too_long = unique_queue().encode().ljust(name_max + 1, b"x")
     longest = too_long[:-1]
-    want = f"queue name too long: at most {name_max} bytes (queue-name-bytes-max)"
+    want = f"queue name too long (at most {name_max} bytes)"
     for cmd in (("ADDJOB", too_long, "x", 0), ("ADDJOB", too_long, "x", 0, "MAXDELIVER", 2),
                 ("GETJOB", "NOHANG", "FROM", "q", too_long),
                 ("GETJOB", "TIMEOUT", 50, "FROM", too_long),
@@ -65,14 +67,18 @@ def test_a_queue_name_longer_than_the_bound_is_refused(node: NodeProc) -> None:
         assert error_of(r, *cmd) == want, cmd[0]
     assert r.execute_command("QLEN", too_long) == 0  # a read keeps the reference's reply
     # the longest name is a queue like any other, and so is its dead-letter queue
-    assert r.execute_command("ADDJOB", longest, "x", 0, "MAXDELIVER", 1).startswith(b"D-")
-    assert r.execute_command("QLEN", longest) == 1
+    job_id = r.execute_command("ADDJOB", longest, "x", 0, "MAXDELIVER", 1)
+    assert job_id.startswith(b"D-")
+    assert r.execute_command("GETJOB", "FROM", longest)[0][1] == job_id
+    r.execute_command("NACK", job_id)  # its one delivery spent: to dead:<name>
+    assert r.execute_command("QLEN", DEAD_PREFIX + longest) == 1
+    assert r.execute_command("SHOW", job_id)[3] == DEAD_PREFIX + longest
     assert r.execute_command("PAUSE", longest, "out", "bcast") == b"out"
     r.execute_command("PAUSE", longest, "none")
     assert r.execute_command("CONFIG", "SET", "queue-name-bytes-max", 8) == b"OK"
     try:
         assert error_of(r, "ADDJOB", "123456789", "x", 0) == \
-            "queue name too long: at most 8 bytes (queue-name-bytes-max)"
+            "queue name too long (at most 8 bytes)"
         assert r.execute_command("ADDJOB", "12345678", "x", 0).startswith(b"D-")
     finally:
         r.execute_command("CONFIG", "SET", "queue-name-bytes-max", name_max)

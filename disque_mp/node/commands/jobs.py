@@ -40,6 +40,7 @@ from workers.job import (
     STATE_BY_NAME,
     delay_max_s,
     maxdeliver_max,
+    queue_name_bytes_max,
     retry_max_s,
     ttl_max_s,
 )
@@ -71,15 +72,15 @@ class Limits:
         self.scan_count_max = 1_000
         self.queue_name_bytes_max = 0
         self.err_queue_name = ERR_SYNTAX
-        self.set_queue_name_max(64 * 1024 - len(DEAD_PREFIX))
+        self.set_queue_name_max(queue_name_bytes_max - len(DEAD_PREFIX))
 
     def set_queue_name_max(self, n: int) -> None:
         """config queue-name-bytes-max: the commands that make a queue or send its
         name to other nodes refuse a longer one (a peer drops a bus frame whose
-        name is over 64 KB; MAXDELIVER adds ``dead:`` to the name)."""
+        name is over 64 KB, a job record holds 0xFFFF bytes; MAXDELIVER adds ``dead:``
+        to the name). The shard's own text for the record's bound."""
         self.queue_name_bytes_max = n
-        self.err_queue_name = Error(
-            f"ERR queue name too long: at most {n} bytes (queue-name-bytes-max)")
+        self.err_queue_name = Error(f"ERR queue name too long (at most {n} bytes)")
 
 
 limits: Final = Limits()
