@@ -61,7 +61,8 @@ replicate_max: Final = 65535  # Disque's bound (a 16-bit field on the wire)
 
 class Limits:
     """The work one command may do (config getjob-count-max, qpeek-count-max,
-    scan-count-max): each worker applies its config here at start and on CONFIG SET."""
+    scan-count-max) and the longest queue name (queue-name-bytes-max): each worker
+    applies its config here at start and on CONFIG SET."""
 
     __slots__ = ("getjob_count_max", "qpeek_count_max", "scan_count_max",
                  "queue_name_bytes_max", "err_queue_name")
