@@ -69,7 +69,11 @@ peer_output_bytes_max = 256 << 20  # unsent bytes to one peer: over it the link 
 # (a peer that cannot drain that much is stuck; the state machine resends what matters)
 tick_interval_ms_max = 100  # membership tick: PINGs, PFAIL, reconnects, saves
 connect_backoff_ms_min = 50  # reconnect delay after a failed connect, doubling ...
-connect_backoff_ms_max = 1000  # ... up to this: a restarted peer is found within a second
+# ... up to this: a restarted peer is found within the reference's cron period (it
+# redials a node without a link on every 100 ms clusterCron), so its PFAIL clears
+# (our PING, its PONG) before it serves clients
+connect_backoff_ms_max = 100
+auth_failed_redial_ms = 1000  # a peer that failed the handshake: redial once a second
 connect_timeout_s = 2.0  # a connect that hangs longer counts as failed
 read_chunk_bytes = 1 << 16
 # Before the handshake a peer is nobody: its frames are tiny (HANDSHAKE and AUTH are
@@ -582,7 +586,7 @@ class ClusterBus:
             del self.out[link.node]
             self.m.link_lost(link.node)
             self._after_change_if_dirty()  # workers stop moving jobs to it at once
-            wait = connect_backoff_ms_max if link.failed else connect_backoff_ms_min
+            wait = auth_failed_redial_ms if link.failed else connect_backoff_ms_min
             self.retry_at_ms[link.node] = mono_ms() + wait
 
     def auth_failed(self, link: _Link, reason: str) -> None:
@@ -705,7 +709,20 @@ class ClusterBus:
         pong = self.m.on_ping(meta, kind == K_MEET, link.peer_ip, link.local_ip, mono_ms())
         if pong is not None:
             link.write(K_PONG, pong)
+        self._redial_now(sender)
         self._after_change_if_dirty()
+
+    def _redial_now(self, node_id: str) -> None:
+        """A PING from a node our outbound link to is down (it restarted): dial it
+        now rather than at the end of its backoff, so the PONG that clears its PFAIL
+        comes in one round trip."""
+        node = self.m.nodes.get(node_id)
+        if node is None or node.myself or node.noaddr or node.handshake \
+                or node in self.out or node in self.connecting or self.auth_errors.get(node):
+            return
+        self.retry_at_ms.pop(node, None)
+        self.backoff_ms.pop(node, None)
+        self.connecting[node] = asyncio.create_task(self._connect(node))
 
     def _on_pong(self, link: _Link, meta: dict[str, Any]) -> None:
         assert link.node is not None

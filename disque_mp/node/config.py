@@ -209,6 +209,11 @@ class Config:
     # /readyz waits this long for every worker to answer; a worker that does not
     # (stopped, stuck in a long call) makes the node not ready rather than hang the probe
     readyz_timeout_ms: int = 2000
+    # security bounds, the command layer (docs/security.md, "Names, guesses and
+    # restarts"): a queue name's bytes (its dead-letter queue dead:<name> must still
+    # fit a job record and a bus frame), wrong passwords per second on the whole node
+    queue_name_bytes_max: int = 0xFFFF - len("dead:")
+    auth_failures_per_second_max: int = 100
 
 
 class ConfigValueError(ValueError):
@@ -251,6 +256,10 @@ authpass_len_max = 512  # Disque's REDIS_AUTHPASS_MAX_LEN
 bind_addresses_max = 16  # Disque's REDIS_BINDADDR_MAX
 hz_min, hz_max = 1, 500  # Disque clamps hz into this range
 workers_max = 1024  # one process per core; more would only thrash
+# A job record holds a queue name of at most 0xFFFF bytes (workers/job.py) and the
+# cluster bus one of at most 64 KB (bus/messages.py); MAXDELIVER names the dead-letter
+# queue dead:<name>, so a client's name leaves room for it.
+queue_name_bytes_limit = 0xFFFF - len("dead:")
 long_min, long_max = -(1 << 63), (1 << 63) - 1  # Disque keeps numbers in a long long
 
 
@@ -417,6 +426,12 @@ DIRECTIVES: tuple[Directive, ...] = (
        choices=("text", "json")),
     _d("readyz-timeout-ms", "int", True, "Invalid readyz-timeout-ms value", lo=1,
        hi=60_000),
+    # ours: security bounds of the command layer (docs/security.md)
+    _d("queue-name-bytes-max", "int", True,
+       f"queue-name-bytes-max must be between 1 and {queue_name_bytes_limit}",
+       lo=1, hi=queue_name_bytes_limit),
+    _d("auth-failures-per-second-max", "int", True,
+       "auth-failures-per-second-max must be between 1 and 1000000", lo=1, hi=1_000_000),
 )
 BY_NAME: dict[str, Directive] = {d.name: d for d in DIRECTIVES}
 # Names Redis users know for our limit directives (same field, same units).

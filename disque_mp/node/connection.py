@@ -39,6 +39,53 @@ from workers.replies import Error
 log = logging.getLogger("disque_mp.node.connection")
 
 
+# The commands that may authenticate a connection (AUTH, HELLO ... AUTH): before
+# AUTH each runs alone, so the bounds can change right after it.
+_AUTH_WORDS: Final = frozenset((b"auth", b"hello"))
+
+
+def _loop_time() -> float:
+    return asyncio.get_running_loop().time()
+
+
+class AuthGate:
+    """Wrong passwords on this worker, as the time the next unauthenticated read may
+    run: each wrong password moves it on by one share of config
+    auth-failures-per-second-max (the node's rate split over its workers), so many
+    connections guess no faster than one could. A connection that gave a wrong
+    password reads again at the later of its own ``auth-failure-delay-ms`` and its
+    turn; while the gate is ahead, a new unauthenticated read takes a turn too (a
+    fresh connection per guess gains nothing). A client with the right password
+    waits only while others guess wrong, behind the turns already given."""
+
+    __slots__ = ("next_s",)
+
+    def __init__(self) -> None:
+        self.next_s = 0.0
+
+    def ahead(self) -> bool:
+        return self.next_s > _loop_time()
+
+    def turn(self, cfg: Config) -> float:
+        """A new read while the gate is ahead: when it runs (the next turn)."""
+        at_s = self.next_s
+        self.next_s = at_s + _share_s(cfg)
+        return at_s
+
+    def failed(self, cfg: Config) -> float:
+        """A wrong password now: when the connection that gave it reads again."""
+        now_s = _loop_time()
+        self.next_s = max(self.next_s, now_s) + _share_s(cfg)
+        return max(self.next_s, now_s + cfg.auth_failure_delay_ms / 1000)
+
+
+def _share_s(cfg: Config) -> float:
+    return max(cfg.workers, 1) / max(cfg.auth_failures_per_second_max, 1)
+
+
+auth_gate: Final = AuthGate()  # one per worker process
+
+
 class PendingReply:
     """A reply that is not known yet; ``data`` is set once it is."""
 
@@ -139,34 +186,53 @@ class ClientConn(asyncio.Protocol):
     def _unauthed_received(self, data: bytes) -> None:
         """Before AUTH the parser holds the small bounds and gives one command at a
         time: once one authenticates, the rest of the read is parsed with the full
-        bounds (as Redis, which parses one command, runs it, parses the next)."""
+        bounds (as Redis, which parses one command, runs it, parses the next). The
+        commands that cannot authenticate run together (one batch, one write)."""
         parser = self.parser
         cfg = self.node.cfg  # Redis' bounds before AUTH (CVE-2021-32675)
         parser.restrict(cfg.unauth_multibulk_len_max, cfg.unauth_bulk_bytes_max)
-        cmds, error = parser.feed(data, once=True)
+        if data and not self.throttled and auth_gate.ahead():
+            # wrong passwords are being tried on this worker: a new read waits its turn
+            error = parser.hold(data)
+            if error is None:
+                self._throttle(auth_gate.turn(cfg))
+                return
+            cmds: list[list[bytes]] = []
+        else:
+            cmds, error = parser.feed(data, once=True)
+        batch: list[list[bytes]] = []
         while cmds and error is None and not self.closing:
+            if cmds[0][0].lower() not in _AUTH_WORDS:
+                batch += cmds  # answered NOAUTH (or PING, QUIT): nothing changes the bounds
+                cmds, error = parser.feed(b"", once=True)
+                continue
+            if batch:
+                self._run(batch, None)
+                batch = []
+                if self.closing:
+                    break
             fails = self.auth_fails
             self._run(cmds, None)
             if self.auth_fails != fails and not self.authed:
-                self._throttle()  # the rest stays in the parser
+                self._throttle(auth_gate.failed(cfg))  # the rest stays in the parser
                 return
             if self.authed:
                 parser.unrestrict()
                 cmds, error = parser.feed(b"")
                 break
             cmds, error = parser.feed(b"", once=True)
-        self._run([] if self.closing else cmds, error)  # nothing runs after QUIT or POST
+        self._run([] if self.closing else batch + cmds, error)  # nothing runs after QUIT or POST
 
-    def _throttle(self) -> None:
-        """After a wrong password, the next command is read ``auth-failure-delay-ms``
-        later: one guess per delay and connection (Redis answers at once)."""
+    def _throttle(self, until_s: float) -> None:
+        """Read the next command at ``until_s`` (the loop's clock): after a wrong
+        password, or while wrong passwords are being tried on this worker
+        (``AuthGate``). Redis answers at once."""
         transport = self.transport
         if transport is None:
             return
         self.throttled = True
         transport.pause_reading()
-        delay_s = self.node.cfg.auth_failure_delay_ms / 1000
-        asyncio.get_running_loop().call_later(delay_s, self._unthrottle)
+        asyncio.get_running_loop().call_at(until_s, self._unthrottle)
 
     def _unthrottle(self) -> None:
         self.throttled = False

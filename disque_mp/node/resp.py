@@ -57,12 +57,13 @@ class RequestParser:
     ``feed(data, once=True)`` then returns one command at a time, so an AUTH takes
     effect before the commands behind it are parsed."""
 
-    __slots__ = ("_buf", "_chunks", "_have", "_need", "_reader", "_args", "_left", "_held",
+    __slots__ = ("_buf", "_off", "_chunks", "_have", "_need", "_reader", "_args", "_left", "_held",
                  "_pending", "_mb_error", "_bulk_error", "bulk_max", "args_max", "buffer_max",
                  "inline_bulk_max", "inline_args_max")
 
     def __init__(self, bulk_max: int, args_max: int, buffer_max: int) -> None:
         self._buf = b""  # unparsed tail: the start of a pending command or argument
+        self._off = 0  # ... from this offset (``once``: one command at a time, no copies)
         self._chunks: list[bytes] = []  # a big pending bulk, joined once complete
         self._have = 0
         self._need = 0
@@ -91,6 +92,22 @@ class RequestParser:
         self.bulk_max = self.inline_bulk_max
         self._mb_error = "Protocol error: invalid multibulk length"
         self._bulk_error = "Protocol error: invalid bulk length"
+
+    def hold(self, data: bytes) -> str | None:
+        """Keep ``data`` unparsed for a later ``feed`` (a client made to wait, its
+        reading paused): None, or the error when the buffer's bound is passed."""
+        if self._chunks:
+            self._chunks.append(data)
+            self._have += len(data)
+            size = self._have
+        else:
+            self._buf = (self._buf[self._off :] if self._off else self._buf) + data
+            self._off = 0
+            size = len(self._buf)
+        self._pending = True
+        if self._held + size > self.buffer_max:
+            return self._fail("Protocol error: client query buffer over its limit")
+        return None
 
     def buffered(self) -> bool:
         """True when part of a command is buffered (nothing may move the socket then)."""
@@ -157,38 +174,51 @@ class RequestParser:
             data = b"".join(self._chunks)
             self._chunks = []
         elif self._buf:
-            data = self._buf + data
+            if not self._off:
+                data = self._buf + data
+            elif data:
+                data = self._buf[self._off :] + data
+            else:
+                data = self._buf
+        start = self._off if data is self._buf else 0
         try:
-            pos = self._parse(data, cmds, once)
+            pos = self._parse(data, cmds, once, start)
         except ProtocolError as exc:
             return cmds, self._fail(str(exc))
-        rest = data[pos:] if pos else data
-        if self._held + len(rest) > self.buffer_max:
+        left = len(data) - pos
+        if self._held + left > self.buffer_max:
             return cmds, self._fail("Protocol error: client query buffer over its limit")
-        if self._need > len(rest):
-            self._chunks = [rest]
-            self._have = len(rest)
+        self._off = 0
+        if self._need > left:
+            self._chunks = [data[pos:]]
+            self._have = left
             self._buf = b""
+        elif once and cmds and left:
+            # One command of a read that holds many (before AUTH): the rest stays where
+            # it is, not copied once per command (a 256 KB read of PINGs would be
+            # copied 40,000 times).
+            self._buf, self._off = data, pos
         else:
-            self._buf = rest
-        self._pending = bool(rest) or self._args is not None or bool(self._chunks)
+            self._buf = data[pos:] if pos else data
+        self._pending = bool(left) or self._args is not None or bool(self._chunks)
         return cmds, None
 
     def _fail(self, error: str) -> str:
         self._buf = b""
+        self._off = 0
         self._chunks = []
         self._args = None
         self._held = 0
         self._pending = False
         return error
 
-    def _parse(self, data: bytes, cmds: list[list[bytes]], once: bool) -> int:
-        """Append complete commands; return where the unparsed rest starts (a pending
-        multibulk's finished arguments stay in ``_args``). One flat loop with
-        locals only: this is the per-command hot path."""
-        pos, n, find, bulk_max, append = 0, len(data), data.find, self.bulk_max, cmds.append
+    def _parse(self, data: bytes, cmds: list[list[bytes]], once: bool, start: int = 0) -> int:
+        """Append complete commands from ``data[start:]``; return where the unparsed
+        rest starts (a pending multibulk's finished arguments stay in ``_args``).
+        One flat loop with locals only: this is the per-command hot path."""
+        pos, n, find, bulk_max, append = start, len(data), data.find, self.bulk_max, cmds.append
         self._need = 0
-        # a multibulk cut by the last read: resume it at ``pos`` 0
+        # a multibulk cut by the last read: resume it at ``start``
         args, left, held = self._args, self._left, self._held
         while True:
             if args is None:

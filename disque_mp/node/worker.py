@@ -173,11 +173,10 @@ class Worker(ClientHost):
 
     def _start_aof(self) -> None:
         try:
-            from disque_mp.node.aof import AofManager, ShardAdapter
-        except ImportError:
-            return
-        from disque_mp.node.aof import AofLoadError
-
+            from disque_mp.node.aof import AofLoadError, AofManager, ShardAdapter
+        except ImportError as e:  # a broken install: never serve without persistence
+            log.warning("Fatal error: the AOF part cannot be loaded (%s); not starting", e)
+            raise SystemExit(1) from None
         self.aof = AofManager(self.cfg, self.index, ShardAdapter(self.shard))
         try:
             self.aof.load(wall_ms())
@@ -189,8 +188,9 @@ class Worker(ClientHost):
     async def _start_cluster(self) -> None:
         try:
             from disque_mp.node.commands import cluster as cmd_cluster
-        except ImportError:
-            return
+        except ImportError as e:  # a broken install: never serve outside the cluster
+            log.warning("Fatal error: the cluster part cannot be loaded (%s); not starting", e)
+            raise SystemExit(1) from None
         self.agent = cmd_cluster.make_agent(self.cfg, self.index, self.node_id, self.workers,
                                             self.on_cluster_message, self.on_view)
         await self.agent.start()

@@ -12,9 +12,13 @@ from pathlib import Path
 import pytest
 
 from bus import frames
+from disque_mp.node.config import Config
 from tests.nodeproc import NodeProc, wait_until
 from tests.rawclient import Err, RawClient, encode_command
-from workers.job import delay_max_s, queue_name_bytes_max, retry_max_s, ttl_max_s
+from workers.job import delay_max_s, retry_max_s, ttl_max_s
+
+# the longest queue name a client may use (queue-name-bytes-max: room for dead:<name>)
+queue_name_bytes_max = Config().queue_name_bytes_max
 
 pytestmark = pytest.mark.integration
 

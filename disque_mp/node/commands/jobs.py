@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
+from disque_mp.node import config
 from disque_mp.node.errors import (
     ERR_BADID,
     ERR_COUNT,
@@ -33,9 +34,16 @@ from disque_mp.node.errors import (
     ERR_TTL,
     err_arity,
 )
-from workers.ids import is_valid_job_id
-from workers.job import STATE_BY_NAME, delay_max_s, maxdeliver_max, retry_max_s, ttl_max_s
-from workers.replies import NULL_ARRAY, Error
+from workers.ids import DEAD_PREFIX, is_valid_job_id
+from workers.job import (
+    STATE_BY_NAME,
+    delay_max_s,
+    maxdeliver_max,
+    queue_name_bytes_max,
+    retry_max_s,
+    ttl_max_s,
+)
+from workers.replies import NULL_ARRAY, PENDING, Error
 from workers.shard import (
     ERR_DELAY_MAX,
     ERR_MAXDELIVER,
@@ -52,14 +60,27 @@ replicate_max: Final = 65535  # Disque's bound (a 16-bit field on the wire)
 
 class Limits:
     """The work one command may do (config getjob-count-max, qpeek-count-max,
-    scan-count-max): each worker applies its config here at start and on CONFIG SET."""
+    scan-count-max) and the longest queue name (queue-name-bytes-max): each worker
+    applies its config here at start and on CONFIG SET."""
 
-    __slots__ = ("getjob_count_max", "qpeek_count_max", "scan_count_max")
+    __slots__ = ("getjob_count_max", "qpeek_count_max", "scan_count_max",
+                 "queue_name_bytes_max", "err_queue_name")
 
     def __init__(self) -> None:
         self.getjob_count_max = 10_000
         self.qpeek_count_max = 10_000
         self.scan_count_max = 1_000
+        self.queue_name_bytes_max = 0
+        self.err_queue_name = ERR_SYNTAX
+        self.set_queue_name_max(queue_name_bytes_max - len(DEAD_PREFIX))
+
+    def set_queue_name_max(self, n: int) -> None:
+        """config queue-name-bytes-max: the commands that make a queue or send its
+        name to other nodes refuse a longer one (a peer drops a bus frame whose
+        name is over 64 KB, a job record holds 0xFFFF bytes; MAXDELIVER adds ``dead:``
+        to the name). The shard's own text for the record's bound."""
+        self.queue_name_bytes_max = n
+        self.err_queue_name = Error(f"ERR queue name too long (at most {n} bytes)")
 
 
 limits: Final = Limits()
@@ -69,6 +90,25 @@ def apply_limits(cfg: Any) -> None:
     limits.getjob_count_max = int(cfg.getjob_count_max)
     limits.qpeek_count_max = int(cfg.qpeek_count_max)
     limits.scan_count_max = int(cfg.scan_count_max)
+    limits.set_queue_name_max(int(cfg.queue_name_bytes_max))
+
+
+def _on_config_set(name: str, value: str) -> None:
+    """CONFIG SET of a bound read here (the listener runs in every worker)."""
+    if name == "queue-name-bytes-max":
+        limits.set_queue_name_max(int(value))
+
+
+config.add_set_listener(_on_config_set)
+
+
+def long_queue_name(queues: list[bytes]) -> Error | None:
+    """The error for the first name over queue-name-bytes-max, or None."""
+    n = limits.queue_name_bytes_max
+    for q in queues:
+        if len(q) > n:
+            return limits.err_queue_name
+    return None
 
 # Redis' string2ll: optional minus, no leading zeros, no plus, no spaces, 64-bit.
 _INT_RE = re.compile(rb"\A(?:0|-?[1-9][0-9]{0,18})\Z")
@@ -146,6 +186,8 @@ def parse_addjob(args: list[bytes]) -> AddJobArgs | Error:
     """``queue body ms-timeout [options]``: options first, then the timeout (Disque's order)."""
     if len(args) < 3:
         return err_arity("addjob")
+    if len(args[0]) > limits.queue_name_bytes_max:
+        return limits.err_queue_name
     a = AddJobArgs(args[0], args[1], 0)
     i, n = 3, len(args)
     while i < n:
@@ -193,6 +235,8 @@ def addjob_plain(shard: Shard, queue: bytes, body: bytes, timeout: bytes, token:
     t = parse_timeout_ms(timeout)
     if isinstance(t, Error):
         return t
+    if len(queue) > limits.queue_name_bytes_max:
+        return limits.err_queue_name
     return shard.op_addjob(queue, body, timeout_ms=t, replicate=None, delay_s=0,
                            retry_s=None, ttl_s=ttl_default_s, maxlen=0, async_=False,
                            token=token, now_ms=now_ms)
@@ -276,7 +320,11 @@ def parse_getjob(args: list[bytes], start: int = 0) -> GetJobArgs | Error:
             count = c if c <= limits.getjob_count_max else limits.getjob_count_max
             i += 1
         elif opt == _FROM and not last:
-            return GetJobArgs(nohang, timeout_ms, count, withcounters, args[i + 1 :])
+            queues = args[i + 1 :]
+            err = long_queue_name(queues)
+            if err is not None:
+                return err
+            return GetJobArgs(nohang, timeout_ms, count, withcounters, queues)
         else:
             return ERR_SYNTAX
         i += 1
@@ -476,6 +524,8 @@ def cmd_pause(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
     for opt in opts:
         if opt not in _PAUSE_OPTS:
             return ERR_SYNTAX
+    if len(args[0]) > limits.queue_name_bytes_max:
+        return limits.err_queue_name
     return shard.op_pause(args[0], opts, now_ms)
 
 
@@ -501,13 +551,17 @@ def parse_delay_s(raw: bytes) -> int | Error:
     return ERR_DELAY_MAX if v > delay_max_s else v
 
 
-def _ids_and_option(args: list[bytes], word: bytes,
-                    parse: Callable[[bytes], Any]) -> tuple[list[str], int] | Error:
+def _ids_and_option(args: list[bytes], word: bytes, parse: Callable[[bytes], Any],
+                    name: str) -> tuple[list[str], int] | Error:
     """Job IDs followed by an optional ``WORD value`` (NACK's DELAY, WAITJOB's TIMEOUT):
-    the IDs and the parsed value (0 when absent), or the first error."""
+    the IDs and the parsed value (0 when absent), or the first error. The option
+    with no ID before it is an arity error (``NACK DELAY 5``: the reference, which
+    has no such option, answers ``-BADID`` for it; a bare ``NACK`` stays its 0)."""
     raw_ids, _, value = split_tail(args, (word,))
     option = 0
     if value is not None:
+        if not raw_ids:
+            return err_arity(name)
         v = parse(value)
         if isinstance(v, Error):
             return v
@@ -520,7 +574,7 @@ def _ids_and_option(args: list[bytes], word: bytes,
 
 def cmd_nack(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
     """``NACK id ... [DELAY seconds]``."""
-    got = _ids_and_option(args, b"delay", parse_delay_s)
+    got = _ids_and_option(args, b"delay", parse_delay_s, "nack")
     if isinstance(got, Error):
         return got
     return shard.op_nack(got[0], now_ms, got[1])
@@ -528,7 +582,7 @@ def cmd_nack(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
 
 def cmd_waitjob(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
     """``WAITJOB id ... [TIMEOUT ms]``: GETJOB's TIMEOUT texts; 0 waits forever."""
-    got = _ids_and_option(args, b"timeout", parse_timeout_ms)
+    got = _ids_and_option(args, b"timeout", parse_timeout_ms, "waitjob")
     if isinstance(got, Error):
         return got
     return shard.op_waitjob(token, got[0], got[1], now_ms)
@@ -537,6 +591,8 @@ def cmd_waitjob(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any
 def cmd_globalqlen(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
     if len(args) != 1:
         return err_arity("globalqlen")
+    if len(args[0]) > limits.queue_name_bytes_max:
+        return limits.err_queue_name
     return shard.op_globalqlen(token, args[0], now_ms)
 
 
@@ -546,6 +602,8 @@ def cmd_delqueue(shard: Shard, args: list[bytes], token: int, now_ms: int) -> An
         return err_arity("delqueue")
     if len(args) == 2 and args[1].lower() != b"local":
         return ERR_SYNTAX
+    if len(args[0]) > limits.queue_name_bytes_max:
+        return limits.err_queue_name
     return shard.op_delqueue(token, args[0], len(args) == 2, now_ms)
 
 
