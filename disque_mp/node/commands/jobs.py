@@ -43,7 +43,7 @@ from workers.job import (
     retry_max_s,
     ttl_max_s,
 )
-from workers.replies import NULL_ARRAY, PENDING, Error
+from workers.replies import NULL_ARRAY, Error
 from workers.shard import (
     ERR_DELAY_MAX,
     ERR_MAXDELIVER,
