@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import redis
 
-from bus.messages import queue_name_bytes_max as bus_queue_name_bytes_max
 from disque_mp.node.config import Config
 from disque_mp.node.resp import RequestParser
 from tests.nodeproc import NodeProc, unique_queue
 from tests.rawclient import encode_command
 from workers.ids import DEAD_PREFIX
 from workers.job import queue_name_bytes_max as record_queue_name_bytes_max
+from workers.messages import queue_name_bytes_max as bus_queue_name_bytes_max
 
 pytestmark = pytest.mark.integration
 
