@@ -1,8 +1,8 @@
 """GETJOB coordination: one client's GETJOB over queues that may belong to
-several workers (docs/architecture.md, "Invariants": owners asked left to
-right, a waiter at each owner when all are empty, the first job offered wins,
-any surplus handed back to its owner uncounted, waiters cancelled when the
-client leaves or times out).
+several workers (docs/architecture.md, "Invariants": every owner asked at
+once, the answers merged in the order one shard would give, a waiter at each
+owner when all are empty, the first job offered wins, any surplus handed back
+to its owner uncounted, waiters cancelled when the client leaves or times out).
 
 A ``GetJob`` lives on the worker that holds the client's connection; it talks
 to its own shard directly and to the other owners over the mesh (TAKE, BLOCK,
@@ -71,8 +71,8 @@ class GetJobs:
 class GetJob:
     """One GETJOB coordinated by this worker (docs/architecture.md, "Invariants")."""
 
-    __slots__ = ("w", "jobs", "conn", "spec", "runs", "i", "got", "token", "slot", "blocked_at",
-                 "timer", "done", "flushed")
+    __slots__ = ("w", "jobs", "conn", "spec", "runs", "i", "got", "asked", "taken", "token", "slot",
+                 "blocked_at", "timer", "done", "flushed")
 
     def __init__(self, jobs: GetJobs, conn: ClientConn, spec: Any, runs: Runs) -> None:
         """``runs``: the queues cut into runs of one owner, in the client's order."""
@@ -82,7 +82,9 @@ class GetJob:
         self.spec = spec
         self.runs = runs
         self.i = 0
-        self.got: list[Any] = []
+        self.got: list[Any] = []  # taken here, not yet answered
+        self.asked = 0  # other owners whose TAKE is unanswered
+        self.taken: list[tuple[int, list[Any]]] = []  # (owner, entries) of each take with jobs
         self.token = 0
         self.slot: PendingReply | None = None
         self.blocked_at: dict[int, list[bytes]] = {}
@@ -101,24 +103,18 @@ class GetJob:
         return PENDING
 
     def _take_local_prefix(self) -> Any:
+        """Take from our leading queues; the answer when that already settles it: COUNT
+        jobs from the first pass, so no queue further right could be among them."""
         w, spec = self.w, self.spec
-        while self.i < len(self.runs):
-            owner, queues = self.runs[self.i]
-            if owner != w.index:
-                return None
-            need = spec.count - len(self.got)
-            self.got += w.shard.op_take(queues, need, spec.withcounters, w.now_ms)
-            self.i += 1
-            if len(self.got) >= spec.count:
-                return self.got
-        if self.got:
-            return self.got
-        if spec.nohang:
-            return NULL_ARRAY
-        if all(owner == w.index for owner, _ in self.runs):
-            return self.wait_here()
-        if w.leaving():
-            return ERR_LEAVING  # a leaving node does not block clients (reference 03)
+        owner, queues = self.runs[0]
+        if owner != w.index:
+            return None
+        got = self.got = w.shard.op_take(queues, spec.count, spec.withcounters, w.now_ms)
+        self.i = 1
+        if len(got) >= spec.count and (spec.count == 1 or len({e[0] for e in got}) == len(got)):
+            return got
+        if got:
+            self.taken.append((w.index, got))
         return None
 
     def wait_here(self) -> Any:
@@ -133,35 +129,30 @@ class GetJob:
         return PENDING
 
     def _step(self) -> None:
+        """Ask every owner at once: our other queues inline, one TAKE per other owner
+        (each for up to COUNT jobs of its queues, in the client's order)."""
         w, spec = self.w, self.spec
-        while self.i < len(self.runs) and not self.done:
-            owner, queues = self.runs[self.i]
-            need = spec.count - len(self.got)
+        here: list[bytes] = []
+        remote: dict[int, list[bytes]] = {}
+        for owner, queues in self.runs[self.i:]:
             if owner == w.index:
-                self._took(w.shard.op_take(queues, need, spec.withcounters, w.now_ms))
-                continue
-            meta: dict[str, Any] = {"c": need, "w": spec.withcounters}
+                here += queues
+            else:
+                remote.setdefault(owner, []).extend(queues)
+        if here:
+            got = w.shard.op_take(here, spec.count, spec.withcounters, w.now_ms)
+            if got:
+                self.got = self.got + got  # a new list: the prefix's is in self.taken
+                self.taken.append((w.index, got))
+        self.asked = len(remote)
+        if not remote:
+            self._gathered()  # every queue is ours (not from the router)
+        for owner, queues in remote.items():
+            meta: dict[str, Any] = {"c": spec.count, "w": spec.withcounters}
             w.mesh.request(owner, meshmod.K_TAKE, meta, queues, self._take_reply(owner))
-            return
-        if self.done:
-            return
-        if self.got:
-            self._finish(self.got)
-        elif spec.nohang:
-            self._finish(NULL_ARRAY)
-        elif w.leaving():
-            self._finish(ERR_LEAVING)
-        else:
-            self._block()
 
     def _take_reply(self, owner: int) -> Callable[[dict[str, Any], list[bytes]], None]:
         return lambda meta, bodies: self._remote_took(owner, unpack(meta.get("v"), bodies))
-
-    def _took(self, entries: list[Any]) -> None:
-        self.got += entries
-        self.i += 1
-        if len(self.got) >= self.spec.count:
-            self._finish(self.got)
 
     def _remote_took(self, owner: int, entries: Any) -> None:
         if isinstance(entries, Error):
@@ -169,9 +160,34 @@ class GetJob:
         if self.done:
             self.jobs.return_jobs(owner, entries)
             return
-        self.w.now_ms = wall_ms()
-        self._took(entries)
-        self._step()
+        if entries:
+            self.taken.append((owner, entries))
+        self.asked -= 1
+        if self.asked == 0:
+            self.w.now_ms = wall_ms()
+            self._gathered()
+
+    def _gathered(self) -> None:
+        """Every owner answered: the jobs a single worker would have given, the rest
+        handed back uncounted; or block when all were empty."""
+        w, spec = self.w, self.spec
+        taken, self.taken = self.taken, []
+        if len(taken) == 1:  # one take had jobs: already in one shard's order
+            self._finish(taken[0][1])
+            return
+        if not taken:
+            if spec.nohang:
+                self._finish(NULL_ARRAY)
+            elif w.leaving():
+                self._finish(ERR_LEAVING)
+            else:
+                self._block()
+            return
+        chosen, surplus = pick_round_robin(spec.queues, taken, spec.count)
+        self.got = chosen
+        for owner, entries in surplus.items():
+            self.jobs.return_jobs(owner, entries)
+        self._finish(chosen)
 
     def _block(self) -> None:
         w = self.w
@@ -244,7 +260,11 @@ class GetJob:
                 by_owner.setdefault(self._owner_of(entry), []).append(entry)
             for owner, entries in by_owner.items():
                 self.jobs.return_jobs(owner, entries)
+            for owner, entries in self.taken:
+                if owner != self.w.index:  # ours are in self.got
+                    self.jobs.return_jobs(owner, entries)
             self.got = []
+            self.taken = []
 
     def _owner_of(self, entry: Any) -> int:
         return owner_of_job_id(str(entry[1]), self.w.workers)
@@ -267,3 +287,38 @@ class GetJob:
                 meta = {"t": self.token, "f": 1} if self.flushed else {"t": self.token}
                 w.mesh.send(owner, meshmod.K_UNBLOCK, meta)
 
+
+
+def pick_round_robin(
+    queues: list[bytes], taken: list[tuple[int, list[Any]]], count: int
+) -> tuple[list[Any], dict[int, list[Any]]]:
+    """What one shard holding every queue would have answered (one job per queue per
+    pass, left to right, up to ``count``: the reference's order) from what each owner
+    took (``taken``: (owner, entries), each owner's entries in its pop order, which is
+    enough: the answer's jobs of any owner are a prefix of its own passes), and the
+    surplus by owner."""
+    by_queue: dict[bytes, list[Any]] = {}
+    owner_of: dict[bytes, int] = {}
+    for owner, entries in taken:
+        for e in entries:
+            name = e[0] if type(e[0]) is bytes else str(e[0]).encode()
+            by_queue.setdefault(name, []).append(e)
+            owner_of[name] = owner
+    next_of = dict.fromkeys(by_queue, 0)
+    chosen: list[Any] = []
+    while len(chosen) < count:
+        before = len(chosen)
+        for q in queues:
+            jobs = by_queue.get(q)
+            if jobs is not None and next_of[q] < len(jobs):
+                chosen.append(jobs[next_of[q]])
+                next_of[q] += 1
+                if len(chosen) >= count:
+                    break
+        if len(chosen) == before:
+            break
+    surplus: dict[int, list[Any]] = {}
+    for name, jobs in by_queue.items():
+        if next_of[name] < len(jobs):
+            surplus.setdefault(owner_of[name], []).extend(jobs[next_of[name]:])
+    return chosen, surplus

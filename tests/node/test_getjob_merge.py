@@ -1,0 +1,52 @@
+"""The merge of a GETJOB over several owners: what one shard holding every queue
+answers (one job per queue per pass, left to right, up to COUNT), whatever way the
+queues were split between the takes, and the rest as surplus by owner."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from disque_mp.node.getjob import pick_round_robin
+
+
+def one_shard(queues: list[bytes], jobs: dict[bytes, list[str]], count: int) -> list[Any]:
+    left = {q: list(v) for q, v in jobs.items()}
+    out: list[Any] = []
+    while len(out) < count:
+        before = len(out)
+        for q in queues:
+            if left.get(q):
+                out.append([q, left[q].pop(0), b""])
+                if len(out) >= count:
+                    break
+        if len(out) == before:
+            break
+    return out
+
+
+def test_any_split_gives_one_shards_answer() -> None:
+    rng = random.Random(7)
+    for _ in range(300):
+        names = [f"q{i}".encode() for i in range(rng.randint(1, 6))]
+        queues = [rng.choice(names) for _ in range(rng.randint(1, 8))]  # repeats allowed
+        jobs = {q: [f"{q.decode()}-{k}" for k in range(rng.randint(0, 4))] for q in names}
+        count = rng.randint(1, 10)
+        owner = {q: rng.randint(0, 2) for q in names}
+        cut = rng.randint(0, len(queues))  # a group's queues taken in two parts
+        state = {q: list(v) for q, v in jobs.items()}
+        taken = []
+        for part in (queues[:cut], queues[cut:]):
+            for o in range(3):
+                mine = [q for q in part if owner[q] == o]
+                sub = {q: state[q] for q in set(mine)}
+                got = one_shard(mine, sub, count)
+                for e in got:
+                    state[e[0]].remove(e[1])
+                if got:
+                    taken.append((o, got))
+        chosen, surplus = pick_round_robin(queues, taken, count)
+        assert chosen == one_shard(queues, jobs, count)
+        back = [e for o, es in surplus.items() for e in es]
+        assert all(owner[e[0]] == o for o, es in surplus.items() for e in es)
+        assert sorted(e[1] for e in chosen + back) == sorted(e[1] for es in taken for e in es[1])

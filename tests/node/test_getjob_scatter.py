@@ -1,0 +1,152 @@
+"""GETJOB over queues of both workers of one node: every owner asked at once, the
+answer the one a single shard gives (one job per queue per pass, left to right),
+the surplus back in its queue with no delivery counted, each job delivered once,
+and a worker killed mid-scatter costs an error or an answer, never a hang."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.nodeproc import NodeProc
+from tests.rawclient import NULL_ARRAY, Err, RawClient, Status, connect_to_worker, encode_command
+from workers.ids import owner_of_queue
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProc]:
+    with NodeProc(Path(tmp_path_factory.mktemp("scatter")), workers=2) as n:
+        yield n
+
+
+def queues_of(index: int, n: int, prefix: str) -> list[str]:
+    out = [f"{prefix}{i}" for i in range(2000) if owner_of_queue(f"{prefix}{i}".encode(), 2) == index]
+    return out[:n]
+
+
+def add(c: RawClient, q: str, body: str) -> str:
+    reply = c.call("ADDJOB", q, body, 0)
+    assert isinstance(reply, Status), reply
+    return str(reply)
+
+
+def test_priority_across_owners_is_one_shards_order(node: NodeProc) -> None:
+    left, right = queues_of(1, 1, "pl")[0], queues_of(0, 1, "pr")[0]
+    for worker in (0, 1):  # the coordinator on either side
+        c = connect_to_worker(node.port, worker)
+        r1, r2 = add(c, right, "r1"), add(c, right, "r2")
+        l1, l2, l3 = add(c, left, "l1"), add(c, left, "l2"), add(c, left, "l3")
+        got = c.call("GETJOB", "NOHANG", "FROM", left, right)
+        assert [(g[0], g[1].decode()) for g in got] == [(left.encode(), l1)]
+        # one job per queue per pass, left to right: l2 r1 l3 r2
+        got = c.call("GETJOB", "NOHANG", "COUNT", 3, "FROM", left, right)
+        assert [g[1].decode() for g in got] == [l2, r1, l3]
+        got = c.call("GETJOB", "NOHANG", "COUNT", 3, "FROM", left, right)
+        assert [g[1].decode() for g in got] == [r2]
+        assert c.call("GETJOB", "NOHANG", "FROM", left, right) == NULL_ARRAY
+        assert c.call("ACKJOB", l1, l2, l3, r1, r2) == 5
+        c.close()
+
+
+def test_surplus_back_in_its_queue_uncounted(node: NodeProc) -> None:
+    mine, theirs = queues_of(0, 3, "sm"), queues_of(1, 3, "st")
+    order = [q for pair in zip(mine, theirs, strict=True) for q in pair]  # alternate owners
+    c = connect_to_worker(node.port, 0)
+    ids = {q: [add(c, q, f"{q}-{k}") for k in range(4)] for q in order}
+    got = c.call("GETJOB", "NOHANG", "COUNT", 8, "FROM", *order)
+    # two passes over six queues cut at eight: the first job of each, then q0 q1
+    want = [ids[q][0] for q in order] + [ids[order[0]][1], ids[order[1]][1]]
+    assert [g[1].decode() for g in got] == want
+    for q in order:  # everything not answered is back, queued, never counted delivered
+        taken = 2 if q in order[:2] else 1
+        assert c.call("QLEN", q) == 4 - taken
+        for job_id in ids[q][taken:]:
+            show = c.call("SHOW", job_id)
+            fields = dict(zip(show[::2], show[1::2], strict=True))
+            assert fields[b"state"] == b"queued", fields
+            assert fields[b"nacks"] == 0 and fields[b"additional-deliveries"] == 0, fields
+    rest = c.call("GETJOB", "NOHANG", "COUNT", 100, "WITHCOUNTERS", "FROM", *order)
+    assert len(rest) == 24 - 8
+    assert all(g[4] == 0 and g[6] == 0 for g in rest)
+    assert c.call("ACKJOB", *[i for q in order for i in ids[q]]) == 24
+    c.close()
+
+
+def test_each_job_delivered_once_to_concurrent_consumers(node: NodeProc) -> None:
+    queues = queues_of(0, 5, "cm") + queues_of(1, 5, "cm")
+    queues = [q for pair in zip(queues[:5], queues[5:], strict=True) for q in pair]
+    c = RawClient(node.port)
+    added = {add(c, queues[i % 10], f"j{i}") for i in range(300)}
+    seen: list[str] = []
+    lock = threading.Lock()
+
+    def consume() -> None:
+        cc = RawClient(node.port)
+        for _ in range(400):  # bounded: 300 jobs over 4 consumers
+            got = cc.call("GETJOB", "NOHANG", "COUNT", 7, "FROM", *queues)
+            if got == NULL_ARRAY:
+                break
+            with lock:
+                seen.extend(g[1].decode() for g in got)
+        cc.close()
+
+    threads = [threading.Thread(target=consume) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(seen) == len(set(seen)) == 300
+    assert set(seen) == added
+    assert c.call("ACKJOB", *sorted(added)) == 300
+    c.close()
+
+
+def test_worker_killed_mid_scatter(node: NodeProc) -> None:
+    queues = queues_of(0, 20, "kq") + queues_of(1, 20, "kq")
+    queues = [q for pair in zip(queues[:20], queues[20:], strict=True) for q in pair]
+    c = connect_to_worker(node.port, 0)
+    c.send(b"".join(encode_command("ADDJOB", queues[i % 40], f"k{i}", 0) for i in range(1200)))
+    assert all(isinstance(c.read(), Status) for _ in range(1200))
+    pid1 = int(c.call("INFO", "workers").decode().split("worker1:pid=")[1].split(",")[0])
+    outcomes: list[object] = []
+
+    def consume() -> None:
+        cc = connect_to_worker(node.port, 0)
+        cc.sock.settimeout(10)  # a hang fails the test instead of stalling it
+        empty = 0
+        try:
+            for _ in range(2000):  # bounded: 1200 jobs, two at a time
+                got = cc.call("GETJOB", "TIMEOUT", 100, "COUNT", 2, "FROM", *queues)
+                outcomes.append(got)
+                if isinstance(got, list):
+                    cc.call("ACKJOB", *[g[1].decode() for g in got])
+                empty = empty + 1 if got == NULL_ARRAY else 0
+                if empty >= 3:
+                    break
+        except TimeoutError:
+            outcomes.append("hang")
+        cc.close()
+
+    t = threading.Thread(target=consume)
+    t.start()
+    node.wait_for(lambda: len(outcomes) >= 20, 30, "the consumer under way")
+    os.kill(pid1, signal.SIGKILL)
+    t.join(60)
+    assert not t.is_alive()
+    assert "hang" not in outcomes
+    assert all(isinstance(o, (list, Err)) or o == NULL_ARRAY for o in outcomes), outcomes[:5]
+    assert any(isinstance(o, list) for o in outcomes[25:])  # it went on after the kill
+    delivered = [g for o in outcomes if isinstance(o, list) for g in o]
+    assert len({g[1] for g in delivered}) == len(delivered)
+    # worker 0's jobs: each delivered once or still queued (worker 1's died with it)
+    left = sum(c.call("QLEN", q) for q in queues[::2])
+    assert left + sum(1 for g in delivered if owner_of_queue(g[0], 2) == 0) == 600
+    node.wait_for(lambda: isinstance(RawClient(node.port).call("QLEN", queues[1]), int), 30, "worker 1")
+    c.close()
