@@ -54,10 +54,20 @@ def _link_works(port: int) -> None:
 def test_waitjob_with_more_ids_than_a_frame_carries_is_refused_and_the_link_lives(
         node: NodeProc) -> None:
     c = connect_to_worker(node.port, 0)
+    before = _mesh_counters(c)
     reply = c.call("WAITJOB", *_ids_of(1, ids_n))
     assert isinstance(reply, Err) and "too many arguments" in reply, reply
     assert c.call("PING") == Status("PONG")
     _link_works(node.port)
+    after = _mesh_counters(c)  # INFO shows the refusal, and no link was reset
+    assert after["mesh_frames_refused"] >= before["mesh_frames_refused"] + 1, after
+    assert after["mesh_link_resets"] == before["mesh_link_resets"], after
+
+
+def _mesh_counters(c: RawClient) -> dict[str, int]:
+    lines = c.call("INFO", "workers").decode().split("\r\n")
+    fields = dict(line.split(":", 1) for line in lines if line.startswith("mesh_"))
+    return {k: int(v) for k, v in fields.items()}
 
 
 def test_pause_with_70000_words_is_refused_and_the_link_lives(node: NodeProc) -> None:
