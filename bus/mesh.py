@@ -186,6 +186,7 @@ class Link(asyncio.Protocol):
                     logging.getLogger("disque_mp.mesh").exception("mesh frame handler failed")
         except FrameError as exc:
             self.mesh.log(f"mesh frame error from worker {self.peer}: {exc}")
+            self.mesh.resets += 1
             if self.transport is not None:
                 self.transport.abort()
         self.mesh.after_batch()
@@ -316,6 +317,7 @@ class Link(asyncio.Protocol):
                 pass  # incoming links always have a transport while they exist
             except FrameError as exc:  # a bug: ``reply`` keeps batches under the bound
                 self.mesh.log(f"mesh: a reply batch for worker {self.peer} was dropped: {exc}")
+                self.mesh.refused += 1
 
     def flush(self) -> None:
         self.dirty = False
@@ -357,7 +359,8 @@ class Mesh:
         self._dirty: list[Link] = []
         self._flush_scheduled = False
         self._next_rid = 0
-        self.refused = 0  # requests and replies refused for not fitting one frame
+        self.refused = 0  # requests, replies and frames refused for not fitting one frame
+        self.resets = 0  # links cut for a bad frame or a failed send (INFO mesh_link_resets)
         self._server: asyncio.AbstractServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.closing = False
@@ -456,6 +459,7 @@ class Mesh:
     def reset(self, link: Link) -> None:
         """Drop a link's unsent frames and batches and close it: its requests fail
         at once (``lost``) and an outgoing link redials."""
+        self.resets += 1
         link.cmd_rids, link.cmd_names, link.cmd_argc, link.cmd_args = [], [], [], []
         link.reply_rids, link.reply_values, link.reply_bodies = [], [], []
         link.rawrep_rids, link.rawrep_lens, link.rawrep_parts = array.array("I"), array.array("I"), []
@@ -513,6 +517,8 @@ class Mesh:
             link.send(kind, meta, bodies)
         except (ConnectionError, FrameError) as exc:
             self.log(f"mesh: dropped a frame for worker {peer}: {exc}")
+            if isinstance(exc, FrameError):
+                self.refused += 1
 
     def count_refused(self) -> None:
         """A request or reply too big for one frame was refused (logged, the first

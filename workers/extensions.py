@@ -46,6 +46,13 @@ cluster_request_timeout_ms = 1000
 waitjob_entries_max = 1_000_000
 ERR_WAITJOB_MAX: Final = Error(
     f"ERR too many jobs waited on: at most {waitjob_entries_max} per worker, try later")
+
+
+def err_waitjob_client_max(share_max: int) -> Error:
+    """A client past its share of the table (config waitjob-entries-per-client-max)."""
+    return Error(f"ERR too many jobs waited on by this client: at most {share_max} "
+                 f"per worker, try later")
+
 JOB_ID_BYTES: Final = 40
 
 
@@ -59,10 +66,11 @@ class Gather(Timed):
     (``waiting``: nodes not answered yet; ``count`` the QLEN sum; ``ids`` the
     distinct jobs removed). It sits in the shard's timer heap for its timeout."""
 
-    __slots__ = ("token", "count", "need", "waiting", "ids", "finished")
+    __slots__ = ("token", "count", "need", "waiting", "ids", "finished", "client")
 
-    def __init__(self, token: int, count: int, need: int = 0) -> None:
+    def __init__(self, token: int, count: int, need: int = 0, client: bytes = b"") -> None:
         self.token = token
+        self.client = client  # WAITJOB: whose share of the table its entries count in
         self.count = count
         self.need = need
         self.waiting: set[str] = set()
@@ -93,6 +101,9 @@ class Extensions(Events):
         # other nodes' answers by token.
         self.waits: dict[str, list[Gather]] = {}
         self.wait_entries = 0  # sum of the lists' lengths (waitjob_entries_max)
+        # the entries of each client that has some (its share: the node's
+        # waitjob-entries-per-client-max); a client's entries outlive its connection
+        self.client_entries: dict[bytes, int] = {}
         self.gathers: dict[int, Gather] = {}
 
     # ------------------------------------------------------------------ NACK DELAY
@@ -153,10 +164,11 @@ class Extensions(Events):
     # ------------------------------------------------------------------ WAITJOB
 
     def op_waitjob(self, token: int, job_ids: list[str], timeout_ms: int,
-                   now_ms: int) -> Any:
+                   now_ms: int, client: bytes = b"", share_max: int = 0) -> Any:
         """How many of the jobs are done (acknowledged, deleted, expired; a job this
         shard does not hold counts as done), at once when all are, else PENDING and
-        ``Wake(token, count)`` when the last one is or at the timeout (0: none)."""
+        ``Wake(token, count)`` when the last one is or at the timeout (0: none).
+        ``client`` holds at most ``share_max`` entries (0: no share)."""
         pending: list[str] = []
         for jid in job_ids:
             job = self.core.lookup(jid)
@@ -167,8 +179,13 @@ class Extensions(Events):
             return done
         if self.wait_entries + len(pending) > waitjob_entries_max:
             return ERR_WAITJOB_MAX
+        if share_max:
+            held = self.client_entries.get(client, 0) + len(pending)
+            if held > share_max:
+                return err_waitjob_client_max(share_max)
+            self.client_entries[client] = held
         self.wait_entries += len(pending)
-        w = Gather(token, done, len(job_ids))
+        w = Gather(token, done, len(job_ids), client if share_max else b"")
         waits = self.waits
         for jid in pending:
             ws = waits.get(jid)
@@ -194,7 +211,14 @@ class Extensions(Events):
         if ws is None:
             return
         self.wait_entries -= len(ws)
+        entries = self.client_entries
         for w in ws:
+            if w.client:
+                left = entries[w.client] - 1
+                if left:
+                    entries[w.client] = left
+                else:
+                    del entries[w.client]
             if not w.finished:
                 w.count += 1
                 if w.count >= w.need:
@@ -224,6 +248,7 @@ class Extensions(Events):
             self._finish(g)
         self.waits = {}
         self.wait_entries = 0
+        self.client_entries = {}
         self.gathers = {}
 
     # ------------------------------------------------------------------ GLOBALQLEN / DELQUEUE

@@ -482,8 +482,9 @@ class Shard:
 
     # ------------------------------------------------------------------ extensions
 
-    def op_waitjob(self, token: int, job_ids: list[str], timeout_ms: int, now_ms: int) -> Any:
-        return self.ext.op_waitjob(token, job_ids, timeout_ms, now_ms)
+    def op_waitjob(self, token: int, job_ids: list[str], timeout_ms: int, now_ms: int,
+                   client: bytes = b"", share_max: int = 0) -> Any:
+        return self.ext.op_waitjob(token, job_ids, timeout_ms, now_ms, client, share_max)
 
     def op_globalqlen(self, token: int, queue: bytes, now_ms: int) -> Any:
         return self.ext.op_globalqlen(token, queue, now_ms)

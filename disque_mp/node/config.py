@@ -214,6 +214,9 @@ class Config:
     # fit a job record and a bus frame), wrong passwords per second on the whole node
     queue_name_bytes_max: int = 0xFFFF - len("dead:")
     auth_failures_per_second_max: int = 100
+    # WAITJOB: (job, wait) entries one client may hold in one worker's WAITJOB table
+    # (that table holds 1,000,000), so one client cannot fill it for everyone
+    waitjob_entries_per_client_max: int = 100_000
 
 
 class ConfigValueError(ValueError):
@@ -432,6 +435,8 @@ DIRECTIVES: tuple[Directive, ...] = (
        lo=1, hi=queue_name_bytes_limit),
     _d("auth-failures-per-second-max", "int", True,
        "auth-failures-per-second-max must be between 1 and 1000000", lo=1, hi=1_000_000),
+    _d("waitjob-entries-per-client-max", "int", True,
+       "waitjob-entries-per-client-max must be between 1 and 1000000", lo=1, hi=1_000_000),
 )
 BY_NAME: dict[str, Directive] = {d.name: d for d in DIRECTIVES}
 # Names Redis users know for our limit directives (same field, same units).

@@ -101,7 +101,7 @@ class ClientConn(asyncio.Protocol):
         "lib_name", "lib_ver", "id", "ctime_s", "last_cmd", "last_s", "closing",
         "waiters", "dirty", "streak_owner", "streak", "handoffs", "addr", "gone",
         "close_after_write", "soft_since_s", "unfilled", "forwarded", "out_bytes",
-        "auth_fails", "throttled", "slots_bytes",
+        "auth_fails", "throttled", "slots_bytes", "write_paused", "pile_paused",
     )
 
     def __init__(self, node: ClientHost, state: dict[str, Any] | None = None) -> None:
@@ -116,6 +116,10 @@ class ClientConn(asyncio.Protocol):
         # bytes of the replies ready in ``slots`` (waiting behind one not known yet):
         # they count against the output limits as the written ones do
         self.slots_bytes = 0
+        # reading paused: the client reads too slowly (``pause_writing``), or the
+        # replies piled behind a blocked one are over the soft output limit
+        self.write_paused = False
+        self.pile_paused = False
         self.resp3 = False
         self.authed = not cfg.requirepass
         self.name = b""
@@ -166,12 +170,29 @@ class ClientConn(asyncio.Protocol):
     def pause_writing(self) -> None:
         # The client does not read its replies: stop reading its commands
         # (backpressure bounds the output buffer instead of letting it grow).
+        self.write_paused = True
         if self.transport is not None:
             self.transport.pause_reading()
 
     def resume_writing(self) -> None:
-        if self.transport is not None and not self.closing and not self.throttled:
+        self.write_paused = False
+        if self.transport is not None and not self.closing and not self.throttled \
+                and not self.pile_paused:
             self.transport.resume_reading()
+
+    def _follow_pile(self, soft: int) -> None:
+        """Stop reading while the replies piled behind a blocked one are over the soft
+        output limit (they cannot leave, so the client's next commands would only
+        pile more until the soft seconds close it); read again once under it."""
+        transport = self.transport
+        over = bool(soft) and self.slots_bytes > soft
+        if transport is None or over == self.pile_paused:
+            return
+        self.pile_paused = over
+        if over:
+            transport.pause_reading()
+        elif not self.closing and not self.throttled and not self.write_paused:
+            transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
@@ -338,6 +359,8 @@ class ClientConn(asyncio.Protocol):
         self.slots_bytes -= moved
         self.out_bytes += moved
         lim = output_limits(self.node.cfg.client_output_buffer_limit)
+        if self.pile_paused:
+            self._follow_pile(lim.soft)
         # replies from other workers count as they arrive, written or piled
         if self.out_bytes + self.slots_bytes > lim.room(self.transport):
             self.check_output(self.out_bytes, lim)
@@ -376,6 +399,8 @@ class ClientConn(asyncio.Protocol):
         over = bool(hard) and size > hard
         if not over and soft and size > soft:
             now = time.monotonic()
+            if self.slots_bytes > soft:
+                self._follow_pile(soft)
             if not self.soft_since_s:
                 self.soft_since_s = now  # the first time: not closed yet (as Redis)
                 # A client that reads nothing sends nothing either (backpressure stops

@@ -69,7 +69,7 @@ class Router(CommandPath):
         routes = {"queue": self.cmd_queue, "ids": self.cmd_ids, "getjob": self.cmd_getjob}
         out = {}
         for name, cmd in TABLE.items():
-            handler = routes.get(cmd.route)
+            handler = self.cmd_waitjob if name == b"waitjob" else routes.get(cmd.route)
             if handler is None:  # scatter and local: the table's handler, run here
                 own = cmd.handler
                 if own is None:
@@ -296,14 +296,16 @@ class Router(CommandPath):
         owner = self.owner_of(cmd[1]) if self.workers > 1 else self.index
         return self._run_at(conn, owner, cmd)
 
-    def _run_at(self, conn: ClientConn, owner: int, cmd: list[bytes]) -> Any:
+    def _run_at(self, conn: ClientConn, owner: int, cmd: list[bytes],
+                head: list[bytes] | None = None) -> Any:
+        """``head``: arguments put before the client's (WAITJOB's client ID)."""
         name = cmd[0].lower()
+        args = head + cmd[1:] if head else cmd[1:]
         if owner == self.index:
             conn.streak = 0
-            return self.owner.run(name, cmd[1:], lambda: self._later(conn))
+            return self.owner.run(name, args, lambda: self._later(conn))
         self._count_streak(conn, owner)
         slot = conn.defer()
-        args = cmd[1:]
 
         def back(value: Any) -> None:
             conn.fill(slot, encode(value, conn.resp3))
@@ -390,10 +392,16 @@ class Router(CommandPath):
 
     # ------------------------------------------------------------------ route: ids
 
-    def cmd_ids(self, conn: ClientConn, cmd: list[bytes]) -> Any:
+    def cmd_waitjob(self, conn: ClientConn, cmd: list[bytes]) -> Any:
+        """WAITJOB: routed by its IDs, each owner told the client (whose share of its
+        WAITJOB table the entries count in: waitjob-entries-per-client-max)."""
+        return self.cmd_ids(conn, cmd, [b"%d" % conn.id])
+
+    def cmd_ids(self, conn: ClientConn, cmd: list[bytes],
+                head: list[bytes] | None = None) -> Any:
         ids = cmd[1:]
         if self.workers == 1 or not ids:
-            return self._run_at(conn, self.index, cmd)
+            return self._run_at(conn, self.index, cmd, head)
         tail: list[bytes] = []
         words = TABLE[cmd[0].lower()].tail_opts
         if words:  # an extension's trailing option goes to every owner
@@ -408,11 +416,11 @@ class Router(CommandPath):
             groups.setdefault(owner_of_job_id(job_id.decode(), self.workers), []).append(job_id)
         if len(groups) <= 1:
             owner = next(iter(groups)) if groups else self.index
-            return self._run_at(conn, owner, cmd)
-        return self._split_ids(conn, cmd[0].lower(), groups, tail)
+            return self._run_at(conn, owner, cmd, head)
+        return self._split_ids(conn, cmd[0].lower(), groups, tail, head)
 
     def _split_ids(self, conn: ClientConn, name: bytes, groups: dict[int, list[bytes]],
-                   tail: list[bytes] | None = None) -> Any:
+                   tail: list[bytes] | None = None, head: list[bytes] | None = None) -> Any:
         conn.streak = 0
         results: list[Any] = []
         slot = conn.defer()
@@ -425,6 +433,8 @@ class Router(CommandPath):
         for owner, ids in groups.items():
             if tail:
                 ids = ids + tail
+            if head:
+                ids = head + ids
             if owner == self.index:  # PENDING: our share answers later (WAITJOB, the AOF)
                 value = self.owner.run(name, ids, lambda: one)
                 if value is not PENDING:

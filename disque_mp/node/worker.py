@@ -376,6 +376,7 @@ class Worker(ClientHost):
             "cpu_sys": usage.ru_stime, "cpu_user": usage.ru_utime, "rss": rss_bytes(),
             "peak": usage.ru_maxrss * 1024, "handed_off": self.handoff.handed_off,
             "forwarded": self.router.forwarded,
+            "mesh": {"frames_refused": self.mesh.refused, "link_resets": self.mesh.resets},
             "ops_per_sec": self.rates[0], "in_kbps": self.rates[1], "out_kbps": self.rates[2],
             "cmdstats": {k: v for k, v in self.router.cmdstats.items() if v[0]},
             "shard": self.shard.info(),

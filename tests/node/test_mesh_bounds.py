@@ -54,10 +54,20 @@ def _link_works(port: int) -> None:
 def test_waitjob_with_more_ids_than_a_frame_carries_is_refused_and_the_link_lives(
         node: NodeProc) -> None:
     c = connect_to_worker(node.port, 0)
+    before = _mesh_counters(c)
     reply = c.call("WAITJOB", *_ids_of(1, ids_n))
     assert isinstance(reply, Err) and "too many arguments" in reply, reply
     assert c.call("PING") == Status("PONG")
     _link_works(node.port)
+    after = _mesh_counters(c)  # INFO shows the refusal, and no link was reset
+    assert after["mesh_frames_refused"] >= before["mesh_frames_refused"] + 1, after
+    assert after["mesh_link_resets"] == before["mesh_link_resets"], after
+
+
+def _mesh_counters(c: RawClient) -> dict[str, int]:
+    lines = c.call("INFO", "workers").decode().split("\r\n")
+    fields = dict(line.split(":", 1) for line in lines if line.startswith("mesh_"))
+    return {k: int(v) for k, v in fields.items()}
 
 
 def test_pause_with_70000_words_is_refused_and_the_link_lives(node: NodeProc) -> None:
@@ -162,3 +172,51 @@ def test_a_flood_of_forwarded_reads_leaves_the_node_answering(node: NodeProc) ->
     assert b"worker1:" in other.call("INFO", "workers")
     assert all(f.closed() for f in flooders)  # cut by the 8 MB output limit
     assert RawClient(node.port).call("QLEN", q) == 1000
+
+
+def _unread_bytes(port: int, client_port: int) -> int:
+    """Bytes the node has not read yet from the client at ``client_port`` (the
+    kernel's receive queue of the node's socket, /proc/net/tcp)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            rows = [line.split() for line in f.read().splitlines()[1:]]
+        for row in rows:
+            if int(row[1].rsplit(":", 1)[1], 16) == port \
+                    and int(row[2].rsplit(":", 1)[1], 16) == client_port:
+                return int(row[4].split(":")[1], 16)
+    return 0
+
+
+def test_a_pile_over_the_soft_limit_stops_reading_until_it_leaves(node: NodeProc) -> None:
+    """Replies piled behind a blocked GETJOB past the soft limit pause reading (the
+    client's next command stays in the node's socket, not run); once the blocked
+    reply comes and the pile leaves, the node reads and runs it."""
+    q = _queue_of(0, unique_queue("soft"))
+    side = unique_queue("side")
+    never = unique_queue("never")
+    _fill_queue(node.port, q, 1, "s" * (1 << 20))
+    admin = RawClient(node.port)
+    assert admin.call("CONFIG", "SET", "client-output-buffer-limit", "normal 0 2mb 3600") \
+        == Status("OK")
+    try:
+        c = connect_to_worker(node.port, 0)
+        c.send(encode_command("GETJOB", "TIMEOUT", 0, "FROM", never)
+               + encode_command("QPEEK", q, 1) * 3)  # 3 MB piled: over the 2 MB soft limit
+        c.send(encode_command("ADDJOB", side, "x", 0))
+        client_port = c.sock.getsockname()[1]
+        for _ in range(1000):  # the node leaves the ADDJOB unread
+            if _unread_bytes(node.port, client_port):
+                break
+            threading.Event().wait(0.01)
+        assert _unread_bytes(node.port, client_port), "the node read past the soft limit"
+        assert admin.call("QLEN", side) == 0
+        assert isinstance(admin.call("ADDJOB", never, "wake", 0), Status)
+        got = c.read()  # the blocked GETJOB's job, then the pile, then the ADDJOB
+        assert got[0][0] == never.encode(), got
+        assert all(len(c.read()) == 1 for _ in range(3))
+        assert isinstance(c.read(), Status)
+        assert admin.call("QLEN", side) == 1
+        c.close()
+    finally:
+        admin.call("CONFIG", "SET", "client-output-buffer-limit", "normal 8mb 0 0")
+        admin.close()

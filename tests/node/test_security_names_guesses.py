@@ -17,7 +17,7 @@ import redis
 from disque_mp.node.config import Config
 from disque_mp.node.resp import RequestParser
 from tests.nodeproc import NodeProc, unique_queue
-from tests.rawclient import encode_command
+from tests.rawclient import Err, RawClient, Status, encode_command
 from workers.ids import DEAD_PREFIX
 from workers.job import queue_name_bytes_max as record_queue_name_bytes_max
 from workers.messages import queue_name_bytes_max as bus_queue_name_bytes_max
@@ -96,6 +96,37 @@ def test_an_option_without_job_ids_is_an_arity_error(node: NodeProc) -> None:
     assert r.execute_command("NACK") == 0  # the reference's reply to a bare NACK
     job_id = r.execute_command("ADDJOB", unique_queue(), "x", 0).decode()
     assert r.execute_command("NACK", job_id, "DELAY", 5) == 0  # queued, not active
+    r.close()
+
+
+def test_one_client_holds_only_its_share_of_the_waitjob_table(node: NodeProc) -> None:
+    """waitjob-entries-per-client-max: a client past its share of a worker's WAITJOB
+    table gets an error (its entries outlive its timed-out waits), while a second
+    client still waits and is woken."""
+    r = client(node)
+    q = unique_queue("share")  # one queue: every job on its owner's table
+    jobs = [r.execute_command("ADDJOB", q, "x", 0).decode() for _ in range(5)]
+    assert r.execute_command("CONFIG", "SET", "waitjob-entries-per-client-max", 3) == b"OK"
+    try:
+        a = RawClient(node.port, timeout_s=read_timeout_s)
+        assert a.call("AUTH", PASSWORD) == Status("OK")
+        assert a.call("WAITJOB", *jobs[:3], "TIMEOUT", 10) == 0  # three entries kept
+        assert a.call("WAITJOB", jobs[3], "TIMEOUT", 10) == Err(
+            "ERR too many jobs waited on by this client: at most 3 per worker, try later")
+        b = RawClient(node.port, timeout_s=read_timeout_s)
+        assert b.call("AUTH", PASSWORD) == Status("OK")
+        assert b.call("WAITJOB", jobs[3], jobs[4], "TIMEOUT", 10) == 0  # its own share
+        b.send(encode_command("WAITJOB", jobs[3]))  # waits until the job is done
+        assert r.execute_command("ACKJOB", jobs[3]) == 1
+        assert b.read() == 1
+        r.execute_command("ACKJOB", *jobs[:3])  # done: the first client's share is free
+        assert a.call("WAITJOB", jobs[4], "TIMEOUT", 10) == 0
+        a.close()
+        b.close()
+    finally:
+        r.execute_command("CONFIG", "SET", "waitjob-entries-per-client-max", 100_000)
+    assert "waitjob-entries-per-client-max" in error_of(
+        r, "CONFIG", "SET", "waitjob-entries-per-client-max", 0)
     r.close()
 
 

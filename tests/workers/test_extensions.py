@@ -346,3 +346,15 @@ def test_waitjob_entries_are_bounded(env: Env, monkeypatch: pytest.MonkeyPatch) 
     assert env.s.op_waitjob(3, ids[3:], 0, env.now) == ext.ERR_WAITJOB_MAX
     env.s.op_ackjob(ids[:1], env.now)  # its entry goes with the job
     assert env.s.op_waitjob(4, ids[3:], 0, env.now) is PENDING
+
+
+def test_one_client_holds_only_its_share_of_the_waitjob_entries(env: Env) -> None:
+    ids = [env.add() for _ in range(4)]
+    assert env.s.op_waitjob(1, ids[:2], 10, env.now, b"a", 2) is PENDING
+    assert env.s.op_waitjob(2, ids[2:3], 10, env.now, b"a", 2) == \
+        ext.err_waitjob_client_max(2)
+    assert env.s.op_waitjob(3, ids[1:4], 10, env.now, b"b", 3) is PENDING  # its own
+    env.s.op_ackjob(ids[:1], env.now)  # the job is done: its entry leaves a's share
+    assert env.s.op_waitjob(4, ids[2:3], 10, env.now, b"a", 2) is PENDING
+    assert env.s.op_waitjob(5, ids[3:], 10, env.now, b"a", 2) == ext.err_waitjob_client_max(2)
+    assert env.s.ext.client_entries == {b"a": 2, b"b": 3}

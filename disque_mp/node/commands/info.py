@@ -159,7 +159,8 @@ def _info_workers(w: NodeView, conn: Client, parts: list[Any]) -> list[tuple[str
     ports = configmod.worker_ports(w.cfg)  # "" when off (README, "Worker ports")
     out: list[tuple[str, Any]] = [("workers", w.workers), ("connection_worker", w.index),
                                   ("shard_build", compiled.summary()),
-                                  ("worker_ports", ",".join(map(str, ports)))]
+                                  ("worker_ports", ",".join(map(str, ports))),
+                                  *_mesh_stats(parts)]
     for p in parts:
         sh = p["shard"]
         out.append((f"worker{p['index']}",
@@ -168,6 +169,13 @@ def _info_workers(w: NodeView, conn: Client, parts: list[Any]) -> list[tuple[str
                      f"handed_off={p['handed_off']},forwarded={p.get('forwarded', 0)},"
                      f"used_memory_rss={p['rss']}"))
     return out
+
+
+def _mesh_stats(parts: list[Any]) -> list[tuple[str, Any]]:
+    """The mesh's refusals (a request or reply too big for one frame) and link resets
+    (a bad frame, a failed send; the link redials), summed over the workers."""
+    return [(f"mesh_{n}", sum(int((p.get("mesh") or {}).get(n, 0)) for p in parts))
+            for n in ("frames_refused", "link_resets")]
 
 
 _INFO_SECTIONS: dict[str, Callable[[NodeView, Client, list[Any]], list[tuple[str, Any]]]] = {

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
-from disque_mp.node import config
 from disque_mp.node.errors import (
     ERR_BADID,
     ERR_COUNT,
@@ -60,16 +59,18 @@ replicate_max: Final = 65535  # Disque's bound (a 16-bit field on the wire)
 
 class Limits:
     """The work one command may do (config getjob-count-max, qpeek-count-max,
-    scan-count-max) and the longest queue name (queue-name-bytes-max): each worker
-    applies its config here at start and on CONFIG SET."""
+    scan-count-max), the longest queue name (queue-name-bytes-max) and one client's
+    share of a WAITJOB table (waitjob-entries-per-client-max): each worker applies its
+    config here at start and on CONFIG SET."""
 
     __slots__ = ("getjob_count_max", "qpeek_count_max", "scan_count_max",
-                 "queue_name_bytes_max", "err_queue_name")
+                 "queue_name_bytes_max", "err_queue_name", "waitjob_entries_per_client_max")
 
     def __init__(self) -> None:
         self.getjob_count_max = 10_000
         self.qpeek_count_max = 10_000
         self.scan_count_max = 1_000
+        self.waitjob_entries_per_client_max = 100_000
         self.queue_name_bytes_max = 0
         self.err_queue_name = ERR_SYNTAX
         self.set_queue_name_max(queue_name_bytes_max - len(DEAD_PREFIX))
@@ -91,15 +92,7 @@ def apply_limits(cfg: Any) -> None:
     limits.qpeek_count_max = int(cfg.qpeek_count_max)
     limits.scan_count_max = int(cfg.scan_count_max)
     limits.set_queue_name_max(int(cfg.queue_name_bytes_max))
-
-
-def _on_config_set(name: str, value: str) -> None:
-    """CONFIG SET of a bound read here (the listener runs in every worker)."""
-    if name == "queue-name-bytes-max":
-        limits.set_queue_name_max(int(value))
-
-
-config.add_set_listener(_on_config_set)
+    limits.waitjob_entries_per_client_max = int(cfg.waitjob_entries_per_client_max)
 
 
 def long_queue_name(queues: list[bytes]) -> Error | None:
@@ -581,11 +574,15 @@ def cmd_nack(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
 
 
 def cmd_waitjob(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
-    """``WAITJOB id ... [TIMEOUT ms]``: GETJOB's TIMEOUT texts; 0 waits forever."""
-    got = _ids_and_option(args, b"timeout", parse_timeout_ms, "waitjob")
+    """``WAITJOB id ... [TIMEOUT ms]``: GETJOB's TIMEOUT texts; 0 waits forever.
+    ``args[0]`` is not the client's: the router puts the client's ID there, the owner
+    of the share of the WAITJOB table the entries count in (the shard keeps them past
+    the connection, until their jobs are done)."""
+    got = _ids_and_option(args[1:], b"timeout", parse_timeout_ms, "waitjob")
     if isinstance(got, Error):
         return got
-    return shard.op_waitjob(token, got[0], got[1], now_ms)
+    return shard.op_waitjob(token, got[0], got[1], now_ms, args[0],
+                            limits.waitjob_entries_per_client_max)
 
 
 def cmd_globalqlen(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
