@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import random
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from workers.effects import AofAppend, Effect, Send, Wake
@@ -351,6 +351,13 @@ class CoreState:
         """Every queue, in table order (a copy: the caller may evict as it walks)."""
         return list(self.queues.values())
 
+    def queue_table(self) -> Mapping[bytes, Queue]:
+        """The queues by name, read only (views; no copy)."""
+        return self.queues
+
+    def queue_count(self) -> int:
+        return len(self.queues)
+
     def qlen(self, queue: bytes) -> int:
         q = self.queues.get(queue)
         return 0 if q is None else q.live
@@ -360,6 +367,9 @@ class CoreState:
 
     def waiter_list(self) -> list[Waiter]:
         return list(self.waiters.values())
+
+    def waiter_count(self) -> int:
+        return len(self.waiters)
 
 
 class Core(CoreState):

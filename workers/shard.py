@@ -510,8 +510,8 @@ class Shard:
         c = self.core
         return {
             "registered_jobs": c.job_count(),
-            "registered_queues": len(c.queue_list()),
-            "blocked_clients": len(c.waiter_list()),
+            "registered_queues": c.queue_count(),
+            "blocked_clients": c.waiter_count(),
         }
 
     def metrics(self, queues_max: int, now_ms: int) -> dict[str, Any]:

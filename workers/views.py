@@ -152,7 +152,7 @@ def metrics(s: Core, fed: Federation, queues_max: int, now_ms: int) -> dict[str,
     for /metrics and the HTTP API; a queue row is [name, queued, active, delayed,
     oldest queued age ms (-1: empty), jobs in, jobs out, blocked clients, pause
     state, import rate]. O(queues) to find the largest: read once per scrape."""
-    queues = {q.name: q for q in s.queue_list()}
+    queues = s.queue_table()
     t = s.tally()
     rows: list[list[Any]] = []
     if queues_max > 0:
@@ -174,7 +174,7 @@ def metrics(s: Core, fed: Federation, queues_max: int, now_ms: int) -> dict[str,
         "jobs": s.job_count(), "queues": len(queues),
         "queued": sum(q.live for q in queues.values()),
         "active": t.outstanding, "delayed": sum(t.delayed.values()),
-        "blocked": len(s.waiter_list()),
+        "blocked": s.waiter_count(),
         "wait_counts": list(st.wait_counts), "wait_sum_ms": st.wait_sum_ms,
         "proc_counts": list(st.proc_counts), "proc_sum_ms": st.proc_sum_ms,
         "queue_rows": rows,
