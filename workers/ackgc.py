@@ -70,7 +70,7 @@ class AckGc(Events):
         for job_id in job_ids:
             job = s.lookup(job_id)
             if job is None:
-                if not s.known:
+                if not s.view().known:
                     continue
                 if fast:
                     self.fastack_cluster(job_id, None)
@@ -78,14 +78,14 @@ class AckGc(Events):
                     self.ackjob_unknown(job_id, now_ms)  # dummy ACK (not counted, as Disque)
                 continue
             known += 1
-            s.observe_processing(job, now_ms)
+            s.tally().observe_processing(job, now_ms)
             if not fast:
                 self.ack(job, now_ms)
                 continue
-            if job.nodes[0] is not s.me:
+            if job.nodes[0] is not s.view().me:
                 self.fastack_cluster(job_id, job)
             s.unregister(job, now_ms)
-        s.stats.acked += known
+        s.tally().stats.acked += known
         return known
 
     def ack(self, job: Job, now_ms: int) -> None:
@@ -93,10 +93,11 @@ class AckGc(Events):
         else acked here and the GC started."""
         s = self.core
         d = job.delivered
-        if d is s.me or (d and all(n == s.node_id for n in d)):
+        v = s.view()
+        if d is v.me or (d and all(n == v.node_id for n in d)):
             # Nobody else may have a copy: the ACK is final, the job goes at once.
             if job.state == QUEUED:
-                s.dequeue(job, s.queues[job.queue], now_ms)
+                s.dequeue(job, now_ms)
             s.unregister(job, now_ms)
             return
         if self.ack_cluster(job, now_ms):
@@ -109,9 +110,9 @@ class AckGc(Events):
             return True
         s = self.core
         if job.state == QUEUED:
-            s.dequeue(job, s.queues[job.queue], now_ms)
+            s.dequeue(job, now_ms)
         elif job.state == WAIT_REPL:
-            rw = s.repl.pop(job.id, None)
+            rw = s.end_repl_wait(job.id)
             if rw is not None:
                 s.wake(rw.token, Status(job.id))
         job.move(ACKED)
@@ -120,7 +121,8 @@ class AckGc(Events):
         if job.delivered and not s.others(job):
             s.unregister(job, now_ms)
             return False
-        job.confirmed = (s.node_id,) if s.node_id in job.delivered else ()
+        me = s.view().node_id
+        job.confirmed = (me,) if me in job.delivered else ()
         self.tries.pop(job.id, None)
         s.log_job(job)
         # Every acked job has a GC timer, also where another node runs the GC: if
@@ -134,7 +136,8 @@ class AckGc(Events):
             s.send("*", "SETACK", slot_of_job_id(job.id), {"j": job.id, "m": 0})
         else:
             conf = job.confirmed
-            todo = [n for n in job.delivered if n != s.node_id and n not in conf]
+            me = s.view().node_id
+            todo = [n for n in job.delivered if n != me and n not in conf]
             if not todo:
                 # Every other holder already confirmed (a dummy ACK that learnt its
                 # holders later, ourselves among them or not): the GC is complete.
@@ -155,7 +158,7 @@ class AckGc(Events):
             return False
         self.tries[job.id] = tries + 1
         delay = min(gc_first_ms << min(tries, 16), gc_backoff_max_ms)
-        job.qtime_ms = now_ms + delay + int(s.rng.random() * delay / 2)
+        job.qtime_ms = now_ms + delay + int(s.random().random() * delay / 2)
         s.reschedule(job)
         return True
 
@@ -170,7 +173,7 @@ class AckGc(Events):
 
     def ackjob_unknown(self, job_id: str, now_ms: int) -> None:
         s = self.core
-        if s.known and not s.leaving and not is_at_most_once_id(job_id):
+        if s.view().known and not s.view().leaving and not is_at_most_once_id(job_id):
             self._dummy_ack(job_id, now_ms)
 
     def on_setack(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
@@ -221,13 +224,13 @@ class AckGc(Events):
                 s.unregister(job, now_ms)  # a node that knows the job runs the GC
                 return
             job.confirmed = union(job.confirmed, (sender,))
-            if all(n in job.confirmed for n in s.known):
+            if all(n in job.confirmed for n in s.view().known):
                 s.unregister(job, now_ms)  # nobody knows the job (a wrong ID)
             return
         if known or sender in job.delivered:
             job.delivered = union(job.delivered, (sender,))
             job.confirmed = union(job.confirmed, (sender,))
-            me, conf = s.node_id, job.confirmed
+            me, conf = s.view().node_id, job.confirmed
             if all(n in conf or n == me for n in job.delivered):  # we hold it acked
                 s.send_job(s.others(job), "DELJOB", job)
                 s.unregister(job, now_ms)
@@ -262,7 +265,7 @@ class AckGc(Events):
     def fastack_cluster(self, job_id: str, job: Job | None) -> None:
         s = self.core
         if job is None:
-            if s.known:
+            if s.view().known:
                 s.send("*", "DELJOB", slot_of_job_id(job_id), {"j": job_id})
             return
         s.send_job(s.others(job), "DELJOB", job)

@@ -1,7 +1,11 @@
 """The shard's core: the job table, the queues, the blocked GETJOBs, the timer
 heap and the effects, with the moves of a job between them (register,
 enqueue, dequeue, deliver, unregister). Every other part of the shard
-(``workers/shard.py`` wires them) changes jobs through a ``Core``.
+(``workers/shard.py`` wires them) changes jobs through a ``Core``'s verbs and
+asks it for facts through methods, never through its fields: ``CoreState``
+holds the tables and answers the read-only questions (``view()``, a
+``ClusterView``; ``now_ms()``; ``tally()``, the /metrics ``Tally`` ...),
+``Core`` extends it with the moves.
 
 Data structures
 - jobs: ``job_buckets`` fixed dicts keyed by job ID; the bucket comes from two
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 import random
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from workers.effects import AofAppend, Effect, Send, Wake
@@ -130,18 +134,15 @@ class Stats:
         self.proc_sum_ms = 0
 
 
-class Core:
-    """Jobs, queues, waiters, timers and effects of one shard, and the cluster
-    view (who may take a copy) that decides where messages go."""
+class ClusterView:
+    """Who this node is and whom it can reach (``Core.view``): the parts read it,
+    only the core's ``set_view`` / ``set_peers`` / ``set_leaving`` change it."""
 
-    def __init__(self, node_id: str, index: int, seed: bytes, rng: random.Random, now_ms: int,
-                 queue_idle_ms: int) -> None:
+    __slots__ = ("node_id", "me", "peers", "known", "reach", "unlinked", "leaving",
+                 "memory_level")
+
+    def __init__(self, node_id: str) -> None:
         self.node_id = node_id
-        # Every worker mints IDs from its own stream: mix the index into the seed.
-        self._seed = seed + index.to_bytes(4, "big")
-        self.ids = JobIdGen(node_id, self._seed)
-        self.rng = rng
-        self.queue_idle_ms = queue_idle_ms
         self.me: tuple[str, ...] = (node_id,)
         self.peers: tuple[str, ...] = ()  # replication targets: reachable, not leaving
         self.known: tuple[str, ...] = ()  # every other known node (cluster size - 1)
@@ -149,20 +150,89 @@ class Core:
         # reachable peers our bus link has no PONG on yet (set_view): not sent YOURJOBS
         self.unlinked: frozenset[str] = frozenset()
         self.leaving: bool = False
-        self.memory_level = 0  # set_memory_level(): 0 ok, 1 >= 75 %, 2 >= 95 %, 3 >= 100 %
+        self.memory_level = 0  # Core.set_memory_level: 0 ok, 1 >= 75 %, 2 >= 95 %, 3 >= 100 %
+
+    def set_peers(self, reachable_node_ids: list[str] | tuple[str, ...]) -> None:
+        self.peers = tuple(n for n in reachable_node_ids if n != self.node_id)
+        self.known = self.peers
+        self.reach = None
+
+    def set_members(self, peers: Sequence[tuple[Any, ...]]) -> None:
+        me = self.node_id
+        self.known = tuple(p[0] for p in peers if p[0] != me)
+        self.peers = tuple(p[0] for p in peers if p[1] and not p[2] and p[0] != me)
+        self.unlinked = frozenset(p[0] for p in peers if p[1] and len(p) > 3 and not p[3])
+        # Every reachable node, leaving or not: they still hold jobs (GLOBALQLEN, DELQUEUE).
+        self.reach = tuple(p[0] for p in peers if p[1] and p[0] != me)
+
+
+class Tally:
+    """What /metrics counts of the jobs (``Core.tally``): the totals (``stats``),
+    the delivered and not acked jobs (their count, and per queue; each job keeps
+    its delivery ms), the jobs waiting for their DELAY per queue. The per-queue
+    entries exist only while non-zero. The core's moves keep it; the parts read it
+    and count their own moves in ``stats``."""
+
+    def __init__(self) -> None:
+        self.stats = Stats()
+        self.clear()
+
+    def clear(self) -> None:
+        """FLUSHALL: no job is delivered or delayed any more (the totals stay)."""
+        self.outstanding = 0  # jobs delivered and not acked (Job.dtime_ms >= 0)
+        self.active: dict[bytes, int] = {}
+        self.delayed: dict[bytes, int] = {}
+
+    def forget_delivery(self, job: Job) -> int:
+        """The job is no longer delivered-and-unacked: its delivery ms, or -1."""
+        at = job.dtime_ms
+        if at >= 0:
+            job.dtime_ms = -1
+            self.outstanding -= 1
+            n = self.active.get(job.queue, 0) - 1
+            if n > 0:
+                self.active[job.queue] = n
+            else:
+                self.active.pop(job.queue, None)
+        return at
+
+    def observe_processing(self, job: Job, now_ms: int) -> None:
+        at = self.forget_delivery(job)
+        if at >= 0:
+            took_ms = now_ms - at if now_ms > at else 0
+            st = self.stats
+            st.proc_counts[bisect_left(latency_bounds_ms, took_ms)] += 1
+            st.proc_sum_ms += took_ms
+
+    def undelay(self, job: Job) -> None:
+        n = self.delayed.get(job.queue, 0) - 1
+        if n > 0:
+            self.delayed[job.queue] = n
+        else:
+            self.delayed.pop(job.queue, None)
+
+
+class CoreState:
+    """What the core holds: jobs, queues, waiters, wait-repl ADDJOBs, timers and
+    effects, the cluster view (who may take a copy), the clock, the counters; and
+    the read-only facts the parts may ask of it. How a job moves between these
+    tables is ``Core``'s (below): a part asks here, and moves through a verb there."""
+
+    def __init__(self, node_id: str, index: int, seed: bytes, rng: random.Random, now_ms: int,
+                 queue_idle_ms: int) -> None:
+        # Every worker mints IDs from its own stream: mix the index into the seed.
+        self._seed = seed + index.to_bytes(4, "big")
+        self._ids = JobIdGen(node_id, self._seed)
+        self._rng = rng
+        self._queue_idle_ms = queue_idle_ms
+        self._view = ClusterView(node_id)
         self.effects: list[Effect] = []
-        self.last_ctime_us = 0
-        self.now_ms = now_ms
+        self._last_ctime_us = 0
+        self._now_ms = now_ms
         # Emit AofAppend effects (job records, deletions): the worker sets this
         # while appendonly is on, so the records cost nothing otherwise.
-        self.aof = False
-        self.stats = Stats()
-        # Each event's subscribers (``subscribe``), in subscription order.
-        self._after_ack: tuple[Events, ...] = ()
-        self._after_job_gone: tuple[Events, ...] = ()
-        self._after_queue_evicted: tuple[Events, ...] = ()
-        self._after_queued_unwatched: tuple[Events, ...] = ()
-        self._after_queue_drained: tuple[Events, ...] = ()
+        self._aof = False
+        self._tally = Tally()
         self.reset()
 
     def reset(self) -> None:
@@ -176,20 +246,152 @@ class Core:
         self.timers = Timers()
         self.waiters: dict[int, Waiter] = {}
         self.repl: dict[str, ReplWait] = {}  # wait-repl jobs -> the blocked ADDJOB
-        # /metrics: delivered and not acked jobs (their count, and per queue; each
-        # job keeps its delivery ms), jobs waiting for their DELAY per queue. The
-        # per-queue entries exist only while non-zero.
-        self.outstanding = 0  # jobs delivered and not acked (Job.dtime_ms >= 0)
-        self.active: dict[bytes, int] = {}
-        self.delayed: dict[bytes, int] = {}
+        self._tally.clear()
+
+    def view(self) -> ClusterView:
+        """Who we are and whom we reach (read only: the setters below change it)."""
+        return self._view
+
+    def set_memory_level(self, level: int) -> None:
+        """Memory warning level (disque_mp/node/memory.py): from 1 (75 % of maxmemory)
+        on, ADDJOB replicates externally only, like a leaving node."""
+        self._view.memory_level = level
+
+    def now_ms(self) -> int:
+        """The time of the message or tick being handled (``set_now``)."""
+        return self._now_ms
+
+    def set_now(self, now_ms: int) -> None:
+        self._now_ms = now_ms
+
+    def random(self) -> random.Random:
+        """The shard's seeded random source (replica choice, jitter)."""
+        return self._rng
+
+    def tally(self) -> Tally:
+        """What /metrics counts (read it; count a part's own moves in ``stats``)."""
+        return self._tally
+
+    def set_aof(self, on: bool) -> None:
+        self._aof = on
+
+    def aof_on(self) -> bool:
+        return self._aof
+
+    def job_count(self) -> int:
+        return self.njobs
+
+    def body_bytes_held(self) -> int:
+        """Sum of len(body) of the registered jobs (memory accounting)."""
+        return self.body_bytes
+
+    def job_table(self) -> list[dict[str, Job] | None]:
+        """The job buckets, read only (JSCAN's cursor is a bucket index)."""
+        return self.job_buckets
+
+    def queue_scan_table(self) -> list[Queue | None]:
+        """The QSCAN table, read only (a queue keeps its position while it exists)."""
+        return self.qscan
+
+    def timer_heap(self) -> Timers:
+        return self.timers
+
+    def check(self) -> None:
+        """Every cross-structure invariant (tests; O(jobs); ``check_core``)."""
+        check_core(self)
+
+    def new_job_id(self, slot: int, ttl_s: int, retry_s: int) -> str:
+        return self._ids.make(slot, ttl_s, retry_s)
+
+    def next_ctime_us(self, now_ms: int) -> int:
+        """A creation time after every one made or loaded here (the queues' order)."""
+        ctime_us = now_ms * US_PER_MS
+        if ctime_us <= self._last_ctime_us:
+            ctime_us = self._last_ctime_us + 1
+        self._last_ctime_us = ctime_us
+        return ctime_us
+
+    def saw_ctime(self, ctime_us: int) -> None:
+        """A loaded job's creation time: later ones come after it."""
+        if ctime_us > self._last_ctime_us:
+            self._last_ctime_us = ctime_us
+
+    def wait_repl(self, job_id: str, rw: ReplWait) -> None:
+        """A synchronous ADDJOB waits for the copies of ``job_id``."""
+        self.repl[job_id] = rw
+
+    def repl_wait(self, job_id: str) -> ReplWait | None:
+        return self.repl.get(job_id) if self.repl else None
+
+    def end_repl_wait(self, job_id: str) -> ReplWait | None:
+        return self.repl.pop(job_id, None) if self.repl else None
+
+    def repl_waits(self) -> list[ReplWait]:
+        return list(self.repl.values())
+
+    def lookup(self, job_id: str) -> Job | None:
+        b = self.job_buckets[job_bucket(job_id)]
+        return None if b is None else b.get(job_id)
+
+    def job_of(self, meta: dict[str, Any]) -> Job | None:
+        """The job a cluster message names (``meta["j"]``), if it is ours."""
+        jid = meta["j"]
+        if type(jid) is not str or len(jid) != 40:
+            return None
+        return self.lookup(jid)
+
+    def jobs(self) -> list[Job]:
+        """Every registered job (tests, AOF rewrite)."""
+        return [j for b in self.job_buckets if b for j in b.values()]
+
+    def find_queue(self, name: bytes) -> Queue | None:
+        return self.queues.get(name)
+
+    def queue_list(self) -> list[Queue]:
+        """Every queue, in table order (a copy: the caller may evict as it walks)."""
+        return list(self.queues.values())
+
+    def queue_table(self) -> Mapping[bytes, Queue]:
+        """The queues by name, read only (views; no copy)."""
+        return self.queues
+
+    def queue_count(self) -> int:
+        return len(self.queues)
+
+    def qlen(self, queue: bytes) -> int:
+        q = self.queues.get(queue)
+        return 0 if q is None else q.live
+
+    def blocked(self, token: int) -> bool:
+        return token in self.waiters
+
+    def waiter_list(self) -> list[Waiter]:
+        return list(self.waiters.values())
+
+    def waiter_count(self) -> int:
+        return len(self.waiters)
+
+
+class Core(CoreState):
+    """The moves of a job between the tables of one shard (register, enqueue,
+    dequeue, deliver, unregister ...), each with its flags, timers, AOF record and
+    messages; and the named events the parts subscribe to."""
+
+    def __init__(self, node_id: str, index: int, seed: bytes, rng: random.Random, now_ms: int,
+                 queue_idle_ms: int) -> None:
+        super().__init__(node_id, index, seed, rng, now_ms, queue_idle_ms)
+        # Each event's subscribers (``subscribe``), in subscription order.
+        self._after_ack: tuple[Events, ...] = ()
+        self._after_job_gone: tuple[Events, ...] = ()
+        self._after_queue_evicted: tuple[Events, ...] = ()
+        self._after_queued_unwatched: tuple[Events, ...] = ()
+        self._after_queue_drained: tuple[Events, ...] = ()
 
     # ------------------------------------------------------------------ view
 
     def set_peers(self, reachable_node_ids: list[str] | tuple[str, ...]) -> None:
         """Other nodes, all reachable (``set_view`` gives the full picture). Empty: single node."""
-        self.peers = tuple(n for n in reachable_node_ids if n != self.node_id)
-        self.known = self.peers
-        self.reach = None
+        self._view.set_peers(reachable_node_ids)
 
     def set_view(self, myid: str, peers: Sequence[tuple[Any, ...]],
                  leaving: bool) -> None:
@@ -198,26 +400,24 @@ class Core:
         reachable nodes that are not leaving. ``linked`` (default: reachable) is
         False while our bus link to the node has not carried a PONG: a message
         to it would be dropped (membership.Node.linked)."""
-        if myid and myid != self.node_id:
+        v = self._view
+        if myid and myid != v.node_id:
             # CLUSTER RESET HARD gave the node a new ID: new jobs carry it.
-            self.node_id = myid
-            self.me = (myid,)
-            self.ids = JobIdGen(myid, self._seed)
-        self.known = tuple(p[0] for p in peers if p[0] != self.node_id)
-        self.peers = tuple(p[0] for p in peers if p[1] and not p[2] and p[0] != self.node_id)
-        self.unlinked = frozenset(p[0] for p in peers if p[1] and len(p) > 3 and not p[3])
-        # Every reachable node, leaving or not: they still hold jobs (GLOBALQLEN, DELQUEUE).
-        self.reach = tuple(p[0] for p in peers if p[1] and p[0] != self.node_id)
+            v.node_id = myid
+            v.me = (myid,)
+            self._ids = JobIdGen(myid, self._seed)
+        v.set_members(peers)
         self.set_leaving(leaving)
 
     def set_leaving(self, leaving: bool) -> None:
         """CLUSTER LEAVING: no new local copies, no NEEDJOBS, no dummy ACKs, and
         blocked clients are released with -LEAVING (spec, "Gracefully removal")."""
-        was = self.leaving
-        self.leaving = leaving
+        v = self._view
+        was = v.leaving
+        v.leaving = leaving
         if leaving and not was:
             for w in list(self.waiters.values()):
-                self._drop_waiter(w, self.now_ms)
+                self._drop_waiter(w, self._now_ms)
                 self.effects.append(Wake(w.token, ERR_LEAVING))
 
     # ------------------------------------------------------------------ events
@@ -241,17 +441,6 @@ class Core:
 
     # ------------------------------------------------------------------ the job table
 
-    def lookup(self, job_id: str) -> Job | None:
-        b = self.job_buckets[job_bucket(job_id)]
-        return None if b is None else b.get(job_id)
-
-    def job_of(self, meta: dict[str, Any]) -> Job | None:
-        """The job a cluster message names (``meta["j"]``), if it is ours."""
-        jid = meta["j"]
-        if type(jid) is not str or len(jid) != 40:
-            return None
-        return self.lookup(jid)
-
     def register(self, job: Job) -> None:
         if job.state == QUEUED or job.state == DELETED:  # not in ENTRY_STATES
             job.check_entry()  # raises
@@ -266,7 +455,8 @@ class Core:
         self.njobs += 1
         self.body_bytes += len(job.body)
         if job.waits_delay():
-            self.delayed[job.queue] = self.delayed.get(job.queue, 0) + 1
+            d = self._tally.delayed
+            d[job.queue] = d.get(job.queue, 0) + 1
 
     def unregister(self, job: Job, now_ms: int) -> None:
         jid = job.id
@@ -275,7 +465,7 @@ class Core:
             raise InvariantError(f"unregister of unknown job {jid}")
         self.njobs -= 1
         self.body_bytes -= len(job.body)
-        if self.aof:
+        if self._aof:
             self.effects.append(AofAppend(del_record(jid)))  # the one deletion record
         if self.repl:
             rw = self.repl.pop(jid, None)
@@ -283,9 +473,10 @@ class Core:
                 self.effects.append(Wake(rw.token, ERR_NOREPL_TIMEOUT))
         for sub in self._after_job_gone:
             sub.after_job_gone(jid)
-        self.forget_delivery(job)
+        t = self._tally
+        t.forget_delivery(job)
         if job.waits_delay():
-            self.undelay(job)
+            t.undelay(job)
         was = job.state
         job.state = DELETED  # from any registered state (MOVES)
         # Stale timer-bucket and deque entries keep the record until purged (up to
@@ -300,20 +491,16 @@ class Core:
     def log_job(self, job: Job) -> None:
         """The AOF verb: the job's state after a move, as a record (while appendonly
         is on). Every move that changes what a restart must know ends with it."""
-        if self.aof:
+        if self._aof:
             self.effects.append(AofAppend(job.to_record()))
 
     def unregister_quiet(self, job: Job, now_ms: int) -> None:
         """Unregister without an AOF deletion record (the record is not ours to log)."""
-        aof, self.aof = self.aof, False
+        aof, self._aof = self._aof, False
         try:
             self.unregister(job, now_ms)
         finally:
-            self.aof = aof
-
-    def jobs(self) -> list[Job]:
-        """Every registered job (tests, AOF rewrite)."""
-        return [j for b in self.job_buckets if b for j in b.values()]
+            self._aof = aof
 
     # ------------------------------------------------------------------ queues
 
@@ -336,14 +523,21 @@ class Core:
         self.maybe_idle(q, now_ms)
         return q
 
-    def qlen(self, queue: bytes) -> int:
-        q = self.queues.get(queue)
-        return 0 if q is None else q.live
-
     def maybe_idle(self, q: Queue, now_ms: int) -> None:
         """Arm the eviction check of a queue that has become empty and unwatched."""
         if not q.live and q.waiters is None and not q.paused:
-            self.timers.schedule(q, q.atime_ms + self.queue_idle_ms)
+            self.timers.schedule(q, q.atime_ms + self._queue_idle_ms)
+
+    def fire_queue(self, q: Queue, now_ms: int) -> None:
+        """The eviction check of an idle queue is due: evict it, or check again later."""
+        if self.queues.get(q.name) is not q:
+            return
+        if q.live or q.waiters is not None or q.paused:
+            return  # re-armed when it becomes idle again
+        if q.atime_ms + self._queue_idle_ms <= now_ms:
+            self.evict(q)
+        else:
+            self.timers.schedule(q, q.atime_ms + self._queue_idle_ms)
 
     def evict(self, q: Queue) -> None:
         del self.queues[q.name]
@@ -363,12 +557,13 @@ class Core:
             raise InvariantError(f"job {job.id}: {STATE_NAMES[job.state]} -> queued is not "
                                  "a move of the state machine")
         job.state = QUEUED
+        t = self._tally
         if job.waits_delay():
-            self.undelay(job)
-        self.forget_delivery(job)  # queued again (retry, NACK, ENQUEUE, a peer's QUEUED)
+            t.undelay(job)
+        t.forget_delivery(job)  # queued again (retry, NACK, ENQUEUE, a peer's QUEUED)
         job.mark_queued()
         if job.retry_s:
-            job.qtime_ms = now_ms + job.retry_s * 1000 + int(self.rng.random() * time_error_ms)
+            job.qtime_ms = now_ms + job.retry_s * 1000 + int(self._rng.random() * time_error_ms)
         else:
             job.qtime_ms = 0  # at-most-once: never queued again
         q.push(job)
@@ -389,13 +584,14 @@ class Core:
         ``incr`` (QUEUED_INCR_*): the counter this requeue incremented here, which
         the other holders increment too."""
         self.enqueue(job, q, now_ms)
-        if job.nodes[0] is not self.me and job.state == QUEUED:
+        if job.nodes[0] is not self._view.me and job.state == QUEUED:
             self.send_queued(job, incr)
         self.log_job(job)
 
-    def dequeue(self, job: Job, q: Queue, now_ms: int) -> None:
+    def dequeue(self, job: Job, now_ms: int) -> None:
         """A QUEUED job goes back to ACTIVE without being delivered."""
         job.move(ACTIVE)
+        q = self.queues[job.queue]
         q.remove(job)
         self.maybe_idle(q, now_ms)
         if job.qtime_ms:
@@ -404,7 +600,8 @@ class Core:
     def deliver(self, job: Job, q: Queue, now_ms: int, withcounters: bool) -> list[Any]:
         """``job`` was just popped from ``q`` for a client: make it ACTIVE, build its entry."""
         job.state = ACTIVE  # queued -> active (Queue.pop returns queued jobs only)
-        st = self.stats
+        t = self._tally
+        st = t.stats
         if not job.was_delivered():
             wait_ms = now_ms - job.ctime_us // US_PER_MS
             st.wait_counts[bisect_left(latency_bounds_ms, wait_ms)] += 1
@@ -412,8 +609,8 @@ class Core:
             job.mark_delivered()
         st.delivered += 1
         if job.dtime_ms < 0:
-            self.active[q.name] = self.active.get(q.name, 0) + 1
-            self.outstanding += 1
+            t.active[q.name] = t.active.get(q.name, 0) + 1
+            t.outstanding += 1
         job.dtime_ms = now_ms
         q.jobs_out += 1
         q.atime_ms = now_ms
@@ -444,6 +641,20 @@ class Core:
         if not q.live:
             self.drained(q, now_ms)
 
+    def block(self, w: Waiter, now_ms: int) -> list[Queue]:
+        """A blocked GETJOB waits on its queues (a watched queue is not evicted);
+        returns the queues nobody watched before."""
+        self.waiters[w.token] = w
+        fresh = []
+        for name in w.queues:
+            q = self.queue(name, now_ms)
+            if q.waiters is None:
+                q.waiters = {}
+                fresh.append(q)
+            q.waiters[w.token] = w
+            self.timers.unschedule(q)
+        return fresh
+
     def _drop_waiter(self, w: Waiter, now_ms: int) -> None:
         del self.waiters[w.token]
         for name in w.queues:
@@ -463,7 +674,7 @@ class Core:
         w = self.waiters.get(token)
         if w is None:
             return
-        self._drop_waiter(w, self.now_ms if now_ms is None else now_ms)
+        self._drop_waiter(w, self._now_ms if now_ms is None else now_ms)
         if forget_queues:
             for name in w.queues:
                 q = self.queues.get(name)
@@ -479,7 +690,7 @@ class Core:
         qt = job.qtime_ms
         if qt and job.state != QUEUED:
             if (job.state == ACTIVE and not job.willqueue_sent()
-                    and job.nodes[0] is not self.me):
+                    and job.nodes[0] is not self._view.me):
                 qt -= time_error_ms
             if qt < etime:
                 return qt
@@ -515,37 +726,7 @@ class Core:
         self.timers.schedule(job, self.due(job))
 
     def jitter(self) -> int:
-        return int(self.rng.random() * time_error_ms)
-
-    # ------------------------------------------------------------------ observability
-
-    def forget_delivery(self, job: Job) -> int:
-        """The job is no longer delivered-and-unacked: its delivery ms, or -1."""
-        at = job.dtime_ms
-        if at >= 0:
-            job.dtime_ms = -1
-            self.outstanding -= 1
-            n = self.active.get(job.queue, 0) - 1
-            if n > 0:
-                self.active[job.queue] = n
-            else:
-                self.active.pop(job.queue, None)
-        return at
-
-    def observe_processing(self, job: Job, now_ms: int) -> None:
-        at = self.forget_delivery(job)
-        if at >= 0:
-            took_ms = now_ms - at if now_ms > at else 0
-            st = self.stats
-            st.proc_counts[bisect_left(latency_bounds_ms, took_ms)] += 1
-            st.proc_sum_ms += took_ms
-
-    def undelay(self, job: Job) -> None:
-        n = self.delayed.get(job.queue, 0) - 1
-        if n > 0:
-            self.delayed[job.queue] = n
-        else:
-            self.delayed.pop(job.queue, None)
+        return int(self._rng.random() * time_error_ms)
 
     # ------------------------------------------------------------------ messages out
 
@@ -565,7 +746,7 @@ class Core:
         self.effects.append(Send(node, kind, slot, meta, bodies if bodies is not None else []))
 
     def others(self, job: Job) -> list[str]:
-        me = self.node_id
+        me = self._view.node_id
         return [n for n in job.delivered if n != me]
 
     def send_job(self, nodes: list[str] | tuple[str, ...], kind: str, job: Job,
@@ -579,6 +760,55 @@ class Core:
         others = self.others(job)
         if others:
             self.send_job(others, "QUEUED", job, {"j": job.id, "f": incr} if incr else None)
+
+
+def check_core(c: CoreState) -> None:
+    """Check every cross-structure invariant of the core's tables (tests; O(jobs))."""
+    jobs = c.jobs()
+    invariant(len(jobs) == c.njobs, f"job count {c.njobs} != {len(jobs)}")
+    queued: dict[bytes, int] = {}
+    for job in jobs:
+        invariant(job.state in (WAIT_REPL, ACTIVE, QUEUED, ACKED), f"{job} bad state")
+        if job.state == QUEUED:
+            invariant(job.queue in c.queues, f"{job} queued in a missing queue")
+            queued[job.queue] = queued.get(job.queue, 0) + 1
+        invariant(job.awake_ms != 0, f"{job} has no timer (TTL would never fire)")
+        invariant(c.timers.holds(job), f"{job} timer bucket lost")
+    for name, q in c.queues.items():
+        err = q.check()
+        invariant(err is None, str(err))
+        invariant(q.live == queued.get(name, 0), f"queue {name!r} live count wrong")
+        invariant(c.qscan[q.scan_idx] is q, f"queue {name!r} not in scan table")
+        if q.waiters is not None:
+            for token in q.waiters:
+                invariant(token in c.waiters, f"dangling waiter {token}")
+            invariant(not q.live or q.paused & PAUSED_OUT, f"queue {name!r} has jobs and waiters")
+    for w in c.waiters.values():
+        for name in w.queues:
+            wq = c.queues.get(name)
+            invariant(wq is not None and wq.waiters and w.token in wq.waiters,
+                      f"waiter {w.token} not on queue {name!r}")
+    c.timers.check()
+    _check_tally(c.tally(), jobs)
+
+
+def _check_tally(t: Tally, jobs: list[Job]) -> None:
+    """The /metrics bookkeeping agrees with the jobs (tests; O(jobs))."""
+    active: dict[bytes, int] = {}
+    outstanding = 0
+    for job in jobs:
+        if job.dtime_ms >= 0:
+            invariant(job.state in (ACTIVE, ACKED), f"delivered job {job.id} is not active")
+            active[job.queue] = active.get(job.queue, 0) + 1
+            outstanding += 1
+    invariant(active == t.active, f"active per queue {t.active} != {active}")
+    invariant(outstanding == t.outstanding,
+              f"{t.outstanding} jobs counted outstanding, {outstanding} are")
+    delayed: dict[bytes, int] = {}
+    for job in jobs:
+        if job.waits_delay():
+            delayed[job.queue] = delayed.get(job.queue, 0) + 1
+    invariant(delayed == t.delayed, f"delayed per queue {t.delayed} != {delayed}")
 
 
 class Events:

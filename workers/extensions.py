@@ -113,7 +113,7 @@ class Extensions(Events):
         ends, then is queued without counting a further delivery. Every other
         holder pushes its own requeue past the delay (QUEUED with "w")."""
         s = self.core
-        s.forget_delivery(job)
+        s.tally().forget_delivery(job)
         job.mark_nack_delayed()
         job.qtime_ms = now_ms + delay_ms
         s.reschedule(job)
@@ -129,7 +129,7 @@ class Extensions(Events):
         """Queue the job in ``dead:<queue>`` (same ID, same counters) instead of its
         queue; the other holders move their copies too (QUEUED with "dl")."""
         s = self.core
-        s.stats.dead_lettered += 1
+        s.tally().stats.dead_lettered += 1
         dq = self._move_to_dead(job, now_ms)
         s.enqueue(job, dq, now_ms)
         others = s.others(job)
@@ -144,9 +144,9 @@ class Extensions(Events):
         """Point a job that is not queued at its dead-letter queue (the same slot,
         so the same owner: workers/ids.py), keeping the per-queue bookkeeping."""
         s = self.core
-        s.forget_delivery(job)
+        s.tally().forget_delivery(job)
         if job.waits_delay():
-            s.undelay(job)
+            s.tally().undelay(job)
             job.end_delay()
         job.unmark_nack_delayed()
         dq = s.queue(dead_queue_of(job.queue), now_ms)
@@ -257,7 +257,8 @@ class Extensions(Events):
         """Send the request to every reachable node; PENDING, or the reply at once
         when there is no other node."""
         s = self.core
-        nodes = s.reach if s.reach is not None else s.peers
+        v = s.view()
+        nodes = v.reach if v.reach is not None else v.peers
         if not nodes:
             return g.reply()
         g.waiting = set(nodes)
@@ -303,7 +304,7 @@ class Extensions(Events):
 
     def _delqueue_here(self, queue: bytes, now_ms: int) -> list[str]:
         """O(jobs of this shard): delayed and active jobs are not indexed by queue."""
-        victims = [j for b in self.core.job_buckets if b for j in b.values()
+        victims = [j for b in self.core.job_table() if b for j in b.values()
                    if j.queue == queue and j.state != ACKED]
         for job in victims:
             if job.state != DELETED:

@@ -91,7 +91,7 @@ class Federation(Events):
     def needjobs(self, q: Queue, reached_zero: bool, now_ms: int) -> None:
         """Disque's needJobsForQueue: ad hoc to recent sources, else broadcast."""
         s = self.core
-        if s.leaving or not s.known:
+        if s.view().leaving or not s.view().known:
             return
         fed = self.feds.get(q.name)
         if reached_zero and (fed is None or not fed.import_rate(now_ms)):
@@ -102,7 +102,7 @@ class Federation(Events):
                 return
         fed.expire(now_ms)
         rate = fed.import_rate(now_ms)
-        nodes = len(fed.responders) or len(s.known)
+        nodes = len(fed.responders) or len(s.view().known)
         want = max(needjobs_count_min, min(needjobs_count_max, rate // max(nodes, 1)))
         name = [q.name]
         # Broadcast on its own (slow) schedule even while we have recent sources:
@@ -128,7 +128,7 @@ class Federation(Events):
     def _arm_fed(self, fed: Fed, now_ms: int) -> None:
         q = fed.queue
         s = self.core
-        if q.waiters is None or s.leaving:
+        if q.waiters is None or s.view().leaving:
             return
         nxt = fed.bcast_ms + self._bcast_delay(fed)
         if fed.responders:
@@ -139,9 +139,9 @@ class Federation(Events):
     def fire_fed(self, fed: Fed, now_ms: int) -> None:
         q = fed.queue
         s = self.core
-        if self.feds.get(q.name) is not fed or s.queues.get(q.name) is not q:
+        if self.feds.get(q.name) is not fed or s.find_queue(q.name) is not q:
             return
-        if q.waiters is None or s.leaving:
+        if q.waiters is None or s.view().leaving:
             return
         if not q.live or q.paused & PAUSED_OUT:
             self.needjobs(q, False, now_ms)
@@ -153,7 +153,7 @@ class Federation(Events):
         name = bytes(bodies[0])
         s = self.core
         count = int(meta["c"])
-        q = s.queues.get(name)
+        q = s.find_queue(name)
         if q is not None and q.paused & PAUSED_OUT:
             return  # spec: no jobs for other nodes out of a queue paused in output
         if q is None or not q.live:
@@ -175,7 +175,8 @@ class Federation(Events):
         """A YOURJOBS to ``node`` would be written: reachable, and our bus link to it
         has carried a PONG (set_view)."""
         s = self.core
-        return node in s.peers and node not in s.unlinked
+        v = s.view()
+        return node in v.peers and node not in v.unlinked
 
     def _send_yourjobs(self, q: Queue, node: str, count: int, now_ms: int) -> None:
         """Move up to ``count`` queued jobs to ``node``. Each leaves the queue as it is
@@ -239,7 +240,7 @@ class Federation(Events):
                 continue
             job.queue = q.name
             job.state = ACTIVE
-            job.delivered = union(job.delivered, (s.node_id, sender))
+            job.delivered = union(job.delivered, (s.view().node_id, sender))
             job.confirmed = ()
             s.register(job)
             s.enqueue(job, q, now_ms, False)
@@ -263,7 +264,7 @@ class Federation(Events):
         each one still active here and not delivered since (the asker stays in its
         node list: a GC asks it, it answers it does not know the job)."""
         s = self.core
-        s.now_ms = now_ms
+        s.set_now(now_ms)
         touched: list[Queue] = []
         for rec in bodies:
             job = peer_job(rec)

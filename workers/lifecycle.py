@@ -58,7 +58,7 @@ class Lifecycle:
     def tick(self, now_ms: int) -> int | None:
         """Do the timer work due at ``now_ms`` (bounded); return the next due time."""
         c = self.core
-        c.now_ms = now_ms
+        c.set_now(now_ms)
         c.start_firing()
         while True:
             t = c.next_fired(now_ms, timer_work_per_tick_max)
@@ -67,7 +67,7 @@ class Lifecycle:
             if type(t) is Job:
                 self._fire_job(t, now_ms)
             elif type(t) is Queue:
-                self._fire_queue(t, now_ms)
+                c.fire_queue(t, now_ms)
             elif type(t) is Gather:
                 self.ext.fire_gather(t, now_ms)
             else:
@@ -80,7 +80,7 @@ class Lifecycle:
             if job.state == WAIT_REPL:
                 self.repl.repl_failed(job, now_ms)
             else:
-                s.stats.expired += 1
+                s.tally().stats.expired += 1
                 s.unregister(job, now_ms)
             return
         if job.state == WAIT_REPL:
@@ -93,7 +93,7 @@ class Lifecycle:
                 s.arm(job)
             return
         if (job.state == ACTIVE and job.qtime_ms and not job.willqueue_sent()
-                and job.qtime_ms - time_error_ms <= now_ms and job.nodes[0] is not s.me):
+                and job.qtime_ms - time_error_ms <= now_ms and job.nodes[0] is not s.view().me):
             job.mark_willqueue_sent()
             others = s.others(job)
             if others:
@@ -119,22 +119,11 @@ class Lifecycle:
                 job.additional_deliveries += 1
                 incr = QUEUED_INCR_DELIVERIES
             if job.queued_once():  # not the end of a DELAY
-                self.core.stats.requeued_retry += 1
+                self.core.tally().stats.requeued_retry += 1
             if job.has_maxdeliver() and past_maxdeliver(job):
                 self.ext.dead_letter(job, now_ms, incr)
                 return
         self.core.requeue(job, q, now_ms, incr)
-
-    def _fire_queue(self, q: Queue, now_ms: int) -> None:
-        s = self.core
-        if s.queues.get(q.name) is not q:
-            return
-        if q.live or q.waiters is not None or q.paused:
-            return  # re-armed when it becomes idle again
-        if q.atime_ms + s.queue_idle_ms <= now_ms:
-            s.evict(q)
-        else:
-            s.schedule(q, q.atime_ms + s.queue_idle_ms)
 
     # ------------------------------------------------------------------ by hand
 
@@ -142,7 +131,7 @@ class Lifecycle:
         """NACK [DELAY] (``nack``) or ENQUEUE: queue active jobs again (after the
         delay), or dead-letter them when a NACK reaches their MAXDELIVER."""
         s = self.core
-        st = s.stats
+        st = s.tally().stats
         done = 0
         for job_id in job_ids:
             job = s.lookup(job_id)
@@ -174,12 +163,12 @@ class Lifecycle:
         (here and on the other holders); replies the retry in seconds."""
         s = self.core
         if job.state == QUEUED:
-            s.dequeue(job, s.queues[job.queue], now_ms)
+            s.dequeue(job, now_ms)
         if job.retry_s and job.state != WAIT_REPL:
             job.qtime_ms = now_ms + job.retry_s * 1000 + s.jitter()
             job.new_requeue_time()
             s.reschedule(job)
-            if job.nodes[0] is not s.me:
+            if job.nodes[0] is not s.view().me:
                 others = s.others(job)  # the other copies must not requeue it either
                 if others:
                     s.send_job(others, "WORKING", job)

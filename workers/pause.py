@@ -48,10 +48,10 @@ class Pause:
             if bits is not None:
                 flags = 0 if opt == "none" else flags | bits
                 update = True
-        if update and flags and self.core.memory_level >= _LEVEL_OOM \
-                and queue not in self.core.queues:
+        if update and flags and self.core.view().memory_level >= _LEVEL_OOM \
+                and self.core.find_queue(queue) is None:
             return ERR_OOM  # a paused queue is memory too: none is created past maxmemory
-        q = self.set_pause(queue, flags, now_ms) if update else self.core.queues.get(queue)
+        q = self.set_pause(queue, flags, now_ms) if update else self.core.find_queue(queue)
         state = q.paused if q is not None else 0
         if "bcast" in opts:
             # Every reachable node gets the resulting state (spec: PAUSE ... bcast).
@@ -60,7 +60,7 @@ class Pause:
 
     def set_pause(self, queue: bytes, flags: int, now_ms: int) -> Queue | None:
         s = self.core
-        q = s.queues.get(queue)
+        q = s.find_queue(queue)
         if q is None and not flags:
             return None
         q = s.queue(queue, now_ms)
@@ -78,6 +78,6 @@ class Pause:
                  now_ms: int) -> None:
         flags = int(meta["f"]) & (PAUSED_IN | PAUSED_OUT)
         queue = bytes(bodies[0])
-        if flags and self.core.memory_level >= _LEVEL_OOM and queue not in self.core.queues:
+        if flags and self.core.view().memory_level >= _LEVEL_OOM and self.core.find_queue(queue) is None:
             return  # past maxmemory a peer's PAUSE creates no queue either
         self.set_pause(queue, flags, now_ms)

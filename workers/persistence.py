@@ -31,19 +31,21 @@ def load_record(s: Core, record: bytes, enqueue: bool, now_ms: int) -> None:
         s.unregister_quiet(old, now_ms)  # a later record of the same job wins
     if job.etime_ms <= now_ms:
         return
-    if job.state == ACKED and all(n == s.node_id for n in job.delivered):
+    v = s.view()
+    if job.state == ACKED and all(n == v.node_id for n in job.delivered):
         return
-    if job.delivered == s.me:
-        job.delivered = s.me  # the same tuple object as jobs created here
-    job.queue = s.queue(job.queue, now_ms).name
+    if job.delivered == v.me:
+        job.delivered = v.me  # the same tuple object as jobs created here
+    q = s.queue(job.queue, now_ms)
+    job.queue = q.name
     requeue = job.state == QUEUED and enqueue
     if job.state != ACKED:
         job.state = ACTIVE  # enters the table active (queued again just below if asked)
     s.register(job)
     if requeue:
-        s.enqueue(job, s.queues[job.queue], now_ms)
+        s.enqueue(job, q, now_ms)
     else:
         if job.state == ACTIVE and job.retry_s and job.qtime_ms <= now_ms:
             job.qtime_ms = now_ms + job.retry_s * 1000 + s.jitter()
         s.arm(job)
-    s.last_ctime_us = max(s.last_ctime_us, job.ctime_us)
+    s.saw_ctime(job.ctime_us)

@@ -28,6 +28,7 @@ from workers.effects import QUEUED_INCR_DELIVERIES, QUEUED_INCR_NACKS
 from workers.extensions import Extensions
 from workers.federation import peer_job
 from workers.ids import slot_of_job_id
+from workers.invariant import InvariantError
 from workers.job import (
     ACKED,
     ACTIVE,
@@ -63,17 +64,17 @@ class Replication:
         ``job`` is not registered yet. ``external``: we keep no copy (leaving, or
         past 75 % of maxmemory)."""
         s = self.core
-        targets = list(s.peers)
-        s.rng.shuffle(targets)
+        targets = list(s.view().peers)
+        s.random().shuffle(targets)
         chosen = tuple(targets[:need])
-        job.delivered = chosen if external else (s.node_id, *chosen)
+        job.delivered = chosen if external else (s.view().node_id, *chosen)
         if async_:
             return self._addjob_async(job, q, chosen, external, now_ms)
         job.state = WAIT_REPL
-        job.confirmed = () if external else (s.node_id,)
+        job.confirmed = () if external else (s.view().node_id,)
         s.register(job)
         deadline = now_ms + timeout_ms if timeout_ms else 0
-        s.repl[job.id] = ReplWait(token, deadline, flexible)
+        s.wait_repl(job.id, ReplWait(token, deadline, flexible))
         job.qtime_ms = now_ms + repl_step_ms
         s.arm(job)
         self._send_repljob(job, chosen)
@@ -118,7 +119,7 @@ class Replication:
     def fire_wait_repl(self, job: Job, now_ms: int) -> None:
         """The timer of a job in ``wait-repl``: its deadline, or the next replication step."""
         s = self.core
-        rw = s.repl.get(job.id)
+        rw = s.repl_wait(job.id)
         if rw is None:
             s.unregister(job, now_ms)
             return
@@ -129,9 +130,9 @@ class Replication:
             # Spec: one more node every 50 ms, and REPLJOB again to everyone in
             # delivered so each can refresh its list of nodes that may have a copy.
             have = job.delivered
-            fresh = [n for n in s.peers if n not in have]
+            fresh = [n for n in s.view().peers if n not in have]
             if fresh:
-                job.delivered = (*have, s.rng.choice(fresh))
+                job.delivered = (*have, s.random().choice(fresh))
             self._send_repljob(job, s.others(job))
             job.qtime_ms = now_ms + repl_step_ms
             if rw.flexible and self._flexible_done(job):
@@ -140,19 +141,20 @@ class Replication:
 
     def _flexible_done(self, job: Job) -> bool:
         s = self.core
-        external = s.node_id not in job.delivered
-        reach = len(s.peers) + (0 if external else 1)
+        v = s.view()
+        external = v.node_id not in job.delivered
+        reach = len(v.peers) + (0 if external else 1)
         goal = max(1, min(job.repl, reach))
         if len(job.confirmed) < goal:
             return False
         job.repl = len(job.confirmed)
-        self._repl_done(job, s.now_ms)
+        self._repl_done(job, s.now_ms())
         return True
 
     def repl_failed(self, job: Job, now_ms: int) -> None:
         """Timeout: error to the client, best-effort DELJOB of the copies made."""
         s = self.core
-        rw = s.repl.pop(job.id, None)
+        rw = s.end_repl_wait(job.id)
         s.send_job(s.others(job), "DELJOB", job)
         s.unregister(job, now_ms)
         if rw is not None:
@@ -160,12 +162,15 @@ class Replication:
 
     def _repl_done(self, job: Job, now_ms: int) -> None:
         s = self.core
-        rw = s.repl.pop(job.id)
-        if s.node_id not in job.delivered:
+        rw = s.end_repl_wait(job.id)
+        if rw is None:
+            raise InvariantError(f"job {job.id}: no ADDJOB waits for its copies")
+        if s.view().node_id not in job.delivered:
             # External replication: one node that got the job queues it; we keep no copy.
             # The list of every node that may have a copy goes along: we forget the
             # job now, so the holder must know them all for the ACK GC.
-            holder = s.rng.choice([n for n in job.confirmed if n != s.node_id])
+            me = s.view().node_id
+            holder = s.random().choice([n for n in job.confirmed if n != me])
             s.send_job([holder], "ENQUEUE", job, {"j": job.id, "d": list(job.delivered)})
             s.unregister_quiet(job, now_ms)
         else:
@@ -189,15 +194,15 @@ class Replication:
             return
         if job.etime_ms <= now_ms:
             return
-        if s.memory_level > 0:
+        if s.view().memory_level > 0:
             return  # spec: a node near its memory limit takes no copies (no GOTJOB)
-        q = s.queues.get(job.queue)
+        q = s.find_queue(job.queue)
         if q is not None and q.paused & PAUSED_IN:
             return  # a queue paused in input takes no copies (spec, PAUSE)
         q = s.queue(job.queue, now_ms)
         job.queue = q.name
         job.state = ACTIVE
-        job.delivered = union(job.delivered, (s.node_id, sender))
+        job.delivered = union(job.delivered, (s.view().node_id, sender))
         job.confirmed = ()
         job.mark_replica()
         if job.retry_s:
@@ -282,8 +287,8 @@ class Replication:
         # dead-letter queue: the sender's copy wins whatever the IDs.
         wait_ms = meta.get("w", 0)
         dead = meta.get("dl", 0)
-        if job.state == QUEUED and (sender > s.node_id or wait_ms or dead):
-            s.dequeue(job, s.queues[job.queue], now_ms)  # the greater ID keeps it
+        if job.state == QUEUED and (sender > s.view().node_id or wait_ms or dead):
+            s.dequeue(job, now_ms)  # the greater ID keeps it
         if dead:
             self.ext.follow_dead_letter(job, now_ms)
         if job.retry_s:
@@ -303,7 +308,7 @@ class Replication:
             return
         job.delivered = union(job.delivered, (sender,))
         if job.state == QUEUED:
-            s.dequeue(job, s.queues[job.queue], now_ms)
+            s.dequeue(job, now_ms)
         job.qtime_ms = now_ms + job.retry_s * 1000 + s.jitter()
         job.new_requeue_time()
         s.reschedule(job)

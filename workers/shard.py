@@ -71,7 +71,7 @@ from workers.replies import (
     Status,
 )
 from workers.timers import Timers
-from workers.views import check, jscan, metrics, qpeek, qscan, qstat, show
+from workers.views import jscan, metrics, qpeek, qscan, qstat, show
 
 __all__ = ["Shard", "latency_bounds_ms"]  # latency_bounds_ms: the /metrics histogram bounds
 
@@ -151,30 +151,30 @@ class Shard:
 
     @property
     def node_id(self) -> str:
-        return self.core.node_id
+        return self.core.view().node_id
 
     @property
     def aof(self) -> bool:
         """Emit AofAppend effects (job records, deletions): the worker sets this
         while appendonly is on, so the records cost nothing otherwise."""
-        return self.core.aof
+        return self.core.aof_on()
 
     @aof.setter
     def aof(self, on: bool) -> None:
-        self.core.aof = on
+        self.core.set_aof(on)
 
     @property
     def body_bytes(self) -> int:
         """Sum of len(body) of the registered jobs (memory accounting)."""
-        return self.core.body_bytes
+        return self.core.body_bytes_held()
 
     @property
     def timers(self) -> Timers:
-        return self.core.timers
+        return self.core.timer_heap()
 
     @property
     def stats(self) -> Stats:
-        return self.core.stats
+        return self.core.tally().stats
 
     def take_effects(self) -> list[Effect]:
         return self.core.take_effects()
@@ -194,12 +194,10 @@ class Shard:
     def has_peers(self) -> bool:
         """Other reachable nodes can take copies: a default ADDJOB then waits for
         replication (PENDING) instead of answering at once."""
-        return bool(self.core.peers)
+        return bool(self.core.view().peers)
 
     def set_memory_level(self, level: int) -> None:
-        """Memory warning level from disque_mp/node/memory.py: from 1 (75 % of maxmemory) on,
-        ADDJOB replicates externally only, like a leaving node."""
-        self.core.memory_level = level
+        self.core.set_memory_level(level)
 
     def lookup(self, job_id: str) -> Job | None:
         return self.core.lookup(job_id)
@@ -210,7 +208,7 @@ class Shard:
         Shapes and values were checked at the edge (bus/messages.py, by the rules of
         the catalogue, workers/messages.py, whose handlers this dispatches to); only
         the job records inside are parsed by the parts (``federation.peer_job``)."""
-        self.core.now_ms = now_ms
+        self.core.set_now(now_ms)
         handler = self._handlers.get(kind)
         if handler is not None:  # a kind of a newer peer's is dropped
             handler(sender, meta, bodies, now_ms)
@@ -232,7 +230,8 @@ class Shard:
             if err is not None:
                 return err
         c = self.core
-        peers = len(c.peers)  # reachable nodes that can take a copy
+        view = c.view()
+        peers = len(view.peers)  # reachable nodes that can take a copy
         flexible = replicate is None
         if replicate is None:
             # The cluster size up to 3, counting the nodes we can reach (Disque counts
@@ -251,29 +250,24 @@ class Shard:
                 retry_s = 1
         # A leaving node, or one past 75 % of maxmemory, holds no copy itself:
         # every replica must be external (Disque's extrepl).
-        extrepl = c.leaving or c.memory_level > 0
+        extrepl = view.leaving or view.memory_level > 0
         additional = replicate if extrepl else replicate - 1
         if additional > peers:
             if extrepl and additional - 1 == peers:
-                return ERR_NOREPL_LEAVING if c.leaving else ERR_NOREPL_MEMORY
+                return ERR_NOREPL_LEAVING if view.leaving else ERR_NOREPL_MEMORY
             return ERR_NOREPL
-        q = c.queues.get(queue)
-        if q is None:
-            q = c.create_queue(queue, now_ms)
-        elif maxlen and q.live >= maxlen:
+        q = c.queue(queue, now_ms)
+        if maxlen and q.live >= maxlen:
             return ERR_MAXLEN_REACHED
-        elif q.paused & PAUSED_IN:
+        if q.paused & PAUSED_IN:
             return ERR_PAUSED
-        ctime_us = now_ms * US_PER_MS
-        if ctime_us <= c.last_ctime_us:
-            ctime_us = c.last_ctime_us + 1
-        c.last_ctime_us = ctime_us
-        job_id = c.ids.make(q.slot, ttl_s, retry_s)
+        ctime_us = c.next_ctime_us(now_ms)
+        job_id = c.new_job_id(q.slot, ttl_s, retry_s)
         job = Job(job_id, q.name, body, ACTIVE, replicate, ttl_s, ctime_us, delay_s, retry_s,
-                  0, c.me)
+                  0, view.me)
         if maxdeliver:
             job.set_maxdeliver(maxdeliver)
-        c.stats.added += 1
+        c.tally().stats.added += 1
         if additional:
             return self.repl.addjob_cluster(job, q, additional, extrepl, timeout_ms, async_,
                                             token, now_ms, flexible)
@@ -293,9 +287,7 @@ class Shard:
         if len(queues) != 1:
             return self._take_many(queues, count, withcounters, now_ms)
         c = self.core
-        q = c.queues.get(queues[0])
-        if q is None:
-            q = c.create_queue(queues[0], now_ms)
+        q = c.queue(queues[0], now_ms)
         out: list[list[Any]] = []
         if q.paused & PAUSED_OUT:
             return out
@@ -344,29 +336,25 @@ class Shard:
         other owners), the waiter is served at once, still through ``Wake``.
         """
         c = self.core
-        if token in c.waiters:
+        if c.blocked(token):
             self.op_unblock(token, now_ms)
         entries = self.op_take(queues, count, withcounters, now_ms)
         if entries:
             c.wake(token, entries)
             return
-        if c.leaving:
+        if c.view().leaving:
             c.wake(token, ERR_LEAVING)  # spec: a leaving node never blocks
             return
-        w = Waiter(token, list(queues), count, withcounters)
-        c.waiters[token] = w
+        fresh = c.block(Waiter(token, list(queues), count, withcounters), now_ms)
         feds = self.fed.feds
-        for name in queues:
-            q = c.queue(name, now_ms)
-            if q.waiters is None:
-                q.waiters = {}
-                fed = feds.get(q.name) if feds else None
+        if feds:
+            for q in fresh:
+                fed = feds.get(q.name)
                 if fed is not None:
                     fed.bcast_attempt = 0  # a new wait starts with short delays
-            q.waiters[token] = w
-            c.unschedule(q)  # a watched queue is not evicted
-            if c.known:
-                self.fed.needjobs(q, False, now_ms)
+        if c.view().known:
+            for name in queues:
+                self.fed.needjobs(c.queue(name, now_ms), False, now_ms)
 
     def op_unblock(self, token: int, now_ms: int | None = None,
                    forget_queues: bool = False) -> None:
@@ -383,7 +371,7 @@ class Shard:
             q = c.queue(job.queue, now_ms)
             if not job.nacks and not job.additional_deliveries:
                 job.unmark_delivered()  # that take was its only delivery
-            c.forget_delivery(job)
+            c.tally().forget_delivery(job)
             if q.jobs_out:
                 q.jobs_out -= 1
             job.move(QUEUED)
@@ -426,7 +414,7 @@ class Shard:
         for job_id in job_ids:
             job = c.lookup(job_id)
             if job is not None and job.state == QUEUED:
-                c.dequeue(job, c.queues[job.queue], now_ms)
+                c.dequeue(job, now_ms)
                 c.log_job(job)
                 done += 1
         return done
@@ -463,7 +451,7 @@ class Shard:
         the idle timer would later, paused or not (workers/pause.py says why). False
         if it must stay."""
         c = self.core
-        q = c.queues.get(name)
+        q = c.find_queue(name)
         if q is None or q.live or q.waiters is not None:
             return False
         c.evict(q)
@@ -507,30 +495,24 @@ class Shard:
         blocked GETJOB itself (as the reference's flushServerData) and the queues
         they waited on go too."""
         c = self.core
-        for rw in c.repl.values():
+        for rw in c.repl_waits():
             c.wake(rw.token, ERR_NOREPL_TIMEOUT)  # their jobs are gone
         self.ext.finish_all()  # WAITJOBs: every job is gone
-        waiters = list(c.waiters.values()) if keep_waiters else []
-        for q in c.queues.values():
+        waiters = c.waiter_list() if keep_waiters else []
+        for q in c.queue_list():
             q.drop_all()
         c.reset()
         self.gc.reset()
         self.fed.reset()
         for w in waiters:
-            c.waiters[w.token] = w
-            for name in w.queues:
-                q = c.queue(name, c.now_ms)
-                if q.waiters is None:
-                    q.waiters = {}
-                q.waiters[w.token] = w
-                c.unschedule(q)
+            c.block(w, c.now_ms())
 
     def info(self) -> dict[str, int]:
         c = self.core
         return {
-            "registered_jobs": c.njobs,
-            "registered_queues": len(c.queues),
-            "blocked_clients": len(c.waiters),
+            "registered_jobs": c.job_count(),
+            "registered_queues": c.queue_count(),
+            "blocked_clients": c.waiter_count(),
         }
 
     def metrics(self, queues_max: int, now_ms: int) -> dict[str, Any]:
@@ -543,4 +525,4 @@ class Shard:
 
     def check(self) -> None:
         """Check every cross-structure invariant (tests; O(jobs); views.py)."""
-        check(self.core)
+        self.core.check()

@@ -1,9 +1,10 @@
 """Read-only views of a shard: SHOW, QSTAT, QPEEK, QSCAN / JSCAN pages, the
-/metrics counters and largest queues, and the cross-structure invariant check
-the tests run.
+/metrics counters and largest queues (the cross-structure invariant check is the
+core's own, ``Core.check``).
 
-Functions over the shard's ``Core`` (workers/core.py); the shard's ``op_show``,
-``op_qstat``, ``op_qscan``, ``op_jscan``, ``metrics`` and ``check`` call them.
+Functions over the shard's ``Core`` (workers/core.py), through its read-only
+methods; the shard's ``op_show``, ``op_qstat``, ``op_qscan``, ``op_jscan`` and
+``metrics`` call them.
 None of them is on the per-job path.
 """
 
@@ -16,17 +17,14 @@ from typing import Any
 
 from workers.core import Core, time_error_ms
 from workers.federation import Federation
-from workers.invariant import invariant
 from workers.job import (
-    ACKED,
     ACTIVE,
     QUEUED,
     STATE_NAMES,
     US_PER_MS,
-    WAIT_REPL,
     Job,
 )
-from workers.queue import PAUSE_NAMES, PAUSED_OUT
+from workers.queue import PAUSE_NAMES
 from workers.replies import NULL_ARRAY, Status
 
 scan_empty_steps_per_count = 10  # a scan call visits at most count*10 empty positions
@@ -60,7 +58,7 @@ def show(job: Job, now_ms: int) -> list[Any]:
 
 def qstat(s: Core, fed: Federation, queue: bytes, now_ms: int) -> Any:
     """QSTAT's reply: the reference answers *-1 for an unknown queue (SHOW answers $-1)."""
-    q = s.queues.get(queue)
+    q = s.find_queue(queue)
     if q is None:
         return NULL_ARRAY
     imports, rate = fed.qstat_import(q, now_ms) if fed.feds else ([], 0)
@@ -80,7 +78,7 @@ def qstat(s: Core, fed: Federation, queue: bytes, now_ms: int) -> Any:
 
 def qpeek(s: Core, queue: bytes, count: int) -> list[list[Any]]:
     """QPEEK: the oldest ``count`` jobs, or the newest ``-count``."""
-    q = s.queues.get(queue)
+    q = s.find_queue(queue)
     if q is None:
         return []
     jobs = q.oldest(count) if count >= 0 else q.newest(-count)
@@ -96,7 +94,7 @@ def qscan(
     ``maxlen`` 0 means no upper bound; ``importrate`` > 0 keeps queues importing
     at least that many jobs/s.
     """
-    table = s.qscan
+    table = s.queue_scan_table()
     pos = cursor
     names: list[bytes] = []
     seen = 0
@@ -111,7 +109,7 @@ def qscan(
         seen += 1
         if q.live < minlen or (maxlen and q.live > maxlen):
             continue
-        if importrate > 0 and fed.qstat_import(q, s.now_ms)[1] < importrate:
+        if importrate > 0 and fed.qstat_import(q, s.now_ms())[1] < importrate:
             continue
         names.append(q.name)
     return (pos if pos < len(table) else 0), names
@@ -132,8 +130,9 @@ def jscan(
     seen = 0
     steps_max = max(count, 1) * scan_empty_steps_per_count
     steps = 0
-    while pos < len(s.job_buckets) and seen < count and steps < steps_max:
-        b = s.job_buckets[pos]
+    buckets = s.job_table()
+    while pos < len(buckets) and seen < count and steps < steps_max:
+        b = buckets[pos]
         pos += 1
         steps += 1
         if not b:
@@ -145,7 +144,7 @@ def jscan(
             if states is not None and job.state not in states:
                 continue
             items.append(show(job, now_ms) if reply_all else Status(job.id))
-    return (pos if pos < len(s.job_buckets) else 0), items
+    return (pos if pos < len(buckets) else 0), items
 
 
 def metrics(s: Core, fed: Federation, queues_max: int, now_ms: int) -> dict[str, Any]:
@@ -153,17 +152,18 @@ def metrics(s: Core, fed: Federation, queues_max: int, now_ms: int) -> dict[str,
     for /metrics and the HTTP API; a queue row is [name, queued, active, delayed,
     oldest queued age ms (-1: empty), jobs in, jobs out, blocked clients, pause
     state, import rate]. O(queues) to find the largest: read once per scrape."""
-    queues = s.queues
+    queues = s.queue_table()
+    t = s.tally()
     rows: list[list[Any]] = []
     if queues_max > 0:
         if len(queues) > queues_max:
             names = [q.name for q in heapq.nlargest(queues_max, queues.values(), key=_live)]
         else:  # room for all, and for evicted queues that still have jobs out
             names = list(queues)
-            names += [n for n in {*s.active, *s.delayed} if n not in queues]
+            names += [n for n in {*t.active, *t.delayed} if n not in queues]
             names = names[:queues_max]
         rows = [_queue_row(s, fed, name, now_ms) for name in names]
-    st = s.stats
+    st = t.stats
     return {
         "added": st.added, "delivered": st.delivered,
         "acked": st.acked, "nacked": st.nacked,
@@ -171,10 +171,10 @@ def metrics(s: Core, fed: Federation, queues_max: int, now_ms: int) -> dict[str,
         "requeued_nack": st.nacked,
         "requeued_enqueue": st.requeued_enqueue, "expired": st.expired,
         "dead_lettered": st.dead_lettered,
-        "jobs": s.njobs, "queues": len(queues),
+        "jobs": s.job_count(), "queues": len(queues),
         "queued": sum(q.live for q in queues.values()),
-        "active": s.outstanding, "delayed": sum(s.delayed.values()),
-        "blocked": len(s.waiters),
+        "active": t.outstanding, "delayed": sum(t.delayed.values()),
+        "blocked": s.waiter_count(),
         "wait_counts": list(st.wait_counts), "wait_sum_ms": st.wait_sum_ms,
         "proc_counts": list(st.proc_counts), "proc_sum_ms": st.proc_sum_ms,
         "queue_rows": rows,
@@ -182,64 +182,15 @@ def metrics(s: Core, fed: Federation, queues_max: int, now_ms: int) -> dict[str,
 
 
 def _queue_row(s: Core, fed: Federation, name: bytes, now_ms: int) -> list[Any]:
-    q = s.queues.get(name)
+    q = s.find_queue(name)
+    t = s.tally()
     if q is None:  # evicted while some of its jobs are delivered or delayed
-        return [name, 0, s.active.get(name, 0), s.delayed.get(name, 0), -1,
+        return [name, 0, t.active.get(name, 0), t.delayed.get(name, 0), -1,
                 0, 0, 0, "none", 0]
     oldest = q.oldest(1)
     age_ms = max(0, now_ms - oldest[0].ctime_us // US_PER_MS) if oldest else -1
     rate = fed.qstat_import(q, now_ms)[1] if fed.feds else 0
-    return [name, q.live, s.active.get(name, 0), s.delayed.get(name, 0), age_ms,
+    return [name, q.live, t.active.get(name, 0), t.delayed.get(name, 0), age_ms,
             q.jobs_in, q.jobs_out, 0 if q.waiters is None else len(q.waiters),
             PAUSE_NAMES[q.paused], rate]
 
-
-def check(s: Core) -> None:
-    """Check every cross-structure invariant (tests; O(jobs))."""
-    jobs = s.jobs()
-    invariant(len(jobs) == s.njobs, f"job count {s.njobs} != {len(jobs)}")
-    queued: dict[bytes, int] = {}
-    for job in jobs:
-        invariant(job.state in (WAIT_REPL, ACTIVE, QUEUED, ACKED), f"{job} bad state")
-        if job.state == QUEUED:
-            invariant(job.queue in s.queues, f"{job} queued in a missing queue")
-            queued[job.queue] = queued.get(job.queue, 0) + 1
-        if job.awake_ms:
-            invariant(s.timers.holds(job), f"{job} timer bucket lost")
-        else:
-            invariant(False, f"{job} has no timer (TTL would never fire)")
-    for name, q in s.queues.items():
-        err = q.check()
-        invariant(err is None, str(err))
-        invariant(q.live == queued.get(name, 0), f"queue {name!r} live count wrong")
-        invariant(s.qscan[q.scan_idx] is q, f"queue {name!r} not in scan table")
-        if q.waiters is not None:
-            for token in q.waiters:
-                invariant(token in s.waiters, f"dangling waiter {token}")
-            invariant(not q.live or q.paused & PAUSED_OUT, f"queue {name!r} has jobs and waiters")
-    for w in s.waiters.values():
-        for name in w.queues:
-            wq = s.queues.get(name)
-            invariant(wq is not None and wq.waiters and w.token in wq.waiters,
-                      f"waiter {w.token} not on queue {name!r}")
-    s.timers.check()
-    _check_metrics(s, jobs)
-
-
-def _check_metrics(s: Core, jobs: list[Job]) -> None:
-    """The /metrics bookkeeping agrees with the jobs (tests; O(jobs))."""
-    active: dict[bytes, int] = {}
-    outstanding = 0
-    for job in jobs:
-        if job.dtime_ms >= 0:
-            invariant(job.state in (ACTIVE, ACKED), f"delivered job {job.id} is not active")
-            active[job.queue] = active.get(job.queue, 0) + 1
-            outstanding += 1
-    invariant(active == s.active, f"active per queue {s.active} != {active}")
-    invariant(outstanding == s.outstanding,
-              f"{s.outstanding} jobs counted outstanding, {outstanding} are")
-    delayed: dict[bytes, int] = {}
-    for job in jobs:
-        if job.waits_delay():
-            delayed[job.queue] = delayed.get(job.queue, 0) + 1
-    invariant(delayed == s.delayed, f"delayed per queue {s.delayed} != {delayed}")

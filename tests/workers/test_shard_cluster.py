@@ -355,7 +355,7 @@ def test_leaving_node_releases_waiters_and_replicates_externally() -> None:
     assert a not in states and sorted(states.values()) == [ACTIVE, QUEUED]
     assert net.addjob(a, replicate=3) == ERR_NOREPL_LEAVING  # only 2 other nodes
     # Not leaving nodes see a as not a target.
-    assert a not in net.nodes[b].shard.core.peers
+    assert a not in net.nodes[b].shard.core.view().peers
     net.ack(a, [jid[:-4] + "0e11"])
     assert net.holders(jid[:-4] + "0e11") == {}  # no dummy ACK while leaving
 
