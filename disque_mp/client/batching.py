@@ -81,7 +81,9 @@ class AddWindow:
                 self._read_one()
             self._send([args])
             self._read_ready()
-        self._raise_error()
+        # an error read just now is an earlier add's: raised by the next call, never by
+        # this one, whose ADDJOB is already on the wire (raising here would tell the
+        # caller it failed and invite a second copy)
 
     def flush(self) -> None:
         """Wait for every reply; raise the first error reply not raised yet."""
