@@ -201,8 +201,16 @@ def test_add_window_bounds_pipelines_and_resends_after_a_drop(d: Disque) -> None
     assert w.pending == 0 and w.confirmed == 20 and d.qlen(q) == 20
     # the node closes the window's connection: the next adds go on a new one, and
     # what was written and not answered is written again
-    host, port = w._conn._sock.getsockname()[:2]
+    sock = w._conn._sock
+    host, port = sock.getsockname()[:2]
     d.execute("CLIENT", "KILL", f"{host}:{port}")
+    # CLIENT KILL of a connection held by another worker is carried out after its reply:
+    # wait for the close, so no add below runs on the old connection (one answered there
+    # but closed before its reply came back would rightly be sent twice: at-least-once)
+    timeout_s = sock.gettimeout()
+    sock.settimeout(10)
+    assert sock.recv(1, socket.MSG_PEEK) == b""
+    sock.settimeout(timeout_s)
     for i in range(20, 30):
         w.add(q, f"j{i}", retry=60)
     w.close()
