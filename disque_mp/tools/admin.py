@@ -23,8 +23,8 @@ from typing import Any
 
 from disque_mp.client import Disque, DisqueError, Job
 from disque_mp.client.core import as_str
+from disque_mp.client.limits import DEAD_PREFIX  # where MAXDELIVER moves a job
 
-DEAD_PREFIX = "dead:"  # where MAXDELIVER moves a job (see docs/extensions.md)
 queues_scanned_max = 100_000  # queue names one `queues` call looks at: bounds its memory
 qstat_batch = 500  # QSTATs per pipelined round trip
 requeue_batch = 100  # jobs one GETJOB takes from the dead-letter queue
