@@ -11,8 +11,9 @@ shared objects wherever possible:
 - ``nodes`` is the pair (delivered, confirmed), shared between jobs with the
   same pair (every job created here starts with ``((my_id,), ())``),
 - DELAY and MAXDELIVER live in the high bits of ``flags`` (0 for nearly every
-  job, so flags stay a cached small int); 14 slots keep the record in pymalloc's
-  144-byte class,
+  job, so flags stay a cached small int),
+- the extension fields a few jobs carry (GROUP, DEDUP, a dead-letter reason) sit
+  in one ``ext`` object, None for every other job,
 - states, counters and flags are small ints (cached by CPython),
 - the creation time is kept in microseconds (``ctime_us``): below 2**60 it is a
   2-digit int (32 bytes) where nanoseconds need 3 digits (48 bytes with
@@ -128,6 +129,11 @@ node_id_bytes_max: Final = 64  # node IDs are 40 hex characters
 # ADDJOB ... MAXDELIVER n: deliveries before the job goes to its dead-letter queue
 # (a 16-bit record field; ten thousand redeliveries is already a hot loop).
 maxdeliver_max: Final = 10_000
+# ADDJOB ... GROUP name / DEDUP key, and DEADLETTER ... REASON text: carried with the
+# job's copies and records (16-bit length fields); the caps keep a job record small.
+group_bytes_max: Final = 256
+dedup_bytes_max: Final = 256
+dead_reason_bytes_max: Final = 1024
 
 US_PER_MS: Final = 1_000
 
@@ -140,6 +146,26 @@ class Timed:
     __slots__ = ("awake_ms",)
 
     awake_ms: int
+
+
+class JobExt:
+    """A job's extension fields (b"" = not set): the fairness group it belongs to in
+    its queue, its deduplication key, why it was dead-lettered. Shared by nothing:
+    each job that has one owns it."""
+
+    __slots__ = ("group", "dedup", "reason")
+
+    group: bytes
+    dedup: bytes
+    reason: bytes
+
+    def __init__(self, group: bytes = b"", dedup: bytes = b"", reason: bytes = b"") -> None:
+        self.group = group
+        self.dedup = dedup
+        self.reason = reason
+
+    def __bool__(self) -> bool:
+        return bool(self.group or self.dedup or self.reason)
 
 
 class Job(Timed):
@@ -158,6 +184,7 @@ class Job(Timed):
         "nodes",
         "flags",
         "dtime_ms",
+        "ext",
     )
 
     id: str
@@ -176,6 +203,7 @@ class Job(Timed):
     # /metrics: when a client got it and has not acknowledged it since (ms); -1 = not
     # outstanding. Never persisted nor sent: it is this node's view of its clients.
     dtime_ms: int
+    ext: JobExt | None  # GROUP, DEDUP, dead-letter reason; None for nearly every job
 
     def __init__(
         self,
@@ -207,6 +235,7 @@ class Job(Timed):
         self.flags = delay_s << _FLAG_BITS
         self.awake_ms = 0
         self.dtime_ms = -1
+        self.ext = None
 
     def move(self, to: int) -> None:
         """Change the job's state by one of the state machine's ``MOVES``."""
@@ -307,6 +336,37 @@ class Job(Timed):
     def set_maxdeliver(self, n: int) -> None:
         self.flags = (self.flags & ((1 << _MAXDELIVER_SHIFT) - 1)) | (n << _MAXDELIVER_SHIFT)
 
+    # ---- extension fields (b"" = not set)
+
+    @property
+    def group(self) -> bytes:
+        ext = self.ext
+        return b"" if ext is None else ext.group
+
+    @property
+    def dedup(self) -> bytes:
+        ext = self.ext
+        return b"" if ext is None else ext.dedup
+
+    @property
+    def dead_reason(self) -> bytes:
+        ext = self.ext
+        return b"" if ext is None else ext.reason
+
+    def set_ext(self, group: bytes | None = None, dedup: bytes | None = None,
+                reason: bytes | None = None) -> None:
+        """Set the given extension fields (None: leave as is; b"": clear)."""
+        ext = self.ext
+        if ext is None:
+            ext = JobExt()
+        if group is not None:
+            ext.group = group
+        if dedup is not None:
+            ext.dedup = dedup
+        if reason is not None:
+            ext.reason = reason
+        self.ext = ext if ext else None
+
     @property
     def delivered(self) -> tuple[str, ...]:
         return self.nodes[0]
@@ -339,13 +399,18 @@ class Job(Timed):
     def to_record(self) -> bytes:
         """Serialize: a version byte, fixed fields, then length-prefixed strings.
 
-        A job without MAXDELIVER is written in version 1 (what nodes and AOF files
-        without the extension read); one with it in version 2 (one more field)."""
+        A job with no extension is written in version 1 (what nodes and AOF files
+        without the extensions read); one with MAXDELIVER alone in version 2 (one more
+        field); one with GROUP, DEDUP or a dead-letter reason in version 3 (version 2's
+        fields, their three lengths, the strings after the body)."""
         jid = self.id.encode()
         nodes = [n.encode() for n in self.delivered] + [n.encode() for n in self.confirmed]
         maxdeliver = self.maxdeliver
+        ext = self.ext
+        version = RECORD_VERSION_EXT if ext is not None else (
+            RECORD_VERSION_MAXDELIVER if maxdeliver else RECORD_VERSION)
         fields = (
-            RECORD_VERSION if not maxdeliver else RECORD_VERSION_MAXDELIVER,
+            version,
             self.state,
             self.flags & _FLAG_MASK & ~_FLAG_TRANSIENT,  # deque membership is not part of a job
             self.repl,
@@ -362,8 +427,13 @@ class Job(Timed):
             len(self.queue),
             len(self.body),
         )
-        head = _REC_HEAD.pack(*fields) if not maxdeliver else _REC_HEAD_V2.pack(*fields, maxdeliver)
-        parts = [head, jid, self.queue, self.body]
+        if ext is not None:
+            parts = [_REC_HEAD_V3.pack(*fields, maxdeliver, len(ext.group), len(ext.dedup),
+                                       len(ext.reason)),
+                     jid, self.queue, self.body, ext.group, ext.dedup, ext.reason]
+        else:
+            head = _REC_HEAD.pack(*fields) if not maxdeliver else _REC_HEAD_V2.pack(*fields, maxdeliver)
+            parts = [head, jid, self.queue, self.body]
         for n in nodes:
             parts.append(_NODE_LEN.pack(len(n)))
             parts.append(n)
@@ -376,24 +446,14 @@ class Job(Timed):
             raise ValueError("job record too short")
         (version, state, flags, repl, ttl_s, ctime_ns, delay_s, retry_s, nacks, add_deliv,
          qtime_ms, n_deliv, n_conf, id_len, q_len, body_len) = _REC_HEAD.unpack_from(rec)
-        at = _REC_HEAD.size
-        maxdeliver = 0
-        if version == RECORD_VERSION_MAXDELIVER:
-            if len(rec) < _REC_HEAD_V2.size:
-                raise ValueError("job record too short")
-            maxdeliver = _REC_HEAD_V2.unpack_from(rec)[-1]
-            at = _REC_HEAD_V2.size
-            if not 1 <= maxdeliver <= maxdeliver_max:
-                raise ValueError("job record MAXDELIVER out of range")
-        elif version != RECORD_VERSION:
-            raise ValueError(f"unsupported job record version {version}")
+        at, maxdeliver, ext_lens = _extended_head(rec, version)
         if state > ACKED:
             raise ValueError(f"bad job state {state}")
         if ttl_s > ttl_max_s or retry_s > retry_max_s or delay_s > delay_max_s:
             raise ValueError("job record TTL, RETRY or DELAY out of range")
         if n_deliv + n_conf > job_nodes_max:
             raise ValueError("job record names too many nodes")
-        end = at + id_len + q_len + body_len
+        end = at + id_len + q_len + body_len + sum(ext_lens)
         if end > len(rec):
             raise ValueError("job record truncated")
         jid = rec[at : at + id_len].decode()
@@ -402,6 +462,13 @@ class Job(Timed):
         at += q_len
         body = rec[at : at + body_len]
         at += body_len
+        ext: JobExt | None = None
+        if version == RECORD_VERSION_EXT:
+            strs = []
+            for ln in ext_lens:
+                strs.append(rec[at : at + ln])
+                at += ln
+            ext = JobExt(strs[0], strs[1], strs[2])
         nodes: list[str] = []
         for _ in range(n_deliv + n_conf):
             if at + _NODE_LEN.size > len(rec):
@@ -419,6 +486,7 @@ class Job(Timed):
         job.flags |= flags & ~_FLAG_TRANSIENT
         if maxdeliver:
             job.set_maxdeliver(maxdeliver)
+        job.ext = ext if ext else None
         job.nacks = nacks
         job.additional_deliveries = add_deliv
         return job
@@ -426,13 +494,44 @@ class Job(Timed):
 
 RECORD_VERSION: Final = 1
 RECORD_VERSION_MAXDELIVER: Final = 2  # version 1's fields, then maxdeliver (u16)
+# Version 2's fields (maxdeliver may be 0), then the lengths of GROUP, DEDUP and the
+# dead-letter reason (u16 each); the three strings follow the body.
+RECORD_VERSION_EXT: Final = 3
 # A deletion record (AOF): this tag, never a job record version, then the job ID.
 DEL_RECORD_TAG: Final = 0x80
 # version, state, flags, repl, ttl_s, ctime_ns, delay_s, retry_s, nacks, additional
 # deliveries, qtime_ms, #delivered, #confirmed, len(id), len(queue), len(body)
 _REC_HEAD = struct.Struct(">BBBHQQQQQQQHHHII")
 _REC_HEAD_V2 = struct.Struct(">BBBHQQQQQQQHHHIIH")
+_REC_HEAD_V3 = struct.Struct(">BBBHQQQQQQQHHHIIHHHH")
+_HEADS: Final = {RECORD_VERSION: _REC_HEAD, RECORD_VERSION_MAXDELIVER: _REC_HEAD_V2,
+                 RECORD_VERSION_EXT: _REC_HEAD_V3}
 _NODE_LEN = struct.Struct(">H")
+
+
+def _extended_head(rec: bytes, version: int) -> tuple[int, int, tuple[int, int, int]]:
+    """Where a record's strings start, its MAXDELIVER (0: none) and the lengths of
+    its GROUP, DEDUP and reason, from the head its version has."""
+    if version == RECORD_VERSION:
+        return _REC_HEAD.size, 0, (0, 0, 0)
+    if version == RECORD_VERSION_MAXDELIVER:
+        if len(rec) < _REC_HEAD_V2.size:
+            raise ValueError("job record too short")
+        maxdeliver = _REC_HEAD_V2.unpack_from(rec)[-1]
+        if not 1 <= maxdeliver <= maxdeliver_max:
+            raise ValueError("job record MAXDELIVER out of range")
+        return _REC_HEAD_V2.size, maxdeliver, (0, 0, 0)
+    if version != RECORD_VERSION_EXT:
+        raise ValueError(f"unsupported job record version {version}")
+    if len(rec) < _REC_HEAD_V3.size:
+        raise ValueError("job record too short")
+    maxdeliver, group_len, dedup_len, reason_len = _REC_HEAD_V3.unpack_from(rec)[-4:]
+    if maxdeliver > maxdeliver_max:
+        raise ValueError("job record MAXDELIVER out of range")
+    if group_len > group_bytes_max or dedup_len > dedup_bytes_max \
+            or reason_len > dead_reason_bytes_max:
+        raise ValueError("job record GROUP, DEDUP or reason too long")
+    return _REC_HEAD_V3.size, maxdeliver, (group_len, dedup_len, reason_len)
 
 
 def del_record(job_id: str) -> bytes:
@@ -445,8 +544,8 @@ def job_id_of_record(rec: bytes) -> str:
     Raises ``ValueError`` when it is neither form."""
     if rec[:1] == bytes((DEL_RECORD_TAG,)):
         return rec[1:].decode("ascii", "strict") if len(rec) > 1 else _bad("empty deletion record")
-    head = _REC_HEAD if rec[:1] != bytes((RECORD_VERSION_MAXDELIVER,)) else _REC_HEAD_V2
-    if len(rec) < head.size or rec[0] not in (RECORD_VERSION, RECORD_VERSION_MAXDELIVER):
+    head = _HEADS.get(rec[0]) if rec else None
+    if head is None or len(rec) < head.size:
         return _bad("not a job record")
     id_len = head.unpack_from(rec)[13]
     if head.size + id_len > len(rec):

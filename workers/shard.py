@@ -49,6 +49,7 @@ from workers.job import (
     QUEUED,
     US_PER_MS,
     Job,
+    JobExt,
     body_bytes_max,
     delay_max_s,
     maxdeliver_max,
@@ -221,8 +222,9 @@ class Shard:
 
     def op_addjob(self, queue: bytes, body: bytes, *, timeout_ms: int, replicate: int | None,
                   delay_s: int, retry_s: int | None, ttl_s: int, maxlen: int, async_: bool,
-                  token: int, now_ms: int, maxdeliver: int = 0) -> Any:
-        """ADDJOB after argument parsing; checks in the reference's order (maxdeliver 0: none)."""
+                  token: int, now_ms: int, maxdeliver: int = 0, ext: JobExt | None = None) -> Any:
+        """ADDJOB after argument parsing; checks in the reference's order (maxdeliver 0:
+        none; ``ext``: the GROUP / DEDUP extensions, the job's own from then on)."""
         if (maxdeliver or len(queue) > queue_name_bytes_max or len(body) > body_bytes_max
                 or ttl_s > ttl_max_s or delay_s > delay_max_s
                 or (retry_s is not None and retry_s > retry_max_s)):
@@ -267,6 +269,8 @@ class Shard:
                   0, view.me)
         if maxdeliver:
             job.set_maxdeliver(maxdeliver)
+        if ext is not None:
+            job.ext = ext
         c.tally().stats.added += 1
         if additional:
             return self.repl.addjob_cluster(job, q, additional, extrepl, timeout_ms, async_,

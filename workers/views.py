@@ -23,6 +23,7 @@ from workers.job import (
     STATE_NAMES,
     US_PER_MS,
     Job,
+    JobExt,
 )
 from workers.queue import PAUSE_NAMES
 from workers.replies import NULL_ARRAY, Status
@@ -53,7 +54,18 @@ def show(job: Job, now_ms: int) -> list[Any]:
         b"next-requeue-within", requeue_in,
         b"next-awake-within", awake_in,
         b"body", job.body,
-    ] + ([b"maxdeliver", job.maxdeliver] if job.has_maxdeliver() else [])  # fmt: skip
+    ] + ([b"maxdeliver", job.maxdeliver] if job.has_maxdeliver() else []) + (
+        [] if job.ext is None else _show_ext(job.ext))  # fmt: skip
+
+
+def _show_ext(ext: JobExt) -> list[Any]:
+    """SHOW's extension fields, each only when set (a job without them shows none)."""
+    out: list[Any] = []
+    for name, value in ((b"group", ext.group), (b"dedup", ext.dedup),
+                        (b"dead-reason", ext.reason)):
+        if value:
+            out += [name, value]
+    return out
 
 
 def qstat(s: Core, fed: Federation, queue: bytes, now_ms: int) -> Any:

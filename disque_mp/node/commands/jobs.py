@@ -36,7 +36,10 @@ from disque_mp.node.errors import (
 from workers.ids import DEAD_PREFIX, is_valid_job_id
 from workers.job import (
     STATE_BY_NAME,
+    JobExt,
+    dedup_bytes_max,
     delay_max_s,
+    group_bytes_max,
     maxdeliver_max,
     queue_name_bytes_max,
     retry_max_s,
@@ -159,6 +162,7 @@ class AddJobArgs:
     maxlen: int
     async_: bool
     maxdeliver: int  # 0 = none (the MAXDELIVER extension)
+    ext: JobExt | None  # GROUP / DEDUP (extensions); None = neither
 
     def __init__(self, queue: bytes, body: bytes, timeout_ms: int, replicate: int | None = None,
                  delay_s: int = 0, retry_s: int | None = None, ttl_s: int = ttl_default_s,
@@ -173,6 +177,7 @@ class AddJobArgs:
         self.maxlen = maxlen
         self.async_ = async_
         self.maxdeliver = maxdeliver
+        self.ext = None
 
 
 def parse_addjob(args: list[bytes]) -> AddJobArgs | Error:
@@ -190,6 +195,12 @@ def parse_addjob(args: list[bytes]) -> AddJobArgs | Error:
             a.async_ = True
             i += 1
             continue
+        if (opt == b"group" or opt == b"dedup") and not last:
+            err = _addjob_ext(a, opt, args[i + 1])
+            if err is not None:
+                return err
+            i += 2
+            continue
         spec = None if last else _ADDJOB_OPTS.get(opt)
         if spec is None:
             return ERR_SYNTAX
@@ -206,6 +217,29 @@ def parse_addjob(args: list[bytes]) -> AddJobArgs | Error:
         return t
     a.timeout_ms = t
     return a
+
+
+def _addjob_ext(a: AddJobArgs, opt: bytes, value: bytes) -> Error | None:
+    """``GROUP name`` / ``DEDUP key`` (extensions): 1 to 256 bytes each."""
+    if opt == b"group":
+        if not 0 < len(value) <= group_bytes_max:
+            return ERR_GROUP
+        group, dedup = value, None
+    else:
+        if not 0 < len(value) <= dedup_bytes_max:
+            return ERR_DEDUP
+        group, dedup = None, value
+    if a.ext is None:
+        a.ext = JobExt()
+    if group is not None:
+        a.ext.group = group
+    if dedup is not None:
+        a.ext.dedup = dedup
+    return None
+
+
+ERR_GROUP: Final = Error(f"ERR GROUP name must be 1 to {group_bytes_max} bytes")
+ERR_DEDUP: Final = Error(f"ERR DEDUP key must be 1 to {dedup_bytes_max} bytes")
 
 
 # ADDJOB's numeric options: the field each sets, its smallest and largest value, the
@@ -244,7 +278,7 @@ def cmd_addjob(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
     return shard.op_addjob(a.queue, a.body, timeout_ms=a.timeout_ms, replicate=a.replicate,
                            delay_s=a.delay_s, retry_s=a.retry_s, ttl_s=a.ttl_s,
                            maxlen=a.maxlen, async_=a.async_, token=token, now_ms=now_ms,
-                           maxdeliver=a.maxdeliver)
+                           maxdeliver=a.maxdeliver, ext=a.ext)
 
 
 # ------------------------------------------------------------------ GETJOB

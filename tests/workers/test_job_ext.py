@@ -1,0 +1,77 @@
+"""The job's extension fields (GROUP, DEDUP, dead-letter reason): kept in the
+record (AOF, REPLJOB, YOURJOBS), shown by SHOW only when set, parsed by ADDJOB."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from disque_mp.node.commands.jobs import ERR_DEDUP, ERR_GROUP, parse_addjob
+from tests.sim.net import Net
+from tests.workers.test_shard import Env
+from workers.job import Job, JobExt, dead_reason_bytes_max, job_id_of_record
+
+
+def _show(env: Env, jid: str) -> dict[bytes, Any]:
+    r = env.s.op_show(jid, env.now)
+    return dict(zip(r[::2], r[1::2], strict=True))
+
+
+def test_a_job_with_extension_fields_round_trips_in_version_3() -> None:
+    env = Env()
+    jid = env.add(maxdeliver=3, ext=JobExt(group=b"tenant-a", dedup=b"k1"))
+    job = env.s.lookup(jid)
+    assert job is not None
+    job.set_ext(reason=b"x" * dead_reason_bytes_max)
+    rec = job.to_record()
+    assert rec[0] == 3 and job_id_of_record(rec) == jid
+    back = Job.from_record(rec)
+    assert (back.group, back.dedup, back.dead_reason) == (b"tenant-a", b"k1", b"x" * 1024)
+    assert back.maxdeliver == 3 and back.body == job.body and back.queue == b"q"
+    assert Job.from_record(back.to_record()).to_record() == rec
+    for cut in (10, len(rec) - 1):
+        with pytest.raises(ValueError):
+            Job.from_record(rec[:cut])
+    with pytest.raises(ValueError):
+        Job.from_record(rec + b"z")
+
+
+def test_clearing_every_field_writes_the_old_versions_again() -> None:
+    env = Env()
+    plain = env.s.lookup(env.add(ext=JobExt(group=b"g")))
+    assert plain is not None and plain.to_record()[0] == 3
+    plain.set_ext(group=b"")
+    assert plain.ext is None and plain.to_record()[0] == 1
+
+
+def test_show_lists_the_fields_only_when_set() -> None:
+    env = Env()
+    plain = env.add()
+    assert not {b"group", b"dedup", b"dead-reason"} & set(_show(env, plain))
+    grouped = env.add(ext=JobExt(group=b"g1", dedup=b"d1"))
+    shown = _show(env, grouped)
+    assert shown[b"group"] == b"g1" and shown[b"dedup"] == b"d1" and b"dead-reason" not in shown
+
+
+def test_addjob_parses_group_and_dedup_with_their_bounds() -> None:
+    a = parse_addjob([b"q", b"body", b"0", b"GROUP", b"t1", b"dedup", b"key", b"RETRY", b"5"])
+    assert not isinstance(a, type(ERR_GROUP))
+    assert a.ext is not None and (a.ext.group, a.ext.dedup) == (b"t1", b"key") and a.retry_s == 5
+    assert parse_addjob([b"q", b"b", b"0", b"GROUP", b""]) is ERR_GROUP
+    assert parse_addjob([b"q", b"b", b"0", b"GROUP", b"g" * 257]) is ERR_GROUP
+    assert parse_addjob([b"q", b"b", b"0", b"DEDUP", b"k" * 257]) is ERR_DEDUP
+    plain = parse_addjob([b"q", b"b", b"0", b"RETRY", b"5"])
+    assert not isinstance(plain, type(ERR_GROUP)) and plain.ext is None
+
+
+def test_replicated_copies_carry_the_fields() -> None:
+    net = Net(3, seed=5)
+    a, b, c = net.ids
+    r = net.addjob(a, replicate=3, ext=JobExt(group=b"tenant", dedup=b"once"))
+    net.run(50)
+    jid = str(net.reply(a, r))
+    for n in (b, c):
+        copy = net.nodes[n].shard.lookup(jid)
+        assert copy is not None and (copy.group, copy.dedup) == (b"tenant", b"once")
+    net.check()
