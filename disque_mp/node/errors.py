@@ -15,6 +15,7 @@ from workers.replies import (
     ERR_LEAVING,
     ERR_NOJOB,
     ERR_NOREPL,
+    ERR_OOM,
     ERR_PAUSED,
     ERR_SYNTAX,
     Error,
@@ -35,7 +36,6 @@ __all__ = [
 
 # ---------------------------------------------------------------- the front end
 ERR_NOAUTH = Error("NOAUTH Authentication required.")
-ERR_OOM = Error("OOM command not allowed when used memory > 'maxmemory'.")
 ERR_INTERNAL = Error("ERR internal error, see the server log")  # a bug, logged; the node serves on
 
 # ---------------------------------------------------------------- connection commands
