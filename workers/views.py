@@ -2,6 +2,12 @@
 /metrics counters and largest queues (the cross-structure invariant check is the
 core's own, ``Core.check``).
 
+The per-queue load signals (QSTAT's fields after the reference's, /metrics'
+queue rows) read what the core keeps anyway: ``Queue.live``, the tally's
+per-queue active and delayed counts, the head of the queue's ctime order and
+``dead:<queue>``'s ``live`` (the same slot, so the same worker). Nothing is
+counted for them on the per-job path.
+
 Functions over the shard's ``Core`` (workers/core.py), through its read-only
 methods; the shard's ``op_show``, ``op_qstat``, ``op_qscan``, ``op_jscan`` and
 ``metrics`` call them.
@@ -17,6 +23,7 @@ from typing import Any
 
 from workers.core import Core, time_error_ms
 from workers.federation import Federation
+from workers.ids import DEAD_PREFIX
 from workers.job import (
     ACTIVE,
     QUEUED,
@@ -25,7 +32,7 @@ from workers.job import (
     Job,
     JobExt,
 )
-from workers.queue import PAUSE_NAMES
+from workers.queue import PAUSE_NAMES, Queue
 from workers.replies import NULL_ARRAY, Status
 
 scan_empty_steps_per_count = 10  # a scan call visits at most count*10 empty positions
@@ -85,7 +92,37 @@ def qstat(s: Core, fed: Federation, queue: bytes, now_ms: int) -> Any:
         b"jobs-in", q.jobs_in,
         b"jobs-out", q.jobs_out,
         b"pause", PAUSE_NAMES[q.paused],
+    ] + qstat_signals(s, q, now_ms)  # fmt: skip
+
+
+def qstat_signals(s: Core, q: Queue, now_ms: int) -> list[Any]:
+    """QSTAT's fields after the reference's ones: jobs delivered and not acked
+    (``active``), waiting for their DELAY (``delayed``), the age in seconds of the
+    oldest queued job (``oldest-age``, 0 when empty) and the jobs queued in
+    ``dead:<queue>`` (``dead-len``). ``len`` is the queued count."""
+    t = s.tally()
+    age_ms = oldest_age_ms(q, now_ms)
+    return [
+        b"active", t.active.get(q.name, 0),
+        b"delayed", t.delayed.get(q.name, 0),
+        b"oldest-age", max(age_ms, 0) // 1000,
+        b"dead-len", dead_len(s, q.name),
     ]  # fmt: skip
+
+
+def oldest_age_ms(q: Queue, now_ms: int) -> int:
+    """Milliseconds since the creation of the oldest queued job (the head of the
+    queue's ctime order: stale entries before it are skipped, as GETJOB's pop
+    does), -1 when none is queued. A job made on a node whose clock is ahead
+    counts 0."""
+    oldest = q.oldest(1)
+    return max(0, now_ms - oldest[0].ctime_us // US_PER_MS) if oldest else -1
+
+
+def dead_len(s: Core, name: bytes) -> int:
+    """Jobs queued in ``dead:<name>`` (its slot is ``name``'s: this shard owns it)."""
+    dq = s.find_queue(DEAD_PREFIX + name)
+    return 0 if dq is None else dq.live
 
 
 def qpeek(s: Core, queue: bytes, count: int) -> list[list[Any]]:
@@ -163,7 +200,8 @@ def metrics(s: Core, fed: Federation, queues_max: int, now_ms: int) -> dict[str,
     """Counters, histograms and the ``queues_max`` largest queues (by queued jobs)
     for /metrics and the HTTP API; a queue row is [name, queued, active, delayed,
     oldest queued age ms (-1: empty), jobs in, jobs out, blocked clients, pause
-    state, import rate]. O(queues) to find the largest: read once per scrape."""
+    state, import rate, jobs queued in dead:<name>]. O(queues) to find the
+    largest: read once per scrape."""
     queues = s.queue_table()
     t = s.tally()
     rows: list[list[Any]] = []
@@ -198,11 +236,10 @@ def _queue_row(s: Core, fed: Federation, name: bytes, now_ms: int) -> list[Any]:
     t = s.tally()
     if q is None:  # evicted while some of its jobs are delivered or delayed
         return [name, 0, t.active.get(name, 0), t.delayed.get(name, 0), -1,
-                0, 0, 0, "none", 0]
-    oldest = q.oldest(1)
-    age_ms = max(0, now_ms - oldest[0].ctime_us // US_PER_MS) if oldest else -1
+                0, 0, 0, "none", 0, dead_len(s, name)]
     rate = fed.qstat_import(q, now_ms)[1] if fed.feds else 0
-    return [name, q.live, t.active.get(name, 0), t.delayed.get(name, 0), age_ms,
-            q.jobs_in, q.jobs_out, 0 if q.waiters is None else len(q.waiters),
-            PAUSE_NAMES[q.paused], rate]
+    return [name, q.live, t.active.get(name, 0), t.delayed.get(name, 0),
+            oldest_age_ms(q, now_ms), q.jobs_in, q.jobs_out,
+            0 if q.waiters is None else len(q.waiters), PAUSE_NAMES[q.paused], rate,
+            dead_len(s, name)]
 

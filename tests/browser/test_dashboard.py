@@ -129,6 +129,9 @@ def test_dashboard_pause_nack_and_requeue(node: NodeProc, browser: Any, tmp_path
 
     wait_until(lambda: "length\n11" in queue_fields() and "pause\nnone" in queue_fields(),
                wait_s, "the queue's fields as text")
+    # the load signals QSTAT appends: one job delivered, none dead-lettered yet
+    assert "active (delivered, not acked)\n1" in queue_fields()
+    assert "dead letters\n0" in queue_fields()
     assert "[object" not in queue_fields()
     assert_no_sideways_scroll(browser)
     browser.get(job_page)  # not a click: the queue view redraws every 2 s under it

@@ -98,7 +98,7 @@ def test_evict_step_drops_only_what_breaks_no_guarantee() -> None:
     # empty queues go, even one whose jobs are in flight: a requeue creates it again
     assert names.isdisjoint({b"empty", b"amo2", b"acks", b"inflight", b"paused"})
     assert {b"work", b"amo", b"pausedfull", b"watched"} <= names
-    assert s.op_qstat(b"pausedfull", T0)[-1] == "in" and s.op_qstat(b"watched", T0)[9] == 1
+    assert s.op_qstat(b"pausedfull", T0)[19] == "in" and s.op_qstat(b"watched", T0)[9] == 1
     assert queues == 5
     # every eviction is in the AOF as a deletion record
     dels = [e.record for e in s.take_effects() if isinstance(e, AofAppend)]

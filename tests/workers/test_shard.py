@@ -467,7 +467,8 @@ def test_qstat_fields(env: Env) -> None:
     r = env.s.op_qstat(b"q", env.now)
     assert r == [b"name", b"q", b"len", 1, b"age", 2, b"idle", 2, b"blocked", 0,
                  b"import-from", [], b"import-rate", 0, b"jobs-in", 1, b"jobs-out", 0,
-                 b"pause", "none"]
+                 b"pause", "none", b"active", 0, b"delayed", 0, b"oldest-age", 2,
+                 b"dead-len", 0]
     assert env.s.op_qstat(b"q2", env.now)[9] == 1
 
 

@@ -196,12 +196,12 @@ async def get_queues(w: NodeView, req: Request, args: list[str]) -> Response:
     now_ms = wall_ms()
     _rates.bound(4 * max(cap, 1))
     out = []
-    for name, queued, active, delayed, age_ms, jin, jout, blocked, pause, imp in rows:
+    for name, queued, active, delayed, age_ms, jin, jout, blocked, pause, imp, dead in rows:
         in_rate, out_rate = _rates.update(name, now_ms, jin, jout)
         out.append({"name": text(name), "queued": queued, "active": active, "delayed": delayed,
                     "oldest_age_s": age_ms / 1000 if age_ms >= 0 else None, "jobs_in": jin,
                     "jobs_out": jout, "in_rate": round(in_rate, 2), "out_rate": round(out_rate, 2),
-                    "blocked": blocked, "pause": pause, "import_rate": imp})
+                    "blocked": blocked, "pause": pause, "import_rate": imp, "dead": dead})
     return ok({"queues": out, "total": sum(int(p["metrics"]["queues"]) for p in live),
                "limit": limit, "time_ms": now_ms})
 

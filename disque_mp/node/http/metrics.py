@@ -111,11 +111,14 @@ class SnapshotCollector:
                               labels=["queue"]),
             GaugeMetricFamily("disque_queue_import_rate", "Jobs/s imported from other nodes",
                               labels=["queue"]),
+            GaugeMetricFamily("disque_queue_dead_jobs",
+                              "Jobs queued in the queue's dead-letter queue dead:<queue> (QSTAT dead-len)",
+                              labels=["queue"]),
         ]
-        for name, queued, active, delayed, age_ms, jin, jout, blocked, pause, rate in rows:
+        for name, queued, active, delayed, age_ms, jin, jout, blocked, pause, rate, dead in rows:
             label = [queue_label(name, label_max)]
             values = (queued, active, delayed, max(age_ms, 0) / 1000, jin, jout, blocked,
-                      PAUSE_VALUES.get(pause, 0), rate)
+                      PAUSE_VALUES.get(pause, 0), rate, dead)
             for fam, value in zip(fams, values, strict=True):
                 fam.add_metric(label, value)
         yield from fams

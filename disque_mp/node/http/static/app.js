@@ -203,7 +203,11 @@ async function viewQueue(main, name) {
   const isDead = q.name.startsWith(DEAD);
   const fields = [["length", fmt(q.len)], ["jobs in", fmt(q["jobs-in"])], ["jobs out", fmt(q["jobs-out"])],
     ["blocked clients", fmt(q.blocked)], ["age", age(q.age)], ["idle", age(q.idle)],
-    ["import rate", fmt(q["import-rate"])], ["pause", q.pause]];
+    ["import rate", fmt(q["import-rate"])], ["pause", q.pause],
+    ["active (delivered, not acked)", fmt(q.active)], ["delayed", fmt(q.delayed)],
+    ["oldest queued job", q.len ? age(q["oldest-age"]) : "–"],
+    ["dead letters", isDead || !q["dead-len"] ? fmt(isDead ? null : q["dead-len"])
+      : el("a", { href: "#/queue/" + enc(DEAD + q.name) }, fmt(q["dead-len"]))]];
   main.replaceChildren(
     el("div", { class: "card" },
       el("div", { class: "toolbar" }, el("h1", { style: "margin:0" }, "Queue ", el("span", { class: "mono" }, q.name)),
