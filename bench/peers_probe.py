@@ -10,6 +10,11 @@ Two probes per cluster, each on the first node with redis-py, rounds alternating
   (REPLICATE 3, then REPLICATE 1) and waits for the delivery before the next one:
   add-to-delivery p50 / p99 (microseconds).
 
+``--work`` measures work instead of time (robust on a loaded machine): the ``blocked``
+REPLICATE 3 loop, and for each of the three nodes (every process of it) the CPU time,
+the read and write system calls and the context switches it spent, from /proc, divided
+by the jobs (the idle cost of the same span, measured first, subtracted).
+
 The gap between REPLICATE 3 and REPLICATE 1 on each side is what the replication round
 trip costs (REPLJOB to two nodes, their GOTJOB back, the wake of the waiting reply).
 """
@@ -17,6 +22,7 @@ trip costs (REPLJOB to two nodes, their GOTJOB back, the wake of the waiting rep
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import threading
 import time
@@ -88,6 +94,87 @@ def blocked(port: int, replicate: int, jobs: int) -> dict[str, float]:
             "delivered": len(lat)}
 
 
+def _tree(pid: int) -> list[int]:
+    from bench.redisq import children_of
+
+    return [pid, *children_of(pid)]
+
+
+def _counters(pids: list[int]) -> list[int]:
+    """[CPU ticks (utime + stime), read syscalls, write syscalls, context switches]
+    summed over ``pids``."""
+    out = [0, 0, 0, 0]
+    for pid in pids:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        out[0] += int(stat[11]) + int(stat[12])
+        io = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
+        out[1] += int(io["syscr"])
+        out[2] += int(io["syscw"])
+        st = dict(line.split(":\t") for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                  if line.endswith(tuple("0123456789")) and ":\t" in line)
+        out[3] += int(st["voluntary_ctxt_switches"]) + int(st["nonvoluntary_ctxt_switches"])
+    return out
+
+
+def _node_pids(port: int) -> list[int]:
+    r = redis.Redis(port=port, protocol=2)
+    try:
+        return _tree(int(r.info("server")["process_id"]))
+    finally:
+        r.close()
+
+
+def work(ports: list[int], jobs: int, replicate: int = 3) -> list[dict[str, float]]:
+    """Per node of ``ports``: CPU us, read and write syscalls and context switches per
+    job of the ``blocked`` loop on ``ports[0]``, less the idle cost of the same span."""
+    trees = [_node_pids(p) for p in ports]
+    idle0 = [_counters(t) for t in trees]
+    t0 = time.monotonic()
+    time.sleep(1.0)
+    idle = [[b - a for a, b in zip(x, _counters(t), strict=True)] for x, t in zip(idle0, trees, strict=True)]
+    idle_s = time.monotonic() - t0
+    before = [_counters(t) for t in trees]
+    t1 = time.monotonic()
+    b = blocked(ports[0], replicate, jobs)
+    span = time.monotonic() - t1
+    rows = []
+    tick_us = 1e6 / os.sysconf("SC_CLK_TCK")
+    for x, t, i in zip(before, trees, idle, strict=True):
+        d = [b2 - a - s * span / idle_s for a, b2, s in zip(x, _counters(t), i, strict=True)]
+        n = max(1, b["delivered"])
+        rows.append({"cpu_us": d[0] * tick_us / n, "reads": d[1] / n, "writes": d[2] / n,
+                     "switches": d[3] / n})
+    return rows
+
+
+def run_work(jobs: int, workers: int) -> list[dict[str, Any]]:
+    from bench.scaling import reference_binary
+
+    binary, status = reference_binary()
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="disque-mp-probe-", dir=srv.scratch_root()) as tmp:
+        work_dir = Path(tmp)
+        with srv.disque_mp_nodes(work_dir / "mp", 3, workers) as mp:
+            sides = [("disque-mp", mp)]
+            if binary is None:
+                print(f"disque-c {status}")
+                return _work_rows(sides, jobs, rows)
+            with srv.reference_nodes(binary, work_dir / "c", 3) as c:
+                sides.append(("disque-c", c))
+                return _work_rows(sides, jobs, rows)
+
+
+def _work_rows(sides: list[tuple[str, list[int]]], jobs: int,
+               rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    for name, ports in sides:
+        for i, r in enumerate(work(ports, jobs)):
+            row = {"system": name, "node": "origin" if i == 0 else f"replica {i}",
+                   **{k: round(v, 2) for k, v in r.items()}}
+            rows.append(row)
+            print(row, flush=True)
+    return rows
+
+
 def run(rounds: int, jobs: int, workers: int) -> list[dict[str, Any]]:
     from bench.scaling import reference_binary
 
@@ -123,8 +210,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--jobs", type=int, default=300)
     p.add_argument("--workers", type=int, default=1, help="disque-mp workers per node")
+    p.add_argument("--work", action="store_true",
+                   help="CPU, syscalls and context switches per replicated job, per node")
     a = p.parse_args(argv)
-    run(a.rounds, a.jobs, a.workers)
+    if a.work:
+        run_work(a.jobs, a.workers)
+    else:
+        run(a.rounds, a.jobs, a.workers)
     return 0
 
 
