@@ -55,3 +55,9 @@ def test_bad_metadata_leaves_the_buffer_resizable(meta: bytes) -> None:
         reader.next()
     reader.feed(b"x" * 100_000)  # BufferError if a view of the buffer were still open
     assert reader.buffered() == len(meta) + _HEAD.size + 100_000
+
+
+def test_header_size_constant_matches_the_format() -> None:
+    from bus.frames import _HEAD, _HEAD_SIZE
+
+    assert _HEAD.size == _HEAD_SIZE
