@@ -200,10 +200,12 @@ def _callgrind_node(tree: Path, work: Path) -> tuple[int, subprocess.Popen[bytes
     return port, proc
 
 
-def instructions(tree: Path, jobs: int, work: Path) -> dict[str, float]:
+def instructions(tree: Path, jobs: int, work: Path, idle_s: float = 5.0) -> dict[str, float]:
     """Instructions per job of the ``blocked`` REPLICATE 3 loop on the origin and on one
-    replica, each a whole node under callgrind (the third node runs normally)."""
-    from bench.instructions import _dump_all, _node_pids, _phase_totals
+    replica, each a whole node under callgrind (the third node runs normally). A node
+    also works when idle (its ticks, the bus's PINGs): that rate, measured over
+    ``idle_s`` first, is taken off for the loop's span (which a loaded machine stretches)."""
+    from bench.instructions import _node_pids, _phase_totals
 
     with ExitStack() as stack:
         procs = []
@@ -215,14 +217,27 @@ def instructions(tree: Path, jobs: int, work: Path) -> dict[str, float]:
         srv.meet_all([procs[0][1], procs[1][1], third[0]])
         blocked(procs[0][1], 3, 20)  # warm up: links, queues, first-call paths
         pids = {name: _node_pids(proc.pid) for name, _, proc in procs}
-        for name, _, _ in procs:
-            _dump_all(pids[name])  # dump 1: the start and the warm-up
+        _dump_each(pids)  # dump 1: the start and the warm-up
+        t0 = time.monotonic()
+        time.sleep(idle_s)
+        _dump_each(pids)  # dump 2: idle
+        t1 = time.monotonic()
         delivered = blocked(procs[0][1], 3, jobs)["delivered"]
-        out: dict[str, float] = {"delivered": delivered}
-        for name, _, _ in procs:
-            _dump_all(pids[name])
-            out[name] = _phase_totals(work / name, 2) / max(1, delivered)
+        _dump_each(pids)  # dump 3: the jobs
+        span = time.monotonic() - t1
+        out: dict[str, float] = {"delivered": delivered, "span_s": span}
+        for name in pids:
+            idle = _phase_totals(work / name, 2) / (t1 - t0)
+            out[f"{name}_idle_per_s"] = idle
+            out[name] = (_phase_totals(work / name, 3) - idle * span) / max(1, delivered)
         return out
+
+
+def _dump_each(pids: dict[str, list[int]]) -> None:
+    from bench.instructions import _dump_all
+
+    for node_pids in pids.values():
+        _dump_all(node_pids)
 
 
 def _stop_group(proc: subprocess.Popen[bytes]) -> None:
@@ -283,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="disque-mp-probe-", dir=srv.scratch_root()) as tmp:
             for label, tree in trees or [("disque-mp", None)]:
                 got = instructions((tree or Path(".")).resolve(), a.jobs, Path(tmp) / label)
-                print({"tree": label, **{k: round(v) for k, v in got.items()}}, flush=True)
+                print({"tree": label, **{k: round(v, 1 if v < 100 else None) for k, v in got.items()}}, flush=True)
     elif a.work:
         run_work(a.jobs, a.workers, trees or [("disque-mp", None)], a.rounds)
     else:
