@@ -10,16 +10,28 @@ Two probes per cluster, each on the first node with redis-py, rounds alternating
   (REPLICATE 3, then REPLICATE 1) and waits for the delivery before the next one:
   add-to-delivery p50 / p99 (microseconds).
 
+``--work`` measures work instead of time (robust on a loaded machine): the ``blocked``
+REPLICATE 3 loop, and for each of the three nodes (every process of it) the CPU time,
+the read and write system calls and the context switches it spent, from /proc, divided
+by the jobs (the idle cost of the same span, measured first, subtracted).
+
 The gap between REPLICATE 3 and REPLICATE 1 on each side is what the replication round
 trip costs (REPLJOB to two nodes, their GOTJOB back, the wake of the waiting reply).
+``--trees base=/tmp/base new=.`` runs each tree's own cluster beside the others (a tree's
+compiled build if it has one): before and after in one run, under one load.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -88,21 +100,170 @@ def blocked(port: int, replicate: int, jobs: int) -> dict[str, float]:
             "delivered": len(lat)}
 
 
-def run(rounds: int, jobs: int, workers: int) -> list[dict[str, Any]]:
+def _tree(pid: int) -> list[int]:
+    from bench.redisq import children_of
+
+    return [pid, *children_of(pid)]
+
+
+def _counters(pids: list[int]) -> list[int]:
+    """[CPU ticks (utime + stime), read syscalls, write syscalls, context switches]
+    summed over ``pids``."""
+    out = [0, 0, 0, 0]
+    for pid in pids:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        out[0] += int(stat[11]) + int(stat[12])
+        io = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
+        out[1] += int(io["syscr"])
+        out[2] += int(io["syscw"])
+        st = dict(line.split(":\t") for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                  if line.endswith(tuple("0123456789")) and ":\t" in line)
+        out[3] += int(st["voluntary_ctxt_switches"]) + int(st["nonvoluntary_ctxt_switches"])
+    return out
+
+
+def _node_pids(port: int) -> list[int]:
+    r = redis.Redis(port=port, protocol=2)
+    try:
+        return _tree(int(r.info("server")["process_id"]))
+    finally:
+        r.close()
+
+
+def work(ports: list[int], jobs: int, replicate: int = 3) -> list[dict[str, float]]:
+    """Per node of ``ports``: CPU us, read and write syscalls and context switches per
+    job of the ``blocked`` loop on ``ports[0]``, less the idle cost of the same span."""
+    trees = [_node_pids(p) for p in ports]
+    idle0 = [_counters(t) for t in trees]
+    t0 = time.monotonic()
+    time.sleep(1.0)
+    idle = [[b - a for a, b in zip(x, _counters(t), strict=True)] for x, t in zip(idle0, trees, strict=True)]
+    idle_s = time.monotonic() - t0
+    before = [_counters(t) for t in trees]
+    t1 = time.monotonic()
+    b = blocked(ports[0], replicate, jobs)
+    span = time.monotonic() - t1
+    rows = []
+    tick_us = 1e6 / os.sysconf("SC_CLK_TCK")
+    for x, t, i in zip(before, trees, idle, strict=True):
+        d = [b2 - a - s * span / idle_s for a, b2, s in zip(x, _counters(t), i, strict=True)]
+        n = max(1, b["delivered"])
+        rows.append({"cpu_us": d[0] * tick_us / n, "reads": d[1] / n, "writes": d[2] / n,
+                     "switches": d[3] / n})
+    return rows
+
+
+def run_work(jobs: int, workers: int, trees: list[tuple[str, Path | None]],
+             rounds: int = 1) -> list[dict[str, Any]]:
+    """``work`` on 3-node clusters of each tree (label, source dir; None: this one),
+    then on C Disque, ``rounds`` times, in one run: before/after under the same load."""
     from bench.scaling import reference_binary
 
     binary, status = reference_binary()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="disque-mp-probe-", dir=srv.scratch_root()) as tmp:
-        work = Path(tmp)
-        with srv.disque_mp_nodes(work / "mp", 3, workers) as mp:
-            sides = [("disque-mp", mp[0])]
+        for r in range(rounds):
+            for label, tree in trees:
+                with srv.disque_mp_nodes(Path(tmp) / f"mp-{label}-{r}", 3, workers, tree) as mp:
+                    _work_rows(label, mp, jobs, rows)
             if binary is None:
                 print(f"disque-c {status}")
-                return _probe_rounds(sides, rounds, jobs, rows)
-            with srv.reference_nodes(binary, work / "c", 3) as c:
-                sides.append(("disque-c", c[0]))
-                return _probe_rounds(sides, rounds, jobs, rows)
+                continue
+            with srv.reference_nodes(binary, Path(tmp) / f"c-{r}", 3) as c:
+                _work_rows("disque-c", c, jobs, rows)
+    return rows
+
+
+def _work_rows(name: str, ports: list[int], jobs: int, rows: list[dict[str, Any]]) -> None:
+    for i, r in enumerate(work(ports, jobs)):
+        row = {"system": name, "node": "origin" if i == 0 else f"replica {i}",
+               **{k: round(v, 2) for k, v in r.items()}}
+        rows.append(row)
+        print(row, flush=True)
+
+
+def _callgrind_node(tree: Path, work: Path) -> tuple[int, subprocess.Popen[bytes]]:
+    """A 1-worker node of ``tree`` under callgrind (as bench.instructions runs one)."""
+    from bench.instructions import _wait_ready
+    from tests.nodeproc import free_port
+
+    port = free_port()
+    work.mkdir(parents=True)
+    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0"}
+    proc = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", "--trace-children=yes", f"--callgrind-out-file={work}/cg.%p",
+         sys.executable, "-m", "disque_mp", "--port", str(port), "--dir", str(work), "--workers", "1",
+         "--maxmemory", "4gb", "--loglevel", "warning"],
+        cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)
+    _wait_ready(proc, port)
+    return port, proc
+
+
+def instructions(tree: Path, jobs: int, work: Path, idle_s: float = 5.0) -> dict[str, float]:
+    """Instructions per job of the ``blocked`` REPLICATE 3 loop on the origin and on one
+    replica, each a whole node under callgrind (the third node runs normally). A node
+    also works when idle (its ticks, the bus's PINGs): that rate, measured over
+    ``idle_s`` first, is taken off for the loop's span (which a loaded machine stretches)."""
+    from bench.instructions import _node_pids, _phase_totals
+
+    with ExitStack() as stack:
+        procs = []
+        for name in ("origin", "replica"):
+            port, proc = _callgrind_node(tree, work / name)
+            stack.callback(_stop_group, proc)
+            procs.append((name, port, proc))
+        third = stack.enter_context(srv.disque_mp_nodes(work / "third", 1, 1, tree))
+        srv.meet_all([procs[0][1], procs[1][1], third[0]])
+        blocked(procs[0][1], 3, 20)  # warm up: links, queues, first-call paths
+        pids = {name: _node_pids(proc.pid) for name, _, proc in procs}
+        _dump_each(pids)  # dump 1: the start and the warm-up
+        t0 = time.monotonic()
+        time.sleep(idle_s)
+        _dump_each(pids)  # dump 2: idle
+        t1 = time.monotonic()
+        delivered = blocked(procs[0][1], 3, jobs)["delivered"]
+        _dump_each(pids)  # dump 3: the jobs
+        span = time.monotonic() - t1
+        out: dict[str, float] = {"delivered": delivered, "span_s": span}
+        for name in pids:
+            idle = _phase_totals(work / name, 2) / (t1 - t0)
+            out[f"{name}_idle_per_s"] = idle
+            out[name] = (_phase_totals(work / name, 3) - idle * span) / max(1, delivered)
+        return out
+
+
+def _dump_each(pids: dict[str, list[int]]) -> None:
+    from bench.instructions import _dump_all
+
+    for node_pids in pids.values():
+        _dump_all(node_pids)
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=120)
+
+
+def run(rounds: int, jobs: int, workers: int,
+        trees: list[tuple[str, Path | None]] | None = None) -> list[dict[str, Any]]:
+    """The timed probes on a 3-node cluster of each tree (label, source dir; None: this
+    one) and of C Disque, all up at once, rounds alternating the order."""
+    from bench.scaling import reference_binary
+
+    binary, status = reference_binary()
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="disque-mp-probe-", dir=srv.scratch_root()) as tmp, \
+            ExitStack() as stack:
+        work = Path(tmp)
+        sides = [(label, stack.enter_context(
+                     srv.disque_mp_nodes(work / f"mp-{label}", 3, workers, tree))[0])
+                 for label, tree in trees or [("disque-mp", None)]]
+        if binary is None:
+            print(f"disque-c {status}")
+        else:
+            sides.append(("disque-c", stack.enter_context(srv.reference_nodes(binary, work / "c", 3))[0]))
+        return _probe_rounds(sides, rounds, jobs, rows)
 
 
 def _probe_rounds(sides: list[tuple[str, int]], rounds: int, jobs: int,
@@ -123,8 +284,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--jobs", type=int, default=300)
     p.add_argument("--workers", type=int, default=1, help="disque-mp workers per node")
+    p.add_argument("--instructions", action="store_true",
+                   help="instructions per replicated job (origin, replica) under callgrind")
+    p.add_argument("--work", action="store_true",
+                   help="CPU, syscalls and context switches per replicated job, per node")
+    p.add_argument("--trees", nargs="*", default=[], metavar="LABEL=DIR",
+                   help="disque-mp source trees to compare, each on its own cluster "
+                        "(default: this one)")
     a = p.parse_args(argv)
-    run(a.rounds, a.jobs, a.workers)
+    trees: list[tuple[str, Path | None]] = [(t.split("=", 1)[0], Path(t.split("=", 1)[1]))
+                                            for t in a.trees]
+    if a.instructions:
+        with tempfile.TemporaryDirectory(prefix="disque-mp-probe-", dir=srv.scratch_root()) as tmp:
+            for label, tree in trees or [("disque-mp", None)]:
+                got = instructions((tree or Path(".")).resolve(), a.jobs, Path(tmp) / label)
+                print({"tree": label, **{k: round(v, 1 if v < 100 else None) for k, v in got.items()}}, flush=True)
+    elif a.work:
+        run_work(a.jobs, a.workers, trees or [("disque-mp", None)], a.rounds)
+    else:
+        run(a.rounds, a.jobs, a.workers, trees)
     return 0
 
 

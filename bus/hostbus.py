@@ -38,7 +38,7 @@ import os
 import random
 import ssl
 from collections.abc import Callable, Iterable
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from bus import auth, frames, messages, nodes_conf
 from bus import membership as mb
@@ -50,22 +50,29 @@ log = logging.getLogger("disque.cluster")
 BUS_PORT_OFFSET = 10000
 BUS_PROTO = 1  # bus protocol version, checked in the handshake both ways
 
-# Bus frame kinds (u8).
-K_HANDSHAKE, K_PING, K_PONG, K_MEET, K_FAIL, K_JOB, K_DATA_READY, K_AUTH = 1, 2, 3, 4, 5, 6, 7, 8
+# Bus frame kinds (u8). Final: compiled, each is a C constant, not a lookup per frame.
+K_HANDSHAKE: Final = 1
+K_PING: Final = 2
+K_PONG: Final = 3
+K_MEET: Final = 4
+K_FAIL: Final = 5
+K_JOB: Final = 6
+K_DATA_READY: Final = 7
+K_AUTH: Final = 8
 # With a secret, after the handshake: the frames of one write inside one frame (its one
 # body), and that frame carries the MAC. One MAC per write instead of one per frame:
 # under load a write holds dozens of job messages (measured: docs/security.md).
-K_SEALED = 9
-BUS_KINDS = frozenset({K_HANDSHAKE, K_PING, K_PONG, K_MEET, K_FAIL, K_JOB, K_DATA_READY, K_AUTH,
+K_SEALED: Final = 9
+BUS_KINDS: Final = frozenset({K_HANDSHAKE, K_PING, K_PONG, K_MEET, K_FAIL, K_JOB, K_DATA_READY, K_AUTH,
                        K_SEALED})
 
 # Mesh frame kinds (u8) for cluster traffic between the workers of one host; kept
 # far from the front end's own kinds (bus/mesh.py) so both can share one reader.
-MESH_BUS_OUT = 0xC0  # worker k -> worker 0: put this Send on the bus
-MESH_BUS_IN = 0xC1  # worker 0 -> owner of the slot: a job message from the bus
-MESH_VIEW = 0xC2  # worker 0 -> every worker: the membership snapshot
+MESH_BUS_OUT: Final = 0xC0  # worker k -> worker 0: put this Send on the bus
+MESH_BUS_IN: Final = 0xC1  # worker 0 -> owner of the slot: a job message from the bus
+MESH_VIEW: Final = 0xC2  # worker 0 -> every worker: the membership snapshot
 
-peer_output_bytes_max = 256 << 20  # unsent bytes to one peer: over it the link is dropped
+peer_output_bytes_max: Final = 256 << 20  # unsent bytes to one peer: over it the link is dropped
 # (a peer that cannot drain that much is stuck; the state machine resends what matters)
 tick_interval_ms_max = 100  # membership tick: PINGs, PFAIL, reconnects, saves
 connect_backoff_ms_min = 50  # reconnect delay after a failed connect, doubling ...
@@ -91,7 +98,7 @@ inbound_handshakes_per_addr_max = 16
 # After the handshake: one job record (a body up to proto-max-bulk-len) or a YOURJOBS
 # batch (bodies up to 4 MB, workers/federation.py) plus its metadata.
 peer_frame_overhead_bytes = 8 << 20
-sealed_batch_bytes_max = 1 << 20  # frames joined under one MAC (a larger frame goes alone)
+sealed_batch_bytes_max: Final = 1 << 20  # frames joined under one MAC (a larger frame goes alone)
 refusal_log_interval_ms = 60_000  # a stranger redials every second: log its refusal once a minute
 refusals_logged_max = 1024  # (address, reason) pairs remembered for that
 peer_frame_bytes_max = (512 << 20) + peer_frame_overhead_bytes  # follows proto-max-bulk-len

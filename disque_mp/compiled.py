@@ -56,6 +56,14 @@ COMPILED_MODULES = (
     "disque_mp.node.handoff",
     "disque_mp.node.getjob",
     "bus.clock",  # read once per client read: a Python-level call otherwise
+    # the cluster bus's per-frame path: framing (also the worker mesh's), the checks at
+    # the edge and the catalogue they read, the links, the bus, the agent, the data links
+    "bus.frames",
+    "bus.messages",
+    "workers.messages",
+    "bus.hostbus",
+    "bus.agent",
+    "bus.datalink",
 )
 
 

@@ -121,7 +121,7 @@ def test_report_medians_ratios_and_targets() -> None:
 
 @pytest.mark.integration
 def test_replication_probe_on_a_real_cluster(tmp_path: Path) -> None:
-    from bench.peers_probe import blocked, steps
+    from bench.peers_probe import blocked, steps, work
 
     with srv.disque_mp_nodes(tmp_path, 3, 1) as ports:
         assert srv.hello_nodes(ports[0]) == 3
@@ -129,3 +129,8 @@ def test_replication_probe_on_a_real_cluster(tmp_path: Path) -> None:
         assert set(s) == {"addjob_r3", "getjob", "ackjob"} and min(s.values()) > 0
         for rep in (3, 1):
             assert blocked(ports[0], rep, 20)["delivered"] == 20
+        rows = work(ports, 20)  # per node: /proc counters per replicated job
+        assert len(rows) == 3 and all(set(r) == {"cpu_us", "reads", "writes", "switches"}
+                                      for r in rows)
+        # every job wrote to its client and to both replicas; each replica answered
+        assert rows[0]["writes"] > 1 and min(r["writes"] for r in rows[1:]) > 0.5

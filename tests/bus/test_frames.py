@@ -29,3 +29,35 @@ def test_unknown_kind_is_refused() -> None:
     reader.feed(encode(12, {}, [b"x"]))
     with pytest.raises(FrameError):
         reader.next()
+
+
+def test_one_body_and_bytes_like_bodies_round_trip() -> None:
+    """A frame of one body (REPLJOB, the commonest bus frame) and bodies given as any
+    bytes-like object (a bytearray, a memoryview) read back as bytes, compiled or not."""
+    frame = encode(6, {"k": "REPLJOB", "s": 3, "m": {}}, [bytearray(b"rec")])
+    frame += encode(6, {"k": "YOURJOBS"}, (memoryview(b"a"), b"", b"bc"))
+    reader = FrameReader(frozenset({6}))
+    reader.feed(bytearray(frame))
+    assert reader.next() == (6, {"k": "REPLJOB", "s": 3, "m": {}}, [b"rec"])
+    assert reader.next() == (6, {"k": "YOURJOBS"}, [b"a", b"", b"bc"])
+    assert reader.next() is None
+
+
+@pytest.mark.parametrize("meta", [b"{bad", b"[1, 2]"])
+def test_bad_metadata_leaves_the_buffer_resizable(meta: bytes) -> None:
+    """The reader parses metadata in place (a view of its buffer): a frame it refuses
+    must not leave that view open, or the next feed cannot grow the buffer."""
+    from bus.frames import _HEAD, MAGIC, VERSION
+
+    reader = FrameReader(frozenset({1}))
+    reader.feed(_HEAD.pack(MAGIC, VERSION, 1, len(meta), 0) + meta)
+    with pytest.raises(FrameError):
+        reader.next()
+    reader.feed(b"x" * 100_000)  # BufferError if a view of the buffer were still open
+    assert reader.buffered() == len(meta) + _HEAD.size + 100_000
+
+
+def test_header_size_constant_matches_the_format() -> None:
+    from bus.frames import _HEAD, _HEAD_SIZE
+
+    assert _HEAD.size == _HEAD_SIZE
