@@ -7,11 +7,12 @@ silently run old code, so the node logs it at start and the test suite refuses
 to run (``make`` rebuilds). ``DISQUE_MP_PURE=1`` in the environment runs the plain
 Python instead (``force_pure``), extensions or not.
 
-Compiled: the shard (``workers/``) and the per-command path of the front end.
-Kept out: ``workers.replies`` and ``workers.invariant`` (subclasses of ``str`` and
-``RuntimeError``, which mypyc's native classes cannot be; tiny), and everything
-that runs once per connection, per second or per admin command (config, INFO,
-AOF, the bus): no measurable gain there, and mypyc checks every annotation at
+Compiled: the shard (``workers/``), the per-command path of the front end and
+the cluster bus's per-frame path (frames, messages, the host bus, the agent, the
+data link). Kept out: ``workers.replies`` and ``workers.invariant`` (subclasses of
+``str`` and ``RuntimeError``, which mypyc's native classes cannot be; tiny), and
+everything that runs once per connection, per second or per admin command (config,
+INFO, AOF, the bus's membership and handshakes): no measurable gain there, and mypyc checks every annotation at
 run time, so a module is compiled only where the tests exercise it thoroughly.
 """
 
