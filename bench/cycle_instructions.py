@@ -29,7 +29,9 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import hiredis
 
@@ -93,15 +95,15 @@ def drive(port: int, jobs: int, prefix: str) -> None:
             with lock:
                 if acked[0] >= jobs:
                     return
-            got = c.send([[b"GETJOB", b"TIMEOUT", b"100", b"COUNT", b"%d" % BATCH, b"FROM", *mine]])[0]
+            got: Any = c.send([[b"GETJOB", b"TIMEOUT", b"100", b"COUNT", b"%d" % BATCH, b"FROM", *mine]])[0]
             if not got:
                 continue
-            ids = [j[1] for j in got]  # type: ignore[union-attr]
+            ids = [j[1] for j in got]
             c.send([[b"ACKJOB", *ids]])
             with lock:
                 acked[0] += len(ids)
 
-    def guard(fn, i):  # type: ignore[no-untyped-def]
+    def guard(fn: Callable[[int], None], i: int) -> None:
         try:
             fn(i)
         except BaseException as exc:  # noqa: BLE001 - reported by the caller

@@ -9,6 +9,7 @@ unless the variable is set; the node itself never imports this file."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 _DIR = os.environ.get("MESHCOUNT_DIR")
 
@@ -34,11 +35,11 @@ def _install(directory: str) -> None:
         assert isinstance(view, memoryview)
         return view
 
-    def encode(kind: int, meta: dict, bodies: object) -> bytes:  # type: ignore[type-arg]
+    def encode(kind: int, meta: dict[str, Any], bodies: Any) -> bytes:
         frame = real(kind, meta, bodies)
         view = counters()
         if kind in (mesh.K_RAW, mesh.K_RAWREPLIES):
-            n = len(bodies[0]) // 4  # type: ignore[index]
+            n = len(bodies[0]) // 4
         elif kind in (mesh.K_CMDS, mesh.K_REPLIES):
             n = len(meta["r"])
         else:
