@@ -122,8 +122,7 @@ class Peers:
         if hints is not None and hints.count(-1) == len(bodies):
             lengths = {q: shard.op_qlen(q) for q in bodies}
             count = min(count, take_share(hints, bodies, lengths, count))
-            if count <= 0:
-                return []
+        # even for 0 jobs: a take creates the queues it names, as one shard's GETJOB does
         return shard.op_take(bodies, count, meta["w"], self.w.now_ms)
 
     def _serve_block(self, link: Link, meta: dict[str, Any], bodies: list[bytes]) -> None:
