@@ -22,7 +22,7 @@ from bus.mesh import unpack
 from disque_mp.node.connection import ClientConn, PendingReply
 from disque_mp.node.core import WorkerCore
 from disque_mp.node.errors import ERR_LEAVING
-from disque_mp.node.resp import encode
+from disque_mp.node.resp import NULL3, NULL_ARRAY2, encode, encode_jobs
 from workers.ids import owner_of_job_id
 from workers.replies import NULL_ARRAY, PENDING, Error
 
@@ -147,9 +147,37 @@ class GetJob:
         self.asked = len(remote)
         if not remote:
             self._gathered()  # every queue is ours (not from the router)
+            return
+        known = self._known_here()
         for owner, queues in remote.items():
-            meta: dict[str, Any] = {"c": spec.count, "w": spec.withcounters}
+            hints = [-1 if o == owner else k for o, k in known]
+            meta: dict[str, Any] = {"c": spec.count, "w": spec.withcounters, "k": hints}
             w.mesh.request(owner, meshmod.K_TAKE, meta, queues, self._take_reply(owner))
+
+    def _known_here(self) -> list[tuple[int, int]]:
+        """(owner, jobs it is known to hold) for each queue named, in the client's order:
+        what our takes got from our queues (a queue named again: -2 - its first
+        place), 0 for the other owners'. A TAKE carries them (``take_share``) so that an owner
+        takes about what it can win instead of COUNT jobs, most of them surplus."""
+        w = self.w
+        got: dict[bytes, int] = {}
+        for owner, entries in self.taken:
+            if owner == w.index:
+                for e in entries:
+                    name = e[0] if type(e[0]) is bytes else str(e[0]).encode()
+                    got[name] = got.get(name, 0) + 1
+        known: list[tuple[int, int]] = []
+        first: dict[bytes, int] = {}
+        for owner, queues in self.runs:
+            for q in queues:
+                if owner != w.index:
+                    known.append((owner, 0))
+                elif q in first:  # named again: the same jobs, never counted twice
+                    known.append((owner, -2 - first[q]))
+                else:
+                    first[q] = len(known)
+                    known.append((owner, got.get(q, 0)))
+        return known
 
     def _take_reply(self, owner: int) -> Callable[[dict[str, Any], list[bytes]], None]:
         return lambda meta, bodies: self._remote_took(owner, unpack(meta.get("v"), bodies))
@@ -248,7 +276,7 @@ class GetJob:
         conn = self.conn
         conn.waiters.discard(self)
         if self.slot is not None:
-            conn.fill(self.slot, encode(reply, conn.resp3))
+            conn.fill(self.slot, encode_getjob(reply, self.spec.withcounters, conn.resp3))
 
     def cancel(self) -> None:
         """The client went away: nothing will be delivered to it."""
@@ -287,6 +315,60 @@ class GetJob:
                 meta = {"t": self.token, "f": 1} if self.flushed else {"t": self.token}
                 w.mesh.send(owner, meshmod.K_UNBLOCK, meta)
 
+
+
+def take_share(hints: list[int], own: list[bytes], lengths: dict[bytes, int], count: int) -> int:
+    """How many jobs an owner takes for a TAKE: its part of what one shard holding every
+    queue would answer (one job per queue per pass, left to right, up to ``count``).
+    ``hints``: one per queue the client named, in its order: -1 for the owner's own
+    queues (``own``, in that order, holding ``lengths``), -2 - i for a queue named
+    at place i before, else a lower bound of what that queue holds (0 when unknown).
+    Fewer jobs elsewhere and more here can only give this owner more places, so the
+    share never falls short of its true part: the coordinator's merge (``pick_round_robin``) still picks the one-shard answer, and
+    gives back what is over."""
+    left: dict[Any, int] = {}
+    keys: list[Any] = []
+    j = 0
+    for i, hint in enumerate(hints):
+        if hint == -1:
+            name = own[j]
+            j += 1
+            if name not in left:
+                left[name] = lengths.get(name, 0)
+            keys.append(name)
+        elif hint < -1 and -2 - hint < i:
+            keys.append(keys[-2 - hint])  # the same queue as at that place
+        else:
+            left[i] = max(hint, 0)  # an int key: never one of the owner's names (bytes)
+            keys.append(i)
+    total = mine = 0
+    active = [k for k in keys if left[k] > 0]
+    while active:
+        again: list[Any] = []
+        for k in active:
+            n = left[k]
+            if n <= 0:
+                continue  # a queue named twice, emptied earlier in this pass
+            left[k] = n - 1
+            total += 1
+            if type(k) is bytes:
+                mine += 1
+            if total >= count:
+                return mine
+            if n > 1:
+                again.append(k)
+        active = again
+    return mine
+
+
+def encode_getjob(reply: Any, withcounters: bool, resp3: bool) -> bytes:
+    """GETJOB's reply in the client's protocol: the jobs by the dedicated encoder (the
+    same bytes in RESP2 and RESP3), anything else by the generic one."""
+    if reply is NULL_ARRAY:
+        return NULL3 if resp3 else NULL_ARRAY2
+    if type(reply) is list and not withcounters:
+        return encode_jobs(reply)
+    return encode(reply, resp3)
 
 
 def pick_round_robin(

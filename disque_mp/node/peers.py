@@ -36,7 +36,7 @@ from bus.frames import FrameError
 from bus.mesh import Link, pack
 from disque_mp.node.core import WorkerCore
 from disque_mp.node.errors import ERR_INTERNAL
-from disque_mp.node.getjob import GetJobs
+from disque_mp.node.getjob import GetJobs, take_share
 from disque_mp.node.resp import encode
 from disque_mp.node.router import Router
 from workers.invariant import InvariantError
@@ -78,8 +78,7 @@ class Peers:
         elif kind == meshmod.K_CMD:
             self._serve_one(link, meta["r"], meta["n"].encode(), bodies)
         elif kind == meshmod.K_TAKE:
-            entries = w.shard.op_take(bodies, meta["c"], meta["w"], w.now_ms)
-            link.reply(meta["r"], entries)
+            link.reply(meta["r"], self._take(meta, bodies))
         elif kind == meshmod.K_BLOCK:
             self._serve_block(link, meta, bodies)
         elif kind == meshmod.K_UNBLOCK:
@@ -113,6 +112,18 @@ class Peers:
         reply = self.owner.run(name, args, lambda: lambda value: link.reply(rid, value), True)
         if reply is not PENDING:
             link.reply(rid, reply)
+
+    def _take(self, meta: dict[str, Any], bodies: list[bytes]) -> list[Any]:
+        """A coordinator's TAKE: up to COUNT jobs of our queues, or, when it tells what
+        the other queues hold (``k``), only the part we can win (``take_share``)."""
+        shard = self.w.shard
+        count: int = meta["c"]
+        hints = meta.get("k")
+        if hints is not None and hints.count(-1) == len(bodies):
+            lengths = {q: shard.op_qlen(q) for q in bodies}
+            count = min(count, take_share(hints, bodies, lengths, count))
+        # even for 0 jobs: a take creates the queues it names, as one shard's GETJOB does
+        return shard.op_take(bodies, count, meta["w"], self.w.now_ms)
 
     def _serve_block(self, link: Link, meta: dict[str, Any], bodies: list[bytes]) -> None:
         w = self.w

@@ -32,12 +32,12 @@ from disque_mp.node.commands.jobs import GetJobArgs
 from disque_mp.node.commands.table import TABLE, Command
 from disque_mp.node.connection import ClientConn, ClientHost, CommandPath
 from disque_mp.node.errors import ERR_BADID, ERR_NOAUTH, ERR_OOM, err_arity, err_unknown
-from disque_mp.node.getjob import GetJob, GetJobs, Runs
+from disque_mp.node.getjob import GetJob, GetJobs, Runs, encode_getjob
 from disque_mp.node.owner import Owner
-from disque_mp.node.resp import NULL3, NULL_ARRAY2, append_request, encode, encode_jobs
+from disque_mp.node.resp import append_request, encode
 from workers.ids import is_valid_job_id, owner_of_job_id, owner_of_queue
 from workers.invariant import InvariantError
-from workers.replies import NULL_ARRAY, PENDING, Error, Status
+from workers.replies import PENDING, Error, Status
 
 owner_cache_max = 65536  # queue name -> owner memo; cleared when full (names are unbounded)
 NOAUTH_OK: Final = frozenset({"auth", "hello", "quit"})
@@ -240,6 +240,7 @@ class Router(CommandPath):
         workers = self.workers
         owner = self.index
         ids: list[str] = []
+        owners: list[int] | None = None
         for i in range(1, n):
             raw = cmd[i]
             if not is_valid_job_id(raw):
@@ -249,9 +250,13 @@ class Router(CommandPath):
                 at = owner_of_job_id(job_id, workers)
                 if i == 1:
                     owner = at
-                elif at != owner:
-                    return None  # several owners: the general path splits them
+                elif at != owner and owners is None:
+                    owners = [owner] * (i - 1)
+                if owners is not None:
+                    owners.append(at)
             ids.append(job_id)
+        if owners is not None:
+            return split_ack(self, conn, cmd, ids, owners, fast)
         if owner != self.index:
             return self.forward_raw(conn, owner, cmd, "fastack" if fast else "ackjob")
         reply = self.ack_here(ids, fast, cmd)
@@ -487,13 +492,60 @@ class Router(CommandPath):
         return runs
 
 
-def encode_getjob(reply: Any, withcounters: bool, resp3: bool) -> bytes:
-    """GETJOB's reply in the client's protocol (jobs by the dedicated encoder)."""
-    if reply is NULL_ARRAY:
-        return NULL3 if resp3 else NULL_ARRAY2
-    if type(reply) is list and not withcounters:
-        return encode_jobs(reply)
-    return encode(reply, resp3)
+def split_ack(self: Router, conn: ClientConn, cmd: list[bytes], ids: list[str],
+              owners: list[int], fast: bool) -> bytes | None:
+    """ACKJOB / FASTACK of valid IDs of several owners: our part on our shard, each
+    other owner's as one RAW command, the counts summed into one reply (``AckSum``).
+    The owners count the command (commandstats), as for a forwarded one; our
+    part is not counted again."""
+    if self.cfg.appendfsync == "always" or (self.held and conn in self.held):
+        return None  # our part waits for the AOF / behind held commands: general path
+    groups: dict[int, list[bytes]] = {}
+    for i, at in enumerate(owners):
+        groups.setdefault(at, [cmd[0]]).append(cmd[i + 1])
+    mine = groups.pop(self.index, None)
+    total = 0
+    if mine is not None:
+        w = self.w
+        part = [ids[i] for i, at in enumerate(owners) if at == self.index]
+        total = w.shard.op_fastack(part, w.now_ms) if fast else w.shard.op_ackjob(part, w.now_ms)
+    conn.streak = 0
+    conn.last_cmd = "fastack" if fast else "ackjob"
+    self.forwarded += len(groups)
+    conn.forwarded += 1  # one reply slot, filled when every owner answered
+    summed = AckSum(conn, conn.defer(), len(groups), total)
+    for at, part_cmd in groups.items():
+        link: Any = self.w.mesh.links[at]
+        append_request(link.add_raw(conn.resp3, (summed, None)), part_cmd)
+    return b""
+
+
+class AckSum:
+    """The reply of an ACKJOB / FASTACK split over owners: each owner's encoded count
+    (or error) comes back through the mesh's RAW replies (``Peers.on_raw_replies``
+    and ``raw_failed`` call ``fill`` as they would on a client connection); the sum,
+    or the first error, fills the client's slot once all have answered."""
+
+    __slots__ = ("conn", "slot", "left", "total", "error", "forwarded")
+
+    def __init__(self, conn: ClientConn, slot: Any, parts: int, total: int) -> None:
+        self.conn = conn
+        self.slot = slot
+        self.left = parts
+        self.total = total
+        self.error: bytes | None = None
+        self.forwarded = parts  # decremented by the mesh side with each answer
+
+    def fill(self, _slot: Any, data: bytes) -> None:
+        if data[:1] == b":":
+            self.total += int(data[1:-2])
+        elif self.error is None:
+            self.error = data
+        self.left -= 1
+        if self.left == 0:
+            conn = self.conn
+            conn.forwarded -= 1
+            conn.fill(self.slot, self.error if self.error is not None else b":%d\r\n" % self.total)
 
 
 def _merge_counts(results: list[Any]) -> Any:

@@ -97,3 +97,30 @@ def test_owner_killed_with_forwarded_commands_in_flight(node2: NodeProc) -> None
         time.sleep(0.05)
     assert isinstance(reply, Status)
     c.close()
+
+
+def test_ack_over_several_owners_one_summed_reply_in_order(node2: NodeProc) -> None:
+    """ACKJOB / FASTACK with IDs of both workers: our part on our shard, the other's as
+    one forwarded command, one reply with the sum, in its place in the pipeline."""
+    queues = queues_of(0, 2, "ak") + queues_of(1, 2, "ak")
+    for worker in (0, 1):
+        for resp3 in (False, True):
+            c = connect_to_worker(node2.port, worker)
+            if resp3:
+                assert isinstance(c.call("HELLO", 3), dict)
+            c.send(b"".join(encode_command("ADDJOB", q, f"{q}-{k}", 0) for k in range(2) for q in queues))
+            ids = [str(c.read()) for _ in range(8)]
+            got = c.call("GETJOB", "NOHANG", "COUNT", 8, "FROM", *queues)
+            assert sorted(g[1].decode() for g in got) == sorted(ids)
+            mixed = [ids[0], ids[1], ids[2], ids[3], ids[4]]  # both owners
+            c.send(encode_command("ACKJOB", *mixed)
+                   + encode_command("ADDJOB", queues[3], "after", 0)
+                   + encode_command("FASTACK", *ids[5:])
+                   + encode_command("ACKJOB", ids[0], ids[7]))  # gone already
+            replies = [c.read() for _ in range(4)]
+            assert replies[0] == 5 and replies[2] == 3 and replies[3] == 0, replies
+            assert isinstance(replies[1], Status), replies
+            assert [c.call("QLEN", q) for q in queues] == [0, 0, 0, 1]
+            got = c.call("GETJOB", "NOHANG", "FROM", queues[3])
+            assert c.call("FASTACK", got[0][1].decode(), ids[1]) == 1
+            c.close()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from disque_mp.node.getjob import pick_round_robin
+from disque_mp.node.getjob import pick_round_robin, take_share
 
 
 def one_shard(queues: list[bytes], jobs: dict[bytes, list[str]], count: int) -> list[Any]:
@@ -50,3 +50,35 @@ def test_any_split_gives_one_shards_answer() -> None:
         back = [e for o, es in surplus.items() for e in es]
         assert all(owner[e[0]] == o for o, es in surplus.items() for e in es)
         assert sorted(e[1] for e in chosen + back) == sorted(e[1] for es in taken for e in es[1])
+
+
+def test_take_share_covers_the_owners_part() -> None:
+    """What an owner takes for a TAKE (``take_share``): never less than its part of the
+    one-shard answer, whatever the others hold beyond their hints; exactly its part
+    when the hints are the others' true lengths (no surplus)."""
+    rng = random.Random(11)
+    for _ in range(1000):
+        names = [f"q{i}".encode() for i in range(rng.randint(1, 6))]
+        queues = [rng.choice(names) for _ in range(rng.randint(1, 8))]  # repeats allowed
+        jobs = {q: [f"{q.decode()}-{k}" for k in range(rng.randint(0, 4))] for q in names}
+        count = rng.randint(1, 10)
+        owner = {q: rng.randint(0, 2) for q in names}
+        part = sum(1 for e in one_shard(queues, jobs, count) if owner[e[0]] == 0)
+        own = [q for q in queues if owner[q] == 0]
+        lengths = {q: len(jobs[q]) for q in own}
+        first: dict[bytes, int] = {}
+        exact, low = [], []
+        for i, q in enumerate(queues):
+            if owner[q] == 0:
+                exact.append(-1)
+                low.append(-1)
+            elif q in first:  # a queue named again: where it was named first
+                exact.append(-2 - first[q])
+                low.append(-2 - first[q] if rng.random() < 0.5 else 0)
+            else:
+                first[q] = i
+                exact.append(len(jobs[q]))
+                low.append(rng.randint(0, len(jobs[q])))
+        assert take_share(exact, own, lengths, count) == part
+        assert take_share(low, own, lengths, count) >= part
+        assert take_share(low, own, lengths, count) <= min(count, sum(lengths.values()))

@@ -150,3 +150,51 @@ def test_worker_killed_mid_scatter(node: NodeProc) -> None:
     assert left + sum(1 for g in delivered if owner_of_queue(g[0], 2) == 0) == 600
     node.wait_for(lambda: isinstance(RawClient(node.port).call("QLEN", queues[1]), int), 30, "worker 1")
     c.close()
+
+
+def one_shard(order: list[str], jobs: dict[str, list[str]], count: int) -> list[str]:
+    """What a single shard answers: one job per queue per pass, left to right."""
+    left = {q: list(v) for q, v in jobs.items()}
+    out: list[str] = []
+    while len(out) < count:
+        before = len(out)
+        for q in order:
+            if left.get(q):
+                out.append(left[q].pop(0))
+                if len(out) >= count:
+                    break
+        if len(out) == before:
+            break
+    return out
+
+
+def test_queues_named_twice_and_paused_answer_as_one_shard(node: NodeProc) -> None:
+    """A TAKE tells the owner what the coordinator's queues hold, so it takes about its
+    own part: queues named twice and queues paused for output on either side still
+    give the one-shard answer, and whatever was taken beyond it is back, uncounted."""
+    for worker in (0, 1):
+        here, there = queues_of(worker, 2, f"tw{worker}h"), queues_of(1 - worker, 2, f"tw{worker}t")
+        order = [there[0], here[0], there[0], here[1], there[1], here[0], here[1]]
+        c = connect_to_worker(node.port, worker)
+        ids = {q: [add(c, q, f"{q}-{k}") for k in range(3)] for q in here + there}
+        for paused in (here[1], there[1]):
+            assert c.call("PAUSE", paused, "out") == "out"
+        live = {q: v for q, v in ids.items() if q not in (here[1], there[1])}
+        for count in (1, 4, 5):
+            want = one_shard(order, live, count)
+            got = c.call("GETJOB", "NOHANG", "COUNT", count, "FROM", *order)
+            assert [g[1].decode() for g in got] == want, (worker, count)
+            for job_id in want:
+                live[next(q for q in live if job_id in live[q])].remove(job_id)
+        for q, rest in live.items():  # nothing beyond the answers left its queue
+            assert c.call("QLEN", q) == len(rest)
+            for job_id in rest:
+                show = c.call("SHOW", job_id)
+                fields = dict(zip(show[::2], show[1::2], strict=True))
+                assert fields[b"state"] == b"queued" and fields[b"nacks"] == 0, fields
+                assert fields[b"additional-deliveries"] == 0, fields
+        for paused in (here[1], there[1]):
+            assert c.call("PAUSE", paused, "none") == "none"
+        c.call("ACKJOB", *[i for v in ids.values() for i in v])
+        assert [c.call("QLEN", q) for q in ids] == [0, 0, 0, 0]
+        c.close()
