@@ -310,7 +310,9 @@ def job_ids_of(ids: tuple[str | Job | Iterable[str | Job], ...]) -> list[str]:
 
 class AddJobOptions(TypedDict, total=False):
     """ADDJOB's options, as ``add_job`` / ``add_jobs`` / ``addjob_args`` take them.
-    Times in seconds; ``maxdeliver`` is disque-mp's MAXDELIVER extension."""
+    Times in seconds; ``maxdeliver`` is disque-mp's MAXDELIVER extension, ``dedup``
+    its DEDUP one (a key, 1 to 256 bytes: while a job of the queue with that key is
+    not acknowledged on the node, the add answers that job's ID and adds nothing)."""
 
     replicate: int | None
     delay: int | None
@@ -319,6 +321,7 @@ class AddJobOptions(TypedDict, total=False):
     maxlen: int | None
     async_: bool
     maxdeliver: int | None
+    dedup: str | bytes | None
 
 
 # AddJobOptions' valued options and their words, in the order ADDJOB's arguments take them.
@@ -336,6 +339,9 @@ def addjob_args(queue: str | bytes, body: bytes | str, timeout_ms: int = 0,
         value = cast("int | None", options.get(key))
         if value is not None:
             args += [word, int(value)]
+    dedup = options.get("dedup")
+    if dedup is not None:
+        args += ["DEDUP", dedup]
     if options.get("async_"):
         args.append("ASYNC")
     return args

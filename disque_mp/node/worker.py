@@ -169,7 +169,8 @@ class Worker(ClientHost):
 
     def _make_shard(self) -> Shard:
         rng = random.Random(os.urandom(16))
-        return Shard(self.node_id, self.index, self.workers, os.urandom(16), rng, wall_ms())
+        return Shard(self.node_id, self.index, self.workers, os.urandom(16), rng, wall_ms(),
+                     dedup_keys_max=int(self.cfg.dedup_keys_max))
 
     def _start_aof(self) -> None:
         try:
