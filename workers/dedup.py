@@ -10,9 +10,10 @@ core's events, whichever path a job enters or leaves the table by:
 
 - ``after_ext_registered``: a job with extension fields entered the table (ADDJOB,
   a REPLJOB copy, YOURJOBS, AOF load): its key is held, unless it is acknowledged
-  already (an AOF record of an acked job) or another job holds the key here (two
-  producers that added the same key on nodes with no copy of each other's job:
-  the first one here keeps it);
+  already (an AOF record of an acked job). Two jobs may hold one key on a node:
+  producers added it on two nodes with no copy of each other's job, then one job
+  came to the other node (YOURJOBS, or a copy). The first one here answers; the
+  others wait in ``more`` and the next one answers when it leaves;
 - ``after_ack``: acknowledged here (ACKJOB, or the ACK of another holder): the
   key is free again, though the job stays for the ACK's garbage collection;
 - ``after_ext_unregistered``: the job left the table (FASTACK, DELJOB, TTL, the
@@ -69,6 +70,9 @@ class Dedup(Events):
         # (queue, key) -> the ID of the job holding it, oldest first (the bound
         # forgets from the front)
         self.keys: OrderedDict[_Key, str] = OrderedDict()
+        # further jobs holding a key already in ``keys``, in arrival order (rare)
+        self.more: dict[_Key, list[str]] = {}
+        self.more_count = 0  # sum of the lists' lengths
         self.hits = 0  # ADDJOBs answered with a held job's ID (monotonic)
         self.forgotten = 0  # keys forgotten at the bound while their job stayed (monotonic)
         # a key was forgotten since the last FLUSHALL: some job may hold no entry
@@ -88,16 +92,19 @@ class Dedup(Events):
         """config dedup-keys-max: a lower bound forgets the oldest keys at once."""
         invariant(n > 0, "dedup keys_max must be positive")
         self.keys_max = n
-        while len(self.keys) > n:
+        while self.count() > n:
             self._forget_oldest()
 
     def reset(self) -> None:
         """FLUSHALL: every job is gone (the counters stay)."""
         self.keys = OrderedDict()
+        self.more = {}
+        self.more_count = 0
         self.partial = False
 
     def count(self) -> int:
-        return len(self.keys)
+        """The jobs whose key is held (what ``keys_max`` bounds)."""
+        return len(self.keys) + self.more_count
 
     # ------------------------------------------------------------------ events
 
@@ -107,11 +114,17 @@ class Dedup(Events):
             return
         k = (home_queue(job.queue), ext.dedup)
         keys = self.keys
-        if k in keys:
-            return  # another job here holds it: the first one keeps it
-        if len(keys) >= self.keys_max:
+        if len(keys) + self.more_count >= self.keys_max:
             self._forget_oldest()
-        keys[k] = job.id
+        if k not in keys:
+            keys[k] = job.id
+            return
+        more = self.more.get(k)  # another job here holds it: the first one answers
+        if more is None:
+            self.more[k] = [job.id]
+        else:
+            more.append(job.id)
+        self.more_count += 1
 
     def after_ack(self, job_id: str) -> None:
         if self.keys:
@@ -128,12 +141,34 @@ class Dedup(Events):
         if ext is None or not ext.dedup:
             return
         k = (home_queue(job.queue), ext.dedup)
-        if self.keys.get(k) == job.id:
-            del self.keys[k]
+        jid = job.id
+        keys = self.keys
+        held = keys.get(k)
+        if held is None:
+            return
+        more = self.more.get(k) if self.more_count else None
+        if held == jid:
+            if more is None:
+                del keys[k]
+                return
+            keys[k] = more.pop(0)  # the next job holding it answers (same age)
+        elif more is None or jid not in more:
+            return
+        else:
+            more.remove(jid)
+        self.more_count -= 1
+        if not more:
+            del self.more[k]
 
     def _forget_oldest(self) -> None:
-        self.keys.popitem(last=False)
-        self.forgotten += 1
+        k, _jid = self.keys.popitem(last=False)
+        forgotten = 1
+        if self.more_count:
+            more = self.more.pop(k, None)
+            if more is not None:
+                forgotten += len(more)
+                self.more_count -= len(more)
+        self.forgotten += forgotten
         self.partial = True
 
     # ------------------------------------------------------------------ checks
@@ -143,9 +178,17 @@ class Dedup(Events):
         key; every such job's key is held (by it or by an earlier job) unless a key
         was forgotten at the bound (tests; O(jobs))."""
         keys = self.keys
-        invariant(len(keys) <= self.keys_max, f"{len(keys)} dedup keys > {self.keys_max}")
+        invariant(self.count() <= self.keys_max, f"{self.count()} dedup keys > {self.keys_max}")
+        invariant(self.more_count == sum(len(m) for m in self.more.values()),
+                  "dedup more_count wrong")
+        held: list[tuple[_Key, str]] = list(keys.items())
+        for k, more in self.more.items():
+            invariant(k in keys and bool(more), f"dedup key {k!r}: more without a first")
+            held += [(k, jid) for jid in more]
+        ids = {jid for _k, jid in held}
+        invariant(len(ids) == len(held), "a job holds a dedup key twice")
         core = self.core
-        for (queue, key), jid in keys.items():
+        for (queue, key), jid in held:
             job = core.lookup(jid)
             if job is None:
                 raise InvariantError(f"dedup key {key!r} names a job not held: {jid}")
@@ -158,5 +201,5 @@ class Dedup(Events):
         for job in core.jobs():
             ext = job.ext
             if ext is not None and ext.dedup and job.state != ACKED:
-                invariant((home_queue(job.queue), ext.dedup) in keys,
+                invariant(job.id in ids,
                           f"job {job.id} holds dedup key {ext.dedup!r} not in the index")

@@ -29,6 +29,7 @@ The tunables below are read at call time by both clients: set them on this modul
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
@@ -36,6 +37,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypedDict, TypeVar, Unpack, cast
 
+from disque_mp.client.limits import DEDUP_BYTES_MAX
 from workers.ids import is_valid_job_id, owner_of_job_id, owner_of_queue
 
 DEFAULT_NODE = "127.0.0.1:7711"
@@ -345,6 +347,19 @@ def addjob_args(queue: str | bytes, body: bytes | str, timeout_ms: int = 0,
     if options.get("async_"):
         args.append("ASYNC")
     return args
+
+
+def task_dedup_key(task_id: str, retries: int = 0) -> str:
+    """The DEDUP key the brokers give a task's message: its task ID, and for a
+    retry published as a new message (Celery's ``retry``, a Dramatiq or Taskiq retry
+    that could not requeue the job in place) the retry's number after a colon, so a
+    retry is never taken for a re-send of the attempt it follows (that job is still
+    held, unacknowledged, while its task retries). An ID too long for DEDUP is
+    replaced by its SHA-256."""
+    key = task_id if not retries else f"{task_id}:{int(retries)}"
+    if len(key.encode()) > DEDUP_BYTES_MAX:
+        key = "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+    return key
 
 
 def nack_args(ids: list[str], delay: int | None) -> list[Any]:
