@@ -526,10 +526,13 @@ class Shard:
             "registered_jobs": c.job_count(),
             "registered_queues": c.queue_count(),
             "blocked_clients": c.waiter_count(),
-            "dedup_keys": self.dedup.count(),
-            "dedup_hits": self.dedup.hits,
-            "dedup_keys_forgotten": self.dedup.forgotten,
         }
+
+    def dedup_info(self) -> dict[str, int]:
+        """INFO's DEDUP figures (workers/dedup.py)."""
+        d = self.dedup
+        return {"dedup_keys": d.count(), "dedup_hits": d.hits,
+                "dedup_keys_forgotten": d.forgotten}
 
     def set_dedup_keys_max(self, n: int) -> None:
         """config dedup-keys-max (workers/dedup.py)."""

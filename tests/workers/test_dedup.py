@@ -27,7 +27,7 @@ def _add(env: Env, key: bytes = b"k", queue: bytes = b"q", **kw: Any) -> Any:
 
 
 def _info(env: Env) -> tuple[int, int, int]:
-    i = env.s.info()
+    i = env.s.dedup_info()
     return i["dedup_keys"], i["dedup_hits"], i["dedup_keys_forgotten"]
 
 
@@ -109,7 +109,7 @@ def test_the_bound_is_a_shard_argument() -> None:
         s.op_addjob(b"q", b"x", timeout_ms=0, replicate=None, delay_s=0, retry_s=None,
                     ttl_s=60, maxlen=0, async_=False, token=0, now_ms=T0,
                     ext=JobExt(dedup=key))
-    assert s.info()["dedup_keys"] == 1 and s.info()["dedup_keys_forgotten"] == 1
+    assert s.dedup_info()["dedup_keys"] == 1 and s.dedup_info()["dedup_keys_forgotten"] == 1
 
 
 def test_a_hit_comes_before_maxlen_and_pause_but_after_argument_errors(env: Env) -> None:
@@ -129,7 +129,7 @@ def test_the_aof_reload_holds_the_keys_of_unacked_jobs() -> None:
     assert job is not None
     job.delivered = (NODE, "b" * 40)
     env.s.op_ackjob([acked], env.now)
-    assert env.state(acked) == ACKED and env.s.info()["dedup_keys"] == 1
+    assert env.state(acked) == ACKED and env.s.dedup_info()["dedup_keys"] == 1
     records = [e.record for e in env.s.take_effects() if isinstance(e, AofAppend)]
     back = Env()
     back.s = Shard(NODE, 0, 1, b"restarted", random.Random(8), back.now)  # fresh IDs
@@ -137,7 +137,7 @@ def test_the_aof_reload_holds_the_keys_of_unacked_jobs() -> None:
         back.s.load_record(rec, True, back.now)
     back.s.check()
     assert back.state(acked) == ACKED
-    assert _add(back, b"a") == queued and back.s.info()["dedup_keys"] == 1
+    assert _add(back, b"a") == queued and back.s.dedup_info()["dedup_keys"] == 1
     assert _add(back, b"b") != acked
 
 
@@ -156,7 +156,7 @@ def test_a_node_holding_a_copy_answers_the_same_id() -> None:
     assert net.addjob(holder, ext=JobExt(dedup=b"order-7")) == jid
     net.run(50)
     assert set(net.holders(jid)) == {a, holder}
-    assert net.nodes[holder].shard.info()["dedup_hits"] == 1
+    assert net.nodes[holder].shard.dedup_info()["dedup_hits"] == 1
     # a node without a copy cannot know it (best effort across nodes)
     other_id = net.added(other, 50, replicate=1, ext=JobExt(dedup=b"order-7"))
     assert other_id != jid
@@ -203,9 +203,9 @@ def test_two_jobs_with_one_key_on_a_node_answer_one_after_the_other(env: Env) ->
     other.ext = JobExt(dedup=b"k")
     env.s.load_record(other.to_record(), True, env.now)
     env.s.check()
-    assert env.s.info()["dedup_keys"] == 2 and _add(env) == first
+    assert env.s.dedup_info()["dedup_keys"] == 2 and _add(env) == first
     env.s.op_deljob([first], env.now)
     env.s.check()
-    assert _add(env) == other.id and env.s.info()["dedup_keys"] == 1
+    assert _add(env) == other.id and env.s.dedup_info()["dedup_keys"] == 1
     env.s.op_deljob([other.id], env.now)
-    assert env.s.info()["dedup_keys"] == 0 and _add(env) not in (first, other.id)
+    assert env.s.dedup_info()["dedup_keys"] == 0 and _add(env) not in (first, other.id)

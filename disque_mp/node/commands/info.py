@@ -128,7 +128,7 @@ def _info_stats(w: NodeView, conn: Client, parts: list[Any]) -> list[tuple[str, 
 def _dedup_stats(parts: list[Any]) -> list[tuple[str, Any]]:
     """ADDJOB ... DEDUP (workers/dedup.py): keys held now, adds answered with a held
     job's ID, keys forgotten at dedup-keys-max; summed over the workers."""
-    return [(n, sum(int(p["shard"].get(n, 0)) for p in parts))
+    return [(n, sum(int((p.get("dedup") or {}).get(n, 0)) for p in parts))
             for n in ("dedup_keys", "dedup_hits", "dedup_keys_forgotten")]
 
 
