@@ -37,8 +37,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypedDict, TypeVar, Unpack, cast
 
-from disque_mp.client.limits import DEDUP_BYTES_MAX
 from workers.ids import is_valid_job_id, owner_of_job_id, owner_of_queue
+from workers.job import dedup_bytes_max
 
 DEFAULT_NODE = "127.0.0.1:7711"
 
@@ -357,7 +357,7 @@ def task_dedup_key(task_id: str, retries: int = 0) -> str:
     held, unacknowledged, while its task retries). An ID too long for DEDUP is
     replaced by its SHA-256."""
     key = task_id if not retries else f"{task_id}:{int(retries)}"
-    if len(key.encode()) > DEDUP_BYTES_MAX:
+    if len(key.encode()) > dedup_bytes_max:
         key = "sha256:" + hashlib.sha256(key.encode()).hexdigest()
     return key
 
