@@ -15,7 +15,7 @@ from celery import Celery
 from dramatiq import Message
 
 import disque_mp.kombu  # noqa: F401  (registers disque://)
-from disque_mp.client import Disque
+from disque_mp.client import Disque, addjob_args
 from disque_mp.client.core import task_dedup_key
 from disque_mp.dramatiq import DisqueBroker
 from tests.nodeproc import NodeProc, unique_queue
@@ -74,7 +74,9 @@ def test_dramatiq_message_id_is_the_key_with_dedup(broker_node: NodeProc,
     disque.del_queue(q)
 
 
-def test_task_dedup_key_bounds() -> None:
+def test_task_dedup_key_bounds_and_the_addjob_words() -> None:
+    assert addjob_args("q", "b", retry=5, dedup="k", async_=True) == \
+        ["ADDJOB", "q", "b", 0, "RETRY", 5, "DEDUP", "k", "ASYNC"]
     assert task_dedup_key("abc") == "abc" and task_dedup_key("abc", 2) == "abc:2"
     long = task_dedup_key("x" * 300)
     assert long.startswith("sha256:") and len(long) <= 256
