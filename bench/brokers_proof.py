@@ -63,6 +63,7 @@ def points(s: dict[str, Any]) -> dict[str, Callable[[proof.Side], dict[str, Any]
         "5 backoff 1, 2, 4 s (Dramatiq)": proof.backoff_dramatiq,
         "7 prefetch fairness": lambda side: proof.prefetch_fairness(
             side, s["fair_long_s"], s["fair_shorts"]),
+        "8 producer re-sends a task 3 times": lambda side: proof.resent_task(side),
     }
 
 

@@ -41,6 +41,10 @@ def _cell(point: str, f: dict[str, Any] | None) -> str:
     if n == "7":
         return (f"{f['shorts_before_long_ended']}/{f['shorts']} short tasks before the "
                 f"{f['long_s']:.0f} s one ended; last {f['last_short_after_s']} s after")
+    if n == "8":
+        how = " (dedup option: DEDUP <task id>)" if f.get("dedup") else ""
+        return (f"sent {f['sends']} times: Celery ran it {f['celery_runs']} time(s), "
+                f"Dramatiq {f['dramatiq_runs']}{how}")
     return str(f)
 
 

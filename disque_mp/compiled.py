@@ -37,6 +37,7 @@ COMPILED_MODULES = (
     "workers.views",
     "workers.federation",
     "workers.extensions",
+    "workers.dedup",
     "workers.job",
     "workers.queue",
     "workers.ids",

@@ -386,6 +386,8 @@ class Core(CoreState):
         self._after_queue_evicted: tuple[Events, ...] = ()
         self._after_queued_unwatched: tuple[Events, ...] = ()
         self._after_queue_drained: tuple[Events, ...] = ()
+        self._after_ext_registered: tuple[Events, ...] = ()
+        self._after_ext_unregistered: tuple[Events, ...] = ()
 
     # ------------------------------------------------------------------ view
 
@@ -457,6 +459,9 @@ class Core(CoreState):
         if job.waits_delay():
             d = self._tally.delayed
             d[job.queue] = d.get(job.queue, 0) + 1
+        if job.ext is not None:  # plain jobs pay this test only
+            for sub in self._after_ext_registered:
+                sub.after_ext_registered(job)
 
     def unregister(self, job: Job, now_ms: int) -> None:
         jid = job.id
@@ -473,6 +478,9 @@ class Core(CoreState):
                 self.effects.append(Wake(rw.token, ERR_NOREPL_TIMEOUT))
         for sub in self._after_job_gone:
             sub.after_job_gone(jid)
+        if job.ext is not None:
+            for sub in self._after_ext_unregistered:
+                sub.after_ext_unregistered(job)
         t = self._tally
         t.forget_delivery(job)
         if job.waits_delay():
@@ -832,6 +840,16 @@ class Events:
     def after_queue_drained(self, q: Queue, now_ms: int) -> None:
         """A consumer took the last job of the queue."""
 
+    def after_ext_registered(self, job: Job) -> None:
+        """A job with extension fields (``job.ext``) entered the job table, by any
+        path (ADDJOB, a REPLJOB copy, YOURJOBS, AOF load). Plain jobs do not call it:
+        the per-job path pays one test."""
+
+    def after_ext_unregistered(self, job: Job) -> None:
+        """A job with extension fields is leaving the job table (as
+        ``after_job_gone``, with the job: still in its state and queue)."""
+
 
 EVENTS: Final = frozenset(("after_ack", "after_job_gone", "after_queue_evicted",
-                           "after_queued_unwatched", "after_queue_drained"))
+                           "after_queued_unwatched", "after_queue_drained",
+                           "after_ext_registered", "after_ext_unregistered"))

@@ -18,6 +18,7 @@ each in its own file:
   messages;
 - ``life`` (workers/lifecycle.py): the timers firing, NACK / ENQUEUE / WORKING;
 - ``pause`` (workers/pause.py): PAUSE and its broadcast;
+- ``dedup`` (workers/dedup.py): the DEDUP keys the jobs hold (idempotent adds);
 - read-only views (workers/views.py) and AOF loading (workers/persistence.py)
   are functions over the core.
 
@@ -40,6 +41,7 @@ from workers.core import (
     latency_bounds_ms,
     queue_idle_evict_ms,
 )
+from workers.dedup import Dedup, dedup_keys_max_default
 from workers.effects import Effect
 from workers.extensions import Extensions
 from workers.federation import Federation
@@ -133,7 +135,8 @@ class Shard:
     """One worker's shard: the API the worker calls, over the parts it owns."""
 
     def __init__(self, node_id: str, index: int, workers: int, seed: bytes, rng: random.Random,
-                 now_ms: int, *, queue_idle_ms: int = queue_idle_evict_ms) -> None:
+                 now_ms: int, *, queue_idle_ms: int = queue_idle_evict_ms,
+                 dedup_keys_max: int = dedup_keys_max_default) -> None:
         self.index = index
         self.workers = workers
         self.core = c = Core(node_id, index, seed, rng, now_ms, queue_idle_ms)
@@ -144,6 +147,7 @@ class Shard:
         self.repl = Replication(c, self.gc, self.ext)  # REPLJOB ... WORKING
         self.life = Lifecycle(c, self.repl, self.gc, self.fed, self.ext)
         self.pause = Pause(c)
+        self.dedup = Dedup(c, dedup_keys_max)  # ADDJOB ... DEDUP: the keys held
         # Each kind's handler, as the catalogue names it (its part and method).
         self._handlers: dict[str, _Handler] = {
             k.name: getattr(getattr(self, k.part), k.handler) for k in KINDS}
@@ -244,6 +248,10 @@ class Shard:
             return ERR_RETRY0
         if delay_s >= ttl_s:
             return ERR_DELAY_TTL
+        if ext is not None and ext.dedup:
+            held = self.dedup.held(queue, ext.dedup)
+            if held is not None:
+                return Status(held)  # nothing added (even where it would wait for copies)
         if retry_s is None:
             retry_s = ttl_s // 10
             if retry_s > retry_default_max_s:
@@ -508,6 +516,7 @@ class Shard:
         c.reset()
         self.gc.reset()
         self.fed.reset()
+        self.dedup.reset()
         for w in waiters:
             c.block(w, c.now_ms())
 
@@ -518,6 +527,16 @@ class Shard:
             "registered_queues": c.queue_count(),
             "blocked_clients": c.waiter_count(),
         }
+
+    def dedup_info(self) -> dict[str, int]:
+        """INFO's DEDUP figures (workers/dedup.py)."""
+        d = self.dedup
+        return {"dedup_keys": d.count(), "dedup_hits": d.hits,
+                "dedup_keys_forgotten": d.forgotten}
+
+    def set_dedup_keys_max(self, n: int) -> None:
+        """config dedup-keys-max (workers/dedup.py)."""
+        self.dedup.set_keys_max(n)
 
     def metrics(self, queues_max: int, now_ms: int) -> dict[str, Any]:
         """Counters, histograms and the largest queues for /metrics (views.py)."""
@@ -530,3 +549,4 @@ class Shard:
     def check(self) -> None:
         """Check every cross-structure invariant (tests; O(jobs); views.py)."""
         self.core.check()
+        self.dedup.check()

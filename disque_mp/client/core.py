@@ -29,6 +29,7 @@ The tunables below are read at call time by both clients: set them on this modul
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
@@ -37,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypedDict, TypeVar, Unpack, cast
 
 from workers.ids import is_valid_job_id, owner_of_job_id, owner_of_queue
+from workers.job import dedup_bytes_max
 
 DEFAULT_NODE = "127.0.0.1:7711"
 
@@ -310,7 +312,9 @@ def job_ids_of(ids: tuple[str | Job | Iterable[str | Job], ...]) -> list[str]:
 
 class AddJobOptions(TypedDict, total=False):
     """ADDJOB's options, as ``add_job`` / ``add_jobs`` / ``addjob_args`` take them.
-    Times in seconds; ``maxdeliver`` is disque-mp's MAXDELIVER extension."""
+    Times in seconds; ``maxdeliver`` is disque-mp's MAXDELIVER extension, ``dedup``
+    its DEDUP one (a key, 1 to 256 bytes: while a job of the queue with that key is
+    not acknowledged on the node, the add answers that job's ID and adds nothing)."""
 
     replicate: int | None
     delay: int | None
@@ -319,6 +323,7 @@ class AddJobOptions(TypedDict, total=False):
     maxlen: int | None
     async_: bool
     maxdeliver: int | None
+    dedup: str | bytes | None
 
 
 # AddJobOptions' valued options and their words, in the order ADDJOB's arguments take them.
@@ -336,9 +341,25 @@ def addjob_args(queue: str | bytes, body: bytes | str, timeout_ms: int = 0,
         value = cast("int | None", options.get(key))
         if value is not None:
             args += [word, int(value)]
+    dedup = options.get("dedup")
+    if dedup is not None:
+        args += ["DEDUP", dedup]
     if options.get("async_"):
         args.append("ASYNC")
     return args
+
+
+def task_dedup_key(task_id: str, retries: int = 0) -> str:
+    """The DEDUP key the brokers give a task's message: its task ID, and for a
+    retry published as a new message (Celery's ``retry``, a Dramatiq or Taskiq retry
+    that could not requeue the job in place) the retry's number after a colon, so a
+    retry is never taken for a re-send of the attempt it follows (that job is still
+    held, unacknowledged, while its task retries). An ID too long for DEDUP is
+    replaced by its SHA-256."""
+    key = task_id if not retries else f"{task_id}:{int(retries)}"
+    if len(key.encode()) > dedup_bytes_max:
+        key = "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+    return key
 
 
 def nack_args(ids: list[str], delay: int | None) -> list[Any]:

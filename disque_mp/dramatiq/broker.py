@@ -1,6 +1,9 @@
 """A Dramatiq broker on Disque, through ``disque_mp.client.Disque``.
 
-- enqueue: ``ADDJOB queue <message> 0 RETRY <visibility_timeout> TTL <message_ttl>``;
+- enqueue: ``ADDJOB queue <message> 0 RETRY <visibility_timeout> TTL <message_ttl>``,
+  with ``dedup=True`` plus ``DEDUP <message id>`` (``<message id>:<n>`` for retry n):
+  a re-sent message the node holds unacknowledged is not added twice
+  (docs/extensions.md, "Idempotent adds");
   a ``delay`` (ms) becomes ``DELAY ceil(delay / 1000)`` seconds: Disque counts
   whole seconds, so a delay is rounded **up** (250 ms waits 1 s) and a message
   never runs early. No delay queue and no ``eta`` option: the node holds the
@@ -59,6 +62,7 @@ from disque_mp.client import (
     Heartbeat,
     add_window_default,
 )
+from disque_mp.client.core import task_dedup_key
 from disque_mp.client.limits import MAXDELIVER_MAX as max_deliveries_max
 
 log = logging.getLogger("disque_mp.dramatiq")
@@ -124,6 +128,9 @@ class DisqueBroker(Broker):
     the node's reply (off: pipelined, at most ``publish_window`` unanswered, errors
     from the next ``enqueue`` or ``confirm_enqueued()``). ``async_acks``: acks sent
     in batches by a thread (off: each ack waits for its ACKJOB's reply).
+    ``dedup``: ADDJOB ``DEDUP <message id>``, so an ``enqueue`` repeated by a
+    producer that did not see the first one's reply adds nothing while a node
+    holding the message has it unacknowledged.
     """
 
     def __init__(
@@ -143,6 +150,7 @@ class DisqueBroker(Broker):
         confirm_delivery: bool = False,
         publish_window: int = add_window_default,
         async_acks: bool = True,
+        dedup: bool = False,
     ) -> None:
         super().__init__(middleware=middleware)
         if visibility_timeout < 1:
@@ -162,6 +170,7 @@ class DisqueBroker(Broker):
         self.heartbeat = heartbeat
         self.max_deliveries = max_deliveries
         self.async_acks = async_acks
+        self.dedup = dedup
         # None: every enqueue waits for its reply (confirm_delivery)
         self.adds = None if confirm_delivery else AddWindow(self.client, publish_window)
         self.queues: set[str] = set()
@@ -193,7 +202,10 @@ class DisqueBroker(Broker):
                 add = self.client.add_job if self.adds is None else self.adds.add
                 add(message.queue_name, message.encode(), replicate=self.replicate,
                     delay=delay_s, retry=self.visibility_timeout_s,
-                    ttl=self.message_ttl_s + (delay_s or 0), maxdeliver=self.max_deliveries)
+                    ttl=self.message_ttl_s + (delay_s or 0), maxdeliver=self.max_deliveries,
+                    dedup=task_dedup_key(message.message_id,
+                                         int(message.options.get("retries") or 0))
+                    if self.dedup else None)
         except DisqueConnectionError as exc:
             raise BrokerConnectionError(str(exc)) from exc
         self.emit_after("enqueue", message, delay)

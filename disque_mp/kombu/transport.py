@@ -9,7 +9,10 @@ or a lost connection):
 
 - publish: ``ADDJOB queue <message as JSON> 0 RETRY <visibility_timeout>``, plus
   ``DELAY`` for a Celery ``eta``/``countdown`` (seconds, rounded up) and ``TTL``
-  from ``expires`` (else ``message_ttl``);
+  from ``expires`` (else ``message_ttl``); with the ``dedup`` transport option,
+  ``DEDUP <task id>`` (``<task id>:<n>`` for retry n): a producer that re-sends a
+  task whose publish timed out gets the first message's job back while a node
+  holding it has it unacknowledged (docs/extensions.md, "Idempotent adds");
 - consume: ``GETJOB TIMEOUT <ms> COUNT <free prefetch slots> FROM q1 q2 ...``
   (left to right: the first queue that has jobs wins);
 - ack: ``ACKJOB``; reject with requeue: ``NACK``; reject without requeue:
@@ -65,6 +68,7 @@ from disque_mp.client import (
     Job,
     add_window_default,
 )
+from disque_mp.client.core import task_dedup_key
 from disque_mp.client.limits import MAXDELIVER_MAX as max_deliveries_max
 
 log = logging.getLogger("disque_mp.kombu")
@@ -263,7 +267,7 @@ class Channel(virtual.Channel):
     from_transport_options: Any = virtual.Channel.from_transport_options + (
         "visibility_timeout", "message_ttl", "replicate", "async_replication",
         "dead_letter_queue", "priority_steps", "heartbeat", "fetch_count", "max_deliveries",
-        "async_acks",
+        "async_acks", "dedup",
     )
     visibility_timeout: int = visibility_timeout_default_s
     message_ttl: int = message_ttl_default_s
@@ -275,6 +279,7 @@ class Channel(virtual.Channel):
     fetch_count: int = fetch_count_default
     max_deliveries: int | None = None
     async_acks: bool = True
+    dedup: bool = False  # ADDJOB ... DEDUP <task id> (Celery's protocol 2 headers)
 
     def __init__(self, connection: Transport, **kwargs: Any) -> None:
         super().__init__(connection, **kwargs)
@@ -341,7 +346,19 @@ class Channel(virtual.Channel):
         add(self._queue_for(queue, priority), json.dumps(message, separators=(",", ":")),
             replicate=self.replicate, delay=delay_s or None,
             retry=int(self.visibility_timeout), ttl=ttl_s, async_=bool(self.async_replication),
-            maxdeliver=None if self.max_deliveries is None else int(self.max_deliveries))
+            maxdeliver=None if self.max_deliveries is None else int(self.max_deliveries),
+            dedup=self._dedup_key(message))
+
+    def _dedup_key(self, message: dict[str, Any]) -> str | None:
+        """The task's ID as DEDUP key when the ``dedup`` option asks (None: no key,
+        or a message without Celery's task ID header)."""
+        if not self.dedup:
+            return None
+        headers = message.get("headers") or {}
+        task_id = headers.get("id")
+        if not task_id:
+            return None
+        return task_dedup_key(str(task_id), int(headers.get("retries") or 0))
 
     def _get(self, queue: str, timeout: float | None = None) -> dict[str, Any]:
         """One message (basic_get): NOHANG, Empty when there is none."""

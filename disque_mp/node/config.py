@@ -217,6 +217,9 @@ class Config:
     # WAITJOB: (job, wait) entries one client may hold in one worker's WAITJOB table
     # (that table holds 1,000,000), so one client cannot fill it for everyone
     waitjob_entries_per_client_max: int = 100_000
+    # ADDJOB ... DEDUP: keys one worker holds (workers/dedup.py); past it the oldest
+    # key is forgotten (its job stays, no longer deduplicated), an add never fails
+    dedup_keys_max: int = 1_000_000
 
 
 class ConfigValueError(ValueError):
@@ -437,6 +440,9 @@ DIRECTIVES: tuple[Directive, ...] = (
        "auth-failures-per-second-max must be between 1 and 1000000", lo=1, hi=1_000_000),
     _d("waitjob-entries-per-client-max", "int", True,
        "waitjob-entries-per-client-max must be between 1 and 1000000", lo=1, hi=1_000_000),
+    # ours: idempotent adds (docs/extensions.md, "Idempotent adds")
+    _d("dedup-keys-max", "int", True,
+       "dedup-keys-max must be between 1 and 100000000", lo=1, hi=100_000_000),
 )
 BY_NAME: dict[str, Directive] = {d.name: d for d in DIRECTIVES}
 # Names Redis users know for our limit directives (same field, same units).

@@ -169,7 +169,8 @@ class Worker(ClientHost):
 
     def _make_shard(self) -> Shard:
         rng = random.Random(os.urandom(16))
-        return Shard(self.node_id, self.index, self.workers, os.urandom(16), rng, wall_ms())
+        return Shard(self.node_id, self.index, self.workers, os.urandom(16), rng, wall_ms(),
+                     dedup_keys_max=int(self.cfg.dedup_keys_max))
 
     def _start_aof(self) -> None:
         try:
@@ -380,6 +381,7 @@ class Worker(ClientHost):
             "ops_per_sec": self.rates[0], "in_kbps": self.rates[1], "out_kbps": self.rates[2],
             "cmdstats": {k: v for k, v in self.router.cmdstats.items() if v[0]},
             "shard": self.shard.info(),
+            "dedup": self.shard.dedup_info(),
             "aof": self.aof.info() if self.aof is not None else None,
             "mem": self.memory.stats() if self.memory is not None else None,
             "bus": dict(bus_auth.STATS),

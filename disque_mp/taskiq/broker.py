@@ -18,9 +18,14 @@
   same job ID, the node's ``nacks`` counter counts the retries, and the ack after the
   task is skipped. When the job is delivered again, its ``_retries`` label is the one
   it was added with plus ``nacks``, so the middleware counts on.
-- ``group`` and ``dedup`` labels (fair tenants, idempotent adds) are refused with
-  ``UnsupportedLabelError`` at kick: the node has no ``GROUP`` / ``DEDUP`` ADDJOB
-  option yet, and a producer that asked for deduplication must not believe it got it.
+- ``dedup`` label (idempotent adds): ``DEDUP <key>``; ``True`` takes the task ID as
+  the key, any other value is the key itself (``<key>:<n>`` for retry n, so a retry
+  kicked as a new job is not taken for a re-send), ``False`` none; the broker's
+  ``dedup=True`` gives every task its ID as key unless its label says otherwise. A
+  kick re-sent by a producer that did not see the first one's reply then adds
+  nothing while a node holding the job has it unacknowledged.
+- the ``group`` label (fair tenants) is refused with ``UnsupportedLabelError`` at
+  kick: the node has no ``GROUP`` ADDJOB option yet.
 - Failover across nodes and ``-LEAVING`` come from the client.
 """
 
@@ -36,7 +41,13 @@ from taskiq import AckableMessage, AsyncBroker, BrokerMessage, TaskiqMessage
 from taskiq.labels import prepare_label
 
 from disque_mp.aclient import AsyncDisque
-from disque_mp.client.core import DisqueError, Job, heartbeat_first_s, heartbeat_retry_fraction
+from disque_mp.client.core import (
+    DisqueError,
+    Job,
+    heartbeat_first_s,
+    heartbeat_retry_fraction,
+    task_dedup_key,
+)
 
 log = logging.getLogger("disque_mp.taskiq")
 
@@ -53,13 +64,13 @@ maxdeliver_max = 1_000_000
 # A failed GETJOB (node unreachable after the client's failover) is retried after this.
 listen_error_pause_s = 1.0
 # Labels the node has no option for yet; refused rather than silently ignored.
-unsupported_labels = ("group", "dedup")
+unsupported_labels = ("group",)
 # Set on every delivered message: the Disque job that carries it (same across retries).
 job_id_label = "disque_job_id"
 
 
 class UnsupportedLabelError(ValueError):
-    """A label this broker cannot honour on this node (``group``, ``dedup``)."""
+    """A label this broker cannot honour on this node (``group``)."""
 
 
 def nodes_from_url(url: str) -> list[str]:
@@ -88,6 +99,26 @@ def _delay_s_of(labels: dict[str, Any]) -> int | None:
     return math.ceil(delay) or None
 
 
+_TRUE: frozenset[str] = frozenset(("true", "1", "yes"))
+_FALSE: frozenset[str] = frozenset(("false", "0", "no", ""))
+
+
+def _dedup_key_of(labels: dict[str, Any], task_id: str, default: bool) -> str | None:
+    """The ``dedup`` label (a string on the wire: Taskiq sends labels as text): true
+    takes the task ID, false none, anything else is the key; absent: the broker's
+    ``dedup`` default."""
+    value = labels.get("dedup")
+    text = "" if value is None else str(value)
+    retries = int(labels.get("_retries") or 0)
+    if value is None:
+        return task_dedup_key(task_id, retries) if default else None
+    if text.lower() in _TRUE:
+        return task_dedup_key(task_id, retries)
+    if text.lower() in _FALSE:
+        return None
+    return task_dedup_key(text, retries)
+
+
 def _set_label(message: TaskiqMessage, name: str, value: Any) -> None:
     message.labels[name], label_type = prepare_label(value)
     if message.labels_types is not None:
@@ -110,7 +141,8 @@ class DisqueBroker(AsyncBroker):
 
     ``visibility_timeout_s``: Disque RETRY (a running task is kept alive by WORKING);
     ``message_ttl_s``: TTL of a job nobody runs; ``maxdeliver``: default MAXDELIVER
-    (None: no cap; the ``maxdeliver`` label overrides it); ``client``: an existing
+    (None: no cap; the ``maxdeliver`` label overrides it); ``dedup``: the task ID as
+    DEDUP key of every task (the ``dedup`` label overrides it); ``client``: an existing
     ``AsyncDisque`` to use instead of connecting to ``url``."""
 
     def __init__(self, url: str = "disque://127.0.0.1:7711", queue: str = "taskiq", *,
@@ -118,7 +150,8 @@ class DisqueBroker(AsyncBroker):
                  message_ttl_s: int = message_ttl_default_s,
                  maxdeliver: int | None = None,
                  password: str | None = None,
-                 client: AsyncDisque | None = None) -> None:
+                 client: AsyncDisque | None = None,
+                 dedup: bool = False) -> None:
         super().__init__()
         if visibility_timeout_s < 1:
             raise ValueError("visibility_timeout_s must be at least 1 (Disque RETRY)")
@@ -126,6 +159,7 @@ class DisqueBroker(AsyncBroker):
         self.visibility_timeout_s = int(visibility_timeout_s)
         self.message_ttl_s = int(message_ttl_s)
         self.maxdeliver = _maxdeliver_of(maxdeliver)
+        self.dedup = dedup
         self.client = client or AsyncDisque(nodes_from_url(url), password=password)
         self._held: dict[str, _Held] = {}  # job ID -> its state, while its task runs here
         self._job_of_task: dict[str, str] = {}  # task ID -> the job ID it last came in
@@ -155,7 +189,8 @@ class DisqueBroker(AsyncBroker):
         maxdeliver = _maxdeliver_of(labels.get("maxdeliver", self.maxdeliver))
         await self.client.add_job(
             self.queue, message.message, 0, retry=self.visibility_timeout_s,
-            ttl=self.message_ttl_s + (delay_s or 0), delay=delay_s, maxdeliver=maxdeliver)
+            ttl=self.message_ttl_s + (delay_s or 0), delay=delay_s, maxdeliver=maxdeliver,
+            dedup=_dedup_key_of(labels, message.task_id, self.dedup))
 
     async def _requeue_in_place(self, held: _Held, delay_s: int | None) -> None:
         """A retry of a task this broker runs: NACK [DELAY] its job, same job ID."""

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -51,13 +54,15 @@ class Side:
     visibility_s: int = 4
     max_deliveries: int | None = None  # disque:// only: ADDJOB MAXDELIVER
     replicate: int | None = None  # disque:// only: ADDJOB REPLICATE
+    dedup: bool = False  # disque:// only: the brokers' dedup option (ADDJOB DEDUP <task id>)
     workers: list[WorkerProc] = field(default_factory=list)
 
     def env(self, queue: str, record: Path) -> dict[str, str]:
         return {"PROOF_BROKER_URL": self.url, "PROOF_QUEUE": queue,
                 "BROKER_RECORD_FILE": str(record), "PROOF_VISIBILITY_S": str(self.visibility_s),
                 "PROOF_MAX_DELIVERIES": str(self.max_deliveries or ""),
-                "PROOF_REPLICATE": str(self.replicate or "")}
+                "PROOF_REPLICATE": str(self.replicate or ""),
+                "PROOF_DEDUP": "1" if self.dedup else ""}
 
     def celery_worker(self, queue: str, record: Path, name: str,
                       pool: tuple[str, ...] = ("-P", "prefork", "-c", "1")) -> WorkerProc:
@@ -83,6 +88,8 @@ class Side:
             options["max_deliveries"] = self.max_deliveries
         if self.broker == "disque" and self.replicate:
             options["replicate"] = self.replicate
+        if self.broker == "disque" and self.dedup:
+            options["dedup"] = True
         app.conf.broker_transport_options = options
         app.conf.task_default_queue = "proof"
         return app
@@ -350,3 +357,48 @@ def prefetch_fairness(side: Side, long_s: float, shorts: int) -> dict[str, Any]:
     return {"long_s": long_s, "shorts": shorts,
             "shorts_before_long_ended": sum(1 for r in short_done if r["t"] < long_end),
             "last_short_after_s": round(max(r["t"] for r in short_done) - started, 2)}
+
+
+def resent_task(side: Side, sends: int = 3, nap_s: float = 3.0,
+                timeout_s: float = 0.5) -> dict[str, Any]:
+    """Point 8: a producer that gets no reply in ``timeout_s`` sends the same task
+    again (same Celery task ID, same Dramatiq message), ``sends`` times in all, while
+    the first one runs (a task of ``nap_s``). Runs counted for Celery and Dramatiq; on
+    disque-mp with the brokers' ``dedup`` option (ADDJOB DEDUP <task id>), the peers
+    have no such option."""
+    if side.broker == "disque":
+        side = replace(side, dedup=True)  # the same list of workers
+    q, rec = unique_queue("p8c"), side.workdir / f"p8c-{side.broker}.jsonl"
+    side.celery_worker(q, rec, "p8c", pool=("-P", "prefork", "-c", "2"))
+    app = side.producer()
+    task_id = str(uuid.uuid4())
+    for _ in range(sends):
+        send(app, "nap", q, nap_s, "resent", task_id=task_id)
+        time.sleep(timeout_s)
+    celery_runs = _runs_settled(rec, task_id, nap_s)
+    side.stop_workers()
+    q, rec = unique_queue("p8d"), side.workdir / f"p8d-{side.broker}.jsonl"
+    w = side.dramatiq_worker(q, rec, "p8d")
+    env = {**os.environ, **side.env(q, rec)}
+    code = (f"import time\nfrom {DRAMATIQ_APP} import nap, broker\n"
+            f"m = nap.message({nap_s}, 'resent')\nprint(m.message_id, flush=True)\n"
+            f"for _ in range({sends}):\n    broker.enqueue(m)\n"
+            f"    getattr(broker, 'confirm_enqueued', lambda: None)()\n"
+            f"    time.sleep({timeout_s})\nbroker.close()\n")
+    out = subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60,
+                         capture_output=True, text=True,
+                         cwd=str(Path(__file__).resolve().parents[2]))
+    message_id = out.stdout.split()[0]
+    wait_for(lambda: records(rec, "nap-start"), scenario_wait_max_s, "the resent message", w)
+    dramatiq_runs = _runs_settled(rec, message_id, nap_s)
+    side.stop_workers()
+    return {"sends": sends, "timeout_s": timeout_s, "task_s": nap_s, "dedup": side.dedup,
+            "celery_runs": celery_runs, "dramatiq_runs": dramatiq_runs}
+
+
+def _runs_settled(rec: Path, task_id: str, nap_s: float) -> int:
+    """Runs of ``task_id`` once the first finished and a further run would have too."""
+    wait_for(lambda: [r for r in records(rec, "nap-done") if r["id"] == task_id],
+             scenario_wait_max_s, f"task {task_id} to run")
+    time.sleep(nap_s + 1.0)
+    return len([r for r in records(rec, "nap-start") if r["id"] == task_id])

@@ -7,6 +7,7 @@ RETRY; unused elsewhere)."""
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import dramatiq
@@ -30,7 +31,8 @@ def _broker() -> Any:
         return RabbitmqBroker(url=URL[:-2] + "/%2F" if URL.endswith("//") else URL)
     from disque_mp.dramatiq import DisqueBroker
 
-    return DisqueBroker(url=URL, visibility_timeout=int(os.environ.get("PROOF_VISIBILITY_S", "4")))
+    return DisqueBroker(url=URL, visibility_timeout=int(os.environ.get("PROOF_VISIBILITY_S", "4")),
+                        dedup=bool(os.environ.get("PROOF_DEDUP")))
 
 
 broker = _broker()
@@ -54,3 +56,13 @@ def backoff(key: str) -> None:
     record("backoff", key, tag=str(_broker_id(message)), retries=retries)
     if retries < 3:
         raise dramatiq.Retry(delay=1000 * 2 ** retries)
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0)
+def nap(seconds: float, label: str) -> None:
+    """Sleeps; its runs are counted by message ID (the resent-task point)."""
+    message = CurrentMessage.get_current_message()
+    assert message is not None
+    record("nap-start", message.message_id, label=label, tag=str(_broker_id(message)))
+    time.sleep(seconds)
+    record("nap-done", message.message_id, label=label)

@@ -1,7 +1,7 @@
 """disque_mp.taskiq against a real node and a real ``taskiq worker`` process: results
 through taskiq-redis's result backend on a real redis-server, retries as NACK DELAY on
 the same job, the ack after the task ran (a worker killed mid-task: the job comes back),
-MAXDELIVER from a label, and the labels the node cannot honour yet refused."""
+MAXDELIVER and DEDUP from labels, and the label the node cannot honour yet refused."""
 
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ def test_maxdeliver_label_and_refused_labels(broker_node: NodeProc) -> None:
         await broker.startup()
         try:
             await kicker(broker, "echo", maxdeliver=1).kiq(1)
-            for label in ("group", "dedup"):
+            for label in ("group",):
                 with pytest.raises(SendTaskError) as refused:  # taskiq wraps kick's error
                     await kicker(broker, "echo", **{label: "tenant-a"}).kiq(2)
                 assert isinstance(refused.value.__cause__, UnsupportedLabelError)
@@ -191,3 +191,34 @@ def test_killed_mid_task_the_job_comes_back(broker_node: NodeProc, tmp_path: Pat
                                "the slow task again, in a new worker", w2)
     runs = [x for x in records if x["task"] == "slow"]
     assert len(runs) == 2 and runs[0]["job"] == runs[1]["job"]
+
+
+def test_dedup_label_adds_a_resent_task_once(broker_node: NodeProc) -> None:
+    queue = f"taskiq-dd-{uuid.uuid4().hex[:8]}"
+    r = raw(broker_node)
+
+    async def go() -> None:
+        broker = DisqueBroker(node_url(broker_node), queue=queue)
+        await broker.startup()
+        try:
+            same = kicker(broker, "echo", dedup=True).with_task_id("task-7")
+            for _ in range(3):  # the producer timed out and sends it again
+                await same.kiq(1)
+            await kicker(broker, "echo", dedup="order-9").kiq(2)
+            await kicker(broker, "echo", dedup="order-9").kiq(2)
+            await kicker(broker, "echo", dedup=False).with_task_id("task-7").kiq(3)
+        finally:
+            await broker.shutdown()
+        by_default = DisqueBroker(node_url(broker_node), queue=queue, dedup=True)
+        await by_default.startup()
+        try:
+            await kicker(by_default, "echo").with_task_id("task-7").kiq(1)
+        finally:
+            await by_default.shutdown()
+
+    asyncio.run(go())
+    assert r.execute_command("QLEN", queue) == 3  # task-7 once, order-9 once, no key once
+    keys = sorted(show(r, j[1].decode()).get(b"dedup", b"")
+                  for j in r.execute_command("QPEEK", queue, 10))
+    assert keys == [b"", b"order-9", b"task-7"]
+    r.execute_command("DELQUEUE", queue)

@@ -291,3 +291,89 @@ def test_maxdeliver_and_nack_delay_survive_a_restart(tmp_path: Path) -> None:
         assert show["next-requeue-within"] > 500_000  # still waiting for the delay (ms)
         # queued before the restart: active now, queued again after RETRY (the AOF
         # load rule, docs/persistence.md), into the dead-letter queue
+
+
+# ------------------------------------------------------------------ DEDUP (idempotent adds)
+
+
+def _stat(r: redis.Redis, name: str) -> int:
+    return int(r.info("stats")[name])
+
+
+def test_dedup_on_one_node_from_redis_py_cli_and_the_clients(one: NodeProc) -> None:
+    r = _r(one)
+    q = _q()
+    hits = _stat(r, "dedup_hits")
+    jid = r.execute_command("ADDJOB", q, "x", 0, "DEDUP", "order-1").decode()
+    assert r.execute_command("ADDJOB", q, "y", 0, "RETRY", 5, "DEDUP", "order-1").decode() == jid
+    assert r.execute_command("QLEN", q) == 1 and _show(r, jid)["dedup"] == b"order-1"
+    assert _stat(r, "dedup_hits") == hits + 1 and _stat(r, "dedup_keys") >= 1
+    if shutil.which("redis-cli") is not None:
+        out = subprocess.run(["redis-cli", "-p", str(one.port), "ADDJOB", q, "z", "0",
+                              "DEDUP", "order-1"], capture_output=True, text=True, timeout=20,
+                             check=True).stdout.strip()
+        assert out == jid
+    with Disque(f"127.0.0.1:{one.port}", socket_timeout=20) as d:
+        assert d.add_job(q, b"w", dedup="order-1") == jid
+        assert d.ack(jid) == 1
+        fresh = d.add_job(q, b"w", dedup="order-1")  # acknowledged: the key is free
+        assert fresh != jid and d.qlen(q) == 1
+
+    async def go() -> None:
+        a = AsyncDisque(f"127.0.0.1:{one.port}", socket_timeout=20)
+        try:
+            assert await a.add_job(q, b"v", dedup=b"order-1") == fresh
+        finally:
+            await a.aclose()
+
+    asyncio.run(go())
+    assert _err(r, "ADDJOB", q, "x", 0, "DEDUP", "k" * 257) == "DEDUP key must be 1 to 256 bytes"
+    assert r.execute_command("CONFIG", "GET", "dedup-keys-max") == [b"dedup-keys-max", b"1000000"]
+    assert _err(r, "CONFIG", "SET", "dedup-keys-max", "0") == \
+        "Invalid argument '0' for CONFIG SET 'dedup-keys-max'"
+    assert r.execute_command("DELJOB", fresh) == 1
+
+
+def test_dedup_keys_max_forgets_the_oldest_key(one: NodeProc) -> None:
+    r = _r(one)
+    q = _q()
+    forgotten = _stat(r, "dedup_keys_forgotten")
+    keys = _stat(r, "dedup_keys")
+    assert r.execute_command("CONFIG", "SET", "dedup-keys-max", 1) == b"OK"
+    try:
+        first = r.execute_command("ADDJOB", q, "x", 0, "DEDUP", "a").decode()
+        r.execute_command("ADDJOB", q, "x", 0, "DEDUP", "b")  # same worker: forgets a
+        assert r.execute_command("ADDJOB", q, "x", 0, "DEDUP", "a").decode() != first
+        assert r.execute_command("QLEN", q) == 3
+        assert _stat(r, "dedup_keys_forgotten") >= forgotten + 2
+    finally:
+        assert r.execute_command("CONFIG", "SET", "dedup-keys-max", 1_000_000) == b"OK"
+    r.execute_command("DELQUEUE", q)
+    assert _stat(r, "dedup_keys") <= keys
+
+
+def test_dedup_a_resend_to_a_node_with_a_copy_answers_the_same_id(
+        three: list[NodeProc]) -> None:
+    q = _q()
+    rs = [_r(n) for n in three]
+    jid = rs[0].execute_command("ADDJOB", q, "x", 0, "REPLICATE", 2, "DEDUP", "pay-9").decode()
+    holders = [i for i, r in enumerate(rs) if r.execute_command("SHOW", jid)]
+    assert len(holders) == 2 and 0 in holders
+    copy = next(i for i in holders if i != 0)
+    other = next(i for i in range(3) if i not in holders)
+    # the producer timed out and re-sends, to the same node or to the one with a copy
+    assert rs[0].execute_command("ADDJOB", q, "x", 0, "DEDUP", "pay-9").decode() == jid
+    assert rs[copy].execute_command("ADDJOB", q, "x", 0, "DEDUP", "pay-9").decode() == jid
+    assert sum(r.execute_command("QLEN", q) for r in rs) == 1
+    # a node with no copy cannot know the key (best effort across nodes)
+    elsewhere = rs[other].execute_command("ADDJOB", q, "x", 0, "REPLICATE", 1,
+                                          "DEDUP", "pay-9").decode()
+    assert elsewhere != jid
+    rs[other].execute_command("DELJOB", elsewhere)
+    # once acknowledged, every holder frees the key
+    assert rs[0].execute_command("ACKJOB", jid) == 1
+    wait_until(lambda: not any(r.execute_command("SHOW", jid) for r in rs), wait_s,
+               "the acknowledged job gone from every node")
+    again = rs[copy].execute_command("ADDJOB", q, "x", 0, "REPLICATE", 2, "DEDUP", "pay-9")
+    assert again.decode() != jid
+    rs[copy].execute_command("DELQUEUE", q)

@@ -122,7 +122,14 @@ def _info_stats(w: NodeView, conn: Client, parts: list[Any]) -> list[tuple[str, 
             ("rejected_connections", _sum(parts, "rejected")), ("latest_fork_usec", 0),
             ("acl_access_denied_auth",
              sum(int((p.get("bus") or {}).get("client_auth_failures", 0)) for p in parts)),
-            *_bus_security_stats(parts)]
+            *_bus_security_stats(parts), *_dedup_stats(parts)]
+
+
+def _dedup_stats(parts: list[Any]) -> list[tuple[str, Any]]:
+    """ADDJOB ... DEDUP (workers/dedup.py): keys held now, adds answered with a held
+    job's ID, keys forgotten at dedup-keys-max; summed over the workers."""
+    return [(n, sum(int((p.get("dedup") or {}).get(n, 0)) for p in parts))
+            for n in ("dedup_keys", "dedup_hits", "dedup_keys_forgotten")]
 
 
 def _bus_security_stats(parts: list[Any]) -> list[tuple[str, Any]]:

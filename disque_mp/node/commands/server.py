@@ -200,6 +200,8 @@ def _apply_config(w: NodeView, name: str, value: str) -> Any:
     if name in ("getjob-count-max", "qpeek-count-max", "scan-count-max",
                 "queue-name-bytes-max", "waitjob-entries-per-client-max"):
         cmd_jobs.apply_limits(w.cfg)
+    if name == "dedup-keys-max":
+        w.shard.set_dedup_keys_max(int(w.cfg.dedup_keys_max))
     if w.aof is not None and name in ("appendonly", "appendfsync"):
         w.aof.apply_config()
     if w.memory is not None and name == "maxmemory":

@@ -1,0 +1,205 @@
+"""Idempotent adds (``ADDJOB ... DEDUP <key>``, docs/extensions.md): the index of
+the deduplication keys this shard's jobs hold.
+
+A job added with ``DEDUP <key>`` holds the key in its queue while it is not
+acknowledged: queued, delayed, active or waiting for its copies. An ADDJOB with
+the same queue and key then adds nothing and answers the holder's ID
+(``Shard.op_addjob`` asks ``held``). The key travels with every copy of the job
+(record version 3: REPLJOB, YOURJOBS, the AOF), so the index is kept from the
+core's events, whichever path a job enters or leaves the table by:
+
+- ``after_ext_registered``: a job with extension fields entered the table (ADDJOB,
+  a REPLJOB copy, YOURJOBS, AOF load): its key is held, unless it is acknowledged
+  already (an AOF record of an acked job). Two jobs may hold one key on a node:
+  producers added it on two nodes with no copy of each other's job, then one job
+  came to the other node (YOURJOBS, or a copy). The first one here answers; the
+  others wait in ``more`` and the next one answers when it leaves;
+- ``after_ack``: acknowledged here (ACKJOB, or the ACK of another holder): the
+  key is free again, though the job stays for the ACK's garbage collection;
+- ``after_ext_unregistered``: the job left the table (FASTACK, DELJOB, TTL, the
+  ACK GC, a failed replication, DELQUEUE): the key is free again.
+
+A dead-letter queue shares its queue's keys: the key's queue is the job's queue
+without ``dead:``. So a job moved to ``dead:<queue>`` (MAXDELIVER, DEADLETTER)
+still holds its key until it is acknowledged, deleted or expired: a producer that
+re-sends it gets the dead letter's ID rather than a second job, and a job moved
+back to its queue keeps its key. FLUSHALL empties the index (``reset``).
+
+Bound: ``keys_max`` keys per shard (config ``dedup-keys-max``, per worker). At
+the bound the oldest key is forgotten (its job stays, it is only no longer
+deduplicated), counted in ``forgotten``: an ADDJOB never fails for the index, as
+a producer expects of an add, and a key is forgotten only after the newest
+``keys_max`` ones, the way Redis' IDMP and NATS' duplicate window forget the
+oldest ids. INFO shows ``dedup_keys``, ``dedup_hits``, ``dedup_keys_forgotten``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Final
+
+from workers.core import Core, Events
+from workers.ids import DEAD_PREFIX
+from workers.invariant import InvariantError, invariant
+from workers.job import ACKED, Job
+
+# Keys one shard holds, by default (config dedup-keys-max): a key costs about 200
+# bytes beside its job (which costs more), so the index stays a fraction of the jobs'
+# own memory; past it the oldest key is forgotten.
+dedup_keys_max_default: Final = 1_000_000
+
+_DEAD_PREFIX_LEN: Final = len(DEAD_PREFIX)
+
+_Key = tuple[bytes, bytes]  # (the queue without dead:, the DEDUP key)
+
+
+def home_queue(queue: bytes) -> bytes:
+    """The queue whose keys a job of ``queue`` holds: a dead-letter queue's own."""
+    if queue[:_DEAD_PREFIX_LEN] == DEAD_PREFIX:
+        return queue[_DEAD_PREFIX_LEN:]
+    return queue
+
+
+class Dedup(Events):
+    """The DEDUP keys held by this shard's jobs (``Shard.dedup``)."""
+
+    def __init__(self, core: Core, keys_max: int = dedup_keys_max_default) -> None:
+        self.core = core
+        invariant(keys_max > 0, "dedup keys_max must be positive")
+        self.keys_max = keys_max
+        # (queue, key) -> the ID of the job holding it, oldest first (the bound
+        # forgets from the front)
+        self.keys: OrderedDict[_Key, str] = OrderedDict()
+        # further jobs holding a key already in ``keys``, in arrival order (rare)
+        self.more: dict[_Key, list[str]] = {}
+        self.more_count = 0  # sum of the lists' lengths
+        self.hits = 0  # ADDJOBs answered with a held job's ID (monotonic)
+        self.forgotten = 0  # keys forgotten at the bound while their job stayed (monotonic)
+        # a key was forgotten since the last FLUSHALL: some job may hold no entry
+        # (the invariant check then skips its completeness half)
+        self.partial = False
+        core.subscribe(self, "after_ack", "after_ext_registered", "after_ext_unregistered")
+
+    def held(self, queue: bytes, key: bytes) -> str | None:
+        """ADDJOB ... DEDUP: the ID of the job that holds ``key`` in ``queue``, or
+        None (the ADDJOB adds its job)."""
+        jid = self.keys.get((home_queue(queue), key))
+        if jid is not None:
+            self.hits += 1
+        return jid
+
+    def set_keys_max(self, n: int) -> None:
+        """config dedup-keys-max: a lower bound forgets the oldest keys at once."""
+        invariant(n > 0, "dedup keys_max must be positive")
+        self.keys_max = n
+        while self.count() > n:
+            self._forget_oldest()
+
+    def reset(self) -> None:
+        """FLUSHALL: every job is gone (the counters stay)."""
+        self.keys = OrderedDict()
+        self.more = {}
+        self.more_count = 0
+        self.partial = False
+
+    def count(self) -> int:
+        """The jobs whose key is held (what ``keys_max`` bounds)."""
+        return len(self.keys) + self.more_count
+
+    # ------------------------------------------------------------------ events
+
+    def after_ext_registered(self, job: Job) -> None:
+        ext = job.ext
+        if ext is None or not ext.dedup or job.state == ACKED:
+            return
+        k = (home_queue(job.queue), ext.dedup)
+        keys = self.keys
+        if len(keys) + self.more_count >= self.keys_max:
+            self._forget_oldest()
+        if k not in keys:
+            keys[k] = job.id
+            return
+        more = self.more.get(k)  # another job here holds it: the first one answers
+        if more is None:
+            self.more[k] = [job.id]
+        else:
+            more.append(job.id)
+        self.more_count += 1
+
+    def after_ack(self, job_id: str) -> None:
+        if self.keys:
+            job = self.core.lookup(job_id)
+            if job is not None:
+                self._release(job)
+
+    def after_ext_unregistered(self, job: Job) -> None:
+        if self.keys:
+            self._release(job)
+
+    def _release(self, job: Job) -> None:
+        ext = job.ext
+        if ext is None or not ext.dedup:
+            return
+        k = (home_queue(job.queue), ext.dedup)
+        jid = job.id
+        keys = self.keys
+        held = keys.get(k)
+        if held is None:
+            return
+        more = self.more.get(k) if self.more_count else None
+        if held == jid:
+            if more is None:
+                del keys[k]
+                return
+            keys[k] = more.pop(0)  # the next job holding it answers (same age)
+        elif more is None or jid not in more:
+            return
+        else:
+            more.remove(jid)
+        self.more_count -= 1
+        if not more:
+            del self.more[k]
+
+    def _forget_oldest(self) -> None:
+        k, _jid = self.keys.popitem(last=False)
+        forgotten = 1
+        if self.more_count:
+            more = self.more.pop(k, None)
+            if more is not None:
+                forgotten += len(more)
+                self.more_count -= len(more)
+        self.forgotten += forgotten
+        self.partial = True
+
+    # ------------------------------------------------------------------ checks
+
+    def check(self) -> None:
+        """Every key names a registered, unacknowledged job of its queue with that
+        key; every such job's key is held (by it or by an earlier job) unless a key
+        was forgotten at the bound (tests; O(jobs))."""
+        keys = self.keys
+        invariant(self.count() <= self.keys_max, f"{self.count()} dedup keys > {self.keys_max}")
+        invariant(self.more_count == sum(len(m) for m in self.more.values()),
+                  "dedup more_count wrong")
+        held: list[tuple[_Key, str]] = list(keys.items())
+        for k, more in self.more.items():
+            invariant(k in keys and bool(more), f"dedup key {k!r}: more without a first")
+            held += [(k, jid) for jid in more]
+        ids = {jid for _k, jid in held}
+        invariant(len(ids) == len(held), "a job holds a dedup key twice")
+        core = self.core
+        for (queue, key), jid in held:
+            job = core.lookup(jid)
+            if job is None:
+                raise InvariantError(f"dedup key {key!r} names a job not held: {jid}")
+            invariant(job.state != ACKED, f"dedup key {key!r} held by acked job {jid}")
+            invariant(job.dedup == key and home_queue(job.queue) == queue,
+                      f"dedup key ({queue!r}, {key!r}) names job {jid} of "
+                      f"({job.queue!r}, {job.dedup!r})")
+        if self.partial:
+            return
+        for job in core.jobs():
+            ext = job.ext
+            if ext is not None and ext.dedup and job.state != ACKED:
+                invariant(job.id in ids,
+                          f"job {job.id} holds dedup key {ext.dedup!r} not in the index")
