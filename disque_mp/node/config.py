@@ -217,6 +217,9 @@ class Config:
     # WAITJOB: (job, wait) entries one client may hold in one worker's WAITJOB table
     # (that table holds 1,000,000), so one client cannot fill it for everyone
     waitjob_entries_per_client_max: int = 100_000
+    # REDRIVE: jobs one call moves back from a dead-letter queue (its COUNT is cut to
+    # it; a worker also serves other clients): a bigger backlog takes several calls
+    redrive_count_max: int = 10_000
 
 
 class ConfigValueError(ValueError):
@@ -437,6 +440,8 @@ DIRECTIVES: tuple[Directive, ...] = (
        "auth-failures-per-second-max must be between 1 and 1000000", lo=1, hi=1_000_000),
     _d("waitjob-entries-per-client-max", "int", True,
        "waitjob-entries-per-client-max must be between 1 and 1000000", lo=1, hi=1_000_000),
+    _d("redrive-count-max", "int", True,
+       "redrive-count-max must be between 1 and 1000000", lo=1, hi=1_000_000),
 )
 BY_NAME: dict[str, Directive] = {d.name: d for d in DIRECTIVES}
 # Names Redis users know for our limit directives (same field, same units).
