@@ -28,7 +28,8 @@ from workers.job import (
     Job,
     Timed,
 )
-from workers.replies import PENDING, Error
+from workers.queue import PAUSED_IN
+from workers.replies import ERR_PAUSED, PENDING, Error
 
 # QUEUED's extension fields: "w" the ms the sender waits before queueing the job
 # (NACK ... DELAY: no other holder may queue it earlier); the dead-letter move and
@@ -141,12 +142,16 @@ class Extensions(Events):
             done += 1
         return done
 
-    def op_redrive(self, queue: bytes, count: int, now_ms: int) -> int:
+    def op_redrive(self, queue: bytes, count: int, now_ms: int) -> int | Error:
         """REDRIVE: the oldest ``count`` jobs queued here in the dead-letter queue
-        ``queue`` back to the queue they came from; how many moved."""
+        ``queue`` back to the queue they came from; how many moved. A queue paused
+        in input refuses them as it refuses ADDJOB."""
         q = self.core.find_queue(queue)
         if q is None or not queue.startswith(DEAD_PREFIX):
             return 0
+        target = self.core.find_queue(queue[len(DEAD_PREFIX):])
+        if target is not None and target.paused & PAUSED_IN:
+            return ERR_PAUSED
         jobs = q.oldest(count)
         for job in jobs:
             self.core.redrive(job, now_ms)

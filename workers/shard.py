@@ -487,7 +487,7 @@ class Shard:
     def op_deadletter(self, job_ids: list[str], reason: bytes | None, now_ms: int) -> int:
         return self.ext.op_deadletter(job_ids, reason, now_ms)
 
-    def op_redrive(self, queue: bytes, count: int, now_ms: int) -> int:
+    def op_redrive(self, queue: bytes, count: int, now_ms: int) -> int | Error:
         return self.ext.op_redrive(queue, count, now_ms)
 
     def yourjobs_unsent(self, bodies: list[bytes], now_ms: int) -> None:

@@ -15,6 +15,7 @@ from tests.workers.test_shard import Env
 from workers.effects import AofAppend, Effect, Send
 from workers.ids import slot_of_job_id
 from workers.job import ACTIVE, QUEUED, Job, dead_reason_bytes_max
+from workers.replies import ERR_PAUSED
 
 
 @pytest.fixture
@@ -110,6 +111,9 @@ def test_redrive_count_takes_the_oldest_and_a_plain_queue_is_refused(env: Env) -
     assert env.s.op_redrive(b"dead:other", 10, env.now) == 0
     assert env.s.op_redrive(b"dead:q", 2, env.now) == 2
     assert [j[1] for j in env.take(count=5)] == ids[:2]
+    env.s.op_pause(b"q", ["in"], env.now)  # refused as ADDJOB is, nothing moved
+    assert env.s.op_redrive(b"dead:q", 10, env.now) is ERR_PAUSED
+    env.s.op_pause(b"q", ["none"], env.now)
     assert env.s.op_redrive(b"dead:q", 10, env.now) == 3
     env.s.check()
 
