@@ -129,14 +129,15 @@ class Extensions(Events):
     def op_deadletter(self, job_ids: list[str], reason: bytes | None, now_ms: int) -> int:
         """DEADLETTER: move the jobs (queued or active here) to their dead-letter
         queues now; how many moved. A job this shard does not hold, one still
-        waiting for its copies, an acknowledged one or one already dead is left
-        as it is and not counted."""
+        waiting for its copies, an acknowledged one, one already dead, and an
+        at-most-once job already delivered (queued again it would be delivered
+        twice: Disque's ENQUEUE refuses it too) are left as they are, not counted."""
         s = self.core
         done = 0
         for jid in job_ids:
             job = s.lookup(jid)
-            if job is None or (job.state != QUEUED and job.state != ACTIVE) \
-                    or job.queue.startswith(DEAD_PREFIX):
+            if job is None or job.queue.startswith(DEAD_PREFIX) or not (
+                    job.state == QUEUED or (job.state == ACTIVE and job.qtime_ms)):
                 continue
             s.dead_letter(job, now_ms, 0, reason)
             done += 1

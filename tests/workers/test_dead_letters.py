@@ -59,6 +59,16 @@ def test_deadletter_leaves_unknown_acked_and_dead_jobs_uncounted(env: Env) -> No
     env.s.check()
 
 
+def test_an_at_most_once_job_is_moved_only_while_never_delivered(env: Env) -> None:
+    delivered = env.add(retry_s=0)
+    queued = env.add(retry_s=0)
+    assert env.take(count=1)[0][1] == delivered
+    assert env.s.op_deadletter([delivered], b"x", env.now) == 0  # never delivered twice
+    assert env.s.op_deadletter([queued], b"x", env.now) == 1
+    assert env.take(b"dead:q")[0][1] == queued
+    env.s.check()
+
+
 def test_a_job_waiting_its_delay_is_dead_lettered_at_once(env: Env) -> None:
     jid = env.add(retry_s=60, delay_s=30)
     assert env.s.metrics(0, env.now)["delayed"]  # counted as delayed in q
