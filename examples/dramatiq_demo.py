@@ -63,7 +63,7 @@ def main() -> None:
         unreliable.send("payment")
         deadline = time.monotonic() + 60
         demo_worker.print_reports(d, REPORTS, 5, deadline, "actor")
-        demo_worker.print_dead_letters(d, QUEUE + ".XQ", deadline, "Retries gave up after 2 retries")
+        demo_worker.print_dead_letters(d, "dead:" + QUEUE, deadline, "Retries gave up after 2 retries")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from workers.effects import AofAppend, Effect, Send, Wake
-from workers.ids import JobIdGen, slot_of, slot_of_job_id
+from workers.ids import DEAD_PREFIX, JobIdGen, slot_of, slot_of_job_id
 from workers.invariant import InvariantError, invariant
 from workers.job import (
     ACKED,
@@ -69,6 +69,13 @@ _JOB_BUCKET_MASK: Final = job_buckets - 1
 # bucket past the last bound. The shard only counts; the HTTP side exports seconds.
 latency_bounds_ms: Final = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000,
                             60_000, 300_000, 900_000, 3_600_000)
+
+# QUEUED's dead-letter fields (workers/messages.py): "dl" 1 the sender moved the job
+# to its dead-letter queue, "why" its reason (latin-1 text, at most
+# dead_reason_bytes_max), "rd" 1 the sender moved it back (REDRIVE).
+QUEUED_DEAD: Final = "dl"
+QUEUED_REASON: Final = "why"
+QUEUED_REDRIVE: Final = "rd"
 
 _K_NACKS: Final = b"nacks"
 _K_ADD_DELIV: Final = b"additional-deliveries"
@@ -127,7 +134,7 @@ class Stats:
         self.requeued_retry = 0  # requeued because RETRY elapsed without an ACK
         self.requeued_enqueue = 0  # requeued by ENQUEUE
         self.expired = 0  # deleted because their TTL elapsed
-        self.dead_lettered = 0  # moved to dead:<queue> by MAXDELIVER
+        self.dead_lettered = 0  # moved to dead:<queue> (MAXDELIVER, DEADLETTER)
         self.wait_counts = [0] * (len(latency_bounds_ms) + 1)
         self.wait_sum_ms = 0
         self.proc_counts = [0] * (len(latency_bounds_ms) + 1)
@@ -195,6 +202,15 @@ class Tally:
             else:
                 self.active.pop(job.queue, None)
         return at
+
+    def leave_queue(self, job: Job) -> None:
+        """An active job changes queue (dead letter, redrive): what is counted per
+        queue leaves the old one; a pending DELAY or NACK DELAY ends."""
+        self.forget_delivery(job)
+        if job.waits_delay():
+            self.undelay(job)
+            job.end_delay()
+        job.unmark_nack_delayed()
 
     def observe_processing(self, job: Job, now_ms: int) -> None:
         at = self.forget_delivery(job)
@@ -604,6 +620,54 @@ class Core(CoreState):
         self.maybe_idle(q, now_ms)
         if job.qtime_ms:
             self.timers.schedule(job, job.qtime_ms)
+
+    def dead_letter(self, job: Job, now_ms: int, incr: int = 0, reason: bytes | None = None,
+                    follow: bool = False) -> None:
+        """The move to ``dead:<queue>`` (MAXDELIVER, DEADLETTER) of an active or queued
+        job: same ID, counters kept, ``reason`` set (None: kept). Queued there, the
+        other holders told (QUEUED "dl" with the reason and ``incr``, the counter
+        this move counted). ``follow``: another holder moved it, our copy follows
+        (points at the dead queue, not queued here)."""
+        self._move_to(job, DEAD_PREFIX + job.queue, now_ms)
+        if reason is not None:
+            job.set_ext(reason=reason)
+        if not follow:
+            self._tally.stats.dead_lettered += 1
+            self.enqueue(job, self.queues[job.queue], now_ms)
+            others = self.others(job)
+            if others:
+                meta: dict[str, Any] = {"j": job.id, QUEUED_DEAD: 1}
+                if incr:
+                    meta["f"] = incr
+                if job.dead_reason:
+                    meta[QUEUED_REASON] = job.dead_reason.decode("latin-1")
+                self.send_job(others, "QUEUED", job, meta)
+        self.log_job(job)
+
+    def redrive(self, job: Job, now_ms: int, follow: bool = False) -> None:
+        """The reverse move (REDRIVE): a job of ``dead:<queue>`` back to ``<queue>``,
+        same ID, TTL, RETRY and MAXDELIVER, its delivery counters reset and its
+        reason cleared; queued there, the other holders told (QUEUED "rd").
+        ``follow``: another holder moved it, our copy follows."""
+        self._move_to(job, job.queue[len(DEAD_PREFIX):], now_ms)
+        job.nacks = 0
+        job.additional_deliveries = 0
+        job.set_ext(reason=b"")
+        if not follow:
+            self.enqueue(job, self.queues[job.queue], now_ms)
+            others = self.others(job)
+            if others:
+                self.send_job(others, "QUEUED", job, {"j": job.id, QUEUED_REDRIVE: 1})
+        self.log_job(job)
+
+    def _move_to(self, job: Job, name: bytes, now_ms: int) -> None:
+        """The job leaves its queue (active from now on) for queue ``name``."""
+        if job.state == QUEUED:
+            self.dequeue(job, now_ms)
+        if job.in_deque():
+            self.queues[job.queue].detach(job)
+        self._tally.leave_queue(job)
+        job.queue = self.queue(name, now_ms).name
 
     def deliver(self, job: Job, q: Queue, now_ms: int, withcounters: bool) -> list[Any]:
         """``job`` was just popped from ``q`` for a client: make it ACTIVE, build its entry."""

@@ -1,6 +1,7 @@
 """The shard's side of the extensions beyond the reference (docs/extensions.md):
-NACK ... DELAY, ADDJOB ... MAXDELIVER (dead letters), WAITJOB, GLOBALQLEN and
-DELQUEUE.
+NACK ... DELAY, dead letters (ADDJOB ... MAXDELIVER, DEADLETTER, REDRIVE: the
+moves are the core's verbs ``Core.dead_letter`` / ``Core.redrive``), WAITJOB,
+GLOBALQLEN and DELQUEUE.
 
 ``Extensions`` is a collaborator the shard owns (``Shard.ext``) and calls: the
 extensions change the same job records and timers as the reference's commands,
@@ -21,19 +22,19 @@ from workers.effects import QUEUED_INCR_NACKS
 from workers.ids import DEAD_PREFIX, slot_of
 from workers.job import (
     ACKED,
+    ACTIVE,
     DELETED,
     QUEUED,
     Job,
     Timed,
 )
-from workers.queue import Queue
-from workers.replies import PENDING, Error
+from workers.queue import PAUSED_IN
+from workers.replies import ERR_PAUSED, PENDING, Error
 
 # QUEUED's extension fields: "w" the ms the sender waits before queueing the job
-# (NACK ... DELAY: no other holder may queue it earlier), "dl" 1 when the sender
-# moved the job to its dead-letter queue (every holder follows).
+# (NACK ... DELAY: no other holder may queue it earlier); the dead-letter move and
+# its reverse ("dl", "why", "rd": workers/core.py), every holder follows.
 QUEUED_WAIT: Final = "w"
-QUEUED_DEAD: Final = "dl"
 
 
 # GLOBALQLEN / DELQUEUE: how long the asking node waits for the other nodes'
@@ -123,43 +124,52 @@ class Extensions(Events):
                         {"j": job.id, "f": QUEUED_INCR_NACKS, QUEUED_WAIT: delay_ms})
         s.log_job(job)
 
-    # ------------------------------------------------------------------ MAXDELIVER
+    # ------------------------------------------------------------------ dead letters
 
-    def dead_letter(self, job: Job, now_ms: int, incr: int) -> None:
-        """Queue the job in ``dead:<queue>`` (same ID, same counters) instead of its
-        queue; the other holders move their copies too (QUEUED with "dl")."""
+    def op_deadletter(self, job_ids: list[str], reason: bytes | None, now_ms: int) -> int:
+        """DEADLETTER: move the jobs (queued or active here) to their dead-letter
+        queues now; how many moved. A job this shard does not hold, one still
+        waiting for its copies, an acknowledged one, one already dead, and an
+        at-most-once job already delivered (queued again it would be delivered
+        twice: Disque's ENQUEUE refuses it too) are left as they are, not counted."""
         s = self.core
-        s.tally().stats.dead_lettered += 1
-        dq = self._move_to_dead(job, now_ms)
-        s.enqueue(job, dq, now_ms)
-        others = s.others(job)
-        if others and job.state == QUEUED:
-            meta: dict[str, Any] = {"j": job.id, QUEUED_DEAD: 1}
-            if incr:
-                meta["f"] = incr
-            s.send_job(others, "QUEUED", job, meta)
-        s.log_job(job)
+        done = 0
+        for jid in job_ids:
+            job = s.lookup(jid)
+            if job is None or job.queue.startswith(DEAD_PREFIX) or not (
+                    job.state == QUEUED or (job.state == ACTIVE and job.qtime_ms)):
+                continue
+            s.dead_letter(job, now_ms, 0, reason)
+            done += 1
+        return done
 
-    def _move_to_dead(self, job: Job, now_ms: int) -> Queue:
-        """Point a job that is not queued at its dead-letter queue (the same slot,
-        so the same owner: workers/ids.py), keeping the per-queue bookkeeping."""
-        s = self.core
-        s.tally().forget_delivery(job)
-        if job.waits_delay():
-            s.tally().undelay(job)
-            job.end_delay()
-        job.unmark_nack_delayed()
-        dq = s.queue(dead_queue_of(job.queue), now_ms)
-        job.queue = dq.name
-        return dq
+    def op_redrive(self, queue: bytes, count: int, now_ms: int) -> int | Error:
+        """REDRIVE: the oldest ``count`` jobs queued here in the dead-letter queue
+        ``queue`` back to the queue they came from; how many moved. A queue paused
+        in input refuses them as it refuses ADDJOB."""
+        q = self.core.find_queue(queue)
+        if q is None or not queue.startswith(DEAD_PREFIX):
+            return 0
+        target = self.core.find_queue(queue[len(DEAD_PREFIX):])
+        if target is not None and target.paused & PAUSED_IN:
+            return ERR_PAUSED
+        jobs = q.oldest(count)
+        for job in jobs:
+            self.core.redrive(job, now_ms)
+        return len(jobs)
 
-    def follow_dead_letter(self, job: Job, now_ms: int) -> None:
-        """Another holder dead-lettered the job (QUEUED "dl"): our copy (active)
-        belongs to the dead-letter queue from now on."""
+    def follow_dead_letter(self, job: Job, reason: Any, now_ms: int) -> None:
+        """Another holder dead-lettered the job (QUEUED "dl", its reason "why"):
+        our copy (active) belongs to the dead-letter queue from now on."""
         if job.queue.startswith(DEAD_PREFIX):
             return
-        self._move_to_dead(job, now_ms)
-        self.core.log_job(job)
+        why = reason.encode("latin-1") if type(reason) is str else None
+        self.core.dead_letter(job, now_ms, 0, why, follow=True)
+
+    def follow_redrive(self, job: Job, now_ms: int) -> None:
+        """Another holder redrove the job (QUEUED "rd"): our copy goes back too."""
+        if job.queue.startswith(DEAD_PREFIX):
+            self.core.redrive(job, now_ms, follow=True)
 
     # ------------------------------------------------------------------ WAITJOB
 

@@ -234,7 +234,12 @@ class Federation(Events):
                 if old.state == ACTIVE and old.dtime_ms < 0 and (
                         old.retry_s or not old.was_delivered()):
                     s.unschedule(old)
-                    s.enqueue(old, q, now_ms, False)
+                    # in its own queue: a dead-letter move or REDRIVE our copy did
+                    # not hear of leaves it in another queue than the sender's
+                    oq = q if old.queue == q.name else s.queue(old.queue, now_ms)
+                    if oq is not q:
+                        touched.append(oq)
+                    s.enqueue(old, oq, now_ms, False)
                     self._tell_queued(old)
                     n += 1
                 continue

@@ -121,7 +121,7 @@ class Lifecycle:
             if job.queued_once():  # not the end of a DELAY
                 self.core.tally().stats.requeued_retry += 1
             if job.has_maxdeliver() and past_maxdeliver(job):
-                self.ext.dead_letter(job, now_ms, incr)
+                self.core.dead_letter(job, now_ms, incr)
                 return
         self.core.requeue(job, q, now_ms, incr)
 
@@ -150,7 +150,7 @@ class Lifecycle:
                     job.additional_deliveries += 1
                     incr = QUEUED_INCR_DELIVERIES
             if nack and job.has_maxdeliver() and past_maxdeliver(job):
-                self.ext.dead_letter(job, now_ms, incr)
+                self.core.dead_letter(job, now_ms, incr)
             elif delay_ms:
                 self.ext.nack_later(job, delay_ms, now_ms)
             else:

@@ -19,7 +19,8 @@ GOTJOB     {"j": id}
 ENQUEUE    {"j": id, "d": [node, ...]}
 WILLQUEUE  {"j": id}
 QUEUED     {"j": id[, "f": 2|4 (increment nacks|deliveries)]
-            [, "w": ms (NACK DELAY), "dl": 1 (moved to dead:<queue>)]}
+            [, "w": ms (NACK DELAY), "dl": 1 (moved to dead:<queue>)
+            [, "why": reason], "rd": 1 (moved back by REDRIVE)]}
 WORKING    {"j": id}
 SETACK     {"j": id, "m": may-have[, "d": [node, ...]]}
 GOTACK     {"j": id, "k": 0|1 (known)}
@@ -45,7 +46,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from workers.ids import SLOTS, is_valid_job_id, slot_of, slot_of_job_id
-from workers.job import delay_max_s
+from workers.job import dead_reason_bytes_max, delay_max_s
 
 u32_max: Final = (1 << 32) - 1
 # ENQUEUE's and SETACK's node lists: at most every node of a cluster (the
@@ -118,9 +119,22 @@ def _queued(slot: int, meta: dict[str, Any], bodies: list[bytes]) -> str | None:
     err = _about_job(slot, meta, bodies)
     if err is None and not (_int(meta.get("f", 0), 0, 255)
                             and _int(meta.get("w", 0), 0, queued_wait_ms_max)
-                            and _int(meta.get("dl", 0), 0, 1)):
+                            and _int(meta.get("dl", 0), 0, 1)
+                            and _int(meta.get("rd", 0), 0, 1)
+                            and _reason(meta.get("why", ""))):
         return "bad QUEUED fields"
     return err
+
+
+def _reason(value: Any) -> bool:
+    """QUEUED "why": a dead-letter reason as latin-1 text, bounded as the job's."""
+    if type(value) is not str or len(value) > dead_reason_bytes_max:
+        return False
+    try:
+        value.encode("latin-1")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _setack(slot: int, meta: dict[str, Any], bodies: list[bytes]) -> str | None:
@@ -190,7 +204,8 @@ KINDS: Final = (
     Kind("GOTJOB", _JOB, "", _about_job, "repl", "on_gotjob"),
     Kind("ENQUEUE", '{"j": id, "d": [node, ...]}', "", _enqueue, "repl", "on_enqueue"),
     Kind("WILLQUEUE", _JOB, "", _about_job, "repl", "on_willqueue"),
-    Kind("QUEUED", '{"j": id[, "f": incr][, "w": ms][, "dl": 1]}', "", _queued, "repl",
+    Kind("QUEUED", '{"j": id[, "f": incr][, "w": ms][, "dl": 1[, "why": text]][, "rd": 1]}',
+         "", _queued, "repl",
          "on_queued"),
     Kind("WORKING", _JOB, "", _about_job, "repl", "on_working"),
     Kind("SETACK", '{"j": id, "m": may-have[, "d": [node, ...]]}', "", _setack, "gc",

@@ -115,6 +115,14 @@ class Queue(Timed):
         if self.stale > stale_entries_purge_min and self.stale > self.live:
             self._purge()
 
+    def detach(self, job: Job) -> None:
+        """A job whose entry here is stale moves to another queue (dead letter,
+        REDRIVE): drop the entry, else pushing it there would revive it here.
+        O(the entry's position): REDRIVE takes the oldest, near the front."""
+        self._dq.remove(job)
+        job.unmark_in_deque()
+        self.stale -= 1
+
     def _purge(self) -> None:
         keep: deque[Job] = deque()
         for job in self._dq:

@@ -287,10 +287,13 @@ class Replication:
         # dead-letter queue: the sender's copy wins whatever the IDs.
         wait_ms = meta.get("w", 0)
         dead = meta.get("dl", 0)
-        if job.state == QUEUED and (sender > s.view().node_id or wait_ms or dead):
+        redrive = meta.get("rd", 0)
+        if job.state == QUEUED and (sender > s.view().node_id or wait_ms or dead or redrive):
             s.dequeue(job, now_ms)  # the greater ID keeps it
         if dead:
-            self.ext.follow_dead_letter(job, now_ms)
+            self.ext.follow_dead_letter(job, meta.get("why"), now_ms)
+        elif redrive:
+            self.ext.follow_redrive(job, now_ms)
         if job.retry_s:
             qtime = now_ms + wait_ms + job.retry_s * 1000 + s.jitter()
             if not job.nack_delayed() or qtime > job.qtime_ms:

@@ -492,6 +492,12 @@ class Shard:
     def op_delqueue(self, token: int, queue: bytes, local: bool, now_ms: int) -> Any:
         return self.ext.op_delqueue(token, queue, local, now_ms)
 
+    def op_deadletter(self, job_ids: list[str], reason: bytes | None, now_ms: int) -> int:
+        return self.ext.op_deadletter(job_ids, reason, now_ms)
+
+    def op_redrive(self, queue: bytes, count: int, now_ms: int) -> int | Error:
+        return self.ext.op_redrive(queue, count, now_ms)
+
     def yourjobs_unsent(self, bodies: list[bytes], now_ms: int) -> None:
         self.fed.yourjobs_unsent(bodies, now_ms)
 

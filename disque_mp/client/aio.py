@@ -332,6 +332,16 @@ class AsyncDisque(core.ClientSettings[aredis.Redis]):
         reachable node, or this one with ``local``); how many were removed."""
         return int(await self.execute(*core.delqueue_args(queue, local)))
 
+    async def dead_letter(self, *ids: _IdArgs, reason: str | bytes | None = None) -> int:
+        """DEADLETTER (disque-mp extension): move the jobs to ``dead:<queue>`` now,
+        same ID, with ``reason`` (SHOW's ``dead-reason``); how many moved."""
+        return int(await self.execute(*core.deadletter_args(core.job_ids_of(ids), reason)))
+
+    async def redrive(self, dead_queue: str | bytes, count: int | None = None) -> int:
+        """REDRIVE (disque-mp extension): up to ``count`` jobs of ``dead:<queue>``
+        queued on this node back to their queue; how many moved."""
+        return int(await self.execute(*core.redrive_args(dead_queue, count)))
+
     async def qlen(self, queue: str | bytes) -> int:
         return int(await self.execute("QLEN", queue))
 

@@ -372,6 +372,16 @@ def waitjob_args(ids: list[str], timeout_ms: int | None) -> list[Any]:
     return ["WAITJOB", *ids, *(["TIMEOUT", int(timeout_ms)] if timeout_ms is not None else [])]
 
 
+def deadletter_args(ids: list[str], reason: str | bytes | None) -> list[Any]:
+    """DEADLETTER (disque-mp extension), with a REASON (at most 1024 bytes) when given."""
+    return ["DEADLETTER", *ids, *(["REASON", reason] if reason is not None else [])]
+
+
+def redrive_args(dead_queue: str | bytes, count: int | None) -> list[Any]:
+    """REDRIVE (disque-mp extension); no ``count``: as many as the node moves a call."""
+    return ["REDRIVE", dead_queue, *(["COUNT", int(count)] if count is not None else [])]
+
+
 def delqueue_args(queue: str | bytes, local: bool) -> list[Any]:
     """DELQUEUE (disque-mp extension): cluster-wide, or this node only."""
     return ["DELQUEUE", queue, *(["LOCAL"] if local else [])]

@@ -1,15 +1,17 @@
 """Names and bounds of the node that a client or a broker must agree with, read
 from the node's own definitions so that each is written once: the dead-letter
-prefix MAXDELIVER moves a job under, MAXDELIVER's bound, DEDUP's key bound."""
+prefix MAXDELIVER moves a job under, MAXDELIVER's bound, DEDUP's key bound and
+DEADLETTER's reason."""
 
 from __future__ import annotations
 
 from typing import Final
 
 from workers.ids import DEAD_PREFIX as DEAD_PREFIX_BYTES
-from workers.job import dedup_bytes_max, maxdeliver_max
+from workers.job import dead_reason_bytes_max, dedup_bytes_max, maxdeliver_max
 
-__all__ = ["DEAD_PREFIX", "DEAD_PREFIX_BYTES", "DEDUP_BYTES_MAX", "MAXDELIVER_MAX"]
+__all__ = ["DEAD_PREFIX", "DEAD_PREFIX_BYTES", "DEAD_REASON_BYTES_MAX", "DEDUP_BYTES_MAX",
+           "MAXDELIVER_MAX", "dead_reason"]
 
 # The dead-letter queue of queue q is dead:q (text, as clients name queues).
 DEAD_PREFIX: Final = DEAD_PREFIX_BYTES.decode("ascii")
@@ -17,3 +19,15 @@ DEAD_PREFIX: Final = DEAD_PREFIX_BYTES.decode("ascii")
 MAXDELIVER_MAX: Final = maxdeliver_max
 # ADDJOB ... DEDUP key: its longest (bytes).
 DEDUP_BYTES_MAX: Final = dedup_bytes_max
+# DEADLETTER ... REASON text: the longest reason the node keeps with a job.
+DEAD_REASON_BYTES_MAX: Final = dead_reason_bytes_max
+
+
+def dead_reason(what: BaseException | str) -> bytes:
+    """DEADLETTER's REASON for an exception (``Type: text``) or a text: UTF-8, cut
+    to the node's bound at a character boundary."""
+    text = what if isinstance(what, str) else f"{type(what).__name__}: {what}"
+    raw = text.encode("utf-8", "replace")
+    if len(raw) <= DEAD_REASON_BYTES_MAX:
+        return raw
+    return raw[:DEAD_REASON_BYTES_MAX].decode("utf-8", "ignore").encode("utf-8")

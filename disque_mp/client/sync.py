@@ -372,6 +372,18 @@ class Disque(core.ClientSettings[redis.Redis]):
         reachable node, or this one with ``local``); how many were removed."""
         return int(self.execute(*core.delqueue_args(queue, local)))
 
+    def dead_letter(self, *ids: str | Job | Iterable[str | Job],
+                    reason: str | bytes | None = None) -> int:
+        """DEADLETTER (disque-mp extension): move the jobs to ``dead:<queue>`` now,
+        same ID, with ``reason`` (SHOW's ``dead-reason``); how many moved."""
+        return int(self.execute(*core.deadletter_args(core.job_ids_of(ids), reason)))
+
+    def redrive(self, dead_queue: str | bytes, count: int | None = None) -> int:
+        """REDRIVE (disque-mp extension): up to ``count`` jobs of ``dead:<queue>``
+        queued on this node back to their queue (same ID, counters reset); how many
+        moved. Without ``count`` the node moves up to its redrive-count-max a call."""
+        return int(self.execute(*core.redrive_args(dead_queue, count)))
+
     def qlen(self, queue: str | bytes) -> int:
         return int(self.execute("QLEN", queue))
 

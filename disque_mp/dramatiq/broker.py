@@ -14,17 +14,18 @@
   lives, and a worker killed mid-task sees its messages again after
   ``visibility_timeout``.
 - ack: ``ACKJOB``; nack (the message failed for good, e.g. Retries gave up):
-  ``ADDJOB <queue>.XQ`` (Dramatiq's dead-letter queue name, TTL
-  ``dead_message_ttl``) then ``ACKJOB``; requeue (a consumer that stops with
-  messages it did not run): ``NACK``, which queues them again at once.
+  ``DEADLETTER <id> REASON <the exception's text>``, the same job to
+  ``dead:<queue>`` (REDRIVE, the dashboard or ``disque-mp admin requeue`` bring it
+  back); with ``dead_letters="xq"``, Dramatiq's own way instead: ``ADDJOB
+  <queue>.XQ`` (TTL ``dead_message_ttl``) then ``ACKJOB``; requeue (a consumer that
+  stops with messages it did not run): ``NACK``, which queues them again at once.
 - Retries middleware works unchanged: its retry of a message still held by a
   consumer of this broker (it always is, in a worker) becomes ``NACK <id> DELAY
   <backoff>`` on the same job (ID kept, ``nacks`` counts the retries, added to
   ``options["retries"]`` when it is delivered again); the worker's ack after it
   is skipped. ``max_deliveries`` (ADDJOB ``MAXDELIVER``) moves a message
   delivered that many times without an ack (a message that kills its worker)
-  to ``dead:<queue>``, the node's dead-letter queue; a message the Retries
-  middleware gives up on still goes to ``<queue>.XQ``, Dramatiq's name.
+  to ``dead:<queue>``, the node's dead-letter queue, as a nack does.
 - Failover across nodes and ``-LEAVING`` come from the client.
 - No round trip per message where RabbitMQ has none: with ``confirm_delivery``
   off (the default, as on Dramatiq's RabbitMQ broker) ``enqueue`` pipelines its
@@ -63,6 +64,7 @@ from disque_mp.client import (
     add_window_default,
 )
 from disque_mp.client.core import task_dedup_key
+from disque_mp.client.limits import DEAD_PREFIX, dead_reason
 from disque_mp.client.limits import MAXDELIVER_MAX as max_deliveries_max
 
 log = logging.getLogger("disque_mp.dramatiq")
@@ -72,6 +74,11 @@ log = logging.getLogger("disque_mp.dramatiq")
 visibility_timeout_default_s = 300
 # A message nobody consumed is dropped after this long (Disque's default TTL).
 message_ttl_default_s = 24 * 3600
+# Where a nacked message goes: "node" (DEADLETTER: the job itself to dead:<queue>,
+# with its reason) or "xq" (a copy in Dramatiq's <queue>.XQ, then ACKJOB).
+dead_letters_kinds = ("node", "xq")
+# DEADLETTER's reason when the message holds no exception.
+nack_reason_default = "failed"
 # Dead-lettered messages are kept this long (Dramatiq's Redis broker: 7 days).
 dead_message_ttl_default_s = 7 * 24 * 3600
 # One GETJOB blocks at most this long (the consumer's own timeout is usually 1 s).
@@ -131,6 +138,9 @@ class DisqueBroker(Broker):
     ``dedup``: ADDJOB ``DEDUP <message id>``, so an ``enqueue`` repeated by a
     producer that did not see the first one's reply adds nothing while a node
     holding the message has it unacknowledged.
+    ``dead_letters``: ``"node"`` (default) dead-letters a failed message with
+    DEADLETTER (same job, ``dead:<queue>``, the exception's text as its reason);
+    ``"xq"`` copies it to Dramatiq's ``<queue>.XQ`` (``dead_message_ttl``).
     """
 
     def __init__(
@@ -151,8 +161,11 @@ class DisqueBroker(Broker):
         publish_window: int = add_window_default,
         async_acks: bool = True,
         dedup: bool = False,
+        dead_letters: str = "node",
     ) -> None:
         super().__init__(middleware=middleware)
+        if dead_letters not in dead_letters_kinds:
+            raise ValueError(f"dead_letters must be one of {dead_letters_kinds}")
         if visibility_timeout < 1:
             raise ValueError("visibility_timeout must be >= 1 s (RETRY 0 is at-most-once)")
         if message_ttl < 1 or dead_message_ttl < 1:
@@ -171,6 +184,7 @@ class DisqueBroker(Broker):
         self.max_deliveries = max_deliveries
         self.async_acks = async_acks
         self.dedup = dedup
+        self.dead_letters = dead_letters
         # None: every enqueue waits for its reply (confirm_delivery)
         self.adds = None if confirm_delivery else AddWindow(self.client, publish_window)
         self.queues: set[str] = set()
@@ -240,9 +254,22 @@ class DisqueBroker(Broker):
         message.requeued_in_place = True
         return True
 
-    def dead_letter(self, queue_name: str, body: bytes) -> None:
+    def dead_letter(self, queue_name: str, body: bytes, job_id: str,
+                    reason: BaseException | str | None = None) -> bool:
+        """A message that failed for good: DEADLETTER its job (True: the caller must
+        not ack it), or with ``dead_letters="xq"`` a copy in ``<queue>.XQ`` (False:
+        the caller acks the job)."""
+        if self.dead_letters == "node":
+            why = dead_reason(reason if reason is not None else nack_reason_default)
+            if not self.client.dead_letter(job_id, reason=why):
+                # not held by this node (any more): never dropped, it comes back
+                # after its visibility timeout
+                log.warning("DEADLETTER of %s moved nothing: the job comes back after "
+                            "its visibility timeout", job_id)
+            return True
         self.client.add_job(xq_name(queue_name), body, replicate=self.replicate,
                             retry=self.visibility_timeout_s, ttl=self.dead_message_ttl_s)
+        return False
 
     # ---- consume
 
@@ -252,9 +279,10 @@ class DisqueBroker(Broker):
     # ---- maintenance
 
     def flush(self, queue_name: str) -> None:
-        """Ack every job queued on the connected node in the queue and its dead letters."""
+        """Ack every job queued on the connected node in the queue and its dead letters
+        (``<queue>.XQ`` and ``dead:<queue>``)."""
         self.confirm_enqueued()
-        for name in (queue_name, xq_name(queue_name)):
+        for name in (queue_name, xq_name(queue_name), DEAD_PREFIX + queue_name):
             for _ in range(purge_rounds_max):
                 jobs = self.client.qpeek(name, purge_batch_jobs)
                 if not jobs:
@@ -341,10 +369,11 @@ class DisqueConsumer(Consumer):
             try:
                 message = Message.decode(job.body)
             except DecodeError as exc:
-                log.error("job %s in queue %r is not a Dramatiq message (%s): moved to %r",
-                          job.id, job.queue, exc, xq_name(self.queue_name))
-                self.broker.dead_letter(self.queue_name, job.body)
-                self.client.ack(job.id)
+                log.error("job %s in queue %r is not a Dramatiq message (%s): dead-lettered",
+                          job.id, job.queue, exc)
+                if not self.broker.dead_letter(self.queue_name, job.body, job.id,
+                                               f"not a Dramatiq message: {exc}"):
+                    self.client.ack(job.id)
                 continue
             if job.nacks:
                 # requeued in place by retries (NACK DELAY): the body is the one
@@ -388,10 +417,12 @@ class DisqueConsumer(Consumer):
         assert isinstance(message, DisqueMessage)
         ids = self._release([message])
         try:
-            self.broker.dead_letter(self.queue_name, message._message.encode())
+            moved = self.broker.dead_letter(self.queue_name, message._message.encode(),
+                                            message.job_id, message._exception)
         except DisqueConnectionError as exc:
             raise BrokerConnectionError(str(exc)) from exc
-        self._call(self.client.ack, ids)
+        if not moved:
+            self._call(self.client.ack, ids)
 
     def requeue(self, messages: Iterable[MessageProxy]) -> None:
         held = [m for m in messages if isinstance(m, DisqueMessage)]

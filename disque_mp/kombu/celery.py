@@ -16,6 +16,12 @@ is published as Celery does everywhere (a new message); the original job is then
 acknowledged by the pool process that published the retry. Either way the
 worker's main process only forgets the message (``DisqueRequest.on_retry``): the
 job was requeued or acknowledged already.
+
+A task that fails for good (out of retries, any exception, with
+``task_acks_on_failure_or_timeout`` off) or raises ``Reject(requeue=False)`` is
+rejected without requeue: ``DisqueRequest.on_failure`` hands the exception's text
+to the transport first, which the job keeps as its dead-letter reason (``DEADLETTER
+<id> REASON <text>``: SHOW's ``dead-reason``).
 """
 
 from __future__ import annotations
@@ -26,9 +32,11 @@ import time
 from typing import Any
 
 from celery import Task
+from celery.exceptions import Reject
 from celery.worker.request import Request
 
 from disque_mp.client import DisqueError
+from disque_mp.client.limits import dead_reason
 from disque_mp.kombu.transport import Channel, Transport
 
 log = logging.getLogger("disque_mp.kombu")
@@ -113,7 +121,19 @@ class DisqueTask(Task):
 
 
 class DisqueRequest(Request):
-    """The worker's side of DisqueTask: a retried message is forgotten, not acked."""
+    """The worker's side of DisqueTask: a retried message is forgotten, not acked;
+    a failed one carries its exception's text to a reject without requeue."""
+
+    def on_failure(self, exc_info: Any, send_failed_event: bool = True,
+                   return_ok: bool = False) -> None:
+        channel = getattr(self.message, "channel", None)
+        if isinstance(channel, Channel) and is_job_id(self.message.delivery_tag):
+            exc = getattr(exc_info.exception, "exc", exc_info.exception)  # ExceptionWithTraceback
+            if isinstance(exc, Reject) and exc.reason is not None:
+                exc = exc.reason  # Reject(reason, requeue=False): the reason given
+            text = exc if isinstance(exc, BaseException) else str(exc)
+            channel.qos.reject_reason(self.message.delivery_tag, dead_reason(text))
+        super().on_failure(exc_info, send_failed_event, return_ok)
 
     def on_retry(self, exc_info: Any) -> None:
         channel = getattr(self.message, "channel", None)

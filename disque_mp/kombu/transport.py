@@ -15,8 +15,13 @@ or a lost connection):
   holding it has it unacknowledged (docs/extensions.md, "Idempotent adds");
 - consume: ``GETJOB TIMEOUT <ms> COUNT <free prefetch slots> FROM q1 q2 ...``
   (left to right: the first queue that has jobs wins);
-- ack: ``ACKJOB``; reject with requeue: ``NACK``; reject without requeue:
-  ``ACKJOB``, after copying the message to ``dead_letter_queue`` when set;
+- ack: ``ACKJOB``; reject with requeue: ``NACK``; reject without requeue (a
+  ``Reject(requeue=False)``, a task that failed for good with
+  ``task_acks_on_failure_or_timeout`` off): ``DEADLETTER <id> REASON <text>``, the
+  same job to ``dead:<queue>`` with the exception's text when the task class is
+  ``disque_mp.kombu.celery.DisqueTask`` (REDRIVE, the dashboard or ``disque-mp admin
+  requeue`` bring it back); with ``dead_letter_queue`` set, a copy of the message
+  there instead, then ``ACKJOB``;
 - unacked messages of a channel that closes (worker shutdown) go back with
   ``NACK``, never by publishing them again (that would duplicate them);
 - queue size: ``QLEN``; purge: ``QPEEK`` + ``ACKJOB`` until the queue is empty.
@@ -70,6 +75,7 @@ from disque_mp.client import (
 )
 from disque_mp.client.core import task_dedup_key
 from disque_mp.client.limits import MAXDELIVER_MAX as max_deliveries_max
+from disque_mp.client.limits import dead_reason
 
 log = logging.getLogger("disque_mp.kombu")
 
@@ -96,6 +102,9 @@ nack_batch_ids = 1000
 # Where a message that is not kombu's JSON goes (the queue name plus this),
 # when no dead_letter_queue is set: moved aside, never dropped.
 invalid_queue_suffix = ".invalid"
+# DEADLETTER's reason for a rejected message whose exception the transport does
+# not know (a task class other than DisqueTask, a consumer's own basic_reject).
+reject_reason_default = "rejected without requeue"
 # Priority queues: a message of priority p goes to the queue of the highest
 # step <= p, named like kombu's Redis transport does (name + sep + step).
 priority_separator = "\x06\x16"
@@ -174,6 +183,13 @@ class QoS(virtual.QoS):
             self._beat = Heartbeat(channel.client.working)
         self._acks = AckBatcher(channel.client) if channel.async_acks else None
         self._freed = channel.connection.slot_freed
+        # why a held message is about to be rejected (DisqueRequest.on_failure)
+        self._reasons: dict[str, bytes] = {}
+
+    def reject_reason(self, delivery_tag: str, reason: bytes) -> None:
+        """The text DEADLETTER keeps if the message is rejected without requeue."""
+        if delivery_tag in self._delivered:
+            self._reasons[delivery_tag] = reason
 
     def append(self, message: Any, delivery_tag: str) -> None:
         super().append(message, delivery_tag)
@@ -206,11 +222,12 @@ class QoS(virtual.QoS):
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         if self._beat is not None:
             self._beat.remove(delivery_tag)
+        reason = self._reasons.pop(delivery_tag, None)
         if requeue:
             self.channel.client.nack(delivery_tag)
         else:
             message = self._delivered.get(delivery_tag)
-            self.channel.dead_letter(delivery_tag, message)
+            self.channel.dead_letter(delivery_tag, message, reason)
         self._quick_ack(delivery_tag)
         self._freed.set()
 
@@ -411,9 +428,18 @@ class Channel(virtual.Channel):
             self.client.ack(job.id)
             return None
 
-    def dead_letter(self, job_id: str, message: Any) -> None:
-        """Reject without requeue: copy to ``dead_letter_queue`` when set, then ACKJOB."""
-        if self.dead_letter_queue and message is not None:
+    def dead_letter(self, job_id: str, message: Any, reason: bytes | None = None) -> None:
+        """Reject without requeue: DEADLETTER (the job to ``dead:<queue>``, with the
+        reason); with ``dead_letter_queue`` set, a copy there, then ACKJOB."""
+        if not self.dead_letter_queue:
+            why = reason or dead_reason(reject_reason_default)
+            if not self.client.dead_letter(job_id, reason=why):
+                # not held by this node (any more): never dropped, it comes back
+                # after its visibility timeout
+                log.warning("DEADLETTER of %s moved nothing: the job comes back after "
+                            "its visibility timeout", job_id)
+            return
+        if message is not None:
             raw = message.serializable() if hasattr(message, "serializable") else message
             self.client.add_job(self.dead_letter_queue,
                                 json.dumps(raw, separators=(",", ":")),

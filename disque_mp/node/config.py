@@ -220,6 +220,9 @@ class Config:
     # ADDJOB ... DEDUP: keys one worker holds (workers/dedup.py); past it the oldest
     # key is forgotten (its job stays, no longer deduplicated), an add never fails
     dedup_keys_max: int = 1_000_000
+    # REDRIVE: jobs one call moves back from a dead-letter queue (its COUNT is cut to
+    # it; a worker also serves other clients): a bigger backlog takes several calls
+    redrive_count_max: int = 10_000
 
 
 class ConfigValueError(ValueError):
@@ -443,6 +446,8 @@ DIRECTIVES: tuple[Directive, ...] = (
     # ours: idempotent adds (docs/extensions.md, "Idempotent adds")
     _d("dedup-keys-max", "int", True,
        "dedup-keys-max must be between 1 and 100000000", lo=1, hi=100_000_000),
+    _d("redrive-count-max", "int", True,
+       "redrive-count-max must be between 1 and 1000000", lo=1, hi=1_000_000),
 )
 BY_NAME: dict[str, Directive] = {d.name: d for d in DIRECTIVES}
 # Names Redis users know for our limit directives (same field, same units).

@@ -27,8 +27,6 @@ from disque_mp.client.limits import DEAD_PREFIX  # where MAXDELIVER moves a job
 
 queues_scanned_max = 100_000  # queue names one `queues` call looks at: bounds its memory
 qstat_batch = 500  # QSTATs per pipelined round trip
-requeue_batch = 100  # jobs one GETJOB takes from the dead-letter queue
-requeue_add_timeout_ms = 5000  # ADDJOB's replication timeout for a requeued job
 body_shown_chars = 60  # a job body in peek's table is cut here (--json shows it whole)
 
 # INFO fields `admin node` shows, in this order (label, INFO key)
@@ -61,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     pk.add_argument("queue")
     pk.add_argument("count", type=int, nargs="?", default=10,
                     help="how many (default 10; negative: the newest first)")
-    rq = sub.add_parser("requeue", help="dead:QUEUE's jobs back to QUEUE (new IDs)")
+    rq = sub.add_parser("requeue", help="dead:QUEUE's jobs back to QUEUE (REDRIVE: same IDs)")
     rq.add_argument("queue", help="QUEUE or dead:QUEUE")
     rq.add_argument("--max", type=int, default=10_000, help="at most this many (default 10000)")
     sub.add_parser("node", help="this node: ID, build, workers, clients, jobs, memory, AOF")
@@ -155,36 +153,22 @@ def _pairs(reply: Any) -> dict[str, Any] | None:
 # --------------------------------------------------------------------------- requeue
 
 
-def _add_copy(d: Disque, queue: str, job_id: str, body: bytes) -> str:
-    """ADDJOB a copy of a dead letter: its remaining TTL, its RETRY, its MAXDELIVER (as the
-    dashboard's requeue does: a poison job gets its n deliveries again)."""
-    show = d.show(job_id) or {}
-    ttl_s, retry_s = int(show.get("ttl", 0)), int(show.get("retry", -1))
-    maxdeliver = int(show.get("maxdeliver", 0))
-    ttl = ttl_s if ttl_s > 1 else None
-    retry = retry_s if ttl is not None and 0 <= retry_s < ttl_s else None  # RETRY <= TTL
-    return d.add_job(queue, body, requeue_add_timeout_ms, ttl=ttl, retry=retry,
-                     maxdeliver=maxdeliver if maxdeliver > 0 else None)
-
-
 def cmd_requeue(d: Disque, args: argparse.Namespace) -> Any:
+    """REDRIVE: the dead letters back to their queue, same ID, TTL, RETRY and
+    MAXDELIVER, delivery counters reset (a poison job gets its n deliveries again)."""
     target = args.queue[len(DEAD_PREFIX):] if args.queue.startswith(DEAD_PREFIX) else args.queue
     if not target:
         raise AdminError(f"no queue named after {DEAD_PREFIX!r}")
     dead = DEAD_PREFIX + target
     moved = 0
     while moved < args.max:
-        taken = d.get_jobs(dead, nohang=True, count=min(requeue_batch, args.max - moved))
-        if not taken:
+        try:  # each call moves at most the node's redrive-count-max
+            n = d.redrive(dead, args.max - moved)
+        except DisqueError as e:  # the queue is paused in input: nothing of this call moved
+            raise AdminError(f"requeued {moved} from {dead} to {target}, then: {e}") from None
+        if not n:
             break
-        for i, job in enumerate(taken):
-            try:
-                _add_copy(d, target, job.id, job.body)
-            except DisqueError as e:  # give the rest back to the dead-letter queue
-                d.nack(*[t.id for t in taken[i:]])
-                raise AdminError(f"requeued {moved} from {dead} to {target}, then: {e}") from None
-            d.ack(job.id)
-            moved += 1
+        moved += n
     left = d.qlen(dead)
     if args.json:
         return {"from": dead, "to": target, "requeued": moved, "left": left}

@@ -1,7 +1,8 @@
 """The Celery app the broker tests run in a real ``celery -A tests.brokers.celery_app
 worker``. Settings come from the environment the test gives the worker:
 DISQUE_BROKER_URL, BROKER_TEST_QUEUE, BROKER_RECORD_FILE (one JSON line per
-task run), DISQUE_VISIBILITY_S."""
+task run), DISQUE_VISIBILITY_S, BROKER_DEAD_LETTERS ("node": no dead_letter_queue,
+a rejected message is dead-lettered by the node with its reason)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import time
 from pathlib import Path
 
 from celery import Celery
+from celery.exceptions import Reject
 
 import disque_mp.kombu  # noqa: F401  (registers disque://)
+from disque_mp.kombu.celery import DisqueTask
 from tests.brokers.record import record
 
 QUEUE = os.environ.get("BROKER_TEST_QUEUE", "celery-test")
@@ -20,7 +23,8 @@ app = Celery("celery_app", broker=os.environ.get("DISQUE_BROKER_URL", "disque://
 app.conf.update(
     broker_transport_options={
         "visibility_timeout": int(os.environ.get("DISQUE_VISIBILITY_S", "3")),
-        "dead_letter_queue": QUEUE + ".dead",
+        **({} if os.environ.get("BROKER_DEAD_LETTERS") == "node"
+           else {"dead_letter_queue": QUEUE + ".dead"}),
     },
     broker_connection_retry_on_startup=True,
     task_acks_late=True,
@@ -60,3 +64,15 @@ def slow(self, marker: str) -> None:
         path.write_text("started")
         time.sleep(60)
     record("slow-done", self.request.id, marker=marker)
+
+
+@app.task(bind=True, base=DisqueTask)
+def rejecting(self, n: int) -> None:
+    record("rejecting", self.request.id, n=n)
+    raise Reject(ValueError(f"payload {n} cannot be parsed"), requeue=False)
+
+
+@app.task(bind=True, base=DisqueTask, max_retries=1)
+def doomed(self, n: int) -> None:
+    record("doomed", self.request.id, n=n, retries=self.request.retries)
+    raise self.retry(countdown=1, exc=RuntimeError(f"doomed {n} fails every time"))

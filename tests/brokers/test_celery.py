@@ -28,10 +28,10 @@ TASKS = "tests.brokers.celery_app"
 
 
 def worker(url: str, queue: str, tmp_path: Path, name: str = "worker",
-           extra: tuple[str, ...] = ()) -> WorkerProc:
+           extra: tuple[str, ...] = (), dead_letters: str = "queue") -> WorkerProc:
     env = {"DISQUE_BROKER_URL": url, "BROKER_TEST_QUEUE": queue,
            "BROKER_RECORD_FILE": str(tmp_path / "records.jsonl"),
-           "DISQUE_VISIBILITY_S": str(visibility_s)}
+           "DISQUE_VISIBILITY_S": str(visibility_s), "BROKER_DEAD_LETTERS": dead_letters}
     args = ["celery", "-A", TASKS, "worker", "-Q", queue, "-c", "2", "-l", "info",
             "-n", f"{name}@%h", "--without-mingle", "--without-gossip", *extra]
     return WorkerProc(args, env, tmp_path / f"{name}.log")
@@ -83,6 +83,32 @@ def test_a_failing_task_is_retried_then_dead_lettered(broker_node: NodeProc,
     assert all(b["t"] - a["t"] >= 0.9 for a, b in zip(runs, runs[1:], strict=False))
     message = json.loads(dead.body)
     assert message["headers"]["id"] == task_id and message["headers"]["retries"] == 2
+
+
+def test_reject_and_out_of_retries_are_dead_lettered_with_the_reason(
+        broker_node: NodeProc, tmp_path: Path) -> None:
+    """No dead_letter_queue: the node moves the job itself to dead:<queue> (same
+    job, the exception's text kept as its dead-letter reason), REDRIVE-able."""
+    q = unique_queue("cel")
+    url = node_url(broker_node)
+    rec = tmp_path / "records.jsonl"
+    with worker(url, q, tmp_path, dead_letters="node") as w:
+        app = producer(url)
+        rejected_id = send(app, "rejecting", q, 3)
+        doomed_id = send(app, "doomed", q, 4)
+        with Disque([f"127.0.0.1:{broker_node.port}"]) as d:
+            wait_until(lambda: d.qlen("dead:" + q) == 2, 60, "two dead letters",
+                       detail=w.log_tail)
+            dead = d.qpeek("dead:" + q, 2)
+            reasons = {json.loads(j.body)["headers"]["id"]: (d.show(j) or {})["dead-reason"]
+                       for j in dead}
+            assert d.qlen(q) == 0
+            assert d.redrive("dead:" + q) == 2  # acted on: back in the queue
+            wait_until(lambda: d.qlen("dead:" + q) == 2, 60, "dead again after the redrive",
+                       detail=w.log_tail)
+    assert reasons[rejected_id] == "ValueError: payload 3 cannot be parsed"
+    assert reasons[doomed_id] == "RuntimeError: doomed 4 fails every time"
+    assert len([r for r in read(rec) if r["id"] == doomed_id]) >= 2  # retried, then dead
 
 
 def read(path: Path) -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """dead:<queue> in the HTTP API, for jobs MAXDELIVER moved there: the queue view
-shows each job's counters, and a requeue adds the job back with its RETRY and
-MAXDELIVER (a requeued poison job gets its deliveries again, then comes back)."""
+shows each job's counters, and a requeue (REDRIVE) moves the same job back with its
+RETRY and MAXDELIVER (a requeued poison job gets its deliveries again, then comes back)."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def test_requeue_keeps_retry_and_maxdeliver(node: NodeProc) -> None:
     back = post(node.http_port, q_path("dead:" + q) + "/requeue").json()  # type: ignore[attr-defined]
     assert back == {"from": "dead:" + q, "to": q, "requeued": 1, "left": 0}
     [[_, new_id, body]] = r.execute_command("QPEEK", q, 1)
-    assert body == b"poison" and new_id.decode() != old_id
+    assert body == b"poison" and new_id.decode() == old_id  # REDRIVE: the same job
     job = show(r, new_id.decode())
     assert job["retry"] == 7 and job["maxdeliver"] == 1 and job["nacks"] == 0
     # one more delivery without an ACK and it is back in dead:<queue>

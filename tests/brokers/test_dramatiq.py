@@ -76,12 +76,14 @@ def test_a_failing_actor_is_retried_then_dead_lettered(
     with worker(url(broker_node), q, tmp_path) as w:
         sent = send(broker, q, "flaky", 7)
         wait_records(rec, lambda r: len(r) >= 3, "three runs of the failing actor", w)
-        wait_until(lambda: broker.client.qlen(q + ".XQ") == 1, 30, "the dead letter",
+        wait_until(lambda: broker.client.qlen("dead:" + q) == 1, 30, "the dead letter",
                    detail=w.log_tail)
-    [dead] = broker.client.qpeek(q + ".XQ", 1)
-    message = Message.decode(dead.body)
+    [dead] = broker.client.qpeek("dead:" + q, 1)
+    message = Message.decode(dead.body)  # the job itself, retried in place, then given up
     assert message.message_id == sent.message_id
-    assert message.options["retries"] == 3  # Retries counts the failures: 3 > max_retries
+    shown = broker.client.show(dead)
+    assert shown is not None and shown["nacks"] == 2  # the two retries (NACK DELAY)
+    assert shown["dead-reason"] == "RuntimeError: flaky 7 fails every time"
     assert len(read_records(rec)) == 3  # max_retries=2: one run and two retries
     assert broker.client.qlen(q) == 0
 

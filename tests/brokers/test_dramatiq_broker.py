@@ -58,15 +58,17 @@ def test_prefetch_ack_nack_requeue_and_close(broker: DisqueBroker) -> None:
     consumer.ack(first)
     third = next(consumer)
     assert third is not None
-    consumer.nack(second)  # failed for good: dead letter
-    assert broker.client.qlen(q + ".XQ") == 1
+    consumer.nack(second)  # failed for good: the same job dead-lettered by the node
+    assert broker.client.qlen("dead:" + q) == 1
+    shown = broker.client.show(second.job_id)
+    assert shown is not None and shown["dead-reason"] == "failed"  # no exception held
     consumer.requeue([third])  # NACK: back at once
     assert broker.client.qlen(q) == 2
     fourth = next(consumer)
     assert fourth is not None
     consumer.close()  # the held one is not given back by close (the worker requeues it)
     broker.flush(q)
-    assert broker.client.qlen(q) == 0 and broker.client.qlen(q + ".XQ") == 0
+    assert broker.client.qlen(q) == 0 and broker.client.qlen("dead:" + q) == 0
     broker.client.nack(fourth.job_id)
     broker.flush(q)
 
@@ -163,3 +165,21 @@ def test_acks_leave_in_batches_and_close_sends_them(broker: DisqueBroker) -> Non
     consumer.close()  # flushes the pending acks
     assert acks is not None and 1 <= acks.batches < 40
     assert all(broker.client.show(m.job_id) is None for m in taken if isinstance(m, DisqueMessage))
+
+
+def test_dead_letters_xq_keeps_dramatiqs_own_queue(broker_node: NodeProc) -> None:
+    b = DisqueBroker(url=f"disque://127.0.0.1:{broker_node.port}", dead_letters="xq")
+    q = unique_queue("dqx")
+    b.declare_queue(q)
+    b.enqueue(message(q, 1))
+    b.confirm_enqueued()
+    consumer = b.consume(q, prefetch=1, timeout=200)
+    got = next(consumer)
+    assert isinstance(got, DisqueMessage)
+    consumer.nack(got)  # a copy in <queue>.XQ, the job acknowledged
+    assert b.client.qlen(q + ".XQ") == 1 and b.client.qlen("dead:" + q) == 0
+    consumer.close()
+    b.flush(q)
+    with pytest.raises(ValueError, match="dead_letters"):
+        DisqueBroker(nodes=["127.0.0.1:1"], dead_letters="drop")
+    b.close()

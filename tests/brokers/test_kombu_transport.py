@@ -110,6 +110,23 @@ def test_reject_goes_to_the_dead_letter_queue(broker_node: NodeProc, disque: Dis
         sq.close()
 
 
+def test_reject_without_a_dead_letter_queue_dead_letters_the_job(
+        broker_node: NodeProc, disque: Disque) -> None:
+    q = unique_queue("k")
+    with connection(broker_node) as conn:
+        sq = conn.SimpleQueue(q)
+        sq.put({"bad": True})
+        message = sq.get(timeout=5)
+        job_id = message.delivery_tag
+        message.reject()  # never dropped: the same job, in dead:<queue>
+        assert sq.qsize() == 0
+        shown = disque.show(job_id)
+        assert shown is not None and shown["queue"] == "dead:" + q
+        assert shown["dead-reason"] == "rejected without requeue"
+        assert disque.redrive("dead:" + q) == 1 and sq.get(timeout=5).payload == {"bad": True}
+        sq.close()
+
+
 def test_closing_a_channel_nacks_its_unacked_messages(broker_node: NodeProc,
                                                      disque: Disque) -> None:
     q = unique_queue("k")

@@ -377,3 +377,104 @@ def test_dedup_a_resend_to_a_node_with_a_copy_answers_the_same_id(
     again = rs[copy].execute_command("ADDJOB", q, "x", 0, "REPLICATE", 2, "DEDUP", "pay-9")
     assert again.decode() != jid
     rs[copy].execute_command("DELQUEUE", q)
+# ------------------------------------------------------------------ dead letters you act on
+
+
+def _cli(node: NodeProc, *args: str) -> str:
+    return subprocess.run(["redis-cli", "-p", str(node.port), *args], capture_output=True,
+                          text=True, timeout=20, check=True).stdout.strip()
+
+
+def test_deadletter_and_redrive_raw_on_one_node(one: NodeProc) -> None:
+    r = _r(one)
+    qa, qb = _two_owner_queues()
+    ids = [r.execute_command("ADDJOB", q, "x", 0, "RETRY", 60, "MAXDELIVER", 3).decode()
+           for q in (qa, qb, qa)]
+    assert len({owner_of_job_id(i, 2) for i in ids}) == 2  # split by owner, counts merged
+    assert r.execute_command("GETJOB", "NOHANG", "FROM", qa)[0][1].decode() == ids[0]
+    r.execute_command("NACK", ids[0])  # nacks 1, kept by the move
+    assert r.execute_command("DEADLETTER", *ids, "REASON", "bad payload: é") == 3
+    assert r.execute_command("DEADLETTER", *ids, "REASON", "again") == 0  # already dead
+    assert r.execute_command("QLEN", qa) == 0 and r.execute_command("QLEN", "dead:" + qa) == 2
+    show = _show(r, ids[0])
+    assert show["queue"] == ("dead:" + qa).encode() and show["nacks"] == 1
+    assert show["dead-reason"] == "bad payload: é".encode() and show["maxdeliver"] == 3
+    assert r.execute_command("REDRIVE", "dead:" + qa, "COUNT", 1) == 1  # the oldest
+    assert r.execute_command("QLEN", qa) == 1 and _show(r, ids[0])["queue"] == qa.encode()
+    back = _show(r, ids[0])
+    assert back["nacks"] == 0 and "dead-reason" not in back and back["retry"] == 60
+    assert r.execute_command("REDRIVE", "dead:" + qa) == 1 and r.execute_command("QLEN", qa) == 2
+    assert r.execute_command("REDRIVE", "dead:" + qb) == 1
+    assert r.execute_command("REDRIVE", "dead:" + qb) == 0
+
+
+def test_deadletter_and_redrive_errors_and_command(one: NodeProc) -> None:
+    r = _r(one)
+    q = _q()
+    jid = r.execute_command("ADDJOB", q, "x", 0).decode()
+    assert _err(r, "DEADLETTER", jid, "REASON", "x" * 1025) == \
+        "REASON must be at most 1024 bytes"
+    assert _err(r, "DEADLETTER", "nope") == "BADID Invalid Job ID format."
+    assert _err(r, "DEADLETTER").startswith("wrong number of arguments")
+    assert _err(r, "REDRIVE", q).startswith("REDRIVE takes a dead-letter queue")
+    assert _err(r, "REDRIVE", "dead:" + q, "COUNT", 0) == "COUNT must be a number greater than zero"
+    assert _err(r, "REDRIVE", "dead:" + q, "COUNT", "many").startswith("value is not an integer")
+    assert _err(r, "REDRIVE", "dead:" + q, "LIMIT", 3) == "syntax error"
+    assert r.execute_command("QLEN", q) == 1  # nothing above touched the job
+    table = r.execute_command("COMMAND")
+    assert table["deadletter"]["arity"] == -2 and table["redrive"]["arity"] == -2
+
+
+@pytest.mark.skipif(shutil.which("redis-cli") is None, reason="redis-cli not installed")
+def test_redis_cli_deadletter_and_redrive(one: NodeProc) -> None:
+    q = _q()
+    jid = _cli(one, "ADDJOB", q, "x", "0")
+    assert _cli(one, "DEADLETTER", jid, "REASON", "by hand") in ("(integer) 1", "1")
+    assert _cli(one, "QLEN", "dead:" + q) in ("(integer) 1", "1")
+    assert _cli(one, "REDRIVE", "dead:" + q, "COUNT", "10") in ("(integer) 1", "1")
+    assert _cli(one, "QLEN", q) in ("(integer) 1", "1")
+
+
+def test_client_dead_letter_and_redrive(one: NodeProc) -> None:
+    q = _q()
+    with Disque(f"127.0.0.1:{one.port}", socket_timeout=20) as d:
+        jid = d.add_job(q, b"x", retry=60)
+        assert d.dead_letter(jid, reason="no handler") == 1
+        assert d.show(jid)["dead-reason"] == "no handler"  # type: ignore[index]
+        assert d.redrive("dead:" + q) == 1 and d.qlen(q) == 1
+
+    async def go() -> None:
+        d = AsyncDisque(f"127.0.0.1:{one.port}", socket_timeout=20)
+        try:
+            assert await d.dead_letter(jid) == 1 and await d.qlen("dead:" + q) == 1
+            assert await d.redrive("dead:" + q, count=5) == 1 and await d.qlen(q) == 1
+        finally:
+            await d.aclose()
+
+    asyncio.run(go())
+
+
+def test_deadletter_and_redrive_every_copy_follows(three: list[NodeProc]) -> None:
+    q = _q()
+    a = _r(three[0])
+    jid = a.execute_command("ADDJOB", q, "x", 0, "REPLICATE", 3, "RETRY", 60,
+                            "MAXDELIVER", 5).decode()
+    a.execute_command("GETJOB", "NOHANG", "FROM", q)
+    a.execute_command("NACK", jid)
+    wait_until(lambda: all(_show(_r(n), jid)["nacks"] == 1 for n in three), wait_s,
+               "every copy counted the NACK")
+    holder = next(n for n in three if _r(n).execute_command("QLEN", q) == 1)
+    assert _r(holder).execute_command("DEADLETTER", jid, "REASON", "poison") == 1
+    wait_until(lambda: all(_show(_r(n), jid)["queue"] == ("dead:" + q).encode()
+                           and _show(_r(n), jid).get("dead-reason") == b"poison"
+                           for n in three), wait_s, "every copy dead-lettered with its reason")
+    assert sum(_r(n).execute_command("QLEN", "dead:" + q) for n in three) == 1
+    assert a.execute_command("GLOBALQLEN", q) == 0
+    with Disque(f"127.0.0.1:{holder.port}", socket_timeout=20) as d:
+        assert d.redrive("dead:" + q) == 1
+    wait_until(lambda: all(_show(_r(n), jid)["queue"] == q.encode()
+                           and "dead-reason" not in _show(_r(n), jid)
+                           and _show(_r(n), jid)["nacks"] == 0 for n in three),
+               wait_s, "every copy back in its queue, counters reset")
+    assert a.execute_command("GLOBALQLEN", q) == 1
+    assert a.execute_command("GLOBALQLEN", "dead:" + q) == 0

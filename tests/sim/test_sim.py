@@ -1,7 +1,8 @@
 """Seeded simulation of a Disque cluster (TigerBeetle's VOPR, in small).
 
 Each run: 3-5 nodes (tests/sim/net.py), producers and consumers on random
-nodes, a network with delays, drops, duplicates and partitions, nodes that
+nodes, DEADLETTER and REDRIVE on random nodes (consumers take from the dead-letter
+queues too), a network with delays, drops, duplicates and partitions, nodes that
 crash (losing everything) and restart; then a quiet phase (faults healed,
 consumers draining every node). Checked over many seeds:
 
@@ -111,9 +112,22 @@ class Sim:
                                         created_ms=self.net.now, sync=not async_)
 
     def consume(self, node: str) -> None:
-        for q in (b"q0", b"q1"):
+        for q in (b"q0", b"q1", b"dead:q0", b"dead:q1"):
             for e in self.net.take(node, q, count=self.rng.randint(1, 3)):
                 self._delivered(node, e[1])
+
+    def dead_letters(self) -> None:
+        """DEADLETTER of a job this run made, or REDRIVE of a dead-letter queue, on
+        a random node (the copies follow through the faulty network)."""
+        node = self.rng.choice(self.alive())
+        shard = self.net.nodes[node].shard
+        if self.jobs and self.rng.random() < 0.6:
+            jid = self.rng.choice(list(self.jobs))
+            shard.op_deadletter([jid], b"sim %d" % self.rng.randint(0, 9), self.net.now)
+        else:
+            q = b"dead:q%d" % self.rng.randint(0, 1)
+            shard.op_redrive(q, self.rng.randint(1, 3), self.net.now)
+        self.net.drain(node)
 
     def block(self) -> None:
         """A blocked GETJOB (this is what makes nodes send NEEDJOBS)."""
@@ -222,6 +236,8 @@ class Sim:
                 self.block()
             elif r < 0.93:
                 self.fault()
+            elif r < 0.95:
+                self.dead_letters()
             self.acks_due()
             self.unblock_due()
             self.recover()

@@ -37,6 +37,7 @@ from workers.ids import DEAD_PREFIX, is_valid_job_id
 from workers.job import (
     STATE_BY_NAME,
     JobExt,
+    dead_reason_bytes_max,
     dedup_bytes_max,
     delay_max_s,
     group_bytes_max,
@@ -62,18 +63,20 @@ replicate_max: Final = 65535  # Disque's bound (a 16-bit field on the wire)
 
 class Limits:
     """The work one command may do (config getjob-count-max, qpeek-count-max,
-    scan-count-max), the longest queue name (queue-name-bytes-max) and one client's
+    scan-count-max, redrive-count-max), the longest queue name (queue-name-bytes-max) and one client's
     share of a WAITJOB table (waitjob-entries-per-client-max): each worker applies its
     config here at start and on CONFIG SET."""
 
     __slots__ = ("getjob_count_max", "qpeek_count_max", "scan_count_max",
-                 "queue_name_bytes_max", "err_queue_name", "waitjob_entries_per_client_max")
+                 "queue_name_bytes_max", "err_queue_name", "waitjob_entries_per_client_max",
+                 "redrive_count_max")
 
     def __init__(self) -> None:
         self.getjob_count_max = 10_000
         self.qpeek_count_max = 10_000
         self.scan_count_max = 1_000
         self.waitjob_entries_per_client_max = 100_000
+        self.redrive_count_max = 10_000
         self.queue_name_bytes_max = 0
         self.err_queue_name = ERR_SYNTAX
         self.set_queue_name_max(queue_name_bytes_max - len(DEAD_PREFIX))
@@ -96,6 +99,7 @@ def apply_limits(cfg: Any) -> None:
     limits.scan_count_max = int(cfg.scan_count_max)
     limits.set_queue_name_max(int(cfg.queue_name_bytes_max))
     limits.waitjob_entries_per_client_max = int(cfg.waitjob_entries_per_client_max)
+    limits.redrive_count_max = int(cfg.redrive_count_max)
 
 
 def long_queue_name(queues: list[bytes]) -> Error | None:
@@ -636,6 +640,46 @@ def cmd_delqueue(shard: Shard, args: list[bytes], token: int, now_ms: int) -> An
     if len(args[0]) > limits.queue_name_bytes_max:
         return limits.err_queue_name
     return shard.op_delqueue(token, args[0], len(args) == 2, now_ms)
+
+
+ERR_REASON: Final = Error(f"ERR REASON must be at most {dead_reason_bytes_max} bytes")
+ERR_NOT_DEAD: Final = Error(
+    f"ERR REDRIVE takes a dead-letter queue (a name starting with "
+    f"'{DEAD_PREFIX.decode()}')")
+
+
+def cmd_deadletter(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
+    """``DEADLETTER id ... [REASON text]``: how many jobs moved."""
+    raw_ids, _, reason = split_tail(args, (b"reason",))
+    if reason is not None:
+        if not raw_ids:
+            return err_arity("deadletter")
+        if len(reason) > dead_reason_bytes_max:
+            return ERR_REASON
+    ids = _job_ids(raw_ids)
+    if isinstance(ids, Error):
+        return ids
+    return shard.op_deadletter(ids, None if reason is None else bytes(reason), now_ms)
+
+
+def cmd_redrive(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
+    """``REDRIVE dead-queue [COUNT n]``: at most redrive-count-max jobs a call."""
+    if len(args) not in (1, 3):
+        return err_arity("redrive") if len(args) < 1 else ERR_SYNTAX
+    queue = args[0]
+    if not queue.startswith(DEAD_PREFIX) or len(queue) == len(DEAD_PREFIX):
+        return ERR_NOT_DEAD
+    count = limits.redrive_count_max
+    if len(args) == 3:
+        if args[1].lower() != b"count":
+            return ERR_SYNTAX
+        c = parse_int(args[2])
+        if c is None:
+            return ERR_NOT_INT
+        if c <= 0:
+            return ERR_COUNT
+        count = min(c, count)
+    return shard.op_redrive(queue, count, now_ms)
 
 
 cmd_ackjob: Final = _ids_cmd("op_ackjob")

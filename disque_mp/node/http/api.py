@@ -52,7 +52,6 @@ if TYPE_CHECKING:
 queue_jobs_default = 50  # jobs shown by GET /api/queues/{queue} without ?count
 queues_default = 100  # queues listed by GET /api/queues without ?limit
 jscan_calls_max = 8  # JSCAN calls one queue view spends looking for its active jobs
-requeue_batch = 100  # jobs a requeue takes per GETJOB
 add_timeout_ms = 5000  # ADDJOB's replication timeout for jobs the API moves
 rate_interval_ms = 1000  # queue rates are recomputed at most this often
 # SHOW's fields a queue view adds to each queued job
@@ -284,11 +283,10 @@ async def post_resume(w: NodeView, req: Request, args: list[str]) -> Response:
 
 
 async def post_requeue(w: NodeView, req: Request, args: list[str]) -> Response:
-    """Every job of a dead-letter queue back to its queue (at most http-api-jobs-max
-    per call; ``left`` says how many remain). Each job is added again (new ID, its
-    remaining TTL, its RETRY and MAXDELIVER: a requeued poison job gets its n
-    deliveries again, then comes back here) before its dead-letter copy is
-    acknowledged."""
+    """Every job of a dead-letter queue back to its queue with REDRIVE (same ID,
+    TTL, RETRY and MAXDELIVER, delivery counters reset: a requeued poison job gets
+    its n deliveries again, then comes back here), at most http-api-jobs-max per
+    call; ``left`` says how many remain."""
     dead = _queue_name(args[0])
     _json_body(req)
     if not dead.startswith(DEAD_PREFIX.encode()) or len(dead) == len(DEAD_PREFIX):
@@ -298,18 +296,13 @@ async def post_requeue(w: NodeView, req: Request, args: list[str]) -> Response:
     moved = 0
     limit = w.cfg.http_api_jobs_max
     while moved < limit:
-        taken = await call(w, b"GETJOB", b"NOHANG", b"COUNT", min(requeue_batch, limit - moved),
-                           b"FROM", dead)
-        if not taken:
+        try:  # each call moves at most redrive-count-max
+            n = int(await call(w, b"REDRIVE", dead, b"COUNT", limit - moved))
+        except ReplyError as e:  # the queue is paused in input: nothing of this call moved
+            raise ApiError(409, f"requeued {moved}, then {target.decode('utf-8', 'replace')}: {e}") from None
+        if not n:
             break
-        for i, (_, job_id, body) in enumerate(taken):
-            try:
-                await _add_copy(w, target, body, job_id)
-            except ReplyError as e:  # give the rest back to the dead-letter queue
-                await call(w, b"NACK", *[t[1] for t in taken[i:]])
-                raise ApiError(409, f"requeued {moved}, then {target.decode('utf-8', 'replace')}: {e}") from None
-            await call(w, b"ACKJOB", job_id)
-            moved += 1
+        moved += n
     left = await call(w, b"QLEN", dead)
     return ok({"from": text(dead), "to": text(target), "requeued": moved, "left": left})
 
