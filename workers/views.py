@@ -85,7 +85,22 @@ def qstat(s: Core, fed: Federation, queue: bytes, now_ms: int) -> Any:
         b"jobs-in", q.jobs_in,
         b"jobs-out", q.jobs_out,
         b"pause", PAUSE_NAMES[q.paused],
+        b"groups", q.groups(),  # extension: groups with queued jobs (GROUP)
     ]  # fmt: skip
+
+
+def qgroups(s: Core, queue: bytes, count: int) -> list[list[Any]]:
+    """QGROUPS: up to ``count`` groups of a queue with their queued jobs, largest
+    first (ties by name); the jobs added without GROUP are the group ``b""``."""
+    q = s.find_queue(queue)
+    if q is None or count <= 0:
+        return []
+    top = heapq.nsmallest(count, q.group_counts(), key=_largest_first)
+    return [[group, n] for group, n in top]
+
+
+def _largest_first(entry: tuple[bytes, int]) -> tuple[int, bytes]:
+    return -entry[1], entry[0]
 
 
 def qpeek(s: Core, queue: bytes, count: int) -> list[list[Any]]:

@@ -92,6 +92,7 @@ TABLE: dict[bytes, Command] = {
         Command("waitjob", -2, (_R,), "ids", jobs.cmd_waitjob, tail_opts=(b"timeout",)),
         Command("globalqlen", 2, (_R, _F), "queue", jobs.cmd_globalqlen),
         Command("delqueue", -2, (_W,), "queue", jobs.cmd_delqueue),
+        Command("qgroups", -2, (_R,), "queue", jobs.cmd_qgroups),
         Command("qscan", -1, (_R,), "scatter", server.cmd_qscan),
         Command("jscan", -1, (_R,), "scatter", server.cmd_jscan),
         Command("info", -1, (_R, _L), "scatter", info.cmd_info),
