@@ -319,6 +319,7 @@ class AddJobOptions(TypedDict, total=False):
     maxlen: int | None
     async_: bool
     maxdeliver: int | None
+    group: str | bytes | None  # fair tenants: GETJOB serves a queue's groups in rotation
 
 
 # AddJobOptions' valued options and their words, in the order ADDJOB's arguments take them.
@@ -336,9 +337,22 @@ def addjob_args(queue: str | bytes, body: bytes | str, timeout_ms: int = 0,
         value = cast("int | None", options.get(key))
         if value is not None:
             args += [word, int(value)]
+    group = options.get("group")
+    if group is not None:
+        args += ["GROUP", group]
     if options.get("async_"):
         args.append("ASYNC")
     return args
+
+
+def qgroups_args(queue: str | bytes, count: int | None) -> list[Any]:
+    """QGROUPS (disque-mp extension): groups with queued jobs, largest first."""
+    return ["QGROUPS", queue, *(["COUNT", int(count)] if count is not None else [])]
+
+
+def parse_groups(reply: Any) -> list[tuple[str, int]]:
+    """QGROUPS' [[group, n], ...] -> [(group, n)]; the ungrouped jobs are group ''."""
+    return [(as_str(g), int(n)) for g, n in reply or []]
 
 
 def nack_args(ids: list[str], delay: int | None) -> list[Any]:
