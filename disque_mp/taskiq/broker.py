@@ -18,9 +18,12 @@
   same job ID, the node's ``nacks`` counter counts the retries, and the ack after the
   task is skipped. When the job is delivered again, its ``_retries`` label is the one
   it was added with plus ``nacks``, so the middleware counts on.
-- ``group`` and ``dedup`` labels (fair tenants, idempotent adds) are refused with
-  ``UnsupportedLabelError`` at kick: the node has no ``GROUP`` / ``DEDUP`` ADDJOB
-  option yet, and a producer that asked for deduplication must not believe it got it.
+- ``group`` label (fair tenants): ``ADDJOB ... GROUP <label>``: the node serves the
+  queue's groups in rotation, so one tenant's backlog does not hold back another's
+  tasks (1..256 bytes, else ``ValueError`` at kick).
+- ``dedup`` label (idempotent adds) is refused with ``UnsupportedLabelError`` at kick:
+  the node has no ``DEDUP`` ADDJOB option yet, and a producer that asked for
+  deduplication must not believe it got it.
 - Failover across nodes and ``-LEAVING`` come from the client.
 """
 
@@ -53,13 +56,15 @@ maxdeliver_max = 1_000_000
 # A failed GETJOB (node unreachable after the client's failover) is retried after this.
 listen_error_pause_s = 1.0
 # Labels the node has no option for yet; refused rather than silently ignored.
-unsupported_labels = ("group", "dedup")
+unsupported_labels = ("dedup",)
+# ADDJOB GROUP's bound in bytes (the node refuses longer).
+group_bytes_max = 256
 # Set on every delivered message: the Disque job that carries it (same across retries).
 job_id_label = "disque_job_id"
 
 
 class UnsupportedLabelError(ValueError):
-    """A label this broker cannot honour on this node (``group``, ``dedup``)."""
+    """A label this broker cannot honour on this node (``dedup``)."""
 
 
 def nodes_from_url(url: str) -> list[str]:
@@ -76,6 +81,16 @@ def _maxdeliver_of(value: Any) -> int | None:
     if not 1 <= n <= maxdeliver_max:
         raise ValueError(f"maxdeliver must be 1..{maxdeliver_max} (ADDJOB MAXDELIVER)")
     return n
+
+
+def _group_of(value: Any) -> str | None:
+    """The ``group`` label as ADDJOB GROUP's name (None: no label)."""
+    if value is None:
+        return None
+    group = str(value)
+    if not 1 <= len(group.encode()) <= group_bytes_max:
+        raise ValueError(f"group label must be 1..{group_bytes_max} bytes (ADDJOB GROUP)")
+    return group
 
 
 def _delay_s_of(labels: dict[str, Any]) -> int | None:
@@ -155,7 +170,8 @@ class DisqueBroker(AsyncBroker):
         maxdeliver = _maxdeliver_of(labels.get("maxdeliver", self.maxdeliver))
         await self.client.add_job(
             self.queue, message.message, 0, retry=self.visibility_timeout_s,
-            ttl=self.message_ttl_s + (delay_s or 0), delay=delay_s, maxdeliver=maxdeliver)
+            ttl=self.message_ttl_s + (delay_s or 0), delay=delay_s, maxdeliver=maxdeliver,
+            group=_group_of(labels.get("group")))
 
     async def _requeue_in_place(self, held: _Held, delay_s: int | None) -> None:
         """A retry of a task this broker runs: NACK [DELAY] its job, same job ID."""

@@ -138,7 +138,7 @@ def test_maxdeliver_label_and_refused_labels(broker_node: NodeProc) -> None:
         await broker.startup()
         try:
             await kicker(broker, "echo", maxdeliver=1).kiq(1)
-            for label in ("group", "dedup"):
+            for label in ("dedup",):
                 with pytest.raises(SendTaskError) as refused:  # taskiq wraps kick's error
                     await kicker(broker, "echo", **{label: "tenant-a"}).kiq(2)
                 assert isinstance(refused.value.__cause__, UnsupportedLabelError)
@@ -152,6 +152,28 @@ def test_maxdeliver_label_and_refused_labels(broker_node: NodeProc) -> None:
     r.execute_command("NACK", job_id)  # delivered once: MAXDELIVER 1 dead-letters it
     assert r.execute_command("QLEN", f"dead:{queue}") == 1
     r.execute_command("DELQUEUE", f"dead:{queue}")
+
+
+def test_group_label_sets_addjob_group(broker_node: NodeProc) -> None:
+    queue = f"taskiq-group-{uuid.uuid4().hex[:8]}"
+    r = raw(broker_node)
+
+    async def go() -> None:
+        broker = DisqueBroker(node_url(broker_node), queue=queue)
+        await broker.startup()
+        try:
+            for i in range(3):
+                await kicker(broker, "echo", group="tenant-a").kiq(i)
+            await kicker(broker, "echo", group="tenant-b").kiq(9)
+            with pytest.raises(SendTaskError) as refused:
+                await kicker(broker, "echo", group="g" * 257).kiq(0)
+            assert "ADDJOB GROUP" in str(refused.value.__cause__)
+        finally:
+            await broker.shutdown()
+
+    asyncio.run(go())
+    assert r.execute_command("QGROUPS", queue) == [[b"tenant-a", 3], [b"tenant-b", 1]]
+    r.execute_command("DELQUEUE", queue)
 
 
 def test_killed_mid_task_the_job_comes_back(broker_node: NodeProc, tmp_path: Path) -> None:
