@@ -326,6 +326,10 @@ class Queue(Timed):
         if len(lanes) <= 1:
             self._unsplit(kept[0] if kept else None)
 
+    def has_named_groups(self) -> bool:
+        """The queue holds jobs added with GROUP (QSTAT then shows ``groups``)."""
+        return self.lanes is not None or bool(self.group0)
+
     def groups(self) -> int:
         """How many groups have queued jobs (QSTAT groups)."""
         if self.lanes is None:

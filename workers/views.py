@@ -74,7 +74,7 @@ def qstat(s: Core, fed: Federation, queue: bytes, now_ms: int) -> Any:
     if q is None:
         return NULL_ARRAY
     imports, rate = fed.qstat_import(q, now_ms) if fed.feds else ([], 0)
-    return [
+    reply = [
         b"name", q.name,
         b"len", q.live,
         b"age", max(0, (now_ms - q.ctime_ms) // 1000),
@@ -85,8 +85,10 @@ def qstat(s: Core, fed: Federation, queue: bytes, now_ms: int) -> Any:
         b"jobs-in", q.jobs_in,
         b"jobs-out", q.jobs_out,
         b"pause", PAUSE_NAMES[q.paused],
-        b"groups", q.groups(),  # extension: groups with queued jobs (GROUP)
     ]  # fmt: skip
+    if q.has_named_groups():  # extension (GROUP): a plain queue's reply is the reference's
+        reply += [b"groups", q.groups()]
+    return reply
 
 
 def qgroups(s: Core, queue: bytes, count: int) -> list[list[Any]]:

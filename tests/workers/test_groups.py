@@ -161,4 +161,14 @@ def test_aof_reload_and_delqueue_keep_the_groups() -> None:
     assert len({e[2] for e in back.take(count=3)} & {b"b", b"p"}) == 2
     assert env.s.op_delqueue(0, b"q", True, env.now) == 6
     env.s.check()
-    assert env.s.op_qgroups(b"q", 10) == [] and env.s.op_qstat(b"q", env.now)[-1] == 0
+    stat = env.s.op_qstat(b"q", env.now)
+    shown = dict(zip(stat[::2], stat[1::2], strict=True))
+    assert env.s.op_qgroups(b"q", 10) == [] and shown.get(b"groups", 0) == 0
+
+
+def test_qstat_of_a_plain_queue_is_the_reference_reply() -> None:
+    env = Env()
+    env.add()
+    assert b"groups" not in env.s.op_qstat(b"q", env.now)
+    env.add(ext=JobExt(group=b"A"))
+    assert env.s.op_qstat(b"q", env.now)[-2:] == [b"groups", 2]
