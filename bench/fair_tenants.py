@@ -92,7 +92,7 @@ def disque(ports: tuple[int, int, int], backlog: int, small: int) -> dict[str, A
 
 
 def redis_list(port: int, backlog: int, small: int) -> dict[str, Any]:
-    r = redis.Redis(port=port, protocol=2, socket_timeout=60)
+    r: Any = redis.Redis(port=port, protocol=2, socket_timeout=60)
     q = unique_queue("fair")
     t0 = time.monotonic()
     _fill(r, ["RPUSH", q, "{body}"], "A", backlog)
@@ -114,7 +114,7 @@ def redis_list(port: int, backlog: int, small: int) -> dict[str, Any]:
 
 
 def redis_stream(port: int, backlog: int, small: int) -> dict[str, Any]:
-    r = redis.Redis(port=port, protocol=2, socket_timeout=60)
+    r: Any = redis.Redis(port=port, protocol=2, socket_timeout=60)
     q = unique_queue("fair")
     r.xgroup_create(q, "workers", id="0", mkstream=True)
     t0 = time.monotonic()
