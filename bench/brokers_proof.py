@@ -31,6 +31,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench import fair_tenants  # noqa: E402
 from bench.brokers_rabbit import RabbitServer  # noqa: E402
 from bench.redisq import RedisServer  # noqa: E402
 from tests.brokers import proof  # noqa: E402
@@ -46,9 +47,11 @@ def scale(quick: bool) -> dict[str, Any]:
     """The full counts (or small ones with --quick)."""
     if quick:
         return {"countdown_s": 12, "watch_s": 6, "memory_tasks": 2_000, "poison_watch_s": 10,
-                "fair_long_s": 10, "fair_shorts": 100, "failover_tasks": 900}
+                "fair_long_s": 10, "fair_shorts": 100, "failover_tasks": 900,
+                "tenant_backlog": 5_000}
     return {"countdown_s": 30, "watch_s": 15, "memory_tasks": 100_000, "poison_watch_s": 30,
-            "fair_long_s": 60, "fair_shorts": 100, "failover_tasks": 10_000}
+            "fair_long_s": 60, "fair_shorts": 100, "failover_tasks": 10_000,
+            "tenant_backlog": 100_000}
 
 
 def points(s: dict[str, Any]) -> dict[str, Callable[[proof.Side], dict[str, Any]]]:
@@ -64,6 +67,8 @@ def points(s: dict[str, Any]) -> dict[str, Callable[[proof.Side], dict[str, Any]
         "7 prefetch fairness": lambda side: proof.prefetch_fairness(
             side, s["fair_long_s"], s["fair_shorts"]),
         "8 producer re-sends a task 3 times": lambda side: proof.resent_task(side),
+        "9 fair tenants": lambda side: fair_tenants.on_side(
+            side.broker, side.url, s["tenant_backlog"], 100),
     }
 
 

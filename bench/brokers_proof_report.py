@@ -45,7 +45,18 @@ def _cell(point: str, f: dict[str, Any] | None) -> str:
         how = " (dedup option: DEDUP <task id>)" if f.get("dedup") else ""
         return (f"sent {f['sends']} times: Celery ran it {f['celery_runs']} time(s), "
                 f"Dramatiq {f['dramatiq_runs']}{how}")
+    if n == "9":
+        return "; ".join(_tenant_cell(name, fig) for name, fig in f.items()
+                         if isinstance(fig, dict))
     return str(f)
+
+
+def _tenant_cell(name: str, f: dict[str, Any]) -> str:
+    """Point 8 (bench/fair_tenants.py): where B's jobs came out behind A's backlog."""
+    if f["b_last_at"] is None:
+        return f"{name}: {f['b_delivered']} of B's {f['small']} in {f['deliveries_read']:,}"
+    return (f"{name}: B's {f['small']} delivered at {f['b_first_at']:,}..{f['b_last_at']:,} "
+            f"behind {f['backlog']:,} of A's")
 
 
 def to_markdown(report: dict[str, Any]) -> str:

@@ -17,6 +17,15 @@ Structure: one ``collections.deque`` of job records sorted by ``ctime_us``
   one revives it in place. Stale entries are purged when they outnumber the
   live ones (amortised O(1) per removal).
 
+Groups (ADDJOB ... GROUP): a queue whose jobs all belong to one group (most
+queues: every job ungrouped) is the single deque above, labelled ``group0``, and
+costs nothing more. When a job of a second group arrives, the queue splits into
+one ``Lane`` per group (each the same ctime-ordered deque with lazy deletion)
+and a ``ring`` of lanes served in rotation: ``pop`` takes the oldest job of the
+lane at the head of the ring and puts that lane at the tail. A lane leaves when
+its last queued job is taken (its stale entries are dropped with it); when one
+lane is left the queue goes back to the single deque.
+
 A job is a live entry iff ``job.state == QUEUED``; ``FLAG_IN_DEQUE`` says the
 record is physically in the deque. Compared (bench/test_micro.py: test_queue_* against test_baseline_*)
 with a heap with lazy deletion and with sortedcontainers: the deque is the
@@ -26,11 +35,13 @@ bytes per job; a SortedKeyList ~2 list slots plus a key per job).
 
 from __future__ import annotations
 
+import heapq
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, Final
 
+from workers.invariant import InvariantError
 from workers.job import QUEUED, Job, Timed
 
 # Purge stale entries once there are more than this many and more than live ones:
@@ -44,6 +55,56 @@ PAUSE_NAMES = ("none", "in", "out", "all")
 
 def _ctime(job: Job) -> int:
     return job.ctime_us
+
+
+def _insert(dq: deque[Job], job: Job) -> None:
+    """Put a job in ctime position (the append of a job newer than the tail first)."""
+    if not dq or dq[-1].ctime_us <= job.ctime_us:
+        dq.append(job)
+    elif dq[0].ctime_us > job.ctime_us:
+        dq.appendleft(job)
+    else:
+        dq.insert(bisect_right(dq, job.ctime_us, key=_ctime), job)
+
+
+def _group(job: Job) -> bytes:
+    ext = job.ext
+    return b"" if ext is None else ext.group
+
+
+class Lane:
+    """The jobs of one group in a queue that holds several: the same ctime-ordered
+    deque with lazy deletion as a single-group queue's."""
+
+    __slots__ = ("group", "dq", "live", "stale")
+
+    def __init__(self, group: bytes, dq: deque[Job], live: int, stale: int) -> None:
+        self.group = group
+        self.dq = dq
+        self.live = live
+        self.stale = stale
+
+    def take(self) -> tuple[Job | None, int]:
+        """Pop the oldest queued job; also how many stale entries were skipped."""
+        dq = self.dq
+        skipped = 0
+        while dq:
+            job = dq.popleft()
+            job.unmark_in_deque()
+            if job.state == QUEUED:
+                self.live -= 1
+                self.stale -= skipped
+                return job, skipped
+            skipped += 1
+        self.stale -= skipped
+        return None, skipped
+
+    def clear(self) -> None:
+        for job in self.dq:
+            job.unmark_in_deque()
+        self.dq.clear()
+        self.live = 0
+        self.stale = 0
 
 
 class Queue(Timed):
@@ -60,6 +121,10 @@ class Queue(Timed):
         "paused",
         "waiters",
         "scan_idx",
+        "group0",
+        "lanes",
+        "ring",
+        "groups_live",
     )
 
     def __init__(self, name: bytes, slot: int, now_ms: int) -> None:
@@ -77,12 +142,20 @@ class Queue(Timed):
         self.waiters: dict[int, Any] | None = None
         self.scan_idx = -1  # position in the shard's QSCAN table
         self.awake_ms = 0  # timer bucket (eviction check), 0 = none
+        # Groups: while ``lanes`` is None every entry of ``_dq`` is of group ``group0``.
+        self.group0 = b""
+        self.lanes: dict[bytes, Lane] | None = None  # group -> lane, 2 or more
+        self.ring: deque[Lane] | None = None  # the lanes in serving order
+        self.groups_live = 0  # lanes with queued jobs (while split)
 
     def __len__(self) -> int:
         return self.live
 
     def push(self, job: Job) -> None:
         """Insert a job whose state the caller has just set to QUEUED."""
+        if (job.ext is not None or self.group0 or self.lanes is not None) and \
+                self._push_grouped(job):
+            return
         self.live += 1
         if job.in_deque():
             self.stale -= 1  # revive the stale entry: it is already in ctime position
@@ -97,7 +170,10 @@ class Queue(Timed):
             dq.insert(bisect_right(dq, job.ctime_us, key=_ctime), job)
 
     def pop(self) -> Job | None:
-        """Remove and return the oldest queued job (its state is still QUEUED)."""
+        """Remove and return the oldest queued job (its state is still QUEUED); of
+        the next group in rotation when the queue holds several."""
+        if self.lanes is not None:
+            return self._pop_lane()
         dq = self._dq
         while dq:
             job = dq.popleft()
@@ -112,6 +188,12 @@ class Queue(Timed):
         """The caller is moving a QUEUED job out of this queue (its entry goes stale)."""
         self.live -= 1
         self.stale += 1
+        if self.lanes is not None:
+            lane = self.lanes[_group(job)]
+            lane.live -= 1
+            lane.stale += 1
+            if not lane.live:
+                self.groups_live -= 1
         if self.stale > stale_entries_purge_min and self.stale > self.live:
             self._purge()
 
@@ -124,6 +206,9 @@ class Queue(Timed):
         self.stale -= 1
 
     def _purge(self) -> None:
+        if self.lanes is not None:
+            self._purge_lanes()
+            return
         keep: deque[Job] = deque()
         for job in self._dq:
             if job.state == QUEUED:
@@ -138,14 +223,145 @@ class Queue(Timed):
         for job in self._dq:
             job.unmark_in_deque()
         self._dq.clear()
+        if self.lanes is not None:
+            for lane in self.lanes.values():
+                lane.clear()
+            self._unsplit(None)
+        self.group0 = b""
         self.live = 0
         self.stale = 0
+
+    # ---- groups
+
+    def _push_grouped(self, job: Job) -> bool:
+        """push's path for a grouped job or a queue that is not plain: True when
+        the job went to a lane, False when push goes on with the single deque."""
+        group = _group(job)
+        if self.lanes is None:
+            if group == self.group0:
+                return False
+            if not self._dq:
+                self.group0 = group  # empty: the deque takes the new group's label
+                return False
+            self._split()
+        lanes = self.lanes
+        ring = self.ring
+        if lanes is None or ring is None:
+            raise InvariantError(f"queue {self.name!r}: lanes without a ring")
+        lane = lanes.get(group)
+        if lane is None:
+            lane = lanes[group] = Lane(group, deque(), 0, 0)
+            ring.append(lane)
+        if not lane.live:
+            self.groups_live += 1
+        lane.live += 1
+        self.live += 1
+        if job.in_deque():
+            lane.stale -= 1  # revive the stale entry, as push does
+            self.stale -= 1
+            return True
+        job.mark_in_deque()
+        _insert(lane.dq, job)
+        return True
+
+    def _split(self) -> None:
+        """A second group arrives: the deque becomes the first lane of the ring."""
+        first = Lane(self.group0, self._dq, self.live, self.stale)
+        self.lanes = {self.group0: first}
+        self.ring = deque((first,))
+        self.groups_live = 1 if self.live else 0
+        self._dq = deque()
+        self.group0 = b""
+
+    def _unsplit(self, last: Lane | None) -> None:
+        """One lane (or none) is left: back to the single deque."""
+        if last is None:
+            self._dq = deque()
+            self.group0 = b""
+        else:
+            self._dq = last.dq
+            self.group0 = last.group
+        self.lanes = None
+        self.ring = None
+        self.groups_live = 0
+
+    def _pop_lane(self) -> Job | None:
+        lanes = self.lanes
+        ring = self.ring
+        if lanes is None or ring is None:
+            raise InvariantError(f"queue {self.name!r}: lanes without a ring")
+        while ring:
+            lane = ring.popleft()
+            job, skipped = lane.take()
+            self.stale -= skipped
+            if job is not None:
+                self.live -= 1
+                if lane.live:
+                    ring.append(lane)
+                    return job
+                self.groups_live -= 1
+            self.stale -= lane.stale  # the lane goes with its stale entries
+            lane.clear()
+            del lanes[lane.group]
+            if len(lanes) <= 1:
+                self._unsplit(ring[0] if ring else None)
+                return job if job is not None else self.pop()
+            if job is not None:
+                return job
+        return None
+
+    def _purge_lanes(self) -> None:
+        lanes = self.lanes
+        ring = self.ring
+        if lanes is None or ring is None:
+            raise InvariantError(f"queue {self.name!r}: lanes without a ring")
+        kept: deque[Lane] = deque()
+        for lane in ring:
+            keep: deque[Job] = deque()
+            for job in lane.dq:
+                if job.state == QUEUED:
+                    keep.append(job)
+                else:
+                    job.unmark_in_deque()
+            lane.dq = keep
+            lane.stale = 0
+            if lane.live:
+                kept.append(lane)
+            else:
+                del lanes[lane.group]
+        self.stale = 0
+        self.ring = kept
+        if len(lanes) <= 1:
+            self._unsplit(kept[0] if kept else None)
+
+    def has_named_groups(self) -> bool:
+        """The queue holds jobs added with GROUP (QSTAT then shows ``groups``)."""
+        return self.lanes is not None or bool(self.group0)
+
+    def groups(self) -> int:
+        """How many groups have queued jobs (QSTAT groups)."""
+        if self.lanes is None:
+            return 1 if self.live else 0
+        return self.groups_live
+
+    def group_counts(self) -> list[tuple[bytes, int]]:
+        """(group, queued jobs) of every group with queued jobs (QGROUPS)."""
+        if self.lanes is None:
+            return [(self.group0, self.live)] if self.live else []
+        return [(lane.group, lane.live) for lane in self.lanes.values() if lane.live]
+
+    def _entries(self) -> list[deque[Job]]:
+        if self.lanes is None:
+            return [self._dq]
+        return [lane.dq for lane in self.lanes.values()]
 
     def oldest(self, count: int) -> list[Job]:
         out: list[Job] = []
         if count <= 0:
             return out
-        for job in self._dq:
+        entries: Iterable[Job] = self._dq if self.lanes is None else heapq.merge(
+            *self._entries(), key=_ctime)
+        for job in entries:
             if job.state == QUEUED:
                 out.append(job)
                 if len(out) >= count:
@@ -156,7 +372,9 @@ class Queue(Timed):
         out: list[Job] = []
         if count <= 0:
             return out
-        for job in reversed(self._dq):
+        entries: Iterable[Job] = reversed(self._dq) if self.lanes is None else heapq.merge(
+            *(reversed(dq) for dq in self._entries()), key=_ctime, reverse=True)
+        for job in entries:
             if job.state == QUEUED:
                 out.append(job)
                 if len(out) >= count:
@@ -164,14 +382,50 @@ class Queue(Timed):
         return out
 
     def __iter__(self) -> Iterator[Job]:
-        return (job for job in self._dq if job.state == QUEUED)
+        return (job for dq in self._entries() for job in dq if job.state == QUEUED)
 
     def check(self) -> str | None:
         """Describe a broken invariant of this queue, or None (tests, invariant())."""
+        seen: set[int] = set()
+        if self.lanes is None:
+            return self._check_deque(self._dq, self.group0, self.live, self.stale, seen)
+        err = self._check_lanes()
+        if err is not None:
+            return err
+        live = stale = groups_live = 0
+        for group, lane in self.lanes.items():
+            if lane.group != group:
+                return f"queue {self.name!r}: lane {lane.group!r} under {group!r}"
+            err = self._check_deque(lane.dq, group, lane.live, lane.stale, seen)
+            if err is not None:
+                return err
+            live += lane.live
+            stale += lane.stale
+            groups_live += 1 if lane.live else 0
+        if live != self.live or stale != self.stale or groups_live != self.groups_live:
+            return (f"queue {self.name!r} lane totals live={self.live}/{live} "
+                    f"stale={self.stale}/{stale} groups={self.groups_live}/{groups_live}")
+        return None
+
+    def _check_lanes(self) -> str | None:
+        """A split queue: two lanes or more, each once in the ring, the deque unused."""
+        lanes = self.lanes
+        ring = self.ring
+        if lanes is None or ring is None:
+            return f"queue {self.name!r} has lanes but no ring"
+        if len(lanes) < 2:
+            return f"queue {self.name!r} split with {len(lanes)} lane(s)"
+        if self._dq:
+            return f"queue {self.name!r} split but its single deque holds jobs"
+        if len(ring) != len(lanes) or {id(x) for x in ring} != {id(x) for x in lanes.values()}:
+            return f"queue {self.name!r} ring and lanes differ"
+        return None
+
+    def _check_deque(self, dq: deque[Job], group: bytes, live_count: int,
+                     stale_count: int, seen: set[int]) -> str | None:
         live = 0
         prev = -1
-        seen: set[int] = set()
-        for job in self._dq:
+        for job in dq:
             if id(job) in seen:
                 return f"job {job.id} twice in queue {self.name!r}"
             seen.add(id(job))
@@ -179,13 +433,15 @@ class Queue(Timed):
                 return f"job {job.id} in deque without FLAG_IN_DEQUE"
             if job.ctime_us < prev:
                 return f"queue {self.name!r} out of ctime order at {job.id}"
+            if _group(job) != group:
+                return f"job {job.id} of group {_group(job)!r} in lane {group!r}"
             prev = job.ctime_us
             if job.state == QUEUED:
                 if job.queue != self.name:
                     return f"job {job.id} of {job.queue!r} queued in {self.name!r}"
                 live += 1
-        if live != self.live or len(self._dq) - live != self.stale:
-            return f"queue {self.name!r} counts live={self.live}/{live} stale={self.stale}"
+        if live != live_count or len(dq) - live != stale_count:
+            return f"queue {self.name!r} counts live={live_count}/{live} stale={stale_count}"
         return None
 
 

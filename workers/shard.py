@@ -74,7 +74,7 @@ from workers.replies import (
     Status,
 )
 from workers.timers import Timers
-from workers.views import jscan, metrics, qpeek, qscan, qstat, show
+from workers.views import jscan, metrics, qgroups, qpeek, qscan, qstat, show
 
 __all__ = ["Shard", "latency_bounds_ms"]  # latency_bounds_ms: the /metrics histogram bounds
 
@@ -453,6 +453,9 @@ class Shard:
 
     def op_qstat(self, queue: bytes, now_ms: int) -> Any:
         return qstat(self.core, self.fed, queue, now_ms)
+
+    def op_qgroups(self, queue: bytes, count: int) -> list[list[Any]]:
+        return qgroups(self.core, queue, count)
 
     def op_pause(self, queue: bytes, opts: list[str], now_ms: int) -> Status | Error:
         """PAUSE with validated lowercase options (workers/pause.py)."""

@@ -81,7 +81,7 @@ def qstat(s: Core, fed: Federation, queue: bytes, now_ms: int) -> Any:
     if q is None:
         return NULL_ARRAY
     imports, rate = fed.qstat_import(q, now_ms) if fed.feds else ([], 0)
-    return [
+    reply = [
         b"name", q.name,
         b"len", q.live,
         b"age", max(0, (now_ms - q.ctime_ms) // 1000),
@@ -93,6 +93,9 @@ def qstat(s: Core, fed: Federation, queue: bytes, now_ms: int) -> Any:
         b"jobs-out", q.jobs_out,
         b"pause", PAUSE_NAMES[q.paused],
     ] + qstat_signals(s, q, now_ms)  # fmt: skip
+    if q.has_named_groups():  # extension (GROUP): a plain queue's reply is the reference's
+        reply += [b"groups", q.groups()]
+    return reply
 
 
 def qstat_signals(s: Core, q: Queue, now_ms: int) -> list[Any]:
@@ -108,6 +111,20 @@ def qstat_signals(s: Core, q: Queue, now_ms: int) -> list[Any]:
         b"oldest-age", max(age_ms, 0) // 1000,
         b"dead-len", dead_len(s, q.name),
     ]  # fmt: skip
+
+
+def qgroups(s: Core, queue: bytes, count: int) -> list[list[Any]]:
+    """QGROUPS: up to ``count`` groups of a queue with their queued jobs, largest
+    first (ties by name); the jobs added without GROUP are the group ``b""``."""
+    q = s.find_queue(queue)
+    if q is None or count <= 0:
+        return []
+    top = heapq.nsmallest(count, q.group_counts(), key=_largest_first)
+    return [[group, n] for group, n in top]
+
+
+def _largest_first(entry: tuple[bytes, int]) -> tuple[int, bytes]:
+    return -entry[1], entry[0]
 
 
 def oldest_age_ms(q: Queue, now_ms: int) -> int:

@@ -351,6 +351,10 @@ class AsyncDisque(core.ClientSettings[aredis.Redis]):
     async def qstat(self, queue: str | bytes) -> dict[str, Any] | None:
         return core.parse_pairs(await self.execute("QSTAT", queue))
 
+    async def qgroups(self, queue: str | bytes, count: int | None = None) -> list[tuple[str, int]]:
+        """QGROUPS (disque-mp extension): (group, queued jobs), largest first."""
+        return core.parse_groups(await self.execute(*core.qgroups_args(queue, count)))
+
     async def pause(self, queue: str | bytes, *options: str) -> str:
         return core.as_str(await self.execute("PAUSE", queue, *options))
 

@@ -324,6 +324,7 @@ class AddJobOptions(TypedDict, total=False):
     async_: bool
     maxdeliver: int | None
     dedup: str | bytes | None
+    group: str | bytes | None  # fair tenants: GETJOB serves a queue's groups in rotation
 
 
 # AddJobOptions' valued options and their words, in the order ADDJOB's arguments take them.
@@ -344,6 +345,9 @@ def addjob_args(queue: str | bytes, body: bytes | str, timeout_ms: int = 0,
     dedup = options.get("dedup")
     if dedup is not None:
         args += ["DEDUP", dedup]
+    group = options.get("group")
+    if group is not None:
+        args += ["GROUP", group]
     if options.get("async_"):
         args.append("ASYNC")
     return args
@@ -360,6 +364,16 @@ def task_dedup_key(task_id: str, retries: int = 0) -> str:
     if len(key.encode()) > dedup_bytes_max:
         key = "sha256:" + hashlib.sha256(key.encode()).hexdigest()
     return key
+
+
+def qgroups_args(queue: str | bytes, count: int | None) -> list[Any]:
+    """QGROUPS (disque-mp extension): groups with queued jobs, largest first."""
+    return ["QGROUPS", queue, *(["COUNT", int(count)] if count is not None else [])]
+
+
+def parse_groups(reply: Any) -> list[tuple[str, int]]:
+    """QGROUPS' [[group, n], ...] -> [(group, n)]; the ungrouped jobs are group ''."""
+    return [(as_str(g), int(n)) for g, n in reply or []]
 
 
 def nack_args(ids: list[str], delay: int | None) -> list[Any]:

@@ -220,10 +220,12 @@ class Disque(core.ClientSettings[redis.Redis]):
     def add_job(self, queue: str | bytes, body: bytes | str, timeout_ms: int = 0,
                 **options: Unpack[core.AddJobOptions]) -> str:
         """ADDJOB; returns the job ID. ``options``: ``core.AddJobOptions`` (replicate,
-        delay, retry, ttl, maxlen, async_, maxdeliver, dedup; times in seconds). ``maxdeliver``
-        (disque-mp extension): deliveries before the job goes to ``dead:<queue>``;
-        ``dedup`` (disque-mp extension): a key that makes a repeated add answer the
-        first job's ID while the node holds it unacknowledged (docs/extensions.md)."""
+        delay, retry, ttl, maxlen, async_, maxdeliver, dedup, group; times in seconds).
+        ``maxdeliver`` (disque-mp extension): deliveries before the job goes to
+        ``dead:<queue>``; ``dedup`` (disque-mp extension): a key that makes a repeated add
+        answer the first job's ID while the node holds it unacknowledged
+        (docs/extensions.md); ``group`` (disque-mp extension): the job's group, served in
+        rotation."""
         return core.as_str(self.execute(*core.addjob_args(queue, body, timeout_ms, **options)))
 
     def add_jobs(self, items: Iterable[tuple[str | bytes, bytes | str]], timeout_ms: int = 0,
@@ -392,6 +394,11 @@ class Disque(core.ClientSettings[redis.Redis]):
 
     def qstat(self, queue: str | bytes) -> dict[str, Any] | None:
         return core.parse_pairs(self.execute("QSTAT", queue))
+
+    def qgroups(self, queue: str | bytes, count: int | None = None) -> list[tuple[str, int]]:
+        """QGROUPS (disque-mp extension): (group, queued jobs) of the groups with
+        queued jobs, largest first (COUNT default 100); the ungrouped jobs are ''."""
+        return core.parse_groups(self.execute(*core.qgroups_args(queue, count)))
 
     def pause(self, queue: str | bytes, *options: str) -> str:
         """PAUSE queue in|out|all|none|state [bcast]; returns the pause state."""

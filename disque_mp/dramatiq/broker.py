@@ -26,6 +26,10 @@
   is skipped. ``max_deliveries`` (ADDJOB ``MAXDELIVER``) moves a message
   delivered that many times without an ack (a message that kills its worker)
   to ``dead:<queue>``, the node's dead-letter queue, as a nack does.
+- fair tenants: the ``group`` message option (``actor.send_with_options(...,
+  group="tenant-a")``) becomes ``ADDJOB ... GROUP``: the node serves a queue's
+  groups in rotation, so one tenant's backlog does not hold back another's
+  messages. A retry keeps it (NACK on the same job, or the option on a copy).
 - Failover across nodes and ``-LEAVING`` come from the client.
 - No round trip per message where RabbitMQ has none: with ``confirm_delivery``
   off (the default, as on Dramatiq's RabbitMQ broker) ``enqueue`` pipelines its
@@ -93,6 +97,22 @@ purge_rounds_max = 10_000
 # join(): how often it looks at the queue
 join_poll_s = 0.1
 url_scheme = "disque://"
+
+
+group_option = "group"  # the message option naming its GROUP
+group_bytes_max = 256  # ADDJOB GROUP's bound (the node refuses longer)
+
+
+def message_group(message: Message) -> str | None:
+    """The ``group`` option as ADDJOB GROUP's name (None: none); ValueError when it
+    is empty or over 256 bytes (a message that asked for fairness does not go without)."""
+    value = message.options.get(group_option)
+    if value is None:
+        return None
+    group = str(value)
+    if not 1 <= len(group.encode()) <= group_bytes_max:
+        raise ValueError(f"group option must be 1..{group_bytes_max} bytes (ADDJOB GROUP)")
+    return group
 
 
 def delay_seconds(delay_ms: int | float | None) -> int | None:
@@ -219,7 +239,8 @@ class DisqueBroker(Broker):
                     ttl=self.message_ttl_s + (delay_s or 0), maxdeliver=self.max_deliveries,
                     dedup=task_dedup_key(message.message_id,
                                          int(message.options.get("retries") or 0))
-                    if self.dedup else None)
+                    if self.dedup else None,
+                    group=message_group(message))
         except DisqueConnectionError as exc:
             raise BrokerConnectionError(str(exc)) from exc
         self.emit_after("enqueue", message, delay)

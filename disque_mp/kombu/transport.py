@@ -13,6 +13,9 @@ or a lost connection):
   ``DEDUP <task id>`` (``<task id>:<n>`` for retry n): a producer that re-sends a
   task whose publish timed out gets the first message's job back while a node
   holding it has it unacknowledged (docs/extensions.md, "Idempotent adds");
+  and ``GROUP`` (fair tenants: the node
+  serves a queue's groups in rotation) from the ``disque_group`` header or, with the
+  ``fair_key`` transport option, from the header or task keyword argument it names;
 - consume: ``GETJOB TIMEOUT <ms> COUNT <free prefetch slots> FROM q1 q2 ...``
   (left to right: the first queue that has jobs wins);
 - ack: ``ACKJOB``; reject with requeue: ``NACK``; reject without requeue (a
@@ -50,6 +53,8 @@ are dropped with a warning naming the reason (see ``_warn_events_once``).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import logging
 import math
@@ -154,6 +159,50 @@ def seconds_until(stamp: Any, now_s: float) -> int | None:
             parsed = parsed.replace(tzinfo=UTC)
         when = parsed.timestamp()
     return max(0, math.ceil(when - now_s))
+
+
+# The header that names a message's fairness group (ADDJOB GROUP). Not Celery's own
+# ``group`` header: that one carries the ID of a canvas group.
+group_header = "disque_group"
+group_bytes_max = 256  # ADDJOB GROUP's bound (the node refuses longer)
+
+
+def message_group(message: dict[str, Any], fair_key: str | None) -> str | None:
+    """The GROUP of a kombu message: its ``disque_group`` header, else (``fair_key``
+    set) the header of that name, else the task keyword argument of that name (JSON
+    bodies: Celery's message protocol 1 or 2). None: no group. ValueError when it is
+    empty or over 256 bytes: a publish that asked for fairness does not go without."""
+    headers = message.get("headers") or {}
+    value = headers.get(group_header)
+    if value is None and fair_key:
+        value = headers.get(fair_key)
+        if value is None:
+            value = _task_kwargs(message).get(fair_key)
+    if value is None:
+        return None
+    group = str(value)
+    if not 1 <= len(group.encode()) <= group_bytes_max:
+        raise ValueError(f"disque:// message group must be 1..{group_bytes_max} bytes "
+                         f"(ADDJOB GROUP), got {len(group.encode())}")
+    return group
+
+
+def _task_kwargs(message: dict[str, Any]) -> dict[str, Any]:
+    """A Celery task message's keyword arguments; {} when the body is not JSON."""
+    if message.get("content-type") != "application/json":
+        return {}
+    body = message.get("body")
+    try:
+        if (message.get("properties") or {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body)  # type: ignore[arg-type]
+        decoded = json.loads(body)  # type: ignore[arg-type]
+    except (ValueError, TypeError, binascii.Error):
+        return {}
+    if isinstance(decoded, list) and len(decoded) >= 2:  # protocol 2: [args, kwargs, embed]
+        decoded = decoded[1]
+    elif isinstance(decoded, dict):  # protocol 1: {"task", "args", "kwargs", ...}
+        decoded = decoded.get("kwargs")
+    return decoded if isinstance(decoded, dict) else {}
 
 
 def job_times(headers: dict[str, Any], now_s: float,
@@ -284,7 +333,7 @@ class Channel(virtual.Channel):
     from_transport_options: Any = virtual.Channel.from_transport_options + (
         "visibility_timeout", "message_ttl", "replicate", "async_replication",
         "dead_letter_queue", "priority_steps", "heartbeat", "fetch_count", "max_deliveries",
-        "async_acks", "dedup",
+        "async_acks", "dedup", "fair_key",
     )
     visibility_timeout: int = visibility_timeout_default_s
     message_ttl: int = message_ttl_default_s
@@ -297,6 +346,7 @@ class Channel(virtual.Channel):
     max_deliveries: int | None = None
     async_acks: bool = True
     dedup: bool = False  # ADDJOB ... DEDUP <task id> (Celery's protocol 2 headers)
+    fair_key: str | None = None  # header or task keyword argument naming the GROUP
 
     def __init__(self, connection: Transport, **kwargs: Any) -> None:
         super().__init__(connection, **kwargs)
@@ -364,7 +414,8 @@ class Channel(virtual.Channel):
             replicate=self.replicate, delay=delay_s or None,
             retry=int(self.visibility_timeout), ttl=ttl_s, async_=bool(self.async_replication),
             maxdeliver=None if self.max_deliveries is None else int(self.max_deliveries),
-            dedup=self._dedup_key(message))
+            dedup=self._dedup_key(message),
+            group=message_group(message, self.fair_key))
 
     def _dedup_key(self, message: dict[str, Any]) -> str | None:
         """The task's ID as DEDUP key when the ``dedup`` option asks (None: no key,

@@ -160,6 +160,7 @@ class Config:
     # the cluster bus): past these a reply is cut and scans continue by cursor.
     getjob_count_max: int = 10_000  # jobs one GETJOB returns, whatever its COUNT
     qpeek_count_max: int = 10_000  # jobs one QPEEK returns, whatever its count
+    qgroups_count_max: int = 10_000  # groups one QGROUPS lists, whatever its COUNT
     scan_count_max: int = 1_000  # QSCAN/JSCAN COUNT (and BUSYLOOP) per shard call
     # general-path commands of one connection running on another worker at once; the
     # connection's next commands wait (so the owner of a queue builds at most this
@@ -391,6 +392,7 @@ DIRECTIVES: tuple[Directive, ...] = (
     # ours: the work one command may do (README, Limits)
     _d("getjob-count-max", "int", True, "Invalid getjob-count-max value", lo=1),
     _d("qpeek-count-max", "int", True, "Invalid qpeek-count-max value", lo=1),
+    _d("qgroups-count-max", "int", True, "Invalid qgroups-count-max value", lo=1),
     _d("scan-count-max", "int", True, "Invalid scan-count-max value", lo=1),
     _d("forwarded-commands-max", "int", True, "Invalid forwarded-commands-max value", lo=1),
     _d("workers", "int", False, f"workers must be between 1 and {workers_max}",

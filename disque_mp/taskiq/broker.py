@@ -24,8 +24,9 @@
   ``dedup=True`` gives every task its ID as key unless its label says otherwise. A
   kick re-sent by a producer that did not see the first one's reply then adds
   nothing while a node holding the job has it unacknowledged.
-- the ``group`` label (fair tenants) is refused with ``UnsupportedLabelError`` at
-  kick: the node has no ``GROUP`` ADDJOB option yet.
+- ``group`` label (fair tenants): ``ADDJOB ... GROUP <label>``: the node serves the
+  queue's groups in rotation, so one tenant's backlog does not hold back another's
+  tasks (1..256 bytes, else ``ValueError`` at kick).
 - Failover across nodes and ``-LEAVING`` come from the client.
 """
 
@@ -64,13 +65,16 @@ maxdeliver_max = 1_000_000
 # A failed GETJOB (node unreachable after the client's failover) is retried after this.
 listen_error_pause_s = 1.0
 # Labels the node has no option for yet; refused rather than silently ignored.
-unsupported_labels = ("group",)
+unsupported_labels: tuple[str, ...] = ()
+# ADDJOB GROUP's bound in bytes (the node refuses longer).
+group_bytes_max = 256
 # Set on every delivered message: the Disque job that carries it (same across retries).
 job_id_label = "disque_job_id"
 
 
 class UnsupportedLabelError(ValueError):
-    """A label this broker cannot honour on this node (``group``)."""
+    """A label this broker cannot honour on this node (none today: kept for labels
+    a later release adds)."""
 
 
 def nodes_from_url(url: str) -> list[str]:
@@ -87,6 +91,16 @@ def _maxdeliver_of(value: Any) -> int | None:
     if not 1 <= n <= maxdeliver_max:
         raise ValueError(f"maxdeliver must be 1..{maxdeliver_max} (ADDJOB MAXDELIVER)")
     return n
+
+
+def _group_of(value: Any) -> str | None:
+    """The ``group`` label as ADDJOB GROUP's name (None: no label)."""
+    if value is None:
+        return None
+    group = str(value)
+    if not 1 <= len(group.encode()) <= group_bytes_max:
+        raise ValueError(f"group label must be 1..{group_bytes_max} bytes (ADDJOB GROUP)")
+    return group
 
 
 def _delay_s_of(labels: dict[str, Any]) -> int | None:
@@ -190,7 +204,8 @@ class DisqueBroker(AsyncBroker):
         await self.client.add_job(
             self.queue, message.message, 0, retry=self.visibility_timeout_s,
             ttl=self.message_ttl_s + (delay_s or 0), delay=delay_s, maxdeliver=maxdeliver,
-            dedup=_dedup_key_of(labels, message.task_id, self.dedup))
+            dedup=_dedup_key_of(labels, message.task_id, self.dedup),
+            group=_group_of(labels.get("group")))
 
     async def _requeue_in_place(self, held: _Held, delay_s: int | None) -> None:
         """A retry of a task this broker runs: NACK [DELAY] its job, same job ID."""

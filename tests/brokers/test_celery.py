@@ -148,6 +148,29 @@ def test_worker_shutdown_returns_held_tasks_with_nack(broker_node: NodeProc,
     assert [r["task"] for r in read(rec)] == ["nap-start"]
 
 
+def test_fair_key_lets_a_small_tenant_pass_a_backlog(broker_node: NodeProc,
+                                                      tmp_path: Path) -> None:
+    """Tenant A's 60 tasks queued, then B's 5 (``fair_key`` names the ``tenant``
+    header: ADDJOB GROUP): the worker runs B's among the first, not after A's."""
+    q = unique_queue("cel")
+    url = node_url(broker_node)
+    rec = tmp_path / "records.jsonl"
+    app = producer(url)
+    app.conf.broker_transport_options = {"visibility_timeout": visibility_s,
+                                         "fair_key": "tenant"}
+    for i in range(60):
+        send(app, "echo", q, i, time.time(), headers={"tenant": "A"})
+    for i in range(100, 105):
+        send(app, "echo", q, i, time.time(), headers={"tenant": "B"})
+    with Disque([f"127.0.0.1:{broker_node.port}"]) as d:
+        assert d.qgroups(q) == [("A", 60), ("B", 5)]
+    with worker(url, q, tmp_path, extra=("--concurrency", "1")) as w:
+        records = wait_records(rec, lambda r: len(r) >= 65, "65 echo tasks run", w)
+    order = [r["n"] for r in records]
+    assert sorted(order) == [*range(60), *range(100, 105)]
+    assert max(order.index(n) for n in range(100, 105)) < 20, order
+
+
 def test_cluster_worker_and_producer_on_different_nodes_and_leaving(
         broker_cluster: list[NodeProc], tmp_path: Path) -> None:
     worker_node, producer_node = broker_cluster[0], broker_cluster[1]

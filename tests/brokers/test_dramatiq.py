@@ -124,3 +124,17 @@ def test_cluster_worker_and_producer_on_different_nodes_and_leaving(
     with Disque([f"127.0.0.1:{producer_node.port}"]) as d:
         assert d.hello().nodes  # the producer node still serves
     broker.close()
+
+
+def test_the_group_option_sets_addjob_group(broker: DisqueBroker) -> None:
+    q = unique_queue("dq")
+    for tenant in ("a", "a", "b"):
+        broker.enqueue(Message(queue_name=q, actor_name="echo", args=(1, 0.0), kwargs={},
+                               options={"group": tenant}))
+    broker.enqueue(Message(queue_name=q, actor_name="echo", args=(2, 0.0), kwargs={}, options={}))
+    with pytest.raises(ValueError, match="ADDJOB GROUP"):
+        broker.enqueue(Message(queue_name=q, actor_name="echo", args=(3, 0.0), kwargs={},
+                               options={"group": ""}))
+    broker.confirm_enqueued()
+    assert broker.client.qgroups(q) == [("a", 2), ("", 1), ("b", 1)]
+    broker.client.del_queue(q)

@@ -288,3 +288,36 @@ def test_disque_task_helpers() -> None:
     assert retry_delay_s({}, 0.0) == 0
     eta = datetime(2030, 1, 1, tzinfo=UTC)
     assert retry_delay_s({"eta": eta}, eta.timestamp() - 2.5) == 3
+
+
+def test_message_group_from_the_header_the_fair_key_or_a_task_kwarg() -> None:
+    import base64
+    import json
+
+    from disque_mp.kombu.transport import message_group
+
+    def msg(headers: dict[str, object], kwargs: dict[str, object]) -> dict[str, object]:
+        body = base64.b64encode(json.dumps([[1], kwargs, {}]).encode()).decode()
+        return {"body": body, "content-type": "application/json", "headers": headers,
+                "properties": {"body_encoding": "base64"}}
+
+    assert message_group(msg({}, {"tenant": "t1"}), None) is None
+    assert message_group(msg({"disque_group": "g"}, {"tenant": "t1"}), "tenant") == "g"
+    assert message_group(msg({"tenant": 7}, {"tenant": "t1"}), "tenant") == "7"
+    assert message_group(msg({}, {"tenant": "t1"}), "tenant") == "t1"
+    assert message_group({"body": "x", "content-type": "application/x-python-serialize",
+                          "headers": {}}, "tenant") is None
+    assert message_group(msg({"group": "canvas-id"}, {}), None) is None  # Celery's own
+    with pytest.raises(ValueError, match="ADDJOB GROUP"):
+        message_group(msg({"disque_group": "g" * 257}, {}), None)
+
+
+def test_publish_sets_group_from_fair_key(broker_node: NodeProc, disque: Disque) -> None:
+    q = unique_queue("k")
+    with connection(broker_node, fair_key="tenant") as conn:
+        producer = conn.Producer()
+        for tenant in ("a", "a", "b"):
+            producer.publish({"x": 1}, routing_key=q, declare=[kombu.Queue(q)],
+                             headers={"tenant": tenant})
+    assert disque.qgroups(q) == [("a", 2), ("b", 1)]
+    disque.del_queue(q)

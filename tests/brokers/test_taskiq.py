@@ -17,7 +17,7 @@ from taskiq.exceptions import SendTaskError
 from taskiq.kicker import AsyncKicker
 
 from bench.redisq import RedisServer
-from disque_mp.taskiq import DisqueBroker, UnsupportedLabelError
+from disque_mp.taskiq import DisqueBroker
 from tests.brokers.conftest import WorkerProc, node_url, raw, visibility_s, wait_records
 from tests.brokers.record import read_records
 from tests.nodeproc import NodeProc, free_port, wait_until
@@ -129,7 +129,7 @@ def test_retry_is_nack_delay_on_the_same_job(shared: Shared) -> None:
     assert r.execute_command("SHOW", runs[0]["job"]) is None
 
 
-def test_maxdeliver_label_and_refused_labels(broker_node: NodeProc) -> None:
+def test_maxdeliver_label_and_a_refused_group(broker_node: NodeProc) -> None:
     queue = f"taskiq-md-{uuid.uuid4().hex[:8]}"
     r = raw(broker_node)
 
@@ -138,20 +138,40 @@ def test_maxdeliver_label_and_refused_labels(broker_node: NodeProc) -> None:
         await broker.startup()
         try:
             await kicker(broker, "echo", maxdeliver=1).kiq(1)
-            for label in ("group",):
-                with pytest.raises(SendTaskError) as refused:  # taskiq wraps kick's error
-                    await kicker(broker, "echo", **{label: "tenant-a"}).kiq(2)
-                assert isinstance(refused.value.__cause__, UnsupportedLabelError)
-                assert f"ADDJOB {label.upper()}" in str(refused.value.__cause__)
+            with pytest.raises(SendTaskError) as refused:  # taskiq wraps kick's error
+                await kicker(broker, "echo", group="g" * 257).kiq(2)
+            assert isinstance(refused.value.__cause__, ValueError)
         finally:
             await broker.shutdown()
 
     asyncio.run(go())
-    assert r.execute_command("QLEN", queue) == 1  # the refused kicks added nothing
+    assert r.execute_command("QLEN", queue) == 1  # the refused kick added nothing
     (_, job_id, _), = r.execute_command("GETJOB", "NOHANG", "FROM", queue)
     r.execute_command("NACK", job_id)  # delivered once: MAXDELIVER 1 dead-letters it
     assert r.execute_command("QLEN", f"dead:{queue}") == 1
     r.execute_command("DELQUEUE", f"dead:{queue}")
+
+
+def test_group_label_sets_addjob_group(broker_node: NodeProc) -> None:
+    queue = f"taskiq-group-{uuid.uuid4().hex[:8]}"
+    r = raw(broker_node)
+
+    async def go() -> None:
+        broker = DisqueBroker(node_url(broker_node), queue=queue)
+        await broker.startup()
+        try:
+            for i in range(3):
+                await kicker(broker, "echo", group="tenant-a").kiq(i)
+            await kicker(broker, "echo", group="tenant-b").kiq(9)
+            with pytest.raises(SendTaskError) as refused:
+                await kicker(broker, "echo", group="g" * 257).kiq(0)
+            assert "ADDJOB GROUP" in str(refused.value.__cause__)
+        finally:
+            await broker.shutdown()
+
+    asyncio.run(go())
+    assert r.execute_command("QGROUPS", queue) == [[b"tenant-a", 3], [b"tenant-b", 1]]
+    r.execute_command("DELQUEUE", queue)
 
 
 def test_killed_mid_task_the_job_comes_back(broker_node: NodeProc, tmp_path: Path) -> None:

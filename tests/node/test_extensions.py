@@ -478,3 +478,84 @@ def test_deadletter_and_redrive_every_copy_follows(three: list[NodeProc]) -> Non
                wait_s, "every copy back in its queue, counters reset")
     assert a.execute_command("GLOBALQLEN", q) == 1
     assert a.execute_command("GLOBALQLEN", "dead:" + q) == 0
+
+
+# ------------------------------------------------------------------ fair tenants (GROUP)
+
+
+def _pairs(reply: list[Any]) -> dict[str, Any]:
+    return {k.decode(): v for k, v in zip(reply[::2], reply[1::2], strict=True)}
+
+
+def test_groups_rotate_and_qstat_qgroups_command_show_them(one: NodeProc) -> None:
+    r = _r(one)
+    q = _q("fair")
+    for i in range(20):
+        r.execute_command("ADDJOB", q, f"a{i}", 0, "GROUP", "A")
+    b_ids = [r.execute_command("ADDJOB", q, f"b{i}", 0, "GROUP", "B").decode() for i in range(3)]
+    for i in range(2):
+        r.execute_command("ADDJOB", q, f"p{i}", 0)
+    assert _show(r, b_ids[0])["group"] == b"B"
+    assert _pairs(r.execute_command("QSTAT", q))["groups"] == 3
+    assert r.execute_command("QGROUPS", q) == [[b"A", 20], [b"B", 3], [b"", 2]]
+    assert r.execute_command("QGROUPS", q, "count", 1) == [[b"A", 20]]
+    assert r.execute_command("QGROUPS", _q()) == []
+    got = [e[2] for e in r.execute_command("GETJOB", "NOHANG", "COUNT", 7, "FROM", q)]
+    assert got == [b"a0", b"b0", b"p0", b"a1", b"b1", b"p1", b"a2"]
+    assert _err(r, "QGROUPS", q, "COUNT", "many") == "value is not an integer or out of range"
+    assert _err(r, "QGROUPS", q, "LIMIT", 1) == "syntax error"
+    assert _err(r, "QGROUPS").startswith("wrong number of arguments")
+    assert _err(r, "ADDJOB", q, "x", 0, "GROUP", "").startswith("GROUP name must be")
+    table = r.execute_command("COMMAND")
+    assert table["qgroups"]["arity"] == -2
+    if shutil.which("redis-cli"):
+        out = subprocess.run(["redis-cli", "-p", str(one.port), "QGROUPS", q], text=True,
+                             capture_output=True, timeout=20, check=True).stdout.split()
+        assert out == ["A", "17", "B", "1"], out
+
+
+def test_group_client_methods(one: NodeProc) -> None:
+    q = _q("fair")
+    with Disque(f"127.0.0.1:{one.port}", socket_timeout=20) as d:
+        d.add_job(q, b"x", group="tenant-1")
+        d.add_job(q, b"y", group=b"tenant-2")
+        d.add_job(q, b"z", group="tenant-2")
+        assert d.qgroups(q) == [("tenant-2", 2), ("tenant-1", 1)]
+        assert d.qgroups(q, count=1) == [("tenant-2", 2)]
+        assert d.qstat(q)["groups"] == 2  # type: ignore[index]
+
+    async def go() -> None:
+        d = AsyncDisque(f"127.0.0.1:{one.port}", socket_timeout=20)
+        try:
+            await d.add_job(q, b"w")
+            assert await d.qgroups(q, count=5) == [("tenant-2", 2), ("", 1), ("tenant-1", 1)]
+        finally:
+            await d.aclose()
+
+    asyncio.run(go())
+
+
+def test_groups_travel_by_federation_and_rotate_on_the_importer(three: list[NodeProc]) -> None:
+    """A's jobs queued on one node, B's few after them; a consumer on another node
+    imports them (NEEDJOBS / YOURJOBS): the copies keep their group and B's jobs come
+    early, not after A's backlog."""
+    src, dst, _ = three
+    q = _q("fair")
+    rs, rd = _r(src), _r(dst)
+    for i in range(60):
+        rs.execute_command("ADDJOB", q, f"a{i}", 0, "REPLICATE", 1, "GROUP", "A")
+    b_ids = [rs.execute_command("ADDJOB", q, f"b{i}", 0, "REPLICATE", 1, "GROUP", "B").decode()
+             for i in range(5)]
+    got: list[bytes] = []
+    for _ in range(200):  # bounded: GETJOB waits up to 1 s each
+        reply = rd.execute_command("GETJOB", "TIMEOUT", 1000, "COUNT", 10, "FROM", q)
+        for e in reply or []:
+            if e[1].decode() == b_ids[0]:
+                assert _show(rd, b_ids[0])["group"] == b"B"  # the copy carries it
+            got.append(e[2])
+            rd.execute_command("ACKJOB", e[1])
+        if len(got) >= 65:
+            break
+    assert len(got) == 65, got
+    last_b = max(i for i, body in enumerate(got) if body.startswith(b"b"))
+    assert last_b < 30, got

@@ -63,17 +63,18 @@ replicate_max: Final = 65535  # Disque's bound (a 16-bit field on the wire)
 
 class Limits:
     """The work one command may do (config getjob-count-max, qpeek-count-max,
-    scan-count-max, redrive-count-max), the longest queue name (queue-name-bytes-max) and one client's
+    qgroups-count-max, scan-count-max, redrive-count-max), the longest queue name (queue-name-bytes-max) and one client's
     share of a WAITJOB table (waitjob-entries-per-client-max): each worker applies its
     config here at start and on CONFIG SET."""
 
     __slots__ = ("getjob_count_max", "qpeek_count_max", "scan_count_max",
                  "queue_name_bytes_max", "err_queue_name", "waitjob_entries_per_client_max",
-                 "redrive_count_max")
+                 "redrive_count_max", "qgroups_count_max")
 
     def __init__(self) -> None:
         self.getjob_count_max = 10_000
         self.qpeek_count_max = 10_000
+        self.qgroups_count_max = 10_000
         self.scan_count_max = 1_000
         self.waitjob_entries_per_client_max = 100_000
         self.redrive_count_max = 10_000
@@ -96,6 +97,7 @@ limits: Final = Limits()
 def apply_limits(cfg: Any) -> None:
     limits.getjob_count_max = int(cfg.getjob_count_max)
     limits.qpeek_count_max = int(cfg.qpeek_count_max)
+    limits.qgroups_count_max = int(cfg.qgroups_count_max)
     limits.scan_count_max = int(cfg.scan_count_max)
     limits.set_queue_name_max(int(cfg.queue_name_bytes_max))
     limits.waitjob_entries_per_client_max = int(cfg.waitjob_entries_per_client_max)
@@ -543,6 +545,25 @@ def cmd_qstat(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
     if len(args) != 1:
         return err_arity("qstat")
     return shard.op_qstat(args[0], now_ms)
+
+
+qgroups_count_default: Final = 100  # QGROUPS without COUNT
+
+
+def cmd_qgroups(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
+    """``QGROUPS queue [COUNT n]``: groups with queued jobs, largest first; COUNT
+    is cut to qgroups-count-max."""
+    if len(args) not in (1, 3):
+        return err_arity("qgroups")
+    count = qgroups_count_default
+    if len(args) == 3:
+        if args[1].lower() != b"count":
+            return ERR_SYNTAX
+        n = parse_int(args[2])
+        if n is None or n < 0:
+            return ERR_NOT_INT if n is None else ERR_SYNTAX
+        count = n
+    return shard.op_qgroups(args[0], min(count, limits.qgroups_count_max))
 
 
 _PAUSE_OPTS = frozenset(("in", "out", "all", "none", "state", "bcast"))

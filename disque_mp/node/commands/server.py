@@ -197,7 +197,7 @@ def _apply_config(w: NodeView, name: str, value: str) -> Any:
         return Error("ERR " + err)
     if name == "loglevel":
         set_loglevel(w.cfg.loglevel)
-    if name in ("getjob-count-max", "qpeek-count-max", "scan-count-max",
+    if name in ("getjob-count-max", "qpeek-count-max", "qgroups-count-max", "scan-count-max",
                 "queue-name-bytes-max", "waitjob-entries-per-client-max",
                 "redrive-count-max"):
         cmd_jobs.apply_limits(w.cfg)
