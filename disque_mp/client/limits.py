@@ -1,17 +1,17 @@
 """Names and bounds of the node that a client or a broker must agree with, read
 from the node's own definitions so that each is written once: the dead-letter
-prefix MAXDELIVER moves a job under, MAXDELIVER's bound, DEDUP's key bound and
-DEADLETTER's reason."""
+prefix MAXDELIVER moves a job under, MAXDELIVER's bound, DEDUP's key bound, GROUP's
+name bound and DEADLETTER's reason."""
 
 from __future__ import annotations
 
 from typing import Final
 
 from workers.ids import DEAD_PREFIX as DEAD_PREFIX_BYTES
-from workers.job import dead_reason_bytes_max, dedup_bytes_max, maxdeliver_max
+from workers.job import dead_reason_bytes_max, dedup_bytes_max, group_bytes_max, maxdeliver_max
 
 __all__ = ["DEAD_PREFIX", "DEAD_PREFIX_BYTES", "DEAD_REASON_BYTES_MAX", "DEDUP_BYTES_MAX",
-           "MAXDELIVER_MAX", "dead_reason"]
+           "GROUP_BYTES_MAX", "MAXDELIVER_MAX", "dead_reason", "group_name"]
 
 # The dead-letter queue of queue q is dead:q (text, as clients name queues).
 DEAD_PREFIX: Final = DEAD_PREFIX_BYTES.decode("ascii")
@@ -19,6 +19,8 @@ DEAD_PREFIX: Final = DEAD_PREFIX_BYTES.decode("ascii")
 MAXDELIVER_MAX: Final = maxdeliver_max
 # ADDJOB ... DEDUP key: its longest (bytes).
 DEDUP_BYTES_MAX: Final = dedup_bytes_max
+# ADDJOB ... GROUP name: its longest (bytes).
+GROUP_BYTES_MAX: Final = group_bytes_max
 # DEADLETTER ... REASON text: the longest reason the node keeps with a job.
 DEAD_REASON_BYTES_MAX: Final = dead_reason_bytes_max
 
@@ -31,3 +33,16 @@ def dead_reason(what: BaseException | str) -> bytes:
     if len(raw) <= DEAD_REASON_BYTES_MAX:
         return raw
     return raw[:DEAD_REASON_BYTES_MAX].decode("utf-8", "ignore").encode("utf-8")
+
+
+def group_name(value: object, what: str) -> str | None:
+    """A broker's fairness group as ADDJOB GROUP's name (None: none). ValueError when
+    it is empty or longer than the node takes: a message that asked for fairness does
+    not go without (``what`` names where it came from, for the error)."""
+    if value is None:
+        return None
+    group = str(value)
+    if not 1 <= len(group.encode()) <= GROUP_BYTES_MAX:
+        raise ValueError(f"{what} must be 1..{GROUP_BYTES_MAX} bytes (ADDJOB GROUP), "
+                         f"got {len(group.encode())}")
+    return group

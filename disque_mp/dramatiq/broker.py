@@ -68,7 +68,7 @@ from disque_mp.client import (
     add_window_default,
 )
 from disque_mp.client.core import task_dedup_key
-from disque_mp.client.limits import DEAD_PREFIX, dead_reason
+from disque_mp.client.limits import DEAD_PREFIX, dead_reason, group_name
 from disque_mp.client.limits import MAXDELIVER_MAX as max_deliveries_max
 
 log = logging.getLogger("disque_mp.dramatiq")
@@ -100,19 +100,12 @@ url_scheme = "disque://"
 
 
 group_option = "group"  # the message option naming its GROUP
-group_bytes_max = 256  # ADDJOB GROUP's bound (the node refuses longer)
 
 
 def message_group(message: Message) -> str | None:
     """The ``group`` option as ADDJOB GROUP's name (None: none); ValueError when it
     is empty or over 256 bytes (a message that asked for fairness does not go without)."""
-    value = message.options.get(group_option)
-    if value is None:
-        return None
-    group = str(value)
-    if not 1 <= len(group.encode()) <= group_bytes_max:
-        raise ValueError(f"group option must be 1..{group_bytes_max} bytes (ADDJOB GROUP)")
-    return group
+    return group_name(message.options.get(group_option), "group option")
 
 
 def delay_seconds(delay_ms: int | float | None) -> int | None:

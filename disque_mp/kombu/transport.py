@@ -80,7 +80,7 @@ from disque_mp.client import (
 )
 from disque_mp.client.core import task_dedup_key
 from disque_mp.client.limits import MAXDELIVER_MAX as max_deliveries_max
-from disque_mp.client.limits import dead_reason
+from disque_mp.client.limits import dead_reason, group_name
 
 log = logging.getLogger("disque_mp.kombu")
 
@@ -164,7 +164,6 @@ def seconds_until(stamp: Any, now_s: float) -> int | None:
 # The header that names a message's fairness group (ADDJOB GROUP). Not Celery's own
 # ``group`` header: that one carries the ID of a canvas group.
 group_header = "disque_group"
-group_bytes_max = 256  # ADDJOB GROUP's bound (the node refuses longer)
 
 
 def message_group(message: dict[str, Any], fair_key: str | None) -> str | None:
@@ -178,13 +177,7 @@ def message_group(message: dict[str, Any], fair_key: str | None) -> str | None:
         value = headers.get(fair_key)
         if value is None:
             value = _task_kwargs(message).get(fair_key)
-    if value is None:
-        return None
-    group = str(value)
-    if not 1 <= len(group.encode()) <= group_bytes_max:
-        raise ValueError(f"disque:// message group must be 1..{group_bytes_max} bytes "
-                         f"(ADDJOB GROUP), got {len(group.encode())}")
-    return group
+    return group_name(value, "disque:// message group")
 
 
 def _task_kwargs(message: dict[str, Any]) -> dict[str, Any]:

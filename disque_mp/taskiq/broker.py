@@ -49,6 +49,7 @@ from disque_mp.client.core import (
     heartbeat_retry_fraction,
     task_dedup_key,
 )
+from disque_mp.client.limits import MAXDELIVER_MAX, group_name
 
 log = logging.getLogger("disque_mp.taskiq")
 
@@ -60,14 +61,10 @@ visibility_timeout_default_s = 300
 message_ttl_default_s = 24 * 3600
 # One GETJOB blocks at most this long, so that shutdown is noticed.
 block_ms_max = 1000
-# ADDJOB MAXDELIVER's bound (the node refuses more).
-maxdeliver_max = 1_000_000
 # A failed GETJOB (node unreachable after the client's failover) is retried after this.
 listen_error_pause_s = 1.0
 # Labels the node has no option for yet; refused rather than silently ignored.
 unsupported_labels: tuple[str, ...] = ()
-# ADDJOB GROUP's bound in bytes (the node refuses longer).
-group_bytes_max = 256
 # Set on every delivered message: the Disque job that carries it (same across retries).
 job_id_label = "disque_job_id"
 
@@ -88,19 +85,14 @@ def _maxdeliver_of(value: Any) -> int | None:
     if value is None:
         return None
     n = int(value)
-    if not 1 <= n <= maxdeliver_max:
-        raise ValueError(f"maxdeliver must be 1..{maxdeliver_max} (ADDJOB MAXDELIVER)")
+    if not 1 <= n <= MAXDELIVER_MAX:
+        raise ValueError(f"maxdeliver must be 1..{MAXDELIVER_MAX} (ADDJOB MAXDELIVER)")
     return n
 
 
 def _group_of(value: Any) -> str | None:
     """The ``group`` label as ADDJOB GROUP's name (None: no label)."""
-    if value is None:
-        return None
-    group = str(value)
-    if not 1 <= len(group.encode()) <= group_bytes_max:
-        raise ValueError(f"group label must be 1..{group_bytes_max} bytes (ADDJOB GROUP)")
-    return group
+    return group_name(value, "group label")
 
 
 def _delay_s_of(labels: dict[str, Any]) -> int | None:
