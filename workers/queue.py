@@ -200,8 +200,15 @@ class Queue(Timed):
     def detach(self, job: Job) -> None:
         """A job whose entry here is stale moves to another queue (dead letter,
         REDRIVE): drop the entry, else pushing it there would revive it here.
-        O(the entry's position): REDRIVE takes the oldest, near the front."""
-        self._dq.remove(job)
+        O(the entry's position): REDRIVE takes the oldest, near the front. A split
+        queue holds the entry in the lane of the job's group (a lane that went
+        took its entries with it, unmarked)."""
+        if self.lanes is not None:
+            lane = self.lanes[_group(job)]
+            lane.dq.remove(job)
+            lane.stale -= 1
+        else:
+            self._dq.remove(job)
         job.unmark_in_deque()
         self.stale -= 1
 
