@@ -114,12 +114,23 @@ typecheck: $(VENV)/.installed
 unit: $(VENV)/.installed $(VENV)/.compiled
 	$(PY) -m pytest -q -m "not integration" tests/workers tests/bus tests/node tests/client tests/sim
 
+# The compiled suite in TEST_PROCS processes (pytest-xdist; one file, or one group of
+# files, per process at a time: tests/conftest.py), then the tests marked `serial`
+# alone, then the uncompiled source (DISQUE_MP_PURE=1) where the compiled modules
+# (disque_mp/compiled.py) are exercised in process: the shard, the simulation, the
+# front end's parsers, commands and GETJOB paths (PURE_TESTS, the tests without the
+# integration marker), plus the front end's end-to-end tests. The rest (client, bus
+# wire, config, benchmarks) imports no compiled module, so a second run proves nothing
+# the first did not. docs/testing.md has the times.
+TEST_PROCS ?= 4
+PURE_TESTS := tests/workers tests/sim tests/bus/test_edge_fuzz.py tests/node/test_aof_manager.py \
+	tests/node/test_cmd_jobs.py tests/node/test_core.py tests/node/test_getjob_merge.py \
+	tests/node/test_memory.py tests/node/test_resp.py tests/node/test_security_resp.py \
+	tests/node/test_security_names_guesses.py
 test: sysdeps $(VENV)/.installed $(VENV)/.compiled $(VENV5)/.installed lint
-	$(PY) -m pytest -q
-	# the same source uncompiled (DISQUE_MP_PURE=1): shard, simulation, front end (the
-	# tests without the integration marker, plus the front end's end-to-end tests)
-	DISQUE_MP_PURE=1 $(PY) -m pytest -q -p no:cacheprovider -m "not integration" \
-		tests/workers tests/bus tests/node tests/client tests/bench tests/sim
+	$(PY) -m pytest -q -n $(TEST_PROCS) --dist loadgroup --no-loadscope-reorder -m "not serial"
+	$(PY) -m pytest -q -p no:cacheprovider -m serial
+	DISQUE_MP_PURE=1 $(PY) -m pytest -q -p no:cacheprovider -m "not integration" $(PURE_TESTS)
 	DISQUE_MP_PURE=1 $(PY) -m pytest -q -p no:cacheprovider tests/node/test_frontend.py
 
 bench: sysdeps $(VENV)/.installed $(VENV)/.compiled
