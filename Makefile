@@ -114,12 +114,27 @@ typecheck: $(VENV)/.installed
 unit: $(VENV)/.installed $(VENV)/.compiled
 	$(PY) -m pytest -q -m "not integration" tests/workers tests/bus tests/node tests/client tests/sim
 
-test: sysdeps $(VENV)/.installed $(VENV)/.compiled $(VENV5)/.installed lint
-	$(PY) -m pytest -q
-	# the same source uncompiled (DISQUE_MP_PURE=1): shard, simulation, front end (the
-	# tests without the integration marker, plus the front end's end-to-end tests)
-	DISQUE_MP_PURE=1 $(PY) -m pytest -q -p no:cacheprovider -m "not integration" \
-		tests/workers tests/bus tests/node tests/client tests/bench tests/sim
+# The compiled suite in TEST_PROCS processes (pytest-xdist; one file, or tests/spark
+# whole, per process at a time: tests/conftest.py), then the tests marked `serial`
+# alone, then the uncompiled source (DISQUE_MP_PURE=1) where the compiled modules
+# (disque_mp/compiled.py) are exercised in process: the shard, the simulation, the
+# front end's parsers, commands and GETJOB paths (PURE_TESTS, the tests without the
+# integration marker), plus the front end's end-to-end tests. The rest (client, bus
+# wire, config, benchmarks) imports no compiled module, so a second run proves nothing
+# the first did not. docs/testing.md has the times.
+TEST_PROCS ?= 4
+PURE_TESTS := tests/workers tests/sim tests/bus/test_edge_fuzz.py tests/node/test_aof_manager.py \
+	tests/node/test_cmd_jobs.py tests/node/test_core.py tests/node/test_getjob_merge.py \
+	tests/node/test_memory.py tests/node/test_resp.py tests/node/test_security_resp.py \
+	tests/node/test_security_names_guesses.py
+# The build and lint run side by side (-j3): mypyc's C build is one gcc on one core for
+# minutes, and lint, the redis-py 5 venv and the build touch no common file (mypyc's
+# type check keeps no cache: it runs with incremental off).
+test: sysdeps $(VENV)/.installed
+	$(MAKE) --no-print-directory -j3 $(VENV)/.compiled $(VENV5)/.installed lint
+	$(PY) -m pytest -q -n $(TEST_PROCS) --dist loadfile --no-loadscope-reorder -m "not serial"
+	$(PY) -m pytest -q -p no:cacheprovider -m serial
+	DISQUE_MP_PURE=1 $(PY) -m pytest -q -p no:cacheprovider -m "not integration" $(PURE_TESTS)
 	DISQUE_MP_PURE=1 $(PY) -m pytest -q -p no:cacheprovider tests/node/test_frontend.py
 
 bench: sysdeps $(VENV)/.installed $(VENV)/.compiled

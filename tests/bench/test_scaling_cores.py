@@ -15,6 +15,10 @@ from bench.scaling import CORES_SHAPES, cores_markdown, cores_model, cores_run, 
 run_seconds = 0.5
 
 
+# serial: make test runs it alone after the parallel step. It pins the node's workers
+# to cores and forks its load generators (multiprocessing "fork"): forked from an xdist
+# worker, which has threads of its own, a generator hung past its bound.
+@pytest.mark.serial
 @pytest.mark.integration
 def test_cores_run_both_shapes_on_a_real_node(tmp_path: Path) -> None:
     with disque_mp_node(tmp_path, 1) as (port, pids):

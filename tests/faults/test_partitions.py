@@ -20,7 +20,9 @@ import pytest
 
 from tests.faults.runner import FaultRun, run
 
-pytestmark = pytest.mark.netns
+# serial: make test runs it alone after the parallel step (nodes in namespaces with a
+# 2.5 s failure-detection timeout: other tests' load would only add faults of its own)
+pytestmark = [pytest.mark.netns, pytest.mark.serial]
 
 short_kinds = ("isolate", "kill9")
 short_duration_s = 70.0  # workload under faults; start, heal and drain add about a minute

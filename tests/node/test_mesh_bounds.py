@@ -202,8 +202,15 @@ def test_a_pile_over_the_soft_limit_stops_reading_until_it_leaves(node: NodeProc
         c = connect_to_worker(node.port, 0)
         c.send(encode_command("GETJOB", "TIMEOUT", 0, "FROM", never)
                + encode_command("QPEEK", q, 1) * 3)  # 3 MB piled: over the 2 MB soft limit
-        c.send(encode_command("ADDJOB", side, "x", 0))
         client_port = c.sock.getsockname()[1]
+        # The ADDJOB goes only once the node has read the first commands: sent at once,
+        # a node slow to be scheduled (a loaded host) reads both in one read, and the
+        # ADDJOB sits in its buffer, read before the pile existed.
+        for _ in range(1000):
+            if not _unread_bytes(node.port, client_port):
+                break
+            threading.Event().wait(0.01)
+        c.send(encode_command("ADDJOB", side, "x", 0))
         for _ in range(1000):  # the node leaves the ADDJOB unread
             if _unread_bytes(node.port, client_port):
                 break
