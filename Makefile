@@ -118,12 +118,12 @@ unit: $(VENV)/.installed $(VENV)/.compiled
 # whole, per process at a time: tests/conftest.py), then the tests marked `serial`
 # alone, then the uncompiled source (DISQUE_MP_PURE=1) where the compiled modules
 # (disque_mp/compiled.py) are exercised in process: the shard, the simulation, the
-# front end's parsers, commands and GETJOB paths (PURE_TESTS, the tests without the
-# integration marker), plus the front end's end-to-end tests. The rest (client, bus
-# wire, config, benchmarks) imports no compiled module, so a second run proves nothing
-# the first did not. docs/testing.md has the times.
+# front end's parsers, commands and GETJOB paths, the cluster bus (PURE_TESTS, the
+# tests without the integration marker), plus the front end's end-to-end tests. The
+# rest (client, config, benchmarks) imports no compiled module, so a second run proves
+# nothing the first did not. docs/testing.md has the times.
 TEST_PROCS ?= 4
-PURE_TESTS := tests/workers tests/sim tests/bus/test_edge_fuzz.py tests/node/test_aof_manager.py \
+PURE_TESTS := tests/workers tests/sim tests/bus tests/node/test_aof_manager.py \
 	tests/node/test_cmd_jobs.py tests/node/test_core.py tests/node/test_getjob_merge.py \
 	tests/node/test_memory.py tests/node/test_resp.py tests/node/test_security_resp.py \
 	tests/node/test_security_names_guesses.py
