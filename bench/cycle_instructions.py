@@ -25,7 +25,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -35,7 +34,14 @@ from typing import Any
 
 import hiredis
 
-from bench.instructions import TOTALS, _dump_all, _node_pids, _phase_totals, _wait_ready
+from bench.instructions import (
+    TOTALS,
+    _dump_all,
+    _node_pids,
+    _phase_totals,
+    _wait_ready,
+    start_under_callgrind,
+)
 
 QUEUES = 100
 CLIENTS = 2
@@ -144,15 +150,8 @@ def run_tree(tree: Path, workers: int, jobs: int, keep: str | None = None) -> di
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="cycle-instr-") as tmp:
         work = Path(tmp)
-        env = {**os.environ, "PYTHONPATH": f"{HERE / 'meshcount'}:{tree}", "PYTHONHASHSEED": "0",
-               "MESHCOUNT_DIR": str(work)}
-        proc = subprocess.Popen(
-            ["valgrind", "--tool=callgrind", "--trace-children=yes",
-             f"--callgrind-out-file={work}/cg.%p", sys.executable, "-m", "disque_mp",
-             "--port", str(port), "--dir", str(work), "--workers", str(workers),
-             "--maxmemory", "8gb", "--loglevel", "warning"],
-            cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True)
+        proc = start_under_callgrind(tree, work, port, workers, {
+            "PYTHONPATH": f"{HERE / 'meshcount'}:{tree}", "MESHCOUNT_DIR": str(work)})
         try:
             _wait_ready(proc, port)
             pids = _node_pids(proc.pid)

@@ -55,6 +55,19 @@ def _phase_totals(work: Path, dump: int) -> int:
     return total
 
 
+def start_under_callgrind(tree: Path, work: Path, port: int, workers: int,
+                          env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """A node of ``tree`` under callgrind (every process; the counters in ``work``),
+    in a session of its own; ``env`` on top of ours (PYTHONPATH at least)."""
+    return subprocess.Popen(
+        ["valgrind", "--tool=callgrind", "--trace-children=yes",
+         f"--callgrind-out-file={work}/cg.%p", sys.executable, "-m", "disque_mp",
+         "--port", str(port), "--dir", str(work), "--workers", str(workers),
+         "--maxmemory", "8gb", "--loglevel", "warning"],
+        cwd=tree, env={**os.environ, "PYTHONHASHSEED": "0", **env},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
 def run_tree(tree: Path, workers: int, requests: int, pipeline: int) -> dict[str, float]:
     """Instructions per request of each phase on one node of ``tree``."""
     from tests.nodeproc import free_port
@@ -62,14 +75,7 @@ def run_tree(tree: Path, workers: int, requests: int, pipeline: int) -> dict[str
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="instructions-") as tmp:
         work = Path(tmp)
-        env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0"}
-        proc = subprocess.Popen(
-            ["valgrind", "--tool=callgrind", "--trace-children=yes",
-             f"--callgrind-out-file={work}/cg.%p", sys.executable, "-m", "disque_mp",
-             "--port", str(port), "--dir", str(work), "--workers", str(workers),
-             "--maxmemory", "8gb", "--loglevel", "warning"],
-            cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True)
+        proc = start_under_callgrind(tree, work, port, workers, {"PYTHONPATH": str(tree)})
         try:
             _wait_ready(proc, port)
             pids = _node_pids(proc.pid)
