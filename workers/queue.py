@@ -67,6 +67,18 @@ def _insert(dq: deque[Job], job: Job) -> None:
         dq.insert(bisect_right(dq, job.ctime_us, key=_ctime), job)
 
 
+def _queued_only(dq: deque[Job]) -> deque[Job]:
+    """A purge: the entries of ``dq`` whose job is still queued, in order; the
+    stale ones leave (their jobs unmarked)."""
+    keep: deque[Job] = deque()
+    for job in dq:
+        if job.state == QUEUED:
+            keep.append(job)
+        else:
+            job.unmark_in_deque()
+    return keep
+
+
 def _group(job: Job) -> bytes:
     ext = job.ext
     return b"" if ext is None else ext.group
@@ -216,13 +228,7 @@ class Queue(Timed):
         if self.lanes is not None:
             self._purge_lanes()
             return
-        keep: deque[Job] = deque()
-        for job in self._dq:
-            if job.state == QUEUED:
-                keep.append(job)
-            else:
-                job.unmark_in_deque()
-        self._dq = keep
+        self._dq = _queued_only(self._dq)
         self.stale = 0
 
     def drop_all(self) -> None:
@@ -324,13 +330,7 @@ class Queue(Timed):
             raise InvariantError(f"queue {self.name!r}: lanes without a ring")
         kept: deque[Lane] = deque()
         for lane in ring:
-            keep: deque[Job] = deque()
-            for job in lane.dq:
-                if job.state == QUEUED:
-                    keep.append(job)
-                else:
-                    job.unmark_in_deque()
-            lane.dq = keep
+            lane.dq = _queued_only(lane.dq)
             lane.stale = 0
             if lane.live:
                 kept.append(lane)

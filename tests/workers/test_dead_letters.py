@@ -23,11 +23,6 @@ def env() -> Env:
     return Env()
 
 
-def _show(env: Env, jid: str) -> dict[bytes, Any]:
-    r = env.s.op_show(jid, env.now)
-    return dict(zip(r[::2], r[1::2], strict=True))
-
-
 def test_deadletter_moves_queued_and_active_jobs_now_with_the_reason(env: Env) -> None:
     active = env.add(retry_s=60)
     assert env.take()[0][1] == active
@@ -39,7 +34,7 @@ def test_deadletter_moves_queued_and_active_jobs_now_with_the_reason(env: Env) -
     assert env.s.op_deadletter([queued, active], b"bad input", env.now) == 2
     env.s.check()
     assert env.s.op_qlen(b"q") == 0 and env.s.op_qlen(b"dead:q") == 2
-    shown = _show(env, queued)
+    shown = env.show_all(queued)
     assert shown[b"queue"] == b"dead:q" and shown[b"state"] == "queued"
     assert shown[b"dead-reason"] == b"bad input" and shown[b"nacks"] == 2  # counters kept
     assert shown[b"maxdeliver"] == 5 and shown[b"id"] == queued
@@ -53,9 +48,9 @@ def test_deadletter_leaves_unknown_acked_and_dead_jobs_uncounted(env: Env) -> No
     env.s.op_ackjob([acked], env.now)
     unknown = jid[:-6] + "ZZZZ" + jid[-2:]
     assert env.s.op_deadletter([jid], None, env.now) == 1
-    assert b"dead-reason" not in _show(env, jid)  # no REASON: none set
+    assert b"dead-reason" not in env.show_all(jid)  # no REASON: none set
     assert env.s.op_deadletter([jid, acked, unknown, jid], b"again", env.now) == 0
-    assert b"dead-reason" not in _show(env, jid)  # an already dead job keeps its state
+    assert b"dead-reason" not in env.show_all(jid)  # an already dead job keeps its state
     env.s.check()
 
 
@@ -99,10 +94,10 @@ def test_redrive_moves_back_same_id_ttl_retry_maxdeliver_counters_reset(env: Env
     job = env.s.lookup(jid)
     assert job is not None
     job.set_ext(reason=b"by hand")
-    before = _show(env, jid)
+    before = env.show_all(jid)
     assert env.s.op_redrive(b"dead:q", 100, env.now) == 1
     env.s.check()
-    after = _show(env, jid)
+    after = env.show_all(jid)
     assert after[b"queue"] == b"q" and after[b"state"] == "queued"
     assert after[b"nacks"] == 0 and after[b"additional-deliveries"] == 0
     assert b"dead-reason" not in after

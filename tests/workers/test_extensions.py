@@ -23,11 +23,6 @@ def env() -> Env:
     return Env()
 
 
-def _show(env: Env, jid: str) -> dict[bytes, Any]:
-    r = env.s.op_show(jid, env.now)
-    return dict(zip(r[::2], r[1::2], strict=True))
-
-
 # ------------------------------------------------------------------ NACK DELAY
 
 
@@ -114,7 +109,7 @@ def test_maxdeliver_by_nack_moves_to_dead_queue_with_id_and_counters(env: Env) -
     assert env.s.op_nack([jid], env.now) == 1
     env.s.check()
     assert env.s.op_qlen(b"q") == 0 and env.s.op_qlen(b"dead:q") == 1
-    show = _show(env, jid)
+    show = env.show_all(jid)
     assert show[b"queue"] == b"dead:q" and show[b"nacks"] == 3 and show[b"maxdeliver"] == 3
     got = env.take(b"dead:q", wc=True)[0]
     assert got[:2] == [b"dead:q", jid] and got[4] == 3
@@ -129,12 +124,12 @@ def test_maxdeliver_by_retry_moves_to_dead_queue(env: Env) -> None:
         env.advance(1600)  # RETRY elapses without an ACK
     env.s.check()
     assert env.s.op_qlen(b"q") == 0 and env.s.op_qlen(b"dead:q") == 1
-    assert _show(env, jid)[b"additional-deliveries"] == 2
+    assert env.show_all(jid)[b"additional-deliveries"] == 2
 
 
 def test_show_has_no_maxdeliver_field_without_the_option(env: Env) -> None:
     jid = env.add()
-    assert b"maxdeliver" not in _show(env, jid) and len(env.s.op_show(jid, env.now)) == 30
+    assert b"maxdeliver" not in env.show_all(jid) and len(env.s.op_show(jid, env.now)) == 30
 
 
 def test_maxdeliver_record_versions() -> None:

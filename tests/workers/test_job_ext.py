@@ -3,19 +3,12 @@ record (AOF, REPLJOB, YOURJOBS), shown by SHOW only when set, parsed by ADDJOB."
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from disque_mp.node.commands.jobs import ERR_DEDUP, ERR_GROUP, parse_addjob
 from tests.sim.net import Net
 from tests.workers.test_shard import Env
 from workers.job import Job, JobExt, dead_reason_bytes_max, job_id_of_record
-
-
-def _show(env: Env, jid: str) -> dict[bytes, Any]:
-    r = env.s.op_show(jid, env.now)
-    return dict(zip(r[::2], r[1::2], strict=True))
 
 
 def test_a_job_with_extension_fields_round_trips_in_version_3() -> None:
@@ -48,9 +41,9 @@ def test_clearing_every_field_writes_the_old_versions_again() -> None:
 def test_show_lists_the_fields_only_when_set() -> None:
     env = Env()
     plain = env.add()
-    assert not {b"group", b"dedup", b"dead-reason"} & set(_show(env, plain))
+    assert not {b"group", b"dedup", b"dead-reason"} & set(env.show_all(plain))
     grouped = env.add(ext=JobExt(group=b"g1", dedup=b"d1"))
-    shown = _show(env, grouped)
+    shown = env.show_all(grouped)
     assert shown[b"group"] == b"g1" and shown[b"dedup"] == b"d1" and b"dead-reason" not in shown
 
 

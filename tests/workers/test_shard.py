@@ -56,8 +56,14 @@ class Env:
         return None if j is None else j.state
 
     def show(self, job_id: str) -> dict[bytes, Any]:
+        """SHOW of a job without extension fields: the reference's 15 pairs."""
         r = self.s.op_show(job_id, self.now)
         assert isinstance(r, list) and len(r) == 30
+        return self.show_all(job_id)
+
+    def show_all(self, job_id: str) -> dict[bytes, Any]:
+        """SHOW as a dict, the extensions' fields (maxdeliver, group, ...) included."""
+        r = self.s.op_show(job_id, self.now)
         return dict(zip(r[::2], r[1::2], strict=True))
 
 

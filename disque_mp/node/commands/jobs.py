@@ -227,20 +227,15 @@ def parse_addjob(args: list[bytes]) -> AddJobArgs | Error:
 
 def _addjob_ext(a: AddJobArgs, opt: bytes, value: bytes) -> Error | None:
     """``GROUP name`` / ``DEDUP key`` (extensions): 1 to 256 bytes each."""
-    if opt == b"group":
-        if not 0 < len(value) <= group_bytes_max:
-            return ERR_GROUP
-        group, dedup = value, None
-    else:
-        if not 0 < len(value) <= dedup_bytes_max:
-            return ERR_DEDUP
-        group, dedup = None, value
+    group = opt == b"group"
+    if not 0 < len(value) <= (group_bytes_max if group else dedup_bytes_max):
+        return ERR_GROUP if group else ERR_DEDUP
     if a.ext is None:
         a.ext = JobExt()
-    if group is not None:
-        a.ext.group = group
-    if dedup is not None:
-        a.ext.dedup = dedup
+    if group:
+        a.ext.group = value
+    else:
+        a.ext.dedup = value
     return None
 
 
