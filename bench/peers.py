@@ -8,7 +8,8 @@ Every peer is a real server started here on free loopback ports and stopped afte
 (``bench/peers_servers.py``), driven by its usual Python client
 (``bench/peers_drivers.py``); the workloads are ``bench/peers_load.py``'s.
 
-- **single** (one node, no replication): disque-mp (``SINGLE_WORKERS`` workers), the C
+- **single** (one node, no replication): disque-mp (``SINGLE_WORKERS`` workers), the same
+  node with one worker (``disque-mp-1w``: what crossing workers costs), the C
   reference Disque, a Redis list (LPUSH / LMOVE / LREM), Redis Streams (XADD /
   XREADGROUP / XACK), beanstalkd (put / reserve / delete), a RabbitMQ classic queue
   (publisher confirms, manual acks).
@@ -54,7 +55,7 @@ paced_seconds = 2.0
 SINGLE_WORKERS = 2  # disque-mp node workers, one per core of the record's machine
 REPLICATED_WORKERS = 1  # 3 nodes share the 2 cores: one worker each, like the C nodes
 REPLICAS = 3
-SINGLE = ["disque-mp", "disque-c", "redis-list", "redis-streams", "beanstalkd", "rabbitmq"]
+SINGLE = ["disque-mp", "disque-mp-1w", "disque-c", "redis-list", "redis-streams", "beanstalkd", "rabbitmq"]
 REPLICATED = ["disque-mp", "disque-c", "rabbitmq", "nats"]
 
 
@@ -80,6 +81,8 @@ def _server(system: str, setting: str, work: Path, n: int, workers: int,
     d = work / setting / system
     if system == "disque-mp":
         return srv.disque_mp_nodes(d, n, workers, tree)
+    if system == "disque-mp-1w":  # the same node with one worker: what crossing workers costs
+        return srv.disque_mp_nodes(d, n, 1, tree)
     if system == "disque-c":
         from bench.scaling import reference_binary
 

@@ -370,7 +370,7 @@ class NatsDriver(_AsyncDriver):
 
 
 DRIVERS: dict[str, type] = {
-    "disque-mp": DisqueDriver, "disque-c": DisqueDriver, "redis-list": RedisListDriver,
+    "disque-mp": DisqueDriver, "disque-mp-1w": DisqueDriver, "disque-c": DisqueDriver, "redis-list": RedisListDriver,
     "redis-streams": RedisStreamsDriver, "beanstalkd": BeanstalkDriver,
     "rabbitmq": RabbitDriver, "nats": NatsDriver,
 }

@@ -10,7 +10,7 @@ PANELS = [("single", "cycle-1q", "single node, 1 queue"),
           ("single", "cycle-100q", "single node, 100 queues"),
           ("replicated", "cycle-1q", "3 nodes, 3 copies, 1 queue")]
 CDF_RATES = [("paced-1000", "1,000 jobs/s"), ("paced-5000", "5,000 jobs/s")]
-COLORS = {"disque-mp": "C3", "disque-c": "C1", "redis-list": "C4", "redis-streams": "C5",
+COLORS = {"disque-mp": "C3", "disque-mp-1w": "C8", "disque-c": "C1", "redis-list": "C4", "redis-streams": "C5",
           "beanstalkd": "C0", "rabbitmq": "C2", "nats": "C6"}  # one color per system
 
 

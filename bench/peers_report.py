@@ -122,7 +122,7 @@ def targets(meds: dict[tuple[str, str, str], dict[str, float]]) -> list[str]:
     for peer in ("disque-c", "rabbitmq", "nats"):
         cyc("replicated", "cycle-1q", peer)
     for wl in ("cycle-1q", "cycle-100q"):
-        for peer in ("beanstalkd", "redis-streams"):
+        for peer in ("disque-mp-1w", "disque-c", "beanstalkd", "redis-streams"):
             cyc("single", wl, peer)
     for wl in ("paced-1000", "paced-5000", "paced-half-max"):
         ours, theirs = meds.get(("single", wl, "disque-mp")), meds.get(("single", wl, "redis-list"))
