@@ -28,6 +28,15 @@ from workers.effects import Effect, Send, Wake
 from workers.replies import PENDING, Status
 from workers.shard import Shard
 
+# A bus link is a TCP stream (the authenticated bus also refuses a replayed frame): it
+# never delivers one message twice. The duplicates the network makes stand for the
+# messages the nodes' state machines send again (REPLJOB, SETACK, WILLQUEUE, QUEUED,
+# NEEDJOBS, ...). YOURJOBS is never sent again: its jobs left the sender's queue, and
+# one that cannot be written is queued again at home instead. Duplicating it would
+# hand an at-most-once job to the receiver a second time after the receiver had moved
+# it on, which no real link can do.
+SENT_ONCE = frozenset({"YOURJOBS"})
+
 T0 = 1_795_301_808_328
 
 
@@ -133,7 +142,8 @@ class Net:
                 continue
             if self.drop and self.rng.random() < self.drop:
                 continue
-            copies = 2 if self.dup and self.rng.random() < self.dup else 1
+            twice = bool(self.dup) and self.rng.random() < self.dup
+            copies = 2 if twice and eff.kind not in SENT_ONCE else 1
             for _ in range(copies):
                 at = self.now + self.rng.randint(*self.delay_ms)
                 self.seq += 1
