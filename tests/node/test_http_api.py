@@ -131,10 +131,17 @@ def test_dead_letter_and_requeue(node: NodeProc) -> None:
     dead = "dead:" + q
     ids = [r.execute_command("ADDJOB", q, f"poison {i}", 0, "TTL", 600).decode() for i in range(3)]
     r.execute_command("GETJOB", "FROM", q)  # ids[0] is active, the others queued
-    for job_id in ids:
+    for job_id in ids[:2]:
         moved = post(hp(node), j_path(job_id) + "/dead").json()
-        assert moved["moved_to"] == dead and moved["new_id"] != job_id
-        assert show(r, job_id) is None
+        assert moved == {"id": job_id, "moved_to": dead, "new_id": job_id}  # DEADLETTER: same ID
+    moved = post(hp(node), j_path(ids[2]) + "/dead", {"reason": "bad input"}).json()
+    assert moved["new_id"] == ids[2]
+    for job_id in ids:
+        job = show(r, job_id)
+        assert job is not None and job["queue"] == dead.encode() and job["state"] == b"queued"
+    assert (show(r, ids[2]) or {})["dead-reason"] == b"bad input"
+    assert (show(r, ids[0]) or {})["dead-reason"] == b"moved from the HTTP API"
+    error_of(post(hp(node), j_path(ids[1]) + "/dead", {"reason": "x" * 1025}), 400)
     assert r.execute_command("QLEN", q) == 0
     assert r.execute_command("QLEN", dead) == 3
     in_dead = r.execute_command("QPEEK", dead, 10)

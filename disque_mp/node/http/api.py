@@ -8,13 +8,13 @@ The API has the semantics of the commands because it runs them (``commands.call`
                                          (SHOW), active jobs (JSCAN)
     POST   /api/queues/{queue}/pause     {"state": "in"|"out"|"all"|"none"} (default all)
     POST   /api/queues/{queue}/resume    PAUSE queue none
-    POST   /api/queues/{queue}/requeue   dead-letter queue -> its queue (dead:q -> q); each job
-                                         added again with its TTL left, RETRY and MAXDELIVER
+    POST   /api/queues/{queue}/requeue   REDRIVE: dead-letter queue -> its queue (dead:q -> q),
+                                         each job with its ID
     GET    /api/jobs/{id}                SHOW
     DELETE /api/jobs/{id}                DELJOB
     POST   /api/jobs/{id}/ack            ACKJOB
     POST   /api/jobs/{id}/nack           NACK (only an active job)
-    POST   /api/jobs/{id}/dead           move to the dead-letter queue dead:{queue}
+    POST   /api/jobs/{id}/dead           DEADLETTER: to dead:{queue}, same ID; {"reason": text}
     GET    /api/nodes                    HELLO and the cluster view (flags, links)
     GET    /healthz, /readyz             liveness and readiness probes (health.py)
 
@@ -45,6 +45,7 @@ from disque_mp.node.http.commands import ReplyError, call
 from disque_mp.node.http.ops import gather
 from disque_mp.node.http.server import Request, Response, error
 from workers.ids import is_valid_job_id
+from workers.job import dead_reason_bytes_max
 
 if TYPE_CHECKING:
     from disque_mp.node.view import NodeView
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
 queue_jobs_default = 50  # jobs shown by GET /api/queues/{queue} without ?count
 queues_default = 100  # queues listed by GET /api/queues without ?limit
 jscan_calls_max = 8  # JSCAN calls one queue view spends looking for its active jobs
-add_timeout_ms = 5000  # ADDJOB's replication timeout for jobs the API moves
+dead_reason = "moved from the HTTP API"  # DEADLETTER's REASON when the request names none
 rate_interval_ms = 1000  # queue rates are recomputed at most this often
 # SHOW's fields a queue view adds to each queued job
 counter_fields = ("nacks", "additional-deliveries", "maxdeliver")
@@ -307,23 +308,6 @@ async def post_requeue(w: NodeView, req: Request, args: list[str]) -> Response:
     return ok({"from": text(dead), "to": text(target), "requeued": moved, "left": left})
 
 
-async def _add_copy(w: NodeView, queue: bytes, body: bytes, old_id: bytes) -> bytes:
-    shown = await call(w, b"SHOW", old_id)
-    fields = pairs(shown) if shown is not None else {}
-    ttl_s = int(fields.get("ttl", 0))
-    retry_s = int(fields.get("retry", -1))
-    maxdeliver = int(fields.get("maxdeliver", 0))
-    args: list[bytes | int] = [b"ADDJOB", queue, body, add_timeout_ms]
-    if ttl_s > 1:
-        args += [b"TTL", ttl_s]
-        if 0 <= retry_s < ttl_s:  # the node refuses a RETRY past the TTL
-            args += [b"RETRY", retry_s]
-    if maxdeliver > 0:
-        args += [b"MAXDELIVER", maxdeliver]
-    new_id: bytes = await call(w, *args)
-    return new_id
-
-
 # ------------------------------------------------------------------ jobs
 
 
@@ -369,23 +353,23 @@ async def post_nack(w: NodeView, req: Request, args: list[str]) -> Response:
 
 
 async def post_dead(w: NodeView, req: Request, args: list[str]) -> Response:
+    """DEADLETTER: the job moves to ``dead:{queue}`` with its ID, counters and what is
+    left of its TTL; ``{"reason": text}`` in the body is kept with it (SHOW's
+    ``dead-reason``)."""
     job_id = _job_id(args[0])
-    _json_body(req)
+    reason = _json_body(req).get("reason", dead_reason)
+    if not isinstance(reason, str) or len(reason.encode()) > dead_reason_bytes_max:
+        raise ApiError(400, f"reason must be a string of at most {dead_reason_bytes_max} bytes")
     job = await _show(w, job_id)
     queue = str(job["queue"])
     if queue.startswith(DEAD_PREFIX):
         raise ApiError(409, "the job is already in a dead-letter queue")
     if job["state"] not in ("queued", "active"):
         raise ApiError(409, f"job is {job['state']}: only a queued or active job can be moved")
-    raw = await call(w, b"SHOW", job_id)
-    fields = {raw[i]: raw[i + 1] for i in range(0, len(raw) - 1, 2)}
-    dead = DEAD_PREFIX.encode() + fields[b"queue"]
-    try:
-        new_id = await _add_copy(w, dead, fields[b"body"], job_id)
-    except ReplyError as e:
-        raise ApiError(409, f"cannot add to {text(dead)}: {e}") from None
-    await call(w, b"ACKJOB", job_id)
-    return ok({"id": job_id.decode(), "moved_to": text(dead), "new_id": text(new_id)})
+    if not await call(w, b"DEADLETTER", job_id, b"REASON", reason.encode()):
+        raise ApiError(409, "the job cannot be moved now (an at-most-once job already "
+                            "delivered, or one still waiting for its copies)")
+    return ok({"id": job_id.decode(), "moved_to": DEAD_PREFIX + queue, "new_id": job_id.decode()})
 
 
 # ------------------------------------------------------------------ nodes
