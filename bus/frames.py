@@ -89,6 +89,14 @@ class FrameReader:
         buf, pos = self._buf, self._pos
         if len(buf) - pos < _HEAD_SIZE:
             return None
+        # Typed, the header's integers are machine integers in the compiled reader; from
+        # the untyped tuple every sum and comparison below was a generic object call
+        # (a fifth of the reader's instructions).
+        magic: bytes
+        version: int
+        kind: int
+        meta_len: int
+        n: int
         magic, version, kind, meta_len, n = _unpack_head(buf, pos)
         if magic != MAGIC:
             raise FrameError("bad frame magic")
@@ -114,7 +122,7 @@ class FrameReader:
         total = _HEAD_SIZE + 4 * n + meta_len + bodies_len
         if total > self.frame_max:
             raise FrameError("frame over its bound")
-        trailer = 0 if self.mac is None else self.mac.size
+        trailer: int = 0 if self.mac is None else self.mac.size
         if have < total + trailer:
             return None
         if trailer and not self.mac.check(buf, pos, total):

@@ -38,3 +38,30 @@ def test_bad_node_lists_are_refused(nodes: object) -> None:
     meta = {"k": "ENQUEUE", "s": slot_of_job_id(JOB_ID), "m": {"j": JOB_ID, "d": nodes}}
     with pytest.raises(BadMessage, match="bad ENQUEUE node list"):
         check_job(meta, [])
+
+
+def test_a_job_id_checked_before_gets_the_same_answers() -> None:
+    """The edge remembers the job IDs it found well formed (and their slots): a second
+    message about the job gets the answers of the first, also when the memo was
+    emptied for room, and a slot that disagrees is refused every time."""
+    from workers import messages
+
+    slot = slot_of_job_id(JOB_ID)
+    messages._checked_job_ids.clear()
+    for _ in range(2):
+        assert check_job({"k": "DELJOB", "s": slot, "m": {"j": JOB_ID}}, [])[0] == "DELJOB"
+        with pytest.raises(BadMessage, match="job ID and slot disagree"):
+            check_job({"k": "GOTJOB", "s": (slot + 1) % 16384, "m": {"j": JOB_ID}}, [])
+        with pytest.raises(BadMessage, match="unexpected bodies"):
+            check_job({"k": "GOTJOB", "s": slot, "m": {"j": JOB_ID}}, [b"x"])
+    assert messages._checked_job_ids == {JOB_ID: slot}
+    bad = JOB_ID[:-1] + "!"
+    for _ in range(2):  # a bad ID is never remembered
+        with pytest.raises(BadMessage, match="bad job ID"):
+            check_job({"k": "DELJOB", "s": slot, "m": {"j": bad}}, [])
+    assert bad not in messages._checked_job_ids
+    messages._checked_job_ids.clear()
+    for i in range(messages.checked_job_ids_max):  # bounded: emptied when full
+        messages._checked_job_ids[f"x{i}"] = 0
+    check_job({"k": "DELJOB", "s": slot, "m": {"j": JOB_ID}}, [])
+    assert messages._checked_job_ids == {JOB_ID: slot}
