@@ -34,7 +34,6 @@ from bus.hostbus import (
     K_DATA_READY,
     K_HANDSHAKE,
     K_JOB,
-    K_JOB_PACKED,
     K_SEALED,
     PeerLink,
     check_proto,
@@ -94,7 +93,7 @@ class _DataConn(PeerLink):
 class DataIn(_DataConn):
     """A data link handed to this worker: JOB frames from one sender node."""
 
-    kinds = frozenset({K_JOB, K_JOB_PACKED, K_SEALED})
+    kinds = frozenset({K_JOB, K_SEALED})
 
     def __init__(self, sender_id: str, my_id: str, index: int, on_job: OnJob,
                  on_lost: Callable[[DataIn], None],
@@ -116,13 +115,10 @@ class DataIn(_DataConn):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self.write(frames.encode(K_DATA_READY, {"proto": BUS_PROTO, "id": self.my_id,
-                                                "w": self.index, "pk": 1}))
+                                                "w": self.index}))
 
     def on_frame(self, kind: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
-        if kind == K_JOB_PACKED:
-            job_kind, slot, inner, bodies = messages.check_packed_job(bodies)
-        else:
-            job_kind, slot, inner = messages.check_job(meta, bodies)
+        job_kind, slot, inner = messages.check_job(meta, bodies)
         self.on_job(self.sender_id, job_kind, slot, inner, bodies)
 
 
@@ -137,7 +133,6 @@ class DataOut(_DataConn):
         self.node_id = node_id
         self.addr = addr
         self.ready = False
-        self.packed = False  # the peer's worker reads JOB_PACKED frames ("pk" in DATA_READY)
         self.created_ms = links.now_ms()
         keys = links.keyring.keys
         self.auth = auth.LinkAuth(keys, True, links.my_id()) if keys else None
@@ -170,7 +165,6 @@ class DataOut(_DataConn):
             self.start_mac(self.auth.sealer, self.auth.opener)
         elif self.auth is None or self.auth.done:  # K_DATA_READY
             self.ready = True
-            self.packed = meta.get("pk") == 1
         else:
             raise auth.AuthError("DATA_READY before the handshake")
 

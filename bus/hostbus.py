@@ -17,8 +17,6 @@ Frames are ``bus/frames.py`` frames. Bus frame kinds:
     PONG       header + gossip, the reply to PING/MEET        same link, back
     FAIL       {"id": failing node ID}                         outbound link
     JOB        {"k": kind, "s": slot, "m": meta} + raw bodies  outbound link or data link
-    JOB_PACKED no metadata; bodies: a packed head, then the message's (bus/messages.py);
-               only to a peer whose HANDSHAKE (DATA_READY on a data link) said "pk": 1
     DATA_READY {"proto", "id", "w": worker}                    data link, acceptor's answer
 
 A data link (bus/datalink.py) is a connection from worker k of a host whose
@@ -65,11 +63,8 @@ K_AUTH: Final = 8
 # body), and that frame carries the MAC. One MAC per write instead of one per frame:
 # under load a write holds dozens of job messages (measured: docs/security.md).
 K_SEALED: Final = 9
-# A hot job message without JSON (bus/messages.py pack_job); read by every node since it
-# was added, sent only to peers that say so in their handshake ("pk": 1).
-K_JOB_PACKED: Final = 10
 BUS_KINDS: Final = frozenset({K_HANDSHAKE, K_PING, K_PONG, K_MEET, K_FAIL, K_JOB, K_DATA_READY, K_AUTH,
-                       K_SEALED, K_JOB_PACKED})
+                       K_SEALED})
 
 # Mesh frame kinds (u8) for cluster traffic between the workers of one host; kept
 # far from the front end's own kinds (bus/mesh.py) so both can share one reader.
@@ -122,17 +117,6 @@ def set_peer_frame_max(proto_max_bulk_len: int) -> None:
     """The bound of an authenticated peer's frames follows the largest job body."""
     global peer_frame_bytes_max
     peer_frame_bytes_max = max(peer_frame_bytes_max, proto_max_bulk_len + peer_frame_overhead_bytes)
-
-
-def job_frame(packed: bool, kind: str, slot: int, meta: dict[str, Any],
-              bodies: list[bytes] | None) -> bytes:
-    """A job message as a frame: packed where the peer reads that form and the message
-    has one, else JSON."""
-    if packed:
-        head = messages.pack_job(kind, slot, meta)
-        if head is not None:
-            return frames.encode(K_JOB_PACKED, {}, [head, *bodies] if bodies else [head])
-    return frames.encode(K_JOB, {"k": kind, "s": slot, "m": meta}, bodies or ())
 
 
 def check_proto(meta: dict[str, Any]) -> str:
@@ -328,7 +312,6 @@ class _Link(PeerLink):
         # outbound links without a secret may speak at once; others after the handshake
         self.ready = node is not None and self.auth is None
         self.answered = False  # outbound: the acceptor's HANDSHAKE arrived
-        self.packed = False  # outbound: the acceptor reads JOB_PACKED frames ("pk" in its answer)
         self.data_worker = -1  # inbound data link: the sender's worker
         self.created_ms = mono_ms()
         self.failed = ""  # why authentication failed (outbound: shown in CLUSTER NODES)
@@ -370,20 +353,6 @@ class _Link(PeerLink):
             self.close()
             return False
         self.put(frames.encode(kind, meta, bodies or ()))
-        self.bus.m.stats_sent += 1
-        return True
-
-    def write_job(self, kind: str, slot: int, meta: dict[str, Any],
-                  bodies: list[bytes] | None) -> bool:
-        """A job message, in the form the peer reads best (``job_frame``)."""
-        if not self.writable() or not self.ready:
-            return False
-        if self.pending_bytes() > peer_output_bytes_max:
-            log.warning("cluster bus: peer %s does not drain its output, dropping link",
-                        self.peer_ip)
-            self.close()
-            return False
-        self.put(job_frame(self.packed, kind, slot, meta, bodies))
         self.bus.m.stats_sent += 1
         return True
 
@@ -518,14 +487,15 @@ class ClusterBus:
         """Send a job message; ``"*"`` = every node with a link. Returns the number
         of links written (0 = dropped: messages are best effort, the state machine
         retries what matters)."""
+        frame_meta = {"k": kind, "s": slot, "m": meta}
         if node_id == "*":
-            return sum(link.write_job(kind, slot, meta, bodies) for link in list(self.out.values())
+            return sum(link.write(K_JOB, frame_meta, bodies) for link in list(self.out.values())
                        if not link.node or not link.node.handshake)
         node = self.m.nodes.get(node_id)
         link = self.out.get(node) if node is not None else None
         if link is None or node is None or node.handshake:
             return 0
-        return int(link.write_job(kind, slot, meta, bodies))
+        return int(link.write(K_JOB, frame_meta, bodies))
 
     def view(self) -> dict[str, Any]:
         view = mb.snapshot(self.m, wall_offset_ms())
@@ -568,8 +538,7 @@ class ClusterBus:
     # ---- links --------------------------------------------------------------------
 
     def handshake_meta(self) -> dict[str, Any]:
-        # "pk": this node reads JOB_PACKED frames (an older node ignores the field)
-        return {"proto": BUS_PROTO, "id": self.m.my_id, "port": self.m.myself.port, "pk": 1}
+        return {"proto": BUS_PROTO, "id": self.m.my_id, "port": self.m.myself.port}
 
     def link_made(self, link: _Link) -> None:
         if link.node is None:
@@ -665,9 +634,7 @@ class ClusterBus:
         if not link.ready or (link.node is not None and not link.answered):
             self._on_handshake_frame(link, kind, meta)
         elif kind == K_JOB:
-            self._on_job(link, *messages.check_job(meta, bodies), bodies)
-        elif kind == K_JOB_PACKED:
-            self._on_job(link, *messages.check_packed_job(bodies))
+            self._on_job(link, meta, bodies)
         elif kind in (K_PING, K_MEET):
             self._on_ping(link, kind, meta)
         elif kind == K_PONG and link.node is not None:
@@ -697,7 +664,6 @@ class ClusterBus:
         """The acceptor's HANDSHAKE on our outbound link."""
         link.peer_id = check_proto(meta)
         link.answered = True
-        link.packed = meta.get("pk") == 1
         if link.auth is None:
             if "p" in meta or "secret" in meta:
                 raise auth.AuthError("it uses a cluster secret and we have none")
@@ -744,7 +710,7 @@ class ClusterBus:
             return
         if self.adopt_data is not None and self.adopt_data(link, sender_worker):
             return
-        link.write(K_DATA_READY, {"proto": BUS_PROTO, "id": self.m.my_id, "w": 0, "pk": 1})
+        link.write(K_DATA_READY, {"proto": BUS_PROTO, "id": self.m.my_id, "w": 0})
 
     def _on_ping(self, link: _Link, kind: int, meta: dict[str, Any]) -> None:
         if link.node is not None:
@@ -788,9 +754,8 @@ class ClusterBus:
         self.m.on_fail(link.sender_id, meta, mono_ms())
         self._after_change_if_dirty()
 
-    def _on_job(self, link: _Link, kind: str, slot: int, inner: dict[str, Any],
-                bodies: list[bytes]) -> None:
-        """A job message that passed the edge's check (either form)."""
+    def _on_job(self, link: _Link, meta: dict[str, Any], bodies: list[bytes]) -> None:
+        kind, slot, inner = messages.check_job(meta, bodies)
         sender = link.sender_id if link.node is None else link.node.node_id
         if not self.is_member(sender):
             auth.count("rejected_messages")
