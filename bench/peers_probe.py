@@ -309,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="disque-mp-probe-", dir=srv.scratch_root()) as tmp:
             for label, tree in trees or [("disque-mp", None)]:
                 got = instructions((tree or Path(".")).resolve(), a.jobs, Path(tmp) / label)
-                print({"tree": label, **{k: round(v, 1 if v < 100 else None) for k, v in got.items()}}, flush=True)
+                print({"tree": label, **{k: round(v, 3 if k.endswith("_share") else 1 if v < 100 else None)
+                                         for k, v in got.items()}}, flush=True)
     elif a.work:
         run_work(a.jobs, a.workers, trees or [("disque-mp", None)], a.rounds)
     else:
