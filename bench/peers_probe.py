@@ -203,8 +203,10 @@ def _callgrind_node(tree: Path, work: Path) -> tuple[int, subprocess.Popen[bytes
 def instructions(tree: Path, jobs: int, work: Path, idle_s: float = 5.0) -> dict[str, float]:
     """Instructions per job of the ``blocked`` REPLICATE 3 loop on the origin and on one
     replica, each a whole node under callgrind (the third node runs normally). A node
-    also works when idle (its ticks, the bus's PINGs): that rate, measured over
-    ``idle_s`` first, is taken off for the loop's span (which a loaded machine stretches)."""
+    also works when idle (its ticks, the bus's PINGs): that rate is measured over
+    ``idle_s`` both before and after the loop (it moves with the load) and their mean
+    is taken off for the loop's span (which a loaded machine stretches); both rates
+    are reported, and ``*_idle_share`` says how much of the loop's count was idle work."""
     from bench.instructions import _node_pids, _phase_totals
 
     with ExitStack() as stack:
@@ -220,16 +222,25 @@ def instructions(tree: Path, jobs: int, work: Path, idle_s: float = 5.0) -> dict
         _dump_each(pids)  # dump 1: the start and the warm-up
         t0 = time.monotonic()
         time.sleep(idle_s)
-        _dump_each(pids)  # dump 2: idle
+        _dump_each(pids)  # dump 2: idle before
         t1 = time.monotonic()
         delivered = blocked(procs[0][1], 3, jobs)["delivered"]
         _dump_each(pids)  # dump 3: the jobs
-        span = time.monotonic() - t1
+        t2 = time.monotonic()
+        time.sleep(idle_s)
+        _dump_each(pids)  # dump 4: idle after (the ack GC of the last job is done by then)
+        t3 = time.monotonic()
+        span = t2 - t1
         out: dict[str, float] = {"delivered": delivered, "span_s": span}
         for name in pids:
-            idle = _phase_totals(work / name, 2) / (t1 - t0)
-            out[f"{name}_idle_per_s"] = idle
-            out[name] = (_phase_totals(work / name, 3) - idle * span) / max(1, delivered)
+            before = _phase_totals(work / name, 2) / (t1 - t0)
+            after = _phase_totals(work / name, 4) / (t3 - t2)
+            idle = (before + after) / 2
+            total = _phase_totals(work / name, 3)
+            out[f"{name}_idle_per_s"] = before
+            out[f"{name}_idle_after_per_s"] = after
+            out[f"{name}_idle_share"] = idle * span / max(1, total)
+            out[name] = (total - idle * span) / max(1, delivered)
         return out
 
 
@@ -298,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="disque-mp-probe-", dir=srv.scratch_root()) as tmp:
             for label, tree in trees or [("disque-mp", None)]:
                 got = instructions((tree or Path(".")).resolve(), a.jobs, Path(tmp) / label)
-                print({"tree": label, **{k: round(v, 1 if v < 100 else None) for k, v in got.items()}}, flush=True)
+                print({"tree": label, **{k: round(v, 3 if k.endswith("_share") else 1 if v < 100 else None)
+                                         for k, v in got.items()}}, flush=True)
     elif a.work:
         run_work(a.jobs, a.workers, trees or [("disque-mp", None)], a.rounds)
     else:

@@ -89,6 +89,14 @@ class FrameReader:
         buf, pos = self._buf, self._pos
         if len(buf) - pos < _HEAD_SIZE:
             return None
+        # Typed, the header's integers are machine integers in the compiled reader; from
+        # the untyped tuple every sum and comparison below was a generic object call
+        # (a fifth of the reader's instructions).
+        magic: bytes
+        version: int
+        kind: int
+        meta_len: int
+        n: int
         magic, version, kind, meta_len, n = _unpack_head(buf, pos)
         if magic != MAGIC:
             raise FrameError("bad frame magic")
@@ -99,40 +107,45 @@ class FrameReader:
         if meta_len > frame_meta_bytes_max or _HEAD_SIZE + 4 * n + meta_len > self.frame_max:
             raise FrameError("frame metadata over its bound")
         lens_at = pos + _HEAD_SIZE
-        if len(buf) - lens_at < 4 * n:
+        have = len(buf) - pos
+        if have - _HEAD_SIZE < 4 * n:
             return None
-        lens: tuple[int, ...]
-        if n == 0:
-            lens = ()
-        elif n == 1:
-            lens = (_unpack_len(buf, lens_at)[0],)
-        else:
+        # Most cluster frames carry no body or one (GOTJOB, SETACK, DELJOB; REPLJOB):
+        # no tuple of lengths and no sum() call for them.
+        lens: tuple[int, ...] = ()
+        bodies_len = 0
+        if n == 1:
+            bodies_len = _unpack_len(buf, lens_at)[0]
+        elif n > 1:
             lens = struct.unpack_from(f">{n}I", buf, lens_at)
-        total = _HEAD_SIZE + 4 * n + meta_len + sum(lens)
+            bodies_len = sum(lens)
+        total = _HEAD_SIZE + 4 * n + meta_len + bodies_len
         if total > self.frame_max:
             raise FrameError("frame over its bound")
-        trailer = 0 if self.mac is None else self.mac.size
-        if len(buf) - pos < total + trailer:
+        trailer: int = 0 if self.mac is None else self.mac.size
+        if have < total + trailer:
             return None
         if trailer and not self.mac.check(buf, pos, total):
             raise FrameError("bad frame MAC")
         at = lens_at + 4 * n
-        view = memoryview(buf)
         try:
-            # orjson reads the view in place (a bytes() of a bytearray slice is two copies)
-            meta: Any = _loads(view[at : at + meta_len]) if meta_len else {}
+            # the metadata is small: one copy of its slice is cheaper than a memoryview
+            meta: Any = _loads(buf[at : at + meta_len]) if meta_len else {}
         except orjson.JSONDecodeError as exc:
-            view.release()
             raise FrameError(f"bad frame metadata: {exc}") from None
         if not isinstance(meta, dict):  # every receiver reads it with meta.get()
-            view.release()
             raise FrameError("frame metadata is not an object")
         at += meta_len
         bodies: list[bytes] = []
-        for ln in lens:
-            bodies.append(bytes(view[at : at + ln]))  # one copy (a bytearray slice is two)
-            at += ln
-        view.release()  # the buffer may be resized again
+        if n:
+            view = memoryview(buf)
+            if n == 1:
+                bodies.append(bytes(view[at : at + bodies_len]))  # one copy (a slice is two)
+            else:
+                for ln in lens:
+                    bodies.append(bytes(view[at : at + ln]))
+                    at += ln
+            view.release()  # the buffer may be resized again
         self._pos = pos + total + trailer
         if self._pos > 65536 and self._pos * 2 > len(buf):
             del buf[: self._pos]

@@ -293,11 +293,10 @@ class Worker(ClientHost):
 
     def on_cluster_message(self, sender: str, kind: str, slot: int, meta: dict[str, Any],
                            bodies: list[bytes]) -> None:
-        on_message = getattr(self.shard, "on_message", None)
-        if on_message is not None:
-            on_message(sender, kind, meta, bodies, wall_ms())
-            self.drain_effects()
-            self.reschedule_tick()
+        # a native call (a getattr by name was a bound method object per message)
+        self.shard.on_message(sender, kind, meta, bodies, wall_ms())
+        self.drain_effects()
+        self.reschedule_tick()
 
     def on_view(self, view: dict[str, Any]) -> None:
         # The shard needs every known node (default REPLICATE = cluster size), which are

@@ -61,3 +61,13 @@ def test_header_size_constant_matches_the_format() -> None:
     from bus.frames import _HEAD, _HEAD_SIZE
 
     assert _HEAD.size == _HEAD_SIZE
+
+
+@pytest.mark.parametrize("bodies", [[b"x" * 200], [b"x" * 100, b"y" * 100]])
+def test_bodies_over_the_frame_bound_are_refused(bodies: list[bytes]) -> None:
+    """One body or several, their lengths count against the bound before any is read."""
+    frame = encode(6, {"k": "REPLJOB"}, bodies)
+    reader = FrameReader(frozenset({6}), frame_max=len(frame) - 1)
+    reader.feed(frame[:30])  # the lengths are in: refused before the bodies arrive
+    with pytest.raises(FrameError, match="frame over its bound"):
+        reader.next()
