@@ -439,11 +439,30 @@ class Job(Timed):
             parts.append(n)
         return b"".join(parts)
 
-    @classmethod
-    def from_record(cls, rec: bytes) -> Job:
+    @staticmethod
+    def from_record(rec: bytes) -> Job:
         """Inverse of ``to_record``; raises ``ValueError`` on a malformed record."""
-        if len(rec) < _REC_HEAD.size:
+        size = len(rec)
+        if size < _REC_HEAD.size:
             raise ValueError("job record too short")
+        # Typed: compiled, the fields are machine integers (unpacked untyped, every sum
+        # and comparison below was a generic call, most of a replica's REPLJOB parsing)
+        version: int
+        state: int
+        flags: int
+        repl: int
+        ttl_s: int
+        ctime_ns: int
+        delay_s: int
+        retry_s: int
+        nacks: int
+        add_deliv: int
+        qtime_ms: int
+        n_deliv: int
+        n_conf: int
+        id_len: int
+        q_len: int
+        body_len: int
         (version, state, flags, repl, ttl_s, ctime_ns, delay_s, retry_s, nacks, add_deliv,
          qtime_ms, n_deliv, n_conf, id_len, q_len, body_len) = _REC_HEAD.unpack_from(rec)
         at, maxdeliver, ext_lens = _extended_head(rec, version)
@@ -453,8 +472,8 @@ class Job(Timed):
             raise ValueError("job record TTL, RETRY or DELAY out of range")
         if n_deliv + n_conf > job_nodes_max:
             raise ValueError("job record names too many nodes")
-        end = at + id_len + q_len + body_len + sum(ext_lens)
-        if end > len(rec):
+        end = at + id_len + q_len + body_len + ext_lens[0] + ext_lens[1] + ext_lens[2]
+        if end > size:
             raise ValueError("job record truncated")
         jid = rec[at : at + id_len].decode()
         at += id_len
@@ -471,17 +490,17 @@ class Job(Timed):
             ext = JobExt(strs[0], strs[1], strs[2])
         nodes: list[str] = []
         for _ in range(n_deliv + n_conf):
-            if at + _NODE_LEN.size > len(rec):
+            if at + 2 > size:
                 raise ValueError("job record truncated")
-            (ln,) = _NODE_LEN.unpack_from(rec, at)
-            at += _NODE_LEN.size
-            if at + ln > len(rec):
+            ln = (rec[at] << 8) | rec[at + 1]  # _NODE_LEN, big endian u16
+            at += 2
+            if at + ln > size:
                 raise ValueError("job record truncated")
             nodes.append(rec[at : at + ln].decode())
             at += ln
-        if at != len(rec):
+        if at != size:
             raise ValueError("trailing bytes after job record")
-        job = cls(jid, queue, body, state, repl, ttl_s, ctime_ns // 1000, delay_s, retry_s, qtime_ms,
+        job = Job(jid, queue, body, state, repl, ttl_s, ctime_ns // 1000, delay_s, retry_s, qtime_ms,
                   tuple(nodes[:n_deliv]), tuple(nodes[n_deliv:]))
         job.flags |= flags & ~_FLAG_TRANSIENT
         if maxdeliver:

@@ -68,3 +68,19 @@ def test_replicated_copies_carry_the_fields() -> None:
         copy = net.nodes[n].shard.lookup(jid)
         assert copy is not None and (copy.group, copy.dedup) == (b"tenant", b"once")
     net.check()
+
+
+def test_a_plain_record_with_node_lists_round_trips_and_every_cut_is_refused() -> None:
+    node = "ab" * 20
+    job = Job("D-03ba2ca4-IaqLzxg45TsVrduvnBtH4dPM-003d", b"queue", b"body", 1, 3, 3600,
+              1_700_000_000_000_000, 5, 60, 0, (node, "cd" * 20, "ef" * 20), (node,))
+    job.nacks, job.additional_deliveries = 2, 7
+    rec = job.to_record()
+    back = Job.from_record(rec)
+    assert back.to_record() == rec
+    assert (back.delivered, back.confirmed) == (job.delivered, job.confirmed)
+    assert (back.nacks, back.additional_deliveries, back.ctime_us, back.delay_s) == (
+        2, 7, 1_700_000_000_000_000, 5)
+    for cut in range(len(rec)):  # inside the head, the strings and every node length
+        with pytest.raises(ValueError):
+            Job.from_record(rec[:cut])
