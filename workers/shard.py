@@ -451,7 +451,7 @@ class Shard:
     def op_takeable(self, queues: list[bytes]) -> list[int]:
         """Read-only: how many jobs a take could get from each queue now (its QLEN; 0
         while paused for output or when it does not exist); creates nothing."""
-        get = self.core.queues.get
+        get = self.core.find_queue
         out: list[int] = []
         for name in queues:
             q = get(name)
