@@ -104,8 +104,9 @@ class GetJob:
                 here += queues
         self.here = here
         sizes = self.sizes
-        for name, n in zip(here, w.shard.op_takeable(here), strict=True):
-            sizes[name] = n
+        held = w.shard.op_takeable(here)
+        for i in range(len(here)):
+            sizes[here[i]] = held[i]
         owner, lead = self.runs[0]
         if owner == w.index and spec.count <= len(lead) and \
                 len({q for q in lead if sizes[q]}) >= spec.count:
@@ -154,14 +155,20 @@ class GetJob:
         """One per queue named, in the client's order (``take_share``): -1 for the
         queues of owner ``to``, what ours hold (a queue named again: -2 - its first
         place), 0 for the other owners'."""
-        w = self.w
+        me = self.w.index
         hints: list[int] = []
         first: dict[bytes, int] | None = None
+        repeats = len(sizes) != len(self.here)  # one of our queues is named twice
         for owner, queues in self.runs:
             if owner == to:
-                hints += [-1] * len(queues)
-            elif owner != w.index:
-                hints += [0] * len(queues)
+                for _ in queues:
+                    hints.append(-1)
+            elif owner != me:
+                for _ in queues:
+                    hints.append(0)
+            elif not repeats:
+                for q in queues:
+                    hints.append(sizes[q])
             else:
                 for q in queues:
                     if first is None:
@@ -182,10 +189,11 @@ class GetJob:
         ``Error`` when that worker is down (then its queues count as empty)."""
         entries: list[Any] = []
         if not isinstance(answer, Error):
-            entries, held = answer
+            entries = answer[0]
+            held: list[int] = answer[1]
             sizes = self.sizes
-            for name, n in zip(queues, held, strict=True):
-                sizes[name] = n
+            for i in range(len(queues)):
+                sizes[queues[i]] = held[i]
         if self.done:
             self.jobs.return_jobs(owner, entries)
             return

@@ -122,7 +122,10 @@ class Peers:
         hints = meta.get("k")
         held = shard.op_takeable(bodies)
         if hints is not None and hints.count(-1) == len(bodies):
-            count = min(count, take_share(hints, bodies, dict(zip(bodies, held, strict=True)), count))
+            lengths: dict[bytes, int] = {}
+            for i in range(len(bodies)):
+                lengths[bodies[i]] = held[i]
+            count = min(count, take_share(hints, bodies, lengths, count))
         # even for 0 jobs: a take creates the queues it names, as one shard's GETJOB does
         return [shard.op_take(bodies, count, meta["w"], self.w.now_ms), held]
 
