@@ -15,6 +15,14 @@ of every process are dumped and zeroed between the phases (``callgrind_control
 CPU work of the node's code for that command, kernel excluded, the same from run
 to run within a few tenths of a percent. Needs valgrind (``apt-get install
 valgrind``) and redis-benchmark.
+
+    python -m bench.instructions before=/tmp/base after=. --celery [--requests 5000]
+
+``--celery``: the Celery-shaped consumer instead, ``GETJOB NOHANG COUNT 4 FROM``
+one queue against the same over five queues spread over every worker (owners 0, 1,
+... in turn), each with jobs present (filled first, never drained: every queue
+holds more than the phase takes) and with the queues empty; four phases on one
+node per tree and depth, the ratio of five queues to one printed beside.
 """
 
 from __future__ import annotations
@@ -93,6 +101,72 @@ def run_tree(tree: Path, workers: int, requests: int, pipeline: int) -> dict[str
             proc.wait(timeout=120)
 
 
+CELERY_COUNT = 4
+CELERY_QUEUES = 5
+
+
+def celery_queues(prefix: str, n: int, workers: int) -> list[bytes]:
+    """``n`` queue names whose owners go round every worker (0, 1, ... in turn)."""
+    from workers.ids import owner_of_queue
+
+    out: list[bytes] = []
+    i = 0
+    while len(out) < n:
+        name = f"{prefix}{i}".encode()
+        if owner_of_queue(name, workers) == len(out) % workers:
+            out.append(name)
+        i += 1
+    return out
+
+
+def run_celery(tree: Path, workers: int, requests: int, pipeline: int) -> dict[str, float]:
+    """Instructions per GETJOB NOHANG COUNT 4 of the four Celery phases on one node."""
+    from tests.nodeproc import free_port
+
+    one_full, one_empty = celery_queues("one-full-", 1, 1), celery_queues("one-empty-", 1, 1)
+    five_full = celery_queues("five-full-", CELERY_QUEUES, workers)
+    five_empty = celery_queues("five-empty-", CELERY_QUEUES, workers)
+    fills = [(one_full[0], CELERY_COUNT * requests + 100)] + [(q, requests + 100) for q in five_full]
+    phases = (("1 queue, jobs", one_full), (f"{CELERY_QUEUES} queues, jobs", five_full),
+              ("1 queue, empty", one_empty), (f"{CELERY_QUEUES} queues, empty", five_empty))
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="instructions-") as tmp:
+        work = Path(tmp)
+        proc = start_under_callgrind(tree, work, port, workers, {"PYTHONPATH": str(tree)})
+        try:
+            _wait_ready(proc, port)
+            pids = _node_pids(proc.pid)
+            for queue, n in fills:
+                _bench(port, n, 32, ["ADDJOB", queue.decode(), "x", "0"])
+            _dump_all(pids)  # dump 1: the start and the fill
+            out: dict[str, float] = {}
+            for dump, (name, queues) in enumerate(phases, start=2):
+                _bench(port, requests, pipeline,
+                       ["GETJOB", "NOHANG", "COUNT", str(CELERY_COUNT), "FROM",
+                        *(q.decode() for q in queues)])
+                _dump_all(pids)
+                out[name] = _phase_totals(work, dump) / requests
+            return out
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=120)
+
+
+def _bench(port: int, requests: int, pipeline: int, cmd: list[str]) -> None:
+    subprocess.run(["redis-benchmark", "-p", str(port), "-c", "50", "-n", str(requests),
+                    "-P", str(pipeline), "-q", *cmd],
+                   capture_output=True, timeout=phase_timeout_s, check=True)
+
+
+def _print_celery(label: str, pipeline: int, got: dict[str, float], first: dict[str, float]) -> None:
+    names = list(got)
+    cells = ", ".join(f"{name} {n:,.0f} ({100 * (n / first[name] - 1):+.2f} %)"
+                      for name, n in got.items())
+    ratios = ", ".join(f"{got[names[i + 1]] / got[names[i]]:.2f}x" for i in (0, 2))
+    print(f"{label:>12} -P {pipeline:<2}: {cells} instr/req; five/one: jobs, empty {ratios}",
+          flush=True)
+
+
 def _wait_ready(proc: subprocess.Popen[bytes], port: int) -> None:
     deadline = time.monotonic() + start_timeout_s
     while time.monotonic() < deadline and proc.poll() is None:
@@ -109,11 +183,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=20_000)
     p.add_argument("--pipeline", type=int, nargs="+", default=[1, 32])
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--celery", action="store_true",
+                   help="GETJOB NOHANG COUNT 4 over five queues against one")
     a = p.parse_args(argv)
     for tool in ("valgrind", "callgrind_control", "redis-benchmark"):
         if shutil.which(tool) is None:
             sys.exit(f"{tool} is not installed")
     sides = [(label, Path(d).resolve()) for label, _, d in (s.partition("=") for s in a.trees)]
+    if a.celery:
+        for pipeline in a.pipeline:
+            rows = {label: run_celery(tree, a.workers, a.requests, pipeline) for label, tree in sides}
+            for label, got in rows.items():
+                _print_celery(label, pipeline, got, rows[sides[0][0]])
+        return 0
     for pipeline in a.pipeline:
         rows = {label: run_tree(tree, a.workers, a.requests, pipeline) for label, tree in sides}
         first = rows[sides[0][0]]

@@ -9,9 +9,10 @@ it answers on the link the request came from.
 Frame kinds (meta is an orjson object, bodies raw bytes, see ``bus/frames.py``):
 
     CMD      {"r", "n": command}            bodies: args     -> REPLY {"r", "v"}
-    TAKE     {"r", "c": count, "w": withcounters, "k": hints}  bodies: queues -> REPLY (job entries)
+    TAKE     {"r", "c": count, "w": withcounters, "k": hints}  bodies: queues -> REPLY [job entries, held]
              (hints: one per queue of the GETJOB, -1 for the receiver's, else what the
-             asker knows the queue holds: ``getjob.take_share``)
+             asker knows the queue holds: ``getjob.take_share``; held: what each of
+             the receiver's queues could give before the take)
     BLOCK    {"t": token, "c", "w"}        bodies: queues   -> later WAKE {"t", "v"}
     UNBLOCK  {"t"}
     RETURN   {}                            bodies: job IDs (surplus of a GETJOB)

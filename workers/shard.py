@@ -448,6 +448,16 @@ class Shard:
     def op_qlen(self, queue: bytes) -> int:
         return self.core.qlen(queue)
 
+    def op_takeable(self, queues: list[bytes]) -> list[int]:
+        """Read-only: how many jobs a take could get from each queue now (its QLEN; 0
+        while paused for output or when it does not exist); creates nothing."""
+        get = self.core.find_queue
+        out: list[int] = []
+        for name in queues:
+            q = get(name)
+            out.append(0 if q is None or q.paused & PAUSED_OUT else q.live)
+        return out
+
     def op_qpeek(self, queue: bytes, count: int) -> list[list[Any]]:
         return qpeek(self.core, queue, count)
 

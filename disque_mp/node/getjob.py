@@ -13,6 +13,7 @@ owners' WAKEs and peer reconnections, DEBUG FLUSHALL releases them all."""
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +24,6 @@ from disque_mp.node.connection import ClientConn, PendingReply
 from disque_mp.node.core import WorkerCore
 from disque_mp.node.errors import ERR_LEAVING
 from disque_mp.node.resp import NULL3, NULL_ARRAY2, encode, encode_jobs
-from workers.ids import owner_of_job_id
 from workers.replies import NULL_ARRAY, PENDING, Error
 
 Runs = list[tuple[int, list[bytes]]]  # (owner, its queues): consecutive queues of one owner
@@ -71,7 +71,7 @@ class GetJobs:
 class GetJob:
     """One GETJOB coordinated by this worker (docs/architecture.md, "Invariants")."""
 
-    __slots__ = ("w", "jobs", "conn", "spec", "runs", "i", "got", "asked", "taken", "token", "slot",
+    __slots__ = ("w", "jobs", "conn", "spec", "runs", "asked", "taken", "here", "sizes", "token", "slot",
                  "blocked_at", "timer", "done", "flushed")
 
     def __init__(self, jobs: GetJobs, conn: ClientConn, spec: Any, runs: Runs) -> None:
@@ -81,10 +81,12 @@ class GetJob:
         self.conn = conn
         self.spec = spec
         self.runs = runs
-        self.i = 0
-        self.got: list[Any] = []  # taken here, not yet answered
         self.asked = 0  # other owners whose TAKE is unanswered
         self.taken: list[tuple[int, list[Any]]] = []  # (owner, entries) of each take with jobs
+        self.here: list[bytes] = []  # our queues, in the client's order
+        # what each queue named could give (our queues when the TAKEs left, the others'
+        # from their answers): the one-shard answer's split between the owners
+        self.sizes: dict[bytes, int] = {}
         self.token = 0
         self.slot: PendingReply | None = None
         self.blocked_at: dict[int, list[bytes]] = {}
@@ -93,29 +95,27 @@ class GetJob:
         self.flushed = False  # released by DEBUG FLUSHALL / CLUSTER RESET
 
     def start(self) -> Any:
-        """Fast path: everything local and answered at once; else PENDING."""
-        reply = self._take_local_prefix()
-        if reply is not None:
-            return reply
+        """Fast path: settled by our leading queues and answered at once; else the
+        TAKEs leave (PENDING) and our part is taken when they are answered."""
+        w, spec = self.w, self.spec
+        here: list[bytes] = []
+        for owner, queues in self.runs:
+            if owner == w.index:
+                here += queues
+        self.here = here
+        sizes = self.sizes
+        held = w.shard.op_takeable(here)
+        for i in range(len(here)):
+            sizes[here[i]] = held[i]
+        owner, lead = self.runs[0]
+        if owner == w.index and spec.count <= len(lead) and \
+                len({q for q in lead if sizes[q]}) >= spec.count:
+            # COUNT distinct queues of ours with a job lead: the first pass fills it
+            return w.shard.op_take(lead, spec.count, spec.withcounters, w.now_ms)
         self.slot = self.conn.defer()
         self.conn.waiters.add(self)
         self._step()
         return PENDING
-
-    def _take_local_prefix(self) -> Any:
-        """Take from our leading queues; the answer when that already settles it: COUNT
-        jobs from the first pass, so no queue further right could be among them."""
-        w, spec = self.w, self.spec
-        owner, queues = self.runs[0]
-        if owner != w.index:
-            return None
-        got = self.got = w.shard.op_take(queues, spec.count, spec.withcounters, w.now_ms)
-        self.i = 1
-        if len(got) >= spec.count and (spec.count == 1 or len({e[0] for e in got}) == len(got)):
-            return got
-        if got:
-            self.taken.append((w.index, got))
-        return None
 
     def wait_here(self) -> Any:
         """Every queue is ours and had nothing for a GETJOB that may block: wait at
@@ -129,62 +129,71 @@ class GetJob:
         return PENDING
 
     def _step(self) -> None:
-        """Ask every owner at once: our other queues inline, one TAKE per other owner
-        (each for up to COUNT jobs of its queues, in the client's order)."""
+        """Ask every other owner at once: one TAKE each, with what our queues hold,
+        so that it takes its exact part of the one-shard answer and tells what its
+        queues held; ours is taken when all have answered (``_gathered``)."""
         w, spec = self.w, self.spec
-        here: list[bytes] = []
         remote: dict[int, list[bytes]] = {}
-        for owner, queues in self.runs[self.i:]:
-            if owner == w.index:
-                here += queues
-            else:
-                remote.setdefault(owner, []).extend(queues)
-        if here:
-            got = w.shard.op_take(here, spec.count, spec.withcounters, w.now_ms)
-            if got:
-                self.got = self.got + got  # a new list: the prefix's is in self.taken
-                self.taken.append((w.index, got))
+        for owner, queues in self.runs:
+            if owner != w.index:
+                got = remote.get(owner)
+                if got is None:
+                    remote[owner] = list(queues)
+                else:
+                    got += queues
         self.asked = len(remote)
         if not remote:
-            self._gathered()  # every queue is ours (not from the router)
+            self._gathered(spec.count)  # every queue is ours (not from the router)
             return
-        known = self._known_here()
+        sizes = self.sizes
         for owner, queues in remote.items():
-            hints = [-1 if o == owner else k for o, k in known]
-            meta: dict[str, Any] = {"c": spec.count, "w": spec.withcounters, "k": hints}
-            w.mesh.request(owner, meshmod.K_TAKE, meta, queues, self._take_reply(owner))
+            meta: dict[str, Any] = {"c": spec.count, "w": spec.withcounters,
+                                    "k": self._hints(owner, sizes)}
+            w.mesh.request(owner, meshmod.K_TAKE, meta, queues, self._take_reply(owner, queues))
 
-    def _known_here(self) -> list[tuple[int, int]]:
-        """(owner, jobs it is known to hold) for each queue named, in the client's order:
-        what our takes got from our queues (a queue named again: -2 - its first
-        place), 0 for the other owners'. A TAKE carries them (``take_share``) so that an owner
-        takes about what it can win instead of COUNT jobs, most of them surplus."""
-        w = self.w
-        got: dict[bytes, int] = {}
-        for owner, entries in self.taken:
-            if owner == w.index:
-                for e in entries:
-                    name = e[0] if type(e[0]) is bytes else str(e[0]).encode()
-                    got[name] = got.get(name, 0) + 1
-        known: list[tuple[int, int]] = []
-        first: dict[bytes, int] = {}
+    def _hints(self, to: int, sizes: dict[bytes, int]) -> list[int]:
+        """One per queue named, in the client's order (``take_share``): -1 for the
+        queues of owner ``to``, what ours hold (a queue named again: -2 - its first
+        place), 0 for the other owners'."""
+        me = self.w.index
+        hints: list[int] = []
+        first: dict[bytes, int] | None = None
+        repeats = len(sizes) != len(self.here)  # one of our queues is named twice
         for owner, queues in self.runs:
-            for q in queues:
-                if owner != w.index:
-                    known.append((owner, 0))
-                elif q in first:  # named again: the same jobs, never counted twice
-                    known.append((owner, -2 - first[q]))
-                else:
-                    first[q] = len(known)
-                    known.append((owner, got.get(q, 0)))
-        return known
+            if owner == to:
+                for _ in queues:
+                    hints.append(-1)
+            elif owner != me:
+                for _ in queues:
+                    hints.append(0)
+            elif not repeats:
+                for q in queues:
+                    hints.append(sizes[q])
+            else:
+                for q in queues:
+                    if first is None:
+                        first = {}
+                    at = first.get(q)
+                    if at is None:
+                        first[q] = len(hints)
+                        hints.append(sizes[q])
+                    else:  # named again: the same jobs, never counted twice
+                        hints.append(-2 - at)
+        return hints
 
-    def _take_reply(self, owner: int) -> Callable[[dict[str, Any], list[bytes]], None]:
-        return lambda meta, bodies: self._remote_took(owner, unpack(meta.get("v"), bodies))
+    def _take_reply(self, owner: int, queues: list[bytes]) -> Callable[[dict[str, Any], list[bytes]], None]:
+        return lambda meta, bodies: self._remote_took(owner, queues, unpack(meta.get("v"), bodies))
 
-    def _remote_took(self, owner: int, entries: Any) -> None:
-        if isinstance(entries, Error):
-            entries = []  # that worker is down: serve from the others
+    def _remote_took(self, owner: int, queues: list[bytes], answer: Any) -> None:
+        """A TAKE's answer: [the jobs taken, what each of its queues held], or an
+        ``Error`` when that worker is down (then its queues count as empty)."""
+        entries: list[Any] = []
+        if not isinstance(answer, Error):
+            entries = answer[0]
+            held: list[int] = answer[1]
+            sizes = self.sizes
+            for i in range(len(queues)):
+                sizes[queues[i]] = held[i]
         if self.done:
             self.jobs.return_jobs(owner, entries)
             return
@@ -193,12 +202,22 @@ class GetJob:
         self.asked -= 1
         if self.asked == 0:
             self.w.now_ms = wall_ms()
-            self._gathered()
+            self._gathered(-1)
 
-    def _gathered(self) -> None:
-        """Every owner answered: the jobs a single worker would have given, the rest
-        handed back uncounted; or block when all were empty."""
+    def _gathered(self, share: int) -> None:
+        """Every owner answered: take our exact part (``part_of``: from what every
+        queue held), then the jobs a single worker would have given, any surplus (a
+        queue that changed meanwhile) handed back uncounted; or block when all
+        were empty."""
         w, spec = self.w, self.spec
+        here = self.here
+        if here:
+            if share < 0:
+                share = part_of(spec.queues, self.sizes, set(here), spec.count)
+            # even for 0 jobs: a take creates the queues it names, as one shard's GETJOB does
+            got = w.shard.op_take(here, share, spec.withcounters, w.now_ms)
+            if got:
+                self.taken.append((w.index, got))
         taken, self.taken = self.taken, []
         if len(taken) == 1:  # one take had jobs: already in one shard's order
             self._finish(taken[0][1])
@@ -212,7 +231,6 @@ class GetJob:
                 self._block()
             return
         chosen, surplus = pick_round_robin(spec.queues, taken, spec.count)
-        self.got = chosen
         for owner, entries in surplus.items():
             self.jobs.return_jobs(owner, entries)
         self._finish(chosen)
@@ -283,19 +301,9 @@ class GetJob:
         if not self.done:
             self.done = True
             self._unblock()
-            by_owner: dict[int, list[Any]] = {}
-            for entry in self.got:
-                by_owner.setdefault(self._owner_of(entry), []).append(entry)
-            for owner, entries in by_owner.items():
+            for owner, entries in self.taken:  # other owners' answers (ours is taken last)
                 self.jobs.return_jobs(owner, entries)
-            for owner, entries in self.taken:
-                if owner != self.w.index:  # ours are in self.got
-                    self.jobs.return_jobs(owner, entries)
-            self.got = []
             self.taken = []
-
-    def _owner_of(self, entry: Any) -> int:
-        return owner_of_job_id(str(entry[1]), self.w.workers)
 
     def _unblock(self, skip: int = -1) -> None:
         w = self.w
@@ -326,6 +334,9 @@ def take_share(hints: list[int], own: list[bytes], lengths: dict[bytes, int], co
     Fewer jobs elsewhere and more here can only give this owner more places, so the
     share never falls short of its true part: the coordinator's merge (``pick_round_robin``) still picks the one-shard answer, and
     gives back what is over."""
+    mine = sum(lengths.values())
+    if mine + sum(h for h in hints if h > 0) <= count:  # every job is in the answer
+        return mine
     left: dict[Any, int] = {}
     keys: list[Any] = []
     j = 0
@@ -361,6 +372,38 @@ def take_share(hints: list[int], own: list[bytes], lengths: dict[bytes, int], co
     return mine
 
 
+def part_of(queues: list[bytes], sizes: dict[bytes, int], mine: set[bytes], count: int) -> int:
+    """How many of the jobs one shard holding every queue would answer (one job per
+    queue per pass, left to right, up to ``count``) come from the queues in ``mine``;
+    ``sizes``: what each queue holds (a queue not in it: none)."""
+    total = part = 0
+    for q, n in sizes.items():
+        total += n
+        if q in mine:
+            part += n
+    if total <= count:  # every job is in the answer
+        return part
+    left = dict(sizes)
+    active = [q for q in queues if left.get(q, 0) > 0]
+    total = part = 0
+    while active:
+        again: list[bytes] = []
+        for q in active:
+            n = left[q]
+            if n <= 0:
+                continue  # a queue named twice, emptied earlier in this pass
+            left[q] = n - 1
+            total += 1
+            if q in mine:
+                part += 1
+            if total >= count:
+                return part
+            if n > 1:
+                again.append(q)
+        active = again
+    return part
+
+
 def encode_getjob(reply: Any, withcounters: bool, resp3: bool) -> bytes:
     """GETJOB's reply in the client's protocol: the jobs by the dedicated encoder (the
     same bytes in RESP2 and RESP3), anything else by the generic one."""
@@ -379,28 +422,33 @@ def pick_round_robin(
     took (``taken``: (owner, entries), each owner's entries in its pop order, which is
     enough: the answer's jobs of any owner are a prefix of its own passes), and the
     surplus by owner."""
-    by_queue: dict[bytes, list[Any]] = {}
+    by_queue: dict[bytes, deque[Any]] = {}
     owner_of: dict[bytes, int] = {}
     for owner, entries in taken:
         for e in entries:
-            name = e[0] if type(e[0]) is bytes else str(e[0]).encode()
-            by_queue.setdefault(name, []).append(e)
-            owner_of[name] = owner
-    next_of = dict.fromkeys(by_queue, 0)
+            name = e[0]
+            if type(name) is not bytes:
+                name = str(name).encode()
+            jobs = by_queue.get(name)
+            if jobs is None:
+                jobs = by_queue[name] = deque()
+                owner_of[name] = owner
+            jobs.append(e)
     chosen: list[Any] = []
-    while len(chosen) < count:
-        before = len(chosen)
-        for q in queues:
-            jobs = by_queue.get(q)
-            if jobs is not None and next_of[q] < len(jobs):
-                chosen.append(jobs[next_of[q]])
-                next_of[q] += 1
+    # a queue named twice is the same deque at both places, as in a shard's take
+    active = [jobs for jobs in map(by_queue.get, queues) if jobs is not None]
+    while active and len(chosen) < count:
+        again: list[deque[Any]] = []
+        for jobs in active:
+            if jobs:
+                chosen.append(jobs.popleft())
                 if len(chosen) >= count:
                     break
-        if len(chosen) == before:
-            break
+                if jobs:
+                    again.append(jobs)
+        active = again
     surplus: dict[int, list[Any]] = {}
     for name, jobs in by_queue.items():
-        if next_of[name] < len(jobs):
-            surplus.setdefault(owner_of[name], []).extend(jobs[next_of[name]:])
+        if jobs:
+            surplus.setdefault(owner_of[name], []).extend(jobs)
     return chosen, surplus

@@ -114,16 +114,20 @@ class Peers:
             link.reply(rid, reply)
 
     def _take(self, meta: dict[str, Any], bodies: list[bytes]) -> list[Any]:
-        """A coordinator's TAKE: up to COUNT jobs of our queues, or, when it tells what
-        the other queues hold (``k``), only the part we can win (``take_share``)."""
+        """A coordinator's TAKE: [the jobs, what each of our queues held before]. Up to
+        COUNT jobs of our queues, or, when it tells what the other queues hold
+        (``k``), only the part we can win (``take_share``)."""
         shard = self.w.shard
         count: int = meta["c"]
         hints = meta.get("k")
+        held = shard.op_takeable(bodies)
         if hints is not None and hints.count(-1) == len(bodies):
-            lengths = {q: shard.op_qlen(q) for q in bodies}
+            lengths: dict[bytes, int] = {}
+            for i in range(len(bodies)):
+                lengths[bodies[i]] = held[i]
             count = min(count, take_share(hints, bodies, lengths, count))
         # even for 0 jobs: a take creates the queues it names, as one shard's GETJOB does
-        return shard.op_take(bodies, count, meta["w"], self.w.now_ms)
+        return [shard.op_take(bodies, count, meta["w"], self.w.now_ms), held]
 
     def _serve_block(self, link: Link, meta: dict[str, Any], bodies: list[bytes]) -> None:
         w = self.w

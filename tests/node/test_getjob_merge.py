@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from disque_mp.node.getjob import pick_round_robin, take_share
+from disque_mp.node.getjob import part_of, pick_round_robin, take_share
 
 
 def one_shard(queues: list[bytes], jobs: dict[bytes, list[str]], count: int) -> list[Any]:
@@ -82,3 +82,20 @@ def test_take_share_covers_the_owners_part() -> None:
         assert take_share(exact, own, lengths, count) == part
         assert take_share(low, own, lengths, count) >= part
         assert take_share(low, own, lengths, count) <= min(count, sum(lengths.values()))
+
+
+def test_part_of_is_each_owners_part() -> None:
+    """The coordinator's own part (``part_of``) from what every queue holds: exactly
+    what the one-shard answer takes from those queues, repeats and empty queues too."""
+    rng = random.Random(13)
+    for _ in range(1000):
+        names = [f"q{i}".encode() for i in range(rng.randint(1, 6))]
+        queues = [rng.choice(names) for _ in range(rng.randint(1, 8))]  # repeats allowed
+        jobs = {q: [f"{q.decode()}-{k}" for k in range(rng.randint(0, 4))] for q in names}
+        count = rng.randint(1, 10)
+        owner = {q: rng.randint(0, 2) for q in names}
+        answer = one_shard(queues, jobs, count)
+        sizes = {q: len(jobs[q]) for q in set(queues)}
+        for o in range(3):
+            mine = {q for q in queues if owner[q] == o}
+            assert part_of(queues, sizes, mine, count) == sum(1 for e in answer if e[0] in mine)

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.nodeproc import NodeProc
+from tests.httpclient import get
+from tests.nodeproc import NodeProc, free_port
 from tests.rawclient import NULL_ARRAY, Err, RawClient, Status, connect_to_worker, encode_command
 from workers.ids import owner_of_queue
 
@@ -22,8 +23,19 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProc]:
-    with NodeProc(Path(tmp_path_factory.mktemp("scatter")), workers=2) as n:
+    http = free_port()
+    with NodeProc(Path(tmp_path_factory.mktemp("scatter")), workers=2, conf={"http-port": http}) as n:
+        n.http_port = http  # type: ignore[attr-defined]
         yield n
+
+
+def delivered(node: NodeProc) -> float:
+    """The node's count of deliveries (every worker's), from /metrics."""
+    reply = get(node.http_port, "/metrics")  # type: ignore[attr-defined]
+    for line in reply.body.decode().splitlines():
+        if line.startswith("disque_jobs_delivered_total "):
+            return float(line.split()[1])
+    raise AssertionError("no disque_jobs_delivered_total in /metrics")
 
 
 def queues_of(index: int, n: int, prefix: str) -> list[str]:
@@ -77,6 +89,33 @@ def test_surplus_back_in_its_queue_uncounted(node: NodeProc) -> None:
     assert all(g[4] == 0 and g[6] == 0 for g in rest)
     assert c.call("ACKJOB", *[i for q in order for i in ids[q]]) == 24
     c.close()
+
+
+def test_each_owner_delivers_exactly_its_part(node: NodeProc) -> None:
+    """The coordinator takes from its own queues only once the other owner has told
+    what its queues held, so each side delivers exactly its part of the one-shard
+    answer: the node counts as many deliveries as the answers hold jobs, with
+    queues paused for output on either side (they hold jobs that a take skips)."""
+    for worker in (0, 1):
+        here, there = queues_of(worker, 3, f"ex{worker}h"), queues_of(1 - worker, 3, f"ex{worker}t")
+        order = [here[0], there[0], here[1], there[1], here[2], there[2]]
+        c = connect_to_worker(node.port, worker)
+        ids = {q: [add(c, q, f"{q}-{k}") for k in range(4)] for q in order}
+        for paused in (here[2], there[2]):
+            assert c.call("PAUSE", paused, "out") == "out"
+        live = {q: v for q, v in ids.items() if q not in (here[2], there[2])}
+        for count in (3, 6, 5, 1, 8):
+            want = one_shard(order, live, count)
+            before = delivered(node)
+            got = c.call("GETJOB", "NOHANG", "COUNT", count, "FROM", *order)
+            assert [g[1].decode() for g in got] == want, (worker, count)
+            assert delivered(node) - before == len(want), (worker, count)
+            for job_id in want:
+                live[next(q for q in live if job_id in live[q])].remove(job_id)
+        for paused in (here[2], there[2]):
+            assert c.call("PAUSE", paused, "none") == "none"
+        c.call("ACKJOB", *[i for v in ids.values() for i in v])
+        c.close()
 
 
 def test_each_job_delivered_once_to_concurrent_consumers(node: NodeProc) -> None:
