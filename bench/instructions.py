@@ -21,9 +21,9 @@ valgrind``) and redis-benchmark.
 ``--shape`` measures ADDJOB alone with a client of its own (``shape_run``):
 ``--connections`` connections, each keeping ``--pipeline`` ADDJOBs in flight,
 over 10,000 random queues (``random``) or a queue per connection
-(``per-connection``, as ``bench.scaling``'s cores run); a warm-up round per
-connection first (the handoff moves a connection to its queue's owner), then
-the counted requests. It prints instructions per request for each tree, worker
+(``per-connection``, as ``bench.scaling``'s cores run); a warm-up first (every
+random queue created; each connection handed to its queue's owner), then the
+counted requests. It prints instructions per request for each tree, worker
 count and shape, and each shape's ratio to the first.
 """
 
@@ -149,13 +149,16 @@ def _addjob(queue: bytes) -> bytes:
 def _rounds(port: int, shape: str, conns: int, pipeline: int, rounds: int, seed: int) -> None:
     """``rounds`` times: a pipeline of ADDJOB sent on every connection, then every
     reply read (checked: +id). The random queues come from ``seed``: the same
-    commands for every tree."""
+    commands for every tree; seed 0 names them in order instead (q:0, q:1 ...: a
+    warm-up that creates every queue, so that no counted request pays a queue's
+    first sight)."""
     import random
     import socket
 
     import hiredis
 
     rng = random.Random(seed)
+    seq = iter(range(rounds * conns * pipeline))
     socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(conns)]
     try:
         readers = [hiredis.Reader() for _ in socks]
@@ -164,7 +167,8 @@ def _rounds(port: int, shape: str, conns: int, pipeline: int, rounds: int, seed:
                 if shape == "per-connection":
                     s.sendall(_addjob(b"c:%d" % c) * pipeline)
                 else:
-                    s.sendall(b"".join(_addjob(b"q:%d" % rng.randrange(RANDOM_QUEUES))
+                    s.sendall(b"".join(_addjob(b"q:%d" % (next(seq) % RANDOM_QUEUES if seed == 0
+                                                          else rng.randrange(RANDOM_QUEUES)))
                                        for _ in range(pipeline)))
             for s, r in zip(socks, readers, strict=True):
                 for _ in range(pipeline):
@@ -182,6 +186,13 @@ def _rounds(port: int, shape: str, conns: int, pipeline: int, rounds: int, seed:
             s.close()
 
 
+def _dump_each(pids: list[int]) -> None:
+    """``_dump_all`` for many processes under callgrind on a few cores: an idle one
+    dumps when it next wakes (its timers), so each gets minutes."""
+    subprocess.run(["callgrind_control", "-d", *map(str, pids)], capture_output=True,
+                   timeout=60 + 30 * len(pids), check=True)
+
+
 def shape_tree(tree: Path, workers: int, shape: str, conns: int, requests: int,
                pipeline: int) -> float:
     """ADDJOB instructions per request on one node of ``tree`` (every process),
@@ -196,10 +207,13 @@ def shape_tree(tree: Path, workers: int, shape: str, conns: int, requests: int,
         try:
             _wait_ready(proc, port)
             pids = _node_pids(proc.pid)
-            _rounds(port, shape, conns, pipeline, 2, seed=1)  # warm-up: connections settle
-            _dump_all(pids)  # dump 1: the start and the warm-up
+            # warm-up: every queue created (random), every connection moved to its
+            # queue's owner (per-connection: the handoff follows a streak)
+            warm = -(-RANDOM_QUEUES // (conns * pipeline)) if shape == "random" else 2
+            _rounds(port, shape, conns, pipeline, warm, seed=0)
+            _dump_each(pids)  # dump 1: the start and the warm-up
             _rounds(port, shape, conns, pipeline, rounds, seed=2)
-            _dump_all(pids)
+            _dump_each(pids)
             return _phase_totals(work, 2) / (rounds * conns * pipeline)
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
