@@ -157,7 +157,7 @@ class Link(asyncio.Protocol):
         self.raw_rids: array.array[int] = array.array("I")
         self.raw_flags = bytearray()
         self.raw_parts: list[bytes] = []
-        self.raw_pending: dict[int, Any] = {}  # rid -> (client connection, reply slot)
+        self.raw_pending: dict[int, Any] = {}  # rid -> the waiter given to ``add_raw``
         self.rawrep_rids: array.array[int] = array.array("I")
         self.rawrep_lens: array.array[int] = array.array("I")
         self.rawrep_parts: list[bytes] = []
@@ -229,7 +229,7 @@ class Link(asyncio.Protocol):
         """Open a place in this turn's RAW batch for one command and return the batch's
         request buffer: the caller appends the command to it at once, as the RESP
         request a client sends (``resp.append_request``, compiled). ``waiter`` (the
-        client connection and its reply slot) is handed back with the reply bytes
+        client's reply slot) is handed back with the reply bytes
         (``handler.on_raw_replies``). A RAW frame carries the request ids (u32 each),
         one flag byte per command (1: a RESP3 reply) and the requests, in order;
         commands queued before in a CMDS batch leave first."""
@@ -276,6 +276,16 @@ class Link(asyncio.Protocol):
         self.rawrep_rids.append(rid)
         self.rawrep_lens.append(len(data))
         self.rawrep_parts.append(data)
+
+    def raw_replies(self, rids: array.array[int], lens: array.array[int], parts: list[bytes]) -> None:
+        """Answer a RAW frame's requests at once (``raw_reply`` for each, in one call)."""
+        if self.transport is None or not rids:
+            return  # the asker is gone
+        if not self.rawrep_rids:
+            self.mesh.mark(self)
+        self.rawrep_rids.extend(rids)
+        self.rawrep_lens.extend(lens)
+        self.rawrep_parts.extend(parts)
 
     def close_raw(self) -> None:
         """Queue the open RAW batch (the worker calls it before a CMDS command)."""
@@ -344,7 +354,7 @@ class Mesh:
     blocked GETJOBs; ``on_peer_up(peer)`` runs after every (re)connection;
     ``on_incoming_lost(link)`` lets the owner drop what that peer registered;
     ``on_raw_replies(link, bodies)`` splices RAWREPLIES into client replies and
-    ``raw_failed([(conn, slot)], error text)`` answers RAW requests that are lost;
+    ``raw_failed([waiter], error text)`` answers RAW requests that are lost;
     ``after_batch()`` runs after each read of frames (flush client replies).
     """
 
