@@ -186,6 +186,31 @@ def _rounds(port: int, shape: str, conns: int, pipeline: int, rounds: int, seed:
             s.close()
 
 
+def _warm_owners(port: int, workers: int) -> None:
+    """Every worker's memo of queue owners filled with every random queue (a QLEN of
+    each on a connection of each worker): a node that has run a while has seen
+    them all, and a name's first sight (its hash) is no per-request cost."""
+    from tests.rawclient import RawClient, worker_of
+
+    names = [b"q:%d" % i for i in range(RANDOM_QUEUES)]
+    sweep = b"".join(b"*2\r\n$4\r\nQLEN\r\n$%d\r\n%s\r\n" % (len(q), q) for q in names)
+    seen: set[int] = set()
+    for _ in range(50 * workers):
+        if len(seen) == workers:
+            return
+        c = RawClient(port, timeout_s=600.0)
+        try:
+            w = worker_of(c)
+            if w not in seen:
+                seen.add(w)
+                c.send(sweep)
+                for _ in names:
+                    c.read()
+        finally:
+            c.close()
+    raise RuntimeError(f"no connection landed on some of the {workers} workers")
+
+
 def _dump_each(pids: list[int]) -> None:
     """``_dump_all`` for many processes under callgrind on a few cores: an idle one
     dumps when it next wakes (its timers), so each gets minutes."""
@@ -211,6 +236,8 @@ def shape_tree(tree: Path, workers: int, shape: str, conns: int, requests: int,
             # queue's owner (per-connection: the handoff follows a streak)
             warm = -(-RANDOM_QUEUES // (conns * pipeline)) if shape == "random" else 2
             _rounds(port, shape, conns, pipeline, warm, seed=0)
+            if shape == "random":
+                _warm_owners(port, workers)
             _dump_each(pids)  # dump 1: the start and the warm-up
             _rounds(port, shape, conns, pipeline, rounds, seed=2)
             _dump_each(pids)
