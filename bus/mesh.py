@@ -154,12 +154,14 @@ class Link(asyncio.Protocol):
         self.reply_bodies: list[bytes] = []
         # open RAW batch (outgoing: ``add_raw``) and RAWREPLIES batch (incoming: ``raw_reply``)
         self.raw_rid = 0  # the last RAW request id on this link (u32, wraps)
-        self.raw_rids: array.array[int] = array.array("I")
-        self.raw_flags = bytearray()
+        # (plain lists, packed as u32 arrays once per frame: an array's append is a
+        # generic method call, a list's is not)
+        self.raw_rids: list[int] = []
+        self.raw_flags: list[int] = []
         self.raw_parts: list[bytes] = []
         self.raw_pending: dict[int, Any] = {}  # rid -> the waiter given to ``add_raw``
-        self.rawrep_rids: array.array[int] = array.array("I")
-        self.rawrep_lens: array.array[int] = array.array("I")
+        self.rawrep_rids: list[int] = []
+        self.rawrep_lens: list[int] = []
         self.rawrep_parts: list[bytes] = []
         self.blocked: dict[int, int] = {}  # owner side: asker's GETJOB token -> shard token
 
@@ -277,7 +279,7 @@ class Link(asyncio.Protocol):
         self.rawrep_lens.append(len(data))
         self.rawrep_parts.append(data)
 
-    def raw_replies(self, rids: array.array[int], lens: array.array[int], parts: list[bytes]) -> None:
+    def raw_replies(self, rids: list[int], lens: list[int], parts: list[bytes]) -> None:
         """Answer a RAW frame's requests at once (``raw_reply`` for each, in one call)."""
         if self.transport is None or not rids:
             return  # the asker is gone
@@ -290,8 +292,9 @@ class Link(asyncio.Protocol):
     def close_raw(self) -> None:
         """Queue the open RAW batch (the worker calls it before a CMDS command)."""
         rids = self.raw_rids
-        frame = encode(K_RAW, {}, (rids.tobytes(), bytes(self.raw_flags), b"".join(self.raw_parts)))
-        self.raw_rids, self.raw_flags, self.raw_parts = array.array("I"), bytearray(), []
+        frame = encode(K_RAW, {}, (array.array("I", rids).tobytes(), bytes(self.raw_flags),
+                                   b"".join(self.raw_parts)))
+        self.raw_rids, self.raw_flags, self.raw_parts = [], [], []
         try:
             self._queue(frame)
         except ConnectionError as exc:
@@ -304,9 +307,10 @@ class Link(asyncio.Protocol):
         if self.raw_rids:
             self.close_raw()
         if self.rawrep_rids:
-            frame = encode(K_RAWREPLIES, {}, (self.rawrep_rids.tobytes(), self.rawrep_lens.tobytes(),
+            frame = encode(K_RAWREPLIES, {}, (array.array("I", self.rawrep_rids).tobytes(),
+                                              array.array("I", self.rawrep_lens).tobytes(),
                                               b"".join(self.rawrep_parts)))
-            self.rawrep_rids, self.rawrep_lens, self.rawrep_parts = array.array("I"), array.array("I"), []
+            self.rawrep_rids, self.rawrep_lens, self.rawrep_parts = [], [], []
             try:
                 self._queue(frame)
             except ConnectionError:
@@ -424,7 +428,7 @@ class Mesh:
         pending, link.pending = link.pending, {}
         raw_pending, link.raw_pending = link.raw_pending, {}
         link.cmd_rids, link.cmd_names, link.cmd_argc, link.cmd_args = [], [], [], []
-        link.raw_rids, link.raw_flags, link.raw_parts = array.array("I"), bytearray(), []
+        link.raw_rids, link.raw_flags, link.raw_parts = [], [], []
         # Frames not written yet belong to requests failed below: a restarted
         # peer must not run them (their replies would go nowhere).
         link.outq.clear()
@@ -474,7 +478,7 @@ class Mesh:
         self.resets += 1
         link.cmd_rids, link.cmd_names, link.cmd_argc, link.cmd_args = [], [], [], []
         link.reply_rids, link.reply_values, link.reply_bodies = [], [], []
-        link.rawrep_rids, link.rawrep_lens, link.rawrep_parts = array.array("I"), array.array("I"), []
+        link.rawrep_rids, link.rawrep_lens, link.rawrep_parts = [], [], []
         link.outq.clear()
         link.outq_bytes = 0
         if link.transport is not None:

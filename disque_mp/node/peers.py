@@ -164,15 +164,14 @@ class Peers:
     def _serve_raw(self, link: Link, bodies: list[bytes]) -> None:
         """A RAW frame: a peer's hot commands of one loop turn, as RESP. The fast
         paths' replies are collected here and handed to the link at once."""
-        rids = array.array("I")
-        rids.frombytes(bodies[0])
+        if link.transport is None:
+            return  # the asker is gone
+        rids = _u32s(bodies[0])
         flags = bodies[1]
         reader = self.raw_reader
         reader.feed(bodies[2])
-        if link.transport is None:
-            return  # the asker is gone
-        out_rids = array.array("I")
-        out_lens = array.array("I")
+        out_rids: list[int] = []
+        out_lens: list[int] = []
         out: list[bytes] = []
         for i in range(len(rids)):
             cmd: Any = None
@@ -224,17 +223,18 @@ class Peers:
     def on_raw_replies(self, link: Link, bodies: list[bytes]) -> None:
         """RAWREPLIES from an owner: each reply into its client's slot, then each
         client's ready prefix moved to its output once (not once per reply)."""
-        rids = array.array("I")
-        rids.frombytes(bodies[0])
-        lens = array.array("I")
-        lens.frombytes(bodies[1])
+        rids = _u32s(bodies[0])
+        lens = _u32s(bodies[1])
         data = bodies[2]
         pending = link.raw_pending
         touched: list[ClientConn] = []
         at = 0
         for i in range(len(rids)):
             end = at + lens[i]
-            waiting = pending.pop(rids[i], None)
+            rid = rids[i]
+            waiting = pending.get(rid)
+            if waiting is not None:
+                del pending[rid]
             if type(waiting) is PendingReply:
                 slot: PendingReply = waiting
                 conn = slot.conn
@@ -272,6 +272,13 @@ class Peers:
         (a GETJOB blocking here after remote owners had nothing)."""
         self.w.drain_effects()
         self.w.reschedule_tick()
+
+
+def _u32s(data: bytes) -> list[int]:
+    """A mesh frame's native-endian u32 array (request ids, lengths) as a list."""
+    values = array.array("I")
+    values.frombytes(data)
+    return values.tolist()
 
 
 def _blocked(link: Link) -> dict[int, int]:

@@ -410,11 +410,11 @@ def encode(value: Any, resp3: bool = False) -> bytes:
 # GETJOB of one job from a queue: the reply starts with the same bytes every time
 # (array headers, queue name, ID header), so they are kept per queue name.
 job_head_cache_max = 4096  # queue names are unbounded: cleared when full
-bulk_head_cache_max = 1024  # `$N\r\n` headers of bodies up to this size, pre-built
+bulk_head_cache_max: Final = 1024  # `$N\r\n` headers of bodies up to this size, pre-built
 _job_heads: dict[bytes, bytes] = {}
-_BULK_HEADS = [b"$%d\r\n" % n for n in range(bulk_head_cache_max)]
-multi_head_cache_max = 64  # `*N\r\n` of requests of up to this many arguments, pre-built
-_MULTI_HEADS = [b"*%d\r\n" % n for n in range(multi_head_cache_max)]
+_BULK_HEADS: Final = [b"$%d\r\n" % n for n in range(bulk_head_cache_max)]
+multi_head_cache_max: Final = 64  # `*N\r\n` of requests of up to this many arguments, pre-built
+_MULTI_HEADS: Final = [b"*%d\r\n" % n for n in range(multi_head_cache_max)]
 
 
 def encode_jobs(entries: list[list[Any]]) -> bytes:
