@@ -3,6 +3,8 @@ shared 2-core machine cannot blur.
 
     python -m bench.instructions before=/tmp/base after=. [--requests 20000] \\
         [--pipeline 1 32] [--workers 2]
+    python -m bench.instructions now=. --shape random per-connection \\
+        --connections 64 [--pipeline 32] [--workers 1 2 16]
 
 ``bench.ab`` and ``bench.front_read`` time the trees; on a busy or throttled machine
 their figures move by 5 to 30 % between runs. Here each tree (``label=dir``, its
@@ -23,6 +25,14 @@ one queue against the same over five queues spread over every worker (owners 0, 
 ... in turn), each with jobs present (filled first, never drained: every queue
 holds more than the phase takes) and with the queues empty; four phases on one
 node per tree and depth, the ratio of five queues to one printed beside.
+
+``--shape`` measures ADDJOB alone with a client of its own (``shape_run``):
+``--connections`` connections, each keeping ``--pipeline`` ADDJOBs in flight,
+over 10,000 random queues (``random``) or a queue per connection
+(``per-connection``, as ``bench.scaling``'s cores run); a warm-up first (every
+random queue created; each connection handed to its queue's owner), then the
+counted requests. It prints instructions per request for each tree, worker
+count and shape, and each shape's ratio to the first.
 """
 
 from __future__ import annotations
@@ -178,6 +188,8 @@ def _wait_ready(proc: subprocess.Popen[bytes], port: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if "--shape" in (sys.argv[1:] if argv is None else argv):
+        return shape_main(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="python -m bench.instructions")
     p.add_argument("trees", nargs="+", help="label=dir")
     p.add_argument("--requests", type=int, default=20_000)
@@ -203,6 +215,140 @@ def main(argv: list[str] | None = None) -> int:
             cells = ", ".join(f"{name} {n:,.0f} instr/req ({100 * (n / first[name] - 1):+.2f} %)"
                               for name, n in got.items())
             print(f"{label:>12} -P {pipeline:<2}: {cells}", flush=True)
+    return 0
+
+
+# ----- --shape: ADDJOB alone, random queues or a queue per connection --------
+
+SHAPES = ("random", "per-connection")
+RANDOM_QUEUES = 10_000
+
+
+def _addjob(queue: bytes) -> bytes:
+    return b"*4\r\n$6\r\nADDJOB\r\n$%d\r\n%s\r\n$1\r\nx\r\n$1\r\n0\r\n" % (len(queue), queue)
+
+
+def _rounds(port: int, shape: str, conns: int, pipeline: int, rounds: int, seed: int) -> None:
+    """``rounds`` times: a pipeline of ADDJOB sent on every connection, then every
+    reply read (checked: +id). The random queues come from ``seed``: the same
+    commands for every tree; seed 0 names them in order instead (q:0, q:1 ...: a
+    warm-up that creates every queue, so that no counted request pays a queue's
+    first sight)."""
+    import random
+    import socket
+
+    import hiredis
+
+    rng = random.Random(seed)
+    seq = iter(range(rounds * conns * pipeline))
+    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(conns)]
+    try:
+        readers = [hiredis.Reader() for _ in socks]
+        for _ in range(rounds):
+            for c, s in enumerate(socks):
+                if shape == "per-connection":
+                    s.sendall(_addjob(b"c:%d" % c) * pipeline)
+                else:
+                    s.sendall(b"".join(_addjob(b"q:%d" % (next(seq) % RANDOM_QUEUES if seed == 0
+                                                          else rng.randrange(RANDOM_QUEUES)))
+                                       for _ in range(pipeline)))
+            for s, r in zip(socks, readers, strict=True):
+                for _ in range(pipeline):
+                    reply = r.gets()
+                    while reply is False:
+                        data = s.recv(1 << 16)
+                        if not data:
+                            raise RuntimeError("the node closed a connection")
+                        r.feed(data)
+                        reply = r.gets()
+                    if not isinstance(reply, bytes) or not reply.startswith(b"D-"):
+                        raise RuntimeError(f"unexpected ADDJOB reply {reply!r}")
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _warm_owners(port: int, workers: int) -> None:
+    """Every worker's memo of queue owners filled with every random queue (a QLEN of
+    each on a connection of each worker): a node that has run a while has seen
+    them all, and a name's first sight (its hash) is no per-request cost."""
+    from tests.rawclient import RawClient, worker_of
+
+    names = [b"q:%d" % i for i in range(RANDOM_QUEUES)]
+    sweep = b"".join(b"*2\r\n$4\r\nQLEN\r\n$%d\r\n%s\r\n" % (len(q), q) for q in names)
+    seen: set[int] = set()
+    for _ in range(50 * workers):
+        if len(seen) == workers:
+            return
+        c = RawClient(port, timeout_s=600.0)
+        try:
+            w = worker_of(c)
+            if w not in seen:
+                seen.add(w)
+                c.send(sweep)
+                for _ in names:
+                    c.read()
+        finally:
+            c.close()
+    raise RuntimeError(f"no connection landed on some of the {workers} workers")
+
+
+def _dump_each(pids: list[int]) -> None:
+    """``_dump_all`` for many processes under callgrind on a few cores: an idle one
+    dumps when it next wakes (its timers), so each gets minutes."""
+    subprocess.run(["callgrind_control", "-d", *map(str, pids)], capture_output=True,
+                   timeout=60 + 30 * len(pids), check=True)
+
+
+def shape_tree(tree: Path, workers: int, shape: str, conns: int, requests: int,
+               pipeline: int) -> float:
+    """ADDJOB instructions per request on one node of ``tree`` (every process),
+    after a warm-up round on the same connections' queues."""
+    from tests.nodeproc import free_port
+
+    port = free_port()
+    rounds = max(1, requests // (conns * pipeline))
+    with tempfile.TemporaryDirectory(prefix="instructions-") as tmp:
+        work = Path(tmp)
+        proc = start_under_callgrind(tree, work, port, workers, {"PYTHONPATH": str(tree)})
+        try:
+            _wait_ready(proc, port)
+            pids = _node_pids(proc.pid)
+            # warm-up: every queue created (random), every connection moved to its
+            # queue's owner (per-connection: the handoff follows a streak)
+            warm = -(-RANDOM_QUEUES // (conns * pipeline)) if shape == "random" else 2
+            _rounds(port, shape, conns, pipeline, warm, seed=0)
+            if shape == "random":
+                _warm_owners(port, workers)
+            _dump_each(pids)  # dump 1: the start and the warm-up
+            _rounds(port, shape, conns, pipeline, rounds, seed=2)
+            _dump_each(pids)
+            return _phase_totals(work, 2) / (rounds * conns * pipeline)
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=120)
+
+
+def shape_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.instructions")
+    p.add_argument("trees", nargs="+", help="label=dir")
+    p.add_argument("--shape", nargs="+", choices=SHAPES, required=True)
+    p.add_argument("--connections", type=int, default=64)
+    p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--requests", type=int, default=20_000)
+    p.add_argument("--pipeline", type=int, nargs="+", default=[32])
+    a = p.parse_args(argv)
+    sides = [(label, Path(d).resolve()) for label, _, d in (s.partition("=") for s in a.trees)]
+    for pipeline in a.pipeline:
+        for workers in a.workers:
+            for label, tree in sides:
+                got = {shape: shape_tree(tree, workers, shape, a.connections, a.requests, pipeline)
+                       for shape in a.shape}
+                first = got[a.shape[0]]
+                cells = ", ".join(f"{shape} {n:,.0f} instr/req ({n / first:.2f}x)"
+                                  for shape, n in got.items())
+                print(f"{label:>12} -P {pipeline:<2} {workers:>2} workers, {a.connections} conns: "
+                      f"ADDJOB {cells}", flush=True)
     return 0
 
 

@@ -52,10 +52,14 @@ from collections.abc import Callable
 from typing import Any
 
 from bus import auth as bus_auth
-from bus import peercred
-from bus.frames import FrameError, FrameReader, encode, frame_bodies_max
+from bus import frames, peercred
+from bus.frames import FrameError, FrameReader, frame_bodies_max
 from workers.invariant import InvariantError
 from workers.replies import NULL_ARRAY, Error, Status
+
+# The frame encoder, as a variable (read at each frame, not bound at compile time):
+# bench/meshcount wraps it to count the frames by kind.
+encode: Callable[..., bytes] = frames.encode
 
 K_CMD, K_REPLY, K_TAKE, K_BLOCK, K_UNBLOCK, K_WAKE, K_RETURN, K_SCATTER = range(1, 9)
 K_CMDS, K_REPLIES = 9, 10
@@ -155,12 +159,14 @@ class Link(asyncio.Protocol):
         self.reply_bodies: list[bytes] = []
         # open RAW batch (outgoing: ``add_raw``) and RAWREPLIES batch (incoming: ``raw_reply``)
         self.raw_rid = 0  # the last RAW request id on this link (u32, wraps)
-        self.raw_rids: array.array[int] = array.array("I")
-        self.raw_flags = bytearray()
+        # (plain lists, packed as u32 arrays once per frame: an array's append is a
+        # generic method call, a list's is not)
+        self.raw_rids: list[int] = []
+        self.raw_flags: list[int] = []
         self.raw_parts: list[bytes] = []
-        self.raw_pending: dict[int, Any] = {}  # rid -> (client connection, reply slot)
-        self.rawrep_rids: array.array[int] = array.array("I")
-        self.rawrep_lens: array.array[int] = array.array("I")
+        self.raw_pending: dict[int, Any] = {}  # rid -> the waiter given to ``add_raw``
+        self.rawrep_rids: list[int] = []
+        self.rawrep_lens: list[int] = []
         self.rawrep_parts: list[bytes] = []
         self.blocked: dict[int, int] = {}  # owner side: asker's GETJOB token -> shard token
 
@@ -230,7 +236,7 @@ class Link(asyncio.Protocol):
         """Open a place in this turn's RAW batch for one command and return the batch's
         request buffer: the caller appends the command to it at once, as the RESP
         request a client sends (``resp.append_request``, compiled). ``waiter`` (the
-        client connection and its reply slot) is handed back with the reply bytes
+        client's reply slot) is handed back with the reply bytes
         (``handler.on_raw_replies``). A RAW frame carries the request ids (u32 each),
         one flag byte per command (1: a RESP3 reply) and the requests, in order;
         commands queued before in a CMDS batch leave first."""
@@ -278,11 +284,22 @@ class Link(asyncio.Protocol):
         self.rawrep_lens.append(len(data))
         self.rawrep_parts.append(data)
 
+    def raw_replies(self, rids: list[int], lens: list[int], parts: list[bytes]) -> None:
+        """Answer a RAW frame's requests at once (``raw_reply`` for each, in one call)."""
+        if self.transport is None or not rids:
+            return  # the asker is gone
+        if not self.rawrep_rids:
+            self.mesh.mark(self)
+        self.rawrep_rids.extend(rids)
+        self.rawrep_lens.extend(lens)
+        self.rawrep_parts.extend(parts)
+
     def close_raw(self) -> None:
         """Queue the open RAW batch (the worker calls it before a CMDS command)."""
         rids = self.raw_rids
-        frame = encode(K_RAW, {}, (rids.tobytes(), bytes(self.raw_flags), b"".join(self.raw_parts)))
-        self.raw_rids, self.raw_flags, self.raw_parts = array.array("I"), bytearray(), []
+        frame = encode(K_RAW, {}, (array.array("I", rids).tobytes(), bytes(self.raw_flags),
+                                   b"".join(self.raw_parts)))
+        self.raw_rids, self.raw_flags, self.raw_parts = [], [], []
         try:
             self._queue(frame)
         except ConnectionError as exc:
@@ -295,9 +312,10 @@ class Link(asyncio.Protocol):
         if self.raw_rids:
             self.close_raw()
         if self.rawrep_rids:
-            frame = encode(K_RAWREPLIES, {}, (self.rawrep_rids.tobytes(), self.rawrep_lens.tobytes(),
+            frame = encode(K_RAWREPLIES, {}, (array.array("I", self.rawrep_rids).tobytes(),
+                                              array.array("I", self.rawrep_lens).tobytes(),
                                               b"".join(self.rawrep_parts)))
-            self.rawrep_rids, self.rawrep_lens, self.rawrep_parts = array.array("I"), array.array("I"), []
+            self.rawrep_rids, self.rawrep_lens, self.rawrep_parts = [], [], []
             try:
                 self._queue(frame)
             except ConnectionError:
@@ -345,7 +363,7 @@ class Mesh:
     blocked GETJOBs; ``on_peer_up(peer)`` runs after every (re)connection;
     ``on_incoming_lost(link)`` lets the owner drop what that peer registered;
     ``on_raw_replies(link, bodies)`` splices RAWREPLIES into client replies and
-    ``raw_failed([(conn, slot)], error text)`` answers RAW requests that are lost;
+    ``raw_failed([waiter], error text)`` answers RAW requests that are lost;
     ``after_batch()`` runs after each read of frames (flush client replies).
     """
 
@@ -415,7 +433,7 @@ class Mesh:
         pending, link.pending = link.pending, {}
         raw_pending, link.raw_pending = link.raw_pending, {}
         link.cmd_rids, link.cmd_names, link.cmd_argc, link.cmd_args = [], [], [], []
-        link.raw_rids, link.raw_flags, link.raw_parts = array.array("I"), bytearray(), []
+        link.raw_rids, link.raw_flags, link.raw_parts = [], [], []
         # Frames not written yet belong to requests failed below: a restarted
         # peer must not run them (their replies would go nowhere).
         link.outq.clear()
@@ -465,7 +483,7 @@ class Mesh:
         self.resets += 1
         link.cmd_rids, link.cmd_names, link.cmd_argc, link.cmd_args = [], [], [], []
         link.reply_rids, link.reply_values, link.reply_bodies = [], [], []
-        link.rawrep_rids, link.rawrep_lens, link.rawrep_parts = array.array("I"), array.array("I"), []
+        link.rawrep_rids, link.rawrep_lens, link.rawrep_parts = [], [], []
         link.outq.clear()
         link.outq_bytes = 0
         if link.transport is not None:

@@ -58,6 +58,7 @@ COMPILED_MODULES = (
     "disque_mp.node.handoff",
     "disque_mp.node.getjob",
     "bus.clock",  # read once per client read: a Python-level call otherwise
+    "bus.mesh",  # the worker mesh: every forwarded command's batch, frame and relay
     # the cluster bus's per-frame path: framing (also the worker mesh's), the checks at
     # the edge and the catalogue they read, the links, the bus, the agent, the data links
     "bus.frames",

@@ -48,7 +48,7 @@ def _install(directory: str) -> None:
         view[32 + kind] += n
         return frame
 
-    mesh.encode = encode  # type: ignore[assignment]
+    mesh.encode = encode
 
 
 if _DIR:

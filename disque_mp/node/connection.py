@@ -87,12 +87,15 @@ auth_gate: Final = AuthGate()  # one per worker process
 
 
 class PendingReply:
-    """A reply that is not known yet; ``data`` is set once it is."""
+    """A reply that is not known yet; ``data`` is set once it is. ``conn``: the
+    client of a command forwarded to its owner (``ClientConn.defer_raw``), whose
+    reply bytes the mesh hands back with the slot alone."""
 
-    __slots__ = ("data",)
+    __slots__ = ("data", "conn")
 
-    def __init__(self) -> None:
+    def __init__(self, conn: ClientConn | None = None) -> None:
         self.data: bytes | None = None
+        self.conn = conn
 
 
 class ClientConn(asyncio.Protocol):
@@ -333,15 +336,46 @@ class ClientConn(asyncio.Protocol):
         self.slots.append(slot)
         return slot
 
+    def defer_raw(self) -> PendingReply:
+        """The slot of a hot command forwarded to its owner: it knows its client, and
+        counts in ``forwarded`` until ``put_raw``."""
+        self.unfilled += 1
+        self.forwarded += 1
+        slot = PendingReply(self)
+        if self.slots is None:
+            self.slots = deque()
+        self.slots.append(slot)
+        return slot
+
+    def put_raw(self, slot: PendingReply, data: bytes) -> bool:
+        """A forwarded command's reply, stored in its slot without moving anything
+        (the mesh stores a frame's replies, then ``advance``s each client once).
+        False when the client is gone or closed (nothing to advance)."""
+        self.forwarded -= 1
+        if slot.data is None:
+            self.unfilled -= 1
+        slot.data = data
+        if self.slots is None or self.gone:
+            return False
+        self.slots_bytes += len(data)
+        return True
+
     def fill(self, slot: PendingReply, data: bytes) -> None:
         """Complete a deferred reply; the ready prefix is written this loop turn."""
         if slot.data is None:
             self.unfilled -= 1
         slot.data = data
+        if self.slots is None or self.gone:
+            return
+        self.slots_bytes += len(data)
+        self.advance()
+
+    def advance(self) -> None:
+        """Move the ready prefix of the deferred replies to the output (written this
+        loop turn), against the output limits."""
         slots = self.slots
         if slots is None or self.gone:
             return
-        self.slots_bytes += len(data)
         moved = 0
         out = self.out
         while slots:

@@ -34,6 +34,7 @@ from bus import mesh as meshmod
 from bus.clock import wall_ms
 from bus.frames import FrameError
 from bus.mesh import Link, pack
+from disque_mp.node.connection import ClientConn, PendingReply
 from disque_mp.node.core import WorkerCore
 from disque_mp.node.errors import ERR_INTERNAL
 from disque_mp.node.getjob import GetJobs, take_share
@@ -165,19 +166,23 @@ class Peers:
     # ------------------------------------------------------------------ RAW (hot commands)
 
     def _serve_raw(self, link: Link, bodies: list[bytes]) -> None:
-        """A RAW frame: a peer's hot commands of one loop turn, as RESP."""
-        rids = array.array("I")
-        rids.frombytes(bodies[0])
+        """A RAW frame: a peer's hot commands of one loop turn, as RESP. The fast
+        paths' replies are collected here and handed to the link at once."""
+        if link.transport is None:
+            return  # the asker is gone
+        rids = _u32s(bodies[0])
         flags = bodies[1]
         reader = self.raw_reader
         reader.feed(bodies[2])
-        if link.transport is None:
-            return  # the asker is gone
+        out_rids: list[int] = []
+        out_lens: list[int] = []
+        out: list[bytes] = []
         for i in range(len(rids)):
             cmd: Any = None
+            resp3 = flags[i] == 1
             try:
                 cmd = reader.gets()
-                reply = self._serve_raw_one(cmd, flags[i] == 1)
+                reply = self._serve_raw_one(cmd, resp3)
             except InvariantError:
                 raise
             except Exception:  # a bug: answer it, or the asking client waits forever
@@ -186,14 +191,12 @@ class Peers:
                 if type(cmd) is not list:  # the frame itself is broken: start afresh
                     self.raw_reader = reader = hiredis.Reader()
             if reply is None:
-                self._serve_raw_general(link, rids[i], cmd[0].lower(), cmd, flags[i] == 1)
+                self._serve_raw_general(link, rids[i], cmd[0].lower(), cmd, resp3)
                 continue
-            replies: Any = link.rawrep_rids  # fetched each time: a general command may close the batch
-            if not replies:
-                self.w.mesh.mark(link)
-            replies.append(rids[i])
-            link.rawrep_lens.append(len(reply))
-            link.rawrep_parts.append(reply)
+            out_rids.append(rids[i])
+            out_lens.append(len(reply))
+            out.append(reply)
+        link.raw_replies(out_rids, out_lens, out)
 
     def _serve_raw_one(self, cmd: list[bytes], resp3: bool) -> bytes | None:
         """A RAW command in a fast path's shape: its reply, else None."""
@@ -222,29 +225,43 @@ class Peers:
             deliver(reply)
 
     def on_raw_replies(self, link: Link, bodies: list[bytes]) -> None:
-        """RAWREPLIES from an owner: splice each reply into its client's stream."""
-        rids = array.array("I")
-        rids.frombytes(bodies[0])
-        lens = array.array("I")
-        lens.frombytes(bodies[1])
+        """RAWREPLIES from an owner: each reply into its client's slot, then each
+        client's ready prefix moved to its output once (not once per reply)."""
+        rids = _u32s(bodies[0])
+        lens = _u32s(bodies[1])
         data = bodies[2]
         pending = link.raw_pending
+        touched: list[ClientConn] = []
         at = 0
         for i in range(len(rids)):
             end = at + lens[i]
-            waiting = pending.pop(rids[i], None)
+            rid = rids[i]
+            waiting = pending.get(rid)
             if waiting is not None:
-                conn, slot = waiting
-                conn.forwarded -= 1
-                conn.fill(slot, data[at:end])
+                del pending[rid]
+            if type(waiting) is PendingReply:
+                slot: PendingReply = waiting
+                conn = slot.conn
+                if conn is not None and conn.put_raw(slot, data[at:end]):
+                    if not touched or touched[-1] is not conn:
+                        touched.append(conn)
+            elif waiting is not None:
+                waiting.fill(None, data[at:end])  # a part of a split ACK (``AckSum``)
             at = end
+        for conn in touched:
+            conn.advance()
 
     def raw_failed(self, waiting: list[Any], text: str) -> None:
         """RAW requests whose owner went away: the client gets the error."""
         reply = encode(Error(text))
-        for conn, slot in waiting:
-            conn.forwarded -= 1
-            conn.fill(slot, reply)
+        for w in waiting:
+            if type(w) is PendingReply:
+                slot: PendingReply = w
+                conn = slot.conn
+                if conn is not None and conn.put_raw(slot, reply):
+                    conn.advance()
+            else:
+                w.fill(None, reply)
 
     # ------------------------------------------------------------------ our GETJOBs
 
@@ -259,6 +276,13 @@ class Peers:
         (a GETJOB blocking here after remote owners had nothing)."""
         self.w.drain_effects()
         self.w.reschedule_tick()
+
+
+def _u32s(data: bytes) -> list[int]:
+    """A mesh frame's native-endian u32 array (request ids, lengths) as a list."""
+    values = array.array("I")
+    values.frombytes(data)
+    return values.tolist()
 
 
 def _blocked(link: Link) -> dict[int, int]:

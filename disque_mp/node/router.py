@@ -30,7 +30,7 @@ from bus.mesh import unpack
 from disque_mp.node.commands import jobs as cmd_jobs
 from disque_mp.node.commands.jobs import GetJobArgs
 from disque_mp.node.commands.table import TABLE, Command
-from disque_mp.node.connection import ClientConn, ClientHost, CommandPath
+from disque_mp.node.connection import ClientConn, ClientHost, CommandPath, PendingReply
 from disque_mp.node.errors import ERR_BADID, ERR_NOAUTH, ERR_OOM, err_arity, err_unknown
 from disque_mp.node.getjob import GetJob, GetJobs, Runs, encode_getjob
 from disque_mp.node.owner import Owner
@@ -383,17 +383,18 @@ class Router(CommandPath):
         self._count_streak(conn, owner)
         self.forwarded += 1
         conn.last_cmd = name
-        conn.forwarded += 1
-        slot = conn.defer()
+        slot = conn.defer_raw()
         if self.held and conn in self.held:  # behind general-path commands it waits for
             self.held[conn].append((False, lambda: self._send_raw(conn, owner, cmd, slot)))
             return b""
         self._send_raw(conn, owner, cmd, slot)
         return b""
 
-    def _send_raw(self, conn: ClientConn, owner: int, cmd: list[bytes], slot: Any) -> None:
-        link: Any = self.w.mesh.links[owner]  # a Link: never ourselves
-        append_request(link.add_raw(conn.resp3, (conn, slot)), cmd)
+    def _send_raw(self, conn: ClientConn, owner: int, cmd: list[bytes], slot: PendingReply) -> None:
+        link = self.w.mesh.links[owner]
+        if link is None:
+            raise InvariantError("a command forwarded to ourselves")
+        append_request(link.add_raw(conn.resp3, slot), cmd)
 
     # ------------------------------------------------------------------ route: ids
 
@@ -515,18 +516,20 @@ def split_ack(self: Router, conn: ClientConn, cmd: list[bytes], ids: list[str],
     conn.forwarded += 1  # one reply slot, filled when every owner answered
     summed = AckSum(conn, conn.defer(), len(groups), total)
     for at, part_cmd in groups.items():
-        link: Any = self.w.mesh.links[at]
-        append_request(link.add_raw(conn.resp3, (summed, None)), part_cmd)
+        link = self.w.mesh.links[at]
+        if link is None:
+            raise InvariantError("an ACK part forwarded to ourselves")
+        append_request(link.add_raw(conn.resp3, summed), part_cmd)
     return b""
 
 
 class AckSum:
     """The reply of an ACKJOB / FASTACK split over owners: each owner's encoded count
     (or error) comes back through the mesh's RAW replies (``Peers.on_raw_replies``
-    and ``raw_failed`` call ``fill`` as they would on a client connection); the sum,
-    or the first error, fills the client's slot once all have answered."""
+    and ``raw_failed`` call ``fill``); the sum, or the first error, fills the
+    client's slot once all have answered."""
 
-    __slots__ = ("conn", "slot", "left", "total", "error", "forwarded")
+    __slots__ = ("conn", "slot", "left", "total", "error")
 
     def __init__(self, conn: ClientConn, slot: Any, parts: int, total: int) -> None:
         self.conn = conn
@@ -534,7 +537,6 @@ class AckSum:
         self.left = parts
         self.total = total
         self.error: bytes | None = None
-        self.forwarded = parts  # decremented by the mesh side with each answer
 
     def fill(self, _slot: Any, data: bytes) -> None:
         if data[:1] == b":":

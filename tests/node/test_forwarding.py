@@ -98,6 +98,35 @@ def test_owner_killed_with_forwarded_commands_in_flight(node2: NodeProc) -> None
     assert isinstance(reply, Status)
     c.close()
 
+def test_replies_of_several_clients_in_one_frame_each_in_its_stream(node2: NodeProc) -> None:
+    """Forwarded commands of several clients of one worker travel in one RAW frame per
+    loop turn and come back in one RAWREPLIES frame: each reply lands in its own
+    client's stream, in order with the commands answered at home, in its protocol;
+    a client that leaves with replies in flight loses only its own."""
+    theirs, mine = queues_of(1, 25, "multi"), queues_of(0, 24, "multi")
+    empty = theirs.pop()
+    filler = RawClient(node2.port)
+    filler.send(b"".join(encode_command("ADDJOB", q, f"{q}-body", 0) for q in theirs + mine))
+    assert all(isinstance(filler.read(), Status) for _ in range(48))
+    clients = [connect_to_worker(node2.port, 0) for _ in range(4)]
+    assert isinstance(clients[1].call("HELLO", 3), dict)
+    leaving = connect_to_worker(node2.port, 0)
+    plans = [[q for i in range(6) for q in (theirs[6 * k + i], mine[6 * k + i])] for k in range(4)]
+    leaving.send(b"".join(encode_command("ADDJOB", theirs[0], "gone", 0) for _ in range(50)))
+    leaving.close()
+    for c, plan in zip(clients, plans, strict=True):  # all sent before any is read
+        c.send(b"".join(encode_command("GETJOB", "NOHANG", "FROM", q) for q in plan)
+               + encode_command("GETJOB", "NOHANG", "FROM", empty))
+    for k, (c, plan) in enumerate(zip(clients, plans, strict=True)):
+        got = [c.read() for _ in range(len(plan) + 1)]
+        assert [(g[0][0].decode(), g[0][2].decode()) for g in got[:-1]] \
+            == [(q, f"{q}-body") for q in plan], got
+        assert got[-1] == (None if k == 1 else NULL_ARRAY)  # RESP3 null on the HELLO 3 client
+        c.close()
+    assert all(filler.call("QLEN", q) == 0 for q in mine + theirs[1:])
+    assert filler.call("PING") == Status("PONG")
+
+
 
 def test_ack_over_several_owners_one_summed_reply_in_order(node2: NodeProc) -> None:
     """ACKJOB / FASTACK with IDs of both workers: our part on our shard, the other's as
