@@ -46,6 +46,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 start_timeout_s = 180.0  # a node under callgrind starts some 20x slower
@@ -86,8 +88,10 @@ def start_under_callgrind(tree: Path, work: Path, port: int, workers: int,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
-def run_tree(tree: Path, workers: int, requests: int, pipeline: int) -> dict[str, float]:
-    """Instructions per request of each phase on one node of ``tree``."""
+@contextmanager
+def callgrind_node(tree: Path, workers: int) -> Iterator[tuple[int, Path, list[int]]]:
+    """A node of ``tree`` under callgrind, ready: its port, the folder of its
+    callgrind files and its processes; stopped on leaving."""
     from tests.nodeproc import free_port
 
     port = free_port()
@@ -96,19 +100,24 @@ def run_tree(tree: Path, workers: int, requests: int, pipeline: int) -> dict[str
         proc = start_under_callgrind(tree, work, port, workers, {"PYTHONPATH": str(tree)})
         try:
             _wait_ready(proc, port)
-            pids = _node_pids(proc.pid)
-            _dump_all(pids)  # dump 1: the start
-            out: dict[str, float] = {}
-            for dump, (name, cmd) in enumerate(PHASES, start=2):
-                subprocess.run(["redis-benchmark", "-p", str(port), "-c", "50", "-n", str(requests),
-                                "-P", str(pipeline), "-q", "-r", "10000", *cmd.split()],
-                               capture_output=True, timeout=phase_timeout_s, check=True)
-                _dump_all(pids)
-                out[name] = _phase_totals(work, dump) / requests
-            return out
+            yield port, work, _node_pids(proc.pid)
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=120)
+
+
+def run_tree(tree: Path, workers: int, requests: int, pipeline: int) -> dict[str, float]:
+    """Instructions per request of each phase on one node of ``tree``."""
+    with callgrind_node(tree, workers) as (port, work, pids):
+        _dump_all(pids)  # dump 1: the start
+        out: dict[str, float] = {}
+        for dump, (name, cmd) in enumerate(PHASES, start=2):
+            subprocess.run(["redis-benchmark", "-p", str(port), "-c", "50", "-n", str(requests),
+                            "-P", str(pipeline), "-q", "-r", "10000", *cmd.split()],
+                           capture_output=True, timeout=phase_timeout_s, check=True)
+            _dump_all(pids)
+            out[name] = _phase_totals(work, dump) / requests
+        return out
 
 
 CELERY_COUNT = 4
@@ -131,7 +140,6 @@ def celery_queues(prefix: str, n: int, workers: int) -> list[bytes]:
 
 def run_celery(tree: Path, workers: int, requests: int, pipeline: int) -> dict[str, float]:
     """Instructions per GETJOB NOHANG COUNT 4 of the four Celery phases on one node."""
-    from tests.nodeproc import free_port
 
     one_full, one_empty = celery_queues("one-full-", 1, 1), celery_queues("one-empty-", 1, 1)
     five_full = celery_queues("five-full-", CELERY_QUEUES, workers)
@@ -139,27 +147,18 @@ def run_celery(tree: Path, workers: int, requests: int, pipeline: int) -> dict[s
     fills = [(one_full[0], CELERY_COUNT * requests + 100)] + [(q, requests + 100) for q in five_full]
     phases = (("1 queue, jobs", one_full), (f"{CELERY_QUEUES} queues, jobs", five_full),
               ("1 queue, empty", one_empty), (f"{CELERY_QUEUES} queues, empty", five_empty))
-    port = free_port()
-    with tempfile.TemporaryDirectory(prefix="instructions-") as tmp:
-        work = Path(tmp)
-        proc = start_under_callgrind(tree, work, port, workers, {"PYTHONPATH": str(tree)})
-        try:
-            _wait_ready(proc, port)
-            pids = _node_pids(proc.pid)
-            for queue, n in fills:
-                _bench(port, n, 32, ["ADDJOB", queue.decode(), "x", "0"])
-            _dump_all(pids)  # dump 1: the start and the fill
-            out: dict[str, float] = {}
-            for dump, (name, queues) in enumerate(phases, start=2):
-                _bench(port, requests, pipeline,
-                       ["GETJOB", "NOHANG", "COUNT", str(CELERY_COUNT), "FROM",
-                        *(q.decode() for q in queues)])
-                _dump_all(pids)
-                out[name] = _phase_totals(work, dump) / requests
-            return out
-        finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=120)
+    with callgrind_node(tree, workers) as (port, work, pids):
+        for queue, n in fills:
+            _bench(port, n, 32, ["ADDJOB", queue.decode(), "x", "0"])
+        _dump_all(pids)  # dump 1: the start and the fill
+        out: dict[str, float] = {}
+        for dump, (name, queues) in enumerate(phases, start=2):
+            _bench(port, requests, pipeline,
+                   ["GETJOB", "NOHANG", "COUNT", str(CELERY_COUNT), "FROM",
+                    *(q.decode() for q in queues)])
+            _dump_all(pids)
+            out[name] = _phase_totals(work, dump) / requests
+        return out
 
 
 def _bench(port: int, requests: int, pipeline: int, cmd: list[str]) -> None:
@@ -304,29 +303,18 @@ def shape_tree(tree: Path, workers: int, shape: str, conns: int, requests: int,
                pipeline: int) -> float:
     """ADDJOB instructions per request on one node of ``tree`` (every process),
     after a warm-up round on the same connections' queues."""
-    from tests.nodeproc import free_port
-
-    port = free_port()
     rounds = max(1, requests // (conns * pipeline))
-    with tempfile.TemporaryDirectory(prefix="instructions-") as tmp:
-        work = Path(tmp)
-        proc = start_under_callgrind(tree, work, port, workers, {"PYTHONPATH": str(tree)})
-        try:
-            _wait_ready(proc, port)
-            pids = _node_pids(proc.pid)
-            # warm-up: every queue created (random), every connection moved to its
-            # queue's owner (per-connection: the handoff follows a streak)
-            warm = -(-RANDOM_QUEUES // (conns * pipeline)) if shape == "random" else 2
-            _rounds(port, shape, conns, pipeline, warm, seed=0)
-            if shape == "random":
-                _warm_owners(port, workers)
-            _dump_each(pids)  # dump 1: the start and the warm-up
-            _rounds(port, shape, conns, pipeline, rounds, seed=2)
-            _dump_each(pids)
-            return _phase_totals(work, 2) / (rounds * conns * pipeline)
-        finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=120)
+    with callgrind_node(tree, workers) as (port, work, pids):
+        # warm-up: every queue created (random), every connection moved to its
+        # queue's owner (per-connection: the handoff follows a streak)
+        warm = -(-RANDOM_QUEUES // (conns * pipeline)) if shape == "random" else 2
+        _rounds(port, shape, conns, pipeline, warm, seed=0)
+        if shape == "random":
+            _warm_owners(port, workers)
+        _dump_each(pids)  # dump 1: the start and the warm-up
+        _rounds(port, shape, conns, pipeline, rounds, seed=2)
+        _dump_each(pids)
+        return _phase_totals(work, 2) / (rounds * conns * pipeline)
 
 
 def shape_main(argv: list[str]) -> int:
