@@ -324,7 +324,6 @@ class GetJob:
                 w.mesh.send(owner, meshmod.K_UNBLOCK, meta)
 
 
-
 def take_share(hints: list[int], own: list[bytes], lengths: dict[bytes, int], count: int) -> int:
     """How many jobs an owner takes for a TAKE: its part of what one shard holding every
     queue would answer (one job per queue per pass, left to right, up to ``count``).
@@ -352,24 +351,7 @@ def take_share(hints: list[int], own: list[bytes], lengths: dict[bytes, int], co
         else:
             left[i] = max(hint, 0)  # an int key: never one of the owner's names (bytes)
             keys.append(i)
-    total = mine = 0
-    active = [k for k in keys if left[k] > 0]
-    while active:
-        again: list[Any] = []
-        for k in active:
-            n = left[k]
-            if n <= 0:
-                continue  # a queue named twice, emptied earlier in this pass
-            left[k] = n - 1
-            total += 1
-            if type(k) is bytes:
-                mine += 1
-            if total >= count:
-                return mine
-            if n > 1:
-                again.append(k)
-        active = again
-    return mine
+    return _mine_in_passes([k for k in keys if left[k] > 0], left, set(own), count)
 
 
 def part_of(queues: list[bytes], sizes: dict[bytes, int], mine: set[bytes], count: int) -> int:
@@ -383,23 +365,28 @@ def part_of(queues: list[bytes], sizes: dict[bytes, int], mine: set[bytes], coun
             part += n
     if total <= count:  # every job is in the answer
         return part
-    left = dict(sizes)
-    active = [q for q in queues if left.get(q, 0) > 0]
+    left: dict[Any, int] = dict(sizes)
+    return _mine_in_passes([q for q in queues if left.get(q, 0) > 0], left, mine, count)
+
+
+def _mine_in_passes(active: list[Any], left: dict[Any, int], mine: set[Any], count: int) -> int:
+    """One job per queue per pass over ``active`` (left to right; ``left``: what each
+    still holds), up to ``count`` jobs: how many come from the queues in ``mine``."""
     total = part = 0
     while active:
-        again: list[bytes] = []
-        for q in active:
-            n = left[q]
+        again: list[Any] = []
+        for k in active:
+            n = left[k]
             if n <= 0:
                 continue  # a queue named twice, emptied earlier in this pass
-            left[q] = n - 1
+            left[k] = n - 1
             total += 1
-            if q in mine:
+            if k in mine:
                 part += 1
             if total >= count:
                 return part
             if n > 1:
-                again.append(q)
+                again.append(k)
         active = again
     return part
 
