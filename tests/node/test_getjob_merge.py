@@ -25,14 +25,21 @@ def one_shard(queues: list[bytes], jobs: dict[bytes, list[str]], count: int) -> 
     return out
 
 
+def random_case(rng: random.Random) -> tuple[list[bytes], dict[bytes, list[str]], int, dict[bytes, int]]:
+    """A GETJOB drawn at random: the queues it names (repeats allowed), the jobs each
+    holds, its COUNT and each queue's owner among 3 workers."""
+    names = [f"q{i}".encode() for i in range(rng.randint(1, 6))]
+    queues = [rng.choice(names) for _ in range(rng.randint(1, 8))]
+    jobs = {q: [f"{q.decode()}-{k}" for k in range(rng.randint(0, 4))] for q in names}
+    count = rng.randint(1, 10)
+    owner = {q: rng.randint(0, 2) for q in names}
+    return queues, jobs, count, owner
+
+
 def test_any_split_gives_one_shards_answer() -> None:
     rng = random.Random(7)
     for _ in range(300):
-        names = [f"q{i}".encode() for i in range(rng.randint(1, 6))]
-        queues = [rng.choice(names) for _ in range(rng.randint(1, 8))]  # repeats allowed
-        jobs = {q: [f"{q.decode()}-{k}" for k in range(rng.randint(0, 4))] for q in names}
-        count = rng.randint(1, 10)
-        owner = {q: rng.randint(0, 2) for q in names}
+        queues, jobs, count, owner = random_case(rng)
         cut = rng.randint(0, len(queues))  # a group's queues taken in two parts
         state = {q: list(v) for q, v in jobs.items()}
         taken = []
@@ -58,11 +65,7 @@ def test_take_share_covers_the_owners_part() -> None:
     when the hints are the others' true lengths (no surplus)."""
     rng = random.Random(11)
     for _ in range(1000):
-        names = [f"q{i}".encode() for i in range(rng.randint(1, 6))]
-        queues = [rng.choice(names) for _ in range(rng.randint(1, 8))]  # repeats allowed
-        jobs = {q: [f"{q.decode()}-{k}" for k in range(rng.randint(0, 4))] for q in names}
-        count = rng.randint(1, 10)
-        owner = {q: rng.randint(0, 2) for q in names}
+        queues, jobs, count, owner = random_case(rng)
         part = sum(1 for e in one_shard(queues, jobs, count) if owner[e[0]] == 0)
         own = [q for q in queues if owner[q] == 0]
         lengths = {q: len(jobs[q]) for q in own}
@@ -89,11 +92,7 @@ def test_part_of_is_each_owners_part() -> None:
     what the one-shard answer takes from those queues, repeats and empty queues too."""
     rng = random.Random(13)
     for _ in range(1000):
-        names = [f"q{i}".encode() for i in range(rng.randint(1, 6))]
-        queues = [rng.choice(names) for _ in range(rng.randint(1, 8))]  # repeats allowed
-        jobs = {q: [f"{q.decode()}-{k}" for k in range(rng.randint(0, 4))] for q in names}
-        count = rng.randint(1, 10)
-        owner = {q: rng.randint(0, 2) for q in names}
+        queues, jobs, count, owner = random_case(rng)
         answer = one_shard(queues, jobs, count)
         sizes = {q: len(jobs[q]) for q in set(queues)}
         for o in range(3):
