@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.sim.net import Net, seeds
-from tests.sim.test_sim import Sim
+from tests.sim.test_sim import Sim, run_seed
 from workers.job import JobExt
 
 
@@ -57,9 +57,4 @@ class GroupSim(Sim):
 @pytest.mark.parametrize("seed", seeds("SIM_SEEDS", 20))
 def test_sim_with_groups(seed: int) -> None:
     sim = GroupSim(seed)
-    try:
-        sim.run()
-        sim.check()
-    except AssertionError as e:
-        raise AssertionError(f"group simulation seed {seed} failed: {e}\n"
-                             f"rerun: SIM_SEED={seed} pytest tests/sim/test_groups_sim.py") from e
+    run_seed(sim, "tests/sim/test_groups_sim.py")

@@ -280,15 +280,20 @@ class Sim:
         net.check()
 
 
-@pytest.mark.parametrize("seed", seeds("SIM_SEEDS", 100))
-def test_sim(seed: int) -> None:
-    sim = Sim(seed)
+def run_seed(sim: Sim, test_file: str) -> None:
+    """Run and check one seeded simulation; a failure names its seed and how to rerun it."""
     try:
         sim.run()
         sim.check()
     except AssertionError as e:
         raise AssertionError(
-            f"simulation seed {seed} failed: {e}\n"
-            f"rerun: SIM_SEED={seed} .venv/bin/python -m pytest -q tests/sim/test_sim.py"
+            f"simulation seed {sim.seed} failed: {e}\n"
+            f"rerun: SIM_SEED={sim.seed} .venv/bin/python -m pytest -q {test_file}"
         ) from e
+
+
+@pytest.mark.parametrize("seed", seeds("SIM_SEEDS", 100))
+def test_sim(seed: int) -> None:
+    sim = Sim(seed)
+    run_seed(sim, "tests/sim/test_sim.py")
     assert sim.jobs, f"seed {seed}: no job was ever added"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 
 from tests.sim.net import seeds
-from tests.sim.test_sim import JobInfo, Sim
+from tests.sim.test_sim import JobInfo, Sim, run_seed
 from workers.job import ACKED, JobExt
 from workers.replies import Status
 
@@ -66,12 +66,5 @@ class DedupSim(Sim):
 @pytest.mark.parametrize("seed", seeds("SIM_DEDUP_SEEDS", 10))
 def test_sim_dedup(seed: int) -> None:
     sim = DedupSim(seed)
-    try:
-        sim.run()
-        sim.check()
-    except AssertionError as e:
-        raise AssertionError(
-            f"simulation seed {seed} failed: {e}\n"
-            f"rerun: SIM_SEED={seed} .venv/bin/python -m pytest -q tests/sim/test_sim_dedup.py"
-        ) from e
+    run_seed(sim, "tests/sim/test_sim_dedup.py")
     assert sim.jobs and sim.hits, f"seed {seed}: {len(sim.jobs)} jobs, {sim.hits} dedup hits"
