@@ -173,13 +173,7 @@ class Queue(Timed):
             self.stale -= 1  # revive the stale entry: it is already in ctime position
             return
         job.mark_in_deque()
-        dq = self._dq
-        if not dq or dq[-1].ctime_us <= job.ctime_us:
-            dq.append(job)
-        elif dq[0].ctime_us > job.ctime_us:
-            dq.appendleft(job)
-        else:
-            dq.insert(bisect_right(dq, job.ctime_us, key=_ctime), job)
+        _insert(self._dq, job)
 
     def pop(self) -> Job | None:
         """Remove and return the oldest queued job (its state is still QUEUED); of
