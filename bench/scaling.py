@@ -483,11 +483,20 @@ def cores_run(port: int, pids: list[int], workers: int, shape: str,
             "generator_cpus": gen_cpus, "generator_procs": procs_n}
 
 
-def cores(workers_list: tuple[int, ...] = CORES_WORKERS, rounds: int = ROUNDS) -> dict[str, Any]:
+def cores_counts(workers_list: tuple[int, ...], cpus: int, beyond: bool) -> list[int]:
+    """The workers counts a cores run measures: up to the machine's cores (2 at least),
+    or every one asked with ``beyond``."""
+    return [n for n in workers_list if beyond or n <= max(cpus, 2)]
+
+
+def cores(workers_list: tuple[int, ...] = CORES_WORKERS, rounds: int = ROUNDS,
+          beyond: bool = False) -> dict[str, Any]:
     """Every workers count up to the machine's cores (pinned while the generator has a
-    core left, shared beyond), both shapes, median of ``rounds``."""
+    core left, shared beyond), both shapes, median of ``rounds``. ``beyond``: the
+    counts over the cores too (more workers than cores: node CPU per request is the
+    figure there, not req/s)."""
     total = os.cpu_count() or 1
-    counts = [n for n in workers_list if n <= max(total, 2)]
+    counts = cores_counts(workers_list, total, beyond)
     rows: dict[str, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="disque-mp-cores-") as tmp:
         for n in counts:
@@ -562,6 +571,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, nargs="+", default=list(CORES_WORKERS),
                    help="--only cores: the workers counts (default 1 2 4 8 16)")
     p.add_argument("--md", type=Path, help="--only cores: write the markdown table here")
+    p.add_argument("--beyond-cores", action="store_true",
+                   help="--only cores: also run the workers counts above the machine's cores")
     a = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="disque-mp-scaling-") as tmp:
         work = Path(tmp)
@@ -572,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
         elif a.only == "roles":
             res = roles(work)
         elif a.only == "cores":
-            res = cores(tuple(a.workers), a.rounds)
+            res = cores(tuple(a.workers), a.rounds, a.beyond_cores)
             res["roles"] = roles(work)
             res["model"] = cores_model(res["roles"], res["workers"])
         else:

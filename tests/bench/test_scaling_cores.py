@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 import redis
 
-from bench.scaling import CORES_SHAPES, cores_markdown, cores_model, cores_run, disque_mp_node
+from bench.scaling import (
+    CORES_SHAPES,
+    cores_counts,
+    cores_markdown,
+    cores_model,
+    cores_run,
+    disque_mp_node,
+)
 
 run_seconds = 0.5
 
@@ -39,3 +46,9 @@ def test_cores_run_both_shapes_on_a_real_node(tmp_path: Path) -> None:
     assert model["per-connection"][2] == 2 * model["per-connection"][1]
     assert model["random"][2] < model["per-connection"][2]
     assert "| 1 | random |" in cores_markdown(res, model)
+
+
+def test_cores_counts_stop_at_the_cores_unless_asked_beyond() -> None:
+    assert cores_counts((1, 2, 4, 16), 2, False) == [1, 2]
+    assert cores_counts((1, 2, 4, 16), 4, False) == [1, 2, 4]
+    assert cores_counts((1, 2, 4, 16), 2, True) == [1, 2, 4, 16]
