@@ -68,6 +68,21 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 # ----- CPU counters ---------------------------------------------------------
 
 
+def kernel_counts(pid: int) -> tuple[int, int]:
+    """(read + write syscalls, context switches) of one process so far ((0, 0) once
+    it is gone): the per-request cost of frames and wakeups that CPU time hides."""
+    try:
+        io = Path(f"/proc/{pid}/io").read_text()
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0, 0
+    calls = sum(int(line.split()[1]) for line in io.splitlines()
+                if line.startswith(("syscr:", "syscw:")))
+    switches = sum(int(line.split()[1]) for line in status.splitlines()
+                   if line.startswith(("voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:")))
+    return calls, switches
+
+
 def cpu_s(pid: int) -> float:
     """utime + stime of one process, seconds (0.0 once it is gone)."""
     try:
@@ -470,6 +485,7 @@ def cores_run(port: int, pids: list[int], workers: int, shape: str,
                                                   cores_pipeline, out))
              for j in range(procs_n)]
     before = [cpu_s(p) for p in pids]
+    kbefore = [kernel_counts(p) for p in pids]
     t0 = time.monotonic()
     for p in procs:
         p.start()
@@ -478,8 +494,12 @@ def cores_run(port: int, pids: list[int], workers: int, shape: str,
     for p in procs:
         p.join(30)
     used = sum(cpu_s(p) - b for p, b in zip(pids, before, strict=True))
+    kafter = [kernel_counts(p) for p in pids]
+    calls = sum(a[0] - b[0] for a, b in zip(kafter, kbefore, strict=True))
+    switches = sum(a[1] - b[1] for a, b in zip(kafter, kbefore, strict=True))
     return {"workers": workers, "shape": shape, "rps": done / wall, "requests": done,
             "node_us_per_req": 1e6 * used / max(done, 1), "pinned": pinned,
+            "syscalls_per_req": calls / max(done, 1), "switches_per_req": switches / max(done, 1),
             "generator_cpus": gen_cpus, "generator_procs": procs_n}
 
 
@@ -536,8 +556,9 @@ def cores_markdown(res: dict[str, Any], predicted: dict[str, dict[int, float]] |
              "worker i pinned to core i, the load generator to the cores left (\"shared\": "
              "none left, everything on every core). 1-minute load average at the end: "
              f"{os.getloadavg()[0]:.2f}.", "",
-             "| workers | traffic | req/s | node us/req | vs 1 worker | cores | model, a core each |",
-             "|---|---|---|---|---|---|---|"]
+             "| workers | traffic | req/s | node us/req | vs 1 worker | cores | model, a core each "
+             "| node read+write syscalls/req | node context switches/req |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for n in res["workers"]:
         for shape in CORES_SHAPES:
             row = res["medians"].get(f"{shape}_w{n}")
@@ -548,7 +569,8 @@ def cores_markdown(res: dict[str, Any], predicted: dict[str, dict[int, float]] |
             lines.append(f"| {n} | {shape} | {row['rps']:,.0f} | {row['node_us_per_req']:.2f} | "
                          f"{'' if sp is None else f'{sp:.2f}x'} | "
                          f"{'pinned' if row['pinned'] else 'shared'} | "
-                         f"{'' if model_rps is None else f'{model_rps:,.0f}'} |")
+                         f"{'' if model_rps is None else f'{model_rps:,.0f}'} | "
+                         f"{row.get('syscalls_per_req', 0):.3f} | {row.get('switches_per_req', 0):.3f} |")
     return "\n".join(lines) + "\n"
 
 

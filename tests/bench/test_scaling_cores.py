@@ -46,6 +46,8 @@ def test_cores_run_both_shapes_on_a_real_node(tmp_path: Path) -> None:
     assert model["per-connection"][2] == 2 * model["per-connection"][1]
     assert model["random"][2] < model["per-connection"][2]
     assert "| 1 | random |" in cores_markdown(res, model)
+    for row in rows.values():  # the node read its sockets: syscalls were counted
+        assert row["syscalls_per_req"] > 0
 
 
 def test_cores_counts_stop_at_the_cores_unless_asked_beyond() -> None:
