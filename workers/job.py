@@ -404,39 +404,32 @@ class Job(Timed):
         field); one with GROUP, DEDUP or a dead-letter reason in version 3 (version 2's
         fields, their three lengths, the strings after the body)."""
         jid = self.id.encode()
-        nodes = [n.encode() for n in self.delivered] + [n.encode() for n in self.confirmed]
-        maxdeliver = self.maxdeliver
+        queue = self.queue
+        body = self.body
+        delivered, confirmed = self.nodes
+        flags = self.flags
+        maxdeliver = flags >> _MAXDELIVER_SHIFT
         ext = self.ext
         version = RECORD_VERSION_EXT if ext is not None else (
             RECORD_VERSION_MAXDELIVER if maxdeliver else RECORD_VERSION)
-        fields = (
-            version,
-            self.state,
-            self.flags & _FLAG_MASK & ~_FLAG_TRANSIENT,  # deque membership is not part of a job
-            self.repl,
-            self.ttl_s,
-            self.ctime_us * 1000,  # nanoseconds on disk and on the wire, as Disque
-            self.delay_s,
-            self.retry_s,
-            self.nacks,
-            self.additional_deliveries,
-            self.qtime_ms,
-            len(self.delivered),
-            len(self.confirmed),
-            len(jid),
-            len(self.queue),
-            len(self.body),
-        )
+        # one bound pack with the fields as arguments (a tuple of them through *args
+        # was a generic call); versions 2 and 3 add their fields after version 1's
+        head = _pack_head(version, self.state, flags & _FLAG_MASK & ~_FLAG_TRANSIENT, self.repl,
+                          self.ttl_s, self.ctime_us * 1000,  # ns on disk and on the wire, as Disque
+                          (flags & FLAGS_DELAY_MASK) >> _FLAG_BITS, self.retry_s, self.nacks,
+                          self.additional_deliveries, self.qtime_ms, len(delivered),
+                          len(confirmed), len(jid), len(queue), len(body))
         if ext is not None:
-            parts = [_REC_HEAD_V3.pack(*fields, maxdeliver, len(ext.group), len(ext.dedup),
-                                       len(ext.reason)),
-                     jid, self.queue, self.body, ext.group, ext.dedup, ext.reason]
+            parts = [head, _pack_ext(maxdeliver, len(ext.group), len(ext.dedup), len(ext.reason)),
+                     jid, queue, body, ext.group, ext.dedup, ext.reason]
+        elif maxdeliver:
+            parts = [head, _pack_u16(maxdeliver), jid, queue, body]
         else:
-            head = _REC_HEAD.pack(*fields) if not maxdeliver else _REC_HEAD_V2.pack(*fields, maxdeliver)
-            parts = [head, jid, self.queue, self.body]
-        for n in nodes:
-            parts.append(_NODE_LEN.pack(len(n)))
-            parts.append(n)
+            parts = [head, jid, queue, body]
+        for node in delivered:
+            _append_node(parts, node)
+        for node in confirmed:
+            _append_node(parts, node)
         return b"".join(parts)
 
     @staticmethod
@@ -520,12 +513,24 @@ RECORD_VERSION_EXT: Final = 3
 DEL_RECORD_TAG: Final = 0x80
 # version, state, flags, repl, ttl_s, ctime_ns, delay_s, retry_s, nacks, additional
 # deliveries, qtime_ms, #delivered, #confirmed, len(id), len(queue), len(body)
-_REC_HEAD = struct.Struct(">BBBHQQQQQQQHHHII")
-_REC_HEAD_V2 = struct.Struct(">BBBHQQQQQQQHHHIIH")
-_REC_HEAD_V3 = struct.Struct(">BBBHQQQQQQQHHHIIHHHH")
+_REC_HEAD: Final = struct.Struct(">BBBHQQQQQQQHHHII")
+_REC_HEAD_V2: Final = struct.Struct(">BBBHQQQQQQQHHHIIH")
+_REC_HEAD_V3: Final = struct.Struct(">BBBHQQQQQQQHHHIIHHHH")
 _HEADS: Final = {RECORD_VERSION: _REC_HEAD, RECORD_VERSION_MAXDELIVER: _REC_HEAD_V2,
                  RECORD_VERSION_EXT: _REC_HEAD_V3}
-_NODE_LEN = struct.Struct(">H")
+_NODE_LEN: Final = struct.Struct(">H")
+# Bound once: big-endian packs have no padding, so version 2's head is version 1's
+# and a u16, version 3's version 1's and four u16 (maxdeliver, then the lengths of
+# GROUP, DEDUP and the reason).
+_pack_head: Final = _REC_HEAD.pack
+_pack_u16: Final = _NODE_LEN.pack
+_pack_ext: Final = struct.Struct(">HHHH").pack
+
+
+def _append_node(parts: list[bytes], node: str) -> None:
+    raw = node.encode()
+    parts.append(_pack_u16(len(raw)))
+    parts.append(raw)
 
 
 def _extended_head(rec: bytes, version: int) -> tuple[int, int, tuple[int, int, int]]:

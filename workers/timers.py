@@ -107,8 +107,22 @@ class Timers:
             b.stale = 0
 
     def next_due(self) -> int | None:
+        """The earliest due time that still has a target, or None. A top bucket whose
+        every entry went stale (a replicated job's copies answered before its 50 ms
+        step, an ACK before a WAITJOB's timeout) is dropped here, so the worker does
+        not keep a tick planned for it; not while a capped tick left the top bucket
+        half drained (its count of stale entries no longer adds up then)."""
         heap = self.heap
-        return heap[0] if heap else None
+        while heap:
+            key = heap[0]
+            if self.capped or self.firing_key:
+                return key
+            b = self.buckets[key]
+            if b.stale < len(b.items):  # fewer unschedules than entries: one may be live
+                return key
+            heapq.heappop(heap)
+            del self.buckets[key]
+        return None
 
     def holds(self, target: Timed) -> bool:
         """``target`` sits in the bucket it records (tests; O(bucket))."""

@@ -35,7 +35,7 @@ from disque_mp.node.errors import ERR_BADID, ERR_NOAUTH, ERR_OOM, err_arity, err
 from disque_mp.node.getjob import GetJob, GetJobs, Runs, encode_getjob
 from disque_mp.node.owner import Owner
 from disque_mp.node.resp import append_request, encode
-from workers.ids import is_valid_job_id, owner_of_job_id, owner_of_queue
+from workers.ids import is_valid_job_id, owner_of_job_id, owner_of_queue, slot_of_valid_id
 from workers.invariant import InvariantError
 from workers.replies import PENDING, Error, Status
 
@@ -232,34 +232,37 @@ class Router(CommandPath):
         return self._fast_ack(conn, cmd, True)
 
     def _fast_ack(self, conn: ClientConn, cmd: list[bytes], fast: bool) -> bytes | None:
-        # ACKJOB / FASTACK id..., every ID valid and owned here: each ID is checked
-        # once (the general path validates in the router and again in cmd_jobs).
+        # ACKJOB / FASTACK id..., every ID valid: one pass over the IDs' bytes checks
+        # each (the general path validates in the router and again in cmd_jobs), finds
+        # its owner and, once a second owner shows, groups them for ``split_ack``. Only
+        # the IDs our shard takes are decoded.
         n = len(cmd)
         if n < 2:
             return None
         workers = self.workers
-        owner = self.index
-        ids: list[str] = []
-        owners: list[int] | None = None
+        owner = -1
+        groups: dict[int, list[bytes]] | None = None
         for i in range(1, n):
             raw = cmd[i]
-            if not is_valid_job_id(raw):
+            slot = slot_of_valid_id(raw)
+            if slot < 0:
                 return None  # the general path answers -BADID
-            job_id = raw.decode()
-            if workers > 1:
-                at = owner_of_job_id(job_id, workers)
-                if i == 1:
-                    owner = at
-                elif at != owner and owners is None:
-                    owners = [owner] * (i - 1)
-                if owners is not None:
-                    owners.append(at)
-            ids.append(job_id)
-        if owners is not None:
-            return split_ack(self, conn, cmd, ids, owners, fast)
+            at = slot % workers
+            if groups is not None:
+                part = groups.get(at)
+                if part is None:
+                    groups[at] = [cmd[0], raw]
+                else:
+                    part.append(raw)
+            elif owner < 0:
+                owner = at
+            elif at != owner:
+                groups = {owner: cmd[:i], at: [cmd[0], raw]}
+        if groups is not None:
+            return split_ack(self, conn, groups, fast)
         if owner != self.index:
             return self.forward_raw(conn, owner, cmd, "fastack" if fast else "ackjob")
-        reply = self.ack_here(ids, fast, cmd)
+        reply = self.ack_here([cmd[i].decode("ascii") for i in range(1, n)], fast, cmd)
         if reply is not None:
             conn.streak = 0
             conn.last_cmd = "fastack" if fast else "ackjob"
@@ -493,22 +496,20 @@ class Router(CommandPath):
         return runs
 
 
-def split_ack(self: Router, conn: ClientConn, cmd: list[bytes], ids: list[str],
-              owners: list[int], fast: bool) -> bytes | None:
-    """ACKJOB / FASTACK of valid IDs of several owners: our part on our shard, each
-    other owner's as one RAW command, the counts summed into one reply (``AckSum``).
-    The owners count the command (commandstats), as for a forwarded one; our
-    part is not counted again."""
+def split_ack(self: Router, conn: ClientConn, groups: dict[int, list[bytes]],
+              fast: bool) -> bytes | None:
+    """ACKJOB / FASTACK of valid IDs of several owners (``groups``: each owner's
+    command, the name then its IDs): our part on our shard, each other owner's as
+    one RAW command, the counts summed into one reply (``AckSum``). The owners
+    count the command (commandstats), as for a forwarded one; our part is not
+    counted again."""
     if self.cfg.appendfsync == "always" or (self.held and conn in self.held):
         return None  # our part waits for the AOF / behind held commands: general path
-    groups: dict[int, list[bytes]] = {}
-    for i, at in enumerate(owners):
-        groups.setdefault(at, [cmd[0]]).append(cmd[i + 1])
     mine = groups.pop(self.index, None)
     total = 0
     if mine is not None:
         w = self.w
-        part = [ids[i] for i, at in enumerate(owners) if at == self.index]
+        part = [mine[i].decode("ascii") for i in range(1, len(mine))]
         total = w.shard.op_fastack(part, w.now_ms) if fast else w.shard.op_ackjob(part, w.now_ms)
     conn.streak = 0
     conn.last_cmd = "fastack" if fast else "ackjob"

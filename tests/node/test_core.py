@@ -37,7 +37,7 @@ def core() -> Iterator[WorkerCore]:
         loop.close()
 
 
-def _waitjob(c: WorkerCore, got: list[Any]) -> None:
+def _waitjob(c: WorkerCore, got: list[Any]) -> str:
     """WAITJOB on a queued job, with a timeout shorter than the tick period."""
     c.now_ms = c.now_ms + 1
     job_id = c.shard.op_addjob(b"q", b"body", timeout_ms=0, replicate=None, delay_s=0,
@@ -46,6 +46,7 @@ def _waitjob(c: WorkerCore, got: list[Any]) -> None:
     token = c.new_token()
     c.tokens[token] = got.append
     assert c.shard.op_waitjob(token, [str(job_id)], WAITJOB_TIMEOUT_MS, c.now_ms) is PENDING
+    return str(job_id)
 
 
 def test_a_timer_due_before_the_planned_tick_moves_the_tick(core: WorkerCore) -> None:
@@ -71,3 +72,22 @@ def test_the_shards_wake_reaches_the_tokens_handler(core: WorkerCore) -> None:
         loop.run_until_complete(asyncio.sleep(0.005))
     assert got == [0]  # the timeout: none of the one job is done
     assert not core.tokens  # the handler was taken with its Wake
+
+
+def test_a_tick_pulled_earlier_goes_back_when_its_timer_goes(core: WorkerCore) -> None:
+    """The timer the tick was moved forward for is gone before it fires (here the
+    WAITJOB's job is acked before its timeout; in a cluster, a replicated job's
+    copies answer before its 50 ms step): the tick goes back to its hz time instead
+    of firing for nothing, and the shard's heap no longer holds the empty due time."""
+    core.tick()
+    planned = core.tick_at
+    got: list[Any] = []
+    job_id = _waitjob(core, got)
+    core.reschedule_tick()
+    assert core.tick_at < planned
+    assert core.shard.op_ackjob([job_id], core.now_ms) == 1
+    core.drain_effects()
+    assert got == [1]  # the WAITJOB is answered by the ACK, its timer dropped
+    core.reschedule_tick()
+    assert core.tick_at == planned
+    assert core.shard.timers.next_due() is None or core.shard.timers.next_due() >= planned
