@@ -51,6 +51,7 @@ import array
 import asyncio
 import logging
 import socket
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -138,28 +139,36 @@ def pack_took(held: list[int], qidx: list[int], parts: list[bytes]) -> bytes:
     """A TAKE's (or WAKE's) answer as one body, no JSON: native-endian u32s (the mesh
     joins processes forked from one supervisor, one code and one host) ``len(held)``,
     ``len(parts)``, ``held``, then per job the index of its queue among the request's
-    and the length of its entry; then the entries, each already RESP."""
-    head = array.array("I", [len(held), len(parts)])
-    head.extend(held)
-    head.extend(qidx)
-    head.extend([len(p) for p in parts])
-    return head.tobytes() + b"".join(parts)
+    and the length of its entry; then the entries, each already RESP (``parts`` is
+    used up: the header goes in front of them)."""
+    words = [len(held), len(parts)]
+    words += held
+    words += qidx
+    for p in parts:
+        words.append(len(p))
+    parts.insert(0, array.array("I", words).tobytes())
+    return b"".join(parts)
 
 
 def unpack_took(blob: bytes) -> tuple[list[int], list[int], list[int], int]:
     """``pack_took``'s body: held, queue indexes, entry lengths and where the entries
     start; ValueError when the body is not of that shape."""
-    counts = array.array("I")
-    counts.frombytes(blob[:8])
-    nheld, njobs = counts[0], counts[1]
+    if len(blob) < 8:
+        raise ValueError("malformed TAKE answer")
+    nheld, njobs = _took_counts(blob, 0)
     start = 8 + 4 * (nheld + 2 * njobs)
+    if start > len(blob):
+        raise ValueError("malformed TAKE answer")
     words = array.array("I")
     words.frombytes(blob[8:start])
     w = words.tolist()
     lens = w[nheld + njobs :]
-    if len(lens) != njobs or start + sum(lens) != len(blob):
+    if start + sum(lens) != len(blob):
         raise ValueError("malformed TAKE answer")
     return w[:nheld], w[nheld : nheld + njobs], lens, start
+
+
+_took_counts = struct.Struct("=II").unpack_from
 
 
 # ----- links ----------------------------------------------------------------

@@ -24,7 +24,7 @@ from bus.mesh import pack_took, unpack_took
 from disque_mp.node.connection import ClientConn, PendingReply
 from disque_mp.node.core import WorkerCore
 from disque_mp.node.errors import ERR_LEAVING
-from disque_mp.node.resp import NULL3, NULL_ARRAY2, encode, encode_jobs
+from disque_mp.node.resp import NULL3, NULL_ARRAY2, encode, encode_jobs, job_head_cache_max
 from workers.replies import NULL_ARRAY, PENDING, Error
 
 Runs = list[tuple[int, list[bytes]]]  # (owner, its queues): consecutive queues of one owner
@@ -406,6 +406,20 @@ def take_share(hints: list[int], own: list[bytes], lengths: dict[bytes, int], co
     mine = sum(lengths.values())
     if mine + sum(h for h in hints if h > 0) <= count:  # every job is in the answer
         return mine
+    if len(lengths) == len(own):  # none of ours named twice: does the first pass settle it?
+        total = part = j = 0
+        for hint in hints:
+            if hint == -1:
+                if lengths[own[j]] > 0:
+                    total += 1
+                    part += 1
+                j += 1
+            elif hint > 0:
+                total += 1
+            elif hint < -1:
+                break  # a queue named twice: the general count below
+            if total >= count:
+                return part
     left: dict[Any, int] = {}
     keys: list[Any] = []
     j = 0
@@ -435,6 +449,15 @@ def part_of(queues: list[bytes], sizes: dict[bytes, int], mine: set[bytes], coun
             part += n
     if total <= count:  # every job is in the answer
         return part
+    if len(sizes) == len(queues):  # no queue named twice: does the first pass settle it?
+        total = part = 0
+        for q in queues:
+            if sizes[q] > 0:
+                total += 1
+                if q in mine:
+                    part += 1
+                if total >= count:
+                    return part
     left: dict[Any, int] = dict(sizes)
     return _mine_in_passes([q for q in queues if left.get(q, 0) > 0], left, mine, count)
 
@@ -519,10 +542,18 @@ def entry_resp(entry: list[Any]) -> bytes:
     """One job of a GETJOB answer as RESP (the same bytes in RESP2 and RESP3)."""
     if len(entry) == 3:
         queue, job_id, body = entry
-        if type(job_id) is str and type(queue) is bytes and type(body) is bytes:
-            return b"*3\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (
-                len(queue), queue, len(job_id), job_id.encode(), len(body), body)
-    return encode(entry)  # WITHCOUNTERS: a flat array of strings and integers
+        if type(job_id) is str and len(job_id) == 40 and type(queue) is bytes and type(body) is bytes:
+            head = _entry_heads.get(queue)
+            if head is None:
+                if len(_entry_heads) >= job_head_cache_max:
+                    _entry_heads.clear()
+                head = _entry_heads[queue] = b"*3\r\n$%d\r\n%s\r\n$40\r\n" % (len(queue), queue)
+            return b"".join((head, job_id.encode(), b"\r\n$%d\r\n" % len(body), body, b"\r\n"))
+    return encode(entry)  # WITHCOUNTERS (or an ID of another shape): the generic encoder
+
+
+# An entry starts with the same bytes for every job of a queue (as resp's job heads).
+_entry_heads: dict[bytes, bytes] = {}
 
 
 def took_bytes(queues: list[bytes], held: list[int], entries: list[list[Any]]) -> bytes:
