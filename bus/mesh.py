@@ -14,7 +14,7 @@ Frame kinds (meta is an orjson object, bodies raw bytes, see ``bus/frames.py``):
              GETJOB, -1 for the receiver's, else what the asker knows the queue
              holds: ``getjob.take_share``; took: one bytes value, ``pack_took``: what
              each of the receiver's queues could give before the take, when hinted,
-             and the jobs taken, already RESP)
+             and the jobs taken, already RESP; 0 when there is neither)
     BLOCK    {"t": token, "c", "w"}        bodies: queues   -> later WAKE {"t"} [took],
                                                                or {"t", "e": error}
     UNBLOCK  {"t"}

@@ -241,7 +241,8 @@ class GetJob:
     def _remote_took(self, owner: int, queues: list[bytes], meta: dict[str, Any],
                      bodies: list[bytes]) -> None:
         """A TAKE's answer (``pack_took``: what each of its queues held when hinted, the
-        jobs taken), or an error when that worker is down (its queues count as empty)."""
+        jobs taken; 0 when neither), or an error when that worker is down (its queues
+        count as empty)."""
         value = meta.get("v")
         took: Took | None = None
         if type(value) is dict and "b" in value:

@@ -114,8 +114,8 @@ class Peers:
         if reply is not PENDING:
             link.reply(rid, reply)
 
-    def _take(self, meta: dict[str, Any], bodies: list[bytes]) -> bytes:
-        """A coordinator's TAKE: the jobs (``getjob.took_bytes``), and when it tells
+    def _take(self, meta: dict[str, Any], bodies: list[bytes]) -> bytes | int:
+        """A coordinator's TAKE: the jobs (``getjob.took_bytes``; 0 for none), and when it tells
         what the other queues hold (``k``, sent only when its own queues hold jobs)
         what each of ours held before: then only the part we can win (``take_share``),
         else up to COUNT jobs of our queues."""
@@ -131,7 +131,10 @@ class Peers:
                     lengths[bodies[i]] = held[i]
                 count = min(count, take_share(hints, bodies, lengths, count))
         # even for 0 jobs: a take creates the queues it names, as one shard's GETJOB does
-        return took_bytes(bodies, held, shard.op_take(bodies, count, meta["w"], self.w.now_ms))
+        entries = shard.op_take(bodies, count, meta["w"], self.w.now_ms)
+        if not entries and not held:
+            return 0  # nothing to tell: no body to pack or read
+        return took_bytes(bodies, held, entries)
 
     def _serve_block(self, link: Link, meta: dict[str, Any], bodies: list[bytes]) -> None:
         w = self.w
