@@ -9,17 +9,20 @@ it answers on the link the request came from.
 Frame kinds (meta is an orjson object, bodies raw bytes, see ``bus/frames.py``):
 
     CMD      {"r", "n": command}            bodies: args     -> REPLY {"r", "v"}
-    TAKE     {"r", "c": count, "w": withcounters, "k": hints}  bodies: queues -> REPLY [job entries, held]
-             (hints: one per queue of the GETJOB, -1 for the receiver's, else what the
-             asker knows the queue holds: ``getjob.take_share``; held: what each of
-             the receiver's queues could give before the take)
-    BLOCK    {"t": token, "c", "w"}        bodies: queues   -> later WAKE {"t", "v"}
+    TAKE     {"r", "c": count, "w": withcounters, "k": hints}  bodies: queues -> REPLY took
+             (hints, only when the asker's queues hold jobs: one per queue of the
+             GETJOB, -1 for the receiver's, else what the asker knows the queue
+             holds: ``getjob.take_share``; took: one bytes value, ``pack_took``: what
+             each of the receiver's queues could give before the take, when hinted,
+             and the jobs taken, already RESP; 0 when there is neither)
+    BLOCK    {"t": token, "c", "w"}        bodies: queues   -> later WAKE {"t"} [took],
+                                                               or {"t", "e": error}
     UNBLOCK  {"t"}
     RETURN   {}                            bodies: job IDs (surplus of a GETJOB)
     SCATTER  {"r", "op", "a": JSON arg}    node-wide work    -> REPLY {"r", "v"}
     CMDS     {"r": [rid], "n": [command], "c": [argc]}  bodies: all args
     REPLIES  {"r": [rid], "v": [value]}   bodies: shared by the values
-    REPLY / REPLIES / WAKE carry packed reply values (``pack``/``unpack``).
+    REPLY / REPLIES carry packed reply values (``pack``/``unpack``).
     RAW      {}  bodies: [request ids, RESP3 flags, the commands as RESP] -> RAWREPLIES
     RAWREPLIES {}  bodies: [request ids, reply lengths, the replies as RESP bytes]
 
@@ -48,6 +51,7 @@ import array
 import asyncio
 import logging
 import socket
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -129,6 +133,42 @@ def unpack(value: Any, bodies: list[bytes]) -> Any:
     if type(value) is list:
         return [unpack(v, bodies) for v in value]
     return value
+
+
+def pack_took(held: list[int], qidx: list[int], parts: list[bytes]) -> bytes:
+    """A TAKE's (or WAKE's) answer as one body, no JSON: native-endian u32s (the mesh
+    joins processes forked from one supervisor, one code and one host) ``len(held)``,
+    ``len(parts)``, ``held``, then per job the index of its queue among the request's
+    and the length of its entry; then the entries, each already RESP (``parts`` is
+    used up: the header goes in front of them)."""
+    words = [len(held), len(parts)]
+    words += held
+    words += qidx
+    for p in parts:
+        words.append(len(p))
+    parts.insert(0, array.array("I", words).tobytes())
+    return b"".join(parts)
+
+
+def unpack_took(blob: bytes) -> tuple[list[int], list[int], list[int], int]:
+    """``pack_took``'s body: held, queue indexes, entry lengths and where the entries
+    start; ValueError when the body is not of that shape."""
+    if len(blob) < 8:
+        raise ValueError("malformed TAKE answer")
+    nheld, njobs = _took_counts(blob, 0)
+    start = 8 + 4 * (nheld + 2 * njobs)
+    if start > len(blob):
+        raise ValueError("malformed TAKE answer")
+    words = array.array("I")
+    words.frombytes(blob[8:start])
+    w = words.tolist()
+    lens = w[nheld + njobs :]
+    if start + sum(lens) != len(blob):
+        raise ValueError("malformed TAKE answer")
+    return w[:nheld], w[nheld : nheld + njobs], lens, start
+
+
+_took_counts = struct.Struct("=II").unpack_from
 
 
 # ----- links ----------------------------------------------------------------

@@ -13,17 +13,18 @@ owners' WAKEs and peer reconnections, DEBUG FLUSHALL releases them all."""
 from __future__ import annotations
 
 import asyncio
-from collections import deque
-from collections.abc import Callable
+from functools import partial
 from typing import Any
+
+import hiredis
 
 from bus import mesh as meshmod
 from bus.clock import wall_ms
-from bus.mesh import unpack
+from bus.mesh import pack_took, unpack_took
 from disque_mp.node.connection import ClientConn, PendingReply
 from disque_mp.node.core import WorkerCore
 from disque_mp.node.errors import ERR_LEAVING
-from disque_mp.node.resp import NULL3, NULL_ARRAY2, encode, encode_jobs
+from disque_mp.node.resp import NULL3, NULL_ARRAY2, encode, encode_jobs, job_head_cache_max
 from workers.replies import NULL_ARRAY, PENDING, Error
 
 Runs = list[tuple[int, list[bytes]]]  # (owner, its queues): consecutive queues of one owner
@@ -37,14 +38,19 @@ class GetJobs:
         self.waiting: dict[int, GetJob] = {}
 
     def on_wake(self, peer: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
-        """An owner's WAKE: jobs (or the error) for one of ours, else given back."""
-        entries = unpack(meta.get("v"), bodies)
+        """An owner's WAKE: jobs (``Took``) or the error for one of ours, else given back."""
         job = self.waiting.get(meta["t"])
-        if job is None:
-            if not isinstance(entries, Error):
-                self.return_jobs(peer, entries)
+        err = meta.get("e")
+        answer: Any
+        if err is not None:
+            answer = Error(err)
         else:
-            job.woken(peer, entries)
+            answer = Took.of(peer, job.blocked_at.get(peer, []) if job is not None else [], bodies[0])
+        if job is None:
+            if err is None:
+                self.return_ids(peer, answer.ids())
+        else:
+            job.woken(peer, answer)
 
     def on_peer_up(self, peer: int) -> None:
         for job in list(self.waiting.values()):
@@ -55,12 +61,11 @@ class GetJobs:
         for job in list(self.waiting.values()):
             job.release()
 
-    def return_jobs(self, owner: int, entries: list[Any]) -> None:
+    def return_ids(self, owner: int, ids: list[str]) -> None:
         """Give back jobs taken for a GETJOB that no longer wants them."""
-        if not entries:
+        if not ids:
             return
         w = self.w
-        ids = [str(e[1]) for e in entries]
         if owner == w.index:
             w.shard.op_return(ids, wall_ms())
             w.drain_effects()
@@ -68,11 +73,52 @@ class GetJobs:
             w.mesh.send(owner, meshmod.K_RETURN, {}, [i.encode() for i in ids])
 
 
+class Took:
+    """The jobs one owner took for a GETJOB (a TAKE's or a WAKE's answer, ``pack_took``):
+    their entries already RESP, one after the other in ``data`` from ``start``, and
+    the index of each one's queue in ``queues`` (the request's)."""
+
+    __slots__ = ("owner", "queues", "qidx", "lens", "data", "start")
+
+    def __init__(self, owner: int, queues: list[bytes], qidx: list[int], lens: list[int],
+                 data: bytes, start: int) -> None:
+        self.owner = owner
+        self.queues = queues
+        self.qidx = qidx
+        self.lens = lens
+        self.data = data
+        self.start = start
+
+    @staticmethod
+    def of(owner: int, queues: list[bytes], blob: bytes) -> Took:
+        _, qidx, lens, start = unpack_took(blob)
+        return Took(owner, queues, qidx, lens, blob, start)
+
+    def names(self) -> list[bytes]:
+        queues = self.queues
+        return [queues[i] for i in self.qidx]
+
+    def parts(self) -> list[bytes]:
+        out: list[bytes] = []
+        data, at = self.data, self.start
+        for n in self.lens:
+            out.append(data[at : at + n])
+            at += n
+        return out
+
+    def reply(self) -> bytes:
+        """The GETJOB's answer when these are all its jobs."""
+        return b"*%d\r\n" % len(self.lens) + self.data[self.start :]
+
+    def ids(self) -> list[str]:
+        return ids_in(self.data[self.start :], len(self.lens))
+
+
 class GetJob:
     """One GETJOB coordinated by this worker (docs/architecture.md, "Invariants")."""
 
-    __slots__ = ("w", "jobs", "conn", "spec", "runs", "asked", "taken", "here", "sizes", "token", "slot",
-                 "blocked_at", "timer", "done", "flushed")
+    __slots__ = ("w", "jobs", "conn", "spec", "runs", "asked", "taken", "here", "sizes", "hinted",
+                 "token", "slot", "blocked_at", "timer", "done", "flushed")
 
     def __init__(self, jobs: GetJobs, conn: ClientConn, spec: Any, runs: Runs) -> None:
         """``runs``: the queues cut into runs of one owner, in the client's order."""
@@ -82,11 +128,14 @@ class GetJob:
         self.spec = spec
         self.runs = runs
         self.asked = 0  # other owners whose TAKE is unanswered
-        self.taken: list[tuple[int, list[Any]]] = []  # (owner, entries) of each take with jobs
+        self.taken: list[Took] = []  # the other owners' takes that got jobs
         self.here: list[bytes] = []  # our queues, in the client's order
         # what each queue named could give (our queues when the TAKEs left, the others'
         # from their answers): the one-shard answer's split between the owners
         self.sizes: dict[bytes, int] = {}
+        # our queues held jobs when the TAKEs left: they carry hints and the answers
+        # what each queue held (else our part is none, whatever the others hold)
+        self.hinted = False
         self.token = 0
         self.slot: PendingReply | None = None
         self.blocked_at: dict[int, list[bytes]] = {}
@@ -103,15 +152,21 @@ class GetJob:
             if owner == w.index:
                 here += queues
         self.here = here
-        sizes = self.sizes
-        held = w.shard.op_takeable(here)
-        for i in range(len(here)):
-            sizes[here[i]] = held[i]
-        owner, lead = self.runs[0]
-        if owner == w.index and spec.count <= len(lead) and \
-                len({q for q in lead if sizes[q]}) >= spec.count:
-            # COUNT distinct queues of ours with a job lead: the first pass fills it
-            return w.shard.op_take(lead, spec.count, spec.withcounters, w.now_ms)
+        if here:
+            sizes = self.sizes
+            held = w.shard.op_takeable(here)
+            hinted = False
+            for i in range(len(here)):
+                n = held[i]
+                sizes[here[i]] = n
+                if n:
+                    hinted = True
+            self.hinted = hinted
+            owner, lead = self.runs[0]
+            if hinted and owner == w.index and spec.count <= len(lead) and \
+                    len({q for q in lead if sizes[q]}) >= spec.count:
+                # COUNT distinct queues of ours with a job lead: the first pass fills it
+                return w.shard.op_take(lead, spec.count, spec.withcounters, w.now_ms)
         self.slot = self.conn.defer()
         self.conn.waiters.add(self)
         self._step()
@@ -129,9 +184,10 @@ class GetJob:
         return PENDING
 
     def _step(self) -> None:
-        """Ask every other owner at once: one TAKE each, with what our queues hold,
-        so that it takes its exact part of the one-shard answer and tells what its
-        queues held; ours is taken when all have answered (``_gathered``)."""
+        """Ask every other owner at once: one TAKE each (with what our queues hold when
+        they hold jobs, so that it takes its exact part of the one-shard answer and
+        tells what its queues held); ours is taken when all have answered
+        (``_gathered``)."""
         w, spec = self.w, self.spec
         remote: dict[int, list[bytes]] = {}
         for owner, queues in self.runs:
@@ -145,11 +201,12 @@ class GetJob:
         if not remote:
             self._gathered(spec.count)  # every queue is ours (not from the router)
             return
-        sizes = self.sizes
         for owner, queues in remote.items():
-            meta: dict[str, Any] = {"c": spec.count, "w": spec.withcounters,
-                                    "k": self._hints(owner, sizes)}
-            w.mesh.request(owner, meshmod.K_TAKE, meta, queues, self._take_reply(owner, queues))
+            meta: dict[str, Any] = {"c": spec.count, "w": spec.withcounters}
+            if self.hinted:
+                meta["k"] = self._hints(owner, self.sizes)
+            # a partial, not a closure: nothing left for the cycle collector
+            w.mesh.request(owner, meshmod.K_TAKE, meta, queues, partial(self._remote_took, owner, queues))
 
     def _hints(self, to: int, sizes: dict[bytes, int]) -> list[int]:
         """One per queue named, in the client's order (``take_share``): -1 for the
@@ -181,24 +238,28 @@ class GetJob:
                         hints.append(-2 - at)
         return hints
 
-    def _take_reply(self, owner: int, queues: list[bytes]) -> Callable[[dict[str, Any], list[bytes]], None]:
-        return lambda meta, bodies: self._remote_took(owner, queues, unpack(meta.get("v"), bodies))
-
-    def _remote_took(self, owner: int, queues: list[bytes], answer: Any) -> None:
-        """A TAKE's answer: [the jobs taken, what each of its queues held], or an
-        ``Error`` when that worker is down (then its queues count as empty)."""
-        entries: list[Any] = []
-        if not isinstance(answer, Error):
-            entries = answer[0]
-            held: list[int] = answer[1]
-            sizes = self.sizes
-            for i in range(len(queues)):
-                sizes[queues[i]] = held[i]
+    def _remote_took(self, owner: int, queues: list[bytes], meta: dict[str, Any],
+                     bodies: list[bytes]) -> None:
+        """A TAKE's answer (``pack_took``: what each of its queues held when hinted, the
+        jobs taken; 0 when neither), or an error when that worker is down (its queues
+        count as empty)."""
+        value = meta.get("v")
+        took: Took | None = None
+        if type(value) is dict and "b" in value:
+            blob = bodies[value["b"]]
+            held, qidx, lens, start = unpack_took(blob)
+            if held:
+                sizes = self.sizes
+                for i in range(len(queues)):
+                    sizes[queues[i]] = held[i]
+            if lens:
+                took = Took(owner, queues, qidx, lens, blob, start)
         if self.done:
-            self.jobs.return_jobs(owner, entries)
+            if took is not None:
+                self.jobs.return_ids(owner, took.ids())
             return
-        if entries:
-            self.taken.append((owner, entries))
+        if took is not None:
+            self.taken.append(took)
         self.asked -= 1
         if self.asked == 0:
             self.w.now_ms = wall_ms()
@@ -211,29 +272,33 @@ class GetJob:
         were empty."""
         w, spec = self.w, self.spec
         here = self.here
+        got: list[Any] = []
         if here:
             if share < 0:
-                share = part_of(spec.queues, self.sizes, set(here), spec.count)
+                share = part_of(spec.queues, self.sizes, set(here), spec.count) if self.hinted else 0
             # even for 0 jobs: a take creates the queues it names, as one shard's GETJOB does
             got = w.shard.op_take(here, share, spec.withcounters, w.now_ms)
-            if got:
-                self.taken.append((w.index, got))
         taken, self.taken = self.taken, []
-        if len(taken) == 1:  # one take had jobs: already in one shard's order
-            self._finish(taken[0][1])
-            return
         if not taken:
-            if spec.nohang:
+            if got:
+                self._finish(got)
+            elif spec.nohang:
                 self._finish(NULL_ARRAY)
             elif w.leaving():
                 self._finish(ERR_LEAVING)
             else:
                 self._block()
             return
-        chosen, surplus = pick_round_robin(spec.queues, taken, spec.count)
-        for owner, entries in surplus.items():
-            self.jobs.return_jobs(owner, entries)
-        self._finish(chosen)
+        if not got and len(taken) == 1:  # one take had jobs: already in one shard's order
+            self._finish(taken[0].reply())
+            return
+        takes = [(t.owner, t.names(), t.parts()) for t in taken]
+        if got:
+            takes.append((w.index, [e[0] for e in got], [entry_resp(e) for e in got]))
+        chosen, surplus = pick_round_robin(spec.queues, takes, spec.count)
+        for owner, parts in surplus.items():
+            self.jobs.return_ids(owner, ids_in(b"".join(parts), len(parts)))
+        self._finish(b"*%d\r\n" % len(chosen) + b"".join(chosen))
 
     def _block(self) -> None:
         w = self.w
@@ -250,7 +315,7 @@ class GetJob:
     def _block_at(self, owner: int, queues: list[bytes]) -> None:
         w = self.w
         if owner == w.index:
-            w.tokens[self.token] = lambda entries: self.woken(w.index, entries)
+            w.tokens[self.token] = self._woken_here
             w.shard.op_block(self.token, queues, self.spec.count, self.spec.withcounters, w.now_ms)
         else:
             meta = {"t": self.token, "c": self.spec.count, "w": self.spec.withcounters}
@@ -261,19 +326,23 @@ class GetJob:
         if not self.done and peer in self.blocked_at:
             self._block_at(peer, self.blocked_at[peer])
 
-    def woken(self, owner: int, entries: Any) -> None:
-        """Jobs from an owner this GETJOB blocked at, or the error that released the
-        waiter there (-LEAVING): a list of entries or an ``Error``."""
-        if isinstance(entries, Error):
+    def _woken_here(self, entries: Any) -> None:
+        self.woken(self.w.index, entries)
+
+    def woken(self, owner: int, answer: Any) -> None:
+        """Jobs from an owner this GETJOB blocked at (entries from our shard, a
+        ``Took`` from another owner), or the error that released the waiter there
+        (-LEAVING, an ``Error``)."""
+        if isinstance(answer, Error):
             if not self.done:
-                self._finish(entries, woken_by=owner)
+                self._finish(answer, woken_by=owner)
             return
         if self.done:
-            self.jobs.return_jobs(owner, entries)
+            self.jobs.return_ids(owner, answer.ids() if type(answer) is Took else [e[1] for e in answer])
             return
-        if not entries:
+        if not (answer.lens if type(answer) is Took else answer):
             return
-        self._finish(entries, woken_by=owner)
+        self._finish(answer.reply() if type(answer) is Took else answer, woken_by=owner)
 
     def _timeout(self) -> None:
         self.timer = None
@@ -289,20 +358,22 @@ class GetJob:
         self._timeout()
 
     def _finish(self, reply: Any, woken_by: int = -1) -> None:
+        """``reply``: the answer's value, or its bytes (``Took.reply``, a merge)."""
         self.done = True
         self._unblock(skip=woken_by)
         conn = self.conn
         conn.waiters.discard(self)
         if self.slot is not None:
-            conn.fill(self.slot, encode_getjob(reply, self.spec.withcounters, conn.resp3))
+            data = reply if type(reply) is bytes else encode_getjob(reply, self.spec.withcounters, conn.resp3)
+            conn.fill(self.slot, data)
 
     def cancel(self) -> None:
         """The client went away: nothing will be delivered to it."""
         if not self.done:
             self.done = True
             self._unblock()
-            for owner, entries in self.taken:  # other owners' answers (ours is taken last)
-                self.jobs.return_jobs(owner, entries)
+            for took in self.taken:  # other owners' answers (ours is taken last)
+                self.jobs.return_ids(took.owner, took.ids())
             self.taken = []
 
     def _unblock(self, skip: int = -1) -> None:
@@ -336,6 +407,20 @@ def take_share(hints: list[int], own: list[bytes], lengths: dict[bytes, int], co
     mine = sum(lengths.values())
     if mine + sum(h for h in hints if h > 0) <= count:  # every job is in the answer
         return mine
+    if len(lengths) == len(own):  # none of ours named twice: does the first pass settle it?
+        total = part = j = 0
+        for hint in hints:
+            if hint == -1:
+                if lengths[own[j]] > 0:
+                    total += 1
+                    part += 1
+                j += 1
+            elif hint > 0:
+                total += 1
+            elif hint < -1:
+                break  # a queue named twice: the general count below
+            if total >= count:
+                return part
     left: dict[Any, int] = {}
     keys: list[Any] = []
     j = 0
@@ -365,6 +450,15 @@ def part_of(queues: list[bytes], sizes: dict[bytes, int], mine: set[bytes], coun
             part += n
     if total <= count:  # every job is in the answer
         return part
+    if len(sizes) == len(queues):  # no queue named twice: does the first pass settle it?
+        total = part = 0
+        for q in queues:
+            if sizes[q] > 0:
+                total += 1
+                if q in mine:
+                    part += 1
+                if total >= count:
+                    return part
     left: dict[Any, int] = dict(sizes)
     return _mine_in_passes([q for q in queues if left.get(q, 0) > 0], left, mine, count)
 
@@ -402,40 +496,84 @@ def encode_getjob(reply: Any, withcounters: bool, resp3: bool) -> bytes:
 
 
 def pick_round_robin(
-    queues: list[bytes], taken: list[tuple[int, list[Any]]], count: int
+    queues: list[bytes], taken: list[tuple[int, list[bytes], list[Any]]], count: int
 ) -> tuple[list[Any], dict[int, list[Any]]]:
     """What one shard holding every queue would have answered (one job per queue per
     pass, left to right, up to ``count``: the reference's order) from what each owner
-    took (``taken``: (owner, entries), each owner's entries in its pop order, which is
-    enough: the answer's jobs of any owner are a prefix of its own passes), and the
-    surplus by owner."""
-    by_queue: dict[bytes, deque[Any]] = {}
+    took (``taken``: (owner, each job's queue, the jobs), each owner's jobs in its pop
+    order, which is enough: the answer's jobs of any owner are a prefix of its own
+    passes), and the surplus by owner."""
+    by_queue: dict[bytes, list[Any]] = {}
     owner_of: dict[bytes, int] = {}
-    for owner, entries in taken:
-        for e in entries:
-            name = e[0]
-            if type(name) is not bytes:
-                name = str(name).encode()
+    for owner, names, items in taken:
+        for i in range(len(names)):
+            name = names[i]
             jobs = by_queue.get(name)
             if jobs is None:
-                jobs = by_queue[name] = deque()
+                by_queue[name] = [items[i]]
                 owner_of[name] = owner
-            jobs.append(e)
+            else:
+                jobs.append(items[i])
+    used: dict[bytes, int] = {}  # of each queue's jobs, how many are chosen
     chosen: list[Any] = []
-    # a queue named twice is the same deque at both places, as in a shard's take
-    active = [jobs for jobs in map(by_queue.get, queues) if jobs is not None]
+    # a queue named twice is the same jobs at both places, as in a shard's take
+    active = [q for q in queues if q in by_queue]
     while active and len(chosen) < count:
-        again: list[deque[Any]] = []
-        for jobs in active:
-            if jobs:
-                chosen.append(jobs.popleft())
+        again: list[bytes] = []
+        for q in active:
+            jobs = by_queue[q]
+            k = used.get(q, 0)
+            if k < len(jobs):
+                chosen.append(jobs[k])
+                used[q] = k + 1
                 if len(chosen) >= count:
                     break
-                if jobs:
-                    again.append(jobs)
+                if k + 1 < len(jobs):
+                    again.append(q)
         active = again
     surplus: dict[int, list[Any]] = {}
     for name, jobs in by_queue.items():
-        if jobs:
-            surplus.setdefault(owner_of[name], []).extend(jobs)
+        k = used.get(name, 0)
+        if k < len(jobs):
+            surplus.setdefault(owner_of[name], []).extend(jobs[k:])
     return chosen, surplus
+
+
+def entry_resp(entry: list[Any]) -> bytes:
+    """One job of a GETJOB answer as RESP (the same bytes in RESP2 and RESP3)."""
+    if len(entry) == 3:
+        queue, job_id, body = entry
+        if type(job_id) is str and len(job_id) == 40 and type(queue) is bytes and type(body) is bytes:
+            head = _entry_heads.get(queue)
+            if head is None:
+                if len(_entry_heads) >= job_head_cache_max:
+                    _entry_heads.clear()
+                head = _entry_heads[queue] = b"*3\r\n$%d\r\n%s\r\n$40\r\n" % (len(queue), queue)
+            return b"".join((head, job_id.encode(), b"\r\n$%d\r\n" % len(body), body, b"\r\n"))
+    return encode(entry)  # WITHCOUNTERS (or an ID of another shape): the generic encoder
+
+
+# An entry starts with the same bytes for every job of a queue (as resp's job heads).
+_entry_heads: dict[bytes, bytes] = {}
+
+
+def took_bytes(queues: list[bytes], held: list[int], entries: list[list[Any]]) -> bytes:
+    """An owner's answer to a TAKE or for a WAKE (``pack_took``): ``held``, then the
+    ``entries`` its shard gave, each with its queue's place in ``queues``."""
+    if len(queues) == 1:
+        qidx = [0] * len(entries)
+    else:
+        at: dict[bytes, int] = {}
+        for i in range(len(queues)):
+            if queues[i] not in at:
+                at[queues[i]] = i
+        qidx = [at[e[0]] for e in entries]
+    return pack_took(held, qidx, [entry_resp(e) for e in entries])
+
+
+def ids_in(data: bytes, n: int) -> list[str]:
+    """The job IDs of ``n`` GETJOB entries, RESP one after the other (jobs given back:
+    the rare path)."""
+    reader = hiredis.Reader()
+    reader.feed(data)
+    return [reader.gets()[1].decode() for _ in range(n)]

@@ -33,11 +33,11 @@ import hiredis
 from bus import mesh as meshmod
 from bus.clock import wall_ms
 from bus.frames import FrameError
-from bus.mesh import Link, pack
+from bus.mesh import Link
 from disque_mp.node.connection import ClientConn, PendingReply
 from disque_mp.node.core import WorkerCore
 from disque_mp.node.errors import ERR_INTERNAL
-from disque_mp.node.getjob import GetJobs, take_share
+from disque_mp.node.getjob import GetJobs, take_share, took_bytes
 from disque_mp.node.resp import encode
 from disque_mp.node.router import Router
 from workers.invariant import InvariantError
@@ -114,21 +114,27 @@ class Peers:
         if reply is not PENDING:
             link.reply(rid, reply)
 
-    def _take(self, meta: dict[str, Any], bodies: list[bytes]) -> list[Any]:
-        """A coordinator's TAKE: [the jobs, what each of our queues held before]. Up to
-        COUNT jobs of our queues, or, when it tells what the other queues hold
-        (``k``), only the part we can win (``take_share``)."""
+    def _take(self, meta: dict[str, Any], bodies: list[bytes]) -> bytes | int:
+        """A coordinator's TAKE: the jobs (``getjob.took_bytes``; 0 for none), and when it tells
+        what the other queues hold (``k``, sent only when its own queues hold jobs)
+        what each of ours held before: then only the part we can win (``take_share``),
+        else up to COUNT jobs of our queues."""
         shard = self.w.shard
         count: int = meta["c"]
         hints = meta.get("k")
-        held = shard.op_takeable(bodies)
-        if hints is not None and hints.count(-1) == len(bodies):
-            lengths: dict[bytes, int] = {}
-            for i in range(len(bodies)):
-                lengths[bodies[i]] = held[i]
-            count = min(count, take_share(hints, bodies, lengths, count))
+        held: list[int] = []
+        if hints is not None:
+            held = shard.op_takeable(bodies)
+            if hints.count(-1) == len(bodies):
+                lengths: dict[bytes, int] = {}
+                for i in range(len(bodies)):
+                    lengths[bodies[i]] = held[i]
+                count = min(count, take_share(hints, bodies, lengths, count))
         # even for 0 jobs: a take creates the queues it names, as one shard's GETJOB does
-        return [shard.op_take(bodies, count, meta["w"], self.w.now_ms), held]
+        entries = shard.op_take(bodies, count, meta["w"], self.w.now_ms)
+        if not entries and not held:
+            return 0  # nothing to tell: no body to pack or read
+        return took_bytes(bodies, held, entries)
 
     def _serve_block(self, link: Link, meta: dict[str, Any], bodies: list[bytes]) -> None:
         w = self.w
@@ -139,19 +145,19 @@ class Peers:
 
         def wake(entries: Any) -> None:
             blocked.pop(remote, None)
-            out: list[bytes] = []
-            value = pack(entries, out)
-            if link.transport is None:
-                if not isinstance(entries, Error):  # asker is gone: give the jobs back
-                    w.shard.op_return([e[1] for e in entries], w.now_ms)
+            if isinstance(entries, Error):
+                if link.transport is not None:
+                    link.send(meshmod.K_WAKE, {"t": remote, "e": str(entries)})
+                return
+            if link.transport is None:  # asker is gone: give the jobs back
+                w.shard.op_return([e[1] for e in entries], w.now_ms)
                 return
             try:
-                link.send(meshmod.K_WAKE, {"t": remote, "v": value}, out)
-            except FrameError:  # more jobs than a frame carries: give them back
-                if not isinstance(entries, Error):
-                    w.shard.op_return([e[1] for e in entries], w.now_ms)
+                link.send(meshmod.K_WAKE, {"t": remote}, [took_bytes(bodies, [], entries)])
+            except FrameError:  # more than a frame carries: give them back
+                w.shard.op_return([e[1] for e in entries], w.now_ms)
                 w.mesh.count_refused()
-                link.send(meshmod.K_WAKE, {"t": remote, "v": {"e": meshmod.ERR_TOO_BIG}})
+                link.send(meshmod.K_WAKE, {"t": remote, "e": meshmod.ERR_TOO_BIG})
 
         w.tokens[token] = wake
         w.shard.op_block(token, bodies, meta["c"], meta["w"], w.now_ms)

@@ -1,13 +1,25 @@
 """The merge of a GETJOB over several owners: what one shard holding every queue
 answers (one job per queue per pass, left to right, up to COUNT), whatever way the
-queues were split between the takes, and the rest as surplus by owner."""
+queues were split between the takes, and the rest as surplus by owner; the owners'
+answers as they cross the mesh (``took_bytes``, ``Took``)."""
 
 from __future__ import annotations
 
 import random
 from typing import Any
 
-from disque_mp.node.getjob import part_of, pick_round_robin, take_share
+import pytest
+
+from bus.mesh import unpack_took
+from disque_mp.node.getjob import (
+    Took,
+    encode_getjob,
+    entry_resp,
+    part_of,
+    pick_round_robin,
+    take_share,
+    took_bytes,
+)
 
 
 def one_shard(queues: list[bytes], jobs: dict[bytes, list[str]], count: int) -> list[Any]:
@@ -51,12 +63,12 @@ def test_any_split_gives_one_shards_answer() -> None:
                 for e in got:
                     state[e[0]].remove(e[1])
                 if got:
-                    taken.append((o, got))
+                    taken.append((o, [e[0] for e in got], got))
         chosen, surplus = pick_round_robin(queues, taken, count)
         assert chosen == one_shard(queues, jobs, count)
         back = [e for o, es in surplus.items() for e in es]
         assert all(owner[e[0]] == o for o, es in surplus.items() for e in es)
-        assert sorted(e[1] for e in chosen + back) == sorted(e[1] for es in taken for e in es[1])
+        assert sorted(e[1] for e in chosen + back) == sorted(e[1] for t in taken for e in t[2])
 
 
 def test_take_share_covers_the_owners_part() -> None:
@@ -98,3 +110,37 @@ def test_part_of_is_each_owners_part() -> None:
         for o in range(3):
             mine = {q for q in queues if owner[q] == o}
             assert part_of(queues, sizes, mine, count) == sum(1 for e in answer if e[0] in mine)
+
+
+def test_took_carries_each_job_as_one_shard_encodes_it() -> None:
+    """A TAKE's answer (``took_bytes``, read back as ``Took``): each job's queue, its
+    RESP entry, its ID, and the whole answer, the bytes ``encode_getjob`` gives for
+    the same jobs; with and without what the queues held."""
+    rng = random.Random(17)
+    for _ in range(200):
+        names = [f"q{i}".encode() for i in range(rng.randint(1, 5))]
+        queues = [rng.choice(names) for _ in range(rng.randint(1, 6))]
+        counters = rng.random() < 0.3
+        entries: list[list[Any]] = []
+        for k in range(rng.randint(0, 6)):
+            entry: list[Any] = [rng.choice(queues), f"D-{k:08x}-{'A' * 24}-0001", rng.randbytes(rng.randint(0, 40))]
+            if counters:
+                entry += ["nacks", rng.randint(0, 3), "additional-deliveries", rng.randint(0, 3)]
+            entries.append(entry)
+        held = [rng.randint(0, 9) for _ in queues] if rng.random() < 0.5 else []
+        blob = took_bytes(queues, held, entries)
+        assert unpack_took(blob)[0] == held
+        took = Took.of(1, queues, blob)
+        assert took.names() == [e[0] for e in entries]
+        assert took.parts() == [entry_resp(e) for e in entries]
+        assert took.ids() == [e[1] for e in entries]
+        if entries:
+            assert took.reply() == encode_getjob(entries, counters, False)
+            assert took.reply() == encode_getjob(entries, counters, True)
+
+
+def test_a_malformed_take_answer_is_refused() -> None:
+    blob = took_bytes([b"q"], [3], [[b"q", "D-00000000-" + "A" * 24 + "-0001", b"body"]])
+    for bad in (blob[:-1], blob + b"x", blob[:6]):
+        with pytest.raises(ValueError):
+            unpack_took(bad)
