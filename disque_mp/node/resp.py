@@ -393,11 +393,15 @@ NULL_ARRAY2: Final = b"*-1\r\n"
 NULL3: Final = b"_\r\n"
 
 
-def append_request(parts: list[bytes], args: list[bytes]) -> None:
+def append_request(parts: list[bytes], args: list[bytes], raw: bytes = b"") -> None:
     """``args`` as the RESP multibulk a client sends, appended to ``parts`` (the
-    router's RAW mesh frames, the HTTP endpoint's commands). The headers of small
-    counts and sizes are pre-built (a ``%d`` format costs more than the rest of a
-    forwarded ADDJOB's encoding)."""
+    router's RAW mesh frames, the HTTP endpoint's commands): ``raw`` where the
+    client's own bytes of it are known (``RequestParser.span``), else encoded. The
+    headers of small counts and sizes are pre-built (a ``%d`` format costs more than
+    the rest of a forwarded ADDJOB's encoding)."""
+    if raw:
+        parts.append(raw)
+        return
     n = len(args)
     parts.append(_MULTI_HEADS[n] if n < multi_head_cache_max else b"*%d\r\n" % n)
     heads = _BULK_HEADS

@@ -396,11 +396,7 @@ class Router(CommandPath):
         link = self.w.mesh.links[owner]
         if link is None:
             raise InvariantError("a command forwarded to ourselves")
-        parts = link.add_raw(conn.resp3, slot)
-        if raw:
-            parts.append(raw)
-        else:
-            append_request(parts, cmd)
+        append_request(link.add_raw(conn.resp3, slot), cmd, raw)
 
     # ------------------------------------------------------------------ route: ids
 
