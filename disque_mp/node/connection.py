@@ -307,6 +307,7 @@ class ClientConn(asyncio.Protocol):
                 if self.closing:
                     break
             self.cmd_now = None
+            self.parser.raw = b""  # an idle connection keeps no copy of its last read
             node.end_batch()
         if error is not None and not self.closing:
             self.reply(encode(Error("ERR " + error)))
