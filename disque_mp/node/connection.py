@@ -105,6 +105,7 @@ class ClientConn(asyncio.Protocol):
         "waiters", "dirty", "streak_owner", "streak", "handoffs", "addr", "gone",
         "close_after_write", "soft_since_s", "unfilled", "forwarded", "out_bytes",
         "auth_fails", "throttled", "slots_bytes", "write_paused", "pile_paused",
+        "cmd_at", "cmd_now",
     )
 
     def __init__(self, node: ClientHost, state: dict[str, Any] | None = None) -> None:
@@ -113,6 +114,9 @@ class ClientConn(asyncio.Protocol):
         cfg = node.cfg
         self.parser = RequestParser(cfg.proto_max_bulk_len, cfg.proto_max_multibulk_len,
                                     cfg.client_query_buffer_bytes_max)
+        # the command ``_run`` is running (``request_bytes``) and its place in the read
+        self.cmd_now: list[bytes] | None = None
+        self.cmd_at = 0
         self.out: list[bytes] = []
         self.out_bytes = 0  # bytes in ``out`` (the output limits' count between writes)
         self.slots: deque[bytes | PendingReply] | None = None
@@ -207,6 +211,14 @@ class ClientConn(asyncio.Protocol):
         cmds, error = self.parser.feed(data)
         self._run(cmds, error)
 
+    def request_bytes(self, cmd: list[bytes]) -> bytes:
+        """``cmd``'s bytes as this client sent them, when it is the command ``_run``
+        is running and the read was parsed whole by the fast path (a forward copies
+        them instead of encoding the arguments again); else b""."""
+        if cmd is not self.cmd_now:
+            return b""
+        return self.parser.span(self.cmd_at)
+
     def _unauthed_received(self, data: bytes) -> None:
         """Before AUTH the parser holds the small bounds and gives one command at a
         time: once one authenticates, the rest of the read is parsed with the full
@@ -276,7 +288,9 @@ class ClientConn(asyncio.Protocol):
             # this read's replies pass the smaller limit (less what is still buffered).
             room = lim.room(self.transport)
             queued = 0
-            for cmd in cmds:
+            for i, cmd in enumerate(cmds):
+                self.cmd_at = i
+                self.cmd_now = cmd
                 reply = router.execute(self, cmd)  # a native call (no bound method)
                 if reply is not None:
                     if self.slots:
@@ -292,6 +306,8 @@ class ClientConn(asyncio.Protocol):
                             self.check_output(queued, lim)
                 if self.closing:
                     break
+            self.cmd_now = None
+            self.parser.raw = b""  # an idle connection keeps no copy of its last read
             node.end_batch()
         if error is not None and not self.closing:
             self.reply(encode(Error("ERR " + error)))

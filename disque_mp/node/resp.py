@@ -59,7 +59,7 @@ class RequestParser:
 
     __slots__ = ("_buf", "_off", "_chunks", "_have", "_need", "_reader", "_args", "_left", "_held",
                  "_pending", "_mb_error", "_bulk_error", "bulk_max", "args_max", "buffer_max",
-                 "inline_bulk_max", "inline_args_max")
+                 "inline_bulk_max", "inline_args_max", "raw", "ends")
 
     def __init__(self, bulk_max: int, args_max: int, buffer_max: int) -> None:
         self._buf = b""  # unparsed tail: the start of a pending command or argument
@@ -79,6 +79,19 @@ class RequestParser:
         self.buffer_max = buffer_max
         self.inline_bulk_max = bulk_max  # inline lines keep the full bounds (as Redis)
         self.inline_args_max = args_max
+        # the last read the fast path parsed whole, and where each of its commands
+        # ends (None: the commands came from the exact parser, spans unknown)
+        self.raw = b""
+        self.ends: list[int] | None = None
+
+    def span(self, i: int) -> bytes:
+        """The bytes of command ``i`` of the last ``feed`` as the client sent them
+        (canonical RESP: the same bytes ``append_request`` would write), or b"" when
+        the exact parser read them."""
+        ends = self.ends
+        if ends is None or i >= len(ends):
+            return b""
+        return self.raw[ends[i - 1] if i else 0 : ends[i]]
 
     def restrict(self, args_max: int, bulk_max: int) -> None:
         """Bounds for a client that has not authenticated yet."""
@@ -117,6 +130,7 @@ class RequestParser:
         """Commands complete in what was fed so far, and the error that ends the stream
         (``once``: at most one command, the rest stays buffered)."""
         if self._pending or once or data[:1] != b"*":
+            self.ends = None
             return self._feed_python(data, once)
         # Fast path: a read that holds only whole multibulk commands (the usual
         # case, pipelined or not) is parsed by hiredis. Anything else (a command
@@ -133,6 +147,7 @@ class RequestParser:
         reader = self._reader
         reader.feed(data)
         cmds: list[list[bytes]] = []
+        ends: list[int] | None = []
         args_max, bulk_max = self.args_max, self.bulk_max
         at = 0
         try:
@@ -155,11 +170,18 @@ class RequestParser:
                     at += 2
                 if n:  # `*0` is ignored, as in Redis
                     cmds.append(cmd)
+                    if ends is not None:
+                        ends.append(at)
+                else:
+                    ends = None  # a span would hold the `*0`: forwarded ones re-encode
             if at != len(data):
                 raise _SlowPath
         except (hiredis.ProtocolError, TypeError, IndexError, _SlowPath):
             self._reader = hiredis.Reader()
+            self.ends = None
             return self._feed_python(data, False)
+        self.raw = data
+        self.ends = ends
         return cmds, None
 
     def _feed_python(self, data: bytes, once: bool = False) -> tuple[list[list[bytes]], str | None]:
@@ -371,11 +393,15 @@ NULL_ARRAY2: Final = b"*-1\r\n"
 NULL3: Final = b"_\r\n"
 
 
-def append_request(parts: list[bytes], args: list[bytes]) -> None:
+def append_request(parts: list[bytes], args: list[bytes], raw: bytes = b"") -> None:
     """``args`` as the RESP multibulk a client sends, appended to ``parts`` (the
-    router's RAW mesh frames, the HTTP endpoint's commands). The headers of small
-    counts and sizes are pre-built (a ``%d`` format costs more than the rest of a
-    forwarded ADDJOB's encoding)."""
+    router's RAW mesh frames, the HTTP endpoint's commands): ``raw`` where the
+    client's own bytes of it are known (``RequestParser.span``), else encoded. The
+    headers of small counts and sizes are pre-built (a ``%d`` format costs more than
+    the rest of a forwarded ADDJOB's encoding)."""
+    if raw:
+        parts.append(raw)
+        return
     n = len(args)
     parts.append(_MULTI_HEADS[n] if n < multi_head_cache_max else b"*%d\r\n" % n)
     heads = _BULK_HEADS

@@ -387,17 +387,19 @@ class Router(CommandPath):
         self.forwarded += 1
         conn.last_cmd = name
         slot = conn.defer_raw()
+        raw = conn.request_bytes(cmd)  # the client's own bytes: no encoding again
         if self.held and conn in self.held:  # behind general-path commands it waits for
-            self.held[conn].append((False, lambda: self._send_raw(conn, owner, cmd, slot)))
+            self.held[conn].append((False, lambda: self._send_raw(conn, owner, cmd, raw, slot)))
             return b""
-        self._send_raw(conn, owner, cmd, slot)
+        self._send_raw(conn, owner, cmd, raw, slot)
         return b""
 
-    def _send_raw(self, conn: ClientConn, owner: int, cmd: list[bytes], slot: PendingReply) -> None:
+    def _send_raw(self, conn: ClientConn, owner: int, cmd: list[bytes], raw: bytes,
+                  slot: PendingReply) -> None:
         link = self.w.mesh.links[owner]
         if link is None:
             raise InvariantError("a command forwarded to ourselves")
-        append_request(link.add_raw(conn.resp3, slot), cmd)
+        append_request(link.add_raw(conn.resp3, slot), cmd, raw)
 
     # ------------------------------------------------------------------ route: ids
 

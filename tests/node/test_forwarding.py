@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from disque_mp.node.resp import RequestParser
 from tests.nodeproc import NodeProc
 from tests.rawclient import (
     NULL_ARRAY,
@@ -56,9 +57,15 @@ def test_pipelined_mixed_owners_keep_order_and_protocol(node2: NodeProc) -> None
         assert [c.read() for _ in range(41)] == [1] * 40 + [0]
         assert c.call("ACKJOB", "not-an-id") == Err("BADID Invalid Job ID format.")
         assert c.call("ADDJOB", theirs[0], "x", "-1") == Err("ERR timeout is negative")
+        # forwarded from a read with a `*0` (encoded again) and from one cut mid-command
+        other = queues_of(1, 2, "fz")  # not read back by the next round's GETJOBs
+        cut = encode_command("ADDJOB", other[0], "y", 0)
+        c.send(b"*0\r\n" + encode_command("ADDJOB", other[1], "z", 0) + cut[:7])
+        c.send(cut[7:])
+        assert all(isinstance(c.read(), Status) for _ in range(2))
         c.close()
     stats = RawClient(node2.port).call("INFO", "commandstats").decode()
-    assert "cmdstat_addjob:calls=82," in stats, stats  # 2 x 40 + the two errors
+    assert "cmdstat_addjob:calls=86," in stats, stats  # 2 x 40 + the two errors + 2 x 2
     assert "cmdstat_getjob:calls=82," in stats, stats
     assert "cmdstat_ackjob:calls=82," in stats, stats  # a BADID is a call too (as in Redis)
 
@@ -153,3 +160,20 @@ def test_ack_over_several_owners_one_summed_reply_in_order(node2: NodeProc) -> N
             got = c.call("GETJOB", "NOHANG", "FROM", queues[3])
             assert c.call("FASTACK", got[0][1].decode(), ids[1]) == 1
             c.close()
+
+
+def test_parser_spans_are_the_clients_bytes() -> None:
+    """A forward copies a command's bytes as the client sent them: the parser's span
+    of each command of a read parsed whole is exactly its canonical encoding; a read
+    the exact parser took (cut, `*0`, inline) has no spans."""
+    p = RequestParser(1 << 20, 1 << 10, 1 << 24)
+    cmds = [("ADDJOB", "q1", "body", 0), ("addjob", "q" * 300, "b" * 70000, 10), ("PING",)]
+    data = b"".join(encode_command(*c) for c in cmds)
+    got, err = p.feed(data)
+    assert err is None and len(got) == 3
+    assert [p.span(i) for i in range(3)] == [encode_command(*c) for c in cmds]
+    assert p.span(3) == b""
+    for read in (b"*0\r\n" + data, data[:10], b"PING\r\n"):
+        p = RequestParser(1 << 20, 1 << 10, 1 << 24)
+        got, err = p.feed(read)
+        assert err is None and p.span(0) == b""
