@@ -474,7 +474,7 @@ class Router(CommandPath):
             return GetJob(self.getjobs, conn, spec, [(owner, list(spec.queues))]).wait_here()
         if owner >= 0:
             self._count_streak(conn, owner)  # a consumer of another worker's queue moves there
-        return GetJob(self.getjobs, conn, spec, self.owner_runs(spec.queues)).start()
+        return GetJob(self.getjobs, conn, spec, owner_runs(self, spec.queues)).start()
 
     def single_owner(self, queues: list[bytes]) -> int:
         """The worker owning every queue named, or -1 when they are spread."""
@@ -486,16 +486,17 @@ class Router(CommandPath):
                 return -1
         return owner
 
-    def owner_runs(self, queues: list[bytes]) -> Runs:
-        """Queues cut into runs of consecutive queues with one owner (left-to-right priority)."""
-        runs: Runs = []
-        for q in queues:
-            owner = self.owner_of(q) if self.workers > 1 else self.index
-            if runs and runs[-1][0] == owner:
-                runs[-1][1].append(q)
-            else:
-                runs.append((owner, [q]))
-        return runs
+
+def owner_runs(self: Router, queues: list[bytes]) -> Runs:
+    """Queues cut into runs of consecutive queues with one owner (left-to-right priority)."""
+    runs: Runs = []
+    for q in queues:
+        owner = self.owner_of(q) if self.workers > 1 else self.index
+        if runs and runs[-1][0] == owner:
+            runs[-1][1].append(q)
+        else:
+            runs.append((owner, [q]))
+    return runs
 
 
 def split_ack(self: Router, conn: ClientConn, groups: dict[int, list[bytes]],
