@@ -24,7 +24,7 @@ from bus.mesh import pack_took, unpack_took
 from disque_mp.node.connection import ClientConn, PendingReply
 from disque_mp.node.core import WorkerCore
 from disque_mp.node.errors import ERR_LEAVING
-from disque_mp.node.resp import NULL3, NULL_ARRAY2, encode, encode_jobs, job_head_cache_max
+from disque_mp.node.resp import NULL3, NULL_ARRAY2, encode, encode_jobs, entry_resp
 from workers.replies import NULL_ARRAY, PENDING, Error
 
 Runs = list[tuple[int, list[bytes]]]  # (owner, its queues): consecutive queues of one owner
@@ -539,22 +539,6 @@ def pick_round_robin(
     return chosen, surplus
 
 
-def entry_resp(entry: list[Any]) -> bytes:
-    """One job of a GETJOB answer as RESP (the same bytes in RESP2 and RESP3)."""
-    if len(entry) == 3:
-        queue, job_id, body = entry
-        if type(job_id) is str and len(job_id) == 40 and type(queue) is bytes and type(body) is bytes:
-            head = _entry_heads.get(queue)
-            if head is None:
-                if len(_entry_heads) >= job_head_cache_max:
-                    _entry_heads.clear()
-                head = _entry_heads[queue] = b"*3\r\n$%d\r\n%s\r\n$40\r\n" % (len(queue), queue)
-            return b"".join((head, job_id.encode(), b"\r\n$%d\r\n" % len(body), body, b"\r\n"))
-    return encode(entry)  # WITHCOUNTERS (or an ID of another shape): the generic encoder
-
-
-# An entry starts with the same bytes for every job of a queue (as resp's job heads).
-_entry_heads: dict[bytes, bytes] = {}
 
 
 def took_bytes(queues: list[bytes], held: list[int], entries: list[list[Any]]) -> bytes:

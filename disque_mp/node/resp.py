@@ -437,10 +437,33 @@ def encode(value: Any, resp3: bool = False) -> bytes:
 # (array headers, queue name, ID header), so they are kept per queue name.
 job_head_cache_max = 4096  # queue names are unbounded: cleared when full
 bulk_head_cache_max: Final = 1024  # `$N\r\n` headers of bodies up to this size, pre-built
-_job_heads: dict[bytes, bytes] = {}
+_job_heads: dict[bytes, bytes] = {}  # "*1" and an entry's head, per queue
+_entry_heads: dict[bytes, bytes] = {}  # an entry's head alone, per queue
 _BULK_HEADS: Final = [b"$%d\r\n" % n for n in range(bulk_head_cache_max)]
 multi_head_cache_max: Final = 64  # `*N\r\n` of requests of up to this many arguments, pre-built
 _MULTI_HEADS: Final = [b"*%d\r\n" % n for n in range(multi_head_cache_max)]
+
+
+def _queue_head(cache: dict[bytes, bytes], prefix: bytes, queue: bytes) -> bytes:
+    """The bytes every job entry of ``queue`` starts with (after ``prefix``), up to its
+    ID's length: the same for every job of a queue, kept per queue name."""
+    head = cache.get(queue)
+    if head is None:
+        if len(cache) >= job_head_cache_max:
+            cache.clear()
+        head = cache[queue] = prefix + b"*3\r\n$%d\r\n%s\r\n$40\r\n" % (len(queue), queue)
+    return head
+
+
+def entry_resp(entry: list[Any]) -> bytes:
+    """One job of a GETJOB answer as RESP (the same bytes in RESP2 and RESP3): what an
+    owner sends a coordinator, spliced into the client's reply as it is."""
+    if len(entry) == 3:
+        queue, job_id, body = entry
+        if type(job_id) is str and len(job_id) == 40 and type(queue) is bytes and type(body) is bytes:
+            head = _queue_head(_entry_heads, b"", queue)
+            return b"".join((head, job_id.encode(), b"\r\n$%d\r\n" % len(body), body, b"\r\n"))
+    return encode(entry)  # WITHCOUNTERS (or an ID of another shape): the generic encoder
 
 
 def encode_jobs(entries: list[list[Any]]) -> bytes:
@@ -448,11 +471,7 @@ def encode_jobs(entries: list[list[Any]]) -> bytes:
     if len(entries) == 1 and len(entries[0]) == 3:
         queue, job_id, body = entries[0]
         if type(job_id) is str and len(job_id) == 40 and type(queue) is bytes and type(body) is bytes:
-            head = _job_heads.get(queue)
-            if head is None:
-                if len(_job_heads) >= job_head_cache_max:
-                    _job_heads.clear()
-                head = _job_heads[queue] = b"*1\r\n*3\r\n$%d\r\n%s\r\n$40\r\n" % (len(queue), queue)
+            head = _queue_head(_job_heads, b"*1\r\n", queue)
             n = len(body)
             size = _BULK_HEADS[n] if n < bulk_head_cache_max else b"$%d\r\n" % n
             return b"".join((head, job_id.encode(), CRLF, size, body, CRLF))

@@ -14,12 +14,12 @@ from bus.mesh import unpack_took
 from disque_mp.node.getjob import (
     Took,
     encode_getjob,
-    entry_resp,
     part_of,
     pick_round_robin,
     take_share,
     took_bytes,
 )
+from disque_mp.node.resp import entry_resp
 
 
 def one_shard(queues: list[bytes], jobs: dict[bytes, list[str]], count: int) -> list[Any]:
