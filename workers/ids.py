@@ -86,13 +86,13 @@ def slot_of_valid_id(raw: bytes) -> int:
     hexes = raw.translate(_AS_HEX)
     if not hexes.endswith(b"hhhh") or hexes[2:10] != b"hhhhhhhh":
         return -1
-    return _slot_bits(_B64_VALUE[raw[11]], _B64_VALUE[raw[12]], _B64_VALUE[raw[13]])
+    return _slot_bits(raw)
 
 
-def _slot_bits(c0: int, c1: int, c2: int) -> int:
-    """The first 16 bits of the decoded part (6 + 6 + the top 4 of the third
-    character's 6), mod SLOTS."""
-    return ((c0 << 10) | (c1 << 4) | (c2 >> 2)) % SLOTS
+def _slot_bits(raw: bytes) -> int:
+    """The first 16 bits of an ID's base64 part (characters 11-13: 6 + 6 + the top 4
+    of the third's 6), mod SLOTS; the caller has checked they are base64."""
+    return ((_B64_VALUE[raw[11]] << 10) | (_B64_VALUE[raw[12]] << 4) | (_B64_VALUE[raw[13]] >> 2)) % SLOTS
 
 
 def slot_of_job_id(job_id: str) -> int:
@@ -105,7 +105,7 @@ def slot_of_job_id(job_id: str) -> int:
     if len(job_id) >= 35 and job_id.isascii():
         raw = job_id.encode()
         if raw[11:35].translate(_AS_B64) == _SHAPE_MID:
-            return _slot_bits(_B64_VALUE[raw[11]], _B64_VALUE[raw[12]], _B64_VALUE[raw[13]])
+            return _slot_bits(raw)
     return _slot_decoded(job_id)
 
 
