@@ -38,7 +38,7 @@ def medians(results: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[st
     for key, rows in groups.items():
         ok = [r for r in rows if "error" not in r]
         m: dict[str, float] = {"rounds": len(ok), "failed": len(rows) - len(ok)}
-        for field in ("jobs_per_s", "server_us_per_job", "achieved_rate", *LATENCY_KEYS):
+        for field in ("jobs_per_s", "server_us_per_job", "clients_us_per_job", "achieved_rate", *LATENCY_KEYS):
             vals = [r[field] for r in ok if r.get(field) is not None
                     and r[field] == r[field]]  # not NaN
             if vals:
@@ -63,6 +63,8 @@ def figure(workload: str, m: dict[str, float]) -> str:
             return "failed"
         cpu = (f" ({m['server_us_per_job']:.1f} us server CPU per job)"
                if "server_us_per_job" in m else "")
+        if "clients_us_per_job" in m:
+            cpu += f" [clients {m['clients_us_per_job']:.1f} us per job]"
         return f"{m['jobs_per_s']:,.0f} jobs/s{cpu}"
     if "p99_ms" not in m:
         return "failed"

@@ -32,6 +32,7 @@ def check_cycle(target: Target, queues: list[str]) -> None:
     assert res["produced"] > 0
     assert res["jobs"] == res["produced"]
     assert res["complete"] and res["jobs_per_s"] > 0
+    assert res["clients_us_per_job"] > 0  # the client processes' own CPU, measured
     if target.pids:
         assert res["server_us_per_job"] > 0
 
