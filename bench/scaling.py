@@ -83,14 +83,21 @@ def kernel_counts(pid: int) -> tuple[int, int]:
     return calls, switches
 
 
-def cpu_s(pid: int) -> float:
-    """utime + stime of one process, seconds (0.0 once it is gone)."""
+def cpu_split(pid: int) -> tuple[float, float]:
+    """(utime, stime) of one process, seconds ((0.0, 0.0) once it is gone): stime is
+    the kernel's part (syscalls, wakeups, loopback copies)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return 0.0
+        return 0.0, 0.0
     fields = stat.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
+
+
+def cpu_s(pid: int) -> float:
+    """utime + stime of one process, seconds (0.0 once it is gone)."""
+    user, kernel = cpu_split(pid)
+    return user + kernel
 
 
 def children_cpu_s() -> float:
@@ -484,7 +491,7 @@ def cores_run(port: int, pids: list[int], workers: int, shape: str,
                                                   conns[j::procs_n], shape, seconds,
                                                   cores_pipeline, out))
              for j in range(procs_n)]
-    before = [cpu_s(p) for p in pids]
+    before = [cpu_split(p) for p in pids]
     kbefore = [kernel_counts(p) for p in pids]
     t0 = time.monotonic()
     for p in procs:
@@ -493,12 +500,15 @@ def cores_run(port: int, pids: list[int], workers: int, shape: str,
     wall = time.monotonic() - t0
     for p in procs:
         p.join(30)
-    used = sum(cpu_s(p) - b for p, b in zip(pids, before, strict=True))
+    after = [cpu_split(p) for p in pids]
+    used = sum(sum(a) - sum(b) for a, b in zip(after, before, strict=True))
+    kernel = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
     kafter = [kernel_counts(p) for p in pids]
     calls = sum(a[0] - b[0] for a, b in zip(kafter, kbefore, strict=True))
     switches = sum(a[1] - b[1] for a, b in zip(kafter, kbefore, strict=True))
     return {"workers": workers, "shape": shape, "rps": done / wall, "requests": done,
             "node_us_per_req": 1e6 * used / max(done, 1), "pinned": pinned,
+            "node_kernel_share": kernel / used if used > 0 else 0.0,
             "syscalls_per_req": calls / max(done, 1), "switches_per_req": switches / max(done, 1),
             "generator_cpus": gen_cpus, "generator_procs": procs_n}
 
@@ -557,8 +567,8 @@ def cores_markdown(res: dict[str, Any], predicted: dict[str, dict[int, float]] |
              "none left, everything on every core). 1-minute load average at the end: "
              f"{os.getloadavg()[0]:.2f}.", "",
              "| workers | traffic | req/s | node us/req | vs 1 worker | cores | model, a core each "
-             "| node read+write syscalls/req | node context switches/req |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| node read+write syscalls/req | node context switches/req | node CPU in the kernel |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for n in res["workers"]:
         for shape in CORES_SHAPES:
             row = res["medians"].get(f"{shape}_w{n}")
@@ -570,7 +580,8 @@ def cores_markdown(res: dict[str, Any], predicted: dict[str, dict[int, float]] |
                          f"{'' if sp is None else f'{sp:.2f}x'} | "
                          f"{'pinned' if row['pinned'] else 'shared'} | "
                          f"{'' if model_rps is None else f'{model_rps:,.0f}'} | "
-                         f"{row.get('syscalls_per_req', 0):.3f} | {row.get('switches_per_req', 0):.3f} |")
+                         f"{row.get('syscalls_per_req', 0):.3f} | {row.get('switches_per_req', 0):.3f} | "
+                         f"{100 * row.get('node_kernel_share', 0):.0f} % |")
     return "\n".join(lines) + "\n"
 
 

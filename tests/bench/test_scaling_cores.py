@@ -48,6 +48,7 @@ def test_cores_run_both_shapes_on_a_real_node(tmp_path: Path) -> None:
     assert "| 1 | random |" in cores_markdown(res, model)
     for row in rows.values():  # the node read its sockets: syscalls were counted
         assert row["syscalls_per_req"] > 0
+        assert 0 < row["node_kernel_share"] < 1  # some of its CPU in the kernel, not all
 
 
 def test_cores_counts_stop_at_the_cores_unless_asked_beyond() -> None:
