@@ -9,15 +9,13 @@ it answers on the link the request came from.
 Frame kinds (meta is an orjson object, bodies raw bytes, see ``bus/frames.py``):
 
     CMD      {"r", "n": command}            bodies: args     -> REPLY {"r", "v"}
-    TAKE     {"r"}  bodies: head, queues                       -> REPLY took
-             (head, ``pack_take``: count, withcounters and, only when the asker's
-             queues hold jobs, the hints: one per queue of the GETJOB, -1 for the
-             receiver's, else what the asker knows the queue holds:
-             ``getjob.take_share``; took: one bytes value, ``pack_took``: what
+    TAKE     {"r", "c": count, "w": withcounters, "k": hints}  bodies: queues -> REPLY took
+             (hints, only when the asker's queues hold jobs: one per queue of the
+             GETJOB, -1 for the receiver's, else what the asker knows the queue
+             holds: ``getjob.take_share``; took: one bytes value, ``pack_took``: what
              each of the receiver's queues could give before the take, when hinted,
              and the jobs taken, already RESP; 0 when there is neither)
-    BLOCK    {}  bodies: head (``pack_block``: token, count, withcounters), queues
-                                                            -> later WAKE {"t"} [took],
+    BLOCK    {"t": token, "c", "w"}        bodies: queues   -> later WAKE {"t"} [took],
                                                                or {"t", "e": error}
     UNBLOCK  {"t"}
     RETURN   {}                            bodies: job IDs (surplus of a GETJOB)
@@ -171,53 +169,6 @@ def unpack_took(blob: bytes) -> tuple[list[int], list[int], list[int], int]:
 
 
 _took_counts = struct.Struct("=II").unpack_from
-
-
-def pack_take(count: int, withcounters: bool, hints: list[int] | None) -> bytes:
-    """A TAKE's request head as one body, no JSON (the queues follow as bodies of
-    their own): native-endian i64s ``count``, ``withcounters`` (0 or 1), then the
-    hints when there are some (``getjob.take_share``; none: the asker's queues held
-    no job)."""
-    if hints is None:
-        return _pack_qq(count, 1 if withcounters else 0)
-    words = [count, 1 if withcounters else 0]
-    words += hints
-    return array.array("q", words).tobytes()
-
-
-def unpack_take(head: bytes) -> tuple[int, bool, list[int] | None]:
-    """``pack_take``'s body: count, withcounters, the hints (None when none were sent);
-    ValueError when the body is not of that shape."""
-    n = len(head)
-    if n < 16 or n % 8:
-        raise ValueError("malformed TAKE request")
-    if n == 16:
-        count, withcounters = _unpack_qq(head)
-        return count, withcounters != 0, None
-    words = array.array("q")
-    words.frombytes(head)
-    w = words.tolist()
-    return w[0], w[1] != 0, w[2:]
-
-
-def pack_block(token: int, count: int, withcounters: bool) -> bytes:
-    """A BLOCK's head as one body, no JSON: native-endian i64s the asker's token,
-    ``count`` and ``withcounters`` (the queues follow as bodies of their own)."""
-    return _pack_qqq(token, count, 1 if withcounters else 0)
-
-
-def unpack_block(head: bytes) -> tuple[int, int, bool]:
-    """``pack_block``'s body: token, count, withcounters; ValueError when malformed."""
-    if len(head) != 24:
-        raise ValueError("malformed BLOCK request")
-    token, count, withcounters = _unpack_qqq(head)
-    return token, count, withcounters != 0
-
-
-_pack_qq = struct.Struct("=qq").pack
-_unpack_qq = struct.Struct("=qq").unpack
-_pack_qqq = struct.Struct("=qqq").pack
-_unpack_qqq = struct.Struct("=qqq").unpack
 
 
 # ----- links ----------------------------------------------------------------

@@ -20,7 +20,7 @@ import hiredis
 
 from bus import mesh as meshmod
 from bus.clock import wall_ms
-from bus.mesh import pack_block, pack_take, pack_took, unpack_took
+from bus.mesh import pack_took, unpack_took
 from disque_mp.node.connection import ClientConn, PendingReply
 from disque_mp.node.core import WorkerCore
 from disque_mp.node.errors import ERR_LEAVING
@@ -201,14 +201,12 @@ class GetJob:
         if not remote:
             self._gathered(spec.count)  # every queue is ours (not from the router)
             return
-        # one head for every owner when it carries no hints
-        head = b"" if self.hinted else pack_take(spec.count, spec.withcounters, None)
         for owner, queues in remote.items():
+            meta: dict[str, Any] = {"c": spec.count, "w": spec.withcounters}
             if self.hinted:
-                head = pack_take(spec.count, spec.withcounters, self._hints(owner, self.sizes))
+                meta["k"] = self._hints(owner, self.sizes)
             # a partial, not a closure: nothing left for the cycle collector
-            w.mesh.request(owner, meshmod.K_TAKE, {}, [head, *queues],
-                           partial(self._remote_took, owner, queues))
+            w.mesh.request(owner, meshmod.K_TAKE, meta, queues, partial(self._remote_took, owner, queues))
 
     def _hints(self, to: int, sizes: dict[bytes, int]) -> list[int]:
         """One per queue named, in the client's order (``take_share``): -1 for the
@@ -320,8 +318,8 @@ class GetJob:
             w.tokens[self.token] = self._woken_here
             w.shard.op_block(self.token, queues, self.spec.count, self.spec.withcounters, w.now_ms)
         else:
-            head = pack_block(self.token, self.spec.count, self.spec.withcounters)
-            w.mesh.send(owner, meshmod.K_BLOCK, {}, [head, *queues])
+            meta = {"t": self.token, "c": self.spec.count, "w": self.spec.withcounters}
+            w.mesh.send(owner, meshmod.K_BLOCK, meta, queues)
 
     def reblock(self, peer: int) -> None:
         """A peer (re)connected: it lost our waiter if it restarted."""

@@ -79,9 +79,9 @@ class Peers:
         elif kind == meshmod.K_CMD:
             self._serve_one(link, meta["r"], meta["n"].encode(), bodies)
         elif kind == meshmod.K_TAKE:
-            link.reply(meta["r"], self._take(bodies))
+            link.reply(meta["r"], self._take(meta, bodies))
         elif kind == meshmod.K_BLOCK:
-            self._serve_block(link, bodies)
+            self._serve_block(link, meta, bodies)
         elif kind == meshmod.K_UNBLOCK:
             token = _blocked(link).pop(meta["t"], None)
             if token is not None:
@@ -114,35 +114,31 @@ class Peers:
         if reply is not PENDING:
             link.reply(rid, reply)
 
-    def _take(self, bodies: list[bytes]) -> bytes | int:
-        """A coordinator's TAKE (``pack_take``'s head, then our queues): the jobs
-        (``getjob.took_bytes``; 0 for none), and when it tells what the other queues
-        hold (hints, sent only when its own queues hold jobs) what each of ours held
-        before: then only the part we can win (``take_share``), else up to COUNT jobs
-        of our queues."""
+    def _take(self, meta: dict[str, Any], bodies: list[bytes]) -> bytes | int:
+        """A coordinator's TAKE: the jobs (``getjob.took_bytes``; 0 for none), and when it tells
+        what the other queues hold (``k``, sent only when its own queues hold jobs)
+        what each of ours held before: then only the part we can win (``take_share``),
+        else up to COUNT jobs of our queues."""
         shard = self.w.shard
-        count, withcounters, hints = meshmod.unpack_take(bodies[0])
-        queues = bodies[1:]
+        count: int = meta["c"]
+        hints = meta.get("k")
         held: list[int] = []
         if hints is not None:
-            held = shard.op_takeable(queues)
-            if hints.count(-1) == len(queues):
+            held = shard.op_takeable(bodies)
+            if hints.count(-1) == len(bodies):
                 lengths: dict[bytes, int] = {}
-                for i in range(len(queues)):
-                    lengths[queues[i]] = held[i]
-                count = min(count, take_share(hints, queues, lengths, count))
+                for i in range(len(bodies)):
+                    lengths[bodies[i]] = held[i]
+                count = min(count, take_share(hints, bodies, lengths, count))
         # even for 0 jobs: a take creates the queues it names, as one shard's GETJOB does
-        entries = shard.op_take(queues, count, withcounters, self.w.now_ms)
+        entries = shard.op_take(bodies, count, meta["w"], self.w.now_ms)
         if not entries and not held:
             return 0  # nothing to tell: no body to pack or read
-        return took_bytes(queues, held, entries)
+        return took_bytes(bodies, held, entries)
 
-    def _serve_block(self, link: Link, bodies: list[bytes]) -> None:
-        """A peer's blocked GETJOB (``pack_block``'s head, then our queues): a waiter
-        at our shard, answered with WAKE."""
+    def _serve_block(self, link: Link, meta: dict[str, Any], bodies: list[bytes]) -> None:
         w = self.w
-        remote, count, withcounters = meshmod.unpack_block(bodies[0])
-        queues = bodies[1:]
+        remote = meta["t"]
         token = w.new_token()
         blocked = _blocked(link)
         blocked[remote] = token
@@ -157,14 +153,14 @@ class Peers:
                 w.shard.op_return([e[1] for e in entries], w.now_ms)
                 return
             try:
-                link.send(meshmod.K_WAKE, {"t": remote}, [took_bytes(queues, [], entries)])
+                link.send(meshmod.K_WAKE, {"t": remote}, [took_bytes(bodies, [], entries)])
             except FrameError:  # more than a frame carries: give them back
                 w.shard.op_return([e[1] for e in entries], w.now_ms)
                 w.mesh.count_refused()
                 link.send(meshmod.K_WAKE, {"t": remote, "e": meshmod.ERR_TOO_BIG})
 
         w.tokens[token] = wake
-        w.shard.op_block(token, queues, count, withcounters, w.now_ms)
+        w.shard.op_block(token, bodies, meta["c"], meta["w"], w.now_ms)
 
     def on_incoming_lost(self, link: Link) -> None:
         w = self.w
