@@ -548,8 +548,10 @@ class Core(CoreState):
         return q
 
     def maybe_idle(self, q: Queue, now_ms: int) -> None:
-        """Arm the eviction check of a queue that has become empty and unwatched."""
-        if not q.live and q.waiters is None and not q.paused:
+        """Arm the eviction check of a queue that has become empty and unwatched. A
+        check already armed is never later than this one would be (``atime_ms`` only
+        grows), so it stays: a take over empty queues re-arms nothing."""
+        if not q.awake_ms and not q.live and q.waiters is None and not q.paused:
             self.timers.schedule(q, q.atime_ms + self._queue_idle_ms)
 
     def fire_queue(self, q: Queue, now_ms: int) -> None:

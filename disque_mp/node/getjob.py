@@ -503,42 +503,46 @@ def pick_round_robin(
     took (``taken``: (owner, each job's queue, the jobs), each owner's jobs in its pop
     order, which is enough: the answer's jobs of any owner are a prefix of its own
     passes), and the surplus by owner."""
+    # each queue's jobs, last first: a pass pops from the end (a queue named twice is
+    # one list at both places: the same jobs, as in a shard's take)
     by_queue: dict[bytes, list[Any]] = {}
-    owner_of: dict[bytes, int] = {}
-    for owner, names, items in taken:
+    total = 0
+    for _, names, items in taken:
+        total += len(items)
         for i in range(len(names)):
-            name = names[i]
-            jobs = by_queue.get(name)
+            jobs = by_queue.get(names[i])
             if jobs is None:
-                by_queue[name] = [items[i]]
-                owner_of[name] = owner
+                by_queue[names[i]] = [items[i]]
             else:
                 jobs.append(items[i])
-    used: dict[bytes, int] = {}  # of each queue's jobs, how many are chosen
+    if total > len(by_queue):  # some queue gave several: each list last job first
+        for jobs in by_queue.values():
+            jobs.reverse()
+    active: list[list[Any]] = []
+    for q in queues:
+        jobs = by_queue.get(q)
+        if jobs is not None:
+            active.append(jobs)
     chosen: list[Any] = []
-    # a queue named twice is the same jobs at both places, as in a shard's take
-    active = [q for q in queues if q in by_queue]
     while active and len(chosen) < count:
-        again: list[bytes] = []
-        for q in active:
-            jobs = by_queue[q]
-            k = used.get(q, 0)
-            if k < len(jobs):
-                chosen.append(jobs[k])
-                used[q] = k + 1
+        again: list[list[Any]] = []
+        for jobs in active:
+            if jobs:
+                chosen.append(jobs.pop())
                 if len(chosen) >= count:
                     break
-                if k + 1 < len(jobs):
-                    again.append(q)
+                if jobs:
+                    again.append(jobs)
         active = again
     surplus: dict[int, list[Any]] = {}
-    for name, jobs in by_queue.items():
-        k = used.get(name, 0)
-        if k < len(jobs):
-            surplus.setdefault(owner_of[name], []).extend(jobs[k:])
+    if len(chosen) < total:  # the rare path: some owner took more than its part
+        for owner, names, _ in taken:
+            for name in dict.fromkeys(names):
+                rest = by_queue.pop(name, None)
+                if rest:
+                    rest.reverse()  # back in pop order
+                    surplus.setdefault(owner, []).extend(rest)
     return chosen, surplus
-
-
 
 
 def took_bytes(queues: list[bytes], held: list[int], entries: list[list[Any]]) -> bytes:

@@ -71,6 +71,26 @@ def test_any_split_gives_one_shards_answer() -> None:
         assert sorted(e[1] for e in chosen + back) == sorted(e[1] for t in taken for e in t[2])
 
 
+def test_surplus_keeps_each_queues_jobs_in_pop_order() -> None:
+    """What goes back (RETURN) is, per owner, each of its queues' jobs left over in the
+    order that owner popped them (queue by queue, in the order its take named them),
+    whichever jobs the merge chose and however many each queue gave."""
+    rng = random.Random(17)
+    for _ in range(500):
+        queues, jobs, count, owner = random_case(rng)
+        taken = []
+        for o in range(3):
+            mine = [q for q in queues if owner[q] == o]
+            got = one_shard(mine, {q: jobs[q] for q in set(mine)}, 10)
+            if got:
+                taken.append((o, [e[0] for e in got], got))
+        chosen, surplus = pick_round_robin(queues, taken, count)
+        ids = {e[1] for e in chosen}
+        for o, names, got in taken:
+            want = [e for q in dict.fromkeys(names) for e in got if e[0] == q and e[1] not in ids]
+            assert surplus.get(o, []) == want
+
+
 def test_take_share_covers_the_owners_part() -> None:
     """What an owner takes for a TAKE (``take_share``): never less than its part of the
     one-shard answer, whatever the others hold beyond their hints; exactly its part
