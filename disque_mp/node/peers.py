@@ -28,8 +28,6 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-import hiredis
-
 from bus import mesh as meshmod
 from bus.clock import wall_ms
 from bus.frames import FrameError
@@ -38,7 +36,7 @@ from disque_mp.node.connection import ClientConn, PendingReply
 from disque_mp.node.core import WorkerCore
 from disque_mp.node.errors import ERR_INTERNAL
 from disque_mp.node.getjob import GetJobs, take_share, took_bytes
-from disque_mp.node.resp import encode
+from disque_mp.node.resp import RawRequests, encode
 from disque_mp.node.router import Router
 from workers.invariant import InvariantError
 from workers.replies import PENDING, Error
@@ -47,6 +45,17 @@ log = logging.getLogger("disque_mp.node.peers")
 _perf_ns: Final = time.perf_counter_ns
 
 
+
+# The hot commands a RAW frame carries, by name as the client spelled it (both usual
+# cases; any other goes through ``lower()``): the fast path each one takes.
+_RAW_ADDJOB: Final = 1
+_RAW_GETJOB: Final = 2
+_RAW_ACKJOB: Final = 3
+_RAW_FASTACK: Final = 4
+_RAW_KINDS: Final[dict[bytes, int]] = {
+    b"addjob": _RAW_ADDJOB, b"ADDJOB": _RAW_ADDJOB, b"getjob": _RAW_GETJOB, b"GETJOB": _RAW_GETJOB,
+    b"ackjob": _RAW_ACKJOB, b"ACKJOB": _RAW_ACKJOB, b"fastack": _RAW_FASTACK, b"FASTACK": _RAW_FASTACK}
+_ERR_INTERNAL_RESP: Final = encode(ERR_INTERNAL)
 
 LocalOp = Callable[[str, Any], Any]  # this worker's part of a node-wide command
 
@@ -62,7 +71,6 @@ class Peers:
         self.owner = router.owner
         self.getjobs = getjobs
         self.local_op = local_op
-        self.raw_reader = hiredis.Reader()  # parses the RAW frames peers send us
 
     def log(self, text: str) -> None:
         self.w.log(text)
@@ -173,31 +181,37 @@ class Peers:
 
     def _serve_raw(self, link: Link, bodies: list[bytes]) -> None:
         """A RAW frame: a peer's hot commands of one loop turn, as RESP. The fast
-        paths' replies are collected here and handed to the link at once."""
+        paths' replies are collected here and handed to the link at once. A command
+        the frame does not hold whole (a broken frame: a bug) is answered
+        ERR_INTERNAL, and so is every one after it."""
         if link.transport is None:
             return  # the asker is gone
         rids = _u32s(bodies[0])
         flags = bodies[1]
-        reader = self.raw_reader
-        reader.feed(bodies[2])
+        reader = RawRequests(bodies[2])
+        broken = False
         out_rids: list[int] = []
         out_lens: list[int] = []
         out: list[bytes] = []
         for i in range(len(rids)):
-            cmd: Any = None
             resp3 = flags[i] == 1
-            try:
-                cmd = reader.gets()
-                reply = self._serve_raw_one(cmd, resp3)
-            except InvariantError:
-                raise
-            except Exception:  # a bug: answer it, or the asking client waits forever
-                log.exception("command %r from a peer failed", cmd)
-                reply = encode(ERR_INTERNAL)
-                if type(cmd) is not list:  # the frame itself is broken: start afresh
-                    self.raw_reader = reader = hiredis.Reader()
+            cmd = None if broken else reader.next()
+            if cmd is None:
+                if not broken:
+                    log.error("a RAW frame from a peer is broken at command %d of %d", i, len(rids))
+                    broken = True
+                reply: bytes | None = _ERR_INTERNAL_RESP
+            else:
+                try:
+                    reply = self._serve_raw_one(cmd, resp3)
+                except InvariantError:
+                    raise
+                except Exception:  # a bug: answer it, or the asking client waits forever
+                    log.exception("command %r from a peer failed", cmd)
+                    reply = _ERR_INTERNAL_RESP
             if reply is None:
-                self._serve_raw_general(link, rids[i], cmd[0].lower(), cmd, resp3)
+                if cmd is not None:
+                    self._serve_raw_general(link, rids[i], cmd[0].lower(), cmd, resp3)
                 continue
             out_rids.append(rids[i])
             out_lens.append(len(reply))
@@ -206,16 +220,20 @@ class Peers:
 
     def _serve_raw_one(self, cmd: list[bytes], resp3: bool) -> bytes | None:
         """A RAW command in a fast path's shape: its reply, else None."""
-        name = cmd[0].lower()
+        kind = _RAW_KINDS.get(cmd[0], 0)
+        if kind == 0:
+            kind = _RAW_KINDS.get(cmd[0].lower(), 0)  # a client's mixed case: rare
         router = self.router
-        reply: bytes | None = None
-        if name == b"addjob":
-            reply = router.addjob_here(cmd)
-        elif name == b"getjob":
-            reply = router.getjob_here(cmd, resp3)
-        elif name == b"ackjob" or name == b"fastack":
-            reply = router.ack_here([a.decode() for a in cmd[1:]], name == b"fastack", cmd)
-        return reply
+        if kind == _RAW_ADDJOB:
+            return router.addjob_here(cmd)
+        if kind == _RAW_GETJOB:
+            return router.getjob_here(cmd, resp3)
+        if kind == _RAW_ACKJOB or kind == _RAW_FASTACK:
+            # the asker checked every ID (``slot_of_valid_id``); the shard keys jobs
+            # by str, so each is decoded once, here
+            ids = [cmd[i].decode("ascii") for i in range(1, len(cmd))]
+            return router.ack_here(ids, kind == _RAW_FASTACK, cmd)
+        return None
 
     def _serve_raw_general(self, link: Link, rid: int, name: bytes, cmd: list[bytes],
                            resp3: bool) -> None:

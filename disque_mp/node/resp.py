@@ -320,6 +320,71 @@ class RequestParser:
         return nl + 1
 
 
+# A RAW frame's lengths are ours (a command's argument count, a client's bulk, at most
+# proto-max-bulk-len): more digits than this is a broken frame, not a big value.
+raw_length_digits_max: Final = 12
+
+
+class RawRequests:
+    """The commands of one RAW mesh frame's body, in order (``Peers._serve_raw``):
+    multibulks of bulks in canonical form, as ``append_request`` writes them or as
+    the client sent them (``RequestParser.span``: the fast path's reads only, whose
+    canonical form it checked). A frame is whole and comes from a worker of ours,
+    so there is no "need more data": ``next`` gives a command, or None from the
+    first byte that is not one (the frame is broken; the rest of it is unread).
+    One pass over the header bytes and a slice per argument, compiled; hiredis'
+    ``Reader`` cost about 1.7k instructions per command more (its feed, the
+    Python-level ``gets``, its object callbacks)."""
+
+    __slots__ = ("data", "at")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.at = 0
+
+    def next(self) -> list[bytes] | None:
+        data = self.data
+        end = len(data)
+        at = self.at
+        self.at = end  # until the command is read whole: a broken one ends the frame
+        if at >= end or data[at] != 42:  # not '*'
+            return None
+        count, at = _raw_length(data, at + 1, end)
+        if count <= 0:
+            return None
+        args: list[bytes] = []
+        for _ in range(count):
+            if at >= end or data[at] != 36:  # not '$'
+                return None
+            size, at = _raw_length(data, at + 1, end)
+            stop = at + size
+            if size < 0 or stop + 2 > end or data[stop] != 13 or data[stop + 1] != 10:
+                return None
+            args.append(data[at:stop])
+            at = stop + 2
+        self.at = at
+        return args
+
+
+def _raw_length(data: bytes, at: int, end: int) -> tuple[int, int]:
+    """The decimal length at ``at`` and where the value after its CRLF starts; -1 for
+    a length that is not digits then CRLF."""
+    n = 0
+    digits = 0
+    while at < end:
+        c = data[at]
+        if c == 13:
+            if digits == 0 or at + 1 >= end or data[at + 1] != 10:
+                return -1, at
+            return n, at + 2
+        if c < 48 or c > 57 or digits >= raw_length_digits_max:
+            return -1, at
+        n = n * 10 + (c - 48)
+        digits += 1
+        at += 1
+    return -1, at
+
+
 def _canonical_header(data: bytes, at: int, kind: int, n: int) -> int:
     """Where the value after the header ``<kind>n\r\n`` starting at ``at`` begins,
     if ``data`` has that header there in its canonical form (else _SlowPath;
