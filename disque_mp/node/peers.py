@@ -28,6 +28,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
+import hiredis
+
 from bus import mesh as meshmod
 from bus.clock import wall_ms
 from bus.frames import FrameError
@@ -36,7 +38,7 @@ from disque_mp.node.connection import ClientConn, PendingReply
 from disque_mp.node.core import WorkerCore
 from disque_mp.node.errors import ERR_INTERNAL
 from disque_mp.node.getjob import GetJobs, take_share, took_bytes
-from disque_mp.node.resp import RawRequests, encode
+from disque_mp.node.resp import encode
 from disque_mp.node.router import Router
 from workers.invariant import InvariantError
 from workers.replies import PENDING, Error
@@ -56,6 +58,7 @@ _RAW_KINDS: Final[dict[bytes, int]] = {
     b"addjob": _RAW_ADDJOB, b"ADDJOB": _RAW_ADDJOB, b"getjob": _RAW_GETJOB, b"GETJOB": _RAW_GETJOB,
     b"ackjob": _RAW_ACKJOB, b"ACKJOB": _RAW_ACKJOB, b"fastack": _RAW_FASTACK, b"FASTACK": _RAW_FASTACK}
 _ERR_INTERNAL_RESP: Final = encode(ERR_INTERNAL)
+_MULTI_HEADS: Final = [b"*%d\r\n" % n for n in range(256)]  # a RAW frame's array header
 
 LocalOp = Callable[[str, Any], Any]  # this worker's part of a node-wide command
 
@@ -71,6 +74,7 @@ class Peers:
         self.owner = router.owner
         self.getjobs = getjobs
         self.local_op = local_op
+        self.raw_reader = hiredis.Reader()  # parses the RAW frames peers send us
 
     def log(self, text: str) -> None:
         self.w.log(text)
@@ -181,42 +185,43 @@ class Peers:
 
     def _serve_raw(self, link: Link, bodies: list[bytes]) -> None:
         """A RAW frame: a peer's hot commands of one loop turn, as RESP. The fast
-        paths' replies are collected here and handed to the link at once. A command
-        the frame does not hold whole (a broken frame: a bug) is answered
-        ERR_INTERNAL, and so is every one after it."""
+        paths' replies are collected here and handed to the link at once."""
         if link.transport is None:
             return  # the asker is gone
         rids = _u32s(bodies[0])
         flags = bodies[1]
-        reader = RawRequests(bodies[2])
-        broken = False
+        cmds = self._raw_commands(bodies[2], len(rids))
         out_rids: list[int] = []
         out_lens: list[int] = []
         out: list[bytes] = []
         for i in range(len(rids)):
+            cmd: Any = cmds[i]
             resp3 = flags[i] == 1
-            cmd = None if broken else reader.next()
-            if cmd is None:
-                if not broken:
-                    log.error("a RAW frame from a peer is broken at command %d of %d", i, len(rids))
-                    broken = True
-                reply: bytes | None = _ERR_INTERNAL_RESP
-            else:
+            reply: bytes | None = _ERR_INTERNAL_RESP
+            if cmd is not None:
                 try:
                     reply = self._serve_raw_one(cmd, resp3)
                 except InvariantError:
                     raise
                 except Exception:  # a bug: answer it, or the asking client waits forever
                     log.exception("command %r from a peer failed", cmd)
-                    reply = _ERR_INTERNAL_RESP
             if reply is None:
-                if cmd is not None:
-                    self._serve_raw_general(link, rids[i], cmd[0].lower(), cmd, resp3)
+                self._serve_raw_general(link, rids[i], cmd[0].lower(), cmd, resp3)
                 continue
             out_rids.append(rids[i])
             out_lens.append(len(reply))
             out.append(reply)
         link.raw_replies(out_rids, out_lens, out)
+
+    def _raw_commands(self, body: bytes, n: int) -> list[Any]:
+        """The ``n`` commands of a RAW frame's body (``read_raw``); a broken frame
+        (a bug) is read again as far as it goes (``read_broken_raw``)."""
+        cmds = read_raw(self.raw_reader, body, n)
+        if cmds is None:
+            self.raw_reader = hiredis.Reader()  # the old one holds the broken frame's state
+            log.error("a RAW frame of %d commands from a peer is broken", n)
+            cmds = read_broken_raw(body, n)
+        return cmds
 
     def _serve_raw_one(self, cmd: list[bytes], resp3: bool) -> bytes | None:
         """A RAW command in a fast path's shape: its reply, else None."""
@@ -300,6 +305,40 @@ class Peers:
         (a GETJOB blocking here after remote owners had nothing)."""
         self.w.drain_effects()
         self.w.reschedule_tick()
+
+
+def read_raw(reader: Any, body: bytes, n: int) -> list[Any] | None:
+    """The ``n`` commands of a RAW frame's body, by one ``gets`` of ``reader`` (a
+    ``hiredis.Reader``): behind an array header the body is one reply, the array of
+    its commands. One ``gets`` per command cost ~350 instructions more per command, a
+    compiled reader of our own ~250 more (bench/results/owner-side-2026-11-28.md).
+    None when the body is not exactly ``n`` values: the reader then holds its state."""
+    reader.feed(_MULTI_HEADS[n] if n < len(_MULTI_HEADS) else b"*%d\r\n" % n)
+    reader.feed(body)
+    try:
+        cmds = reader.gets()
+    except hiredis.ProtocolError:
+        return None
+    if type(cmds) is not list or reader.has_data():
+        return None
+    return cmds
+
+
+def read_broken_raw(body: bytes, n: int) -> list[Any]:
+    """A broken RAW body's commands one at a time, as far as they read as arrays;
+    None for each of the ``n`` it does not hold."""
+    one = hiredis.Reader()
+    one.feed(body)
+    out: list[Any] = []
+    for _ in range(n):
+        try:
+            cmd = one.gets()
+        except hiredis.ProtocolError:
+            break
+        if type(cmd) is not list:
+            break
+        out.append(cmd)
+    return out + [None] * (n - len(out))
 
 
 def _u32s(data: bytes) -> list[int]:

@@ -1,7 +1,8 @@
-"""The owner's side of a forwarded hot command: ``RawRequests`` reads a RAW frame's
-body (every command whole, or None from the first byte that is not one), and a real
-2-worker node answers forwarded ADDJOB / GETJOB / ACKJOB / FASTACK in any spelling of
-their names, and the ``ids`` route checks every ID before anything runs."""
+"""The owner's side of a forwarded hot command: a RAW frame's body read whole by one
+hiredis call (``read_raw``), a broken one read as far as it goes
+(``read_broken_raw``: ERR_INTERNAL for the rest), and a real 2-worker node answering
+forwarded ADDJOB / GETJOB / ACKJOB / FASTACK in any spelling of their names, its
+``ids`` route checking every ID before anything runs."""
 
 from __future__ import annotations
 
@@ -9,23 +10,14 @@ import random
 from collections.abc import Iterator
 from pathlib import Path
 
+import hiredis
 import pytest
 
-from disque_mp.node.resp import RawRequests, append_request, encode_request
+from disque_mp.node.peers import read_broken_raw, read_raw
+from disque_mp.node.resp import append_request, encode_request
 from tests.nodeproc import NodeProc
 from tests.rawclient import Err, RawClient, Status, connect_to_worker, encode_command
 from workers.ids import owner_of_queue
-
-
-def read_all(data: bytes) -> list[list[bytes] | None]:
-    reader = RawRequests(data)
-    out: list[list[bytes] | None] = []
-    for _ in range(len(data) + 2):  # bounded: a command takes at least 4 bytes
-        cmd = reader.next()
-        out.append(cmd)
-        if cmd is None:
-            return out
-    raise AssertionError("the reader never ended")
 
 
 def random_commands(rng: random.Random, n: int) -> list[list[bytes]]:
@@ -34,44 +26,47 @@ def random_commands(rng: random.Random, n: int) -> list[list[bytes]]:
              for _ in range(rng.randrange(1, 70))] for _ in range(n)]
 
 
-def test_raw_requests_read_what_append_request_writes() -> None:
+def test_raw_frames_read_whole_one_after_the_other() -> None:
     rng = random.Random(27)
-    for _ in range(20):
-        cmds = random_commands(rng, rng.randrange(1, 12))
+    reader = hiredis.Reader()  # one reader for every frame, as a worker keeps it
+    for n in (1, 2, 7, 255, 256, 300):
+        cmds = random_commands(rng, n) if n < 100 else [[b"ADDJOB", b"q%d" % i, b"x", b"0"] for i in range(n)]
         parts: list[bytes] = []
         for cmd in cmds:
             append_request(parts, cmd)
-        assert read_all(b"".join(parts)) == [*cmds, None]
+        assert read_raw(reader, b"".join(parts), n) == cmds
 
 
-def test_raw_requests_cut_anywhere_give_the_whole_commands_then_none() -> None:
-    cmds = [[b"ADDJOB", b"q", b"body\r\n*1\r\n", b"0"], [b"ackjob", b"D-" + b"x" * 38],
-            [b"GETJOB", b"NOHANG", b"FROM", b"a", b"b"]]
-    data = b"".join(encode_request(c) for c in cmds)
-    ends = [len(b"".join(encode_request(c) for c in cmds[: i + 1])) for i in range(len(cmds))]
-    for cut in range(len(data) + 1):
-        whole = [c for c, end in zip(cmds, ends, strict=True) if end <= cut]
-        assert read_all(data[:cut]) == [*whole, None], cut
+CMDS = [[b"ADDJOB", b"q", b"body\r\n*1\r\n", b"0"], [b"ackjob", b"D-" + b"x" * 38],
+        [b"GETJOB", b"NOHANG", b"FROM", b"a", b"b"]]
+DATA = b"".join(encode_request(c) for c in CMDS)
+ENDS = [len(b"".join(encode_request(c) for c in CMDS[: i + 1])) for i in range(len(CMDS))]
 
 
-@pytest.mark.parametrize("body", [
-    b"*0\r\n",  # no command is empty
-    b"*-1\r\n",
-    b"*x\r\n$1\r\na\r\n",
-    b"*\r\n",
-    b"*1\n$1\r\na\r\n",  # LF alone
-    b"*1\r\n$-1\r\n",  # a null is no argument
-    b"*1\r\n:1\r\n",  # an integer is no argument
-    b"*1\r\n$1\r\nab\r\n",  # the size is not the data's
-    b"*1\r\n$1\r\na\n\r",
-    b"*1\r\n$0000000000001\r\na\r\n",  # past raw_length_digits_max
-    b"*2\r\n$1\r\na\r\n",  # an argument missing
+def test_a_cut_frame_is_broken_and_its_whole_commands_still_read() -> None:
+    for cut in range(len(DATA)):
+        reader = hiredis.Reader()
+        assert read_raw(reader, DATA[:cut], 3) is None, cut
+        whole = [c for c, end in zip(CMDS, ENDS, strict=True) if end <= cut]
+        assert read_broken_raw(DATA[:cut], 3) == whole + [None] * (3 - len(whole)), cut
+
+
+@pytest.mark.parametrize("tail", [
+    encode_request([b"PING"]),  # one more command than the frame says
+    b"x",
     b"+OK\r\n",
-    b"PING\r\n",  # no inline commands between workers
 ])
-def test_raw_requests_broken_frames_end_the_reading(body: bytes) -> None:
-    good = encode_request([b"PING"])
-    assert read_all(good + body + good) == [[b"PING"], None]
+def test_a_frame_with_more_than_its_commands_is_broken(tail: bytes) -> None:
+    assert read_raw(hiredis.Reader(), DATA + tail, 3) is None
+    assert read_broken_raw(DATA + tail, 3) == CMDS
+
+
+@pytest.mark.parametrize("body", [b"*x\r\n", b"+OK\r\n", b":1\r\n", b"$1\r\na\r\n", b"!!!!\r\n"])
+def test_a_frame_with_a_value_that_is_no_command_reads_up_to_it(body: bytes) -> None:
+    data = encode_request([b"PING"]) + body + encode_request([b"PING"])
+    got = read_raw(hiredis.Reader(), data, 3)
+    assert got is None or got[0] == [b"PING"] and type(got[1]) is not list  # answered ERR_INTERNAL
+    assert read_broken_raw(data, 3) == [[b"PING"], None, None]
 
 
 def owned_by(index: int, n: int, prefix: str) -> list[str]:
