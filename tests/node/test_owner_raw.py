@@ -113,3 +113,16 @@ def test_ids_route_checks_every_id_before_running(node: NodeProc) -> None:
     assert c.call("DEQUEUE", a, b) == 2  # both owners, summed
     assert c.call("DELJOB", b, a) == 2
     c.close()
+
+
+def test_raw_names_and_forwarded_ids() -> None:
+    from disque_mp.node.peers import _ids_of, _raw_kind
+    kinds = {b"addjob": 1, b"getjob": 2, b"ackjob": 3, b"fastack": 4}
+    for name, kind in kinds.items():
+        for spelled in (name, name.upper(), name.capitalize(), name.swapcase()[:3] + name[3:]):
+            assert _raw_kind(spelled) == kind, spelled
+    for other in (b"qlen", b"ADDJOBS", b"addjo", b"", b"FASTACKX", b"g\xc3\xa9tjob"):
+        assert _raw_kind(other) == 0, other
+    ids = [f"D-dcb833cf-{i:024d}-05a1".encode() for i in range(3)]
+    for n in range(4):
+        assert _ids_of([b"ACKJOB", *ids[:n]]) == [i.decode() for i in ids[:n]]
