@@ -352,12 +352,10 @@ def _raw_kind(name: bytes) -> int:
 
 
 def _ids_of(cmd: list[bytes]) -> list[str]:
-    """A forwarded ACK's job IDs as the shard's keys (str). The asker checked each
-    (``slot_of_valid_id``: 40 ASCII bytes, no space), so they are decoded in one call
-    and split again, not one decode per ID."""
-    if len(cmd) <= 2:
-        return [cmd[i].decode("ascii") for i in range(1, len(cmd))]
-    return b" ".join(cmd[1:]).decode("ascii").split(" ")
+    """A forwarded ACK's job IDs as the shard's keys (str; the asker checked each with
+    ``slot_of_valid_id``). One decode per ID: joined, decoded once and split again
+    cost ~700 instructions per ID against ~250 (``str.split`` makes each string)."""
+    return [cmd[i].decode("ascii") for i in range(1, len(cmd))]
 
 
 def _u32s(data: bytes) -> list[int]:
