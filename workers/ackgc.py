@@ -66,11 +66,13 @@ class AckGc(Events):
         nodes that may have a copy, to every node for a job we do not know).
         Replies the number of jobs known here."""
         s = self.core
+        view = s.view()  # one object for the shard's life: fetched once, not per ID
+        tally = s.tally()
         known = 0
         for job_id in job_ids:
             job = s.lookup(job_id)
             if job is None:
-                if not s.view().known:
+                if not view.known:
                     continue
                 if fast:
                     self.fastack_cluster(job_id, None)
@@ -78,14 +80,14 @@ class AckGc(Events):
                     self.ackjob_unknown(job_id, now_ms)  # dummy ACK (not counted, as Disque)
                 continue
             known += 1
-            s.tally().observe_processing(job, now_ms)
+            tally.observe_processing(job, now_ms)
             if not fast:
                 self.ack(job, now_ms)
                 continue
-            if job.nodes[0] is not s.view().me:
+            if job.nodes[0] is not view.me:
                 self.fastack_cluster(job_id, job)
             s.unregister(job, now_ms)
-        s.tally().stats.acked += known
+        tally.stats.acked += known
         return known
 
     def ack(self, job: Job, now_ms: int) -> None:

@@ -48,6 +48,14 @@ _perf_ns: Final = time.perf_counter_ns
 
 
 
+# The hot commands a RAW frame carries (``_raw_kind``): the fast path each one takes.
+_RAW_ADDJOB: Final = 1
+_RAW_GETJOB: Final = 2
+_RAW_ACKJOB: Final = 3
+_RAW_FASTACK: Final = 4
+_ERR_INTERNAL_RESP: Final = encode(ERR_INTERNAL)
+_MULTI_HEADS: Final = [b"*%d\r\n" % n for n in range(256)]  # a RAW frame's array header
+
 LocalOp = Callable[[str, Any], Any]  # this worker's part of a node-wide command
 
 
@@ -178,24 +186,21 @@ class Peers:
             return  # the asker is gone
         rids = _u32s(bodies[0])
         flags = bodies[1]
-        reader = self.raw_reader
-        reader.feed(bodies[2])
+        cmds = self._raw_commands(bodies[2], len(rids))
         out_rids: list[int] = []
         out_lens: list[int] = []
         out: list[bytes] = []
         for i in range(len(rids)):
-            cmd: Any = None
+            cmd: Any = cmds[i]
             resp3 = flags[i] == 1
-            try:
-                cmd = reader.gets()
-                reply = self._serve_raw_one(cmd, resp3)
-            except InvariantError:
-                raise
-            except Exception:  # a bug: answer it, or the asking client waits forever
-                log.exception("command %r from a peer failed", cmd)
-                reply = encode(ERR_INTERNAL)
-                if type(cmd) is not list:  # the frame itself is broken: start afresh
-                    self.raw_reader = reader = hiredis.Reader()
+            reply: bytes | None = _ERR_INTERNAL_RESP
+            if cmd is not None:
+                try:
+                    reply = self._serve_raw_one(cmd, resp3)
+                except InvariantError:
+                    raise
+                except Exception:  # a bug: answer it, or the asking client waits forever
+                    log.exception("command %r from a peer failed", cmd)
             if reply is None:
                 self._serve_raw_general(link, rids[i], cmd[0].lower(), cmd, resp3)
                 continue
@@ -204,18 +209,27 @@ class Peers:
             out.append(reply)
         link.raw_replies(out_rids, out_lens, out)
 
+    def _raw_commands(self, body: bytes, n: int) -> list[Any]:
+        """The ``n`` commands of a RAW frame's body (``read_raw``); a broken frame
+        (a bug) is read again as far as it goes (``read_broken_raw``)."""
+        cmds = read_raw(self.raw_reader, body, n)
+        if cmds is None:
+            self.raw_reader = hiredis.Reader()  # the old one holds the broken frame's state
+            log.error("a RAW frame of %d commands from a peer is broken", n)
+            cmds = read_broken_raw(body, n)
+        return cmds
+
     def _serve_raw_one(self, cmd: list[bytes], resp3: bool) -> bytes | None:
         """A RAW command in a fast path's shape: its reply, else None."""
-        name = cmd[0].lower()
+        kind = _raw_kind(cmd[0])
         router = self.router
-        reply: bytes | None = None
-        if name == b"addjob":
-            reply = router.addjob_here(cmd)
-        elif name == b"getjob":
-            reply = router.getjob_here(cmd, resp3)
-        elif name == b"ackjob" or name == b"fastack":
-            reply = router.ack_here([a.decode() for a in cmd[1:]], name == b"fastack", cmd)
-        return reply
+        if kind == _RAW_ADDJOB:
+            return router.addjob_here(cmd)
+        if kind == _RAW_GETJOB:
+            return router.getjob_here(cmd, resp3)
+        if kind == _RAW_ACKJOB or kind == _RAW_FASTACK:
+            return router.ack_here(_ids_of(cmd), kind == _RAW_FASTACK, cmd)
+        return None
 
     def _serve_raw_general(self, link: Link, rid: int, name: bytes, cmd: list[bytes],
                            resp3: bool) -> None:
@@ -282,6 +296,66 @@ class Peers:
         (a GETJOB blocking here after remote owners had nothing)."""
         self.w.drain_effects()
         self.w.reschedule_tick()
+
+
+def read_raw(reader: Any, body: bytes, n: int) -> list[Any] | None:
+    """The ``n`` commands of a RAW frame's body, by one ``gets`` of ``reader`` (a
+    ``hiredis.Reader``): behind an array header the body is one reply, the array of
+    its commands. One ``gets`` per command cost ~350 instructions more per command, a
+    compiled reader of our own ~250 more (bench/results/owner-side-2026-11-28.md).
+    None when the body is not exactly ``n`` values: the reader then holds its state."""
+    reader.feed(_MULTI_HEADS[n] if n < len(_MULTI_HEADS) else b"*%d\r\n" % n)
+    reader.feed(body)
+    try:
+        cmds = reader.gets()
+    except hiredis.ProtocolError:
+        return None
+    if type(cmds) is not list or reader.has_data():
+        return None
+    return cmds
+
+
+def read_broken_raw(body: bytes, n: int) -> list[Any]:
+    """A broken RAW body's commands one at a time, as far as they read as arrays;
+    None for each of the ``n`` it does not hold."""
+    one = hiredis.Reader()
+    one.feed(body)
+    out: list[Any] = []
+    for _ in range(n):
+        try:
+            cmd = one.gets()
+        except hiredis.ProtocolError:
+            break
+        if type(cmd) is not list:
+            break
+        out.append(cmd)
+    return out + [None] * (n - len(out))
+
+
+def _raw_kind(name: bytes) -> int:
+    """Which fast path a RAW command's name takes (0: none). Byte compares, the usual
+    spellings first: a dict lookup hashed the name (~420 instructions), ``lower()``
+    was a Python-level method call (~330)."""
+    if name == b"ADDJOB" or name == b"addjob":
+        return _RAW_ADDJOB
+    if name == b"ACKJOB" or name == b"ackjob":
+        return _RAW_ACKJOB
+    if name == b"GETJOB" or name == b"getjob":
+        return _RAW_GETJOB
+    if name == b"FASTACK" or name == b"fastack":
+        return _RAW_FASTACK
+    if len(name) == 6 or len(name) == 7:  # another mix of cases: rare
+        lower = name.lower()
+        if lower != name:
+            return _raw_kind(lower)
+    return 0
+
+
+def _ids_of(cmd: list[bytes]) -> list[str]:
+    """A forwarded ACK's job IDs as the shard's keys (str; the asker checked each with
+    ``slot_of_valid_id``). One decode per ID: joined, decoded once and split again
+    cost ~700 instructions per ID against ~250 (``str.split`` makes each string)."""
+    return [cmd[i].decode("ascii") for i in range(1, len(cmd))]
 
 
 def _u32s(data: bytes) -> list[int]:

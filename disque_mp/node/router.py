@@ -35,7 +35,7 @@ from disque_mp.node.errors import ERR_BADID, ERR_NOAUTH, ERR_OOM, err_arity, err
 from disque_mp.node.getjob import GetJob, GetJobs, Runs, encode_getjob
 from disque_mp.node.owner import Owner
 from disque_mp.node.resp import append_request, encode
-from workers.ids import is_valid_job_id, owner_of_job_id, owner_of_queue, slot_of_valid_id
+from workers.ids import owner_of_queue, slot_of_valid_id
 from workers.invariant import InvariantError
 from workers.replies import PENDING, Error, Status
 
@@ -419,12 +419,14 @@ class Router(CommandPath):
             ids, word, value = cmd_jobs.split_tail(ids, words)
             if word is not None and value is not None:
                 tail = [word, value]
-        for job_id in ids:
-            if not is_valid_job_id(job_id):
-                return ERR_BADID
+        # one pass: each ID checked (-BADID before anything runs) and grouped by owner
+        workers = self.workers
         groups: dict[int, list[bytes]] = {}
         for job_id in ids:
-            groups.setdefault(owner_of_job_id(job_id.decode(), self.workers), []).append(job_id)
+            slot = slot_of_valid_id(job_id)
+            if slot < 0:
+                return ERR_BADID
+            groups.setdefault(slot % workers, []).append(job_id)
         if len(groups) <= 1:
             owner = next(iter(groups)) if groups else self.index
             return self._run_at(conn, owner, cmd, head)
