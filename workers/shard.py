@@ -309,8 +309,7 @@ class Shard:
                 break
             out.append(c.deliver(job, q, now_ms, withcounters))
         if not q.live:
-            if not q.awake_ms:  # else its eviction check is armed already
-                c.maybe_idle(q, now_ms)
+            c.maybe_idle(q, now_ms)  # arms nothing when the check is armed already
             if out:
                 c.drained(q, now_ms)
         return out
@@ -336,8 +335,8 @@ class Shard:
             if len(out) == before:
                 break
         for q in qs:
-            if not q.live and not q.awake_ms:  # else its eviction check is armed already
-                c.maybe_idle(q, now_ms)
+            if not q.live:
+                c.maybe_idle(q, now_ms)  # arms nothing when the check is armed already
         return out
 
     def op_block(
