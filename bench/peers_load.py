@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 import multiprocessing as mp
 import queue as queue_mod
-import resource
 import struct
 import time
 from array import array
@@ -86,21 +85,15 @@ def _finish(procs: list[Any], timeout_s: float) -> None:
             p.join()
 
 
-def _children_cpu_s() -> float:
-    """User + system CPU of this process's ended and waited-for children."""
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return ru.ru_utime + ru.ru_stime
-
-
 def cycle(target: Target, queues: list[str], clients: int, seconds: float) -> dict[str, Any]:
     """N producers, N consumers: jobs/s from the start to the last ack, the CPU the
     servers' processes (``target.pids``) spent per job meanwhile, and the CPU the
     client processes spent per job (what is left of the machine's cores for the
     server: on 2 cores the clients' share bounds any server's figure)."""
-    from bench.scaling import cpu_s
+    from bench.scaling import children_cpu_s, cpu_s
 
     cpu0 = sum(cpu_s(p) for p in target.pids)
-    kids0 = _children_cpu_s()
+    kids0 = children_cpu_s()
     barrier = _CTX.Barrier(2 * clients + 1)
     producing = _CTX.Event()
     producing.set()
@@ -127,7 +120,7 @@ def cycle(target: Target, queues: list[str], clients: int, seconds: float) -> di
     _finish(cons, 10)
     elapsed = max(lasts, default=t0) - t0
     server_s = sum(cpu_s(p) for p in target.pids) - cpu0
-    clients_s = _children_cpu_s() - kids0  # the client processes, all joined by now
+    clients_s = children_cpu_s() - kids0  # the client processes, all joined by now
     return {"jobs": acked.value, "produced": produced.value,
             "server_us_per_job": 1e6 * server_s / max(1, acked.value) if target.pids else None,
             "clients_us_per_job": 1e6 * clients_s / max(1, acked.value),
