@@ -39,15 +39,19 @@ from tests.nodeproc import NodeProc, free_port, port_free
 start_timeout_s = 120.0  # a RabbitMQ node boots in 5-20 s on 2 loaded cores
 stop_timeout_s = 30.0
 cluster_timeout_s = 60.0  # nodes seeing each other after MEET / join_cluster
-RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")  # Debian's scripts that run as the caller
+# Where Debian's rabbitmq-server package (installed by `make sysdeps`) puts the broker's
+# own start and control scripts: these run as the calling user, where the wrappers on
+# PATH switch to the package's rabbitmq account. A system path, not a file of this repo.
+RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")
 # Erlang schedulers spin while idle by default: on a shared 2-core machine an idle
 # broker would take CPU from whichever peer is being measured.
 ERL_ARGS = "+sbwt none +sbwtdcpu none +sbwtdio none"
 
 
 def scratch_root() -> Path:
-    """Where the peers keep their data while measured: the machine's RAM-backed
-    /dev/shm where writable (no peer waits on the disk), else the temp dir."""
+    """Where the peers keep their data while measured: Linux's RAM-backed shared-memory
+    mount (a tmpfs every Debian system has, not a path of this repo) where writable,
+    so no peer waits on the disk; else the temp dir."""
     shm = Path("/dev/shm")
     return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
 
