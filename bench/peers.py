@@ -23,7 +23,9 @@ Per setting: the cycle (``CLIENTS`` producers and consumers, 1 queue and, single
 cycle figure. Rounds are interleaved (each round runs every system, in an order that
 rotates); the figure is the median round. Writes bench/results/peers.md (one table:
 system, setting, figure, ratio, command), peers.json and the plots peers-throughput.png
-and peers-latency-cdf.png.
+and peers-latency-cdf.png; a run narrowed by ``--setting``, ``--workload``, ``--systems``,
+``--quick`` or ``--node-tree`` writes them under bench/scratch/ (ignored by git) unless
+``--out`` says where, so that it never overwrites the record.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ from bench import peers_servers as srv
 from bench.peers_drivers import Target, connect
 from bench.peers_load import cycle, paced, percentile
 from bench.plots import RESULTS
+
+SCRATCH = RESULTS.parent / "scratch"  # a subset run's tables: never over the record
 
 ROUNDS = 3
 CLIENTS = 2  # producers, and as many consumers, in the cycle
@@ -188,7 +192,16 @@ def run(settings: list[str], workloads: list[str], systems: list[str] | None, ro
     return {"results": results, "samples": samples}
 
 
-def main(argv: list[str] | None = None) -> int:
+def out_dir(a: argparse.Namespace) -> Path:
+    """``--out``, else the record's folder for the full run and bench/scratch for a
+    narrowed one."""
+    if a.out is not None:
+        return Path(a.out)
+    full = not (a.setting or a.workload or a.systems or a.quick or a.node_tree)
+    return RESULTS if full else SCRATCH
+
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.peers")
     p.add_argument("--setting", choices=["single", "replicated"], action="append")
     p.add_argument("--workload", choices=["cycle", "latency"], action="append")
@@ -197,8 +210,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="1 s runs: a smoke test, not a record")
     p.add_argument("--node-tree", type=Path, default=None,
                    help="run the disque-mp nodes from this source tree (default: this one)")
-    p.add_argument("--out", type=Path, default=RESULTS, help="where peers.md etc. go")
-    a = p.parse_args(argv)
+    p.add_argument("--out", type=Path, default=None,
+                   help="where peers.md etc. go (default: bench/results for the full run, "
+                        "bench/scratch, which git ignores, for a subset or a quick run)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
+    out = out_dir(a)
     settings = a.setting or ["single", "replicated"]
     workloads = a.workload or ["cycle", "latency"]
     systems = a.systems.split(",") if a.systems else None
@@ -213,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     info["minutes"] = round((time.monotonic() - t0) / 60, 1)
     from bench.peers_report import write_all
 
-    for path in write_all(data, info, a.out):
+    for path in write_all(data, info, out):
         print("wrote", path)
     return 0
 

@@ -135,3 +135,22 @@ def test_replication_probe_on_a_real_cluster(tmp_path: Path) -> None:
                                       for r in rows)
         # every job wrote to its client and to both replicas; each replica answered
         assert rows[0]["writes"] > 1 and min(r["writes"] for r in rows[1:]) > 0.5
+
+
+def test_a_narrowed_run_never_writes_over_the_record() -> None:
+    from bench.peers import SCRATCH, out_dir, parser
+    from bench.plots import RESULTS
+
+    assert out_dir(parser().parse_args([])) == RESULTS
+    for narrowed in (["--setting", "single"], ["--workload", "cycle"], ["--systems", "disque-mp"],
+                     ["--quick"], ["--node-tree", "/tmp/x"]):
+        assert out_dir(parser().parse_args(narrowed)) == SCRATCH
+    assert out_dir(parser().parse_args(["--quick", "--out", "/tmp/o"])) == Path("/tmp/o")
+    assert git_ignores(SCRATCH / "peers.md")
+
+
+def git_ignores(path: Path) -> bool:
+    import subprocess
+
+    done = subprocess.run(["git", "check-ignore", "-q", str(path)], cwd=path.parents[2])
+    return done.returncode == 0
