@@ -39,6 +39,7 @@ from workers.core import (
     Stats,
     Waiter,
     latency_bounds_ms,
+    latency_bucket,
     queue_idle_evict_ms,
 )
 from workers.dedup import Dedup, dedup_keys_max_default
@@ -381,9 +382,16 @@ class Shard:
             if job is None or job.state != ACTIVE:
                 continue
             q = c.queue(job.queue, now_ms)
+            t = c.tally()
+            st = t.stats
+            at = t.forget_delivery(job)
+            st.delivered -= 1  # the take's count in /metrics, undone
             if not job.nacks and not job.additional_deliveries:
                 job.unmark_delivered()  # that take was its only delivery
-            c.tally().forget_delivery(job)
+                if at >= 0:  # and its wait in the queue was counted by it: undone too
+                    wait_ms = at - job.ctime_us // US_PER_MS
+                    st.wait_counts[latency_bucket(wait_ms)] -= 1
+                    st.wait_sum_ms -= wait_ms
             if q.jobs_out:
                 q.jobs_out -= 1
             job.move(QUEUED)

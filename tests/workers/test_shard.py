@@ -204,6 +204,26 @@ def test_return_requeues_without_counting(env: Env) -> None:
     assert env.s.lookup(a).additional_deliveries == 0  # type: ignore[union-attr]
 
 
+def test_return_undoes_the_takes_count_in_metrics(env: Env) -> None:
+    """A scatter's surplus given back was never delivered: /metrics' delivered total
+    and the wait histogram are as if it had not been taken; a job's later delivery
+    counts once."""
+    a = env.add(body=b"1")
+    b = env.add(body=b"2")
+    before = env.s.metrics(0, env.now)
+    got = env.take(count=2)
+    assert env.s.metrics(0, env.now)["delivered"] == before["delivered"] + 2
+    env.s.op_return([got[1][1]], env.now)
+    m = env.s.metrics(0, env.now)
+    assert m["delivered"] == before["delivered"] + 1
+    assert sum(m["wait_counts"]) == sum(before["wait_counts"]) + 1
+    assert m["active"] == 1
+    assert [e[1] for e in env.take(count=1)] == [b]
+    m = env.s.metrics(0, env.now)
+    assert m["delivered"] == before["delivered"] + 2 and sum(m["wait_counts"]) == 2
+    assert env.s.lookup(a) is not None
+
+
 def test_return_serves_waiter(env: Env) -> None:
     a = env.add()
     env.take()
