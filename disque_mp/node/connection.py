@@ -27,7 +27,6 @@ import ipaddress
 import logging
 import socket
 import time
-from collections import deque
 from typing import Any, Final
 
 from disque_mp.node.config import Config
@@ -119,7 +118,10 @@ class ClientConn(asyncio.Protocol):
         self.cmd_at = 0
         self.out: list[bytes] = []
         self.out_bytes = 0  # bytes in ``out`` (the output limits' count between writes)
-        self.slots: deque[bytes | PendingReply] | None = None
+        # (a list, not a deque: mypyc compiles a list's append, index and slice
+        # deletion natively, a deque's are generic method calls, ~500 instructions
+        # more per reply that waits here)
+        self.slots: list[bytes | PendingReply] | None = None
         # bytes of the replies ready in ``slots`` (waiting behind one not known yet):
         # they count against the output limits as the written ones do
         self.slots_bytes = 0
@@ -348,7 +350,7 @@ class ClientConn(asyncio.Protocol):
         self.unfilled += 1
         slot = PendingReply()
         if self.slots is None:
-            self.slots = deque()
+            self.slots = []
         self.slots.append(slot)
         return slot
 
@@ -359,7 +361,7 @@ class ClientConn(asyncio.Protocol):
         self.forwarded += 1
         slot = PendingReply(self)
         if self.slots is None:
-            self.slots = deque()
+            self.slots = []
         self.slots.append(slot)
         return slot
 
@@ -394,8 +396,10 @@ class ClientConn(asyncio.Protocol):
             return
         moved = 0
         out = self.out
-        while slots:
-            head = slots[0]
+        i = 0
+        n = len(slots)
+        while i < n:
+            head = slots[i]
             ready: bytes
             if type(head) is PendingReply:
                 if head.data is None:
@@ -405,7 +409,11 @@ class ClientConn(asyncio.Protocol):
                 ready = head  # type: ignore[assignment]
             out.append(ready)
             moved += len(ready)
-            slots.popleft()
+            i += 1
+        if i == n:
+            slots.clear()
+        elif i:
+            del slots[:i]
         self.slots_bytes -= moved
         self.out_bytes += moved
         lim = output_limits(self.node.cfg.client_output_buffer_limit)
