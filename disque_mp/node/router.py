@@ -313,14 +313,16 @@ class Router(CommandPath):
             conn.streak = 0
             return self.owner.run(name, args, lambda: self._later(conn))
         self._count_streak(conn, owner)
-        slot = conn.defer()
-
-        def back(value: Any) -> None:
-            conn.fill(slot, encode(value, conn.resp3))
-            self._window_freed(conn)
-
+        # a partial, not a nested def: compiled, a nested def and the closure holding
+        # it refer to each other, a cycle left for the garbage collector to find
+        back = functools.partial(self._forwarded_back, conn, conn.defer())
         self._windowed(conn, True, lambda: self.forward(owner, name, args, back))
         return PENDING
+
+    def _forwarded_back(self, conn: ClientConn, slot: PendingReply, value: Any) -> None:
+        """A general-path command's reply from its owner (``_run_at``)."""
+        conn.fill(slot, encode(value, conn.resp3))
+        self._window_freed(conn)
 
     def _windowed(self, conn: ClientConn, counted: bool, send: Callable[[], None]) -> None:
         """Send a forwarded command now, or hold it (in order) while the connection has
