@@ -313,8 +313,7 @@ class Router(CommandPath):
             conn.streak = 0
             return self.owner.run(name, args, lambda: self._later(conn))
         self._count_streak(conn, owner)
-        # a partial, not a nested def: compiled, a nested def and the closure holding
-        # it refer to each other, a cycle left for the garbage collector to find
+        # a partial: a nested def and its closure (compiled) make a cycle for the GC
         back = functools.partial(self._forwarded_back, conn, conn.defer())
         self._windowed(conn, True, lambda: self.forward(owner, name, args, back))
         return PENDING
@@ -398,9 +397,8 @@ class Router(CommandPath):
 
     def _hold_raw(self, conn: ClientConn, owner: int, cmd: list[bytes], raw: bytes,
                   slot: PendingReply) -> None:
-        """``forward_raw``'s held case, a function of its own: compiled, a lambda in
-        ``forward_raw`` would move every local of it into a closure object built on
-        each call (~400 instructions per forwarded command)."""
+        """``forward_raw``'s held case apart: compiled, a lambda there put its every
+        local in a closure object built on each call."""
         self.held[conn].append((False, lambda: self._send_raw(conn, owner, cmd, raw, slot)))
 
     def _send_raw(self, conn: ClientConn, owner: int, cmd: list[bytes], raw: bytes,
