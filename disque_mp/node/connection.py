@@ -99,7 +99,7 @@ class PendingReply:
 
 # The slots of forwarded commands (``defer_raw``) once their reply has left, kept for
 # the next forward: a new object per forwarded command, its allocation and its
-# freeing, cost ~400 instructions more than reusing one. Bounded: a burst of
+# freeing, cost ~300 instructions more than reusing one. Bounded: a burst of
 # forwards past it allocates, and the pool never holds more than this many.
 raw_slots_free_max = 4096
 _raw_slots_free: Final[list[PendingReply]] = []
