@@ -4,7 +4,7 @@ shared 2-core machine cannot blur.
     python -m bench.instructions before=/tmp/base after=. [--requests 20000] \\
         [--pipeline 1 32] [--workers 2]
     python -m bench.instructions now=. --shape random per-connection \\
-        --connections 64 [--pipeline 32] [--workers 1 2 16]
+        --connections 64 [--pipeline 32] [--workers 1 2 16] [--keep DIR]
 
 ``bench.ab`` and ``bench.front_read`` time the trees; on a busy or throttled machine
 their figures move by 5 to 30 % between runs. Here each tree (``label=dir``, its
@@ -300,9 +300,11 @@ def _dump_each(pids: list[int]) -> None:
 
 
 def shape_tree(tree: Path, workers: int, shape: str, conns: int, requests: int,
-               pipeline: int) -> float:
+               pipeline: int, keep: Path | None = None) -> float:
     """ADDJOB instructions per request on one node of ``tree`` (every process),
-    after a warm-up round on the same connections' queues."""
+    after a warm-up round on the same connections' queues. ``keep``: the counted
+    phase's callgrind files (dump 2 of every process) are copied there, for
+    ``callgrind_annotate``."""
     rounds = max(1, requests // (conns * pipeline))
     with callgrind_node(tree, workers) as (port, work, pids):
         # warm-up: every queue created (random), every connection moved to its
@@ -314,6 +316,10 @@ def shape_tree(tree: Path, workers: int, shape: str, conns: int, requests: int,
         _dump_each(pids)  # dump 1: the start and the warm-up
         _rounds(port, shape, conns, pipeline, rounds, seed=2)
         _dump_each(pids)
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            for path in work.glob("cg.*.2"):
+                shutil.copy(path, keep / path.name)
         return _phase_totals(work, 2) / (rounds * conns * pipeline)
 
 
@@ -325,12 +331,17 @@ def shape_main(argv: list[str]) -> int:
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     p.add_argument("--requests", type=int, default=20_000)
     p.add_argument("--pipeline", type=int, nargs="+", default=[32])
+    p.add_argument("--keep", type=Path,
+                   help="copy each run's counted callgrind files under this folder "
+                        "(LABEL-pP-Nw-SHAPE/cg.PID.2)")
     a = p.parse_args(argv)
     sides = [(label, Path(d).resolve()) for label, _, d in (s.partition("=") for s in a.trees)]
     for pipeline in a.pipeline:
         for workers in a.workers:
             for label, tree in sides:
-                got = {shape: shape_tree(tree, workers, shape, a.connections, a.requests, pipeline)
+                got = {shape: shape_tree(tree, workers, shape, a.connections, a.requests, pipeline,
+                                         a.keep / f"{label}-p{pipeline}-{workers}w-{shape}"
+                                         if a.keep else None)
                        for shape in a.shape}
                 first = got[a.shape[0]]
                 cells = ", ".join(f"{shape} {n:,.0f} instr/req ({n / first:.2f}x)"

@@ -313,14 +313,15 @@ class Router(CommandPath):
             conn.streak = 0
             return self.owner.run(name, args, lambda: self._later(conn))
         self._count_streak(conn, owner)
-        slot = conn.defer()
-
-        def back(value: Any) -> None:
-            conn.fill(slot, encode(value, conn.resp3))
-            self._window_freed(conn)
-
+        # a partial: a nested def and its closure (compiled) make a cycle for the GC
+        back = functools.partial(self._forwarded_back, conn, conn.defer())
         self._windowed(conn, True, lambda: self.forward(owner, name, args, back))
         return PENDING
+
+    def _forwarded_back(self, conn: ClientConn, slot: PendingReply, value: Any) -> None:
+        """A general-path command's reply from its owner (``_run_at``)."""
+        conn.fill(slot, encode(value, conn.resp3))
+        self._window_freed(conn)
 
     def _windowed(self, conn: ClientConn, counted: bool, send: Callable[[], None]) -> None:
         """Send a forwarded command now, or hold it (in order) while the connection has
@@ -389,10 +390,16 @@ class Router(CommandPath):
         slot = conn.defer_raw()
         raw = conn.request_bytes(cmd)  # the client's own bytes: no encoding again
         if self.held and conn in self.held:  # behind general-path commands it waits for
-            self.held[conn].append((False, lambda: self._send_raw(conn, owner, cmd, raw, slot)))
+            self._hold_raw(conn, owner, cmd, raw, slot)
             return b""
         self._send_raw(conn, owner, cmd, raw, slot)
         return b""
+
+    def _hold_raw(self, conn: ClientConn, owner: int, cmd: list[bytes], raw: bytes,
+                  slot: PendingReply) -> None:
+        """``forward_raw``'s held case apart: compiled, a lambda there put its every
+        local in a closure object built on each call."""
+        self.held[conn].append((False, lambda: self._send_raw(conn, owner, cmd, raw, slot)))
 
     def _send_raw(self, conn: ClientConn, owner: int, cmd: list[bytes], raw: bytes,
                   slot: PendingReply) -> None:

@@ -126,3 +126,27 @@ def test_raw_names_and_forwarded_ids() -> None:
     ids = [f"D-dcb833cf-{i:024d}-05a1".encode() for i in range(3)]
     for n in range(4):
         assert _ids_of([b"ACKJOB", *ids[:n]]) == [i.decode() for i in ids[:n]]
+
+
+@pytest.mark.integration
+def test_forwarded_replies_fill_their_own_slots_round_after_round(node: NodeProc) -> None:
+    """Forwarded ADDJOB / GETJOB / FASTACK of two clients of one worker, pipelined:
+    each reply lands in its own command's place, round after round (the forwarded
+    commands' reply slots are reused once their replies have left)."""
+    theirs = owned_by(1, 8, "order")
+    clients = [connect_to_worker(node.port, 0) for _ in range(2)]
+    for rnd in range(4):
+        for k, c in enumerate(clients):
+            c.send(b"".join(encode_command("ADDJOB", q, f"{rnd}-{k}-{q}", 0)
+                            + encode_command("GETJOB", "NOHANG", "WITHCOUNTERS", "FROM", q)
+                            for q in theirs))
+        for k, c in enumerate(clients):
+            got = [c.read() for _ in range(2 * len(theirs))]
+            for i, q in enumerate(theirs):
+                job_id, jobs = got[2 * i], got[2 * i + 1]
+                assert isinstance(job_id, Status), got
+                assert jobs[0][:3] == [q.encode(), str(job_id).encode(), f"{rnd}-{k}-{q}".encode()]
+            c.send(b"".join(encode_command("FASTACK", str(got[2 * i])) for i in range(len(theirs))))
+            assert [c.read() for _ in theirs] == [1] * len(theirs)
+    for c in clients:
+        c.close()
