@@ -731,7 +731,12 @@ class Mesh:
             end = at + lens[i]
             waiter = pending.pop(rids[i], None)
             if waiter is not None:
-                waiter(data[at:end])
+                try:
+                    waiter(data[at:end])
+                except InvariantError:
+                    raise  # the shard is inconsistent: the worker must die
+                except Exception:  # a bug in one GETJOB must not leave the others waiting
+                    logging.getLogger("disque_mp.mesh").exception("mesh take answer failed")
             at = end
 
     def after_batch(self) -> None:
