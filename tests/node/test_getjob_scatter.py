@@ -301,20 +301,27 @@ def test_a_reads_getjobs_to_one_owner_answer_as_one_shard_in_order(node: NodePro
 
 
 def test_a_client_gone_before_its_batchs_answers_gets_nothing_counted(node: NodeProc) -> None:
-    """Several GETJOBs of one read, the client gone before the other owner answers
-    their takes: whatever was taken for them is back in its queue, no delivery
-    counted in the job. A job went into an answer written before the client was
-    seen gone (active) or is queued (no NACK, no additional delivery in SHOW)."""
+    """Several GETJOBs of two clients at once, one client gone before the other owner
+    answers their takes: whatever was taken for it is back in its queue, no delivery
+    counted in the job, and the other client gets its answers. A job went into an
+    answer (active) or is queued (no NACK, no additional delivery in SHOW)."""
     for worker in (0, 1):
         here = queues_of(worker, 2, f"bg{worker}h")
         there = queues_of(1 - worker, 2, f"bg{worker}t")
         order = [there[0], here[0], there[1], here[1]]  # another owner leads: no answer at once
         c = connect_to_worker(node.port, worker)
         ids = [add(c, q, f"{q}-{k}") for q in order for k in range(10)]
-        gone = connect_to_worker(node.port, worker)
-        gone.send(b"".join(encode_command("GETJOB", "NOHANG", "COUNT", 3, "FROM", *order)
-                           for _ in range(10)))
+        gone, stays = connect_to_worker(node.port, worker), connect_to_worker(node.port, worker)
+        five = b"".join(encode_command("GETJOB", "NOHANG", "COUNT", 3, "FROM", *order)
+                        for _ in range(5))
+        gone.send(five)
+        stays.send(five)
         gone.close()
+        answers = [stays.read() for _ in range(5)]
+        got = [g[1].decode() for a in answers for g in a]
+        assert len(got) == 15 and len(set(got)) == 15  # 40 jobs: every answer full
+        assert all(_show(c, i)[b"state"] == b"active" for i in got)
+        stays.close()
 
         settled = partial(_settled, c, ids, order)
         node.wait_for(settled, 10, "each job queued uncounted, or delivered")
