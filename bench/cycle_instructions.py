@@ -47,8 +47,8 @@ QUEUES = 100
 CLIENTS = 2
 BATCH = 50
 BODY = b"x" * 100
-KIND_NAMES = {1: "CMD", 2: "REPLY", 3: "TAKE", 4: "BLOCK", 5: "UNBLOCK", 6: "WAKE", 7: "RETURN",
-              8: "SCATTER", 9: "CMDS", 10: "REPLIES", 11: "RAW", 12: "RAWREPLIES"}
+KIND_NAMES = {1: "CMD", 2: "REPLY", 3: "TAKE(S)", 4: "BLOCK", 5: "UNBLOCK", 6: "WAKE", 7: "RETURN",
+              8: "SCATTER", 9: "CMDS", 10: "REPLIES", 11: "RAW", 12: "RAWREPLIES", 13: "TOOKS"}
 HERE = Path(__file__).resolve().parent
 
 

@@ -9,12 +9,18 @@ it answers on the link the request came from.
 Frame kinds (meta is an orjson object, bodies raw bytes, see ``bus/frames.py``):
 
     CMD      {"r", "n": command}            bodies: args     -> REPLY {"r", "v"}
-    TAKE     {"r", "c": count, "w": withcounters, "k": hints}  bodies: queues -> REPLY took
-             (hints, only when the asker's queues hold jobs: one per queue of the
-             GETJOB, -1 for the receiver's, else what the asker knows the queue
-             holds: ``getjob.take_share``; took: one bytes value, ``pack_took``: what
-             each of the receiver's queues could give before the take, when hinted,
-             and the jobs taken, already RESP; 0 when there is neither)
+    TAKES    {}  bodies: [words, queue names joined]          -> TOOKS
+             the non-blocking takes of the GETJOBs one worker coordinated during one
+             loop turn, for one owner (``Link.add_take``): per take, native-endian
+             i64 words rid, count, withcounters, the number of its queues, the number
+             of hints, each queue name's length, the hints (only when the asker's
+             queues hold jobs: one per queue of the GETJOB, -1 for the receiver's,
+             else what the asker knows the queue holds: ``getjob.take_share``)
+    TOOKS    {}  bodies: [rids, took lengths, the tooks joined]
+             the owner's answers, one per take, in one frame per turn (``Link.tooks``):
+             u32 rids and lengths; each took is ``pack_took`` (what each of the
+             receiver's queues could give before the take, when hinted, and the jobs
+             taken, already RESP), empty when there is neither
     BLOCK    {"t": token, "c", "w"}        bodies: queues   -> later WAKE {"t"} [took],
                                                                or {"t", "e": error}
     UNBLOCK  {"t"}
@@ -39,6 +45,15 @@ command cost about a fifth of both workers' time under mixed pipelined
 traffic (py-spy: frame encode and decode). A batch is closed before any other
 frame is queued on its link, so frames keep their order. Frames for one peer
 produced during one loop turn leave in one write.
+
+The TAKEs of a GETJOB over several owners batch the same way: every take this
+worker sends one owner during a loop turn leaves in one TAKES frame, answered
+by one TOOKS frame, with no JSON either way (a frame of its own per TAKE, with an
+orjson meta and a REPLIES answer through ``pack``, cost more than the take's work
+at the owner: bench/results/getjob-batch-2026-11-28.md). At most one of the RAW,
+CMDS and TAKES batches is open on a link: opening one closes the other, so an
+owner runs one client's pipelined ADDJOB and GETJOB (or GETJOB and ADDJOB) in the
+order the client sent them, as a single worker would.
 
 Connections (client sockets) move between workers over a datagram socket
 beside the mesh (``bus/sockpass.py`` with ``HANDOFF_PURPOSE``): SCM_RIGHTS
@@ -65,10 +80,13 @@ from workers.replies import NULL_ARRAY, Error, Status
 # bench/meshcount wraps it to count the frames by kind.
 encode: Callable[..., bytes] = frames.encode
 
-K_CMD, K_REPLY, K_TAKE, K_BLOCK, K_UNBLOCK, K_WAKE, K_RETURN, K_SCATTER = range(1, 9)
+K_CMD, K_REPLY, K_TAKES, K_BLOCK, K_UNBLOCK, K_WAKE, K_RETURN, K_SCATTER = range(1, 9)
 K_CMDS, K_REPLIES = 9, 10
 K_RAW, K_RAWREPLIES = 11, 12
-KINDS = frozenset(range(1, 13))
+K_TOOKS = 13
+KINDS = frozenset(range(1, 14))
+# the words of one take in a TAKES frame before its queue lengths (``Link.add_take``)
+TAKE_HEAD_WORDS = 5
 
 # Frames queued for a peer that is not connected yet (start-up, restart): past
 # this the requests fail instead of growing memory without end.
@@ -174,6 +192,8 @@ _took_counts = struct.Struct("=II").unpack_from
 # ----- links ----------------------------------------------------------------
 
 ReplyCallback = Callable[[dict[str, Any], list[bytes]], None]
+# a take's answer: its ``pack_took`` bytes, empty for nothing taken or an owner gone
+TookCallback = Callable[[bytes], None]
 
 
 class Link(asyncio.Protocol):
@@ -208,6 +228,15 @@ class Link(asyncio.Protocol):
         self.rawrep_rids: list[int] = []
         self.rawrep_lens: list[int] = []
         self.rawrep_parts: list[bytes] = []
+        # open TAKES batch (outgoing: ``add_take``) and TOOKS batch (incoming: ``tooks``)
+        self.take_rid = 0  # the last take's request id on this link (u32, wraps)
+        self.take_words: list[int] = []
+        self.take_names: list[bytes] = []
+        self.take_rids: list[int] = []
+        self.take_pending: dict[int, TookCallback] = {}  # rid -> the waiter of ``add_take``
+        self.took_rids: list[int] = []
+        self.took_lens: list[int] = []
+        self.took_parts: list[bytes] = []
         self.blocked: dict[int, int] = {}  # owner side: asker's GETJOB token -> shard token
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -245,7 +274,8 @@ class Link(asyncio.Protocol):
         self.mesh.lost(self)
 
     def queue(self, frame: bytes) -> None:
-        if self.cmd_rids or self.reply_rids or self.raw_rids or self.rawrep_rids:
+        if self.cmd_rids or self.reply_rids or self.raw_rids or self.rawrep_rids or \
+                self.take_rids or self.took_rids:
             self.close_batches()
         self._queue(frame)
 
@@ -261,8 +291,8 @@ class Link(asyncio.Protocol):
         """Queue a job command in this turn's CMDS batch; a batch that the command
         would take past the frame's body count leaves first (``command`` refuses a
         single command that cannot fit alone)."""
-        if self.raw_rids:
-            self.close_raw()  # the RAW commands before this one run first
+        if self.raw_rids or self.take_rids:
+            self.close_batches()  # the RAW commands or takes before this one run first
         if self.cmd_rids and len(self.cmd_args) + len(args) > frame_bodies_max:
             self.close_batches()
         if not self.cmd_rids:
@@ -279,8 +309,8 @@ class Link(asyncio.Protocol):
         client's reply slot) is handed back with the reply bytes
         (``handler.on_raw_replies``). A RAW frame carries the request ids (u32 each),
         one flag byte per command (1: a RESP3 reply) and the requests, in order;
-        commands queued before in a CMDS batch leave first."""
-        if self.cmd_rids:
+        commands queued before in a CMDS batch, or takes in a TAKES batch, leave first."""
+        if self.cmd_rids or self.take_rids:
             self.close_batches()
         if not self.raw_rids:
             self.mesh.mark(self)
@@ -289,6 +319,42 @@ class Link(asyncio.Protocol):
         self.raw_flags.append(1 if resp3 else 0)
         self.raw_pending[rid] = waiter
         return self.raw_parts
+
+    def add_take(self, count: int, withcounters: bool, hints: list[int] | None,
+                 queues: list[bytes], waiter: TookCallback) -> None:
+        """Queue a GETJOB's non-blocking take of ``queues`` in this turn's TAKES batch
+        (the frame's shape: the module's docstring). ``waiter`` gets the owner's
+        ``pack_took`` bytes, or empty bytes when nothing was taken or the owner is
+        gone. RAW or CMDS commands queued before leave first."""
+        if self.raw_rids or self.cmd_rids:
+            self.close_batches()
+        rids = self.take_rids
+        if not rids:
+            self.mesh.mark(self)
+        self.take_rid = rid = (self.take_rid + 1) & 0xFFFFFFFF
+        rids.append(rid)
+        words = self.take_words
+        words.append(rid)
+        words.append(count)
+        words.append(1 if withcounters else 0)
+        words.append(len(queues))
+        words.append(0 if hints is None else len(hints))
+        for q in queues:
+            words.append(len(q))
+        if hints is not None:
+            words.extend(hints)
+        self.take_names.extend(queues)
+        self.take_pending[rid] = waiter
+
+    def tooks(self, rids: list[int], lens: list[int], parts: list[bytes]) -> None:
+        """Answer a TAKES frame's takes at once (batched with this turn's others)."""
+        if self.transport is None or not rids:
+            return  # the asker is gone
+        if not self.took_rids:
+            self.mesh.mark(self)
+        self.took_rids.extend(rids)
+        self.took_lens.extend(lens)
+        self.took_parts.extend(parts)
 
     def reply(self, rid: int, value: Any) -> None:
         """Answer request ``rid`` (batched with the other answers of this turn). A
@@ -345,12 +411,35 @@ class Link(asyncio.Protocol):
         except ConnectionError as exc:
             self.mesh.fail_raw(self, rids, f"ERR {exc}")
 
+    def close_takes(self) -> None:
+        """Queue the open TAKES batch; a take that cannot leave is answered empty (its
+        owner's queues count as empty, as for an owner that is down)."""
+        rids = self.take_rids
+        frame = encode(K_TAKES, {}, (array.array("q", self.take_words).tobytes(),
+                                     b"".join(self.take_names)))
+        self.take_rids, self.take_words, self.take_names = [], [], []
+        try:
+            self._queue(frame)
+        except ConnectionError:
+            self.mesh.fail_takes(self, rids)
+
     def close_batches(self) -> None:
         """Queue the open batches. Each batch is taken off the link before it is
         encoded, so a batch that fails to encode never stays behind to fail every
         later send (its requests get the error instead)."""
         if self.raw_rids:
             self.close_raw()
+        if self.take_rids:
+            self.close_takes()
+        if self.took_rids:
+            frame = encode(K_TOOKS, {}, (array.array("I", self.took_rids).tobytes(),
+                                         array.array("I", self.took_lens).tobytes(),
+                                         b"".join(self.took_parts)))
+            self.took_rids, self.took_lens, self.took_parts = [], [], []
+            try:
+                self._queue(frame)
+            except ConnectionError:
+                pass  # incoming links always have a transport while they exist
         if self.rawrep_rids:
             frame = encode(K_RAWREPLIES, {}, (array.array("I", self.rawrep_rids).tobytes(),
                                               array.array("I", self.rawrep_lens).tobytes(),
@@ -382,7 +471,8 @@ class Link(asyncio.Protocol):
 
     def flush(self) -> None:
         self.dirty = False
-        if self.cmd_rids or self.reply_rids or self.raw_rids or self.rawrep_rids:
+        if self.cmd_rids or self.reply_rids or self.raw_rids or self.rawrep_rids or \
+                self.take_rids or self.took_rids:
             self.close_batches()
         if self.transport is None or not self.outq:
             return
@@ -472,8 +562,10 @@ class Mesh:
             return
         pending, link.pending = link.pending, {}
         raw_pending, link.raw_pending = link.raw_pending, {}
+        take_pending, link.take_pending = link.take_pending, {}
         link.cmd_rids, link.cmd_names, link.cmd_argc, link.cmd_args = [], [], [], []
         link.raw_rids, link.raw_flags, link.raw_parts = [], [], []
+        link.take_rids, link.take_words, link.take_names = [], [], []
         # Frames not written yet belong to requests failed below: a restarted
         # peer must not run them (their replies would go nowhere).
         link.outq.clear()
@@ -483,6 +575,8 @@ class Mesh:
             callback({"v": {"e": str(lost)}}, [])
         if raw_pending:
             self.handler.raw_failed(list(raw_pending.values()), str(lost))
+        for waiter in take_pending.values():
+            waiter(b"")  # the owner's queues count as empty
         if not self.closing:
             self._tasks.append(self.loop.create_task(self._connect(link)))
 
@@ -524,6 +618,7 @@ class Mesh:
         link.cmd_rids, link.cmd_names, link.cmd_argc, link.cmd_args = [], [], [], []
         link.reply_rids, link.reply_values, link.reply_bodies = [], [], []
         link.rawrep_rids, link.rawrep_lens, link.rawrep_parts = [], [], []
+        link.took_rids, link.took_lens, link.took_parts = [], [], []
         link.outq.clear()
         link.outq_bytes = 0
         if link.transport is not None:
@@ -567,6 +662,20 @@ class Mesh:
             if callback is not None:
                 callback({"v": {"e": text}}, [])
 
+    def take(self, peer: int, count: int, withcounters: bool, hints: list[int] | None,
+             queues: list[bytes], waiter: TookCallback) -> None:
+        """A GETJOB's take on worker ``peer`` (batched per loop turn: ``Link.add_take``)."""
+        link = self.links[peer]
+        assert link is not None, "no mesh link to ourselves"
+        link.add_take(count, withcounters, hints, queues, waiter)
+
+    def fail_takes(self, link: Link, rids: list[int]) -> None:
+        """Takes that cannot reach their owner: answered empty (its queues count as empty)."""
+        for rid in rids:
+            waiter = link.take_pending.pop(rid, None)
+            if waiter is not None:
+                waiter(b"")
+
     def fail_raw(self, link: Link, rids: Any, text: str) -> None:
         waiting = [w for w in (link.raw_pending.pop(rid, None) for rid in rids) if w is not None]
         self.handler.raw_failed(waiting, text)
@@ -596,6 +705,8 @@ class Mesh:
             self.handler.on_request(link, kind, meta, bodies)
         elif kind == K_RAWREPLIES:
             self.handler.on_raw_replies(link, bodies)
+        elif kind == K_TOOKS:
+            self._tooks(link, bodies)
         elif kind == K_REPLIES:
             pending = link.pending
             for rid, value in zip(meta["r"], meta["v"], strict=True):
@@ -609,5 +720,38 @@ class Mesh:
         elif kind == K_WAKE:
             self.handler.on_wake(link.peer, meta, bodies)
 
+    def _tooks(self, link: Link, bodies: list[bytes]) -> None:
+        """A TOOKS frame: each take's answer to its waiter, in the order they were sent."""
+        rids = u32s(bodies[0])
+        lens = u32s(bodies[1])
+        data = bodies[2]
+        pending = link.take_pending
+        at = 0
+        for i in range(len(rids)):
+            end = at + lens[i]
+            waiter = pending.pop(rids[i], None)
+            if waiter is not None:
+                try:
+                    waiter(data[at:end])
+                except InvariantError:
+                    raise  # the shard is inconsistent: the worker must die
+                except Exception:  # a bug in one GETJOB must not leave the others waiting
+                    logging.getLogger("disque_mp.mesh").exception("mesh take answer failed")
+            at = end
+
     def after_batch(self) -> None:
         self.handler.after_batch()
+
+
+def u32s(data: bytes) -> list[int]:
+    """A mesh frame's native-endian u32 array (request ids, lengths) as a list."""
+    values = array.array("I")
+    values.frombytes(data)
+    return values.tolist()
+
+
+def i64s(data: bytes) -> list[int]:
+    """A mesh frame's native-endian i64 array (a TAKES frame's words) as a list."""
+    values = array.array("q")
+    values.frombytes(data)
+    return values.tolist()

@@ -38,8 +38,10 @@ def _install(directory: str) -> None:
     def encode(kind: int, meta: dict[str, Any], bodies: Any) -> bytes:
         frame = real(kind, meta, bodies)
         view = counters()
-        if kind in (mesh.K_RAW, mesh.K_RAWREPLIES):
+        if kind in (mesh.K_RAW, mesh.K_RAWREPLIES) or kind == getattr(mesh, "K_TOOKS", -1):
             n = len(bodies[0]) // 4
+        elif kind == 3 and not meta:  # a TAKES batch (a lone TAKE has its rid in meta)
+            n = _takes_in(bodies[0])
         elif kind in (mesh.K_CMDS, mesh.K_REPLIES):
             n = len(meta["r"])
         else:
@@ -49,6 +51,19 @@ def _install(directory: str) -> None:
         return frame
 
     mesh.encode = encode
+
+
+def _takes_in(words_bytes: bytes) -> int:
+    """How many takes a TAKES frame's words hold (``bus/mesh.py``, ``Link.add_take``)."""
+    import array
+
+    words = array.array("q")
+    words.frombytes(words_bytes)
+    n = i = 0
+    while i + 5 <= len(words):
+        i += 5 + words[i + 3] + words[i + 4]
+        n += 1
+    return n
 
 
 if _DIR:

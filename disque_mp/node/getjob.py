@@ -5,10 +5,12 @@ owner when all are empty, the first job offered wins, any surplus handed back
 to its owner uncounted, waiters cancelled when the client leaves or times out).
 
 A ``GetJob`` lives on the worker that holds the client's connection; it talks
-to its own shard directly and to the other owners over the mesh (TAKE, BLOCK,
-UNBLOCK, RETURN; the owners answer with REPLY and WAKE). ``GetJobs`` keeps the
-worker's blocked ones by token: the mesh handler (``peers.py``) hands it the
-owners' WAKEs and peer reconnections, DEBUG FLUSHALL releases them all."""
+to its own shard directly and to the other owners over the mesh (TAKES, BLOCK,
+UNBLOCK, RETURN; the owners answer with TOOKS and WAKE). The takes of every
+GETJOB coordinated during one loop turn leave for each owner in one frame.
+``GetJobs`` keeps the worker's blocked ones by token: the mesh handler
+(``peers.py``) hands it the owners' WAKEs and peer reconnections, DEBUG FLUSHALL
+releases them all."""
 
 from __future__ import annotations
 
@@ -201,12 +203,12 @@ class GetJob:
         if not remote:
             self._gathered(spec.count)  # every queue is ours (not from the router)
             return
+        mesh = w.mesh
         for owner, queues in remote.items():
-            meta: dict[str, Any] = {"c": spec.count, "w": spec.withcounters}
-            if self.hinted:
-                meta["k"] = self._hints(owner, self.sizes)
+            hints = self._hints(owner, self.sizes) if self.hinted else None
             # a partial, not a closure: nothing left for the cycle collector
-            w.mesh.request(owner, meshmod.K_TAKE, meta, queues, partial(self._remote_took, owner, queues))
+            mesh.take(owner, spec.count, spec.withcounters, hints, queues,
+                      partial(self._remote_took, owner, queues))
 
     def _hints(self, to: int, sizes: dict[bytes, int]) -> list[int]:
         """One per queue named, in the client's order (``take_share``): -1 for the
@@ -238,15 +240,12 @@ class GetJob:
                         hints.append(-2 - at)
         return hints
 
-    def _remote_took(self, owner: int, queues: list[bytes], meta: dict[str, Any],
-                     bodies: list[bytes]) -> None:
-        """A TAKE's answer (``pack_took``: what each of its queues held when hinted, the
-        jobs taken; 0 when neither), or an error when that worker is down (its queues
-        count as empty)."""
-        value = meta.get("v")
+    def _remote_took(self, owner: int, queues: list[bytes], blob: bytes) -> None:
+        """A take's answer (``pack_took``: what each of its queues held when hinted, the
+        jobs taken; empty when neither, or when that worker is down: its queues count
+        as empty)."""
         took: Took | None = None
-        if type(value) is dict and "b" in value:
-            blob = bodies[value["b"]]
+        if blob:
             held, qidx, lens, start = unpack_took(blob)
             if held:
                 sizes = self.sizes

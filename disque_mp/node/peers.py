@@ -8,7 +8,8 @@ jobs it serves the other workers' requests:
               router's fast paths (``addjob_here``, ``getjob_here``, ``ack_here``),
               else the general route, as for a client of ours
     CMD(S)    job commands by name, answered with REPLY(IES)
-    TAKE      a GETJOB coordinator's non-blocking take
+    TAKES     the GETJOB coordinators' non-blocking takes of one loop turn, answered
+              with one TOOKS frame
     BLOCK     a waiter for a peer's blocked GETJOB, answered later with WAKE;
               UNBLOCK drops it, and so does the loss of the peer's link
     RETURN    jobs a GETJOB took and no longer wants, requeued uncounted
@@ -86,8 +87,8 @@ class Peers:
             self._serve_cmds(link, meta, bodies)
         elif kind == meshmod.K_CMD:
             self._serve_one(link, meta["r"], meta["n"].encode(), bodies)
-        elif kind == meshmod.K_TAKE:
-            link.reply(meta["r"], self._take(meta, bodies))
+        elif kind == meshmod.K_TAKES:
+            self._serve_takes(link, bodies)
         elif kind == meshmod.K_BLOCK:
             self._serve_block(link, meta, bodies)
         elif kind == meshmod.K_UNBLOCK:
@@ -106,9 +107,9 @@ class Peers:
                 log.exception("node operation %r failed", meta.get("op"))
                 reply = ERR_INTERNAL
             link.reply(meta["r"], reply)
+        # per frame: a waiter a BLOCK served at once wakes before a later frame of the
+        # same read (its UNBLOCK) drops the handler; the AOF and the tick once per read
         w.drain_effects()
-        w.aof_before_replies()  # the reply frames leave later this turn
-        w.reschedule_tick()
 
     def _serve_cmds(self, link: Link, meta: dict[str, Any], bodies: list[bytes]) -> None:
         """A CMDS frame: the job commands a peer forwarded during one loop turn."""
@@ -122,27 +123,63 @@ class Peers:
         if reply is not PENDING:
             link.reply(rid, reply)
 
-    def _take(self, meta: dict[str, Any], bodies: list[bytes]) -> bytes | int:
-        """A coordinator's TAKE: the jobs (``getjob.took_bytes``; 0 for none), and when it tells
-        what the other queues hold (``k``, sent only when its own queues hold jobs)
-        what each of ours held before: then only the part we can win (``take_share``),
-        else up to COUNT jobs of our queues."""
+    def _serve_takes(self, link: Link, bodies: list[bytes]) -> None:
+        """A TAKES frame: the takes a coordinator sent us during one loop turn
+        (``Link.add_take`` writes the shape), answered in one TOOKS frame."""
+        if link.transport is None:
+            return  # the asker is gone
+        words = meshmod.i64s(bodies[0])
+        names = bodies[1]
+        rids: list[int] = []
+        lens: list[int] = []
+        out: list[bytes] = []
+        i = at = 0
+        head = meshmod.TAKE_HEAD_WORDS
+        while i + head <= len(words):
+            nq = words[i + 3]
+            nh = words[i + 4]
+            end = i + head + nq
+            if end + nh > len(words):
+                log.error("a TAKES frame from a peer is broken")  # a bug: its rest unread
+                break
+            queues: list[bytes] = []
+            for j in range(i + head, end):
+                queues.append(names[at : at + words[j]])
+                at += words[j]
+            hints = words[end : end + nh] if nh else None
+            try:
+                took = self._take(words[i + 1], words[i + 2] == 1, hints, queues)
+            except InvariantError:
+                raise
+            except Exception:  # a bug: answer it (nothing taken), or the client waits forever
+                log.exception("a take from a peer failed")
+                took = b""
+            rids.append(words[i])
+            lens.append(len(took))
+            out.append(took)
+            i = end + nh
+        link.tooks(rids, lens, out)
+
+    def _take(self, count: int, withcounters: bool, hints: list[int] | None,
+              queues: list[bytes]) -> bytes:
+        """A coordinator's take: the jobs (``getjob.took_bytes``; empty for none), and when
+        it tells what the other queues hold (``hints``, sent only when its own queues hold
+        jobs) what each of ours held before: then only the part we can win
+        (``take_share``), else up to COUNT jobs of our queues."""
         shard = self.w.shard
-        count: int = meta["c"]
-        hints = meta.get("k")
         held: list[int] = []
         if hints is not None:
-            held = shard.op_takeable(bodies)
-            if hints.count(-1) == len(bodies):
+            held = shard.op_takeable(queues)
+            if hints.count(-1) == len(queues):
                 lengths: dict[bytes, int] = {}
-                for i in range(len(bodies)):
-                    lengths[bodies[i]] = held[i]
-                count = min(count, take_share(hints, bodies, lengths, count))
+                for i in range(len(queues)):
+                    lengths[queues[i]] = held[i]
+                count = min(count, take_share(hints, queues, lengths, count))
         # even for 0 jobs: a take creates the queues it names, as one shard's GETJOB does
-        entries = shard.op_take(bodies, count, meta["w"], self.w.now_ms)
+        entries = shard.op_take(queues, count, withcounters, self.w.now_ms)
         if not entries and not held:
-            return 0  # nothing to tell: no body to pack or read
-        return took_bytes(bodies, held, entries)
+            return b""  # nothing to tell: no body to pack or read
+        return took_bytes(queues, held, entries)
 
     def _serve_block(self, link: Link, meta: dict[str, Any], bodies: list[bytes]) -> None:
         w = self.w
@@ -292,9 +329,14 @@ class Peers:
 
     def after_batch(self) -> None:
         """After a read of mesh frames: reply callbacks may have called the shard
-        (a GETJOB blocking here after remote owners had nothing)."""
-        self.w.drain_effects()
-        self.w.reschedule_tick()
+        (a GETJOB blocking here after remote owners had nothing); this read's AOF
+        records go to the kernel before any reply frame leaves (``Mesh.flush`` runs
+        later in the loop turn, never inside a read); then the tick follows the
+        earliest timer, once for the whole read."""
+        w = self.w
+        w.drain_effects()
+        w.aof_before_replies()
+        w.reschedule_tick()
 
 
 def read_raw(reader: Any, body: bytes, n: int) -> list[Any] | None:

@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,9 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProc]:
     http = free_port()
-    with NodeProc(Path(tmp_path_factory.mktemp("scatter")), workers=2, conf={"http-port": http}) as n:
+    # appendonly: the records of a read of mesh frames reach the AOF before its replies
+    conf = {"http-port": http, "appendonly": "yes"}
+    with NodeProc(Path(tmp_path_factory.mktemp("scatter")), workers=2, conf=conf) as n:
         n.http_port = http  # type: ignore[attr-defined]
         yield n
 
@@ -173,16 +176,40 @@ def test_worker_killed_mid_scatter(node: NodeProc) -> None:
             outcomes.append("hang")
         cc.close()
 
-    t = threading.Thread(target=consume)
-    t.start()
-    node.wait_for(lambda: len(outcomes) >= 20, 30, "the consumer under way")
+    batched: list[object] = []
+
+    def consume_pipelined() -> None:
+        """Eight GETJOBs per write: their takes in flight at the owner as one batch."""
+        cc = connect_to_worker(node.port, 0)
+        cc.sock.settimeout(10)
+        empty = 0
+        try:
+            for _ in range(200):  # bounded: 1200 jobs, up to sixteen per round
+                cc.send(encode_command("GETJOB", "TIMEOUT", 100, "COUNT", 2, "FROM", *queues) * 8)
+                got = [cc.read() for _ in range(8)]
+                batched.extend(got)
+                ids = [g[1].decode() for o in got if isinstance(o, list) for g in o]
+                if ids:
+                    cc.call("ACKJOB", *ids)
+                empty = empty + 1 if all(o == NULL_ARRAY for o in got) else 0
+                if empty >= 3:
+                    break
+        except TimeoutError:
+            batched.append("hang")
+        cc.close()
+
+    threads = [threading.Thread(target=consume), threading.Thread(target=consume_pipelined)]
+    for t in threads:
+        t.start()
+    node.wait_for(lambda: len(outcomes) >= 20 and len(batched) >= 40, 30, "the consumers under way")
     os.kill(pid1, signal.SIGKILL)
-    t.join(60)
-    assert not t.is_alive()
-    assert "hang" not in outcomes
-    assert all(isinstance(o, (list, Err)) or o == NULL_ARRAY for o in outcomes), outcomes[:5]
+    for t in threads:
+        t.join(60)
+        assert not t.is_alive()
+    assert "hang" not in outcomes and "hang" not in batched
+    assert all(isinstance(o, (list, Err)) or o == NULL_ARRAY for o in outcomes + batched), outcomes[:5]
     assert any(isinstance(o, list) for o in outcomes[25:])  # it went on after the kill
-    delivered = [g for o in outcomes if isinstance(o, list) for g in o]
+    delivered = [g for o in outcomes + batched if isinstance(o, list) for g in o]
     assert len({g[1] for g in delivered}) == len(delivered)
     # worker 0's jobs: each delivered once or still queued (worker 1's died with it)
     left = sum(c.call("QLEN", q) for q in queues[::2])
@@ -236,4 +263,99 @@ def test_queues_named_twice_and_paused_answer_as_one_shard(node: NodeProc) -> No
             assert c.call("PAUSE", paused, "none") == "none"
         c.call("ACKJOB", *[i for v in ids.values() for i in v])
         assert [c.call("QLEN", q) for q in ids] == [0, 0, 0, 0]
+        c.close()
+
+
+def test_a_reads_getjobs_to_one_owner_answer_as_one_shard_in_order(node: NodeProc) -> None:
+    """Pipelined GETJOBs over both workers, sent in one write: their takes leave for
+    the other owner in one frame (with the forwarded ADDJOBs between them, in the
+    client's order), and each answer is the one a single shard gives, in turn."""
+    for worker in (0, 1):
+        here = queues_of(worker, 3, f"bt{worker}h")
+        there = queues_of(1 - worker, 3, f"bt{worker}t")
+        order = [there[0], here[0], there[1], here[1], there[2], here[2]]  # another owner leads
+        c = connect_to_worker(node.port, worker)
+        ids = {q: [add(c, q, f"{q}-{k}") for k in range(8)] for q in order}
+        counts = [3, 1, 6, 2, 4, 5, 1, 6]  # each queue gives at most one job per answer
+        c.send(b"".join(encode_command("GETJOB", "NOHANG", "COUNT", n, "FROM", *order)
+                        for n in counts))
+        got = [c.read() for _ in counts]
+        left = {q: list(v) for q, v in ids.items()}
+        for n, answer in zip(counts, got, strict=True):
+            want = one_shard(order, left, n)
+            assert [g[1].decode() for g in answer] == want, (worker, n)
+            for job_id in want:
+                left[next(q for q in left if job_id in left[q])].remove(job_id)
+        # a GETJOB, an ADDJOB for the other owner, a GETJOB, in one write: the order kept
+        mine = queues_of(worker, 1, f"bo{worker}h")[0]
+        theirs = queues_of(1 - worker, 1, f"bo{worker}t")[0]
+        pipeline = [("GETJOB", "NOHANG", "FROM", theirs, mine), ("ADDJOB", theirs, "late", 0),
+                    ("GETJOB", "NOHANG", "FROM", theirs, mine),
+                    ("GETJOB", "NOHANG", "FROM", theirs, mine)]
+        c.send(b"".join(encode_command(*cmd) for cmd in pipeline))
+        first, added, second, third = (c.read() for _ in pipeline)
+        assert first == NULL_ARRAY and third == NULL_ARRAY, (first, third)
+        assert isinstance(added, Status) and [g[1].decode() for g in second] == [str(added)]
+        c.call("ACKJOB", str(added), *[i for v in ids.values() for i in v])
+        c.close()
+
+
+def test_a_client_gone_before_its_batchs_answers_gets_nothing_counted(node: NodeProc) -> None:
+    """Several GETJOBs of two clients at once, one client gone before the other owner
+    answers their takes: whatever was taken for it is back in its queue, no delivery
+    counted in the job, and the other client gets its answers. A job went into an
+    answer (active) or is queued (no NACK, no additional delivery in SHOW)."""
+    for worker in (0, 1):
+        here = queues_of(worker, 2, f"bg{worker}h")
+        there = queues_of(1 - worker, 2, f"bg{worker}t")
+        order = [there[0], here[0], there[1], here[1]]  # another owner leads: no answer at once
+        c = connect_to_worker(node.port, worker)
+        ids = [add(c, q, f"{q}-{k}") for q in order for k in range(10)]
+        gone, stays = connect_to_worker(node.port, worker), connect_to_worker(node.port, worker)
+        five = b"".join(encode_command("GETJOB", "NOHANG", "COUNT", 3, "FROM", *order)
+                        for _ in range(5))
+        gone.send(five)
+        stays.send(five)
+        gone.close()
+        answers = [stays.read() for _ in range(5)]
+        got = [g[1].decode() for a in answers for g in a]
+        assert len(got) == 15 and len(set(got)) == 15  # 40 jobs: every answer full
+        assert all(_show(c, i)[b"state"] == b"active" for i in got)
+        stays.close()
+
+        settled = partial(_settled, c, ids, order)
+        node.wait_for(settled, 10, "each job queued uncounted, or delivered")
+        c.call("ACKJOB", *ids)
+        c.close()
+
+
+def _settled(c: RawClient, ids: list[str], order: list[str]) -> bool:
+    states = [_show(c, i) for i in ids]
+    active = sum(1 for f in states if f[b"state"] == b"active")
+    queued = [f for f in states if f[b"state"] == b"queued"]
+    return active + len(queued) == len(ids) and \
+        all(f[b"nacks"] == 0 and f[b"additional-deliveries"] == 0 for f in queued) and \
+        sum(c.call("QLEN", q) for q in order) == len(queued)
+
+
+def _show(c: RawClient, job_id: str) -> dict[bytes, object]:
+    show = c.call("SHOW", job_id)
+    return dict(zip(show[::2], show[1::2], strict=True))
+
+
+def test_an_owners_records_reach_the_aof_before_its_answers(node: NodeProc) -> None:
+    """The owner writes the AOF records of a read of mesh frames before their answers
+    leave (once per read): a forwarded ADDJOB's reply never comes before its record
+    is in the owner's file (the kernel's page cache, which survives a SIGKILL)."""
+    for worker in (0, 1):
+        here = queues_of(worker, 4, f"af{worker}h")
+        there = queues_of(1 - worker, 4, f"af{worker}t")
+        c = connect_to_worker(node.port, worker)
+        cmds = [encode_command("ADDJOB", q, f"{q}-{k}", 0) for k in range(20)
+                for pair in zip(there, here, strict=True) for q in pair]
+        c.send(b"".join(cmds))
+        ids = [str(c.read()) for _ in cmds]
+        logged = b"".join(p.read_bytes() for p in node.dir.glob("appendonly-w*-g*.aof"))
+        assert [i for i in ids if i.encode() not in logged] == []
+        c.call("ACKJOB", *ids)
         c.close()
