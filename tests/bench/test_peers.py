@@ -137,15 +137,16 @@ def test_replication_probe_on_a_real_cluster(tmp_path: Path) -> None:
         assert rows[0]["writes"] > 1 and min(r["writes"] for r in rows[1:]) > 0.5
 
 
-def test_a_narrowed_run_never_writes_over_the_record() -> None:
+def test_a_narrowed_run_never_writes_over_the_record(tmp_path: Path) -> None:
     from bench.peers import SCRATCH, out_dir, parser
     from bench.plots import RESULTS
 
     assert out_dir(parser().parse_args([])) == RESULTS
     for narrowed in (["--setting", "single"], ["--workload", "cycle"], ["--systems", "disque-mp"],
-                     ["--quick"], ["--node-tree", "/tmp/x"]):
+                     ["--quick"], ["--node-tree", str(tmp_path / "tree")]):
         assert out_dir(parser().parse_args(narrowed)) == SCRATCH
-    assert out_dir(parser().parse_args(["--quick", "--out", "/tmp/o"])) == Path("/tmp/o")
+    chosen = tmp_path / "out"
+    assert out_dir(parser().parse_args(["--quick", "--out", str(chosen)])) == chosen
     assert git_ignores(SCRATCH / "peers.md")
 
 
