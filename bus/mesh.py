@@ -423,6 +423,17 @@ class Link(asyncio.Protocol):
         except ConnectionError:
             self.mesh.fail_takes(self, rids)
 
+    def _queue_answers(self, kind: int, rids: list[int], lens: list[int],
+                       parts: list[bytes]) -> None:
+        """Queue a batch of answers already encoded (RAWREPLIES, TOOKS): u32 request
+        ids, u32 lengths, the answers side by side."""
+        frame = encode(kind, {}, (array.array("I", rids).tobytes(),
+                                  array.array("I", lens).tobytes(), b"".join(parts)))
+        try:
+            self._queue(frame)
+        except ConnectionError:
+            pass  # incoming links always have a transport while they exist
+
     def close_batches(self) -> None:
         """Queue the open batches. Each batch is taken off the link before it is
         encoded, so a batch that fails to encode never stays behind to fail every
@@ -432,23 +443,13 @@ class Link(asyncio.Protocol):
         if self.take_rids:
             self.close_takes()
         if self.took_rids:
-            frame = encode(K_TOOKS, {}, (array.array("I", self.took_rids).tobytes(),
-                                         array.array("I", self.took_lens).tobytes(),
-                                         b"".join(self.took_parts)))
+            rids, lens, parts = self.took_rids, self.took_lens, self.took_parts
             self.took_rids, self.took_lens, self.took_parts = [], [], []
-            try:
-                self._queue(frame)
-            except ConnectionError:
-                pass  # incoming links always have a transport while they exist
+            self._queue_answers(K_TOOKS, rids, lens, parts)
         if self.rawrep_rids:
-            frame = encode(K_RAWREPLIES, {}, (array.array("I", self.rawrep_rids).tobytes(),
-                                              array.array("I", self.rawrep_lens).tobytes(),
-                                              b"".join(self.rawrep_parts)))
+            rids, lens, parts = self.rawrep_rids, self.rawrep_lens, self.rawrep_parts
             self.rawrep_rids, self.rawrep_lens, self.rawrep_parts = [], [], []
-            try:
-                self._queue(frame)
-            except ConnectionError:
-                pass  # incoming links always have a transport while they exist
+            self._queue_answers(K_RAWREPLIES, rids, lens, parts)
         if self.cmd_rids:
             meta = {"r": self.cmd_rids, "n": self.cmd_names, "c": self.cmd_argc}
             args, rids = self.cmd_args, self.cmd_rids
@@ -722,7 +723,7 @@ class Mesh:
 
     def _tooks(self, link: Link, bodies: list[bytes]) -> None:
         """A TOOKS frame: each take's answer to its waiter, in the order they were sent."""
-        rids = u32s(bodies[0])
+        rids = u32_keys(bodies[0])  # only popped: each id kept as the object it is
         lens = u32s(bodies[1])
         data = bodies[2]
         pending = link.take_pending
@@ -748,6 +749,16 @@ def u32s(data: bytes) -> list[int]:
     values = array.array("I")
     values.frombytes(data)
     return values.tolist()
+
+
+def u32_keys(data: bytes) -> list[Any]:
+    """``u32s`` for ids that are only compared, stored and handed on: typed as
+    ``Any``, compiled code keeps each int as the object it is (an ``int`` is unboxed when read
+    from the list and boxed again, an allocation past 256, when stored or hashed)."""
+    values = array.array("I")
+    values.frombytes(data)
+    out: list[Any] = values.tolist()
+    return out
 
 
 def i64s(data: bytes) -> list[int]:

@@ -23,7 +23,6 @@ which may have lost the GETJOB waiters registered with it (both for
 
 from __future__ import annotations
 
-import array
 import logging
 import time
 from collections.abc import Callable
@@ -221,7 +220,7 @@ class Peers:
         paths' replies are collected here and handed to the link at once."""
         if link.transport is None:
             return  # the asker is gone
-        rids = _u32_keys(bodies[0])
+        rids = meshmod.u32_keys(bodies[0])
         flags = bodies[1]
         cmds = self._raw_commands(bodies[2], len(rids))
         out_rids: list[Any] = []
@@ -284,8 +283,8 @@ class Peers:
     def on_raw_replies(self, link: Link, bodies: list[bytes]) -> None:
         """RAWREPLIES from an owner: each reply into its client's slot, then each
         client's ready prefix moved to its output once (not once per reply)."""
-        rids = _u32_keys(bodies[0])
-        lens = _u32s(bodies[1])
+        rids = meshmod.u32_keys(bodies[0])
+        lens = meshmod.u32s(bodies[1])
         data = bodies[2]
         pending = link.raw_pending
         touched: list[ClientConn] = []
@@ -397,23 +396,6 @@ def _ids_of(cmd: list[bytes]) -> list[str]:
     ``slot_of_valid_id``). One decode per ID: joined, decoded once and split again
     cost ~700 instructions per ID against ~250 (``str.split`` makes each string)."""
     return [cmd[i].decode("ascii") for i in range(1, len(cmd))]
-
-
-def _u32s(data: bytes) -> list[int]:
-    """A mesh frame's native-endian u32 array (request ids, lengths) as a list."""
-    values = array.array("I")
-    values.frombytes(data)
-    return values.tolist()
-
-
-def _u32_keys(data: bytes) -> list[Any]:
-    """``_u32s`` for ids that are only compared, stored and handed on: typed as
-    ``Any``, compiled code keeps each int as the object it is (an ``int`` is unboxed when read
-    from the list and boxed again, an allocation past 256, when stored or hashed)."""
-    values = array.array("I")
-    values.frombytes(data)
-    out: list[Any] = values.tolist()
-    return out
 
 
 def _blocked(link: Link) -> dict[int, int]:
