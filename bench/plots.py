@@ -215,7 +215,8 @@ def summary(rows: list[dict[str, Any]], machine: dict[str, Any]) -> str:
     lines = ["# Benchmark summary (bench/run_all.py)", "",
              f"Machine: {machine.get('cpus')} CPUs, {machine.get('cpu_model')}, "
              f"Linux {machine.get('kernel')}, Python {machine.get('python')}, "
-             f"{machine.get('redis')}. Code at commit {machine.get('commit', '?')}. "
+             f"{machine.get('redis')}. Code at commit {machine.get('commit', '?')}, node build "
+             f"{machine.get('build', '?')} (INFO workers: shard_build). "
              f"Run at {machine.get('date')} (UTC); 1-minute load "
              f"average at the start {machine.get('loadavg_1m_at_start')} (each figure below "
              "lists the load before and after it: `loadavg_1m`).", "",

@@ -38,7 +38,10 @@ def machine() -> dict[str, object]:
                           text=True).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
                            capture_output=True, text=True).stdout.strip()
+    from disque_mp import compiled
+
     return {"cpus": os.cpu_count(), "cpu_model": model, "kernel": platform.release(),
+            "build": compiled.summary(),  # what the nodes run (INFO workers: shard_build)
             "python": platform.python_version(), "redis": redis_v.split(" sha=")[0].strip(),
             "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M"),
             "loadavg_1m_at_start": round(os.getloadavg()[0], 2),
