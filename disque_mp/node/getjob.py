@@ -31,6 +31,10 @@ from workers.replies import NULL_ARRAY, PENDING, Error
 
 Runs = list[tuple[int, list[bytes]]]  # (owner, its queues): consecutive queues of one owner
 
+# How many times a GETJOB over several workers asks its owners again when its own
+# queues gave fewer jobs than its TAKEs were told (another GETJOB took them between).
+retakes_max = 2
+
 
 class GetJobs:
     """The GETJOBs worker ``w`` coordinates and that wait (by token)."""
@@ -120,7 +124,7 @@ class GetJob:
     """One GETJOB coordinated by this worker (docs/architecture.md, "Invariants")."""
 
     __slots__ = ("w", "jobs", "conn", "spec", "runs", "asked", "taken", "here", "sizes", "hinted",
-                 "token", "slot", "blocked_at", "timer", "done", "flushed")
+                 "token", "slot", "blocked_at", "timer", "done", "flushed", "retakes")
 
     def __init__(self, jobs: GetJobs, conn: ClientConn, spec: Any, runs: Runs) -> None:
         """``runs``: the queues cut into runs of one owner, in the client's order."""
@@ -144,6 +148,7 @@ class GetJob:
         self.timer: asyncio.TimerHandle | None = None
         self.done = False
         self.flushed = False  # released by DEBUG FLUSHALL / CLUSTER RESET
+        self.retakes = 0  # rounds of TAKEs asked again (``_retake``)
 
     def start(self) -> Any:
         """Fast path: settled by our leading queues and answered at once; else the
@@ -155,15 +160,8 @@ class GetJob:
                 here += queues
         self.here = here
         if here:
+            hinted = self._measure()
             sizes = self.sizes
-            held = w.shard.op_takeable(here)
-            hinted = False
-            for i in range(len(here)):
-                n = held[i]
-                sizes[here[i]] = n
-                if n:
-                    hinted = True
-            self.hinted = hinted
             owner, lead = self.runs[0]
             if hinted and owner == w.index and spec.count <= len(lead) and \
                     len({q for q in lead if sizes[q]}) >= spec.count:
@@ -173,6 +171,21 @@ class GetJob:
         self.conn.waiters.add(self)
         self._step()
         return PENDING
+
+    def _measure(self) -> bool:
+        """What each of our queues holds now (``sizes``, the hints of the TAKEs):
+        whether any holds a job (``hinted``)."""
+        sizes = self.sizes
+        here = self.here
+        held = self.w.shard.op_takeable(here)
+        hinted = False
+        for i in range(len(here)):
+            n = held[i]
+            sizes[here[i]] = n
+            if n:
+                hinted = True
+        self.hinted = hinted
+        return hinted
 
     def wait_here(self) -> Any:
         """Every queue is ours and had nothing for a GETJOB that may block: wait at
@@ -278,6 +291,9 @@ class GetJob:
             # even for 0 jobs: a take creates the queues it names, as one shard's GETJOB does
             got = w.shard.op_take(here, share, spec.withcounters, w.now_ms)
         taken, self.taken = self.taken, []
+        if len(got) < share and self.retakes < retakes_max and self._short(got, taken):
+            self._retake(got, taken)
+            return
         if not taken:
             if got:
                 self._finish(got)
@@ -298,6 +314,39 @@ class GetJob:
         for owner, parts in surplus.items():
             self.jobs.return_ids(owner, ids_in(b"".join(parts), len(parts)))
         self._finish(b"*%d\r\n" % len(chosen) + b"".join(chosen))
+
+    def _short(self, got: list[Any], taken: list[Took]) -> bool:
+        """Our queues gave fewer jobs than the hints the TAKEs carried said (another
+        GETJOB took them since, one pipelined before this one among them): is the
+        answer then short of what one shard gives, the other owners holding more than
+        they took for it?"""
+        spec = self.spec
+        from_others = 0
+        for t in taken:
+            from_others += len(t.lens)
+        if len(got) + from_others >= spec.count:
+            return False
+        mine = set(self.here)
+        held = 0
+        for q, n in self.sizes.items():
+            if q not in mine:
+                held += n
+        return held > from_others
+
+    def _retake(self, got: list[Any], taken: list[Took]) -> None:
+        """Ask again with what our queues hold now: every job this round took goes back
+        to its queue uncounted (``op_return``), then the TAKEs leave anew. Bounded by
+        ``retakes_max``: past it the short answer stands (no job is lost or given twice)."""
+        self.retakes += 1
+        jobs = self.jobs
+        if got:
+            jobs.return_ids(self.w.index, [e[1] for e in got])
+        for t in taken:
+            jobs.return_ids(t.owner, t.ids())
+        self.sizes = {}
+        self.w.now_ms = wall_ms()
+        self._measure()
+        self._step()
 
     def _block(self) -> None:
         w = self.w

@@ -359,3 +359,31 @@ def test_an_owners_records_reach_the_aof_before_its_answers(node: NodeProc) -> N
         assert [i for i in ids if i.encode() not in logged] == []
         c.call("ACKJOB", *ids)
         c.close()
+
+
+def test_pipelined_getjobs_racing_for_our_queues_answer_as_one_shard(node: NodeProc) -> None:
+    """GETJOBs over both workers in one write all measure our queues before the first
+    of them takes from them: a later one, finding our jobs gone, asks the other owner
+    again, so each answer is still the one a single shard gives, in turn."""
+    for worker in (0, 1):
+        mine = queues_of(worker, 2, f"rc{worker}h")
+        theirs = queues_of(1 - worker, 2, f"rc{worker}t")
+        c = connect_to_worker(node.port, worker)
+        ids = {mine[0]: [add(c, mine[0], "m0")], mine[1]: [add(c, mine[1], "m1-a"), add(c, mine[1], "m1-b")],
+               theirs[0]: [add(c, theirs[0], f"t0-{k}") for k in range(6)],
+               theirs[1]: [add(c, theirs[1], f"t1-{k}") for k in range(6)]}
+        shapes = [([mine[0], theirs[0]], 2), ([mine[0], theirs[0]], 2),
+                  ([theirs[1], mine[1]], 3), ([mine[1], theirs[1]], 2), ([mine[1], theirs[1]], 3)]
+        c.send(b"".join(encode_command("GETJOB", "NOHANG", "COUNT", n, "FROM", *order)
+                        for order, n in shapes))
+        got = [c.read() for _ in shapes]
+        left = {q: list(v) for q, v in ids.items()}
+        for (order, n), answer in zip(shapes, got, strict=True):
+            want = one_shard(order, left, n)
+            assert [g[1].decode() for g in answer] == want, (worker, order, n)
+            for job_id in want:
+                left[next(q for q in left if job_id in left[q])].remove(job_id)
+        for q, rest in left.items():  # nothing beyond the answers left its queue
+            assert c.call("QLEN", q) == len(rest), q
+        c.call("ACKJOB", *[i for v in ids.values() for i in v])
+        c.close()
