@@ -28,6 +28,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,10 @@ QUEUES = 100
 CLIENTS = 2
 BATCH = 50
 BODY = b"x" * 100
+# The node idle for this long before the cycle: its timers' rate under callgrind, which
+# runs every process ~50x slower, so a wall-clock timer fires ~50x more often per job
+# than at native speed (the figure net of it is the one that carries).
+idle_s = 10.0
 KIND_NAMES = {1: "CMD", 2: "REPLY", 3: "TAKE(S)", 4: "BLOCK", 5: "UNBLOCK", 6: "WAKE", 7: "RETURN",
               8: "SCATTER", 9: "CMDS", 10: "REPLIES", 11: "RAW", 12: "RAWREPLIES", 13: "TOOKS"}
 HERE = Path(__file__).resolve().parent
@@ -156,13 +161,18 @@ def run_tree(tree: Path, workers: int, jobs: int, keep: str | None = None) -> di
             _wait_ready(proc, port)
             pids = _node_pids(proc.pid)
             drive(port, 200, "warm")  # first-use costs (imports, code paths) out of the figure
-            before = mesh_counts(work)
             _dump_all(pids)  # dump 1: start and warm-up
+            time.sleep(idle_s)
+            _dump_all(pids)  # dump 2: the node idle (its timers, under callgrind's slowness)
+            idle_rate = _phase_totals(work, 2) / idle_s
+            before = mesh_counts(work)
+            t0 = time.monotonic()
             drive(port, jobs, "cycle")
-            _dump_all(pids)
+            _dump_all(pids)  # dump 3: the cycle
+            seconds = time.monotonic() - t0
             after = mesh_counts(work)
-            instr = _phase_totals(work, 2) / jobs
-            per_process = {p.name: _totals(p) / jobs for p in work.glob("cg.*.2")}
+            instr = _phase_totals(work, 3) / jobs
+            per_process = {p.name: _totals(p) / jobs for p in work.glob("cg.*.3")}
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=120)
@@ -172,7 +182,9 @@ def run_tree(tree: Path, workers: int, jobs: int, keep: str | None = None) -> di
                 shutil.copytree(work, dest, ignore=shutil.ignore_patterns("*.aof*", "*.sock*"))
     mesh = {KIND_NAMES[k]: ((after.get(k, (0, 0))[0] - before.get(k, (0, 0))[0]) / jobs,
                             (after.get(k, (0, 0))[1] - before.get(k, (0, 0))[1]) / jobs) for k in KIND_NAMES}
-    return {"instr": instr, "mesh": mesh, "per_process": per_process}
+    # what the timers alone would have cost over the cycle's (slowed) seconds
+    idle = idle_rate * seconds / jobs
+    return {"instr": instr, "idle": idle, "seconds": seconds, "mesh": mesh, "per_process": per_process}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,7 +208,10 @@ def main(argv: list[str] | None = None) -> int:
             msgs = sum(m for _, m in mesh.values())
             per = {k: round(float(v)) for k, v in got["per_process"].items()}  # type: ignore[attr-defined]
             kinds = ", ".join(f"{k} {f:.3f}/{m:.3f}" for k, (f, m) in mesh.items() if f)
-            print(f"{label:>8} workers {workers}: {got['instr']:,.0f} instr/job; mesh frames "
+            instr, idle = float(got["instr"]), float(got["idle"])  # type: ignore[arg-type]
+            print(f"{label:>8} workers {workers}: {instr:,.0f} instr/job, of which "
+                  f"{idle:,.0f} the idle node's rate over the cycle's {got['seconds']:.0f} s "
+                  f"(net {instr - idle:,.0f}); mesh frames "
                   f"{frames:.3f}/job, messages {msgs:.3f}/job; by kind (frames/messages per "
                   f"job): {kinds or '-'}; per process {per}", flush=True)
     print(f"load at end: {os.getloadavg()}", flush=True)
