@@ -34,7 +34,7 @@ from disque_mp.node.connection import ClientConn, ClientHost, CommandPath, Pendi
 from disque_mp.node.errors import ERR_BADID, ERR_NOAUTH, ERR_OOM, err_arity, err_unknown
 from disque_mp.node.getjob import GetJob, GetJobs, Runs, encode_getjob
 from disque_mp.node.owner import Owner
-from disque_mp.node.resp import append_request, encode
+from disque_mp.node.resp import NULL3, NULL_ARRAY2, append_request, encode
 from workers.ids import owner_of_queue, slot_of_valid_id
 from workers.invariant import InvariantError
 from workers.replies import PENDING, Error, Status
@@ -202,7 +202,18 @@ class Router(CommandPath):
         owner = self.single_owner(spec.queues)
         if owner != self.index and owner >= 0 and spec.nohang:
             # NOHANG never blocks, so the owner answers it alone; a GETJOB that may
-            # block needs the coordinator here (``getjob``)
+            # block needs the coordinator here (``getjob``). Its queues known empty
+            # (hints.py; no reply of the client outstanding): the owner's answer,
+            # the null reply, given here
+            hints = self.getjobs.hints
+            if conn.unfilled == 0 and hints.known_empty(spec.queues):
+                t0 = _perf_ns()
+                hints.skipped += 1
+                self._count_streak(conn, owner)  # the consumer still moves to its owner
+                self.count("getjob", t0, cmd)
+                conn.last_cmd = "getjob"
+                return NULL3 if conn.resp3 else NULL_ARRAY2
+            hints.saw(spec.queues)
             return self.forward_raw(conn, owner, cmd, "getjob")
         t0 = _perf_ns()
         reply = self.getjob(conn, spec, owner)
