@@ -150,14 +150,19 @@ class GetJob:
         self.flushed = False  # released by DEBUG FLUSHALL / CLUSTER RESET
 
     def start(self) -> Any:
-        """Fast path: settled by our leading queues and answered at once; else the
-        TAKEs leave (PENDING) and our part is taken when they are answered."""
+        """Fast paths: the other owners' queues known empty (ours answer alone), or
+        settled by our leading queues, answered at once; else the TAKEs leave
+        (PENDING) and our part is taken when they are answered."""
         w, spec = self.w, self.spec
         here: list[bytes] = []
         for owner, queues in self.runs:
             if owner == w.index:
                 here += queues
         self.here = here
+        # no reply outstanding: every earlier command of the client has run (hints.py)
+        quiet = self.conn.unfilled == 0
+        if quiet and self._others_known_empty():
+            return self._here_alone()
         if here:
             sizes = self.sizes
             held = w.shard.op_takeable(here)
@@ -173,10 +178,6 @@ class GetJob:
                     len({q for q in lead if sizes[q]}) >= spec.count:
                 # COUNT distinct queues of ours with a job lead: the first pass fills it
                 return w.shard.op_take(lead, spec.count, spec.withcounters, w.now_ms)
-        # no reply outstanding: every earlier command of the client has run (hints.py)
-        quiet = self.conn.unfilled == 0
-        if quiet and self._others_known_empty():
-            return self._here_alone()
         self.slot = self.conn.defer()
         self.conn.waiters.add(self)
         self._step(quiet)

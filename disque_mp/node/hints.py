@@ -75,10 +75,12 @@ class Hints:
     """One worker's reading side: the cells, the queues of other workers it saw
     exist, and how many owners its GETJOBs skipped (INFO workers)."""
 
-    __slots__ = ("cells", "known", "skipped")
+    __slots__ = ("cells", "nonempty", "gen", "known", "skipped")
 
     def __init__(self, shared: Cells) -> None:
         self.cells = shared
+        self.nonempty = shared.nonempty
+        self.gen = shared.gen
         self.known: dict[bytes, int] = {}  # queue -> generation << _SLOT_BITS | slot
         self.skipped = 0  # owners not asked: their queues were known empty
 
@@ -86,7 +88,7 @@ class Hints:
         """A take for ``queues`` leaves for their owner: once it has run they exist at
         the generation read now (one that moves meanwhile only makes them unknown)."""
         known = self.known
-        gen = self.cells.gen
+        gen = self.gen
         for q in queues:
             v = known.get(q)
             if v is None:
@@ -100,9 +102,11 @@ class Hints:
     def known_empty(self, queues: list[bytes]) -> bool:
         """Every queue exists at its owner and holds no job (module docstring)."""
         known = self.known
-        cells = self.cells
         for q in queues:
             v = known.get(q)
-            if v is None or not cells.known_empty(v & _SLOT_MASK, v >> _SLOT_BITS):
+            if v is None:
+                return False
+            slot = v & _SLOT_MASK
+            if self.nonempty[slot] or self.gen[slot] != v >> _SLOT_BITS:
                 return False
         return True
