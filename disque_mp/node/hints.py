@@ -52,6 +52,7 @@ from workers.queue import Cells, cells_bytes
 known_queues_max: Final = 65536
 _SLOT_BITS: Final = 14
 _SLOT_MASK: Final = SLOTS - 1
+_SEEN_ONCE: Final = -1  # ``known``: one take sent, its slot not computed yet
 
 # The host's mapping, made by the supervisor before it forks (``create``); a worker
 # started without one (tests) publishes to private cells.
@@ -86,25 +87,31 @@ class Hints:
 
     def saw(self, queues: list[bytes]) -> None:
         """A take for ``queues`` leaves for their owner: once it has run they exist at
-        the generation read now (one that moves meanwhile only makes them unknown)."""
+        the generation read now (one that moves meanwhile only makes them unknown);
+        recorded from the second take on (``_SEEN_ONCE``)."""
         known = self.known
         gen = self.gen
         for q in queues:
             v = known.get(q)
-            if v is None:
-                if len(known) >= known_queues_max:
-                    known.clear()
+            if v is None:  # a first take: its slot (a hash, ~5k instructions) waits for
+                if len(known) >= known_queues_max:  # a second, as one-off names never
+                    known.clear()  # come back (random queues), polled ones always do
+                known[q] = _SEEN_ONCE
+            elif v == _SEEN_ONCE:
                 slot = slot_of(q)
-            else:
+                known[q] = gen[slot] << _SLOT_BITS | slot
+            else:  # the poll of a queue we know: a store only when its generation moved
                 slot = v & _SLOT_MASK
-            known[q] = gen[slot] << _SLOT_BITS | slot
+                g = gen[slot]
+                if g != v >> _SLOT_BITS:
+                    known[q] = g << _SLOT_BITS | slot
 
     def known_empty(self, queues: list[bytes]) -> bool:
         """Every queue exists at its owner and holds no job (module docstring)."""
         known = self.known
         for q in queues:
             v = known.get(q)
-            if v is None:
+            if v is None or v == _SEEN_ONCE:
                 return False
             slot = v & _SLOT_MASK
             if self.nonempty[slot] or self.gen[slot] != v >> _SLOT_BITS:
