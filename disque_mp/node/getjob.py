@@ -246,7 +246,8 @@ class GetJob:
             return
         mesh = w.mesh
         for owner, queues in remote.items():
-            known.saw(queues)
+            if quiet:  # a client that could skip (a pipelining one pays nothing here)
+                known.saw(queues)
             hints = self._hints(owner, self.sizes) if self.hinted else None
             # a partial, not a closure: nothing left for the cycle collector
             mesh.take(owner, spec.count, spec.withcounters, hints, queues,

@@ -501,9 +501,12 @@ def answer_known_empty(self: Router, conn: ClientConn, owner: int, cmd: list[byt
     """A NOHANG GETJOB for another owner's queues: when they are known empty (hints.py;
     the client has no reply outstanding) the owner's answer, the null reply, given
     here (counted here, the connection's streak towards the owner kept); else None,
-    the queues remembered as existing once the forwarded take has run."""
+    the queues remembered as existing once the forwarded take has run (by a client
+    that could skip: a pipelining one pays nothing here)."""
+    if conn.unfilled:
+        return None
     hints = self.getjobs.hints
-    if conn.unfilled or not hints.known_empty(queues):
+    if not hints.known_empty(queues):
         hints.saw(queues)
         return None
     t0 = _perf_ns()
