@@ -11,8 +11,9 @@ pressure, DEBUG FLUSHALL, CLUSTER RESET) and for all its slots when the owner
 (re)starts (before it loads its AOF).
 
 A coordinator remembers, per queue of another worker it sent a take for, the
-slot's generation it read before sending (``Hints.saw``): once that take has run,
-the queue exists at that generation. The queue is **known empty** when its slot
+slot's generation it read before sending (``Hints.saw``; from the second take on,
+and only for a client with no reply outstanding, the one that could skip): once
+that take has run, the queue exists at that generation. The queue is **known empty** when its slot
 has no queue with jobs and its generation has not moved (``Hints.known_empty``):
 a take there would take nothing and create nothing (the queue exists, and an
 empty take on an existing queue arms nothing: ``Core.maybe_idle``; a non-blocking
