@@ -57,6 +57,7 @@ COMPILED_MODULES = (
     "disque_mp.node.peers",
     "disque_mp.node.handoff",
     "disque_mp.node.getjob",
+    "disque_mp.node.hints",  # the empty-queue hints a GETJOB reads per remote owner
     "bus.clock",  # read once per client read: a Python-level call otherwise
     "bus.mesh",  # the worker mesh: every forwarded command's batch, frame and relay
     # the cluster bus's per-frame path: framing (also the worker mesh's), the checks at

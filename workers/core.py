@@ -46,7 +46,7 @@ from workers.job import (
     Timed,
     del_record,
 )
-from workers.queue import PAUSED_OUT, Queue
+from workers.queue import PAUSED_OUT, Cells, Queue
 from workers.replies import ERR_LEAVING, Error
 from workers.timers import Timers
 
@@ -250,7 +250,12 @@ class CoreState:
     tables is ``Core``'s (below): a part asks here, and moves through a verb there."""
 
     def __init__(self, node_id: str, index: int, seed: bytes, rng: random.Random, now_ms: int,
-                 queue_idle_ms: int) -> None:
+                 queue_idle_ms: int, cells: Cells | None = None, workers: int = 1) -> None:
+        # The host's per-slot cells our queues publish to (``Cells``; private when
+        # alone); we write those of our slots only: ``slot % workers == index``.
+        self.cells = Cells.private() if cells is None else cells
+        self._index = index
+        self._workers = workers
         # Every worker mints IDs from its own stream: mix the index into the seed.
         self._seed = seed + index.to_bytes(4, "big")
         self._ids = JobIdGen(node_id, self._seed)
@@ -323,6 +328,10 @@ class CoreState:
     def queue_scan_table(self) -> list[Queue | None]:
         """The QSCAN table, read only (a queue keeps its position while it exists)."""
         return self.qscan
+
+    def owned_slots(self) -> slice:
+        """Our slots, as a slice of a per-slot array."""
+        return slice(self._index, None, self._workers)
 
     def timer_heap(self) -> Timers:
         return self.timers
@@ -409,8 +418,8 @@ class Core(CoreState):
     messages; and the named events the parts subscribe to."""
 
     def __init__(self, node_id: str, index: int, seed: bytes, rng: random.Random, now_ms: int,
-                 queue_idle_ms: int) -> None:
-        super().__init__(node_id, index, seed, rng, now_ms, queue_idle_ms)
+                 queue_idle_ms: int, cells: Cells | None = None, workers: int = 1) -> None:
+        super().__init__(node_id, index, seed, rng, now_ms, queue_idle_ms, cells, workers)
         # Each event's subscribers (``subscribe``), in subscription order.
         self._after_ack: tuple[Events, ...] = ()
         self._after_job_gone: tuple[Events, ...] = ()
@@ -551,7 +560,7 @@ class Core(CoreState):
 
     def create_queue(self, name: bytes, now_ms: int) -> Queue:
         name = bytes(name)  # the canonical name object every job of the queue shares
-        q = Queue(name, slot_of(name), now_ms)
+        q = Queue(name, slot_of(name), now_ms, self.cells)
         self.queues[name] = q
         if self._qscan_free:
             q.scan_idx = self._qscan_free.pop()
@@ -879,6 +888,23 @@ def check_core(c: CoreState) -> None:
                       f"waiter {w.token} not on queue {name!r}")
     c.timers.check()
     _check_tally(c.tally(), jobs)
+    _check_cells(c)
+
+
+def _check_cells(c: CoreState) -> None:
+    """Each of our slots' ``nonempty`` cell counts its queues holding jobs (tests; O(queues)
+    + O(our slots)): per slot where a queue holds jobs, and in total over our slots."""
+    per_slot: dict[int, int] = {}
+    for q in c.queues.values():
+        if q.live:
+            per_slot[q.slot] = per_slot.get(q.slot, 0) + 1
+    nonempty = c.cells.nonempty
+    for slot, n in per_slot.items():
+        invariant(nonempty[slot] == n, f"slot {slot}: {nonempty[slot]} queues with jobs "
+                  f"published, {n} hold some")
+    total = sum(nonempty[c.owned_slots()])
+    invariant(total == sum(per_slot.values()),
+              f"{total} queues with jobs published over our slots, {sum(per_slot.values())} hold some")
 
 
 def _check_tally(t: Tally, jobs: list[Job]) -> None:

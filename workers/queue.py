@@ -31,6 +31,13 @@ record is physically in the deque. Compared (bench/test_micro.py: test_queue_* a
 with a heap with lazy deletion and with sortedcontainers: the deque is the
 fastest on append/pop and the smallest (a heap entry needs a tuple, ~70
 bytes per job; a SortedKeyList ~2 list slots plus a key per job).
+
+``Cells``: what the queues of each slot publish to the other workers of the host
+(how many hold jobs, and a generation bumped when one vanishes), so that a GETJOB
+coordinated elsewhere can skip an owner whose queues are known empty
+(disque_mp/node/hints.py). A queue counts in its slot's ``nonempty`` cell while
+``live > 0``: every place that changes ``live`` tells the cell on its 0 -> 1 and
+1 -> 0 transitions, and ``drop_all`` (the queue vanishes) bumps the slot's ``gen``.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any, Final
 
+from workers.ids import SLOTS
 from workers.invariant import InvariantError
 from workers.job import QUEUED, Job, Timed
 
@@ -51,6 +59,57 @@ stale_entries_purge_min = 64
 PAUSED_IN: Final = 1
 PAUSED_OUT: Final = 2
 PAUSE_NAMES = ("none", "in", "out", "all")
+
+
+cells_bytes: Final = 2 * SLOTS * 4  # two u32 cells per slot: nonempty, then gen
+_U32_MASK: Final = 0xFFFFFFFF
+
+
+class Cells:
+    """Two u32 cells per slot over a buffer (the host's shared mapping, or a private
+    bytearray): ``nonempty[slot]``, how many of the slot's queues hold a queued job,
+    and ``gen[slot]``, bumped whenever a queue of the slot vanishes (evicted,
+    flushed) and when the slot's worker (re)starts. Only the slot's owner writes
+    them; any worker of the host reads them. Pure: the buffer is given."""
+
+    __slots__ = ("nonempty", "gen")
+
+    def __init__(self, buf: Any) -> None:
+        words = memoryview(buf).cast("I")
+        if len(words) != 2 * SLOTS:
+            raise InvariantError(f"cells: {len(words)} words, not {2 * SLOTS}")
+        self.nonempty: memoryview = words[:SLOTS]
+        self.gen: memoryview = words[SLOTS:]
+
+    @staticmethod
+    def private() -> Cells:
+        """Cells no other worker reads (a shard alone: tests, the simulation)."""
+        return Cells(bytearray(cells_bytes))
+
+    def inc(self, slot: int) -> None:
+        self.nonempty[slot] += 1
+
+    def dec(self, slot: int) -> None:
+        self.nonempty[slot] -= 1  # below 0 raises (ValueError): a missed transition
+
+    def bump(self, slot: int) -> None:
+        self.gen[slot] = (self.gen[slot] + 1) & _U32_MASK
+
+    def restart(self, index: int, workers: int) -> None:
+        """Worker ``index`` of ``workers`` (re)starts with no queue: its slots hold
+        none with jobs, and any queue another worker saw there is gone."""
+        nonempty, gen = self.nonempty, self.gen
+        for slot in range(index, SLOTS, workers):
+            nonempty[slot] = 0
+            gen[slot] = (gen[slot] + 1) & _U32_MASK
+
+    def known_empty(self, slot: int, gen: int) -> bool:
+        """No queue of ``slot`` holds a job and none vanished since generation ``gen``."""
+        return self.nonempty[slot] == 0 and self.gen[slot] == gen
+
+
+# Queues made without the shard's cells (tests of a queue alone) count here.
+_SCRATCH_CELLS: Final = Cells.private()
 
 
 def _ctime(job: Job) -> int:
@@ -137,11 +196,13 @@ class Queue(Timed):
         "lanes",
         "ring",
         "groups_live",
+        "cells",
     )
 
-    def __init__(self, name: bytes, slot: int, now_ms: int) -> None:
+    def __init__(self, name: bytes, slot: int, now_ms: int, cells: Cells | None = None) -> None:
         self.name = name
         self.slot = slot
+        self.cells = _SCRATCH_CELLS if cells is None else cells  # the slot's nonempty cell
         self._dq: deque[Job] = deque()
         self.live = 0  # jobs queued (live entries)
         self.stale = 0  # entries whose job left the queue
@@ -169,6 +230,8 @@ class Queue(Timed):
                 self._push_grouped(job):
             return
         self.live += 1
+        if self.live == 1:
+            self.cells.inc(self.slot)
         if job.in_deque():
             self.stale -= 1  # revive the stale entry: it is already in ctime position
             return
@@ -186,6 +249,8 @@ class Queue(Timed):
             job.unmark_in_deque()
             if job.state == QUEUED:
                 self.live -= 1
+                if not self.live:
+                    self.cells.dec(self.slot)
                 return job
             self.stale -= 1
         return None
@@ -193,6 +258,8 @@ class Queue(Timed):
     def remove(self, job: Job) -> None:
         """The caller is moving a QUEUED job out of this queue (its entry goes stale)."""
         self.live -= 1
+        if not self.live:
+            self.cells.dec(self.slot)
         self.stale += 1
         if self.lanes is not None:
             lane = self.lanes[_group(job)]
@@ -226,7 +293,11 @@ class Queue(Timed):
         self.stale = 0
 
     def drop_all(self) -> None:
-        """Forget every entry (queue evicted or flushed): clear deque membership."""
+        """Forget every entry (queue evicted or flushed): clear deque membership. The
+        queue object leaves its table: its slot's generation moves on."""
+        if self.live:
+            self.cells.dec(self.slot)
+        self.cells.bump(self.slot)
         for job in self._dq:
             job.unmark_in_deque()
         self._dq.clear()
@@ -263,6 +334,8 @@ class Queue(Timed):
             self.groups_live += 1
         lane.live += 1
         self.live += 1
+        if self.live == 1:
+            self.cells.inc(self.slot)
         if job.in_deque():
             lane.stale -= 1  # revive the stale entry, as push does
             self.stale -= 1
@@ -303,6 +376,8 @@ class Queue(Timed):
             self.stale -= skipped
             if job is not None:
                 self.live -= 1
+                if not self.live:
+                    self.cells.dec(self.slot)
                 if lane.live:
                     ring.append(lane)
                     return job

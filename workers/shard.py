@@ -64,7 +64,7 @@ from workers.lifecycle import Lifecycle
 from workers.messages import KINDS
 from workers.pause import Pause
 from workers.persistence import load_record
-from workers.queue import PAUSED_IN, PAUSED_OUT
+from workers.queue import PAUSED_IN, PAUSED_OUT, Cells
 from workers.replication import Replication
 from workers.replies import (
     ERR_LEAVING,
@@ -137,10 +137,11 @@ class Shard:
 
     def __init__(self, node_id: str, index: int, workers: int, seed: bytes, rng: random.Random,
                  now_ms: int, *, queue_idle_ms: int = queue_idle_evict_ms,
-                 dedup_keys_max: int = dedup_keys_max_default) -> None:
+                 dedup_keys_max: int = dedup_keys_max_default, cells: Cells | None = None) -> None:
+        """``cells``: the host's per-slot cells (workers/queue.py), private when None."""
         self.index = index
         self.workers = workers
-        self.core = c = Core(node_id, index, seed, rng, now_ms, queue_idle_ms)
+        self.core = c = Core(node_id, index, seed, rng, now_ms, queue_idle_ms, cells, workers)
         # The parts hear the core's events they subscribe to (workers/core.py's Events).
         self.gc = AckGc(c)  # ACKs, SETACK / GOTACK / DELJOB, dummy ACKs, gone IDs
         self.ext = Extensions(c, self.gc)  # NACK DELAY, MAXDELIVER, WAITJOB, ...

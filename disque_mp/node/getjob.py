@@ -26,6 +26,8 @@ from bus.mesh import pack_took, unpack_took
 from disque_mp.node.connection import ClientConn, PendingReply
 from disque_mp.node.core import WorkerCore
 from disque_mp.node.errors import ERR_LEAVING
+from disque_mp.node.hints import Hints
+from disque_mp.node.hints import cells as hints_cells
 from disque_mp.node.resp import NULL3, NULL_ARRAY2, encode, encode_jobs, entry_resp
 from workers.replies import NULL_ARRAY, PENDING, Error
 
@@ -39,9 +41,11 @@ retakes_max = 2
 class GetJobs:
     """The GETJOBs worker ``w`` coordinates and that wait (by token)."""
 
-    def __init__(self, w: WorkerCore) -> None:
+    def __init__(self, w: WorkerCore, hints: Hints | None = None) -> None:
         self.w = w
         self.waiting: dict[int, GetJob] = {}
+        # the other owners' queues known empty (hints.py): a take round skips them
+        self.hints = Hints(hints_cells()) if hints is None else hints
 
     def on_wake(self, peer: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
         """An owner's WAKE: jobs (``Took``) or the error for one of ours, else given back."""
@@ -151,14 +155,19 @@ class GetJob:
         self.retakes = 0  # rounds of TAKEs asked again (``_retake``)
 
     def start(self) -> Any:
-        """Fast path: settled by our leading queues and answered at once; else the
-        TAKEs leave (PENDING) and our part is taken when they are answered."""
+        """Fast paths: the other owners' queues known empty (ours answer alone), or
+        settled by our leading queues, answered at once; else the TAKEs leave
+        (PENDING) and our part is taken when they are answered."""
         w, spec = self.w, self.spec
         here: list[bytes] = []
         for owner, queues in self.runs:
             if owner == w.index:
                 here += queues
         self.here = here
+        # no reply outstanding: every earlier command of the client has run (hints.py)
+        quiet = self.conn.unfilled == 0
+        if quiet and self._others_known_empty():
+            return self._here_alone()
         if here:
             hinted = self._measure()
             sizes = self.sizes
@@ -169,7 +178,7 @@ class GetJob:
                 return w.shard.op_take(lead, spec.count, spec.withcounters, w.now_ms)
         self.slot = self.conn.defer()
         self.conn.waiters.add(self)
-        self._step()
+        self._step(quiet)
         return PENDING
 
     def _measure(self) -> bool:
@@ -187,6 +196,30 @@ class GetJob:
         self.hinted = hinted
         return hinted
 
+    def _others_known_empty(self) -> bool:
+        """Every queue of another owner is known empty (hints.py): none is asked
+        (each counted skipped), as if each had answered that they hold nothing."""
+        me = self.w.index
+        hints = self.jobs.hints
+        for owner, queues in self.runs:
+            if owner != me and not hints.known_empty(queues):
+                return False
+        hints.skipped += len({owner for owner, _ in self.runs if owner != me})
+        return True
+
+    def _here_alone(self) -> Any:
+        """The other owners hold nothing: our queues answer as one shard's would (the
+        jobs, or the null reply for NOHANG); a GETJOB that may block waits at every
+        owner, as after a take round that found nothing."""
+        w, spec = self.w, self.spec
+        if self.here:
+            got = w.shard.op_take(self.here, spec.count, spec.withcounters, w.now_ms)
+            if got:
+                return got
+        if spec.nohang:
+            return NULL_ARRAY
+        return self.wait_here()
+
     def wait_here(self) -> Any:
         """Every queue is ours and had nothing for a GETJOB that may block: wait at
         our shard (PENDING), or ERR_LEAVING on a leaving node, which blocks no client
@@ -198,11 +231,14 @@ class GetJob:
         self._block()
         return PENDING
 
-    def _step(self) -> None:
+    def _step(self, quiet: bool) -> None:
         """Ask every other owner at once: one TAKE each (with what our queues hold when
         they hold jobs, so that it takes its exact part of the one-shard answer and
         tells what its queues held); ours is taken when all have answered
-        (``_gathered``)."""
+        (``_gathered``). ``quiet`` (the client has no reply outstanding): an owner
+        whose queues are all known empty (hints.py) is not asked, as if it had
+        answered that they hold nothing (their sizes 0); a GETJOB that then blocks
+        still waits at every owner (``_block``)."""
         w, spec = self.w, self.spec
         remote: dict[int, list[bytes]] = {}
         for owner, queues in self.runs:
@@ -212,12 +248,19 @@ class GetJob:
                     remote[owner] = list(queues)
                 else:
                     got += queues
+        known = self.jobs.hints
+        if quiet and len(remote) > 1:  # all of them known empty: ``start`` saw it
+            for owner in [o for o, queues in remote.items() if known.known_empty(queues)]:
+                del remote[owner]
+                known.skipped += 1
         self.asked = len(remote)
         if not remote:
             self._gathered(spec.count)  # every queue is ours (not from the router)
             return
         mesh = w.mesh
         for owner, queues in remote.items():
+            if quiet:  # a client that could skip (a pipelining one pays nothing here)
+                known.saw(queues)
             hints = self._hints(owner, self.sizes) if self.hinted else None
             # a partial, not a closure: nothing left for the cycle collector
             mesh.take(owner, spec.count, spec.withcounters, hints, queues,
@@ -346,7 +389,7 @@ class GetJob:
         self.sizes = {}
         self.w.now_ms = wall_ms()
         self._measure()
-        self._step()
+        self._step(False)  # our reply is outstanding: no skip (hints.py)
 
     def _block(self) -> None:
         w = self.w

@@ -34,7 +34,7 @@ from disque_mp.node.connection import ClientConn, ClientHost, CommandPath, Pendi
 from disque_mp.node.errors import ERR_BADID, ERR_NOAUTH, ERR_OOM, err_arity, err_unknown
 from disque_mp.node.getjob import GetJob, GetJobs, Runs, encode_getjob
 from disque_mp.node.owner import Owner
-from disque_mp.node.resp import append_request, encode
+from disque_mp.node.resp import NULL3, NULL_ARRAY2, append_request, encode
 from workers.ids import owner_of_queue, slot_of_valid_id
 from workers.invariant import InvariantError
 from workers.replies import PENDING, Error, Status
@@ -201,9 +201,9 @@ class Router(CommandPath):
             return None  # the general path answers the error
         owner = self.single_owner(spec.queues)
         if owner != self.index and owner >= 0 and spec.nohang:
-            # NOHANG never blocks, so the owner answers it alone; a GETJOB that may
-            # block needs the coordinator here (``getjob``)
-            return self.forward_raw(conn, owner, cmd, "getjob")
+            # NOHANG never blocks: its owner answers (we do when known empty); else ``getjob``
+            return answer_known_empty(self, conn, owner, cmd, spec.queues) or \
+                self.forward_raw(conn, owner, cmd, "getjob")
         t0 = _perf_ns()
         reply = self.getjob(conn, spec, owner)
         self.count("getjob", t0, cmd)
@@ -494,6 +494,27 @@ class Router(CommandPath):
             if self.owner_of(queues[i]) != owner:
                 return -1
         return owner
+
+
+def answer_known_empty(self: Router, conn: ClientConn, owner: int, cmd: list[bytes],
+                       queues: list[bytes]) -> bytes | None:
+    """A NOHANG GETJOB for another owner's queues: when they are known empty (hints.py;
+    the client has no reply outstanding) the owner's answer, the null reply, given
+    here (counted here, the connection's streak towards the owner kept); else None,
+    the queues remembered as existing once the forwarded take has run (by a client
+    that could skip: a pipelining one pays nothing here)."""
+    if conn.unfilled:
+        return None
+    hints = self.getjobs.hints
+    if not hints.known_empty(queues):
+        hints.saw(queues)
+        return None
+    t0 = _perf_ns()
+    hints.skipped += 1
+    self._count_streak(conn, owner)  # a consumer of another worker's queue moves there
+    self.count("getjob", t0, cmd)
+    conn.last_cmd = "getjob"
+    return NULL3 if conn.resp3 else NULL_ARRAY2
 
 
 def owner_runs(self: Router, queues: list[bytes]) -> Runs:

@@ -48,7 +48,7 @@ import multiprocess
 from bus import nodes_conf, peercred
 from bus.durable import write_atomic
 from disque_mp import __version__, compiled
-from disque_mp.node import config, sdnotify
+from disque_mp.node import config, hints, sdnotify
 from disque_mp.node.config import Config
 from disque_mp.node.listen import port_busy
 from disque_mp.node.log import VERBOSE, setup_logging
@@ -161,6 +161,7 @@ class Supervisor:
         self._load_identity()
         self._raise_fd_limit()
         self._write_pidfile()
+        hints.create()  # the per-slot cells every worker maps, restarted ones too
 
     def _lock_dir(self) -> None:
         fd = open_lock_file(lock_file_name)

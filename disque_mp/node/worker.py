@@ -48,6 +48,8 @@ from disque_mp.node.config import Config, worker_ports
 from disque_mp.node.connection import ClientConn, ClientHost, PendingReply
 from disque_mp.node.getjob import GetJobs
 from disque_mp.node.handoff import Handoff
+from disque_mp.node.hints import Hints
+from disque_mp.node.hints import cells as hints_cells
 from disque_mp.node.listen import listen_sockets
 from disque_mp.node.log import setup_logging
 from disque_mp.node.memory import Monitor, rss_bytes
@@ -127,7 +129,8 @@ class Worker(ClientHost):
         self.memory: Monitor | None = None
         cmd_jobs.apply_limits(cfg)
         self.view_seen = False  # a membership view reached the shard (on_view)
-        self.getjobs = GetJobs(self)  # our blocked GETJOBs, by token
+        # our blocked GETJOBs, by token; the host's empty-queue hints (hints.py)
+        self.getjobs = GetJobs(self, Hints(hints_cells()))
         self.owner = Owner(self)  # runs the commands our shard owns (router and peers)
         self.router = Router(self, self.owner, self.getjobs)
         self.peers = Peers(self, self.router, self.getjobs, self.local_op)
@@ -169,8 +172,11 @@ class Worker(ClientHost):
 
     def _make_shard(self) -> Shard:
         rng = random.Random(os.urandom(16))
+        # (re)started with no queue: our slots' cells say so before the AOF loads
+        cells = self.getjobs.hints.cells
+        cells.restart(self.index, self.workers)
         return Shard(self.node_id, self.index, self.workers, os.urandom(16), rng, wall_ms(),
-                     dedup_keys_max=int(self.cfg.dedup_keys_max))
+                     dedup_keys_max=int(self.cfg.dedup_keys_max), cells=cells)
 
     def _start_aof(self) -> None:
         try:
@@ -355,6 +361,7 @@ class Worker(ClientHost):
             stat[0] = stat[1] = 0
         self.router.commands_processed = 0
         self.router.forwarded = 0
+        self.getjobs.hints.skipped = 0
         self.connections_received = self.rejected_connections = 0
         self.net_in_bytes = self.net_out_bytes = 0
 
@@ -375,7 +382,7 @@ class Worker(ClientHost):
             "net_out": self.net_out_bytes, "rejected": self.rejected_connections,
             "cpu_sys": usage.ru_stime, "cpu_user": usage.ru_utime, "rss": rss_bytes(),
             "peak": usage.ru_maxrss * 1024, "handed_off": self.handoff.handed_off,
-            "forwarded": self.router.forwarded,
+            "forwarded": self.router.forwarded, "getjob_skipped": self.getjobs.hints.skipped,
             "mesh": {"frames_refused": self.mesh.refused, "link_resets": self.mesh.resets},
             "ops_per_sec": self.rates[0], "in_kbps": self.rates[1], "out_kbps": self.rates[2],
             "cmdstats": {k: v for k, v in self.router.cmdstats.items() if v[0]},

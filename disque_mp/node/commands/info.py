@@ -174,6 +174,7 @@ def _info_workers(w: NodeView, conn: Client, parts: list[Any]) -> list[tuple[str
                      f"pid={p['pid']},clients={p['clients']},jobs={sh['registered_jobs']},"
                      f"queues={sh['registered_queues']},commands={p['commands']},"
                      f"handed_off={p['handed_off']},forwarded={p.get('forwarded', 0)},"
+                     f"getjob_skipped={p.get('getjob_skipped', 0)},"
                      f"used_memory_rss={p['rss']}"))
     return out
 
