@@ -4,10 +4,12 @@ it, and their answers to what it asked them.
 ``Peers`` is the ``Mesh``'s handler (``bus/mesh.py``). As the owner of queues and
 jobs it serves the other workers' requests:
 
-    RAW       hot commands as RESP, answered with RAWREPLIES already encoded: the
-              router's fast paths (``addjob_here``, ``getjob_here``, ``ack_here``),
-              else the general route, as for a client of ours
-    CMD(S)    job commands by name, answered with REPLY(IES)
+    RAW       commands of one owner as RESP, answered with RAWREPLIES already
+              encoded: the router's fast paths (``addjob_here``, ``getjob_here``,
+              ``ack_here``), else the general route, as for a client of ours (the
+              general path's single-owner commands come this way too)
+    CMD(S)    job commands by name, answered with REPLY(IES): WAITJOB (its client ID
+              goes first) and the parts of a command split over several owners
     TAKES     the GETJOB coordinators' non-blocking takes of one loop turn, answered
               with one TOOKS frame
     BLOCK     a waiter for a peer's blocked GETJOB, answered later with WAKE;
@@ -229,17 +231,19 @@ class Peers:
         for i in range(len(rids)):
             cmd: Any = cmds[i]
             resp3 = flags[i] == 1
-            reply: bytes | None = _ERR_INTERNAL_RESP
+            reply = _ERR_INTERNAL_RESP
             if cmd is not None:
                 try:
-                    reply = self._serve_raw_one(cmd, resp3)
+                    got = self._serve_raw_one(cmd, resp3)
+                    if got is None:
+                        self._serve_raw_general(link, rids[i], cmd[0].lower(), cmd, resp3)
+                        continue
+                    reply = got
                 except InvariantError:
                     raise
                 except Exception:  # a bug: answer it, or the asking client waits forever
                     log.exception("command %r from a peer failed", cmd)
-            if reply is None:
-                self._serve_raw_general(link, rids[i], cmd[0].lower(), cmd, resp3)
-                continue
+                    reply = _ERR_INTERNAL_RESP
             out_rids.append(rids[i])
             out_lens.append(len(reply))
             out.append(reply)
@@ -259,8 +263,8 @@ class Peers:
         """A RAW command in a fast path's shape: its reply, else None."""
         kind = _raw_kind(cmd[0])
         router = self.router
-        if kind == _RAW_ADDJOB:
-            return router.addjob_here(cmd)
+        if kind == _RAW_ADDJOB:  # with options: the general path (it came that way)
+            return router.addjob_here(cmd) if len(cmd) == 4 else None
         if kind == _RAW_GETJOB:
             return router.getjob_here(cmd, resp3)
         if kind == _RAW_ACKJOB or kind == _RAW_FASTACK:
@@ -270,7 +274,9 @@ class Peers:
     def _serve_raw_general(self, link: Link, rid: int, name: bytes, cmd: list[bytes],
                            resp3: bool) -> None:
         """What a RAW command's fast path does not take (options, peers, appendfsync
-        always): the general route, as for a client of ours."""
+        always), and the general path's commands a peer forwarded
+        (``Router._forward_general``: QLEN, SHOW, NACK ...): the general route, as for
+        a client of ours, counted here (the asker does not count them)."""
         def deliver(value: Any) -> None:
             link.raw_reply(rid, encode(value, resp3))
 

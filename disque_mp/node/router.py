@@ -12,9 +12,13 @@ route (docs/architecture.md, "Invariants"):
     scatter  node-wide commands (``commands/info.py``, ``server.py``) gathered from every worker
     local    answered here (``commands/clients.py``, ``server.py``, COMMAND in ``table.py``)
 
-Forwarding to the owner: the hot commands travel as RESP in RAW frames and their
-replies come back already encoded (``forward_raw``; ``peers.py`` splices them
-in); the others as CMDS frames (``forward``). The router also keeps the
+Forwarding to the owner: the commands of one other owner travel as RESP in RAW
+frames and their replies come back already encoded (``peers.py`` splices them
+in): the hot ones from their fast paths (``forward_raw``), the general path's
+``queue`` and ``ids`` commands (``_forward_general``) within the connection's
+window of forwarded work (``_windowed``). The owner counts what it runs for a RAW
+frame. WAITJOB (its client ID goes first) and the parts of a command split over
+several owners travel as CMDS frames (``forward``). The router also keeps the
 accounting of the commands it runs: INFO commandstats, the slowlog, the counter.
 """
 
@@ -43,6 +47,9 @@ owner_cache_max = 65536  # queue name -> owner memo; cleared when full (names ar
 NOAUTH_OK: Final = frozenset({"auth", "hello", "quit"})
 
 _perf_ns: Final = time.perf_counter_ns  # INFO commandstats; compiled in, no lookup per command
+# A general-path handler's answer for a command sent to its owner as RESP: the reply
+# comes later and the owner counts the command (``Router._forward_general``).
+FORWARDED: Final = object()
 
 class Router(CommandPath):
     """The per-command path of worker ``w`` (one per worker): ``owner`` runs what
@@ -108,6 +115,9 @@ class Router(CommandPath):
             return encode(ERR_OOM)
         t0 = _perf_ns()
         reply = handler(conn, cmd)
+        if reply is FORWARDED:  # the owner counts it, as it runs it (``_forward_general``)
+            conn.last_cmd = command.name
+            return None
         self._account(stat, command.name, conn, t0, cmd)
         if reply is PENDING:
             return None
@@ -306,7 +316,11 @@ class Router(CommandPath):
 
     def _run_at(self, conn: ClientConn, owner: int, cmd: list[bytes],
                 head: list[bytes] | None = None) -> Any:
-        """``head``: arguments put before the client's (WAITJOB's client ID)."""
+        """``head``: arguments put before the client's (WAITJOB's client ID). Another
+        worker's command travels as RESP in the RAW frame (``_forward_general``),
+        except one with a ``head``: the owner runs what the client sent, nothing else."""
+        if owner != self.index and not head:
+            return self._forward_general(conn, owner, cmd)
         name = cmd[0].lower()
         args = head + cmd[1:] if head else cmd[1:]
         if owner == self.index:
@@ -321,7 +335,33 @@ class Router(CommandPath):
     def _forwarded_back(self, conn: ClientConn, slot: PendingReply, value: Any) -> None:
         """A general-path command's reply from its owner (``_run_at``)."""
         conn.fill(slot, encode(value, conn.resp3))
-        self._window_freed(conn)
+        self.window_freed(conn)
+
+    def _forward_general(self, conn: ClientConn, owner: int, cmd: list[bytes]) -> Any:
+        """A general-path command of one other owner (QLEN, SHOW, NACK ...: a ``queue``
+        or ``ids`` route) sent as the hot ones are, RESP in the RAW frame (the client's
+        own bytes when it has them), its reply coming back encoded in the client's
+        protocol (a CMDS frame and a REPLIES frame through orjson cost about twice
+        the work: bench/results/raw-general-2026-11-28.md). The owner runs it
+        (``Peers._serve_raw_general``) and counts it (commandstats, slowlog); so
+        ``FORWARDED``, which ``_execute`` does not count. It takes a place in the
+        connection's window (``_windowed``), freed by its reply (``WindowedReply``)."""
+        self._count_streak(conn, owner)
+        raw = conn.request_bytes(cmd)
+        back = WindowedReply(self, conn, conn.defer())
+        n = self.in_flight.get(conn, 0)
+        if n < self.cfg.forwarded_commands_max and (not self.held or conn not in self.held):
+            self.in_flight[conn] = n + 1
+            self._send_general(conn, owner, cmd, raw, back)
+        else:
+            self._windowed(conn, True, functools.partial(
+                self._send_general, conn, owner, cmd, raw, back))
+        return FORWARDED
+
+    def _send_general(self, conn: ClientConn, owner: int, cmd: list[bytes], raw: bytes,
+                      back: WindowedReply) -> None:
+        self.forwarded += 1
+        self._send_raw(conn, owner, cmd, raw, back)
 
     def _windowed(self, conn: ClientConn, counted: bool, send: Callable[[], None]) -> None:
         """Send a forwarded command now, or hold it (in order) while the connection has
@@ -344,7 +384,7 @@ class Router(CommandPath):
                 conn.transport.pause_reading()  # its next commands wait for room
         held.append((counted, send))
 
-    def _window_freed(self, conn: ClientConn) -> None:
+    def window_freed(self, conn: ClientConn) -> None:
         """A forwarded general-path reply came back: send what was held behind it."""
         n = self.in_flight.get(conn, 1) - 1
         held = self.held.get(conn)
@@ -402,7 +442,7 @@ class Router(CommandPath):
         self.held[conn].append((False, lambda: self._send_raw(conn, owner, cmd, raw, slot)))
 
     def _send_raw(self, conn: ClientConn, owner: int, cmd: list[bytes], raw: bytes,
-                  slot: PendingReply) -> None:
+                  slot: PendingReply | WindowedReply) -> None:
         link = self.w.mesh.links[owner]
         if link is None:
             raise InvariantError("a command forwarded to ourselves")
@@ -534,6 +574,25 @@ def split_ack(self: Router, conn: ClientConn, groups: dict[int, list[bytes]],
             raise InvariantError("an ACK part forwarded to ourselves")
         append_request(link.add_raw(conn.resp3, summed), part_cmd)
     return b""
+
+
+class WindowedReply:
+    """The waiter of a general-path command forwarded in a RAW frame
+    (``Router._forward_general``): its encoded reply (or the error of an owner gone:
+    ``Peers.raw_failed``) fills the client's slot and frees its place in the
+    connection's window (``Router.window_freed``)."""
+
+    __slots__ = ("router", "conn", "slot")
+
+    def __init__(self, router: Router, conn: ClientConn, slot: PendingReply) -> None:
+        self.router = router
+        self.conn = conn
+        self.slot = slot
+
+    def fill(self, _slot: Any, data: bytes) -> None:
+        conn = self.conn
+        conn.fill(self.slot, data)
+        self.router.window_freed(conn)
 
 
 class AckSum:
