@@ -275,7 +275,7 @@ class Peers:
                            resp3: bool) -> None:
         """What a RAW command's fast path does not take (options, peers, appendfsync
         always), and the general path's commands a peer forwarded
-        (``Router._forward_general``: QLEN, SHOW, NACK ...): the general route, as for
+        (``router.forward_general``: QLEN, SHOW, NACK ...): the general route, as for
         a client of ours, counted here (the asker does not count them)."""
         def deliver(value: Any) -> None:
             link.raw_reply(rid, encode(value, resp3))
