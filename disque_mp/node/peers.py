@@ -25,6 +25,7 @@ which may have lost the GETJOB waiters registered with it (both for
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -277,14 +278,13 @@ class Peers:
         always), and the general path's commands a peer forwarded
         (``router.forward_general``: QLEN, SHOW, NACK ...): the general route, as for
         a client of ours, counted here (the asker does not count them)."""
-        def deliver(value: Any) -> None:
-            link.raw_reply(rid, encode(value, resp3))
-
         t0 = _perf_ns()
-        reply = self.owner.run(name, cmd[1:], lambda: deliver, True)
+        # a partial, not a closure: the deliverer is made only for a reply that waits
+        reply = self.owner.run(name, cmd[1:], functools.partial(_raw_deliverer, link, rid, resp3),
+                               True)
         self.router.count(name.decode(), t0, cmd)
         if reply is not PENDING:
-            deliver(reply)
+            link.raw_reply(rid, encode(reply, resp3))
 
     def on_raw_replies(self, link: Link, bodies: list[bytes]) -> None:
         """RAWREPLIES from an owner: each reply into its client's slot, then each
@@ -395,6 +395,11 @@ def _raw_kind(name: bytes) -> int:
         if lower != name:
             return _raw_kind(lower)
     return 0
+
+
+def _raw_deliverer(link: Link, rid: int, resp3: bool) -> Callable[[Any], None]:
+    """How a RAW command's reply that comes later (a ``Wake``, the AOF) reaches its asker."""
+    return lambda value: link.raw_reply(rid, encode(value, resp3))
 
 
 def _ids_of(cmd: list[bytes]) -> list[str]:
