@@ -27,6 +27,15 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[NodeProc, 
         yield two, one
 
 
+@pytest.fixture(scope="module")
+def durable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProc]:
+    """2 workers, appendfsync always: every reply an owner gives waits for its records
+    (the owner's fast paths decline, the general route holds the reply)."""
+    conf = {"appendonly": "yes", "appendfsync": "always"}
+    with NodeProc(tmp_path_factory.mktemp("fwgen-aof") / "n", workers=2, conf=conf) as n:
+        yield n
+
+
 def _queue_of(index: int, prefix: str) -> str:
     return next(f"{prefix}{i}" for i in range(2000)
                 if owner_of_queue(f"{prefix}{i}".encode(), 2) == index)
@@ -100,6 +109,12 @@ def test_forwarded_general_commands_answer_as_one_worker(
     # what the mix is about: the RESP3 null of a missing job, the owner's errors
     assert forwarded[11] is (None if resp3 else NULL_BULK)
     assert forwarded[13].startswith("ERR value is not an integer"), forwarded[13]
+
+
+def test_replies_held_for_the_aof_come_back_as_one_workers(
+        nodes: tuple[NodeProc, NodeProc], durable: NodeProc) -> None:
+    q = _queue_of(1, unique_queue("aof"))
+    assert _session(durable, 0, q, False) == _session(nodes[1], 0, q, False)
 
 
 def _calls(port: int) -> dict[str, int]:
