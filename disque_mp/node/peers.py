@@ -303,9 +303,11 @@ class Peers:
             if type(waiting) is PendingReply:
                 slot: PendingReply = waiting
                 conn = slot.conn
-                if conn is not None and conn.put_raw(slot, data[at:end]):
-                    if not touched or touched[-1] is not conn:
+                if conn is not None:
+                    if conn.put_raw(slot, data[at:end]) and (not touched or touched[-1] is not conn):
                         touched.append(conn)
+                    if slot.windowed:  # a general-path command's: its place in the window
+                        self.router.window_freed(conn)
             elif waiting is not None:
                 waiting.fill(None, data[at:end])  # a part of a split ACK (``AckSum``)
             at = end
@@ -319,8 +321,11 @@ class Peers:
             if type(w) is PendingReply:
                 slot: PendingReply = w
                 conn = slot.conn
-                if conn is not None and conn.put_raw(slot, reply):
-                    conn.advance()
+                if conn is not None:
+                    if conn.put_raw(slot, reply):
+                        conn.advance()
+                    if slot.windowed:
+                        self.router.window_freed(conn)
             else:
                 w.fill(None, reply)
 

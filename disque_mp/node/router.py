@@ -409,7 +409,7 @@ class Router(CommandPath):
         self.held[conn].append((False, lambda: self._send_raw(conn, owner, cmd, raw, slot)))
 
     def _send_raw(self, conn: ClientConn, owner: int, cmd: list[bytes], raw: bytes,
-                  slot: PendingReply | WindowedReply) -> None:
+                  slot: PendingReply) -> None:
         link = self.w.mesh.links[owner]
         if link is None:
             raise InvariantError("a command forwarded to ourselves")
@@ -551,10 +551,11 @@ def forward_general(self: Router, conn: ClientConn, owner: int, cmd: list[bytes]
     the work: bench/results/raw-general-2026-11-28.md). The owner runs it
     (``Peers._serve_raw_general``) and counts it (commandstats, slowlog); so
     ``FORWARDED``, which ``_execute`` does not count. It takes a place in the
-    connection's window (``Router._windowed``), freed by its reply (``WindowedReply``)."""
+    connection's window (``Router._windowed``), freed by its reply (its slot is
+    ``windowed``: ``Peers.on_raw_replies``, ``raw_failed``)."""
     self._count_streak(conn, owner)
     raw = conn.request_bytes(cmd)
-    back = WindowedReply(self, conn, conn.defer())
+    back = conn.defer_general()
     n = self.in_flight.get(conn, 0)
     if n < self.cfg.forwarded_commands_max and (not self.held or conn not in self.held):
         self.in_flight[conn] = n + 1
@@ -571,28 +572,9 @@ def forwarded_back(self: Router, conn: ClientConn, slot: PendingReply, value: An
 
 
 def send_general(self: Router, conn: ClientConn, owner: int, cmd: list[bytes], raw: bytes,
-                 back: WindowedReply) -> None:
+                 back: PendingReply) -> None:
     self.forwarded += 1
     self._send_raw(conn, owner, cmd, raw, back)
-
-
-class WindowedReply:
-    """The waiter of a general-path command forwarded in a RAW frame
-    (``forward_general``): its encoded reply (or the error of an owner gone:
-    ``Peers.raw_failed``) fills the client's slot and frees its place in the
-    connection's window (``Router.window_freed``)."""
-
-    __slots__ = ("router", "conn", "slot")
-
-    def __init__(self, router: Router, conn: ClientConn, slot: PendingReply) -> None:
-        self.router = router
-        self.conn = conn
-        self.slot = slot
-
-    def fill(self, _slot: Any, data: bytes) -> None:
-        conn = self.conn
-        conn.fill(self.slot, data)
-        self.router.window_freed(conn)
 
 
 class AckSum:
