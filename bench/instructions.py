@@ -4,7 +4,7 @@ shared 2-core machine cannot blur.
     python -m bench.instructions before=/tmp/base after=. [--requests 20000] \\
         [--pipeline 1 32] [--workers 2]
     python -m bench.instructions now=. --shape random per-connection \\
-        --connections 64 [--pipeline 32] [--workers 1 2 16] [--keep DIR]
+        --connections 64 [--pipeline 32] [--workers 1 2 16] [--command QLEN] [--keep DIR]
 
 ``bench.ab`` and ``bench.front_read`` time the trees; on a busy or throttled machine
 their figures move by 5 to 30 % between runs. Here each tree (``label=dir``, its
@@ -26,12 +26,13 @@ one queue against the same over five queues spread over every worker (owners 0, 
 holds more than the phase takes) and with the queues empty; four phases on one
 node per tree and depth, the ratio of five queues to one printed beside.
 
-``--shape`` measures ADDJOB alone with a client of its own (``shape_run``):
-``--connections`` connections, each keeping ``--pipeline`` ADDJOBs in flight,
+``--shape`` measures one command alone with a client of its own (``shape_tree``):
+``--command`` (ADDJOB, the default; QLEN, QSTAT, or QPEEK q 1), ``--connections``
+connections, each keeping ``--pipeline`` of them in flight,
 over 10,000 random queues (``random``) or a queue per connection
 (``per-connection``, as ``bench.scaling``'s cores run); a warm-up first (every
-random queue created; each connection handed to its queue's owner), then the
-counted requests. It prints instructions per request for each tree, worker
+random queue created by an ADDJOB; each connection handed to its queue's owner),
+then the counted requests. It prints instructions per request for each tree, worker
 count and shape, and each shape's ratio to the first.
 """
 
@@ -221,18 +222,41 @@ def main(argv: list[str] | None = None) -> int:
 
 SHAPES = ("random", "per-connection")
 RANDOM_QUEUES = 10_000
+# --command: what the counted rounds send for each queue (the warm-up always ADDs, so
+# every queue exists and holds jobs), and the type of reply each must get
+COMMANDS: dict[str, tuple[bytes, type]] = {
+    "ADDJOB": (b"x 0", bytes),
+    "QLEN": (b"", int),
+    "QSTAT": (b"", list),
+    "QPEEK": (b"1", list),
+}
 
 
 def _addjob(queue: bytes) -> bytes:
     return b"*4\r\n$6\r\nADDJOB\r\n$%d\r\n%s\r\n$1\r\nx\r\n$1\r\n0\r\n" % (len(queue), queue)
 
 
-def _rounds(port: int, shape: str, conns: int, pipeline: int, rounds: int, seed: int) -> None:
-    """``rounds`` times: a pipeline of ADDJOB sent on every connection, then every
-    reply read (checked: +id). The random queues come from ``seed``: the same
-    commands for every tree; seed 0 names them in order instead (q:0, q:1 ...: a
-    warm-up that creates every queue, so that no counted request pays a queue's
-    first sight)."""
+def _request(command: str, queue: bytes) -> bytes:
+    """``command`` of ``queue`` as RESP (``COMMANDS``: the words after the queue)."""
+    if command == "ADDJOB":
+        return _addjob(queue)
+    words = [command.encode(), queue, *COMMANDS[command][0].split()]
+    return b"*%d\r\n" % len(words) + b"".join(b"$%d\r\n%s\r\n" % (len(w), w) for w in words)
+
+
+def _check(command: str, reply: object) -> None:
+    want = COMMANDS[command][1]
+    if not isinstance(reply, want) or (isinstance(reply, bytes) and not reply.startswith(b"D-")):
+        raise RuntimeError(f"unexpected {command} reply {reply!r}")
+
+
+def _rounds(port: int, shape: str, conns: int, pipeline: int, rounds: int, seed: int,
+            command: str = "ADDJOB") -> None:
+    """``rounds`` times: a pipeline of ``command`` sent on every connection, then every
+    reply read (checked: +id for ADDJOB, a reply of its type for the others). The
+    random queues come from ``seed``: the same commands for every tree; seed 0 names
+    them in order instead (q:0, q:1 ...: a warm-up that creates every queue, so that
+    no counted request pays a queue's first sight)."""
     import random
     import socket
 
@@ -246,11 +270,11 @@ def _rounds(port: int, shape: str, conns: int, pipeline: int, rounds: int, seed:
         for _ in range(rounds):
             for c, s in enumerate(socks):
                 if shape == "per-connection":
-                    s.sendall(_addjob(b"c:%d" % c) * pipeline)
+                    s.sendall(_request(command, b"c:%d" % c) * pipeline)
                 else:
-                    s.sendall(b"".join(_addjob(b"q:%d" % (next(seq) % RANDOM_QUEUES if seed == 0
-                                                          else rng.randrange(RANDOM_QUEUES)))
-                                       for _ in range(pipeline)))
+                    s.sendall(b"".join(_request(command, b"q:%d" % (
+                        next(seq) % RANDOM_QUEUES if seed == 0 else rng.randrange(RANDOM_QUEUES)))
+                        for _ in range(pipeline)))
             for s, r in zip(socks, readers, strict=True):
                 for _ in range(pipeline):
                     reply = r.gets()
@@ -260,8 +284,7 @@ def _rounds(port: int, shape: str, conns: int, pipeline: int, rounds: int, seed:
                             raise RuntimeError("the node closed a connection")
                         r.feed(data)
                         reply = r.gets()
-                    if not isinstance(reply, bytes) or not reply.startswith(b"D-"):
-                        raise RuntimeError(f"unexpected ADDJOB reply {reply!r}")
+                    _check(command, reply)
     finally:
         for s in socks:
             s.close()
@@ -300,11 +323,11 @@ def _dump_each(pids: list[int]) -> None:
 
 
 def shape_tree(tree: Path, workers: int, shape: str, conns: int, requests: int,
-               pipeline: int, keep: Path | None = None) -> float:
-    """ADDJOB instructions per request on one node of ``tree`` (every process),
-    after a warm-up round on the same connections' queues. ``keep``: the counted
-    phase's callgrind files (dump 2 of every process) are copied there, for
-    ``callgrind_annotate``."""
+               pipeline: int, keep: Path | None = None, command: str = "ADDJOB") -> float:
+    """``command``'s instructions per request on one node of ``tree`` (every
+    process), after a warm-up round of ADDJOB on the same connections' queues.
+    ``keep``: the counted phase's callgrind files (dump 2 of every process) are
+    copied there, for ``callgrind_annotate``."""
     rounds = max(1, requests // (conns * pipeline))
     with callgrind_node(tree, workers) as (port, work, pids):
         # warm-up: every queue created (random), every connection moved to its
@@ -314,7 +337,7 @@ def shape_tree(tree: Path, workers: int, shape: str, conns: int, requests: int,
         if shape == "random":
             _warm_owners(port, workers)
         _dump_each(pids)  # dump 1: the start and the warm-up
-        _rounds(port, shape, conns, pipeline, rounds, seed=2)
+        _rounds(port, shape, conns, pipeline, rounds, seed=2, command=command)
         _dump_each(pids)
         if keep is not None:
             keep.mkdir(parents=True, exist_ok=True)
@@ -331,6 +354,8 @@ def shape_main(argv: list[str]) -> int:
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     p.add_argument("--requests", type=int, default=20_000)
     p.add_argument("--pipeline", type=int, nargs="+", default=[32])
+    p.add_argument("--command", choices=list(COMMANDS), default="ADDJOB",
+                   help="what the counted rounds send (QPEEK: QPEEK q 1)")
     p.add_argument("--keep", type=Path,
                    help="copy each run's counted callgrind files under this folder "
                         "(LABEL-pP-Nw-SHAPE/cg.PID.2)")
@@ -341,13 +366,13 @@ def shape_main(argv: list[str]) -> int:
             for label, tree in sides:
                 got = {shape: shape_tree(tree, workers, shape, a.connections, a.requests, pipeline,
                                          a.keep / f"{label}-p{pipeline}-{workers}w-{shape}"
-                                         if a.keep else None)
+                                         if a.keep else None, a.command)
                        for shape in a.shape}
                 first = got[a.shape[0]]
                 cells = ", ".join(f"{shape} {n:,.0f} instr/req ({n / first:.2f}x)"
                                   for shape, n in got.items())
                 print(f"{label:>12} -P {pipeline:<2} {workers:>2} workers, {a.connections} conns: "
-                      f"ADDJOB {cells}", flush=True)
+                      f"{a.command} {cells}", flush=True)
     return 0
 
 

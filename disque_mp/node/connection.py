@@ -88,13 +88,16 @@ auth_gate: Final = AuthGate()  # one per worker process
 class PendingReply:
     """A reply that is not known yet; ``data`` is set once it is. ``conn``: the
     client of a command forwarded to its owner (``ClientConn.defer_raw``), whose
-    reply bytes the mesh hands back with the slot alone."""
+    reply bytes the mesh hands back with the slot alone. ``windowed``: a general-path
+    command's (``ClientConn.defer_general``), whose reply frees a place in the
+    connection's window of forwarded work."""
 
-    __slots__ = ("data", "conn")
+    __slots__ = ("data", "conn", "windowed")
 
     def __init__(self, conn: ClientConn | None = None) -> None:
         self.data: bytes | None = None
         self.conn = conn
+        self.windowed = False
 
 
 # The slots of forwarded commands (``defer_raw``) once their reply has left, kept for
@@ -377,11 +380,29 @@ class ClientConn(asyncio.Protocol):
         self.slots.append(slot)
         return slot
 
+    def defer_general(self) -> PendingReply:
+        """The slot of a general-path command forwarded in a RAW frame
+        (``router.forward_general``): ``defer_raw``'s, ``windowed``, and not counted in
+        ``forwarded`` (its reply may wait long: ADDJOB ... REPLICATE, GLOBALQLEN, so
+        the replies ready before it leave at once, as for one worker)."""
+        self.unfilled += 1
+        if _raw_slots_free:
+            slot = _raw_slots_free.pop()
+            slot.conn = self
+        else:
+            slot = PendingReply(self)
+        slot.windowed = True
+        if self.slots is None:
+            self.slots = []
+        self.slots.append(slot)
+        return slot
+
     def put_raw(self, slot: PendingReply, data: bytes) -> bool:
         """A forwarded command's reply, stored in its slot without moving anything
         (the mesh stores a frame's replies, then ``advance``s each client once).
         False when the client is gone or closed (nothing to advance)."""
-        self.forwarded -= 1
+        if not slot.windowed:
+            self.forwarded -= 1
         if slot.data is None:
             self.unfilled -= 1
         slot.data = data
@@ -422,6 +443,7 @@ class ClientConn(asyncio.Protocol):
                     # holds it (the link dropped it when its reply came), reused
                     head.data = None
                     head.conn = None
+                    head.windowed = False
                     _raw_slots_free.append(head)
             else:
                 ready = head  # type: ignore[assignment]

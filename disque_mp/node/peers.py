@@ -4,10 +4,12 @@ it, and their answers to what it asked them.
 ``Peers`` is the ``Mesh``'s handler (``bus/mesh.py``). As the owner of queues and
 jobs it serves the other workers' requests:
 
-    RAW       hot commands as RESP, answered with RAWREPLIES already encoded: the
-              router's fast paths (``addjob_here``, ``getjob_here``, ``ack_here``),
-              else the general route, as for a client of ours
-    CMD(S)    job commands by name, answered with REPLY(IES)
+    RAW       commands of one owner as RESP, answered with RAWREPLIES already
+              encoded: the router's fast paths (``addjob_here``, ``getjob_here``,
+              ``ack_here``), else the general route, as for a client of ours (the
+              general path's single-owner commands come this way too)
+    CMD(S)    job commands by name, answered with REPLY(IES): WAITJOB (its client ID
+              goes first) and the parts of a command split over several owners
     TAKES     the GETJOB coordinators' non-blocking takes of one loop turn, answered
               with one TOOKS frame
     BLOCK     a waiter for a peer's blocked GETJOB, answered later with WAKE;
@@ -23,6 +25,7 @@ which may have lost the GETJOB waiters registered with it (both for
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -229,17 +232,19 @@ class Peers:
         for i in range(len(rids)):
             cmd: Any = cmds[i]
             resp3 = flags[i] == 1
-            reply: bytes | None = _ERR_INTERNAL_RESP
+            reply = _ERR_INTERNAL_RESP
             if cmd is not None:
                 try:
-                    reply = self._serve_raw_one(cmd, resp3)
+                    got = self._serve_raw_one(cmd, resp3)
+                    if got is None:
+                        self._serve_raw_general(link, rids[i], cmd[0].lower(), cmd, resp3)
+                        continue
+                    reply = got
                 except InvariantError:
                     raise
                 except Exception:  # a bug: answer it, or the asking client waits forever
                     log.exception("command %r from a peer failed", cmd)
-            if reply is None:
-                self._serve_raw_general(link, rids[i], cmd[0].lower(), cmd, resp3)
-                continue
+                    reply = _ERR_INTERNAL_RESP
             out_rids.append(rids[i])
             out_lens.append(len(reply))
             out.append(reply)
@@ -259,8 +264,8 @@ class Peers:
         """A RAW command in a fast path's shape: its reply, else None."""
         kind = _raw_kind(cmd[0])
         router = self.router
-        if kind == _RAW_ADDJOB:
-            return router.addjob_here(cmd)
+        if kind == _RAW_ADDJOB:  # with options: the general path (it came that way)
+            return router.addjob_here(cmd) if len(cmd) == 4 else None
         if kind == _RAW_GETJOB:
             return router.getjob_here(cmd, resp3)
         if kind == _RAW_ACKJOB or kind == _RAW_FASTACK:
@@ -270,15 +275,16 @@ class Peers:
     def _serve_raw_general(self, link: Link, rid: int, name: bytes, cmd: list[bytes],
                            resp3: bool) -> None:
         """What a RAW command's fast path does not take (options, peers, appendfsync
-        always): the general route, as for a client of ours."""
-        def deliver(value: Any) -> None:
-            link.raw_reply(rid, encode(value, resp3))
-
+        always), and the general path's commands a peer forwarded
+        (``router.forward_general``: QLEN, SHOW, NACK ...): the general route, as for
+        a client of ours, counted here (the asker does not count them)."""
         t0 = _perf_ns()
-        reply = self.owner.run(name, cmd[1:], lambda: deliver, True)
+        # a partial, not a closure: the deliverer is made only for a reply that waits
+        reply = self.owner.run(name, cmd[1:], functools.partial(_raw_deliverer, link, rid, resp3),
+                               True)
         self.router.count(name.decode(), t0, cmd)
         if reply is not PENDING:
-            deliver(reply)
+            link.raw_reply(rid, encode(reply, resp3))
 
     def on_raw_replies(self, link: Link, bodies: list[bytes]) -> None:
         """RAWREPLIES from an owner: each reply into its client's slot, then each
@@ -297,9 +303,11 @@ class Peers:
             if type(waiting) is PendingReply:
                 slot: PendingReply = waiting
                 conn = slot.conn
-                if conn is not None and conn.put_raw(slot, data[at:end]):
-                    if not touched or touched[-1] is not conn:
+                if conn is not None:
+                    if conn.put_raw(slot, data[at:end]) and (not touched or touched[-1] is not conn):
                         touched.append(conn)
+                    if slot.windowed:  # a general-path command's: its place in the window
+                        self.router.window_freed(conn)
             elif waiting is not None:
                 waiting.fill(None, data[at:end])  # a part of a split ACK (``AckSum``)
             at = end
@@ -313,8 +321,11 @@ class Peers:
             if type(w) is PendingReply:
                 slot: PendingReply = w
                 conn = slot.conn
-                if conn is not None and conn.put_raw(slot, reply):
-                    conn.advance()
+                if conn is not None:
+                    if conn.put_raw(slot, reply):
+                        conn.advance()
+                    if slot.windowed:
+                        self.router.window_freed(conn)
             else:
                 w.fill(None, reply)
 
@@ -389,6 +400,11 @@ def _raw_kind(name: bytes) -> int:
         if lower != name:
             return _raw_kind(lower)
     return 0
+
+
+def _raw_deliverer(link: Link, rid: int, resp3: bool) -> Callable[[Any], None]:
+    """How a RAW command's reply that comes later (a ``Wake``, the AOF) reaches its asker."""
+    return lambda value: link.raw_reply(rid, encode(value, resp3))
 
 
 def _ids_of(cmd: list[bytes]) -> list[str]:

@@ -12,9 +12,13 @@ route (docs/architecture.md, "Invariants"):
     scatter  node-wide commands (``commands/info.py``, ``server.py``) gathered from every worker
     local    answered here (``commands/clients.py``, ``server.py``, COMMAND in ``table.py``)
 
-Forwarding to the owner: the hot commands travel as RESP in RAW frames and their
-replies come back already encoded (``forward_raw``; ``peers.py`` splices them
-in); the others as CMDS frames (``forward``). The router also keeps the
+Forwarding to the owner: the commands of one other owner travel as RESP in RAW
+frames and their replies come back already encoded (``peers.py`` splices them
+in): the hot ones from their fast paths (``forward_raw``), the general path's
+``queue`` and ``ids`` commands (``forward_general``) within the connection's
+window of forwarded work (``_windowed``). The owner counts what it runs for a RAW
+frame. WAITJOB (its client ID goes first) and the parts of a command split over
+several owners travel as CMDS frames (``forward``). The router also keeps the
 accounting of the commands it runs: INFO commandstats, the slowlog, the counter.
 """
 
@@ -43,6 +47,9 @@ owner_cache_max = 65536  # queue name -> owner memo; cleared when full (names ar
 NOAUTH_OK: Final = frozenset({"auth", "hello", "quit"})
 
 _perf_ns: Final = time.perf_counter_ns  # INFO commandstats; compiled in, no lookup per command
+# A general-path handler's answer for a command sent to its owner as RESP: the reply
+# comes later and the owner counts the command (``router.forward_general``).
+FORWARDED: Final = object()
 
 class Router(CommandPath):
     """The per-command path of worker ``w`` (one per worker): ``owner`` runs what
@@ -108,6 +115,9 @@ class Router(CommandPath):
             return encode(ERR_OOM)
         t0 = _perf_ns()
         reply = handler(conn, cmd)
+        if reply is FORWARDED:  # the owner counts it, as it runs it (``forward_general``)
+            conn.last_cmd = command.name
+            return None
         self._account(stat, command.name, conn, t0, cmd)
         if reply is PENDING:
             return None
@@ -307,6 +317,8 @@ class Router(CommandPath):
     def _run_at(self, conn: ClientConn, owner: int, cmd: list[bytes],
                 head: list[bytes] | None = None) -> Any:
         """``head``: arguments put before the client's (WAITJOB's client ID)."""
+        if owner != self.index and not head:  # as RESP in a RAW frame; else CMDS
+            return forward_general(self, conn, owner, cmd)
         name = cmd[0].lower()
         args = head + cmd[1:] if head else cmd[1:]
         if owner == self.index:
@@ -314,14 +326,9 @@ class Router(CommandPath):
             return self.owner.run(name, args, lambda: self._later(conn))
         self._count_streak(conn, owner)
         # a partial: a nested def and its closure (compiled) make a cycle for the GC
-        back = functools.partial(self._forwarded_back, conn, conn.defer())
+        back = functools.partial(forwarded_back, self, conn, conn.defer())
         self._windowed(conn, True, lambda: self.forward(owner, name, args, back))
         return PENDING
-
-    def _forwarded_back(self, conn: ClientConn, slot: PendingReply, value: Any) -> None:
-        """A general-path command's reply from its owner (``_run_at``)."""
-        conn.fill(slot, encode(value, conn.resp3))
-        self._window_freed(conn)
 
     def _windowed(self, conn: ClientConn, counted: bool, send: Callable[[], None]) -> None:
         """Send a forwarded command now, or hold it (in order) while the connection has
@@ -344,7 +351,7 @@ class Router(CommandPath):
                 conn.transport.pause_reading()  # its next commands wait for room
         held.append((counted, send))
 
-    def _window_freed(self, conn: ClientConn) -> None:
+    def window_freed(self, conn: ClientConn) -> None:
         """A forwarded general-path reply came back: send what was held behind it."""
         n = self.in_flight.get(conn, 1) - 1
         held = self.held.get(conn)
@@ -555,6 +562,40 @@ def split_ack(self: Router, conn: ClientConn, groups: dict[int, list[bytes]],
             raise InvariantError("an ACK part forwarded to ourselves")
         append_request(link.add_raw(conn.resp3, summed), part_cmd)
     return b""
+
+
+def forward_general(self: Router, conn: ClientConn, owner: int, cmd: list[bytes]) -> Any:
+    """A general-path command of one other owner (QLEN, SHOW, NACK ...: a ``queue``
+    or ``ids`` route) sent as the hot ones are, RESP in the RAW frame (the client's
+    own bytes when it has them), its reply coming back encoded in the client's
+    protocol (a CMDS frame and a REPLIES frame through orjson cost about twice
+    the work: bench/results/raw-general-2026-11-28.md). The owner runs it
+    (``Peers._serve_raw_general``) and counts it (commandstats, slowlog); so
+    ``FORWARDED``, which ``_execute`` does not count. It takes a place in the
+    connection's window (``Router._windowed``), freed by its reply (its slot is
+    ``windowed``: ``Peers.on_raw_replies``, ``raw_failed``)."""
+    self._count_streak(conn, owner)
+    raw = conn.request_bytes(cmd)
+    back = conn.defer_general()
+    n = self.in_flight.get(conn, 0)
+    if n < self.cfg.forwarded_commands_max and (not self.held or conn not in self.held):
+        self.in_flight[conn] = n + 1
+        send_general(self, conn, owner, cmd, raw, back)
+    else:
+        self._windowed(conn, True, functools.partial(send_general, self, conn, owner, cmd, raw, back))
+    return FORWARDED
+
+
+def forwarded_back(self: Router, conn: ClientConn, slot: PendingReply, value: Any) -> None:
+    """A CMDS command's reply from its owner (``Router._run_at``: WAITJOB)."""
+    conn.fill(slot, encode(value, conn.resp3))
+    self.window_freed(conn)
+
+
+def send_general(self: Router, conn: ClientConn, owner: int, cmd: list[bytes], raw: bytes,
+                 back: PendingReply) -> None:
+    self.forwarded += 1
+    self._send_raw(conn, owner, cmd, raw, back)
 
 
 class AckSum:

@@ -28,3 +28,19 @@ def test_each_phase_of_a_node_is_counted(capsys: pytest.CaptureFixture[str]) -> 
     # dump that missed the workers) or as the whole run would be far off
     assert 2_000 < int(m.group(2).replace(",", "")) < 5_000_000
     assert 2_000 < int(m.group(4).replace(",", "")) < 5_000_000
+
+
+def test_the_shape_commands_are_the_requests_they_name() -> None:
+    import hiredis
+
+    reader = hiredis.Reader()
+    for command, words in (("ADDJOB", [b"ADDJOB", b"q:7", b"x", b"0"]), ("QLEN", [b"QLEN", b"q:7"]),
+                           ("QSTAT", [b"QSTAT", b"q:7"]), ("QPEEK", [b"QPEEK", b"q:7", b"1"])):
+        reader.feed(instructions._request(command, b"q:7"))
+        assert reader.gets() == words
+    instructions._check("ADDJOB", b"D-1234")
+    instructions._check("QLEN", 3)
+    with pytest.raises(RuntimeError):
+        instructions._check("QLEN", b"D-1234")
+    with pytest.raises(RuntimeError):
+        instructions._check("ADDJOB", b"-ERR")

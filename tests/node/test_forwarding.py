@@ -86,15 +86,20 @@ def test_owner_killed_with_forwarded_commands_in_flight(node2: NodeProc) -> None
     c = connect_to_worker(node2.port, 0)
     info = c.call("INFO", "workers").decode()
     pid1 = int(info.split("worker1:pid=")[1].split(",")[0])
+    job_id = c.call("ADDJOB", q, "shown", 0)
     os.kill(pid1, signal.SIGSTOP)  # requests queue up at the owner, unanswered
     try:
-        c.send(b"".join(encode_command("ADDJOB", q, f"x{i}", 0) for i in range(5)))
+        # hot commands and general-path ones (QLEN, SHOW, QPEEK: RAW frames too); fewer
+        # than the 16 in a row that hand the connection to the owner
+        c.send(b"".join(encode_command("ADDJOB", q, f"x{i}", 0) + encode_command("QLEN", q)
+                        + encode_command("SHOW", job_id) + encode_command("QPEEK", q, 1)
+                        for i in range(3)))
         time.sleep(0.3)
     finally:
         os.kill(pid1, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):  # the supervisor may have reaped it
             os.kill(pid1, signal.SIGCONT)
-    replies = [c.read() for _ in range(5)]
+    replies = [c.read() for _ in range(12)]
     assert all(r == Err("ERR worker 1 is unavailable, try again") for r in replies), replies
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:  # the restarted owner serves again
