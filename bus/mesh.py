@@ -348,13 +348,7 @@ class Link(asyncio.Protocol):
 
     def tooks(self, rids: list[int], lens: list[int], parts: list[bytes]) -> None:
         """Answer a TAKES frame's takes at once (batched with this turn's others)."""
-        if self.transport is None or not rids:
-            return  # the asker is gone
-        if not self.took_rids:
-            self.mesh.mark(self)
-        self.took_rids.extend(rids)
-        self.took_lens.extend(lens)
-        self.took_parts.extend(parts)
+        self._add_answers(self.took_rids, self.took_lens, self.took_parts, rids, lens, parts)
 
     def reply(self, rid: int, value: Any) -> None:
         """Answer request ``rid`` (batched with the other answers of this turn). A
@@ -392,13 +386,19 @@ class Link(asyncio.Protocol):
 
     def raw_replies(self, rids: list[int], lens: list[int], parts: list[bytes]) -> None:
         """Answer a RAW frame's requests at once (``raw_reply`` for each, in one call)."""
+        self._add_answers(self.rawrep_rids, self.rawrep_lens, self.rawrep_parts, rids, lens, parts)
+
+    def _add_answers(self, into_rids: list[int], into_lens: list[int], into_parts: list[bytes],
+                     rids: list[int], lens: list[int], parts: list[bytes]) -> None:
+        """Add a frame's answers to this turn's open batch of their kind (TOOKS or
+        RAWREPLIES: ``into_*``, closed by ``close_batches``)."""
         if self.transport is None or not rids:
             return  # the asker is gone
-        if not self.rawrep_rids:
+        if not into_rids:
             self.mesh.mark(self)
-        self.rawrep_rids.extend(rids)
-        self.rawrep_lens.extend(lens)
-        self.rawrep_parts.extend(parts)
+        into_rids.extend(rids)
+        into_lens.extend(lens)
+        into_parts.extend(parts)
 
     def close_raw(self) -> None:
         """Queue the open RAW batch (the worker calls it before a CMDS command)."""

@@ -368,30 +368,27 @@ class ClientConn(asyncio.Protocol):
     def defer_raw(self) -> PendingReply:
         """The slot of a hot command forwarded to its owner: it knows its client, and
         counts in ``forwarded`` until ``put_raw``."""
-        self.unfilled += 1
         self.forwarded += 1
-        if _raw_slots_free:
-            slot = _raw_slots_free.pop()
-            slot.conn = self
-        else:
-            slot = PendingReply(self)
-        if self.slots is None:
-            self.slots = []
-        self.slots.append(slot)
-        return slot
+        return self._pooled_slot()
 
     def defer_general(self) -> PendingReply:
         """The slot of a general-path command forwarded in a RAW frame
         (``router.forward_general``): ``defer_raw``'s, ``windowed``, and not counted in
         ``forwarded`` (its reply may wait long: ADDJOB ... REPLICATE, GLOBALQLEN, so
         the replies ready before it leave at once, as for one worker)."""
+        slot = self._pooled_slot()
+        slot.windowed = True
+        return slot
+
+    def _pooled_slot(self) -> PendingReply:
+        """A forwarded command's reply slot, in order behind the others: a reused one
+        (``_raw_slots_free``) or a new one, ``unfilled`` until its reply comes."""
         self.unfilled += 1
         if _raw_slots_free:
             slot = _raw_slots_free.pop()
             slot.conn = self
         else:
             slot = PendingReply(self)
-        slot.windowed = True
         if self.slots is None:
             self.slots = []
         self.slots.append(slot)

@@ -77,11 +77,10 @@ class Hints:
     """One worker's reading side: the cells, the queues of other workers it saw
     exist, and how many owners its GETJOBs skipped (INFO workers)."""
 
-    __slots__ = ("cells", "nonempty", "gen", "known", "skipped")
+    __slots__ = ("cells", "gen", "known", "skipped")
 
     def __init__(self, shared: Cells) -> None:
         self.cells = shared
-        self.nonempty = shared.nonempty
         self.gen = shared.gen
         self.known: dict[bytes, int] = {}  # queue -> generation << _SLOT_BITS | slot
         self.skipped = 0  # owners not asked: their queues were known empty
@@ -114,7 +113,6 @@ class Hints:
             v = known.get(q)
             if v is None or v == _SEEN_ONCE:
                 return False
-            slot = v & _SLOT_MASK
-            if self.nonempty[slot] or self.gen[slot] != v >> _SLOT_BITS:
+            if not self.cells.known_empty(v & _SLOT_MASK, v >> _SLOT_BITS):
                 return False
         return True

@@ -339,10 +339,7 @@ class Router(CommandPath):
         ``counted``: the command takes a place in the window (a hot command only
         keeps its place in the order)."""
         held = self.held.get(conn)
-        n = self.in_flight.get(conn, 0)
-        if held is None and (not counted or n < self.cfg.forwarded_commands_max):
-            if counted:
-                self.in_flight[conn] = n + 1
+        if held is None and (not counted or reserve_window(self, conn)):
             send()
             return
         if held is None:
@@ -577,13 +574,21 @@ def forward_general(self: Router, conn: ClientConn, owner: int, cmd: list[bytes]
     self._count_streak(conn, owner)
     raw = conn.request_bytes(cmd)
     back = conn.defer_general()
-    n = self.in_flight.get(conn, 0)
-    if n < self.cfg.forwarded_commands_max and (not self.held or conn not in self.held):
-        self.in_flight[conn] = n + 1
+    if (not self.held or conn not in self.held) and reserve_window(self, conn):
         send_general(self, conn, owner, cmd, raw, back)
     else:
         self._windowed(conn, True, functools.partial(send_general, self, conn, owner, cmd, raw, back))
     return FORWARDED
+
+
+def reserve_window(self: Router, conn: ClientConn) -> bool:
+    """Take a place in ``conn``'s window of general-path commands on other workers
+    (``forwarded-commands-max``) if one is free; the caller holds the command if not."""
+    n = self.in_flight.get(conn, 0)
+    if n >= self.cfg.forwarded_commands_max:
+        return False
+    self.in_flight[conn] = n + 1
+    return True
 
 
 def forwarded_back(self: Router, conn: ClientConn, slot: PendingReply, value: Any) -> None:

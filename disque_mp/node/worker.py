@@ -48,8 +48,6 @@ from disque_mp.node.config import Config, worker_ports
 from disque_mp.node.connection import ClientConn, ClientHost, PendingReply
 from disque_mp.node.getjob import GetJobs
 from disque_mp.node.handoff import Handoff
-from disque_mp.node.hints import Hints
-from disque_mp.node.hints import cells as hints_cells
 from disque_mp.node.listen import listen_sockets
 from disque_mp.node.log import setup_logging
 from disque_mp.node.memory import Monitor, rss_bytes
@@ -130,7 +128,7 @@ class Worker(ClientHost):
         cmd_jobs.apply_limits(cfg)
         self.view_seen = False  # a membership view reached the shard (on_view)
         # our blocked GETJOBs, by token; the host's empty-queue hints (hints.py)
-        self.getjobs = GetJobs(self, Hints(hints_cells()))
+        self.getjobs = GetJobs(self)
         self.owner = Owner(self)  # runs the commands our shard owns (router and peers)
         self.router = Router(self, self.owner, self.getjobs)
         self.peers = Peers(self, self.router, self.getjobs, self.local_op)
