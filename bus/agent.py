@@ -14,6 +14,8 @@ neither has to know the other's frame kinds):
     worker 0 -> k   AGENT_REPLY {"r": rid, "v": packed}
     worker 0 -> k   MESH_BUS_IN {"f", "k", "s", "m"} + bodies     a job message for k's slots
     worker 0 -> k   MESH_VIEW snapshot                    after every membership change
+    worker k -> 0   AGENT_VIEW_ACK {"vs": seq}            view ``seq`` applied (worker 0 holds
+                    the PONGs and CLUSTER LEAVING answers that wait for it: bus/hostbus.py)
 
 So any worker can call ``send()`` with a shard's ``Send`` effect and receives the
 job messages for its slots through ``on_message(sender, kind, slot, meta, bodies)``;
@@ -41,6 +43,7 @@ from bus.hostbus import (
     MESH_VIEW,
     BatchedLink,
     ClusterBus,
+    Later,
     mesh_bus_in,
     mesh_bus_out,
     mesh_view,
@@ -52,8 +55,9 @@ from workers.replies import Error
 
 log = logging.getLogger("disque.cluster")
 
-AGENT_HELLO, AGENT_CMD, AGENT_REPLY = 0xC3, 0xC4, 0xC5
-AGENT_KINDS = frozenset({MESH_BUS_OUT, MESH_BUS_IN, MESH_VIEW, AGENT_HELLO, AGENT_CMD, AGENT_REPLY})
+AGENT_HELLO, AGENT_CMD, AGENT_REPLY, AGENT_VIEW_ACK = 0xC3, 0xC4, 0xC5, 0xC6
+AGENT_KINDS = frozenset({MESH_BUS_OUT, MESH_BUS_IN, MESH_VIEW, AGENT_HELLO, AGENT_CMD, AGENT_REPLY,
+                         AGENT_VIEW_ACK})
 
 reconnect_delay_s = 0.05  # worker 0 starts (or restarts) within a few hundred ms
 owner_wait_s = 10.0  # at start, wait this long for worker 0 before serving anyway
@@ -65,7 +69,7 @@ OnMessage = Callable[[str, str, int, dict[str, Any], list[bytes]], None]
 OnView = Callable[[dict[str, Any]], None]
 Reply = Any
 Done = Callable[[Reply], None]
-Executor = Callable[[ClusterBus, list[bytes]], Reply]
+Executor = Callable[[ClusterBus, list[bytes]], Reply]  # a reply, or a Later of one
 
 ERR_OWNER_DOWN = Error("ERR cluster bus owner (worker 0) is unavailable, try again")
 
@@ -81,6 +85,7 @@ class _Local(BatchedLink):
         super().__init__()
         self.agent = agent
         self.peer = peer  # worker at the other end (-1 until its AGENT_HELLO on worker 0)
+        self.view_applied = 0  # worker 0: the newest view (its "vs") that worker applied
         self.reader = frames.FrameReader(AGENT_KINDS)
         self.lost = asyncio.get_running_loop().create_future()
 
@@ -187,6 +192,7 @@ class ClusterAgent:
             self.bus = ClusterBus(self.cfg, self.node_id, self._deliver, self._publish,
                                   self.workers, keyring=self.keyring, tls=self.tls)
             self.bus.adopt_data = self._adopt_data
+            self.bus.views_applied = self._views_applied
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             peercred.bind_local(sock, socket_name(self.cfg.port, self.node_id))
             sock.listen(self.workers * 4)
@@ -264,7 +270,11 @@ class ClusterAgent:
         """Run a CLUSTER command on worker 0; ``done(reply)`` gets the answer (at
         once on worker 0, after a round trip elsewhere)."""
         if self.bus is not None:
-            done(self.executor(self.bus, args))
+            reply = self.executor(self.bus, args)
+            if isinstance(reply, Later):
+                reply.then(done)
+            else:
+                done(reply)
             return
         if self.to_owner is None or len(self.pending) >= pending_commands_max:
             done(ERR_OWNER_DOWN)
@@ -362,6 +372,7 @@ class ClusterAgent:
                 self.data_out.on_view(meta)
             if self.on_view is not None:
                 self.on_view(meta)
+            link.write(frames.encode(AGENT_VIEW_ACK, {"vs": meta.get("vs", 0)}))
         elif kind == AGENT_REPLY:
             done = self.pending.pop(int(meta.get("r", 0)), None)
             if done is not None:
@@ -382,20 +393,40 @@ class ClusterAgent:
             slot = int(meta.get("s", 0))
             self._deliver(slot % self.workers, str(meta.get("f")), str(meta.get("k")), slot,
                           meta.get("m") or {}, bodies)
+        elif kind == AGENT_VIEW_ACK:
+            seq = meta.get("vs")
+            if type(seq) is int and seq > link.view_applied:
+                link.view_applied = seq
+                self.bus.on_views_applied()
         elif kind == AGENT_CMD:
             args = [str(a).encode("utf-8", "surrogateescape") for a in meta.get("a", [])]
-            out: list[bytes] = []
-            value = pack(self.executor(self.bus, args), out)
-            link.write(frames.encode(AGENT_REPLY, {"r": meta.get("r"), "v": value}, out))
+            reply = self.executor(self.bus, args)
+            rid = meta.get("r")
+            if isinstance(reply, Later):
+                reply.then(lambda value: _answer(link, rid, value))
+            else:
+                _answer(link, rid, reply)
+
+    def _views_applied(self, seq: int) -> bool:
+        """Worker 0: every other worker connected to us has applied view ``seq`` (a
+        worker that is down is not waited for: it gets the view when it comes back)."""
+        return all(link.view_applied >= seq for link in self.peers.values())
 
     def local_lost(self, link: _Local) -> None:
         if self.bus is not None:
             if self.peers.get(link.peer) is link:
                 del self.peers[link.peer]
+                self.bus.on_views_applied()  # nobody waits for a worker that is gone
             return
         pending, self.pending = self.pending, {}
         for done in pending.values():
             done(ERR_OWNER_DOWN)
+
+
+def _answer(link: _Local, rid: Any, reply: Reply) -> None:
+    out: list[bytes] = []
+    value = pack(reply, out)
+    link.write(frames.encode(AGENT_REPLY, {"r": rid, "v": value}, out))
 
 
 def members_of(view: dict[str, Any]) -> frozenset[str]:

@@ -99,6 +99,14 @@ inbound_handshakes_per_addr_max = 16
 # batch (bodies up to 4 MB, workers/federation.py) plus its metadata.
 peer_frame_overhead_bytes = 8 << 20
 sealed_batch_bytes_max: Final = 1 << 20  # frames joined under one MAC (a larger frame goes alone)
+# What a client sees of the membership (HELLO's priorities, CLUSTER NODES, -LEAVING) is
+# current on every worker of every node once CLUSTER LEAVING has answered: the node that
+# changed its flag answers once each linked peer has PONGed the PING that carries it, and
+# a peer PONGs a PING that changed its view once its workers have applied that view.
+# Each wait is bounded (a stalled worker or peer delays the answer, never blocks it):
+view_apply_wait_ms_max = 500  # a PONG held for our workers' view, at most this long
+held_pongs_max = 64  # PONGs held on one link (pings every 20 ms at most: ~25 in 500 ms)
+leaving_wait_ms_max = 2000  # CLUSTER LEAVING answers after this even if a peer is silent
 refusal_log_interval_ms = 60_000  # a stranger redials every second: log its refusal once a minute
 refusals_logged_max = 1024  # (address, reason) pairs remembered for that
 peer_frame_bytes_max = (512 << 20) + peer_frame_overhead_bytes  # follows proto-max-bulk-len
@@ -107,6 +115,42 @@ peer_frame_bytes_max = (512 << 20) + peer_frame_overhead_bytes  # follows proto-
 Deliver = Callable[[int, str, str, int, dict[str, Any], list[bytes]], None]
 # publish(view): the membership snapshot changed (see membership.snapshot)
 Publish = Callable[[dict[str, Any]], None]
+
+
+class Later:
+    """A reply that comes later (CLUSTER LEAVING waits until the cluster knows):
+    ``then(done)`` registers who gets it, ``resolve(reply)`` hands it on, once."""
+
+    def __init__(self) -> None:
+        self.resolved = False
+        self.reply: Any = None
+        self.waiters: list[Callable[[Any], None]] = []
+
+    def then(self, done: Callable[[Any], None]) -> None:
+        if self.resolved:
+            done(self.reply)
+        else:
+            self.waiters.append(done)
+
+    def resolve(self, reply: Any) -> None:
+        if self.resolved:
+            return
+        self.resolved, self.reply = True, reply
+        waiters, self.waiters = self.waiters, []
+        for done in waiters:
+            done(reply)
+
+
+class _LeavingWait:
+    """A CLUSTER LEAVING waiting for our workers (view ``seq``) and for the PONG of each
+    peer it pinged (the link's PING count when it wrote its PING: PONGs come back on
+    the same link, one per PING, in order)."""
+
+    def __init__(self, later: Later, seq: int, targets: dict[_Link, int], deadline_ms: int) -> None:
+        self.later = later
+        self.seq = seq
+        self.targets = targets
+        self.deadline_ms = deadline_ms
 
 
 def bus_port(client_port: int) -> int:
@@ -316,6 +360,10 @@ class _Link(PeerLink):
         self.created_ms = mono_ms()
         self.failed = ""  # why authentication failed (outbound: shown in CLUSTER NODES)
         self.linger = False  # close after writing what is queued (a refusal the peer should read)
+        self.pings_sent = 0  # outbound: PINGs and MEETs written ...
+        self.pongs_seen = 0  # ... and PONGs read back
+        # inbound: PONGs waiting for our workers to apply a view (seq, until ms, meta), in order
+        self.held_pongs: list[tuple[int, int, dict[str, Any]]] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
@@ -355,6 +403,26 @@ class _Link(PeerLink):
         self.put(frames.encode(kind, meta, bodies or ()))
         self.bus.m.stats_sent += 1
         return True
+
+    def answer_ping(self, seq: int, pong: dict[str, Any]) -> None:
+        """PONG a PING; once its view (``seq``, 0: none) is applied by our workers and
+        behind any PONG still held, so PONGs keep their PINGs' order."""
+        if not self.held_pongs and (seq == 0 or self.bus.views_applied(seq)):
+            self.write(K_PONG, pong)
+            return
+        self.held_pongs.append((seq, mono_ms() + view_apply_wait_ms_max, pong))
+        if len(self.held_pongs) > held_pongs_max:
+            self.release_pongs(force=True)
+            return
+        asyncio.get_running_loop().call_later(view_apply_wait_ms_max / 1000, self.release_pongs)
+
+    def release_pongs(self, force: bool = False) -> None:
+        """Write the held PONGs whose view our workers have applied (or whose wait is over)."""
+        held = self.held_pongs
+        t = mono_ms()
+        while held and (force or held[0][1] <= t or held[0][0] == 0
+                        or self.bus.views_applied(held[0][0])):
+            self.write(K_PONG, held.pop(0)[2])
 
     def session(self) -> dict[str, Any] | None:
         """The MAC state, for a worker this data link is handed to."""
@@ -438,6 +506,11 @@ class ClusterBus:
         self.adopt_data: Callable[[_Link, int], bool] | None = None
         self.server: asyncio.AbstractServer | None = None
         self.ticker: asyncio.Task[None] | None = None
+        self.view_seq = 0  # bumped at each publish; the workers acknowledge what they applied
+        # views_applied(seq): every worker of ours has applied view ``seq`` (set by the
+        # agent; alone in a process, as in tests, there is nobody to wait for)
+        self.views_applied: Callable[[int], bool] = lambda seq: True
+        self.leaving_waits: list[_LeavingWait] = []
 
     # ---- lifecycle -------------------------------------------------------------
 
@@ -499,6 +572,7 @@ class ClusterBus:
 
     def view(self) -> dict[str, Any]:
         view = mb.snapshot(self.m, wall_offset_ms())
+        view["vs"] = self.view_seq
         if self.auth_errors:  # CLUSTER NODES shows why a MEET or a peer does not answer
             failed = {n.node_id for n in self.auth_errors}
             for entry in view["nodes"]:
@@ -523,9 +597,49 @@ class ClusterBus:
         self.m.reset(hard, mono_ms())
         self._after_change()
 
-    def set_leaving(self, leaving: bool) -> None:
-        self._carry_out(self.m.set_leaving(leaving, mono_ms()))
+    def set_leaving(self, leaving: bool) -> Later:
+        """CLUSTER LEAVING: set the flag, PING every peer and publish; the ``Later``
+        resolves once our workers have the view and every peer pinged on a ready
+        link has PONGed (it applied the flag, and its workers did), at most
+        ``leaving_wait_ms_max`` from now."""
+        actions = self.m.set_leaving(leaving, mono_ms())
+        self._carry_out(actions)
         self._after_change()
+        targets: dict[_Link, int] = {}
+        for a in actions:
+            link = self.out.get(a.node) if isinstance(a, Ping) else None
+            if link is not None and not link.closed and link.pings_sent > link.pongs_seen:
+                targets[link] = link.pings_sent
+        later = Later()
+        self.leaving_waits.append(_LeavingWait(later, self.view_seq, targets,
+                                               mono_ms() + leaving_wait_ms_max))
+        self.check_leaving_waits()
+        if not later.resolved:
+            asyncio.get_running_loop().call_later(leaving_wait_ms_max / 1000 + 0.01,
+                                                  self.check_leaving_waits)
+        return later
+
+    def check_leaving_waits(self) -> None:
+        """Resolve the CLUSTER LEAVINGs whose peers and workers all know (or whose
+        wait is over)."""
+        t = mono_ms()
+        waiting: list[_LeavingWait] = []
+        for w in self.leaving_waits:
+            for link in [k for k, need in w.targets.items() if k.closed or k.pongs_seen >= need]:
+                del w.targets[link]
+            if (not w.targets and self.views_applied(w.seq)) or t >= w.deadline_ms:
+                w.later.resolve(None)
+            else:
+                waiting.append(w)
+        self.leaving_waits = waiting
+
+    def on_views_applied(self) -> None:
+        """A worker of ours acknowledged a view: PONGs and LEAVINGs waiting for it go."""
+        for link in self.inbound:
+            if link.held_pongs:
+                link.release_pongs()
+        if self.leaving_waits:
+            self.check_leaving_waits()
 
     # ---- mesh side (frames between the workers of this host) ----------------------
 
@@ -601,6 +715,8 @@ class ClusterBus:
             self._after_change_if_dirty()  # workers stop moving jobs to it at once
             wait = auth_failed_redial_ms if link.failed else connect_backoff_ms_min
             self.retry_at_ms[link.node] = mono_ms() + wait
+            if self.leaving_waits:
+                self.check_leaving_waits()  # its PONG will not come
 
     def auth_failed(self, link: _Link, reason: str) -> None:
         """A peer failed the handshake: log it once per node and reason (redials
@@ -720,10 +836,13 @@ class ClusterBus:
             auth.count("rejected_messages")
             raise messages.BadMessage(f"a PING from {sender[:8]} on {link.sender_id[:8]}'s link")
         pong = self.m.on_ping(meta, kind == K_MEET, link.peer_ip, link.local_ip, mono_ms())
+        seq = 0
+        if self.m.dirty:  # (a flag a client sees changed: our workers learn it first)
+            self._after_change()
+            seq = self.view_seq
         if pong is not None:
-            link.write(K_PONG, pong)
+            link.answer_ping(seq, pong)
         self._redial_now(sender)
-        self._after_change_if_dirty()
 
     def _redial_now(self, node_id: str) -> None:
         """A PING from a node our outbound link to is down (it restarted): dial it
@@ -743,8 +862,11 @@ class ClusterBus:
         if sender != link.peer_id:
             auth.count("rejected_messages")
             raise messages.BadMessage(f"a PONG from {sender[:8]} on {link.peer_id[:8]}'s link")
+        link.pongs_seen += 1
         self._carry_out(self.m.on_pong(link.node, meta, mono_ms()))
         self._after_change_if_dirty()
+        if self.leaving_waits:
+            self.check_leaving_waits()
 
     def _on_fail(self, link: _Link, meta: dict[str, Any]) -> None:
         messages.check_fail(meta)
@@ -796,8 +918,9 @@ class ClusterBus:
         for a in actions:
             if isinstance(a, Ping):
                 link = self.out.get(a.node)
-                if link is not None:
-                    link.write(K_MEET if a.meet else K_PING, self.m.make_ping(a.node))
+                if link is not None and link.write(K_MEET if a.meet else K_PING,
+                                                   self.m.make_ping(a.node)):
+                    link.pings_sent += 1
             elif isinstance(a, Broadcast):
                 for link in list(self.out.values()):
                     link.write(K_FAIL, a.meta)
@@ -846,6 +969,7 @@ class ClusterBus:
 
     def _after_change(self) -> None:
         self.m.dirty = False
+        self.view_seq += 1
         try:
             nodes_conf.save(self.conf_path, self.m.to_conf(self.conf_vars))
         except OSError as exc:

@@ -74,7 +74,7 @@ class Node:
     __slots__ = (
         "node_id", "ip", "port", "myself", "handshake", "meet", "pfail", "fail", "noaddr",
         "leaving", "ping_sent_ms", "pong_received_ms", "last_ping_ms", "ctime_ms",
-        "link_up", "link_ctime_ms", "fail_reports",
+        "link_up", "link_ctime_ms", "fail_reports", "header_version",
     )
 
     def __init__(self, node_id: str, ip: str, port: int, now_ms: int) -> None:
@@ -95,6 +95,9 @@ class Node:
         self.link_up = False
         self.link_ctime_ms = 0
         self.fail_reports: dict[str, int] = {}  # reporter id -> when reported, ms
+        # the newest header version taken from this node: (its incarnation, its count of
+        # flag changes); ours: what our headers carry (see Membership.header)
+        self.header_version: tuple[int, int] = (0, 0)
 
     def flags(self) -> list[str]:
         out = []
@@ -154,6 +157,11 @@ class Membership:
         self.node_timeout_ms = node_timeout_ms
         self.myself = Node(my_id, ip, port, now_ms)
         self.myself.myself = True
+        # Our headers' version: an incarnation drawn at start and a count of our flag
+        # changes. A peer hears our header on two links (our PINGs on ours, our PONGs
+        # on its), which its event loop may read in either order: a PONG written just
+        # before a CLUSTER LEAVING must not undo the PING written after it.
+        self.myself.header_version = (rng.getrandbits(48), 0)
         self.nodes: dict[str, Node] = {my_id: self.myself}
         self.banned: dict[str, int] = {}  # forgotten id -> until, ms
         self.stats_sent = 0
@@ -197,7 +205,7 @@ class Membership:
         for node in list(self.others()):
             self._delete(node)
         self.banned.clear()
-        self.myself.leaving = False
+        self._set_my_leaving(False)
         if hard:
             del self.nodes[self.my_id]
             self.myself.node_id = new_node_id(self.rng)
@@ -208,9 +216,15 @@ class Membership:
         """CLUSTER LEAVING yes|no: ping everyone now so the cluster learns fast."""
         if self.myself.leaving == leaving:
             return []
-        self.myself.leaving = leaving
-        self.dirty = True
+        self._set_my_leaving(leaving)
         return [self.ping(n, now_ms) for n in self.others() if not n.noaddr]
+
+    def _set_my_leaving(self, leaving: bool) -> None:
+        if self.myself.leaving != leaving:
+            self.myself.leaving = leaving
+            incarnation, changes = self.myself.header_version
+            self.myself.header_version = (incarnation, changes + 1)
+            self.dirty = True
 
     def set_node_timeout(self, node_timeout_ms: int) -> None:
         self.node_timeout_ms = node_timeout_ms
@@ -230,7 +244,8 @@ class Membership:
 
     def header(self) -> dict[str, Any]:
         me = self.myself
-        return {"id": me.node_id, "port": me.port, "leaving": me.leaving}
+        return {"id": me.node_id, "port": me.port, "leaving": me.leaving,
+                "hv": list(me.header_version)}
 
     def make_ping(self, node: Node | None = None) -> dict[str, Any]:
         """Header + gossip for a PING, MEET or PONG sent to ``node``."""
@@ -400,6 +415,13 @@ class Membership:
         return True
 
     def _update_from_header(self, node: Node, meta: dict[str, Any]) -> None:
+        hv = meta.get("hv")
+        if hv is not None:  # (a peer of an older version sends none: take its word)
+            version = (hv[0], hv[1])
+            mine = node.header_version
+            if version[0] == mine[0] and version[1] < mine[1]:
+                return  # older than a header we took already (it crossed on the other link)
+            node.header_version = version
         leaving = bool(meta.get("leaving", False))
         if node.leaving != leaving:
             node.leaving = leaving
@@ -450,7 +472,7 @@ class Membership:
 
     def load_conf(self, nc: NodesConf, now_ms: int) -> None:
         """Peers from nodes.conf; our own entry there only restores ``leaving``."""
-        self.myself.leaving = "leaving" in nc.myself.flags
+        self._set_my_leaving("leaving" in nc.myself.flags)
         for entry in nc.peers:
             if entry.node_id == self.my_id or not is_node_id(entry.node_id):
                 continue

@@ -43,6 +43,10 @@ def check_header(meta: dict[str, Any]) -> str:
         raise BadMessage("bad sender port")
     if type(meta.get("leaving", False)) is not bool:
         raise BadMessage("bad leaving flag")
+    hv = meta.get("hv")
+    if hv is not None and not (type(hv) is list and len(hv) == 2
+                               and all(_int(v, 0, 1 << 62) for v in hv)):
+        raise BadMessage("bad header version")
     gossip = meta.get("gossip", [])
     if type(gossip) is not list or len(gossip) > gossip_entries_max:
         raise BadMessage("bad gossip section")

@@ -57,10 +57,11 @@ def test_job_messages_refused_or_safe(kind: str, slot: Any, inner: Any,
 
 
 @settings(max_examples=300, deadline=None)
-@given(meta=st.dictionaries(st.sampled_from(["id", "port", "leaving", "gossip"]),
+@given(meta=st.dictionaries(st.sampled_from(["id", "port", "leaving", "gossip", "hv"]),
                             st.one_of(values, st.just("b" * 40), st.just(7712),
+                                      st.lists(st.integers(-1, 1 << 63), max_size=3),
                                       st.lists(st.lists(values, max_size=7), max_size=3)),
-                            max_size=4),
+                            max_size=5),
        meet=st.booleans())
 def test_membership_frames_refused_or_safe(meta: dict[str, Any], meet: bool) -> None:
     m = Membership("a" * 40, "127.0.0.1", 7711, random.Random(1), 1000, 15000)

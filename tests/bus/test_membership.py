@@ -207,6 +207,28 @@ def test_leaving_propagates_and_sets_hello_priority() -> None:
     assert all(p.leaving is False for p in mb.peers(mb.snapshot(net.nodes[7003])))
 
 
+def test_a_pong_that_crossed_leaving_on_the_other_link_does_not_undo_it() -> None:
+    """B hears A's header on two links: A's PINGs on A's link, A's PONGs on B's. A PONG
+    A wrote before CLUSTER LEAVING yes, read by B after the PING that carries it, is
+    older (same incarnation, fewer flag changes): B keeps A leaving."""
+    net = joined(2)
+    a, b = net.nodes[7001], net.nodes[7002]
+    a_at_b = b.nodes[a.my_id]
+    b_at_a = a.nodes[b.my_id]
+    stale_pong = a.on_ping(b.make_ping(a_at_b), False, "127.0.0.1", "127.0.0.1", net.now_ms)
+    assert stale_pong is not None and stale_pong["leaving"] is False
+    net.carry_out(a, a.set_leaving(True, net.now_ms))
+    assert a_at_b.leaving
+    b.on_pong(a_at_b, stale_pong, net.now_ms)
+    assert a_at_b.leaving, "an older header undid LEAVING"
+    # a newer one is taken (LEAVING no), and so is any header of a new incarnation
+    net.carry_out(a, a.set_leaving(False, net.now_ms))
+    assert not a_at_b.leaving
+    restarted = dict(a.make_ping(b_at_a), leaving=True, hv=[a.myself.header_version[0] + 1, 0])
+    b.on_ping(restarted, False, "127.0.0.1", "127.0.0.1", net.now_ms)
+    assert a_at_b.leaving
+
+
 def test_forget_bans_the_id_from_gossip_for_a_minute() -> None:
     net = joined(3)
     a, c = net.nodes[7001], net.nodes[7003]

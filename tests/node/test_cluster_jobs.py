@@ -251,3 +251,46 @@ def test_down_nodes_sigkill_restart_and_surviving_r_minus_1_crashes(four: list[N
     consumer = next(n for n in four[1:] if n is not other)  # not a holder: federation too
     got = _raw(consumer).execute_command("GETJOB", "TIMEOUT", 30000, "FROM", q2)
     assert got is not None and got[0][1].decode() == jid and got[0][2] == b"precious"
+
+
+def _hello_priority(client: Any, node_id: str) -> int:
+    hello = client.call("HELLO")
+    return next(int(entry[3]) for entry in hello[2:] if entry[0].decode() == node_id)
+
+
+def _busy_cores(count: int) -> list[Any]:
+    import subprocess
+    import sys
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+
+
+def test_leaving_is_in_every_peers_hello_by_the_time_it_answers(three: list[NodeProc]) -> None:
+    """The reference suite's "HELLO shows bad priority for nodes leaving": LEAVING no,
+    an ADDJOB, LEAVING yes, two GETJOBs on node 0, and at once HELLO on node 1 lists
+    node 0 with priority 100; played from the worker that does not own the bus (the
+    command crosses to worker 0) against a HELLO on node 1's other worker, 30 times,
+    half of them with both cores kept busy."""
+    a, b, _ = three
+    a_id = _raw(a).execute_command("CLUSTER", "MYID").decode()
+    on_a = connect_to_worker(a.port, 1)
+    on_b = connect_to_worker(b.port, 1)
+    q = _q("leaving-hello")
+    busy: list[Any] = []
+    try:
+        for round_no in range(30):
+            if round_no == 15:
+                busy = _busy_cores(2)
+            assert on_a.call("CLUSTER", "LEAVING", "no") == Status("OK")
+            assert _hello_priority(on_b, a_id) == 1, f"round {round_no}: still leaving"
+            on_a.call("ADDJOB", q, "job", 0, "REPLICATE", 1, "RETRY", 0)
+            assert on_a.call("CLUSTER", "LEAVING", "yes") == Status("OK")
+            assert len(on_a.call("GETJOB", "FROM", q)) == 1
+            assert str(on_a.call("GETJOB", "FROM", q)).startswith("LEAVING")
+            assert _hello_priority(on_b, a_id) == 100, f"round {round_no}"
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+        on_a.call("CLUSTER", "LEAVING", "no")
+        on_a.close()
+        on_b.close()

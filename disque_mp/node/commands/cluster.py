@@ -19,7 +19,7 @@ from typing import Any
 
 from bus import membership as mb
 from bus.agent import ClusterAgent, Done, OnMessage, OnView
-from bus.hostbus import ClusterBus
+from bus.hostbus import ClusterBus, Later
 from disque_mp.node import tls
 from disque_mp.node.errors import ERR_CLUSTER, ERR_SYNTAX
 from workers.replies import OK, Error, Status
@@ -101,8 +101,9 @@ def _leaving(bus: ClusterBus, args: list[bytes]) -> Any:
     value = args[0].lower()
     if value not in (b"yes", b"no"):
         return ERR_SYNTAX
-    bus.set_leaving(value == b"yes")
-    return OK
+    answer = Later()  # once every worker of every linked peer knows (bus/hostbus.py)
+    bus.set_leaving(value == b"yes").then(lambda _: answer.resolve(OK))
+    return answer
 
 
 _HANDLERS = {
