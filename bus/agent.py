@@ -37,7 +37,6 @@ from bus import auth, frames, hostbus, peercred
 from bus.clock import mono_ms
 from bus.datalink import FDPASS_PURPOSE, DataIn, DataLinks, fdpass_state_bytes_max
 from bus.hostbus import (
-    K_JOB,
     MESH_BUS_IN,
     MESH_BUS_OUT,
     MESH_VIEW,
@@ -259,8 +258,7 @@ class ClusterAgent:
         if self.bus is not None:
             return self.bus.send(node_id, kind, slot, meta, bodies) > 0
         direct = self.data_out.usable(node_id) if self.data_out is not None else None
-        if direct is not None and direct.write(
-                frames.encode(K_JOB, {"k": kind, "s": slot, "m": meta}, bodies or ())):
+        if direct is not None and direct.write_job(kind, slot, meta, bodies or []):
             return True
         if self.to_owner is not None:
             return self.to_owner.write(mesh_bus_out(node_id, kind, slot, meta, bodies or []))

@@ -34,6 +34,7 @@ from bus.hostbus import (
     K_DATA_READY,
     K_HANDSHAKE,
     K_JOB,
+    K_JOBS,
     K_SEALED,
     PeerLink,
     check_proto,
@@ -75,13 +76,24 @@ class _DataConn(PeerLink):
         self.transport = None
 
     def write(self, frame: bytes) -> bool:
+        if not self._room():
+            return False
+        self.put(frame)
+        return True
+
+    def write_job(self, kind: str, slot: int, meta: dict[str, Any], bodies: list[bytes]) -> bool:
+        if not self._room():
+            return False
+        self.put_job(kind, slot, meta, bodies)
+        return True
+
+    def _room(self) -> bool:
         if not self.writable():
             return False
         if self.pending_bytes() > data_output_bytes_max:
             log.warning("cluster data link: peer does not drain its output, dropping it")
             self.close()
             return False
-        self.put(frame)
         return True
 
     def close(self) -> None:
@@ -93,7 +105,7 @@ class _DataConn(PeerLink):
 class DataIn(_DataConn):
     """A data link handed to this worker: JOB frames from one sender node."""
 
-    kinds = frozenset({K_JOB, K_SEALED})
+    kinds = frozenset({K_JOB, K_JOBS, K_SEALED})
 
     def __init__(self, sender_id: str, my_id: str, index: int, on_job: OnJob,
                  on_lost: Callable[[DataIn], None],
@@ -115,9 +127,13 @@ class DataIn(_DataConn):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self.write(frames.encode(K_DATA_READY, {"proto": BUS_PROTO, "id": self.my_id,
-                                                "w": self.index}))
+                                                "w": self.index, "jb": 1}))
 
     def on_frame(self, kind: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
+        if kind == K_JOBS:
+            for job_kind, slot, inner, parts in messages.check_jobs(meta, bodies):
+                self.on_job(self.sender_id, job_kind, slot, inner, parts)
+            return
         job_kind, slot, inner = messages.check_job(meta, bodies)
         self.on_job(self.sender_id, job_kind, slot, inner, bodies)
 
@@ -165,6 +181,7 @@ class DataOut(_DataConn):
             self.start_mac(self.auth.sealer, self.auth.opener)
         elif self.auth is None or self.auth.done:  # K_DATA_READY
             self.ready = True
+            self.batch_jobs = meta.get("jb") == 1
         else:
             raise auth.AuthError("DATA_READY before the handshake")
 

@@ -59,6 +59,23 @@ def encode(kind: int, meta: dict[str, Any], bodies: list[Any] | tuple[Any, ...] 
     return b"".join(parts)
 
 
+def encode_raw_meta(kind: int, meta: bytes, bodies: list[Any]) -> bytes:
+    """A frame whose metadata is already encoded (``meta``: an orjson object's bytes)."""
+    n = len(bodies)
+    if n > frame_bodies_max:
+        raise FrameError(f"too many bodies in one frame: {n}")
+    parts: list[Any] = [_pack_head(MAGIC, VERSION, kind, len(meta), n)]
+    for b in bodies:
+        parts.append(_pack_len(len(b)))
+    parts.append(meta)
+    parts.extend(bodies)
+    return b"".join(parts)
+
+
+def dumps(value: Any) -> bytes:
+    return _dumps(value)
+
+
 class FrameReader:
     """``frame_max`` / ``buffer_max`` default to the global bounds; a cluster bus link
     tightens them until the peer's handshake is done. With ``mac`` set (an object with

@@ -17,6 +17,9 @@ Frames are ``bus/frames.py`` frames. Bus frame kinds:
     PONG       header + gossip, the reply to PING/MEET        same link, back
     FAIL       {"id": failing node ID}                         outbound link
     JOB        {"k": kind, "s": slot, "m": meta} + raw bodies  outbound link or data link
+    JOBS       {"b": [[kind, slot, meta, nbodies], ...]} + the bodies in order: the job
+               messages of one loop turn to one peer in one frame (sent only to a peer
+               whose HANDSHAKE answer or DATA_READY says "jb": 1; else one JOB each)
     DATA_READY {"proto", "id", "w": worker}                    data link, acceptor's answer
 
 A data link (bus/datalink.py) is a connection from worker k of a host whose
@@ -63,8 +66,9 @@ K_AUTH: Final = 8
 # body), and that frame carries the MAC. One MAC per write instead of one per frame:
 # under load a write holds dozens of job messages (measured: docs/security.md).
 K_SEALED: Final = 9
+K_JOBS: Final = 10
 BUS_KINDS: Final = frozenset({K_HANDSHAKE, K_PING, K_PONG, K_MEET, K_FAIL, K_JOB, K_DATA_READY, K_AUTH,
-                       K_SEALED})
+                       K_SEALED, K_JOBS})
 
 # Mesh frame kinds (u8) for cluster traffic between the workers of one host; kept
 # far from the front end's own kinds (bus/mesh.py) so both can share one reader.
@@ -99,6 +103,11 @@ inbound_handshakes_per_addr_max = 16
 # batch (bodies up to 4 MB, workers/federation.py) plus its metadata.
 peer_frame_overhead_bytes = 8 << 20
 sealed_batch_bytes_max: Final = 1 << 20  # frames joined under one MAC (a larger frame goes alone)
+# One JOBS frame holds the job messages of a loop turn to one peer, up to these (then a
+# new one starts): a receiver decodes one header and one metadata object per frame, not
+# per message (messages.check_jobs bounds what it accepts the same way).
+job_batch_messages_max: Final = 1024
+job_batch_bytes_max: Final = 1 << 20
 # What a client sees of the membership (HELLO's priorities, CLUSTER NODES, -LEAVING) is
 # current on every worker of every node once CLUSTER LEAVING has answered: the node that
 # changed its flag answers once each linked peer has PONGed the PING that carries it, and
@@ -249,6 +258,10 @@ class PeerLink(BatchedLink):
                                          handshake_buffer_bytes_max)
         self.closed = False
         self.sealer: auth.Sealer | None = None  # set once authenticated: MAC every frame
+        self.batch_jobs = False  # the peer reads JOBS frames (its answer said "jb")
+        self.jobs: list[bytes] = []  # this turn's job messages: [kind, slot, meta, nbodies]
+        self.job_bodies: list[Any] = []
+        self.jobs_bytes = 0
 
     def writable(self) -> bool:
         return self.transport is not None and not self.closed
@@ -264,9 +277,45 @@ class PeerLink(BatchedLink):
         self.reader.mac = opener
 
     def put(self, frame: bytes) -> None:
+        if self.jobs:
+            self.close_jobs()  # frames keep the order they were written in
         self.enqueue(frame)
 
+    def put_job(self, kind: str, slot: int, meta: dict[str, Any], bodies: list[Any]) -> None:
+        """A job message: one JOB frame, or (to a peer that reads them) a place in this
+        turn's JOBS frame. Its metadata is encoded now (the caller may reuse the dict)."""
+        if not self.batch_jobs:
+            self.enqueue(frames.encode(K_JOB, {"k": kind, "s": slot, "m": meta}, bodies))
+            return
+        if self.jobs and len(self.job_bodies) + len(bodies) > frames.frame_bodies_max:
+            self.close_jobs()  # (a frame counts its bodies in 16 bits)
+        if not self.jobs and not self.outq:
+            call_soon = self.call_soon
+            if call_soon is None:
+                call_soon = self.call_soon = asyncio.get_running_loop().call_soon
+            call_soon(self.flush)
+        entry = frames.dumps([kind, slot, meta, len(bodies)])
+        self.jobs.append(entry)
+        size = len(entry)
+        for b in bodies:
+            self.job_bodies.append(b)
+            size += len(b) + 4
+        self.jobs_bytes += size
+        if len(self.jobs) >= job_batch_messages_max or self.jobs_bytes >= job_batch_bytes_max:
+            self.close_jobs()
+
+    def close_jobs(self) -> None:
+        """This turn's job messages as one frame, queued behind the frames before them."""
+        jobs, bodies = self.jobs, self.job_bodies
+        self.jobs, self.job_bodies, self.jobs_bytes = [], [], 0
+        self.enqueue(frames.encode_raw_meta(K_JOBS, b'{"b":[' + b",".join(jobs) + b"]}", bodies))
+
+    def pending_bytes(self) -> int:
+        return BatchedLink.pending_bytes(self) + self.jobs_bytes
+
     def flush(self) -> None:
+        if self.jobs:
+            self.close_jobs()
         sealer = self.sealer
         if sealer is None or self.transport is None or not self.writable() or not self.outq:
             super().flush()
@@ -401,6 +450,19 @@ class _Link(PeerLink):
             self.close()
             return False
         self.put(frames.encode(kind, meta, bodies or ()))
+        self.bus.m.stats_sent += 1
+        return True
+
+    def write_job(self, kind: str, slot: int, meta: dict[str, Any], bodies: list[bytes]) -> bool:
+        """A job message to this link's node (``write``'s checks, then ``put_job``)."""
+        if not self.writable() or not self.ready:
+            return False
+        if self.pending_bytes() > peer_output_bytes_max:
+            log.warning("cluster bus: peer %s does not drain its output, dropping link",
+                        self.peer_ip)
+            self.close()
+            return False
+        self.put_job(kind, slot, meta, bodies)
         self.bus.m.stats_sent += 1
         return True
 
@@ -560,15 +622,15 @@ class ClusterBus:
         """Send a job message; ``"*"`` = every node with a link. Returns the number
         of links written (0 = dropped: messages are best effort, the state machine
         retries what matters)."""
-        frame_meta = {"k": kind, "s": slot, "m": meta}
+        parts = bodies if bodies is not None else []
         if node_id == "*":
-            return sum(link.write(K_JOB, frame_meta, bodies) for link in list(self.out.values())
+            return sum(link.write_job(kind, slot, meta, parts) for link in list(self.out.values())
                        if not link.node or not link.node.handshake)
         node = self.m.nodes.get(node_id)
         link = self.out.get(node) if node is not None else None
         if link is None or node is None or node.handshake:
             return 0
-        return int(link.write(K_JOB, frame_meta, bodies))
+        return int(link.write_job(kind, slot, meta, parts))
 
     def view(self) -> dict[str, Any]:
         view = mb.snapshot(self.m, wall_offset_ms())
@@ -652,7 +714,9 @@ class ClusterBus:
     # ---- links --------------------------------------------------------------------
 
     def handshake_meta(self) -> dict[str, Any]:
-        return {"proto": BUS_PROTO, "id": self.m.my_id, "port": self.m.myself.port}
+        # "jb": we read JOBS frames (a dialer batches its job messages to us once our
+        # answer says so; a peer without it gets one JOB frame a message)
+        return {"proto": BUS_PROTO, "id": self.m.my_id, "port": self.m.myself.port, "jb": 1}
 
     def link_made(self, link: _Link) -> None:
         if link.node is None:
@@ -751,6 +815,8 @@ class ClusterBus:
             self._on_handshake_frame(link, kind, meta)
         elif kind == K_JOB:
             self._on_job(link, meta, bodies)
+        elif kind == K_JOBS:
+            self._on_jobs(link, meta, bodies)
         elif kind in (K_PING, K_MEET):
             self._on_ping(link, kind, meta)
         elif kind == K_PONG and link.node is not None:
@@ -780,6 +846,7 @@ class ClusterBus:
         """The acceptor's HANDSHAKE on our outbound link."""
         link.peer_id = check_proto(meta)
         link.answered = True
+        link.batch_jobs = meta.get("jb") == 1
         if link.auth is None:
             if "p" in meta or "secret" in meta:
                 raise auth.AuthError("it uses a cluster secret and we have none")
@@ -826,7 +893,7 @@ class ClusterBus:
             return
         if self.adopt_data is not None and self.adopt_data(link, sender_worker):
             return
-        link.write(K_DATA_READY, {"proto": BUS_PROTO, "id": self.m.my_id, "w": 0})
+        link.write(K_DATA_READY, {"proto": BUS_PROTO, "id": self.m.my_id, "w": 0, "jb": 1})
 
     def _on_ping(self, link: _Link, kind: int, meta: dict[str, Any]) -> None:
         if link.node is not None:
@@ -884,6 +951,17 @@ class ClusterBus:
             return  # job traffic from current members only
         self.job_frames_received += 1
         self.deliver(slot % self.workers, sender, kind, slot, inner, bodies)
+
+    def _on_jobs(self, link: _Link, meta: dict[str, Any], bodies: list[bytes]) -> None:
+        batch = messages.check_jobs(meta, bodies)  # the whole frame, before any delivery
+        sender = link.sender_id if link.node is None else link.node.node_id
+        if not self.is_member(sender):
+            auth.count("rejected_messages")
+            return
+        self.job_frames_received += len(batch)
+        deliver, workers = self.deliver, self.workers
+        for kind, slot, inner, parts in batch:
+            deliver(slot % workers, sender, kind, slot, inner, parts)
 
     # ---- time -----------------------------------------------------------------------
 

@@ -75,6 +75,34 @@ def check_fail(meta: dict[str, Any]) -> str:
     return target
 
 
+job_batch_messages_max = 4096  # messages in one JOBS frame (senders close theirs at 1024)
+
+
+def check_jobs(meta: dict[str, Any], bodies: list[bytes]) -> list[tuple[str, int, dict[str, Any], list[bytes]]]:
+    """A JOBS frame -> its messages (kind, slot, inner meta, bodies), each checked as a
+    JOB frame is; one bad message refuses the whole frame, before any is delivered."""
+    batch = meta.get("b")
+    if type(batch) is not list or not 0 < len(batch) <= job_batch_messages_max:
+        raise BadMessage("malformed job batch")
+    out: list[tuple[str, int, dict[str, Any], list[bytes]]] = []
+    at = 0
+    for entry in batch:
+        if type(entry) is not list or len(entry) != 4 or not _int(entry[3], 0, len(bodies) - at):
+            raise BadMessage("malformed job batch entry")
+        kind, slot, inner, n = entry
+        parts = bodies[at:at + n]
+        at += n
+        if not isinstance(kind, str) or type(slot) is not int or type(inner) is not dict:
+            raise BadMessage("malformed job frame")
+        err = catalogue.check(kind, slot, inner, parts)
+        if err is not None:
+            raise BadMessage(err)
+        out.append((kind, slot, inner, parts))
+    if at != len(bodies):
+        raise BadMessage("job batch bodies do not add up")
+    return out
+
+
 def check_job(meta: dict[str, Any], bodies: list[bytes]) -> tuple[str, int, dict[str, Any]]:
     """A JOB frame -> (kind, slot, inner meta), checked by its kind's rule in the
     catalogue (workers/messages.py)."""

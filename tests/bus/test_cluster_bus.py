@@ -289,6 +289,42 @@ async def _agent_scenario(tmp: Path, secret: str) -> None:
 
 
 @pytest.mark.parametrize("loop_kind", LOOPS)
+def test_job_messages_of_one_turn_travel_in_one_frame(tmp_path: Path, loop_kind: str) -> None:
+    run_in(loop_kind, _batch_scenario(tmp_path))
+
+
+async def _batch_scenario(tmp: Path) -> None:
+    a, b = Host(tmp, "a"), Host(tmp, "b")
+    for h in (a, b):
+        await h.bus.start()
+    try:
+        a.bus.meet("127.0.0.1", b.cfg.port)
+        await until(lambda: a.knows(b) and b.knows(a), "A and B")
+        await until(lambda: b.bus.my_id in a.views[-1]["linked"], "A linked to B")
+        link = next(iter(a.bus.out.values()))
+        assert link.batch_jobs  # B's handshake answer said it reads JOBS frames
+        frames_before = b.bus.m.stats_received
+        meta = {"j": "x"}
+        for i in range(50):  # one loop turn; the caller may reuse its dict
+            meta["n"] = i
+            assert a.bus.send(b.bus.my_id, "REPLJOB", i, meta, [b"%d" % i]) == 1
+        await until(lambda: len(b.received) == 50, "50 messages at B")
+        assert [(m[2], m[3], m[4]["n"], m[5]) for m in b.received] == \
+            [("REPLJOB", i, i, [b"%d" % i]) for i in range(50)]
+        assert b.bus.m.stats_received - frames_before <= 3  # one JOBS frame (and a PING or two)
+        # to a peer that does not read them (an older node), one JOB frame a message
+        link.batch_jobs = False
+        frames_before = b.bus.m.stats_received
+        for i in range(10):
+            a.bus.send(b.bus.my_id, "REPLJOB", i, {}, [b"r"])
+        await until(lambda: len(b.received) == 60, "10 more at B")
+        assert b.bus.m.stats_received - frames_before >= 10
+    finally:
+        for h in (a, b):
+            await h.bus.close()
+
+
+@pytest.mark.parametrize("loop_kind", LOOPS)
 def test_bus_port_survives_garbage(tmp_path: Path, loop_kind: str) -> None:
     run_in(loop_kind, _garbage_scenario(tmp_path))
 

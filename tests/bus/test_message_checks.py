@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bus.messages import BadMessage, check_job
+from bus.messages import BadMessage, check_job, check_jobs
 from workers.ids import slot_of_job_id
 from workers.messages import node_list_max
 
@@ -65,3 +65,25 @@ def test_a_job_id_checked_before_gets_the_same_answers() -> None:
         messages._checked_job_ids[f"x{i}"] = 0
     check_job({"k": "DELJOB", "s": slot, "m": {"j": JOB_ID}}, [])
     assert messages._checked_job_ids == {JOB_ID: slot}
+
+
+def test_a_job_batch_is_checked_whole_before_any_message_is_taken() -> None:
+    slot = slot_of_job_id(JOB_ID)
+    good = ["GOTJOB", slot, {"j": JOB_ID}, 0]
+    repl = ["REPLJOB", 3, {}, 1]
+    got = check_jobs({"b": [good, repl, good]}, [b"record"])
+    assert [(k, s, b) for k, s, _, b in got] == [("GOTJOB", slot, []), ("REPLJOB", 3, [b"record"]),
+                                                 ("GOTJOB", slot, [])]
+    for meta, bodies in [
+        ({"b": []}, []),  # empty
+        ({"b": "x"}, []),
+        ({}, []),
+        ({"b": [good, ["GOTJOB", slot, {"j": "D-bad"}, 0]]}, []),  # one bad message: all refused
+        ({"b": [repl]}, []),  # its body missing
+        ({"b": [good]}, [b"extra"]),  # a body nobody claims
+        ({"b": [["GOTJOB", slot, {"j": JOB_ID}, -1]]}, []),
+        ({"b": [["GOTJOB", slot, {"j": JOB_ID}]]}, []),
+        ({"b": [good] * 5000}, []),  # over the batch bound
+    ]:
+        with pytest.raises(BadMessage):
+            check_jobs(meta, bodies)
