@@ -19,6 +19,17 @@ The clients' own CPU is not counted. A rate the cluster does not hold shows as f
 jobs/s than asked.
 
 Writes ``<out>.md`` and ``<out>.json`` (the current record: build, commit, machine).
+
+    python -m bench.hosts --instructions [--nodes 2 4] [--replicate 2] [--batches 40]
+        [--trees base=/tmp/base new=.]
+
+``--instructions`` counts work instead of time (a shared 2-core machine blurs the
+timed figures): every node of the cluster runs under callgrind (as bench.instructions
+runs one), one client on the first node sends ``--batches`` batches (ADDJOB x batch
+with ``REPLICATE r``, GETJOB COUNT, one ACKJOB), then waits for the ack GC to end on
+every node; the count of every process of every node, less the idle rate measured
+before for as long, divided by the jobs: instructions per job for the cluster, and
+for the first node (the origin) and the others (the copies) apart.
 """
 
 from __future__ import annotations
@@ -134,6 +145,72 @@ def run_case(ports: list[int], pids: list[int], replicate: int, traffic: str, ra
             "started_s": round(t0, 1)}
 
 
+def _batches(port: int, queue: str, replicate: int, batch: int, batches: int) -> int:
+    r = redis.Redis(port=port, protocol=2, socket_timeout=600)
+    done = 0
+    for _ in range(batches):
+        pipe = r.pipeline(transaction=False)
+        for _ in range(batch):
+            pipe.execute_command("ADDJOB", queue, body, 0, "REPLICATE", replicate)
+        pipe.execute()
+        left = batch
+        while left > 0:
+            got = r.execute_command("GETJOB", "TIMEOUT", 5000, "COUNT", left, "FROM", queue)
+            if got:
+                r.execute_command("ACKJOB", *[job[1] for job in got])
+                left -= len(got)
+                done += len(got)
+    return done
+
+
+def _registered(port: int) -> int:
+    info = redis.Redis(port=port, protocol=2, socket_timeout=60).info("jobs")  # parsed
+    return int(info["registered_jobs"])
+
+
+def instructions(tree: Path, n: int, replicate: int, batch: int, batches: int,
+                 idle_s: float = 5.0) -> dict[str, float]:
+    """Instructions per job of ``batches`` batches on an ``n``-node cluster of ``tree``,
+    every node under callgrind (1 worker each): the cluster's, the origin's, the others'."""
+    from contextlib import ExitStack
+
+    from bench.instructions import _dump_all, _phase_totals, callgrind_node
+
+    with ExitStack() as stack:
+        nodes = [stack.enter_context(callgrind_node(tree, 1)) for _ in range(n)]
+        ports = [port for port, _, _ in nodes]
+        srv.meet_all(ports)
+        q = f"hosts-ins-{os.getpid()}"
+        _batches(ports[0], q, replicate, batch, 2)  # warm up: links, the queue, first calls
+
+        def settle() -> None:
+            deadline = time.monotonic() + 300
+            while any(_registered(p) for p in ports) and time.monotonic() < deadline:
+                time.sleep(0.5)
+
+        settle()
+        for _, _, pids in nodes:
+            _dump_all(pids)  # dump 1: the start and the warm-up
+        t0 = time.monotonic()
+        time.sleep(idle_s)
+        for _, _, pids in nodes:
+            _dump_all(pids)  # dump 2: idle
+        t1 = time.monotonic()
+        jobs = _batches(ports[0], q, replicate, batch, batches)
+        settle()  # the ack GC (SETACK, GOTACK, DELJOB) is part of a job's cost
+        for _, _, pids in nodes:
+            _dump_all(pids)  # dump 3: the jobs
+        span = time.monotonic() - t1
+        per_node = []
+        for _, work, _ in nodes:
+            idle = _phase_totals(work, 2) / (t1 - t0)
+            per_node.append((_phase_totals(work, 3) - idle * span) / max(1, jobs))
+        return {"nodes": n, "replicate": replicate, "batch": batch, "jobs": jobs,
+                "cluster": round(sum(per_node)), "origin": round(per_node[0]),
+                "others_each": round(sum(per_node[1:]) / max(1, n - 1)),
+                "span_s": round(span, 1)}
+
+
 def cases(n: int, replicate: list[int], traffic: list[str]) -> Iterator[tuple[int, str]]:
     for r in replicate:
         if r > n:
@@ -202,7 +279,21 @@ def main(argv: list[str] | None = None) -> int:
                     help="disque-mp source trees (default: this one, as disque-mp)")
     ap.add_argument("--no-reference", action="store_true")
     ap.add_argument("--out", default="bench/results/hosts")
+    ap.add_argument("--instructions", action="store_true",
+                    help="instructions per job under callgrind instead of timed CPU")
+    ap.add_argument("--batches", type=int, default=40, help="with --instructions")
     args = ap.parse_args(argv)
+    if args.instructions:
+        ins_trees = [(label, Path(d).resolve()) for label, d in (t.split("=", 1) for t in args.trees)] \
+            or [("disque-mp", Path(__file__).resolve().parent.parent)]
+        for n in args.nodes:
+            for rep in args.replicate:
+                if rep > n:
+                    continue
+                for label, d in ins_trees:
+                    got = instructions(d, n, rep, args.batch, args.batches)
+                    print(json.dumps({"tree": label, "build": tree_build(d), **got}), flush=True)
+        return 0
 
     trees: list[tuple[str, Path | None]] = [
         (label, Path(d).resolve()) for label, d in (t.split("=", 1) for t in args.trees)
