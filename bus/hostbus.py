@@ -40,7 +40,7 @@ import ssl
 from collections.abc import Callable, Iterable
 from typing import Any, Final, cast
 
-from bus import auth, frames, messages, nodes_conf
+from bus import auth, frames, messages, nodes_conf, seeds
 from bus import membership as mb
 from bus.clock import mono_ms, wall_offset_ms
 from bus.membership import Broadcast, DropLink, Membership, Node, Ping
@@ -438,6 +438,7 @@ class ClusterBus:
         self.adopt_data: Callable[[_Link, int], bool] | None = None
         self.server: asyncio.AbstractServer | None = None
         self.ticker: asyncio.Task[None] | None = None
+        self.seeder = seeds.SeedDialer(cfg, cfg.port)  # cluster-seeds: MEET them while alone
 
     # ---- lifecycle -------------------------------------------------------------
 
@@ -456,6 +457,7 @@ class ClusterBus:
             self.ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.ticker
+        await self.seeder.close()
         for task in list(self.connecting.values()):
             task.cancel()
         for link in list(self.out.values()) + list(self.inbound):
@@ -780,6 +782,7 @@ class ClusterBus:
         self._expire_handshakes(t)
         self._carry_out(self.m.tick(t))
         self._reconcile_links(t)
+        self.seeder.tick(t, self.m.others(), self.meet)
         self._after_change_if_dirty()
 
     def _expire_handshakes(self, t: int) -> None:
