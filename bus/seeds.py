@@ -206,6 +206,8 @@ class SeedDialer:
 
     def tick(self, now_ms: int, others: Iterable[Node], meet: Callable[[str, int], object]) -> None:
         self.rule.configure(str(getattr(self.cfg, "cluster_seeds", "")))
+        if not self.rule.seeds:
+            return  # the default: nothing to do, not even a look at the table
         due = self.rule.due(now_ms, knows_peer(others))
         if due and (self.task is None or self.task.done()):
             self.task = asyncio.create_task(self.attempt(due, meet))
