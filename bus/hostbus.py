@@ -43,7 +43,7 @@ import ssl
 from collections.abc import Callable, Iterable
 from typing import Any, Final, cast
 
-from bus import auth, frames, messages, nodes_conf
+from bus import auth, frames, messages, nodes_conf, seeds
 from bus import membership as mb
 from bus.clock import mono_ms, wall_offset_ms
 from bus.membership import Broadcast, DropLink, Membership, Node, Ping
@@ -573,6 +573,7 @@ class ClusterBus:
         # agent; alone in a process, as in tests, there is nobody to wait for)
         self.views_applied: Callable[[int], bool] = lambda seq: True
         self.leaving_waits: list[_LeavingWait] = []
+        self.seeder = seeds.SeedDialer(cfg, cfg.port)  # cluster-seeds: MEET them while alone
 
     # ---- lifecycle -------------------------------------------------------------
 
@@ -591,6 +592,7 @@ class ClusterBus:
             self.ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.ticker
+        await self.seeder.close()
         for task in list(self.connecting.values()):
             task.cancel()
         for link in list(self.out.values()) + list(self.inbound):
@@ -980,6 +982,7 @@ class ClusterBus:
         self._expire_handshakes(t)
         self._carry_out(self.m.tick(t))
         self._reconcile_links(t)
+        self.seeder.tick(t, self.m.others(), self.meet)
         self._after_change_if_dirty()
 
     def _expire_handshakes(self, t: int) -> None:

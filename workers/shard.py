@@ -554,6 +554,9 @@ class Shard:
             "registered_jobs": c.job_count(),
             "registered_queues": c.queue_count(),
             "blocked_clients": c.waiter_count(),
+            # draining a host waits for these two to reach 0 (docs/admin.md)
+            "queued_jobs": sum(q.live for q in c.queue_table().values()),  # O(queues)
+            "wait_repl_jobs": len(c.repl_waits()),
         }
 
     def dedup_info(self) -> dict[str, int]:

@@ -224,6 +224,9 @@ class Config:
     # REDRIVE: jobs one call moves back from a dead-letter queue (its COUNT is cut to
     # it; a worker also serves other clients): a bigger backlog takes several calls
     redrive_count_max: int = 10_000
+    # joining by configuration (bus/seeds.py, docs/cluster.md): host:port[,host:port...]
+    # of peers (their client port) worker 0 MEETs while it knows no peer; "" = none
+    cluster_seeds: str = ""
 
 
 class ConfigValueError(ValueError):
@@ -450,6 +453,8 @@ DIRECTIVES: tuple[Directive, ...] = (
        "dedup-keys-max must be between 1 and 100000000", lo=1, hi=100_000_000),
     _d("redrive-count-max", "int", True,
        "redrive-count-max must be between 1 and 1000000", lo=1, hi=1_000_000),
+    # ours: joining by configuration (docs/cluster.md)
+    _d("cluster-seeds", "special", True),
 )
 BY_NAME: dict[str, Directive] = {d.name: d for d in DIRECTIVES}
 # Names Redis users know for our limit directives (same field, same units).
@@ -505,6 +510,13 @@ def _special_value(cfg: Config, d: Directive, args: list[str], at_startup: bool)
     if name == "requirepass-file":
         cfg.requirepass = _read_requirepass_file(v)
         return v
+    if name == "cluster-seeds":
+        from bus.seeds import SeedError, normalize
+
+        try:
+            return normalize(v)
+        except SeedError as exc:
+            raise ConfigRefused(str(exc)) from None
     if name == "appendfilename":
         if "/" in v or not v:
             raise ConfigValueError("appendfilename can't be a path, just a filename")

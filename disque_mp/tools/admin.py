@@ -5,6 +5,9 @@
     disque-mp admin requeue QUEUE          dead:QUEUE's jobs back to QUEUE
     disque-mp admin node                   this node: ID, build, workers, clients, jobs, memory
     disque-mp admin cluster                the cluster as this node sees it
+    disque-mp admin drain [--timeout S] [--no-shutdown]
+                                           CLUSTER LEAVING yes, wait until no job is
+                                           queued or waits for copies here, SHUTDOWN
 
 Everything goes through the project's client (``disque_mp.client.Disque``), pinned to
 the one node named by ``--node`` (no failover: the answer is about that node). The
@@ -17,17 +20,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from disque_mp.client import Disque, DisqueError, Job
+import redis
+
+from disque_mp.client import Disque, DisqueConnectionError, DisqueError, Job
 from disque_mp.client.core import as_str
 from disque_mp.client.limits import DEAD_PREFIX  # where MAXDELIVER moves a job
+from disque_mp.node import drain
 
 queues_scanned_max = 100_000  # queue names one `queues` call looks at: bounds its memory
 qstat_batch = 500  # QSTATs per pipelined round trip
 body_shown_chars = 60  # a job body in peek's table is cut here (--json shows it whole)
+shutdown_wait_s = 30.0  # after a drain's SHUTDOWN: how long to wait for the port to close
 
 # INFO fields `admin node` shows, in this order (label, INFO key)
 NODE_FIELDS = (
@@ -64,6 +73,15 @@ def _parser() -> argparse.ArgumentParser:
     rq.add_argument("--max", type=int, default=10_000, help="at most this many (default 10000)")
     sub.add_parser("node", help="this node: ID, build, workers, clients, jobs, memory, AOF")
     sub.add_parser("cluster", help="the cluster as this node sees it: state and nodes")
+    dr = sub.add_parser("drain", help="move this node's jobs to the others, then SHUTDOWN "
+                                      "(CLUSTER LEAVING yes first)")
+    dr.add_argument("--timeout", type=float, default=drain.drain_timeout_s_default,
+                    help="seconds to wait for the jobs to move (default "
+                         f"{drain.drain_timeout_s_default:g}); past it the node stays LEAVING")
+    dr.add_argument("--no-shutdown", action="store_true",
+                    help="only drain: leave the node running (and LEAVING)")
+    dr.add_argument("--interval", type=float, default=drain.progress_interval_s,
+                    help=f"seconds between progress lines (default {drain.progress_interval_s:g})")
     return p
 
 
@@ -212,6 +230,85 @@ def cmd_cluster(d: Disque, args: argparse.Namespace) -> Any:
     return head + _table(rows)
 
 
+# --------------------------------------------------------------------------- drain
+
+
+def drain_progress(d: Disque) -> drain.Progress:
+    """What a drain waits for: INFO jobs, HELLO, CLUSTER LEAVING."""
+    hello = d.hello()
+    leaving = as_str(d.execute("CLUSTER", "LEAVING")).lower() == "yes"
+    return drain.progress(d.info("jobs"), hello.node_id,
+                          [(n.id, n.priority) for n in hello.nodes], leaving)
+
+
+def repl_max(d: Disque) -> int:
+    """The highest REPLICATE among the jobs a drain moves or waits for (JSCAN, bounded)."""
+    seen = 0
+    top = 0
+    for job in d.iter_jobs(states=drain.REPL_CHECK_STATES, count=drain.jscan_count,
+                           reply_all=True):
+        top = max(top, drain.repl_of([job]))
+        seen += 1
+        if seen >= drain.repl_check_jobs_max:
+            break
+    return top
+
+
+def _say(args: argparse.Namespace, p: drain.Progress) -> None:
+    """A progress line: text on stdout, or with --json one JSON object a line on
+    stderr (stdout keeps the one final document)."""
+    if args.json:
+        print(json.dumps(p.as_dict()), file=sys.stderr, flush=True)
+    else:
+        print(p.line(), flush=True)
+
+
+def _shutdown(d: Disque, node: str) -> None:
+    """SHUTDOWN (no reply: the connection closes), then wait for the port to close."""
+    try:
+        d.execute("SHUTDOWN")
+    except (DisqueConnectionError, redis.ConnectionError, redis.TimeoutError, OSError):
+        pass  # the node closed the connection: what a successful SHUTDOWN does
+    host, _, port = node.rpartition(":")
+    deadline = time.monotonic() + shutdown_wait_s
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=1).close()
+        except OSError:
+            return
+        time.sleep(0.1)
+    raise AdminError(f"drained, but {node} still accepts connections {shutdown_wait_s:g} s "
+                     "after SHUTDOWN")
+
+
+def cmd_drain(d: Disque, args: argparse.Namespace) -> Any:
+    """CLUSTER LEAVING yes; wait until no job is queued or waits for its copies here
+    (consumers on the other nodes take them by federation); SHUTDOWN. Refuses first,
+    changing nothing, where a job would have no other node to hold it."""
+    p = drain_progress(d)
+    why = drain.refusal(p, repl_max(d) if p.left else 0)
+    if why is not None:
+        raise AdminError(why)
+    d.execute("CLUSTER", "LEAVING", "yes")
+    deadline = time.monotonic() + max(args.timeout, 0)
+    while True:
+        p = drain_progress(d)
+        _say(args, p)
+        if p.done:
+            break
+        if time.monotonic() >= deadline:
+            raise AdminError(drain.timeout_text(p, args.timeout))
+        time.sleep(max(min(args.interval, deadline - time.monotonic()), 0.01))
+    if not args.no_shutdown:
+        _shutdown(d, args.node)
+    result = {**p.as_dict(), "node": args.node, "shutdown": not args.no_shutdown}
+    if args.json:
+        return result
+    if args.no_shutdown:
+        return f"drained {args.node}: no job left to move; the node runs, LEAVING"
+    return f"drained {args.node}: no job left to move; the node is shut down"
+
+
 # --------------------------------------------------------------------------- output, main
 
 
@@ -224,7 +321,7 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
 
 COMMANDS: dict[str, Callable[[Disque, argparse.Namespace], Any]] = {
     "queues": cmd_queues, "peek": cmd_peek, "requeue": cmd_requeue,
-    "node": cmd_node, "cluster": cmd_cluster,
+    "node": cmd_node, "cluster": cmd_cluster, "drain": cmd_drain,
 }
 
 

@@ -100,7 +100,7 @@ def test_ids_split_over_workers(node2: NodeProc) -> None:
     assert c.call("ACKJOB", ids[0], "notanid", ids[1]) == Err("BADID Invalid Job ID format.")
     assert c.call("FASTACK", *ids[:3], bogus) == 3
     assert c.call("DELJOB", *ids) == 3
-    assert c.call("INFO", "jobs") == b"# Jobs\r\nregistered_jobs:0\r\n"
+    assert c.call("INFO", "jobs") == b"# Jobs\r\nregistered_jobs:0\r\nqueued_jobs:0\r\nwait_repl_jobs:0\r\n"
     c.close()
 
 
@@ -212,7 +212,7 @@ def test_node_wide_commands(node2: NodeProc) -> None:
     for i in range(30):
         a.call("ADDJOB", f"flush{i}", "x", 0)
     assert a.call("DEBUG", "FLUSHALL") == Status("OK")
-    assert b.call("INFO", "jobs") == b"# Jobs\r\nregistered_jobs:0\r\n"
+    assert b.call("INFO", "jobs") == b"# Jobs\r\nregistered_jobs:0\r\nqueued_jobs:0\r\nwait_repl_jobs:0\r\n"
     a.close()
     b.close()
 

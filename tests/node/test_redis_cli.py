@@ -35,7 +35,8 @@ def test_redis_cli_reproduces_reference_lines(node: NodeProc) -> None:
     assert cli(node, "ACKJOB", "notajobid") == "(error) BADID Invalid Job ID format.\n"
     assert cli(node, "SHOW", "D-dcb833cf-8YL1NT17e9+wsA/09NqxscQI-05a1") == "(nil)\n"
     assert cli(node, "NOSUCHCOMMAND") == "(error) ERR unknown command 'NOSUCHCOMMAND'\n"
-    assert cli(node, "INFO", "jobs").replace("\r", "") == "# Jobs\nregistered_jobs:1\n"
+    assert cli(node, "INFO", "jobs").replace("\r", "") == \
+        "# Jobs\nregistered_jobs:1\nqueued_jobs:1\nwait_repl_jobs:0\n"
     hello = cli(node, "HELLO").splitlines()
     assert hello[0] == "1) (integer) 1" and len(hello) == 6
 

@@ -27,7 +27,8 @@ def test_a_waiter_released_by_a_flush_takes_the_queue_it_recreated() -> None:
     s.op_block(2, [b"q", b"other"], 1, False, T0 + 1)  # the late BLOCK
     assert s.info()["registered_queues"] == 2
     s.op_unblock(2, T0 + 2, forget_queues=True)
-    assert s.info() == {"registered_jobs": 0, "registered_queues": 0, "blocked_clients": 0}
+    assert s.info() == {"registered_jobs": 0, "registered_queues": 0, "blocked_clients": 0,
+                        "queued_jobs": 0, "wait_repl_jobs": 0}
     s.check()
 
 

@@ -77,7 +77,8 @@ def test_addjob_queues_and_replies_status(env: Env) -> None:
     assert isinstance(jid, Status) and len(jid) == 40 and jid.endswith("-05a1")
     assert env.s.op_qlen(b"q") == 1
     assert env.state(jid) == QUEUED
-    assert env.s.info() == {"registered_jobs": 1, "registered_queues": 1, "blocked_clients": 0}
+    assert env.s.info() == {"registered_jobs": 1, "registered_queues": 1, "blocked_clients": 0,
+                          "queued_jobs": 1, "wait_repl_jobs": 0}
 
 
 def test_job_id_ttl_field_parity(env: Env) -> None:
@@ -610,7 +611,8 @@ def test_flushall_keeps_waiters(env: Env) -> None:
     env.s.op_block(1, [b"w"], 1, False, env.now)
     env.s.op_flushall()
     env.s.check()
-    assert env.s.info() == {"registered_jobs": 0, "registered_queues": 1, "blocked_clients": 1}
+    assert env.s.info() == {"registered_jobs": 0, "registered_queues": 1, "blocked_clients": 1,
+                          "queued_jobs": 0, "wait_repl_jobs": 0}
     jid = env.add(b"w")
     assert env.s.take_effects() == [Wake(1, [[b"w", jid, b"x"]])]
 

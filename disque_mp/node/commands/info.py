@@ -91,7 +91,10 @@ def _info_memory(w: NodeView, conn: Client, parts: list[Any]) -> list[tuple[str,
 
 
 def _info_jobs(w: NodeView, conn: Client, parts: list[Any]) -> list[tuple[str, Any]]:
-    return [("registered_jobs", sum(int(p["shard"]["registered_jobs"]) for p in parts))]
+    """The reference's registered_jobs, then ours: jobs queued here and jobs whose
+    synchronous ADDJOB waits for its copies (what draining a host waits for)."""
+    return [(key, sum(int(p["shard"].get(key, 0)) for p in parts))
+            for key in ("registered_jobs", "queued_jobs", "wait_repl_jobs")]
 
 
 def _info_queues(w: NodeView, conn: Client, parts: list[Any]) -> list[tuple[str, Any]]:

@@ -16,6 +16,10 @@ The API has the semantics of the commands because it runs them (``commands.call`
     POST   /api/jobs/{id}/nack           NACK (only an active job)
     POST   /api/jobs/{id}/dead           DEADLETTER: to dead:{queue}, same ID; {"reason": text}
     GET    /api/nodes                    HELLO and the cluster view (flags, links)
+    POST   /api/drain                    {"timeout_s": S, "shutdown": true|false}: CLUSTER
+                                         LEAVING yes, then (in the background) SHUTDOWN once
+                                         no job is queued or waits for copies here (drain.py)
+    GET    /api/drain                    what a drain waits for: jobs left, leaving, peers
     GET    /healthz, /readyz             liveness and readiness probes (health.py)
 
 Errors are ``{"error": text, "status": code}``: 400 bad job ID or body, 404 unknown
@@ -28,6 +32,8 @@ shown with replacement characters and cannot be acted on from the API.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
 import time
 import urllib.parse
@@ -39,6 +45,7 @@ import orjson
 
 from bus.clock import wall_ms
 from disque_mp.client.limits import DEAD_PREFIX
+from disque_mp.node import drain
 from disque_mp.node.http import health
 from disque_mp.node.http import metrics as metricsmod
 from disque_mp.node.http.commands import ReplyError, call
@@ -49,6 +56,8 @@ from workers.job import dead_reason_bytes_max
 
 if TYPE_CHECKING:
     from disque_mp.node.view import NodeView
+
+log = logging.getLogger("disque_mp.node.http")
 
 queue_jobs_default = 50  # jobs shown by GET /api/queues/{queue} without ?count
 queues_default = 100  # queues listed by GET /api/queues without ?limit
@@ -391,6 +400,102 @@ async def get_nodes(w: NodeView, req: Request, args: list[str]) -> Response:
     return ok({"myid": text(hello[1]), "nodes": nodes})
 
 
+# ------------------------------------------------------------------ draining the node
+
+
+async def _drain_progress(w: NodeView) -> drain.Progress:
+    info = text(await call(w, b"INFO", b"jobs"))
+    fields = dict(line.split(":", 1) for line in str(info).splitlines() if ":" in line)
+    hello = await call(w, b"HELLO")
+    leaving = text(await call(w, b"CLUSTER", b"LEAVING")) == "yes"
+    return drain.progress(fields, text(hello[1]), [(text(n[0]), int(n[3])) for n in hello[2:]],
+                          leaving)
+
+
+async def _repl_max(w: NodeView) -> int:
+    """The highest REPLICATE among the jobs a drain moves or waits for (JSCAN, bounded)."""
+    cursor, top, seen = b"0", 0, 0
+    states = [a for st in drain.REPL_CHECK_STATES for a in (b"STATE", st.encode())]
+    while True:
+        reply = await call(w, b"JSCAN", cursor, b"COUNT", drain.jscan_count, *states,
+                           b"REPLY", b"all")
+        cursor, items = reply[0], reply[1]
+        top = max(top, drain.repl_of(pairs(item) for item in items))
+        seen += len(items)
+        if cursor == b"0" or seen >= drain.repl_check_jobs_max:
+            return top
+
+
+class Drainer:
+    """This worker's drain in the background: wait for the jobs to move, then SHUTDOWN
+    (``shutdown``), or past ``timeout_s`` log what is left and leave the node LEAVING."""
+
+    task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def running(cls) -> bool:
+        return cls.task is not None and not cls.task.done()
+
+    @classmethod
+    def start(cls, w: NodeView, timeout_s: float, shutdown: bool) -> None:
+        cls.task = w.loop.create_task(cls.run(w, timeout_s, shutdown))
+
+    @classmethod
+    async def run(cls, w: NodeView, timeout_s: float, shutdown: bool) -> None:
+        try:
+            await cls.wait_then_stop(w, timeout_s, shutdown)
+        except ReplyError as e:  # a command refused on the way (the node said why)
+            log.warning("drain stopped: %s; the node stays LEAVING", e)
+
+    @staticmethod
+    async def wait_then_stop(w: NodeView, timeout_s: float, shutdown: bool) -> None:
+        deadline = w.loop.time() + timeout_s
+        last = ""
+        while True:
+            p = await _drain_progress(w)
+            if p.line() != last:
+                last = p.line()
+                log.info("drain: %s", last)
+            if p.done:
+                break
+            if w.loop.time() >= deadline:
+                log.warning("%s", drain.timeout_text(p, timeout_s))
+                return
+            await asyncio.sleep(drain.progress_interval_s)
+        if shutdown:
+            log.info("drain: no job left to move, shutting down")
+            await call(w, b"SHUTDOWN")  # answers nothing: the supervisor stops every worker
+
+
+async def get_drain(w: NodeView, req: Request, args: list[str]) -> Response:
+    p = await _drain_progress(w)
+    return ok({**p.as_dict(), "draining_here": Drainer.running()})
+
+
+async def post_drain(w: NodeView, req: Request, args: list[str]) -> Response:
+    """Start draining: refused with 409 (nothing changed) where a job would have no
+    other node to hold it; else CLUSTER LEAVING yes and a background wait that
+    SHUTDOWNs the node once no job is queued or waits for copies here."""
+    body = _json_body(req)
+    timeout_s = body.get("timeout_s", drain.drain_timeout_s_default)
+    shutdown = body.get("shutdown", True)
+    if type(timeout_s) not in (int, float) or not 0 <= timeout_s <= drain.drain_timeout_s_max:
+        raise ApiError(400, f"timeout_s must be a number of seconds, 0 to "
+                            f"{drain.drain_timeout_s_max:g}")
+    if not isinstance(shutdown, bool):
+        raise ApiError(400, "shutdown must be true or false")
+    p = await _drain_progress(w)
+    why = drain.refusal(p, await _repl_max(w) if p.left else 0)
+    if why is not None:
+        raise ApiError(409, why)
+    await call(w, b"CLUSTER", b"LEAVING", b"yes")
+    if not Drainer.running():
+        Drainer.start(w, float(timeout_s), shutdown)
+    p = await _drain_progress(w)
+    return ok({**p.as_dict(), "draining_here": True, "timeout_s": timeout_s,
+               "shutdown": shutdown})
+
+
 # ------------------------------------------------------------------ routing
 
 
@@ -430,6 +535,7 @@ ROUTES: list[tuple[re.Pattern[str], dict[str, Handler]]] = [
     (re.compile(rf"/api/jobs/{_JOB}/nack"), {"POST": post_nack}),
     (re.compile(rf"/api/jobs/{_JOB}/dead"), {"POST": post_dead}),
     (re.compile(r"/api/nodes"), {"GET": get_nodes}),
+    (re.compile(r"/api/drain"), {"GET": get_drain, "POST": post_drain}),
 ]
 
 
