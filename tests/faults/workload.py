@@ -75,6 +75,10 @@ class Clients:
         self.stop_event = threading.Event()
         self.threads: list[threading.Thread] = []
         self.errors: list[str] = []
+        # the nodes a producer adds on and a consumer takes from: every node, unless a
+        # membership run adds a host later or takes one out (tests/faults/membership.py)
+        self.producing: set[int] = set(range(len(nodes)))
+        self.consuming: set[int] = set(range(len(nodes)))
 
     def _conn(self, cache: dict[int, redis.Redis], n: int, timeout_s: float) -> redis.Redis:
         if n not in cache:
@@ -111,6 +115,9 @@ class Clients:
         conns: dict[int, redis.Redis] = {}
         seq = 0
         while not self.stop_event.is_set():
+            if k not in self.producing:
+                self.stop_event.wait(self.interval_s)
+                continue
             seq += 1
             stream = "r0" if seq % r0_every == 0 else "r2"
             value = f"{self.run}:{stream}:{k}:{seq}"
@@ -143,8 +150,12 @@ class Clients:
         ops = 0
         while not self.stop_event.is_set():
             ops += 1
-            if ops % consumer_hop_ops == 0 and n_nodes > 2:
-                node = rng.choice([i for i in range(n_nodes) if i != k])
+            others = sorted(self.consuming - {k})
+            if not others:
+                self.stop_event.wait(self.interval_s)
+                continue
+            if (ops % consumer_hop_ops == 0 and n_nodes > 2) or node not in self.consuming:
+                node = rng.choice(others)
             self.take_and_ack(f"c{k}", node, conns, getjob_timeout_ms, getjob_count)
             self.stop_event.wait(self.interval_s / 2)
         for c in conns.values():
@@ -189,7 +200,7 @@ class Clients:
         seen_ops = 0  # values delivered before the drain count too
         while time.monotonic() < deadline:
             got = 0
-            for n in range(len(self.nodes)):
+            for n in sorted(self.consuming):
                 got += self.take_and_ack("drain", n, conns, None, drain_count)
             for op in self.history.ops[seen_ops:]:
                 if op["f"] == "dequeue" and op["type"] == "ok":
