@@ -339,9 +339,14 @@ class Link(asyncio.Protocol):
         self.transport = None
         self.mesh.lost(self)
 
+    def batch_open(self) -> bool:
+        """Whether a batch of this turn (CMDS, REPLIES, RAW, RAWREPLIES, TAKES, TOOKS)
+        is open: it leaves before any other frame, so frames keep their order."""
+        return bool(self.cmd_rids or self.reply_rids or self.raw_rids or self.rawrep_rids
+                    or self.take_rids or self.took_rids)
+
     def queue(self, frame: bytes) -> None:
-        if self.cmd_rids or self.reply_rids or self.raw_rids or self.rawrep_rids or \
-                self.take_rids or self.took_rids:
+        if self.batch_open():
             self.close_batches()
         self._queue(frame)
 
@@ -528,8 +533,7 @@ class Link(asyncio.Protocol):
 
     def flush(self) -> None:
         self.dirty = False
-        if self.cmd_rids or self.reply_rids or self.raw_rids or self.rawrep_rids or \
-                self.take_rids or self.took_rids:
+        if self.batch_open():
             self.close_batches()
         if self.transport is None or not self.outq:
             return
