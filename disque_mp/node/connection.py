@@ -652,8 +652,15 @@ class CommandStats:
         self.slowlog_min_ns = slowlog.min_ns  # read per command: a native attribute
 
     def count(self, name: str, t0: int, cmd: list[bytes]) -> None:
-        """A fast path's command ran from ``t0``: commandstats, slowlog, counters."""
-        self.account(self.cmdstats[name], t0, cmd)
+        """A fast path's command ran from ``t0``: commandstats, slowlog, counters
+        (``account``'s work, inline: it runs for every hot command)."""
+        took = _perf_ns() - t0
+        stat = self.cmdstats[name]
+        stat[0] += 1
+        stat[1] += took
+        if took >= self.slowlog_min_ns >= 0:
+            self.slowlog.add(cmd, took)
+        self.commands_processed += 1
 
     def account(self, stat: list[int], t0: int, cmd: list[bytes]) -> None:
         """A command ran from ``t0`` (``stat``: its commandstats entry)."""

@@ -264,9 +264,12 @@ class Router(CommandPath):
         (``dict``), the queues cut into runs of consecutive queues of one owner, in
         the client's order (``Runs``: GETJOB's left-to-right priority)."""
         workers = self.workers
-        owner = self.index if workers == 1 and not ids else -1
-        if owner >= 0:
-            return owner
+        if not ids:
+            if workers == 1:
+                return self.index
+            if end - start == 1:  # one queue (ADDJOB, the ``queue`` route): its owner
+                return self.owner_of(keys[start])
+        owner = -1
         groups: dict[int, list[bytes]] | None = None
         runs: Runs | None = None
         for i in range(start, end):
