@@ -168,10 +168,12 @@ class Router(CommandPath):
         if not isinstance(spec, GetJobArgs):
             return None  # the general path answers the error
         route = self.route(spec.queues, 0, len(spec.queues), False)
-        if type(route) is int and route != self.index and spec.nohang:
-            # NOHANG never blocks: its owner answers (we do when known empty); else ``getjob``
-            return self._answer_known_empty(conn, route, cmd, spec.queues) or \
-                self.fwd.raw(conn, route, cmd, "getjob")
+        if spec.nohang and type(route) is int:
+            owner: int = route
+            if owner != self.index:
+                # NOHANG never blocks: its owner answers (we do when known empty); else ``getjob``
+                return self._answer_known_empty(conn, owner, cmd, spec.queues) or \
+                    self.fwd.raw(conn, owner, cmd, "getjob")
         t0 = _perf_ns()
         reply = self.getjob(conn, spec, route)
         self.stats.count("getjob", t0, cmd)
