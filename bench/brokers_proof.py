@@ -31,7 +31,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench import fair_tenants  # noqa: E402
+from bench import fair_tenants, record  # noqa: E402
 from bench.brokers_rabbit import RabbitServer  # noqa: E402
 from bench.redisq import RedisServer  # noqa: E402
 from tests.brokers import proof  # noqa: E402
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "scale": s,
               "quick": args.quick, "visibility_s": visibility_s,
               "machine": f"{os.cpu_count()} CPUs, {platform.platform()}",
-              "node_build": compiled.summary(), "versions": _versions(),
+              "node_build": compiled.summary(), "commit": record.commit(), "versions": _versions(),
               "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
               "results": results}
     args.out.mkdir(parents=True, exist_ok=True)

@@ -67,7 +67,8 @@ def to_markdown(report: dict[str, Any]) -> str:
         "# The proof: the same Celery/Dramatiq apps on disque-mp, Redis and RabbitMQ",
         "",
         f"`python -m bench.brokers_proof{' --quick' if report['quick'] else ''}` at "
-        f"{report['time']}, {report['machine']}; node {report['node_build']}; "
+        f"{report['time']}, {report['machine']}; node {report['node_build']}, "
+        f"commit {report.get('commit', '?')}; "
         f"redis-server {v['redis-server']}, rabbitmq-server {v['rabbitmq-server']}, "
         f"celery {v['celery']}, kombu {v['kombu']}, dramatiq {v['dramatiq']}; visibility "
         f"timeout (Redis) and RETRY (disque-mp) {report['visibility_s']} s; load average "

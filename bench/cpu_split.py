@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.plots import RESULTS
+from bench.record import provenance_line
 from bench.redisq import redis_benchmark
 from bench.scaling import (
     REQUESTS,
@@ -181,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC; redis-benchmark -c 50 -n 200000. "
             f"Reference: {status}. Server CPU per request: median of {rounds} runs "
             f"(utime + stime of the server's processes); parts: perf samples of a further run "
-            f"({record_hz} Hz, {record_s:.0f} s), by shared object.", "", *table(results), ""]
+            f"({record_hz} Hz, {record_s:.0f} s), by shared object. {provenance_line()}",
+            "", *table(results), ""]
     path = RESULTS / f"cpu-split-{name}.md"
     path.write_text("\n".join(text))
     print("\n".join(text))

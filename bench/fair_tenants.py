@@ -37,6 +37,7 @@ sys.path.insert(0, str(REPO))
 
 import redis  # noqa: E402
 
+from bench import record  # noqa: E402
 from tests.nodeproc import NodeProc, form_cluster, free_port, unique_queue  # noqa: E402
 
 pipeline_batch = 1000  # commands per pipelined round trip while filling a queue
@@ -230,6 +231,7 @@ def to_markdown(report: dict[str, Any]) -> str:
     lines = [f"# Fair tenants: {report['backlog']:,} of A's jobs queued, then {report['small']} "
              "of B's", "",
              f"{report['time']}, {report['machine']}, node build: {report['node_build']}, "
+             f"commit {report.get('commit', '?')}, "
              f"load (1 min) {report['loadavg_1m'][0]} -> {report['loadavg_1m'][1]}.", "",
              "| queue | B's first delivery | B's last delivery | all of B within the first "
              f"{2 * report['small']} | fill s | read s |", "|---|---|---|---|---|---|"]
@@ -265,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     report = {"time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "machine": f"{os.cpu_count()} CPUs, {platform.platform()}",
-              "node_build": compiled.summary(), "backlog": backlog, "small": args.small,
+              "node_build": compiled.summary(), "commit": record.commit(), "backlog": backlog, "small": args.small,
               "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
               "results": results}
     args.out.mkdir(parents=True, exist_ok=True)

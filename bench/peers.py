@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import peers_servers as srv
+from bench import record
 from bench.peers_drivers import Target, connect
 from bench.peers_load import cycle, paced, percentile
 from bench.plots import RESULTS
@@ -226,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
             "loadavg_1m_start": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(),
             "argv": " ".join(["python -m bench.peers", *(argv if argv is not None else sys.argv[1:])]),
             "rounds": a.rounds, "quick": a.quick, "clients": CLIENTS,
-            "single_workers": SINGLE_WORKERS, "replicated_workers": REPLICATED_WORKERS}
+            "single_workers": SINGLE_WORKERS, "replicated_workers": REPLICATED_WORKERS,
+            **record.provenance()}
     t0 = time.monotonic()
     data = run(settings, workloads, systems, a.rounds, a.quick, a.node_tree)
     info["loadavg_1m_end"] = round(os.getloadavg()[0], 2)

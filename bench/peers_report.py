@@ -144,7 +144,9 @@ def markdown(data: dict[str, Any], info: dict[str, Any]) -> str:
         f"`{info['argv']}`, {info['date']}, {info['cpus']} CPUs, {info['rounds']} interleaved "
         f"round(s), the median round; 1-minute load average {info['loadavg_1m_start']} at the "
         f"start and {info['loadavg_1m_end']} at the end ({info['minutes']} min)"
-        + (" -- a quick smoke run, not a record." if info.get("quick") else "."),
+        + (" -- a quick smoke run, not a record." if info.get("quick") else ".")
+        + (f" Build {info['build']}, commit {info['commit']}, machine: {info['machine']}."
+           if "commit" in info else ""),
         "",
         f"Cycle: {info['clients']} producers and {info['clients']} consumers (a process each), batches of 50 "
         "100-byte jobs, jobs/s from the start to the last ack. Latency: one producer paced at "

@@ -8,8 +8,9 @@ Starts a real node (tests/nodeproc.py), runs redis-benchmark with the given
 command (or the load generator's cycle), and records each worker with
 ``py-spy record --format raw`` at the same time. Prints the functions with the
 most samples on top of the stack (self) and anywhere on it (total) into
-bench/results/profile-NAME.txt; ``--stacks`` also keeps the collapsed stacks
-(flamegraph.pl input) as profile-NAME.collapsed.
+bench/results/history/profile-NAME.txt (a profile is a note of the lab notebook,
+read beside the change it explains: bench/results/README.md); ``--stacks`` also
+keeps the collapsed stacks (flamegraph.pl input) as profile-NAME.collapsed.
 py-spy needs ptrace rights over the workers (root, or ptrace_scope 0).
 """
 
@@ -27,6 +28,7 @@ from pathlib import Path
 
 from bench import loadgen
 from bench.plots import RESULTS
+from bench.record import provenance_line
 from bench.redisq import children_of
 from disque_mp import compiled
 from tests.nodeproc import NodeProc
@@ -118,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--prefill", type=int, default=0, help="ADDJOB this many jobs to queue q:0 first")
     p.add_argument("--stacks", action="store_true",
-                   help="also keep the collapsed stacks (flamegraph.pl input) in bench/results/")
-    p.add_argument("--name", default="", help="suffix of bench/results/profile-NAME.txt")
+                   help="also keep the collapsed stacks (flamegraph.pl input) in bench/results/history/")
+    p.add_argument("--name", default="", help="suffix of bench/results/history/profile-NAME.txt")
     p.add_argument("--native", choices=["auto", "yes", "no"], default="auto",
                    help="sample C frames too (auto: when the mypyc build is in use)")
     a = p.parse_args(argv)
@@ -151,10 +153,11 @@ def main(argv: list[str] | None = None) -> int:
             collapsed = out.read_text() if out.exists() else ""
             text += report(collapsed, f"worker process {i} (pid {pids[i]})") + "\n"
             stacks += collapsed
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"profile-{name}.txt").write_text(text)
+    notes = RESULTS / "history"
+    notes.mkdir(parents=True, exist_ok=True)
+    (notes / f"profile-{name}.txt").write_text(f"{provenance_line()}\n\n{text}")
     if a.stacks:
-        (RESULTS / f"profile-{name}.collapsed").write_text(stacks)
+        (notes / f"profile-{name}.collapsed").write_text(stacks)
     print(text)
     return 0
 

@@ -49,6 +49,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from bench import record
 from bench.figures import pyplot, save_figure
 from bench.redisq import children_of, redis_benchmark
 
@@ -565,7 +566,7 @@ def cores_markdown(res: dict[str, Any], predicted: dict[str, dict[int, float]] |
              f"-P {res['pipeline']}, {res['seconds']:g} s per run, median of {res['rounds']}; "
              "worker i pinned to core i, the load generator to the cores left (\"shared\": "
              "none left, everything on every core). 1-minute load average at the end: "
-             f"{os.getloadavg()[0]:.2f}.", "",
+             f"{os.getloadavg()[0]:.2f}. {record.provenance_line()}", "",
              "| workers | traffic | req/s | node us/req | vs 1 worker | cores | model, a core each "
              "| node read+write syscalls/req | node context switches/req | node CPU in the kernel |",
              "|---|---|---|---|---|---|---|---|---|---|"]

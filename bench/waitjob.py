@@ -30,6 +30,7 @@ from typing import Any
 
 import redis
 
+from bench import record
 from tests.nodeproc import NodeProc, form_cluster
 
 target_ms = 50.0
@@ -112,7 +113,7 @@ def run(jobs: int, rounds: int, workdir: Path) -> dict[str, Any]:
 def _markdown(res: dict[str, Any]) -> str:
     lines = [f"# WAITJOB: last ACK to WAITJOB reply, {res['jobs']} jobs, {res['rounds']} rounds",
              "", f"Target: {res['target_ms']} ms. Load average before {res['load_before']}, "
-             f"after {res['load_after']}.", "", "| setup | median ms | max ms | min ms |",
+             f"after {res['load_after']}. {res.get('provenance_line', '')}", "", "| setup | median ms | max ms | min ms |",
              "|---|---|---|---|"]
     for key, label in (("one_node", "one node, 2 workers (IDs on both)"),
                        ("cluster_ack_here", "3 nodes, REPLICATE 2, ACK on the waiting node"),
@@ -130,6 +131,8 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="waitjob-") as tmp:
         res = run(args.jobs, args.rounds, Path(tmp))
+    res["provenance"] = record.provenance()
+    res["provenance_line"] = record.provenance_line()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "waitjob.json").write_text(json.dumps(res, indent=2) + "\n")
     md = _markdown(res)

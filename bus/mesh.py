@@ -32,7 +32,7 @@ Frame kinds (meta is an orjson object, bodies raw bytes, see ``bus/frames.py``):
     RAW      {}  bodies: [request ids, RESP3 flags, the commands as RESP] -> RAWREPLIES
     RAWREPLIES {}  bodies: [request ids, reply lengths, the replies as RESP bytes]
 
-RAW is the hot path of forwarding (``Router.forward_raw``): the commands of
+RAW is the hot path of forwarding (``node/forward.py``, ``Forward.raw``): the commands of
 one loop turn travel as the RESP a client would send (the owner parses them
 with hiredis, in C), and their answers come back already encoded for each
 client's protocol, so the asking worker splices the bytes into the client's
@@ -50,7 +50,7 @@ The TAKEs of a GETJOB over several owners batch the same way: every take this
 worker sends one owner during a loop turn leaves in one TAKES frame, answered
 by one TOOKS frame, with no JSON either way (a frame of its own per TAKE, with an
 orjson meta and a REPLIES answer through ``pack``, cost more than the take's work
-at the owner: bench/results/getjob-batch-2026-11-28.md). At most one of the RAW,
+at the owner: bench/results/history/getjob-batch-2026-11-28.md). At most one of the RAW,
 CMDS and TAKES batches is open on a link: opening one closes the other, so an
 owner runs one client's pipelined ADDJOB and GETJOB (or GETJOB and ADDJOB) in the
 order the client sent them, as a single worker would.
@@ -68,7 +68,7 @@ import logging
 import socket
 import struct
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from bus import auth as bus_auth
 from bus import frames, peercred
@@ -189,6 +189,73 @@ def unpack_took(blob: bytes) -> tuple[list[int], list[int], list[int], int]:
 _took_counts = struct.Struct("=II").unpack_from
 
 
+# ----- the TAKES layout -------------------------------------------------------
+
+
+def write_take(words: list[int], names: list[bytes], rid: int, count: int, withcounters: bool,
+               hints: list[int] | None, queues: list[bytes]) -> None:
+    """One take into a TAKES batch's words and names (the frame's shape: the module's
+    docstring); ``TakesReader`` reads it back."""
+    words.append(rid)
+    words.append(count)
+    words.append(1 if withcounters else 0)
+    words.append(len(queues))
+    words.append(0 if hints is None else len(hints))
+    for q in queues:
+        words.append(len(q))
+    if hints is not None:
+        words.extend(hints)
+    names.extend(queues)
+
+
+class TakesReader:
+    """A TAKES frame's takes, one at a time, as ``write_take`` wrote them: each
+    ``next()`` reads the next take into ``rid``, ``count``, ``withcounters``,
+    ``queues`` and ``hints`` (None when the asker sent none); False at the end, or
+    at a take whose words run past the frame (``broken``: a bug; its rest unread)."""
+
+    __slots__ = ("words", "names", "i", "at", "rid", "count", "withcounters", "queues",
+                 "hints", "broken")
+
+    def __init__(self, bodies: list[bytes]) -> None:
+        self.words = i64s(bodies[0])
+        self.names = bodies[1]
+        self.i = 0  # the next take's first word
+        self.at = 0  # its first queue name's place in ``names``
+        self.rid = 0
+        self.count = 0
+        self.withcounters = False
+        self.queues: list[bytes] = []
+        self.hints: list[int] | None = None
+        self.broken = False
+
+    def next(self) -> bool:
+        words = self.words
+        i = self.i
+        if i + TAKE_HEAD_WORDS > len(words):
+            return False
+        nq = words[i + 3]
+        nh = words[i + 4]
+        end = i + TAKE_HEAD_WORDS + nq
+        if end + nh > len(words):
+            self.broken = True
+            return False
+        names = self.names
+        at = self.at
+        queues: list[bytes] = []
+        for j in range(i + TAKE_HEAD_WORDS, end):
+            queues.append(names[at : at + words[j]])
+            at += words[j]
+        self.at = at
+        self.rid = words[i]
+        self.count = words[i + 1]
+        self.withcounters = words[i + 2] == 1
+        self.queues = queues
+        self.hints = words[end : end + nh] if nh else None
+        self.i = end + nh
+        return True
+
+
 # ----- links ----------------------------------------------------------------
 
 ReplyCallback = Callable[[dict[str, Any], list[bytes]], None]
@@ -237,7 +304,6 @@ class Link(asyncio.Protocol):
         self.took_rids: list[int] = []
         self.took_lens: list[int] = []
         self.took_parts: list[bytes] = []
-        self.blocked: dict[int, int] = {}  # owner side: asker's GETJOB token -> shard token
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if self.peer < 0 and not peercred.same_user(transport.get_extra_info("socket")):
@@ -273,9 +339,14 @@ class Link(asyncio.Protocol):
         self.transport = None
         self.mesh.lost(self)
 
+    def batch_open(self) -> bool:
+        """Whether a batch of this turn (CMDS, REPLIES, RAW, RAWREPLIES, TAKES, TOOKS)
+        is open: it leaves before any other frame, so frames keep their order."""
+        return bool(self.cmd_rids or self.reply_rids or self.raw_rids or self.rawrep_rids
+                    or self.take_rids or self.took_rids)
+
     def queue(self, frame: bytes) -> None:
-        if self.cmd_rids or self.reply_rids or self.raw_rids or self.rawrep_rids or \
-                self.take_rids or self.took_rids:
+        if self.batch_open():
             self.close_batches()
         self._queue(frame)
 
@@ -333,17 +404,7 @@ class Link(asyncio.Protocol):
             self.mesh.mark(self)
         self.take_rid = rid = (self.take_rid + 1) & 0xFFFFFFFF
         rids.append(rid)
-        words = self.take_words
-        words.append(rid)
-        words.append(count)
-        words.append(1 if withcounters else 0)
-        words.append(len(queues))
-        words.append(0 if hints is None else len(hints))
-        for q in queues:
-            words.append(len(q))
-        if hints is not None:
-            words.extend(hints)
-        self.take_names.extend(queues)
+        write_take(self.take_words, self.take_names, rid, count, withcounters, hints, queues)
         self.take_pending[rid] = waiter
 
     def tooks(self, rids: list[int], lens: list[int], parts: list[bytes]) -> None:
@@ -472,8 +533,7 @@ class Link(asyncio.Protocol):
 
     def flush(self) -> None:
         self.dirty = False
-        if self.cmd_rids or self.reply_rids or self.raw_rids or self.rawrep_rids or \
-                self.take_rids or self.took_rids:
+        if self.batch_open():
             self.close_batches()
         if self.transport is None or not self.outq:
             return
@@ -486,19 +546,44 @@ class Link(asyncio.Protocol):
         self.queue(encode(kind, meta, bodies))
 
 
+class MeshHandler(Protocol):
+    """What the mesh calls on the worker (``node/peers.py``'s ``Peers``). A Protocol,
+    not a native base: the mesh's tests drive it with handlers of their own that
+    answer only what they reach, and the calls are per frame or per read, never per
+    command (a compiled call through a Protocol is a generic Python call, as it was
+    through ``Any``)."""
+
+    def log(self, text: str) -> None:
+        """A line for the worker's log."""
+
+    def on_request(self, link: Link, kind: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
+        """Serve a peer's request frame (answer on ``link``)."""
+
+    def on_wake(self, peer: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
+        """A WAKE for one of our blocked GETJOBs."""
+
+    def on_peer_up(self, peer: int) -> None:
+        """Worker ``peer`` is (re)connected."""
+
+    def on_incoming_lost(self, link: Link) -> None:
+        """A peer's link is gone: drop what it registered with us."""
+
+    def on_raw_replies(self, link: Link, bodies: list[bytes]) -> None:
+        """A RAWREPLIES frame: splice the replies into the clients' streams."""
+
+    def raw_failed(self, waiting: list[Any], text: str) -> None:
+        """RAW requests that are lost (the waiters ``add_raw`` was given): answer ``text``."""
+
+    def after_batch(self) -> None:
+        """After each read of frames (flush client replies)."""
+
+
 class Mesh:
-    """Links to every other worker of this host.
+    """Links to every other worker of this host; ``handler`` (a ``MeshHandler``)
+    serves the peers' requests and takes in the answers to ours."""
 
-    ``on_request(link, kind, meta, bodies)`` serves a peer's request (answer with
-    ``link.send``); ``on_wake(peer, meta, bodies)`` receives a WAKE for one of our
-    blocked GETJOBs; ``on_peer_up(peer)`` runs after every (re)connection;
-    ``on_incoming_lost(link)`` lets the owner drop what that peer registered;
-    ``on_raw_replies(link, bodies)`` splices RAWREPLIES into client replies and
-    ``raw_failed([waiter], error text)`` answers RAW requests that are lost;
-    ``after_batch()`` runs after each read of frames (flush client replies).
-    """
-
-    def __init__(self, port: int, node_id: str, index: int, workers: int, handler: Any) -> None:
+    def __init__(self, port: int, node_id: str, index: int, workers: int,
+                 handler: MeshHandler) -> None:
         self.port = port
         self.node_id = node_id
         self.index = index

@@ -46,7 +46,7 @@ COMPILED_MODULES = (
     "workers.timers",
     # the front end's per-command path: RESP, connections, ADDJOB/GETJOB parsing, the
     # worker, its shared base (core) and its parts (the router, the owner side, the
-    # mesh serving, the handoff, GETJOB coordination)
+    # asking side, the mesh serving, the handoff, GETJOB coordination)
     "disque_mp.node.resp",
     "disque_mp.node.core",
     "disque_mp.node.connection",
@@ -54,6 +54,7 @@ COMPILED_MODULES = (
     "disque_mp.node.worker",
     "disque_mp.node.router",
     "disque_mp.node.owner",
+    "disque_mp.node.forward",
     "disque_mp.node.peers",
     "disque_mp.node.handoff",
     "disque_mp.node.getjob",

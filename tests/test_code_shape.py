@@ -1,8 +1,21 @@
-"""The code stays readable at a glance: no function in the node's packages is longer
-than a screen (``FUNCTION_LINES_MAX``), no class longer than a few screens
-(``CLASS_LINES_MAX``), and no module imports, even for types only or inside a
-function, a module that imports it back (the import graph has no circle). Checked
-on the source's AST, docstrings and comments included, as a reader sees them."""
+"""The code says what it is at a glance, checked on the source's AST (docstrings and
+comments included, as a reader sees them), in the node's packages:
+
+- no function is longer than a screen (``FUNCTION_LINES_MAX``);
+- no module imports, even for types only or inside a function, a module that
+  imports it back (the import graph has no circle);
+- a method lives in its class: no module function takes ``self``, nor acts as one
+  (its first parameter annotated with a class of its module whose private
+  members it reaches);
+- no method only returns a field (a property-like getter: read the field, or
+  give the class the verb its callers want), except where an interface asks for
+  a method (listed below, each with its reason);
+- no part reaches another part's private members: ``x._y`` only where ``x`` is
+  ``self``, ``cls``, a module, ``super()``, or an instance of the class the
+  code sits in (which defines ``_y``).
+
+The shard (``workers/``) is shaped by its own rules below; where it breaks one of
+these, its sites are listed as an allowance that only shrinks."""
 
 from __future__ import annotations
 
@@ -12,7 +25,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("disque_mp", "workers", "bus")
 FUNCTION_LINES_MAX = 70  # one screen: a longer function hides its branches
-CLASS_LINES_MAX = 450  # past this a class holds more than one job
 
 
 def _sources() -> list[Path]:
@@ -47,10 +59,178 @@ def test_no_function_is_longer_than_a_screen() -> None:
     assert too_long == [], too_long
 
 
-def test_no_class_is_longer_than_a_few_screens() -> None:
-    too_long = [(name, lines) for p in _sources() for name, lines in _defs(p, (ast.ClassDef,))
-                if lines > CLASS_LINES_MAX]
-    assert too_long == [], too_long
+def _first_param_class(fn: ast.FunctionDef | ast.AsyncFunctionDef, classes: set[str]) -> str | None:
+    args = fn.args.args
+    if not args:
+        return None
+    ann = args[0].annotation
+    name = ann.id if isinstance(ann, ast.Name) else (
+        ann.value if isinstance(ann, ast.Constant) and isinstance(ann.value, str) else None)
+    return name if name in classes else None
+
+
+def _members(cls: ast.ClassDef) -> set[str]:
+    """The names a class defines: its methods, class attributes, ``__slots__`` and
+    the fields its methods assign on ``self``."""
+    out: set[str] = set()
+    for node in ast.walk(cls):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                and node.value.id == "self":
+            out.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            out.add(node.id)
+        elif isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__slots__" for t in node.targets):
+            out |= {c.value for c in ast.walk(node.value)
+                    if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+    return out
+
+
+def _is_private(attr: str) -> bool:
+    return attr.startswith("_") and not attr.startswith("__")
+
+
+def _methods_out_of_class(path: Path, root: Path = REPO) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    classes = {c.name: c for c in tree.body if isinstance(c, ast.ClassDef)}
+    out = []
+    for fn in tree.body:
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or not fn.args.args:
+            continue
+        first = fn.args.args[0].arg
+        owner = _first_param_class(fn, set(classes))
+        reaches = owner is not None and any(
+            isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == first
+            and _is_private(n.attr) and n.attr in _members(classes[owner]) for n in ast.walk(fn))
+        if first in ("self", "cls") or reaches:
+            out.append(f"{path.relative_to(root)}:{fn.lineno} {fn.name}")
+    return out
+
+
+def test_the_method_finder_sees_a_method_out_of_its_class(tmp_path: Path) -> None:
+    src = tmp_path / "m.py"
+    src.write_text("class R:\n    def _w(self) -> None: ...\n\n"
+                   "def a(self: R) -> None: ...\n\n"
+                   "def b(r: R) -> None:\n    r._w()\n\n"
+                   "def c(r: R) -> None:\n    r.x = 1\n")
+    assert [s.split(" ")[1] for s in _methods_out_of_class(src, tmp_path)] == ["a", "b"]
+
+
+def test_no_method_lives_out_of_its_class() -> None:
+    """A module function taking ``self: SomeClass`` (or a parameter of its module's
+    class whose private members it reaches) is a method moved out of its class,
+    most often to fit a size bound: the class's size is then hidden, not cut."""
+    found = [site for p in _sources() for site in _methods_out_of_class(p)]
+    assert found == [], found
+
+
+# Methods that only return a field, kept because an interface asks a method.
+GETTERS_ALLOWED = {
+    # asyncio.Transport's interface: the HTTP endpoint's sink stands in for a socket
+    "disque_mp/node/http/commands.py _Sink.is_closing",
+    # the parser's public question: ``_pending`` is the resume state of ``feed``'s
+    # loop, set in several places inside it; the handoff and the tests ask the answer
+    "disque_mp/node/resp.py RequestParser.buffered",
+}
+# workers/: the core's read-only facts are methods by the shard's own rule (no part
+# reads a field of the core: ``test_parts_reach_the_core_through_verbs_only``); an
+# allowance that only shrinks as the shard's moves own their state.
+GETTERS_ALLOWED_WORKERS = {
+    "workers/core.py CoreState." + name
+    for name in ("view", "now_ms", "random", "tally", "aof_on", "job_count",
+                 "body_bytes_held", "job_table", "queue_scan_table", "timer_heap",
+                 "queue_table")
+}
+
+
+def _getters(path: Path, root: Path = REPO) -> list[str]:
+    """Methods whose body (past a docstring) is ``return self.<field>`` alone, in
+    classes that are not Protocols (a Protocol's methods are its interface)."""
+    out = []
+    for cls in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if not isinstance(cls, ast.ClassDef) or any(
+                (isinstance(b, ast.Name) and b.id == "Protocol") or
+                (isinstance(b, ast.Attribute) and b.attr == "Protocol") for b in cls.bases):
+            continue
+        for fn in cls.body:
+            if not isinstance(fn, ast.FunctionDef) or fn.name.startswith("__") or len(fn.args.args) != 1:
+                continue
+            body = [b for b in fn.body
+                    if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))]
+            if len(body) == 1 and isinstance(body[0], ast.Return):
+                v = body[0].value
+                if isinstance(v, ast.Attribute) and isinstance(v.value, ast.Name) and v.value.id == "self":
+                    out.append(f"{path.relative_to(root)} {cls.name}.{fn.name}")
+    return out
+
+
+def test_no_method_only_returns_a_field() -> None:
+    found = {g for p in _sources() for g in _getters(p)}
+    assert found - GETTERS_ALLOWED - GETTERS_ALLOWED_WORKERS == set()
+    assert GETTERS_ALLOWED_WORKERS - found == set(), "an allowance left behind: drop it"
+    assert GETTERS_ALLOWED - found == set(), "an allowance left behind: drop it"
+
+
+# Private members reached from outside their class, kept with their reason.
+PRIVATE_ALLOWED = {
+    # the libraries' own extension points, as their adapters are written
+    "disque_mp/dramatiq/broker.py message._message",  # dramatiq's MessageProxy
+    "disque_mp/dramatiq/broker.py message._exception",
+    "disque_mp/kombu/transport.py self.connection._deliver",  # kombu's virtual transport
+    "disque_mp/kombu/transport.py c._consumers",
+    # the pipelined ADDJOB helper borrows the sync client's connection and failover;
+    # the tests drive the same private seams (tests/client), so they stay named so
+    "disque_mp/client/batching.py self.client._client",
+    "disque_mp/client/batching.py self.client._make_redis",
+    "disque_mp/client/batching.py self.client._raise_unless_retrying",
+}
+
+
+def _private_reaches(path: Path, root: Path = REPO) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    modules = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            modules |= {a.asname or a.name for a in node.names}
+    out = []
+
+    def visit(node: ast.AST, own: set[str]) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, own | _members(child))
+                continue
+            if isinstance(child, ast.Attribute) and _is_private(child.attr):
+                v = child.value
+                fine = (isinstance(v, ast.Name) and (v.id in ("self", "cls") or v.id in modules)) \
+                    or (isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id == "super") \
+                    or child.attr in own
+                if not fine:
+                    out.append(f"{path.relative_to(root)} {ast.unparse(child)}")
+            visit(child, own)
+
+    visit(tree, set())
+    return out
+
+
+def test_the_finders_see_a_getter_and_a_private_reach(tmp_path: Path) -> None:
+    src = tmp_path / "m.py"
+    src.write_text("import os\n\n"
+                   "class A:\n    __slots__ = ('_n',)\n\n"
+                   "    def n(self) -> int:\n        \"\"\"doc\"\"\"\n        return self._n\n\n"
+                   "    def same(self, other: A) -> int:\n        return other._n + os._exit.__code__.co_argcount\n\n"
+                   "class B:\n    def peek(self, a: A) -> int:\n        return a._n\n")
+    assert _getters(src, tmp_path) == ["m.py A.n"]
+    assert _private_reaches(src, tmp_path) == ["m.py a._n"]
+
+
+def test_no_part_reaches_another_parts_private_members() -> None:
+    found = {site for p in _sources() for site in _private_reaches(p)}
+    assert found - PRIVATE_ALLOWED == set()
+    assert PRIVATE_ALLOWED - found == set(), "an allowance left behind: drop it"
 
 
 def _imported(module: str, path: Path, node: ast.ImportFrom | ast.Import,

@@ -16,7 +16,8 @@ A connection sees its worker as a ``ClientHost``: ``core.WorkerCore`` plus the
 worker's connections (admission, the dirty list, the byte counters) and the two
 parts a connection calls, typed by their native bases defined here: the
 ``CommandPath`` each command takes (``router.Router``) and the ``Mover`` that
-hands a connection to another worker (``handoff.Handoff``). ``worker.Worker``
+hands a connection to another worker (``handoff.Handoff``); and the accounting
+of what ran (``CommandStats``). ``worker.Worker``
 extends ``ClientHost``; this module imports nothing above ``core.py``.
 """
 
@@ -36,6 +37,7 @@ from disque_mp.node.slowlog import SlowLog
 from workers.replies import Error
 
 log = logging.getLogger("disque_mp.node.connection")
+_perf_ns: Final = time.perf_counter_ns  # INFO commandstats; compiled in, no lookup per command
 
 
 # The commands that may authenticate a connection (AUTH, HELLO ... AUTH): before
@@ -357,6 +359,15 @@ class ClientConn(asyncio.Protocol):
             self.out.append(data)
             self.out_bytes += len(data)
 
+    def toward(self, owner: int) -> None:
+        """A command of this client went to worker ``owner``: the streak of
+        consecutive ones to one other worker that hands the connection off to it."""
+        if self.streak_owner == owner:
+            self.streak += 1
+        else:
+            self.streak_owner = owner
+            self.streak = 1
+
     def defer(self) -> PendingReply:
         self.unfilled += 1
         slot = PendingReply()
@@ -373,7 +384,7 @@ class ClientConn(asyncio.Protocol):
 
     def defer_general(self) -> PendingReply:
         """The slot of a general-path command forwarded in a RAW frame
-        (``router.forward_general``): ``defer_raw``'s, ``windowed``, and not counted in
+        (``forward.Forward.general``): ``defer_raw``'s, ``windowed``, and not counted in
         ``forwarded`` (its reply may wait long: ADDJOB ... REPLICATE, GLOBALQLEN, so
         the replies ready before it leave at once, as for one worker)."""
         slot = self._pooled_slot()
@@ -628,9 +639,10 @@ def is_loopback_addr(addr: str, with_port: bool = True) -> bool:
     return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
 
 
-class CommandPath:
-    """What a connection runs each of its commands through (``router.Router``),
-    and the accounting of what ran, which INFO and the slowlog read."""
+class CommandStats:
+    """The accounting of the commands a worker runs, which INFO and the slowlog
+    read: the client side counts what it answers, the owner side what it runs for
+    another worker, the asking side what it forwards."""
 
     def __init__(self, slowlog: SlowLog) -> None:
         self.commands_processed = 0
@@ -638,6 +650,30 @@ class CommandPath:
         self.cmdstats: dict[str, list[int]] = {}  # INFO commandstats: name -> [calls, ns]
         self.slowlog = slowlog
         self.slowlog_min_ns = slowlog.min_ns  # read per command: a native attribute
+
+    def count(self, name: str, t0: int, cmd: list[bytes]) -> None:
+        """A fast path's command ran from ``t0``: commandstats, slowlog, counters
+        (``account``'s work, inline: it runs for every hot command)."""
+        took = _perf_ns() - t0
+        stat = self.cmdstats[name]
+        stat[0] += 1
+        stat[1] += took
+        if took >= self.slowlog_min_ns >= 0:
+            self.slowlog.add(cmd, took)
+        self.commands_processed += 1
+
+    def account(self, stat: list[int], t0: int, cmd: list[bytes]) -> None:
+        """A command ran from ``t0`` (``stat``: its commandstats entry)."""
+        took = _perf_ns() - t0
+        stat[0] += 1
+        stat[1] += took
+        if took >= self.slowlog_min_ns >= 0:
+            self.slowlog.add(cmd, took)
+        self.commands_processed += 1
+
+
+class CommandPath:
+    """What a connection runs each of its commands through (``router.Router``)."""
 
     def execute(self, conn: ClientConn, cmd: list[bytes]) -> bytes | None:
         """One command's encoded reply, or None when it will come later."""

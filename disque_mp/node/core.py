@@ -2,7 +2,7 @@
 
 ``WorkerCore`` is the native base class of ``worker.Worker``. It holds the state
 the per-command parts (``connection.py``, ``getjob.py``, ``handoff.py``,
-``router.py``, ``peers.py``, ``owner.py``) read and write: the config, where
+``router.py``, ``forward.py``, ``peers.py``, ``owner.py``) read and write: the config, where
 the worker sits, the loop turn's clock (``now_ms``), the shard and its effects,
 the mesh, the handlers waiting for a shard ``Wake`` (``tokens``) and the timer
 tick. The parts are typed against this class (or ``connection.ClientHost``,

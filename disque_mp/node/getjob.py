@@ -127,19 +127,35 @@ class Took:
 class GetJob:
     """One GETJOB coordinated by this worker (docs/architecture.md, "Invariants")."""
 
-    __slots__ = ("w", "jobs", "conn", "spec", "runs", "asked", "taken", "here", "sizes", "hinted",
-                 "token", "slot", "blocked_at", "timer", "done", "flushed", "retakes")
+    __slots__ = ("w", "registry", "conn", "spec", "runs", "asked", "taken", "here", "remote",
+                 "sizes", "hinted", "token", "slot", "blocked_at", "timer", "done", "flushed",
+                 "retakes")
 
-    def __init__(self, jobs: GetJobs, conn: ClientConn, spec: Any, runs: Runs) -> None:
-        """``runs``: the queues cut into runs of one owner, in the client's order."""
-        self.w = jobs.w
-        self.jobs = jobs
+    def __init__(self, registry: GetJobs, conn: ClientConn, spec: Any, runs: Runs) -> None:
+        """``runs``: the queues cut into runs of one owner, in the client's order (the
+        router's route, ``Router.route``); split here once into our queues and each
+        other owner's, which every step reads."""
+        self.w = registry.w
+        self.registry = registry
         self.conn = conn
         self.spec = spec
         self.runs = runs
+        me = self.w.index
+        here: list[bytes] = []  # our queues, in the client's order
+        remote: dict[int, list[bytes]] = {}  # each other owner's queues, in that order
+        for owner, queues in runs:
+            if owner == me:
+                here += queues
+            else:
+                got = remote.get(owner)
+                if got is None:
+                    remote[owner] = list(queues)
+                else:
+                    got += queues
+        self.here = here
+        self.remote = remote
         self.asked = 0  # other owners whose TAKE is unanswered
         self.taken: list[Took] = []  # the other owners' takes that got jobs
-        self.here: list[bytes] = []  # our queues, in the client's order
         # what each queue named could give (our queues when the TAKEs left, the others'
         # from their answers): the one-shard answer's split between the owners
         self.sizes: dict[bytes, int] = {}
@@ -159,11 +175,7 @@ class GetJob:
         settled by our leading queues, answered at once; else the TAKEs leave
         (PENDING) and our part is taken when they are answered."""
         w, spec = self.w, self.spec
-        here: list[bytes] = []
-        for owner, queues in self.runs:
-            if owner == w.index:
-                here += queues
-        self.here = here
+        here = self.here
         # no reply outstanding: every earlier command of the client has run (hints.py)
         quiet = self.conn.unfilled == 0
         if quiet and self._others_known_empty():
@@ -199,12 +211,11 @@ class GetJob:
     def _others_known_empty(self) -> bool:
         """Every queue of another owner is known empty (hints.py): none is asked
         (each counted skipped), as if each had answered that they hold nothing."""
-        me = self.w.index
-        hints = self.jobs.hints
-        for owner, queues in self.runs:
-            if owner != me and not hints.known_empty(queues):
+        hints = self.registry.hints
+        for queues in self.remote.values():
+            if not hints.known_empty(queues):
                 return False
-        hints.skipped += len({owner for owner, _ in self.runs if owner != me})
+        hints.skipped += len(self.remote)
         return True
 
     def _here_alone(self) -> Any:
@@ -240,25 +251,19 @@ class GetJob:
         answered that they hold nothing (their sizes 0); a GETJOB that then blocks
         still waits at every owner (``_block``)."""
         w, spec = self.w, self.spec
-        remote: dict[int, list[bytes]] = {}
-        for owner, queues in self.runs:
-            if owner != w.index:
-                got = remote.get(owner)
-                if got is None:
-                    remote[owner] = list(queues)
-                else:
-                    got += queues
-        known = self.jobs.hints
-        if quiet and len(remote) > 1:  # all of them known empty: ``start`` saw it
-            for owner in [o for o, queues in remote.items() if known.known_empty(queues)]:
-                del remote[owner]
-                known.skipped += 1
-        self.asked = len(remote)
-        if not remote:
+        remote = self.remote
+        known = self.registry.hints
+        asked = list(remote)
+        if quiet and len(asked) > 1:  # all of them known empty: ``start`` saw it
+            asked = [owner for owner in asked if not known.known_empty(remote[owner])]
+            known.skipped += len(remote) - len(asked)
+        self.asked = len(asked)
+        if not asked:
             self._gathered(spec.count)  # every queue is ours (not from the router)
             return
         mesh = w.mesh
-        for owner, queues in remote.items():
+        for owner in asked:
+            queues = remote[owner]
             if quiet:  # a client that could skip (a pipelining one pays nothing here)
                 known.saw(queues)
             hints = self._hints(owner, self.sizes) if self.hinted else None
@@ -311,7 +316,7 @@ class GetJob:
                 took = Took(owner, queues, qidx, lens, blob, start)
         if self.done:
             if took is not None:
-                self.jobs.return_ids(owner, took.ids())
+                self.registry.return_ids(owner, took.ids())
             return
         if took is not None:
             self.taken.append(took)
@@ -355,7 +360,7 @@ class GetJob:
             takes.append((w.index, [e[0] for e in got], [entry_resp(e) for e in got]))
         chosen, surplus = pick_round_robin(spec.queues, takes, spec.count)
         for owner, parts in surplus.items():
-            self.jobs.return_ids(owner, ids_in(b"".join(parts), len(parts)))
+            self.registry.return_ids(owner, ids_in(b"".join(parts), len(parts)))
         self._finish(b"*%d\r\n" % len(chosen) + b"".join(chosen))
 
     def _short(self, got: list[Any], taken: list[Took]) -> bool:
@@ -381,7 +386,7 @@ class GetJob:
         to its queue uncounted (``op_return``), then the TAKEs leave anew. Bounded by
         ``retakes_max``: past it the short answer stands (no job is lost or given twice)."""
         self.retakes += 1
-        jobs = self.jobs
+        jobs = self.registry
         if got:
             jobs.return_ids(self.w.index, [e[1] for e in got])
         for t in taken:
@@ -394,7 +399,7 @@ class GetJob:
     def _block(self) -> None:
         w = self.w
         self.token = w.new_token()
-        self.jobs.waiting[self.token] = self
+        self.registry.waiting[self.token] = self
         for owner, queues in self.runs:
             self.blocked_at.setdefault(owner, []).extend(queues)
         for owner, queues in self.blocked_at.items():
@@ -429,7 +434,7 @@ class GetJob:
                 self._finish(answer, woken_by=owner)
             return
         if self.done:
-            self.jobs.return_ids(owner, answer.ids() if type(answer) is Took else [e[1] for e in answer])
+            self.registry.return_ids(owner, answer.ids() if type(answer) is Took else [e[1] for e in answer])
             return
         if not (answer.lens if type(answer) is Took else answer):
             return
@@ -464,7 +469,7 @@ class GetJob:
             self.done = True
             self._unblock()
             for took in self.taken:  # other owners' answers (ours is taken last)
-                self.jobs.return_ids(took.owner, took.ids())
+                self.registry.return_ids(took.owner, took.ids())
             self.taken = []
 
     def _unblock(self, skip: int = -1) -> None:
@@ -474,7 +479,7 @@ class GetJob:
             self.timer = None
         if not self.token:
             return
-        self.jobs.waiting.pop(self.token, None)
+        self.registry.waiting.pop(self.token, None)
         for owner in self.blocked_at:
             if owner == skip:
                 continue

@@ -1,33 +1,32 @@
-"""This worker's end of the local mesh: what the other workers of the host ask of
-it, and their answers to what it asked them.
+"""This worker's end of the local mesh: the frames the other workers send it,
+decoded into calls of the side each belongs to.
 
-``Peers`` is the ``Mesh``'s handler (``bus/mesh.py``). As the owner of queues and
-jobs it serves the other workers' requests:
+``Peers`` is the ``Mesh``'s handler (``bus/mesh.py``, ``MeshHandler``). As the owner
+of queues and jobs it decodes the other workers' requests into ``Owner`` calls:
 
     RAW       commands of one owner as RESP, answered with RAWREPLIES already
-              encoded: the router's fast paths (``addjob_here``, ``getjob_here``,
-              ``ack_here``), else the general route, as for a client of ours (the
-              general path's single-owner commands come this way too)
+              encoded: the owner's hot shapes (``addjob_here``, ``getjob_here``,
+              ``ack_here``), else its general shape (``serve_general``), as for a
+              client of ours (the general path's single-owner commands come this way too)
     CMD(S)    job commands by name, answered with REPLY(IES): WAITJOB (its client ID
               goes first) and the parts of a command split over several owners
-    TAKES     the GETJOB coordinators' non-blocking takes of one loop turn, answered
-              with one TOOKS frame
-    BLOCK     a waiter for a peer's blocked GETJOB, answered later with WAKE;
-              UNBLOCK drops it, and so does the loss of the peer's link
-    RETURN    jobs a GETJOB took and no longer wants, requeued uncounted
+    TAKES     the GETJOB coordinators' non-blocking takes of one loop turn
+              (``Owner.take``), answered with one TOOKS frame
+    BLOCK     a waiter for a peer's blocked GETJOB (``Owner.block``), answered later
+              with WAKE; UNBLOCK drops it, and so does the loss of the peer's link
+    RETURN    jobs a GETJOB took and no longer wants (``Owner.give_back``)
     SCATTER   this worker's part of a node-wide command (``local_op``: ``Worker.local_op``)
 
-As the asker it takes in RAWREPLIES (spliced into the clients' reply streams,
-in order), WAKE for its own blocked GETJOBs, and the (re)connection of a peer,
-which may have lost the GETJOB waiters registered with it (both for
-``getjob.GetJobs``).
+As the asker it hands RAWREPLIES and lost RAW requests to the asking side
+(``forward.Forward``), and WAKE for its own blocked GETJOBs and the
+(re)connection of a peer, which may have lost the GETJOB waiters registered with
+it, to ``getjob.GetJobs``.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import time
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -35,20 +34,17 @@ import hiredis
 
 from bus import mesh as meshmod
 from bus.clock import wall_ms
-from bus.frames import FrameError
 from bus.mesh import Link
-from disque_mp.node.connection import ClientConn, PendingReply
 from disque_mp.node.core import WorkerCore
 from disque_mp.node.errors import ERR_INTERNAL
-from disque_mp.node.getjob import GetJobs, take_share, took_bytes
+from disque_mp.node.forward import Forward
+from disque_mp.node.getjob import GetJobs
+from disque_mp.node.owner import Owner
 from disque_mp.node.resp import encode
-from disque_mp.node.router import Router
 from workers.invariant import InvariantError
-from workers.replies import PENDING, Error
+from workers.replies import PENDING
 
 log = logging.getLogger("disque_mp.node.peers")
-_perf_ns: Final = time.perf_counter_ns
-
 
 
 # The hot commands a RAW frame carries (``_raw_kind``): the fast path each one takes.
@@ -64,13 +60,14 @@ LocalOp = Callable[[str, Any], Any]  # this worker's part of a node-wide command
 
 class Peers:
     """The other workers, as worker ``w`` serves and hears them on the mesh: the
-    ``router``'s fast paths and owner side serve their commands, ``getjobs`` takes
-    the WAKEs for ours, ``local_op`` answers SCATTER."""
+    ``owner`` runs their requests, ``fwd`` takes the answers to ours, ``getjobs`` the
+    WAKEs for our GETJOBs, ``local_op`` answers SCATTER."""
 
-    def __init__(self, w: WorkerCore, router: Router, getjobs: GetJobs, local_op: LocalOp) -> None:
+    def __init__(self, w: WorkerCore, owner: Owner, fwd: Forward, getjobs: GetJobs,
+                 local_op: LocalOp) -> None:
         self.w = w
-        self.router = router
-        self.owner = router.owner
+        self.owner = owner
+        self.fwd = fwd
         self.getjobs = getjobs
         self.local_op = local_op
         self.raw_reader = hiredis.Reader()  # parses the RAW frames peers send us
@@ -92,14 +89,11 @@ class Peers:
         elif kind == meshmod.K_TAKES:
             self._serve_takes(link, bodies)
         elif kind == meshmod.K_BLOCK:
-            self._serve_block(link, meta, bodies)
+            self.owner.block(link, meta["t"], bodies, meta["c"], meta["w"])
         elif kind == meshmod.K_UNBLOCK:
-            token = _blocked(link).pop(meta["t"], None)
-            if token is not None:
-                w.tokens.pop(token, None)
-                w.shard.op_unblock(token, w.now_ms, forget_queues=bool(meta.get("f")))
+            self.owner.unblock(link, meta["t"], bool(meta.get("f")))
         elif kind == meshmod.K_RETURN:
-            w.shard.op_return([b.decode() for b in bodies], w.now_ms)
+            self.owner.give_back([b.decode() for b in bodies])
         elif kind == meshmod.K_SCATTER:
             try:
                 reply = self.local_op(meta["op"], meta.get("a"))
@@ -127,94 +121,31 @@ class Peers:
 
     def _serve_takes(self, link: Link, bodies: list[bytes]) -> None:
         """A TAKES frame: the takes a coordinator sent us during one loop turn
-        (``Link.add_take`` writes the shape), answered in one TOOKS frame."""
+        (``meshmod.TakesReader`` reads what ``Link.add_take`` wrote), answered in one
+        TOOKS frame."""
         if link.transport is None:
             return  # the asker is gone
-        words = meshmod.i64s(bodies[0])
-        names = bodies[1]
+        takes = meshmod.TakesReader(bodies)
         rids: list[int] = []
         lens: list[int] = []
         out: list[bytes] = []
-        i = at = 0
-        head = meshmod.TAKE_HEAD_WORDS
-        while i + head <= len(words):
-            nq = words[i + 3]
-            nh = words[i + 4]
-            end = i + head + nq
-            if end + nh > len(words):
-                log.error("a TAKES frame from a peer is broken")  # a bug: its rest unread
-                break
-            queues: list[bytes] = []
-            for j in range(i + head, end):
-                queues.append(names[at : at + words[j]])
-                at += words[j]
-            hints = words[end : end + nh] if nh else None
+        while takes.next():
             try:
-                took = self._take(words[i + 1], words[i + 2] == 1, hints, queues)
+                took = self.owner.take(takes.count, takes.withcounters, takes.hints, takes.queues)
             except InvariantError:
                 raise
             except Exception:  # a bug: answer it (nothing taken), or the client waits forever
                 log.exception("a take from a peer failed")
                 took = b""
-            rids.append(words[i])
+            rids.append(takes.rid)
             lens.append(len(took))
             out.append(took)
-            i = end + nh
+        if takes.broken:
+            log.error("a TAKES frame from a peer is broken")  # a bug: its rest unread
         link.tooks(rids, lens, out)
 
-    def _take(self, count: int, withcounters: bool, hints: list[int] | None,
-              queues: list[bytes]) -> bytes:
-        """A coordinator's take: the jobs (``getjob.took_bytes``; empty for none), and when
-        it tells what the other queues hold (``hints``, sent only when its own queues hold
-        jobs) what each of ours held before: then only the part we can win
-        (``take_share``), else up to COUNT jobs of our queues."""
-        shard = self.w.shard
-        held: list[int] = []
-        if hints is not None:
-            held = shard.op_takeable(queues)
-            if hints.count(-1) == len(queues):
-                lengths: dict[bytes, int] = {}
-                for i in range(len(queues)):
-                    lengths[queues[i]] = held[i]
-                count = min(count, take_share(hints, queues, lengths, count))
-        # even for 0 jobs: a take creates the queues it names, as one shard's GETJOB does
-        entries = shard.op_take(queues, count, withcounters, self.w.now_ms)
-        if not entries and not held:
-            return b""  # nothing to tell: no body to pack or read
-        return took_bytes(queues, held, entries)
-
-    def _serve_block(self, link: Link, meta: dict[str, Any], bodies: list[bytes]) -> None:
-        w = self.w
-        remote = meta["t"]
-        token = w.new_token()
-        blocked = _blocked(link)
-        blocked[remote] = token
-
-        def wake(entries: Any) -> None:
-            blocked.pop(remote, None)
-            if isinstance(entries, Error):
-                if link.transport is not None:
-                    link.send(meshmod.K_WAKE, {"t": remote, "e": str(entries)})
-                return
-            if link.transport is None:  # asker is gone: give the jobs back
-                w.shard.op_return([e[1] for e in entries], w.now_ms)
-                return
-            try:
-                link.send(meshmod.K_WAKE, {"t": remote}, [took_bytes(bodies, [], entries)])
-            except FrameError:  # more than a frame carries: give them back
-                w.shard.op_return([e[1] for e in entries], w.now_ms)
-                w.mesh.count_refused()
-                link.send(meshmod.K_WAKE, {"t": remote, "e": meshmod.ERR_TOO_BIG})
-
-        w.tokens[token] = wake
-        w.shard.op_block(token, bodies, meta["c"], meta["w"], w.now_ms)
-
     def on_incoming_lost(self, link: Link) -> None:
-        w = self.w
-        for token in _blocked(link).values():
-            w.tokens.pop(token, None)
-            w.shard.op_unblock(token, wall_ms())
-        w.drain_effects()
+        self.owner.asker_lost(link)
 
     # ------------------------------------------------------------------ RAW (hot commands)
 
@@ -263,73 +194,33 @@ class Peers:
     def _serve_raw_one(self, cmd: list[bytes], resp3: bool) -> bytes | None:
         """A RAW command in a fast path's shape: its reply, else None."""
         kind = _raw_kind(cmd[0])
-        router = self.router
+        owner = self.owner
         if kind == _RAW_ADDJOB:  # with options: the general path (it came that way)
-            return router.addjob_here(cmd) if len(cmd) == 4 else None
+            return owner.addjob_here(cmd) if len(cmd) == 4 else None
         if kind == _RAW_GETJOB:
-            return router.getjob_here(cmd, resp3)
+            return owner.getjob_here(cmd, resp3)
         if kind == _RAW_ACKJOB or kind == _RAW_FASTACK:
-            return router.ack_here(_ids_of(cmd), kind == _RAW_FASTACK, cmd)
+            return owner.ack_here(_ids_of(cmd), kind == _RAW_FASTACK, cmd)
         return None
 
     def _serve_raw_general(self, link: Link, rid: int, name: bytes, cmd: list[bytes],
                            resp3: bool) -> None:
         """What a RAW command's fast path does not take (options, peers, appendfsync
         always), and the general path's commands a peer forwarded
-        (``router.forward_general``: QLEN, SHOW, NACK ...): the general route, as for
-        a client of ours, counted here (the asker does not count them)."""
-        t0 = _perf_ns()
+        (``Forward.general``: QLEN, SHOW, NACK ...): the owner's general shape, as for
+        a client of ours, counted there (the asker does not count them)."""
         # a partial, not a closure: the deliverer is made only for a reply that waits
-        reply = self.owner.run(name, cmd[1:], functools.partial(_raw_deliverer, link, rid, resp3),
-                               True)
-        self.router.count(name.decode(), t0, cmd)
+        reply = self.owner.serve_general(name, cmd, functools.partial(_raw_deliverer, link, rid, resp3))
         if reply is not PENDING:
             link.raw_reply(rid, encode(reply, resp3))
 
+    # ------------------------------------------------------------------ answers to our requests
+
     def on_raw_replies(self, link: Link, bodies: list[bytes]) -> None:
-        """RAWREPLIES from an owner: each reply into its client's slot, then each
-        client's ready prefix moved to its output once (not once per reply)."""
-        rids = meshmod.u32_keys(bodies[0])
-        lens = meshmod.u32s(bodies[1])
-        data = bodies[2]
-        pending = link.raw_pending
-        touched: list[ClientConn] = []
-        at = 0
-        for i in range(len(rids)):
-            end = at + lens[i]
-            # one ``pop`` with the id as the object it is (a get, a del and the id
-            # unboxed and boxed twice cost ~840 instructions per reply, this ~600)
-            waiting = pending.pop(rids[i], None)
-            if type(waiting) is PendingReply:
-                slot: PendingReply = waiting
-                conn = slot.conn
-                if conn is not None:
-                    if conn.put_raw(slot, data[at:end]) and (not touched or touched[-1] is not conn):
-                        touched.append(conn)
-                    if slot.windowed:  # a general-path command's: its place in the window
-                        self.router.window_freed(conn)
-            elif waiting is not None:
-                waiting.fill(None, data[at:end])  # a part of a split ACK (``AckSum``)
-            at = end
-        for conn in touched:
-            conn.advance()
+        self.fwd.on_raw_replies(link, bodies)
 
     def raw_failed(self, waiting: list[Any], text: str) -> None:
-        """RAW requests whose owner went away: the client gets the error."""
-        reply = encode(Error(text))
-        for w in waiting:
-            if type(w) is PendingReply:
-                slot: PendingReply = w
-                conn = slot.conn
-                if conn is not None:
-                    if conn.put_raw(slot, reply):
-                        conn.advance()
-                    if slot.windowed:
-                        self.router.window_freed(conn)
-            else:
-                w.fill(None, reply)
-
-    # ------------------------------------------------------------------ our GETJOBs
+        self.fwd.raw_failed(waiting, text)
 
     def on_wake(self, peer: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
         self.getjobs.on_wake(peer, meta, bodies)
@@ -353,7 +244,7 @@ def read_raw(reader: Any, body: bytes, n: int) -> list[Any] | None:
     """The ``n`` commands of a RAW frame's body, by one ``gets`` of ``reader`` (a
     ``hiredis.Reader``): behind an array header the body is one reply, the array of
     its commands. One ``gets`` per command cost ~350 instructions more per command, a
-    compiled reader of our own ~250 more (bench/results/owner-side-2026-11-28.md).
+    compiled reader of our own ~250 more (bench/results/history/owner-side-2026-11-28.md).
     None when the body is not exactly ``n`` values: the reader then holds its state."""
     reader.feed(_MULTI_HEADS[n] if n < len(_MULTI_HEADS) else b"*%d\r\n" % n)
     reader.feed(body)
@@ -413,7 +304,3 @@ def _ids_of(cmd: list[bytes]) -> list[str]:
     cost ~700 instructions per ID against ~250 (``str.split`` makes each string)."""
     return [cmd[i].decode("ascii") for i in range(1, len(cmd))]
 
-
-def _blocked(link: Link) -> dict[int, int]:
-    """Waiters a peer registered over ``link``: its token -> our shard token."""
-    return link.blocked

@@ -45,7 +45,8 @@ from bus.mesh import Mesh
 from disque_mp.node.commands import jobs as cmd_jobs
 from disque_mp.node.commands.server import local_op as server_local_op
 from disque_mp.node.config import Config, worker_ports
-from disque_mp.node.connection import ClientConn, ClientHost, PendingReply
+from disque_mp.node.connection import ClientConn, ClientHost, CommandStats, PendingReply
+from disque_mp.node.forward import Forward
 from disque_mp.node.getjob import GetJobs
 from disque_mp.node.handoff import Handoff
 from disque_mp.node.listen import listen_sockets
@@ -129,9 +130,11 @@ class Worker(ClientHost):
         self.view_seen = False  # a membership view reached the shard (on_view)
         # our blocked GETJOBs, by token; the host's empty-queue hints (hints.py)
         self.getjobs = GetJobs(self)
-        self.owner = Owner(self)  # runs the commands our shard owns (router and peers)
-        self.router = Router(self, self.owner, self.getjobs)
-        self.peers = Peers(self, self.router, self.getjobs, self.local_op)
+        self.stats = CommandStats(self.slowlog)  # what ran: commandstats, slowlog, counters
+        self.owner = Owner(self, self.stats)  # runs what our shard owns (router and peers)
+        self.fwd = Forward(self, self.stats)  # carries what other workers own (router, peers)
+        self.router = Router(self, self.stats, self.owner, self.fwd, self.getjobs)
+        self.peers = Peers(self, self.owner, self.fwd, self.getjobs, self.local_op)
         self.handoff = Handoff(self)
 
     # ------------------------------------------------------------------ lifecycle
@@ -315,13 +318,13 @@ class Worker(ClientHost):
         if self.now_ms >= self.idle_check_at:
             self._each_second()
         self.slowlog.configure(self.cfg.slowlog_log_slower_than, self.cfg.slowlog_max_len)
-        self.router.slowlog_min_ns = self.slowlog.min_ns
+        self.stats.slowlog_min_ns = self.slowlog.min_ns
 
     def _each_second(self) -> None:
         """Rates for INFO (instantaneous_*) and Redis' idle client `timeout`."""
         elapsed_ms = self.now_ms - self.idle_check_at + idle_check_ms
         self.idle_check_at = self.now_ms + idle_check_ms
-        now = (self.router.commands_processed, self.net_in_bytes, self.net_out_bytes)
+        now = (self.stats.commands_processed, self.net_in_bytes, self.net_out_bytes)
         if 0 < elapsed_ms < 10 * idle_check_ms:
             per_s = [max(0, a - b) * 1000 / elapsed_ms for a, b in zip(now, self.rate_base, strict=True)]
             self.rates = (int(per_s[0]), per_s[1] / 1024, per_s[2] / 1024)
@@ -355,16 +358,16 @@ class Worker(ClientHost):
 
     def reset_stats(self) -> None:
         """CONFIG RESETSTAT, this worker's part."""
-        for stat in self.router.cmdstats.values():
+        for stat in self.stats.cmdstats.values():
             stat[0] = stat[1] = 0
-        self.router.commands_processed = 0
-        self.router.forwarded = 0
+        self.stats.commands_processed = 0
+        self.stats.forwarded = 0
         self.getjobs.hints.skipped = 0
         self.connections_received = self.rejected_connections = 0
         self.net_in_bytes = self.net_out_bytes = 0
 
     def command_names(self) -> list[str]:
-        return list(self.router.cmdstats)  # one entry per command, in the table's order
+        return list(self.stats.cmdstats)  # one entry per command, in the table's order
 
     def local_op(self, op: str, arg: Any) -> Any:
         """This worker's part of a node-wide command (``scatter``; SCATTER requests)."""
@@ -376,14 +379,14 @@ class Worker(ClientHost):
         return {
             "index": self.index, "pid": os.getpid(), "clients": len(self.conns),
             "blocked": blocked, "conns_received": self.connections_received,
-            "commands": self.router.commands_processed, "net_in": self.net_in_bytes,
+            "commands": self.stats.commands_processed, "net_in": self.net_in_bytes,
             "net_out": self.net_out_bytes, "rejected": self.rejected_connections,
             "cpu_sys": usage.ru_stime, "cpu_user": usage.ru_utime, "rss": rss_bytes(),
             "peak": usage.ru_maxrss * 1024, "handed_off": self.handoff.handed_off,
-            "forwarded": self.router.forwarded, "getjob_skipped": self.getjobs.hints.skipped,
+            "forwarded": self.stats.forwarded, "getjob_skipped": self.getjobs.hints.skipped,
             "mesh": {"frames_refused": self.mesh.refused, "link_resets": self.mesh.resets},
             "ops_per_sec": self.rates[0], "in_kbps": self.rates[1], "out_kbps": self.rates[2],
-            "cmdstats": {k: v for k, v in self.router.cmdstats.items() if v[0]},
+            "cmdstats": {k: v for k, v in self.stats.cmdstats.items() if v[0]},
             "shard": self.shard.info(),
             "dedup": self.shard.dedup_info(),
             "aof": self.aof.info() if self.aof is not None else None,

@@ -3,7 +3,7 @@
 The ``cmd_*`` handlers run the commands routed ``queue`` and ``ids`` on the owning
 worker's shard; ``parse_getjob``, ``parse_qscan`` and ``parse_jscan`` give the
 router typed values for the commands it spreads over several workers. The fast
-paths (``router.py``) use the same code for the same shapes: ``addjob_plain`` for
+paths (``router.py``, and ``owner.py`` for the shapes it runs) use the same code for the same shapes: ``addjob_plain`` for
 ``ADDJOB q body timeout``, ``parse_getjob`` and ``getjob_now`` for every GETJOB.
 Arity was already checked by the front end; the checks here still guard
 against short argument lists so no input can raise.

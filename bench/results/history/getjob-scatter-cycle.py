@@ -2,7 +2,7 @@
 COUNT 50 over each consumer's 50 queues) on disque-mp only, 1 and 2 workers, two
 source trees, rounds interleaved; prints jobs/s and node CPU per job.
 
-    PYTHONPATH=. python bench/results/getjob-scatter-cycle.py before=DIR after=DIR [rounds]
+    PYTHONPATH=. python bench/results/history/getjob-scatter-cycle.py before=DIR after=DIR [rounds]
 """
 
 from __future__ import annotations
