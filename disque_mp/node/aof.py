@@ -18,16 +18,17 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from disque_mp.node.aof_format import (
-    AofFile,
     AofWriter,
     check_fault,
     frame,
+    keep_damaged,
     max_gen,
     remove_superseded,
     remove_temp_files,
 )
 from disque_mp.node.aof_load import (
     AofLoadError,
+    Loaded,
     ShardAdapter,
     ShardPort,
     load_slots,
@@ -93,29 +94,31 @@ class AofManager:
             return 0
         self.loading = True
         try:
-            loaded, files, plan = load_slots(cfg, self.workers, self.index, self.port, now_ms)
+            got = load_slots(cfg, self.workers, self.index, self.port, now_ms)
             if cfg.appendonly:
-                self._open_own(files, plan)
+                self._open_own(got)
         finally:
             self.loading = False
             self.sync_logging()
-        return loaded
+        return got.records
 
-    def _open_own(self, files: list[AofFile], plan: dict[str, bytearray]) -> None:
-        mine = [f for f in files
+    def _open_own(self, got: Loaded) -> None:
+        mine = [f for f in got.files
                 if (f.header.workers, f.header.index) == (self.workers, self.index)]
         best = max(mine, key=lambda f: f.header.gen, default=None)
         remove_temp_files(self.cfg.dir, self.cfg.appendfilename, self.index)
-        if best is not None and set(plan) <= {best.path}:
+        if best is not None and set(got.plan) <= {best.path} and not got.damaged:
             self.switch_to(best.path, best.header.gen)
             log.info("Appending to %s", best.path)
         else:
-            gen = max_gen(files) + 1
+            gen = max_gen(got.files) + 1
             path = write_from_memory(self.cfg, self.workers, self.index, gen, self.port)
             self.switch_to(path, gen)
-            before = sorted({f.header.workers for f in files})
+            before = sorted({f.header.workers for f in got.files})
             log.info("Wrote %s from memory (files on disk were written by %s workers, %d now)",
                      path, "/".join(map(str, before)) or "no", self.workers)
+        for damaged in got.damaged:
+            keep_damaged(damaged)
         self.remove_superseded()
 
     def switch_to(self, path: str, gen: int) -> None:

@@ -99,6 +99,7 @@ def main(argv: list[str]) -> int:
     print(f"First bad byte at offset {bad}: {rep.problem}")
     print(f"AOF analyzed: size={reader.size}, ok_up_to={bad}, diff={reader.size - bad}, "
           f"good records={good_records}")
+    _after_damage(path, rep)
     if not fix:
         print(f"AOF is not valid. Use the --fix option to cut it to {bad} bytes.")
         return 1
@@ -107,6 +108,21 @@ def main(argv: list[str]) -> int:
           f"({reader.size - bad} bytes removed, {good_records} records kept)")
     print("Successfully truncated AOF")
     return 0
+
+
+def _after_damage(path: str, rep: Report) -> None:
+    """Damage with sound records after it: how many, and what each way out keeps."""
+    d = rep.reader.damage
+    if d is None or d.tail:
+        return
+    skipper = RecordReader(path, skip_damage=True)
+    sound = sum(1 for _ in skipper) - 1  # the header
+    after = sound - _records_before(path, d.offset)
+    if after <= 0:
+        return
+    regions = len(skipper.skipped) + (skipper.damage is not None)
+    print(f"After it: {after} sound records in {regions} damaged region(s) or more; "
+          f"--fix cuts them all, a node started with aof-load-corrupt skip loads them")
 
 
 def _records_before(path: str, offset: int) -> int:
