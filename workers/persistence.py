@@ -4,16 +4,52 @@ through the shard's ``Core`` (workers/core.py). Writing is the core's
 
 from __future__ import annotations
 
+from typing import Final
+
 from workers.core import Core
-from workers.job import ACKED, ACTIVE, DEL_RECORD_TAG, QUEUED, Job, job_id_of_record
+from workers.ids import is_valid_job_id, slot_of, slot_of_job_id
+from workers.job import (
+    ACKED,
+    ACTIVE,
+    DEL_RECORD_TAG,
+    QUEUED,
+    Job,
+    job_id_of_record,
+    node_id_bytes_max,
+)
 
 _DEL_TAG = bytes((DEL_RECORD_TAG,))
+# A loaded job's creation time may be ahead of our clock by the other nodes' clock
+# skew, never by more than this: later the queues' order and every new job's creation
+# time would follow it.
+ctime_ahead_ms_max: Final = 24 * 3600 * 1000
+
+
+def check_loaded(job: Job, now_ms: int) -> None:
+    """Refuse (``ValueError``) a record that decodes but lies: an ID of another shape
+    or whose slot is not its queue's (the job would sit in a queue another worker
+    owns), no replication level, no node or a node name no node has, a creation time
+    from the future. Runs before the record touches the shard."""
+    if not is_valid_job_id(job.id):
+        raise ValueError(f"bad job ID {job.id!r}")
+    if slot_of_job_id(job.id) != slot_of(job.queue):
+        raise ValueError(f"job {job.id}: its ID's slot {slot_of_job_id(job.id)} is not "
+                         f"its queue's slot {slot_of(job.queue)}")
+    if job.repl < 1:
+        raise ValueError(f"job {job.id}: replication level {job.repl}")
+    if not job.delivered or any(not 0 < len(n) <= node_id_bytes_max
+                                for n in (*job.delivered, *job.confirmed)):
+        raise ValueError(f"job {job.id}: no node, or a node name of a bad length")
+    if job.ctime_us // 1000 > now_ms + ctime_ahead_ms_max:
+        raise ValueError(f"job {job.id}: creation time more than "
+                         f"{ctime_ahead_ms_max // 1000} s ahead of this node's clock")
 
 
 def load_record(s: Core, record: bytes, enqueue: bool, now_ms: int) -> None:
     """Replay one AOF record: a job record registers or replaces its job, a
     deletion record removes it. Raises ``ValueError`` on a malformed record.
-    Emits nothing (the record is already in a file).
+    Emits nothing (the record is already in a file). A record that lies
+    (``check_loaded``) is refused before it changes anything.
 
     A loaded job is ``active`` with its retry timer, unless it was queued and
     ``enqueue`` (controlled restart) asks to queue it again; at-most-once jobs
@@ -26,6 +62,7 @@ def load_record(s: Core, record: bytes, enqueue: bool, now_ms: int) -> None:
             s.unregister_quiet(gone, now_ms)
         return
     job = Job.from_record(record)
+    check_loaded(job, now_ms)
     old = s.lookup(job.id)
     if old is not None:
         s.unregister_quiet(old, now_ms)  # a later record of the same job wins
