@@ -20,29 +20,29 @@ from workers.job import (
 
 _DEL_TAG = bytes((DEL_RECORD_TAG,))
 # A loaded job's creation time may be ahead of our clock by the other nodes' clock
-# skew, never by more than this: later the queues' order and every new job's creation
-# time would follow it.
+# skew; past this it does not move the creation time of the jobs made here after it
+# (their queue order and TTL would follow a clock that lies).
 ctime_ahead_ms_max: Final = 24 * 3600 * 1000
 
 
-def check_loaded(job: Job, now_ms: int) -> None:
-    """Refuse (``ValueError``) a record that decodes but lies: an ID of another shape
-    or whose slot is not its queue's (the job would sit in a queue another worker
-    owns), no replication level, no node or a node name no node has, a creation time
-    from the future. Runs before the record touches the shard."""
+def lie_of(job: Job) -> str | None:
+    """Why a job record that decodes cannot be a job (None: it can): an ID of another
+    shape or whose slot is not its queue's (the job would sit in a queue another
+    worker owns), no replication level, no node or a node name no node has. The AOF
+    loader refuses such a record before it touches the shard, and a peer's record is
+    dropped for the same reasons (``federation.peer_job``), so whatever a node keeps
+    it can load again."""
     if not is_valid_job_id(job.id):
-        raise ValueError(f"bad job ID {job.id!r}")
+        return f"bad job ID {job.id!r}"
     if slot_of_job_id(job.id) != slot_of(job.queue):
-        raise ValueError(f"job {job.id}: its ID's slot {slot_of_job_id(job.id)} is not "
-                         f"its queue's slot {slot_of(job.queue)}")
+        return (f"job {job.id}: its ID's slot {slot_of_job_id(job.id)} is not its "
+                f"queue's slot {slot_of(job.queue)}")
     if job.repl < 1:
-        raise ValueError(f"job {job.id}: replication level {job.repl}")
+        return f"job {job.id}: replication level {job.repl}"
     if not job.delivered or any(not 0 < len(n) <= node_id_bytes_max
                                 for n in (*job.delivered, *job.confirmed)):
-        raise ValueError(f"job {job.id}: no node, or a node name of a bad length")
-    if job.ctime_us // 1000 > now_ms + ctime_ahead_ms_max:
-        raise ValueError(f"job {job.id}: creation time more than "
-                         f"{ctime_ahead_ms_max // 1000} s ahead of this node's clock")
+        return f"job {job.id}: no node, or a node name of a bad length"
+    return None
 
 
 def load_record(s: Core, record: bytes, enqueue: bool, now_ms: int) -> None:
@@ -62,7 +62,9 @@ def load_record(s: Core, record: bytes, enqueue: bool, now_ms: int) -> None:
             s.unregister_quiet(gone, now_ms)
         return
     job = Job.from_record(record)
-    check_loaded(job, now_ms)
+    lie = lie_of(job)
+    if lie is not None:
+        raise ValueError(lie)
     old = s.lookup(job.id)
     if old is not None:
         s.unregister_quiet(old, now_ms)  # a later record of the same job wins
@@ -85,4 +87,5 @@ def load_record(s: Core, record: bytes, enqueue: bool, now_ms: int) -> None:
         if job.state == ACTIVE and job.retry_s and job.qtime_ms <= now_ms:
             job.qtime_ms = now_ms + job.retry_s * 1000 + s.jitter()
         s.arm(job)
-    s.saw_ctime(job.ctime_us)
+    if job.ctime_us // 1000 <= now_ms + ctime_ahead_ms_max:
+        s.saw_ctime(job.ctime_us)

@@ -18,6 +18,7 @@ from disque_mp.node.aof_load import AofLoadError, ShardAdapter, load_slots
 from disque_mp.node.config import Config
 from tests.node.test_aof_file import write_aof
 from tests.nodeproc import NodeProc
+from workers.federation import peer_job
 from workers.ids import DEAD_PREFIX, JobIdGen, owner_of_slot, slot_of
 from workers.job import ACTIVE, QUEUED, Job, JobExt, del_record, ttl_max_s
 from workers.shard import Shard
@@ -53,13 +54,11 @@ def _queue_of(worker: int) -> bytes:
 
 
 # (name, the lying record) refused by the loader; the head is ">BBBHQQQQQQQHHHII":
-# state at byte 1, ttl_s at 5, ctime_ns at 13, the body length at 71.
+# state at byte 1, ttl_s at 5, the body length at 71.
 REFUSED: list[tuple[str, Callable[[], bytes]]] = [
     ("illegal-state", lambda: patched(job().to_record(), ">B", 1, 9)),
     ("absurd-ttl", lambda: patched(job().to_record(), ">Q", 5, ttl_max_s + 1)),
     ("body-past-the-record", lambda: patched(job().to_record(), ">I", 71, 1 << 20)),
-    ("future-ctime", lambda: patched(job().to_record(), ">Q", 13,
-                                     (NOW_MS + 30 * 86_400_000) * 1_000_000)),
     ("id-slot-not-its-queue", lambda: job(queue=_queue_of(1), slot=0).to_record()),
     ("bad-id-shape", lambda: Job("D-nope", b"q", b"b", QUEUED, 1, 3600, NOW_MS * 1000, 0, 60,
                                  0, (NODE,)).to_record()),
@@ -105,14 +104,22 @@ def test_lies_that_load_leave_a_consistent_shard(tmp_path: Path) -> None:
     d1.ext, d2.ext = JobExt(dedup=b"k"), JobExt(dedup=b"k")
     theirs = job(queue=_queue_of(1))
     expired = job(queue=q, ctime_us=(NOW_MS - 7_200_000) * 1000)
+    future = job(queue=q, ctime_us=(NOW_MS + 30 * 86_400_000) * 1000)  # a clock that lies
     records = [two.to_record(), dead.to_record(), d1.to_record(), d2.to_record(),
-               del_record(job(queue=q).id), expired.to_record(), theirs.to_record()]
+               del_record(job(queue=q).id), expired.to_record(), theirs.to_record(),
+               future.to_record()]
     shard, loaded = _load(tmp_path, records, workers=2)
-    assert loaded == 6  # the record of worker 1's slot is not ours
-    assert shard.lookup(two.id) is not None and shard.lookup(two.id).queue == DEAD_PREFIX + q
+    assert loaded == 7  # the record of worker 1's slot is not ours
+    moved = shard.lookup(two.id)
+    assert moved is not None and moved.queue == DEAD_PREFIX + q
     assert shard.lookup(theirs.id) is None and shard.lookup(expired.id) is None
-    assert {j.id for j in shard.jobs()} == {two.id, d1.id, d2.id}
+    assert {j.id for j in shard.jobs()} == {two.id, d1.id, d2.id, future.id}
     assert all(j.state == ACTIVE for j in shard.jobs())
+    new_id = shard.op_addjob(q, b"n", timeout_ms=0, replicate=None, delay_s=0, retry_s=None,
+                             ttl_s=60, maxlen=0, async_=False, token=0, now_ms=NOW_MS)
+    made = shard.lookup(str(new_id))
+    assert made is not None and made.ctime_us < future.ctime_us, "new jobs keep our clock"
+    shard.check()
 
 
 def _node_with(tmp_path: Path, records: list[bytes], conf: dict[str, str]) -> NodeProc:
@@ -141,3 +148,11 @@ def test_a_node_refuses_a_lying_file_once_then_skip_starts_it(tmp_path: Path) ->
         assert "records dropped" in node.log_text()
     finally:
         node.stop()
+
+
+@pytest.mark.parametrize(("name", "liar"), REFUSED[4:], ids=[n for n, _ in REFUSED[4:]])
+def test_a_peer_record_the_loader_would_refuse_is_dropped(name: str,
+                                                          liar: Callable[[], bytes]) -> None:
+    """What a node keeps from a peer (REPLJOB, YOURJOBS) it can load again."""
+    assert peer_job(job().to_record()) is not None
+    assert peer_job(liar()) is None
