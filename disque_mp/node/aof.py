@@ -23,6 +23,7 @@ from disque_mp.node.aof_format import (
     frame,
     keep_damaged,
     max_gen,
+    note_synced,
     remove_superseded,
     remove_temp_files,
 )
@@ -307,7 +308,7 @@ class AofManager:
         writer.unsynced = False
         loop = self.loop
         assert loop is not None
-        fut = self._fsync_thread.submit(_fsync_fd, writer.fd)
+        fut = self._fsync_thread.submit(_fsync_fd, writer.fd, writer.path, writer.size)
         self._fsync_future = fut
         fut.add_done_callback(
             lambda f: loop.call_soon_threadsafe(self._fsync_done, f, seq, writer))
@@ -384,7 +385,7 @@ class AofManager:
             self._fsync_thread = ThreadPoolExecutor(1, thread_name_prefix="aof-fsync")
         w.unsynced = False
         self.last_fsync_s = now
-        self._fsync_future = self._fsync_thread.submit(_fsync_fd, w.fd)
+        self._fsync_future = self._fsync_thread.submit(_fsync_fd, w.fd, w.path, w.size)
 
     def _fsync_paused(self) -> bool:
         """no-appendfsync-on-rewrite yes: no fsync of the current file while a
@@ -525,7 +526,9 @@ def _merge_state(a: str, b: str) -> str:
     return "wait_rewrite" if "wait_rewrite" in (a, b) or "on" in (a, b) else "off"
 
 
-def _fsync_fd(fd: int) -> None:
+def _fsync_fd(fd: int, path: str, size: int) -> None:
+    """fdatasync in the fsync thread: the ``size`` bytes written before it are durable."""
     check_fault()
     os.fdatasync(fd)
+    note_synced(path, size)
 
