@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from disque_mp.node import config
 from disque_mp.node.aof_format import (
@@ -78,6 +78,12 @@ class ShardAdapter:
 
 class AofLoadError(Exception):
     """An AOF that must not be loaded as it is: the worker refuses to start."""
+
+
+# The exit status of a worker that refused its AOF (sysexits' EX_CONFIG): the same
+# files would be refused again, so the supervisor stops the node instead of
+# restarting the worker (never a crash loop).
+refused_exit_code: Final = 78
 
 
 @dataclass(slots=True)
