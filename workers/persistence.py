@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Final
 
 from workers.core import Core
-from workers.ids import is_valid_job_id, slot_of, slot_of_job_id
+from workers.ids import slot_of, slot_of_valid_id
 from workers.job import (
     ACKED,
     ACTIVE,
@@ -25,6 +25,12 @@ _DEL_TAG = bytes((DEL_RECORD_TAG,))
 ctime_ahead_ms_max: Final = 24 * 3600 * 1000
 
 
+# The slots of the queue names lie_of saw last (a blake3 each otherwise: as much as
+# the rest of a peer's record); cleared when full.
+_queue_slots: dict[bytes, int] = {}
+queue_slots_cached_max: Final = 4096
+
+
 def lie_of(job: Job) -> str | None:
     """Why a job record that decodes cannot be a job (None: it can): an ID of another
     shape or whose slot is not its queue's (the job would sit in a queue another
@@ -32,16 +38,25 @@ def lie_of(job: Job) -> str | None:
     loader refuses such a record before it touches the shard, and a peer's record is
     dropped for the same reasons (``federation.peer_job``), so whatever a node keeps
     it can load again."""
-    if not is_valid_job_id(job.id):
+    slot = slot_of_valid_id(job.id.encode())
+    if slot < 0:
         return f"bad job ID {job.id!r}"
-    if slot_of_job_id(job.id) != slot_of(job.queue):
-        return (f"job {job.id}: its ID's slot {slot_of_job_id(job.id)} is not its "
-                f"queue's slot {slot_of(job.queue)}")
+    queue = job.queue
+    qslot = _queue_slots.get(queue)
+    if qslot is None:
+        if len(_queue_slots) >= queue_slots_cached_max:
+            _queue_slots.clear()
+        qslot = _queue_slots[queue] = slot_of(queue)
+    if slot != qslot:
+        return f"job {job.id}: its ID's slot {slot} is not its queue's slot {qslot}"
     if job.repl < 1:
         return f"job {job.id}: replication level {job.repl}"
-    if not job.delivered or any(not 0 < len(n) <= node_id_bytes_max
-                                for n in (*job.delivered, *job.confirmed)):
-        return f"job {job.id}: no node, or a node name of a bad length"
+    delivered, confirmed = job.nodes
+    if not delivered:
+        return f"job {job.id}: no node"
+    for node in delivered + confirmed:
+        if not 0 < len(node) <= node_id_bytes_max:
+            return f"job {job.id}: a node name of {len(node)} bytes"
     return None
 
 
