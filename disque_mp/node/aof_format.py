@@ -159,6 +159,32 @@ _NONE_TO_THE_END = -1  # no sound frame after the damage: a tail
 _NONE_IN_REACH = -2  # none within resync_scan_bytes_max: not known to be a tail
 
 
+def _frame_end(m: mmap.mmap, p: int, size: int) -> int:
+    """Where a frame starting at ``p`` would end, -1 when its length cannot be one
+    (0, or past the end of the file)."""
+    if p + FRAME.size > size:
+        return -1
+    length = int.from_bytes(m[p:p + 4], "big")
+    end = p + FRAME.size + length
+    return end if length and end <= size else -1
+
+
+_starts_cache: dict[int, re.Pattern[bytes]] = {}
+
+
+def _frame_starts(left: int) -> re.Pattern[bytes]:
+    """Where a frame may start within ``left`` bytes: its length's first byte is at
+    most ``left >> 24`` and its four length bytes are not all zero (so a scan skips
+    zero runs and most garbage at C speed, not byte by byte)."""
+    top = min(255, max(left - FRAME.size, 0) >> 24)
+    pattern = _starts_cache.get(top)
+    if pattern is None:
+        high = rb"[\x01-" + re.escape(bytes((top,))) + rb"]|" if top else b""
+        pattern = _starts_cache[top] = re.compile(b"(?:" + high + rb"\x00(?!\x00\x00\x00))",
+                                                  re.DOTALL)
+    return pattern
+
+
 class RecordReader:
     """Yields the payloads of a file's good frames; afterwards ``damage`` says
     whether (and where) a bad frame stopped the scan.
@@ -253,22 +279,27 @@ class RecordReader:
             return nxt, 1  # only this frame's payload (or checksum) was hit
         last = size - FRAME.size
         stop = min(last, off + resync_scan_bytes_max)
+        starts = _frame_starts(size - off)
         p = off + 1
         while p <= stop:
-            if self._sound_at(m, p):
+            found = starts.search(m, p, stop + 4)
+            if found is None:
+                break
+            p = found.start()
+            if p <= stop and self._sound_at(m, p):
                 return p, 0
             p += 1
-        return (_NONE_TO_THE_END if stop == last or p > last else _NONE_IN_REACH), 0
+        return (_NONE_TO_THE_END if stop == last else _NONE_IN_REACH), 0
 
     def _sound_at(self, m: mmap.mmap, p: int, chain: bool = True) -> bool:
         """A sound frame starts at ``p`` (and, with ``chain``, a sound frame or the
-        end of the file follows it: one checksum alone could match by chance)."""
+        end of the file follows it: one checksum alone could match by chance). The
+        lengths are checked before any checksum is computed."""
         size = self.size
-        if p + FRAME.size > size:
+        end = _frame_end(m, p, size)
+        if end < 0 or (chain and end != size and _frame_end(m, end, size) < 0):
             return False
-        length, crc = FRAME.unpack_from(m, p)
-        end = p + FRAME.size + length
-        if length == 0 or end > size or zlib.crc32(m[p + FRAME.size:end]) != crc:
+        if zlib.crc32(m[p + FRAME.size:end]) != FRAME.unpack_from(m, p)[1]:
             return False
         return not chain or end == size or self._sound_at(m, end, False)
 
