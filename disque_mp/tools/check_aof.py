@@ -13,6 +13,7 @@ import sys
 from disque_mp.node.aof_format import FileHeader, RecordReader, truncate_file
 from workers.ids import is_valid_job_id
 from workers.job import DEL_RECORD_TAG, Job, job_id_of_record
+from workers.persistence import lie_of
 
 USAGE = "Usage: disque-mp check-aof [--fix] <file.aof>"
 
@@ -70,7 +71,7 @@ def _record_problem(payload: bytes) -> str | None:
             if not is_valid_job_id(job_id_of_record(payload)):
                 return "bad job ID in a deletion record"
         else:
-            Job.from_record(payload)
+            return lie_of(Job.from_record(payload))  # what the node would refuse too
     except (ValueError, struct.error) as e:
         return str(e)
     return None

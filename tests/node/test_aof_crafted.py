@@ -18,6 +18,7 @@ import pytest
 
 from disque_mp.node.aof_load import AofLoadError, ShardAdapter, load_slots
 from disque_mp.node.config import Config
+from disque_mp.tools import check_aof
 from tests.node.test_aof_file import write_aof
 from tests.nodeproc import NodeProc
 from workers.federation import peer_job
@@ -184,3 +185,12 @@ def test_a_worker_restarted_into_a_refused_file_stops_the_node(tmp_path: Path) -
         assert log.count("Fatal error loading the AOF") == 1, "restarted once, not in a loop"
     finally:
         node.stop()
+
+
+def test_check_aof_finds_the_record_the_loader_refuses(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    good = job().to_record()
+    path = write_aof(tmp_path, [good, job(repl=0).to_record(), good])
+    assert check_aof.main([str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "record does not decode: job " in out and "replication level 0" in out
