@@ -126,6 +126,7 @@ class Config:
     appendfilename: str = "appendonly.aof"
     appendfsync: str = "everysec"  # always | everysec | no
     aof_load_truncated: bool = True
+    aof_load_corrupt: str = "refuse"  # refuse | skip (damage before the end of an AOF)
     aof_enqueue_jobs_once: bool = False
     auto_aof_rewrite_percentage: int = 100
     auto_aof_rewrite_min_size: int = 64 << 20
@@ -455,6 +456,9 @@ DIRECTIVES: tuple[Directive, ...] = (
        "redrive-count-max must be between 1 and 1000000", lo=1, hi=1_000_000),
     # ours: joining by configuration (docs/cluster.md)
     _d("cluster-seeds", "special", True),
+    # ours: damage before the end of an AOF (docs/persistence.md, "Damaged files")
+    _d("aof-load-corrupt", "enum", True, "argument must be 'refuse' or 'skip'",
+       choices=("refuse", "skip")),
 )
 BY_NAME: dict[str, Directive] = {d.name: d for d in DIRECTIVES}
 # Names Redis users know for our limit directives (same field, same units).

@@ -182,6 +182,7 @@ class Worker(ClientHost):
     def _start_aof(self) -> None:
         try:
             from disque_mp.node.aof import AofLoadError, AofManager, ShardAdapter
+            from disque_mp.node.aof_load import refused_exit_code
         except ImportError as e:  # a broken install: never serve without persistence
             log.warning("Fatal error: the AOF part cannot be loaded (%s); not starting", e)
             raise SystemExit(1) from None
@@ -190,7 +191,8 @@ class Worker(ClientHost):
             self.aof.load(wall_ms())
         except (AofLoadError, OSError) as e:
             log.warning("Fatal error loading the AOF: %s", e)
-            raise SystemExit(1) from None  # never serve a partial state
+            # never serve a partial state; a refusal would come again: no restart
+            raise SystemExit(refused_exit_code if isinstance(e, AofLoadError) else 1) from None
         self.aof_task = asyncio.get_running_loop().create_task(self.aof.run())
 
     async def _start_cluster(self) -> None:
