@@ -16,6 +16,15 @@ Structure: one ``collections.deque`` of job records sorted by ``ctime_us``
   inserted again (ctime never changes), so re-queueing a job that still has
   one revives it in place. Stale entries are purged when they outnumber the
   live ones (amortised O(1) per removal).
+- A job that moves to another queue (dead letter, REDRIVE) leaves its stale
+  entry where it is, as a *ghost*: the queue's ``ghosts`` set names the jobs
+  whose entry here is no longer theirs (the job may be queued elsewhere, so its
+  state alone cannot tell). A ghost counts as a stale entry (purged with them);
+  the job coming back revives it in place. So a move costs O(1) whatever the
+  queue's length, where removing the entry from the deque would scan it.
+- Reads from the head (QPEEK, REDRIVE, the oldest age) drop the stale entries
+  they find before the first live one, as a pop would: a run of stale entries
+  is paid for once, not by every read.
 
 Groups (ADDJOB ... GROUP): a queue whose jobs all belong to one group (most
 queues: every job ungrouped) is the single deque above, labelled ``group0``, and
@@ -26,8 +35,9 @@ lane at the head of the ring and puts that lane at the tail. A lane leaves when
 its last queued job is taken (its stale entries are dropped with it); when one
 lane is left the queue goes back to the single deque.
 
-A job is a live entry iff ``job.state == QUEUED``; ``FLAG_IN_DEQUE`` says the
-record is physically in the deque. Compared (bench/test_micro.py: test_queue_* against test_baseline_*)
+An entry is live iff ``job.state == QUEUED`` and the job is not one of the
+queue's ghosts; ``FLAG_IN_DEQUE`` says the record is physically in the deque of
+the queue it belongs to (``job.queue``), never of one where it is a ghost. Compared (bench/test_micro.py: test_queue_* against test_baseline_*)
 with a heap with lazy deletion and with sortedcontainers: the deque is the
 fastest on append/pop and the smallest (a heap entry needs a tuple, ~70
 bytes per job; a SortedKeyList ~2 list slots plus a key per job).
@@ -126,16 +136,38 @@ def _insert(dq: deque[Job], job: Job) -> None:
         dq.insert(bisect_right(dq, job.ctime_us, key=_ctime), job)
 
 
-def _queued_only(dq: deque[Job]) -> deque[Job]:
-    """A purge: the entries of ``dq`` whose job is still queued, in order; the
-    stale ones leave (their jobs unmarked)."""
+def _live(job: Job, ghosts: set[Job] | None) -> bool:
+    """The entry is the job's own and the job is queued."""
+    return job.state == QUEUED and not (ghosts and job in ghosts)
+
+
+def _forget(job: Job, ghosts: set[Job] | None) -> None:
+    """A stale entry leaves its deque: a ghost leaves the set (the job's flag is
+    about its own queue's entry), any other entry unmarks its job."""
+    if ghosts and job in ghosts:
+        ghosts.discard(job)
+    else:
+        job.unmark_in_deque()
+
+
+def _queued_only(dq: deque[Job], ghosts: set[Job] | None) -> deque[Job]:
+    """A purge: the live entries of ``dq``, in order; the stale ones leave."""
     keep: deque[Job] = deque()
     for job in dq:
-        if job.state == QUEUED:
+        if _live(job, ghosts):
             keep.append(job)
         else:
-            job.unmark_in_deque()
+            _forget(job, ghosts)
     return keep
+
+
+def _trim(dq: deque[Job], ghosts: set[Job] | None) -> int:
+    """Drop the stale entries before the first live one; how many went."""
+    n = 0
+    while dq and not _live(dq[0], ghosts):
+        _forget(dq.popleft(), ghosts)
+        n += 1
+    return n
 
 
 def _group(job: Job) -> bytes:
@@ -155,24 +187,25 @@ class Lane:
         self.live = live
         self.stale = stale
 
-    def take(self) -> tuple[Job | None, int]:
+    def take(self, ghosts: set[Job] | None) -> tuple[Job | None, int]:
         """Pop the oldest queued job; also how many stale entries were skipped."""
         dq = self.dq
         skipped = 0
         while dq:
             job = dq.popleft()
-            job.unmark_in_deque()
-            if job.state == QUEUED:
+            if _live(job, ghosts):
+                job.unmark_in_deque()
                 self.live -= 1
                 self.stale -= skipped
                 return job, skipped
+            _forget(job, ghosts)
             skipped += 1
         self.stale -= skipped
         return None, skipped
 
-    def clear(self) -> None:
+    def clear(self, ghosts: set[Job] | None) -> None:
         for job in self.dq:
-            job.unmark_in_deque()
+            _forget(job, ghosts)
         self.dq.clear()
         self.live = 0
         self.stale = 0
@@ -197,6 +230,7 @@ class Queue(Timed):
         "ring",
         "groups_live",
         "cells",
+        "ghosts",
     )
 
     def __init__(self, name: bytes, slot: int, now_ms: int, cells: Cells | None = None) -> None:
@@ -220,6 +254,8 @@ class Queue(Timed):
         self.lanes: dict[bytes, Lane] | None = None  # group -> lane, 2 or more
         self.ring: deque[Lane] | None = None  # the lanes in serving order
         self.groups_live = 0  # lanes with queued jobs (while split)
+        # jobs whose (stale) entry here is not theirs any more: moved to another queue
+        self.ghosts: set[Job] | None = None
 
     def __len__(self) -> int:
         return self.live
@@ -232,11 +268,21 @@ class Queue(Timed):
         self.live += 1
         if self.live == 1:
             self.cells.inc(self.slot)
-        if job.in_deque():
+        if job.in_deque() or (self.ghosts and self._unghost(job)):
             self.stale -= 1  # revive the stale entry: it is already in ctime position
             return
         job.mark_in_deque()
         _insert(self._dq, job)
+
+    def _unghost(self, job: Job) -> bool:
+        """The job comes back to a queue where it left a ghost: the entry is its own
+        again (in ctime position, as a stale entry is); False when it left none."""
+        ghosts = self.ghosts
+        if not ghosts or job not in ghosts:
+            return False
+        ghosts.discard(job)
+        job.mark_in_deque()
+        return True
 
     def pop(self) -> Job | None:
         """Remove and return the oldest queued job (its state is still QUEUED); of
@@ -246,12 +292,13 @@ class Queue(Timed):
         dq = self._dq
         while dq:
             job = dq.popleft()
-            job.unmark_in_deque()
-            if job.state == QUEUED:
+            if job.state == QUEUED and not (self.ghosts and job in self.ghosts):
+                job.unmark_in_deque()
                 self.live -= 1
                 if not self.live:
                     self.cells.dec(self.slot)
                 return job
+            _forget(job, self.ghosts)
             self.stale -= 1
         return None
 
@@ -272,25 +319,22 @@ class Queue(Timed):
 
     def detach(self, job: Job) -> None:
         """A job whose entry here is stale moves to another queue (dead letter,
-        REDRIVE): drop the entry, else pushing it there would revive it here.
-        O(the entry's position): REDRIVE takes the oldest, near the front. A split
-        queue holds the entry in the lane of the job's group (a lane that went
-        took its entries with it, unmarked)."""
-        if self.lanes is not None:
-            lane = self.lanes[_group(job)]
-            lane.dq.remove(job)
-            lane.stale -= 1
-        else:
-            self._dq.remove(job)
+        REDRIVE): its entry stays as a ghost, O(1) (else pushing the job there would
+        revive it here). It still counts as stale, in the lane of the job's group
+        when the queue is split, and goes with the purge, the pop that reaches it
+        or its lane; the job coming back here revives it."""
         job.unmark_in_deque()
-        self.stale -= 1
+        if self.ghosts is None:
+            self.ghosts = set()
+        self.ghosts.add(job)
 
     def _purge(self) -> None:
         if self.lanes is not None:
             self._purge_lanes()
             return
-        self._dq = _queued_only(self._dq)
+        self._dq = _queued_only(self._dq, self.ghosts)
         self.stale = 0
+        self.ghosts = None
 
     def drop_all(self) -> None:
         """Forget every entry (queue evicted or flushed): clear deque membership. The
@@ -299,15 +343,16 @@ class Queue(Timed):
             self.cells.dec(self.slot)
         self.cells.bump(self.slot)
         for job in self._dq:
-            job.unmark_in_deque()
+            _forget(job, self.ghosts)
         self._dq.clear()
         if self.lanes is not None:
             for lane in self.lanes.values():
-                lane.clear()
+                lane.clear(self.ghosts)
             self._unsplit(None)
         self.group0 = b""
         self.live = 0
         self.stale = 0
+        self.ghosts = None
 
     # ---- groups
 
@@ -336,7 +381,7 @@ class Queue(Timed):
         self.live += 1
         if self.live == 1:
             self.cells.inc(self.slot)
-        if job.in_deque():
+        if job.in_deque() or (self.ghosts and self._unghost(job)):
             lane.stale -= 1  # revive the stale entry, as push does
             self.stale -= 1
             return True
@@ -372,7 +417,7 @@ class Queue(Timed):
             raise InvariantError(f"queue {self.name!r}: lanes without a ring")
         while ring:
             lane = ring.popleft()
-            job, skipped = lane.take()
+            job, skipped = lane.take(self.ghosts)
             self.stale -= skipped
             if job is not None:
                 self.live -= 1
@@ -383,7 +428,7 @@ class Queue(Timed):
                     return job
                 self.groups_live -= 1
             self.stale -= lane.stale  # the lane goes with its stale entries
-            lane.clear()
+            lane.clear(self.ghosts)
             del lanes[lane.group]
             if len(lanes) <= 1:
                 self._unsplit(ring[0] if ring else None)
@@ -399,13 +444,14 @@ class Queue(Timed):
             raise InvariantError(f"queue {self.name!r}: lanes without a ring")
         kept: deque[Lane] = deque()
         for lane in ring:
-            lane.dq = _queued_only(lane.dq)
+            lane.dq = _queued_only(lane.dq, self.ghosts)
             lane.stale = 0
             if lane.live:
                 kept.append(lane)
             else:
                 del lanes[lane.group]
         self.stale = 0
+        self.ghosts = None
         self.ring = kept
         if len(lanes) <= 1:
             self._unsplit(kept[0] if kept else None)
@@ -432,13 +478,18 @@ class Queue(Timed):
         return [lane.dq for lane in self.lanes.values()]
 
     def oldest(self, count: int) -> list[Job]:
+        """The ``count`` oldest queued jobs (the stale entries ahead of the first
+        live one are dropped on the way, as pop would)."""
         out: list[Job] = []
         if count <= 0:
             return out
+        ghosts = self.ghosts
+        if self.lanes is None:
+            self.stale -= _trim(self._dq, ghosts)
         entries: Iterable[Job] = self._dq if self.lanes is None else heapq.merge(
             *self._entries(), key=_ctime)
         for job in entries:
-            if job.state == QUEUED:
+            if _live(job, ghosts):
                 out.append(job)
                 if len(out) >= count:
                     break
@@ -450,19 +501,27 @@ class Queue(Timed):
             return out
         entries: Iterable[Job] = reversed(self._dq) if self.lanes is None else heapq.merge(
             *(reversed(dq) for dq in self._entries()), key=_ctime, reverse=True)
+        ghosts = self.ghosts
         for job in entries:
-            if job.state == QUEUED:
+            if _live(job, ghosts):
                 out.append(job)
                 if len(out) >= count:
                     break
         return out
 
     def __iter__(self) -> Iterator[Job]:
-        return (job for dq in self._entries() for job in dq if job.state == QUEUED)
+        ghosts = self.ghosts
+        return (job for dq in self._entries() for job in dq if _live(job, ghosts))
 
     def check(self) -> str | None:
         """Describe a broken invariant of this queue, or None (tests, invariant())."""
         seen: set[int] = set()
+        err = self._check_entries(seen)
+        if err is None and self.ghosts and not {id(job) for job in self.ghosts} <= seen:
+            err = f"queue {self.name!r}: a ghost without an entry"
+        return err
+
+    def _check_entries(self, seen: set[int]) -> str | None:
         if self.lanes is None:
             return self._check_deque(self._dq, self.group0, self.live, self.stale, seen)
         err = self._check_lanes()
@@ -501,18 +560,22 @@ class Queue(Timed):
                      stale_count: int, seen: set[int]) -> str | None:
         live = 0
         prev = -1
+        ghosts = self.ghosts or set()
         for job in dq:
             if id(job) in seen:
                 return f"job {job.id} twice in queue {self.name!r}"
             seen.add(id(job))
-            if not job.in_deque():
+            ghost = job in ghosts
+            if not ghost and not job.in_deque():
                 return f"job {job.id} in deque without FLAG_IN_DEQUE"
+            if ghost and job.queue == self.name and job.state == QUEUED:
+                return f"job {job.id} queued in {self.name!r} behind its own ghost"
             if job.ctime_us < prev:
                 return f"queue {self.name!r} out of ctime order at {job.id}"
             if _group(job) != group:
                 return f"job {job.id} of group {_group(job)!r} in lane {group!r}"
             prev = job.ctime_us
-            if job.state == QUEUED:
+            if _live(job, ghosts):
                 if job.queue != self.name:
                     return f"job {job.id} of {job.queue!r} queued in {self.name!r}"
                 live += 1
