@@ -5,7 +5,8 @@
 Four figures, each the best of ``--rounds`` (gc off while timed):
 
 - ``add+take``: one ADDJOB then one GETJOB NOHANG on a queue (the hot path the
-  queue's structure must not slow), per pair;
+  queue's structure must not slow), per pair; ``grouped``: ADDJOB ... GROUP over
+  100 groups, a GETJOB after every second one (the queue split), per ADDJOB;
 - ``deadletter``: DEADLETTER of the newest ``--ids`` jobs of a queue holding
   ``--jobs`` queued jobs, per ID;
 - ``redrive``: REDRIVE COUNT ``--ids`` out of ``dead:q`` with ``--jobs``
@@ -60,11 +61,14 @@ def best(rounds: int, setup: Callable[[], Any], run: Callable[[Any], int]) -> fl
     return out
 
 
-def add_take(pairs: int) -> Callable[[Shard], int]:
+def add_take(pairs: int, groups: int = 0) -> Callable[[Shard], int]:
+    names = [b"tenant-%d" % g for g in range(groups)]
+
     def run(s: Shard) -> int:
         for i in range(pairs):
-            add(s, b"q", T0 + i)
-            s.op_take([b"q"], 1, False, T0 + i)
+            add(s, b"q", T0 + i, names[i % groups] if groups else b"")
+            if not groups or i % 2:  # grouped: the queue keeps jobs of many groups
+                s.op_take([b"q"], 1, False, T0 + i)
             s.take_effects()
         return pairs
     return run
@@ -131,10 +135,11 @@ def main() -> None:
     p.add_argument("--groups", type=int, default=100_000)
     p.add_argument("--pairs", type=int, default=50_000)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--only", choices=("add+take", "deadletter", "redrive", "groups"))
+    p.add_argument("--only", choices=("add+take", "grouped", "deadletter", "redrive", "groups"))
     a = p.parse_args()
     runs: dict[str, tuple[Callable[[], Any], Callable[[Any], int]]] = {
         "add+take": (new_shard, add_take(a.pairs)),
+        "grouped": (new_shard, add_take(a.pairs, 100)),
         "deadletter": (deadletter_setup(a.jobs, a.ids), deadletter),
         "redrive": (redrive_setup(a.jobs, a.ids), redrive_run(a.ids)),
         "groups": (groups_setup(a.groups), group_reads(5)),

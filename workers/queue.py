@@ -61,6 +61,15 @@ from typing import Any, Final
 from workers.ids import SLOTS
 from workers.invariant import InvariantError
 from workers.job import QUEUED, Job, Timed
+from workers.lanes import (
+    GroupOrder,
+    Lane,
+    forget_entry,
+    group_of,
+    live_entry,
+    queued_only,
+    trim_head,
+)
 
 # Purge stale entries once there are more than this many and more than live ones:
 # small queues never pay for a purge, big ones pay O(n) only after n removals.
@@ -136,81 +145,6 @@ def _insert(dq: deque[Job], job: Job) -> None:
         dq.insert(bisect_right(dq, job.ctime_us, key=_ctime), job)
 
 
-def _live(job: Job, ghosts: set[Job] | None) -> bool:
-    """The entry is the job's own and the job is queued."""
-    return job.state == QUEUED and not (ghosts and job in ghosts)
-
-
-def _forget(job: Job, ghosts: set[Job] | None) -> None:
-    """A stale entry leaves its deque: a ghost leaves the set (the job's flag is
-    about its own queue's entry), any other entry unmarks its job."""
-    if ghosts and job in ghosts:
-        ghosts.discard(job)
-    else:
-        job.unmark_in_deque()
-
-
-def _queued_only(dq: deque[Job], ghosts: set[Job] | None) -> deque[Job]:
-    """A purge: the live entries of ``dq``, in order; the stale ones leave."""
-    keep: deque[Job] = deque()
-    for job in dq:
-        if _live(job, ghosts):
-            keep.append(job)
-        else:
-            _forget(job, ghosts)
-    return keep
-
-
-def _trim(dq: deque[Job], ghosts: set[Job] | None) -> int:
-    """Drop the stale entries before the first live one; how many went."""
-    n = 0
-    while dq and not _live(dq[0], ghosts):
-        _forget(dq.popleft(), ghosts)
-        n += 1
-    return n
-
-
-def _group(job: Job) -> bytes:
-    ext = job.ext
-    return b"" if ext is None else ext.group
-
-
-class Lane:
-    """The jobs of one group in a queue that holds several: the same ctime-ordered
-    deque with lazy deletion as a single-group queue's."""
-
-    __slots__ = ("group", "dq", "live", "stale")
-
-    def __init__(self, group: bytes, dq: deque[Job], live: int, stale: int) -> None:
-        self.group = group
-        self.dq = dq
-        self.live = live
-        self.stale = stale
-
-    def take(self, ghosts: set[Job] | None) -> tuple[Job | None, int]:
-        """Pop the oldest queued job; also how many stale entries were skipped."""
-        dq = self.dq
-        skipped = 0
-        while dq:
-            job = dq.popleft()
-            if _live(job, ghosts):
-                job.unmark_in_deque()
-                self.live -= 1
-                self.stale -= skipped
-                return job, skipped
-            _forget(job, ghosts)
-            skipped += 1
-        self.stale -= skipped
-        return None, skipped
-
-    def clear(self, ghosts: set[Job] | None) -> None:
-        for job in self.dq:
-            _forget(job, ghosts)
-        self.dq.clear()
-        self.live = 0
-        self.stale = 0
-
-
 class Queue(Timed):
     __slots__ = (
         "name",
@@ -231,6 +165,7 @@ class Queue(Timed):
         "groups_live",
         "cells",
         "ghosts",
+        "order",
     )
 
     def __init__(self, name: bytes, slot: int, now_ms: int, cells: Cells | None = None) -> None:
@@ -254,6 +189,7 @@ class Queue(Timed):
         self.lanes: dict[bytes, Lane] | None = None  # group -> lane, 2 or more
         self.ring: deque[Lane] | None = None  # the lanes in serving order
         self.groups_live = 0  # lanes with queued jobs (while split)
+        self.order: GroupOrder | None = None  # the lanes by head, tail, count (while split)
         # jobs whose (stale) entry here is not theirs any more: moved to another queue
         self.ghosts: set[Job] | None = None
 
@@ -298,7 +234,7 @@ class Queue(Timed):
                 if not self.live:
                     self.cells.dec(self.slot)
                 return job
-            _forget(job, self.ghosts)
+            forget_entry(job, self.ghosts)
             self.stale -= 1
         return None
 
@@ -308,10 +244,11 @@ class Queue(Timed):
         if not self.live:
             self.cells.dec(self.slot)
         self.stale += 1
-        if self.lanes is not None:
-            lane = self.lanes[_group(job)]
+        if self.lanes is not None and self.order is not None:
+            lane = self.lanes[group_of(job)]
             lane.live -= 1
             lane.stale += 1
+            self.order.changed(lane)
             if not lane.live:
                 self.groups_live -= 1
         if self.stale > stale_entries_purge_min and self.stale > self.live:
@@ -332,7 +269,7 @@ class Queue(Timed):
         if self.lanes is not None:
             self._purge_lanes()
             return
-        self._dq = _queued_only(self._dq, self.ghosts)
+        self._dq = queued_only(self._dq, self.ghosts)
         self.stale = 0
         self.ghosts = None
 
@@ -343,7 +280,7 @@ class Queue(Timed):
             self.cells.dec(self.slot)
         self.cells.bump(self.slot)
         for job in self._dq:
-            _forget(job, self.ghosts)
+            forget_entry(job, self.ghosts)
         self._dq.clear()
         if self.lanes is not None:
             for lane in self.lanes.values():
@@ -359,7 +296,7 @@ class Queue(Timed):
     def _push_grouped(self, job: Job) -> bool:
         """push's path for a grouped job or a queue that is not plain: True when
         the job went to a lane, False when push goes on with the single deque."""
-        group = _group(job)
+        group = group_of(job)
         if self.lanes is None:
             if group == self.group0:
                 return False
@@ -369,30 +306,39 @@ class Queue(Timed):
             self._split()
         lanes = self.lanes
         ring = self.ring
-        if lanes is None or ring is None:
+        order = self.order
+        if lanes is None or ring is None or order is None:
             raise InvariantError(f"queue {self.name!r}: lanes without a ring")
         lane = lanes.get(group)
         if lane is None:
-            lane = lanes[group] = Lane(group, deque(), 0, 0)
+            lane = order.new_lane(group, deque(), 0, 0)
             ring.append(lane)
-        if not lane.live:
+        was = lane.live
+        if not was:
             self.groups_live += 1
-        lane.live += 1
+        lane.live = was + 1
+        order.changed(lane)
         self.live += 1
         if self.live == 1:
             self.cells.inc(self.slot)
         if job.in_deque() or (self.ghosts and self._unghost(job)):
             lane.stale -= 1  # revive the stale entry, as push does
             self.stale -= 1
-            return True
-        job.mark_in_deque()
-        _insert(lane.dq, job)
+        else:
+            job.mark_in_deque()
+            _insert(lane.dq, job)
+        dq = lane.dq
+        if not was or dq[0] is job:
+            order.head_moved(lane)
+        if not was or dq[-1] is job:
+            order.tail_moved(lane)
         return True
 
     def _split(self) -> None:
         """A second group arrives: the deque becomes the first lane of the ring."""
-        first = Lane(self.group0, self._dq, self.live, self.stale)
-        self.lanes = {self.group0: first}
+        self.lanes = {}
+        self.order = GroupOrder(self.lanes)
+        first = self.order.new_lane(self.group0, self._dq, self.live, self.stale)
         self.ring = deque((first,))
         self.groups_live = 1 if self.live else 0
         self._dq = deque()
@@ -408,18 +354,21 @@ class Queue(Timed):
             self.group0 = last.group
         self.lanes = None
         self.ring = None
+        self.order = None
         self.groups_live = 0
 
     def _pop_lane(self) -> Job | None:
         lanes = self.lanes
         ring = self.ring
-        if lanes is None or ring is None:
+        order = self.order
+        if lanes is None or ring is None or order is None:
             raise InvariantError(f"queue {self.name!r}: lanes without a ring")
         while ring:
             lane = ring.popleft()
             job, skipped = lane.take(self.ghosts)
             self.stale -= skipped
             if job is not None:
+                order.changed(lane)
                 self.live -= 1
                 if not self.live:
                     self.cells.dec(self.slot)
@@ -444,7 +393,7 @@ class Queue(Timed):
             raise InvariantError(f"queue {self.name!r}: lanes without a ring")
         kept: deque[Lane] = deque()
         for lane in ring:
-            lane.dq = _queued_only(lane.dq, self.ghosts)
+            lane.dq = queued_only(lane.dq, self.ghosts)
             lane.stale = 0
             if lane.live:
                 kept.append(lane)
@@ -466,16 +415,33 @@ class Queue(Timed):
             return 1 if self.live else 0
         return self.groups_live
 
-    def group_counts(self) -> list[tuple[bytes, int]]:
-        """(group, queued jobs) of every group with queued jobs (QGROUPS)."""
+    def largest_groups(self, count: int) -> list[tuple[bytes, int]]:
+        """Up to ``count`` (group, queued jobs) of the groups with queued jobs,
+        largest first, ties by name (QGROUPS): O(count log groups)."""
+        if self.order is None:
+            return [(self.group0, self.live)] if self.live and count > 0 else []
+        return self.order.largest(count)
+
+    def adds_group(self, group: bytes) -> bool:
+        """A job of ``group`` queued here would be a group more (queue-groups-max)."""
         if self.lanes is None:
-            return [(self.group0, self.live)] if self.live else []
-        return [(lane.group, lane.live) for lane in self.lanes.values() if lane.live]
+            return bool(self.live) and group != self.group0
+        lane = self.lanes.get(group)
+        return lane is None or not lane.live
 
     def _entries(self) -> list[deque[Job]]:
         if self.lanes is None:
             return [self._dq]
         return [lane.dq for lane in self.lanes.values()]
+
+    def _first_lanes(self, count: int, tail: bool) -> list[deque[Job]]:
+        """The deques of the ``count`` lanes whose oldest (``tail``: newest) jobs
+        come first: a read of ``count`` jobs merges no other lane."""
+        if self.order is None:
+            return self._entries()
+        lanes, dropped = self.order.first_lanes(count, self.ghosts, tail)
+        self.stale -= dropped
+        return [lane.dq for lane in lanes]
 
     def oldest(self, count: int) -> list[Job]:
         """The ``count`` oldest queued jobs (the stale entries ahead of the first
@@ -485,11 +451,11 @@ class Queue(Timed):
             return out
         ghosts = self.ghosts
         if self.lanes is None:
-            self.stale -= _trim(self._dq, ghosts)
+            self.stale -= trim_head(self._dq, ghosts)
         entries: Iterable[Job] = self._dq if self.lanes is None else heapq.merge(
-            *self._entries(), key=_ctime)
+            *self._first_lanes(count, False), key=_ctime)
         for job in entries:
-            if _live(job, ghosts):
+            if live_entry(job, ghosts):
                 out.append(job)
                 if len(out) >= count:
                     break
@@ -500,10 +466,11 @@ class Queue(Timed):
         if count <= 0:
             return out
         entries: Iterable[Job] = reversed(self._dq) if self.lanes is None else heapq.merge(
-            *(reversed(dq) for dq in self._entries()), key=_ctime, reverse=True)
+            *(reversed(dq) for dq in self._first_lanes(count, True)), key=_ctime,
+            reverse=True)
         ghosts = self.ghosts
         for job in entries:
-            if _live(job, ghosts):
+            if live_entry(job, ghosts):
                 out.append(job)
                 if len(out) >= count:
                     break
@@ -511,7 +478,7 @@ class Queue(Timed):
 
     def __iter__(self) -> Iterator[Job]:
         ghosts = self.ghosts
-        return (job for dq in self._entries() for job in dq if _live(job, ghosts))
+        return (job for dq in self._entries() for job in dq if live_entry(job, ghosts))
 
     def check(self) -> str | None:
         """Describe a broken invariant of this queue, or None (tests, invariant())."""
@@ -554,7 +521,9 @@ class Queue(Timed):
             return f"queue {self.name!r} split but its single deque holds jobs"
         if len(ring) != len(lanes) or {id(x) for x in ring} != {id(x) for x in lanes.values()}:
             return f"queue {self.name!r} ring and lanes differ"
-        return None
+        if self.order is None or self.order.lanes is not lanes:
+            return f"queue {self.name!r} split without its group order"
+        return self.order.check()
 
     def _check_deque(self, dq: deque[Job], group: bytes, live_count: int,
                      stale_count: int, seen: set[int]) -> str | None:
@@ -572,10 +541,10 @@ class Queue(Timed):
                 return f"job {job.id} queued in {self.name!r} behind its own ghost"
             if job.ctime_us < prev:
                 return f"queue {self.name!r} out of ctime order at {job.id}"
-            if _group(job) != group:
-                return f"job {job.id} of group {_group(job)!r} in lane {group!r}"
+            if group_of(job) != group:
+                return f"job {job.id} of group {group_of(job)!r} in lane {group!r}"
             prev = job.ctime_us
-            if _live(job, ghosts):
+            if live_entry(job, ghosts):
                 if job.queue != self.name:
                     return f"job {job.id} of {job.queue!r} queued in {self.name!r}"
                 live += 1

@@ -224,6 +224,9 @@ class Config:
     # REDRIVE: jobs one call moves back from a dead-letter queue (its COUNT is cut to
     # it; a worker also serves other clients): a bigger backlog takes several calls
     redrive_count_max: int = 10_000
+    # ADDJOB ... GROUP: groups with queued jobs one queue holds; past it a job of a
+    # new group is refused (-ERR), so one queue's group lanes stay bounded
+    queue_groups_max: int = 100_000
 
 
 class ConfigValueError(ValueError):
@@ -450,6 +453,8 @@ DIRECTIVES: tuple[Directive, ...] = (
        "dedup-keys-max must be between 1 and 100000000", lo=1, hi=100_000_000),
     _d("redrive-count-max", "int", True,
        "redrive-count-max must be between 1 and 1000000", lo=1, hi=1_000_000),
+    _d("queue-groups-max", "int", True,
+       "queue-groups-max must be between 1 and 100000000", lo=1, hi=100_000_000),
 )
 BY_NAME: dict[str, Directive] = {d.name: d for d in DIRECTIVES}
 # Names Redis users know for our limit directives (same field, same units).
