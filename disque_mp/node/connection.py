@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import os
 import socket
 import time
 from typing import Any, Final
@@ -115,7 +116,7 @@ class ClientConn(asyncio.Protocol):
         "waiters", "dirty", "streak_owner", "streak", "handoffs", "addr", "gone",
         "close_after_write", "soft_since_s", "unfilled", "forwarded", "out_bytes",
         "auth_fails", "throttled", "slots_bytes", "write_paused", "pile_paused",
-        "cmd_at", "cmd_now",
+        "cmd_at", "cmd_now", "departure",
     )
 
     def __init__(self, node: ClientHost, state: dict[str, Any] | None = None) -> None:
@@ -140,6 +141,7 @@ class ClientConn(asyncio.Protocol):
         # replies piled behind a blocked one are over the soft output limit
         self.write_paused = False
         self.pile_paused = False
+        self.departure: DepartureWatch | None = None  # while reading is paused
         self.resp3 = False
         self.authed = not cfg.requirepass
         self.name = b""
@@ -211,8 +213,14 @@ class ClientConn(asyncio.Protocol):
         self.pile_paused = over
         if over:
             transport.pause_reading()
+            self.watch_departure()
         elif not self.closing and not self.throttled and not self.write_paused:
             transport.resume_reading()
+
+    def watch_departure(self) -> None:
+        """Reading is paused: see whether the client leaves (``DepartureWatch``)."""
+        if self.departure is None and self.transport is not None:
+            self.departure = DepartureWatch(self)
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
@@ -505,16 +513,20 @@ class ClientConn(asyncio.Protocol):
                 over = True
         elif not over:
             self.soft_since_s = 0.0
-        if not over:
-            return
+        if over:
+            self.drop(f"Client id={self.id} addr={self.addr} closed for overcoming of output "
+                      f"buffer limits ({size} bytes unread)")
+
+    def drop(self, why: str) -> None:
+        """Close now (logged), and what the client has not read goes with it."""
         self.closing = True
         self.out.clear()
         self.out_bytes = 0
         self.slots = None
         self.slots_bytes = 0
-        self.node.log(f"Client id={self.id} addr={self.addr} closed for overcoming of output "
-                      f"buffer limits ({size} bytes unread)")
-        transport.abort()
+        self.node.log(why)
+        if self.transport is not None:
+            self.transport.abort()
 
     def _recheck_soft(self) -> None:
         lim = output_limits(self.node.cfg.client_output_buffer_limit)
@@ -543,6 +555,37 @@ class ClientConn(asyncio.Protocol):
 
 
 soft_recheck_s = 0.1  # past the soft seconds, when to look at a silent client again
+departure_probe_s = 1.0  # while a client is not read, how often to see whether it left
+
+# TCP states (linux/tcp_states.h) of a socket whose peer has closed its end
+_TCP_CLOSE: Final = 7
+_TCP_CLOSE_WAIT: Final = 8
+
+
+class DepartureWatch:
+    """A connection whose reading is paused (replies piled behind a blocked one over
+    the soft output limit, commands held for the forwarded window) reads no end of
+    file: a client that left would keep its replies until one is written, and a
+    WAITJOB may never answer. Every ``departure_probe_s`` while reading stays
+    paused, ask the socket (``peer_left``); a client that left is dropped at once,
+    its replies with it (as Redis frees a client on a read of 0 bytes)."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: ClientConn) -> None:
+        self.conn = conn
+        asyncio.get_running_loop().call_later(departure_probe_s, self.probe)
+
+    def probe(self) -> None:
+        conn = self.conn
+        transport = conn.transport
+        if transport is None or conn.gone or conn.closing or transport.is_reading():
+            conn.departure = None  # gone, closing, or read again: its end of file is read
+        elif peer_left(transport.get_extra_info("socket")):
+            conn.departure = None
+            conn.drop(f"Client id={conn.id} addr={conn.addr} left while its replies waited")
+        else:
+            asyncio.get_running_loop().call_later(departure_probe_s, self.probe)
 
 
 class OutputLimits:
@@ -582,6 +625,22 @@ def output_limits(text: str) -> OutputLimits:
     if text is not _limits.text:
         _limits.parse(text)
     return _limits
+
+
+def peer_left(sock: Any) -> bool:
+    """The client closed its end (FIN or RST) though nothing reads it: TCP_INFO's
+    state (its first byte) is CLOSE_WAIT or CLOSE, whatever input is still unread;
+    a Unix socket: a peek reads its end of file. False when it cannot tell."""
+    if sock is None:
+        return False
+    try:
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            state = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+            return state in (_TCP_CLOSE, _TCP_CLOSE_WAIT)
+        with socket.socket(fileno=os.dup(sock.fileno())) as peek:
+            return peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except (OSError, AttributeError, ValueError, IndexError):
+        return False  # no data (BlockingIOError), or nothing to ask: still there
 
 
 def _tune(sock: Any, keepalive_s: int) -> None:

@@ -346,6 +346,7 @@ class Router(CommandPath):
             held = self.held[conn] = deque()
             if conn.transport is not None:
                 conn.transport.pause_reading()  # its next commands wait for room
+                conn.watch_departure()
         held.append((counted, send))
 
     def window_freed(self, conn: ClientConn) -> None:

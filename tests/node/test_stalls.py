@@ -5,13 +5,14 @@ many jobs out of a long queue and back, a queue of many groups and its bound
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
-from tests.nodeproc import NodeProc
+from tests.nodeproc import NodeProc, wait_until
 from tests.nodeproc import unique_queue as _q
 
 pytestmark = pytest.mark.integration
@@ -84,3 +85,43 @@ def test_a_queue_of_many_groups_and_queue_groups_max(node: NodeProc) -> None:
     finally:
         r.execute_command("CONFIG", "SET", "queue-groups-max", 100_000)
 
+
+def _connected(r: redis.Redis) -> int:
+    return int(r.info("clients")["connected_clients"])
+
+
+def test_a_client_that_leaves_behind_a_waitjob_frees_its_replies_at_once(node: NodeProc) -> None:
+    """Replies pile behind a WAITJOB that never answers, over the soft output limit
+    (the node stops reading the client): the client leaves, and its connection and
+    replies go at once, not when the job is done or after the soft seconds."""
+    r = _r(node)
+    q = _q("pile")
+    pin = _add_many(r, _q("pin"), 1)[0]
+    for _ in range(16):
+        r.execute_command("ADDJOB", q, b"x" * 65536, 0, "REPLICATE", 1)
+    r.execute_command("CONFIG", "SET", "client-output-buffer-limit", "normal 0 1048576 3600")
+    try:
+        before = _connected(r)
+        peeks = _qpeeks(r)
+        with socket.create_connection(("127.0.0.1", node.port)) as s:
+            s.sendall(_resp("WAITJOB", pin, "TIMEOUT", 0) + _resp("QPEEK", q, 16) * 40)
+            # its replies pile (1 MB each) behind the WAITJOB, past the soft limit
+            wait_until(lambda: _qpeeks(r) >= peeks + 3, 15, "the piled QPEEKs")
+            assert _connected(r) == before + 1
+        wait_until(lambda: _connected(r) == before, 15, "the client that left to be freed")
+        assert r.ping()
+    finally:
+        r.execute_command("CONFIG", "SET", "client-output-buffer-limit",
+                          "normal 1073741824 268435456 60")
+
+
+def _qpeeks(r: redis.Redis) -> int:
+    return int(r.info("commandstats").get("cmdstat_qpeek", {}).get("calls", 0))
+
+
+def _resp(*args: object) -> bytes:
+    out = b"*%d\r\n" % len(args)
+    for a in args:
+        data = a if isinstance(a, bytes) else str(a).encode()
+        out += b"$%d\r\n%s\r\n" % (len(data), data)
+    return out
