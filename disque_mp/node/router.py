@@ -34,7 +34,13 @@ from bus.mesh import unpack
 from disque_mp.node.commands import jobs as cmd_jobs
 from disque_mp.node.commands.jobs import GetJobArgs
 from disque_mp.node.commands.table import TABLE, Command
-from disque_mp.node.connection import ClientConn, ClientHost, CommandPath, PendingReply
+from disque_mp.node.connection import (
+    ClientConn,
+    ClientHost,
+    CommandPath,
+    DepartureWatch,
+    PendingReply,
+)
 from disque_mp.node.errors import ERR_BADID, ERR_NOAUTH, ERR_OOM, err_arity, err_unknown
 from disque_mp.node.getjob import GetJob, GetJobs, Runs, encode_getjob
 from disque_mp.node.owner import Owner
@@ -344,9 +350,9 @@ class Router(CommandPath):
             return
         if held is None:
             held = self.held[conn] = deque()
-            if conn.transport is not None:
-                conn.transport.pause_reading()  # its next commands wait for room
-                conn.watch_departure()
+        if conn.transport is not None:
+            conn.transport.pause_reading()  # its next commands wait for room
+            DepartureWatch.watch(conn)
         held.append((counted, send))
 
     def window_freed(self, conn: ClientConn) -> None:

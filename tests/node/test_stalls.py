@@ -125,3 +125,32 @@ def _resp(*args: object) -> bytes:
         data = a if isinstance(a, bytes) else str(a).encode()
         out += b"$%d\r\n%s\r\n" % (len(data), data)
     return out
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProc]:
+    """One worker: every client and queue on the same event loop (a flood is cut at
+    64 MB of unread replies, not the default 1 GB)."""
+    with NodeProc(Path(tmp_path_factory.mktemp("stalls-one")), workers=1,
+                  conf={"client-output-buffer-limit": "normal 64mb 16mb 60"}) as n:
+        yield n
+
+
+def test_a_flood_of_heavy_reads_leaves_room_for_other_clients(single: NodeProc) -> None:
+    """A client pipelines 300 QPEEK q 1000 over 2 KB jobs (600 MB of replies) and
+    reads nothing: its commands run a turn's share at a time, none while it does
+    not read, so another client's PING is answered with most of them not run."""
+    r = _r(single)
+    q = _q("flood")
+    pipe = r.pipeline(transaction=False)
+    for _ in range(1000):
+        pipe.execute_command("ADDJOB", q, b"x" * 2048, 0, "REPLICATE", 1)
+    pipe.execute()
+    base = _qpeeks(r)
+    with socket.create_connection(("127.0.0.1", single.port)) as flood:
+        flood.sendall(_resp("QPEEK", q, 1000) * 300)
+        wait_until(lambda: _qpeeks(r) > base, 30, "the flood to start")
+        assert r.ping()
+        ran = _qpeeks(r) - base
+        assert ran < 300, ran  # all 300 ran before another client's command did
+        assert r.execute_command("QLEN", q) == 1000
