@@ -142,7 +142,33 @@ def _insert(dq: deque[Job], job: Job) -> None:
     elif dq[0].ctime_us > job.ctime_us:
         dq.appendleft(job)
     else:
-        dq.insert(bisect_right(dq, job.ctime_us, key=_ctime), job)
+        dq.insert(_position(dq, job.ctime_us), job)
+
+
+def _position(dq: deque[Job], ctime_us: int) -> int:
+    """Where ``bisect_right`` would put ``ctime_us`` in a deque whose head is not
+    newer and whose tail is newer: galloping from both ends at once, so the probes
+    (a deque's index walks from its nearer end) cost what the distance from the
+    nearer end does, not the deque's length (a NACKed job goes near the front)."""
+    lo, hi = 0, len(dq) - 1  # dq[lo] <= ctime_us < dq[hi]
+    step = 1
+    while hi - lo > 1:
+        i = lo + step
+        if i >= hi:
+            break
+        if dq[i].ctime_us > ctime_us:
+            hi = i
+            break
+        lo = i
+        j = hi - step
+        if j <= lo:
+            break
+        if dq[j].ctime_us <= ctime_us:
+            lo = j
+            break
+        hi = j
+        step *= 2
+    return bisect_right(dq, ctime_us, lo + 1, hi, key=_ctime)
 
 
 class Queue(Timed):

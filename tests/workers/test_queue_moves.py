@@ -197,3 +197,34 @@ def test_random_moves_keep_every_invariant() -> None:
         env.s.check()
         for name in (b"q", b"dead:q"):
             assert len(env.s.op_qpeek(name, 10_000)) == env.s.op_qlen(name), step
+
+
+def test_an_insert_between_queued_jobs_finds_bisect_right_from_the_nearer_end() -> None:
+    """``_position`` gallops from both ends: the same place as ``bisect_right``
+    (ties after the equal ones), probing near the end the job is near."""
+    from bisect import bisect_right
+
+    from workers.queue import _position
+
+    rnd = random.Random(3)
+    for _ in range(2000):
+        n = rnd.randrange(2, 300)
+        cts = sorted(rnd.randrange(0, 50) for _ in range(n))
+        if cts[-1] == cts[0]:
+            continue
+        c = rnd.randrange(cts[0], cts[-1])
+        dq = deque(Job(f"D-{i:08x}", b"q", b"", QUEUED, 1, 60, t, 0, 0, 0, ())
+                   for i, t in enumerate(cts))
+        assert _position(dq, c) == bisect_right(cts, c), (cts, c)
+    q = Queue(b"q", 0, T0)
+    jobs = _jobs(5000)
+    for job in jobs[100:]:
+        q.push(job)
+    _scanned(q)
+    Scanned.passed = 0
+    for job in reversed(jobs[:100]):  # each older than the head: appendleft
+        q.push(job)
+    late = Job("D-late", b"q", b"", QUEUED, 1, 60, jobs[-3].ctime_us, 0, 0, 0, ())
+    q.push(late)  # two from the tail: after its equal, a walk of two entries
+    assert Scanned.passed <= 2 and q.check() is None
+    assert q.newest(3) == [jobs[-1], jobs[-2], late]
