@@ -9,7 +9,8 @@ Structure: one ``collections.deque`` of job records sorted by ``ctime_us``
   node): ``deque.append``, O(1), 8 bytes per job.
 - Pop-oldest (GETJOB) is ``popleft``, O(1).
 - Re-queued jobs are usually older than everything queued: ``appendleft``;
-  otherwise a bisection by ctime and ``deque.insert`` (O(n), rare).
+  otherwise a search by ctime galloping from both ends (``_position``: probes
+  cost the distance from the nearer end) and ``deque.insert`` (O(that distance)).
 - Remove-by-job (DEQUEUE, ACKJOB, TTL, DELJOB of a queued job) only changes the
   job's state and a counter: the record stays in the deque as a *stale* entry,
   skipped by pop and peek. A stale entry sits exactly where the job would be
