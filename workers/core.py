@@ -47,6 +47,7 @@ from workers.job import (
     del_record,
     ext_mem_bytes,
 )
+from workers.lanes import LaneCount
 from workers.queue import PAUSED_OUT, Cells, Queue
 from workers.replies import ERR_LEAVING, Error
 from workers.timers import Timers
@@ -255,6 +256,7 @@ class CoreState:
         # The host's per-slot cells our queues publish to (``Cells``; private when
         # alone); we write those of our slots only: ``slot % workers == index``.
         self.cells = Cells.private() if cells is None else cells
+        self.lanes_held = LaneCount()  # our queues' lanes, kept by the queues (memory estimate)
         self._index = index
         self._workers = workers
         # Every worker mints IDs from its own stream: mix the index into the seed.
@@ -398,6 +400,10 @@ class CoreState:
 
     def queue_count(self) -> int:
         return len(self.queues)
+
+    def lane_count(self) -> int:
+        """The lanes our split queues hold (workers/lanes.py ``LaneCount``)."""
+        return self.lanes_held.lanes
 
     def qlen(self, queue: bytes) -> int:
         q = self.queues.get(queue)
@@ -563,7 +569,7 @@ class Core(CoreState):
 
     def create_queue(self, name: bytes, now_ms: int) -> Queue:
         name = bytes(name)  # the canonical name object every job of the queue shares
-        q = Queue(name, slot_of(name), now_ms, self.cells)
+        q = Queue(name, slot_of(name), now_ms, self.cells, self.lanes_held)
         self.queues[name] = q
         if self._qscan_free:
             q.scan_idx = self._qscan_free.pop()
@@ -889,6 +895,8 @@ def check_core(c: CoreState) -> None:
             wq = c.queues.get(name)
             invariant(wq is not None and wq.waiters and w.token in wq.waiters,
                       f"waiter {w.token} not on queue {name!r}")
+    lanes = sum(len(q.lanes) for q in c.queues.values() if q.lanes is not None)
+    invariant(c.lane_count() == lanes, f"lane count {c.lane_count()} != {lanes}")
     c.timers.check()
     _check_tally(c.tally(), jobs)
     _check_cells(c)

@@ -558,7 +558,8 @@ class Shard:
             "registered_queues": c.queue_count(),
             "blocked_clients": c.waiter_count(),
             # draining a host waits for these two to reach 0 (docs/admin.md)
-            "queued_jobs": sum(q.live for q in c.queue_table().values()),  # O(queues)
+            # O(queues), for INFO only (the memory sample reads the core's counts)
+            "queued_jobs": sum(q.live for q in c.queue_table().values()),
             "wait_repl_jobs": len(c.repl_waits()),
         }
 
