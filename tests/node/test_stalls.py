@@ -107,8 +107,10 @@ def test_a_client_that_leaves_behind_a_waitjob_frees_its_replies_at_once(node: N
             s.sendall(_resp("WAITJOB", pin, "TIMEOUT", 0) + _resp("QPEEK", q, 16) * 40)
             # its replies pile (1 MB each) behind the WAITJOB, past the soft limit
             wait_until(lambda: _qpeeks(r) >= peeks + 3, 15, "the piled QPEEKs")
-            assert _connected(r) == before + 1
-        wait_until(lambda: _connected(r) == before, 15, "the client that left to be freed")
+            # (>=: INFO asks each worker in turn, so a connection moving meanwhile to
+            # the worker that owns its queue can be counted by both)
+            assert _connected(r) >= before + 1
+        wait_until(lambda: _connected(r) <= before, 15, "the client that left to be freed")
         assert r.ping()
     finally:
         r.execute_command("CONFIG", "SET", "client-output-buffer-limit",
