@@ -1,6 +1,6 @@
 """An idle node sleeps: a real node with three workers and no client wakes a few
 times a second at most (no fixed-rate tick, no memory exchange between workers,
-no parent poll), and everything that waits for time still happens on time:
+no parent poll; the supervisor not at all), and everything that waits for time still happens on time:
 a DELAY and a TTL on an idle node, the rates of INFO once clients come back, a
 CONFIG SET of the slow log at once."""
 
@@ -44,13 +44,18 @@ def _wakeups(pid: int) -> int:
     return total
 
 
-def test_idle_workers_sleep(node: NodeProc) -> None:
+def test_idle_workers_and_supervisor_sleep(node: NodeProc) -> None:
+    """The workers wake a few times a second at most; the supervisor (no systemd
+    watchdog here) not at all: it sleeps until a worker exits or a signal comes."""
     time.sleep(settle_s)
     pids = node.worker_pids()
-    before = {p: _wakeups(p) for p in pids}
+    assert node.proc is not None
+    supervisor = node.proc.pid
+    before = {p: _wakeups(p) for p in [*pids, supervisor]}
     time.sleep(window_s)
     per_s = {p: (_wakeups(p) - before[p]) / window_s for p in pids}
     assert all(v <= idle_wakeups_per_s_max for v in per_s.values()), per_s
+    assert _wakeups(supervisor) - before[supervisor] <= 1  # a 1 s poll would be 2
 
 
 def test_a_delay_and_a_ttl_fire_on_an_idle_node(node: NodeProc) -> None:
