@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # made by the worker only where configured (appendonly, clust
 
 log = logging.getLogger("disque_mp.node.worker")
 
-NO_TICK_MS: Final = 1 << 62  # a tick time that never comes: nothing is planned
+NO_TICK_MS: Final = 1 << 60  # a tick time that never comes (ms; a short int once compiled)
 
 
 class WorkerCore:
