@@ -24,6 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -130,6 +132,16 @@ def node_rows(name: str, tree: Path, counts: list[int], seconds: float, settle_s
     return rows
 
 
+def tree_build(tree: Path, pure: bool) -> str:
+    """The build a node from ``tree`` runs (``compiled.summary()``: mypyc, pure, mixed, stale)."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    if pure:
+        env["DISQUE_MP_PURE"] = "1"
+    out = subprocess.run([sys.executable, "-c", "from disque_mp import compiled; print(compiled.summary())"],
+                         env=env, cwd=str(tree), capture_output=True, text=True, timeout=60)
+    return out.stdout.strip() or f"unknown ({out.stderr.strip()[-200:]})"
+
+
 def _parent_in(pid: int, pids: list[int]) -> int:
     """0 for the process whose parent is outside ``pids`` (the supervisor), else 1."""
     try:
@@ -160,7 +172,7 @@ def _line(r: Row) -> str:
 
 
 def markdown(rows: list[Row], ref: Row | None, ref_status: str, args: argparse.Namespace,
-             trees: dict[str, Path]) -> str:
+             trees: dict[str, Path], builds: dict[str, str]) -> str:
     lines = [
         "# An idle node: CPU and wake-ups with no client at all",
         "",
@@ -169,6 +181,7 @@ def markdown(rows: list[Row], ref: Row | None, ref_status: str, args: argparse.N
         f"{' --pure' if args.pure else ''}`",
         "",
         provenance_line() + (" Every tree ran as plain Python (`--pure`)." if args.pure else ""),
+        "Trees: " + ", ".join(f"{k} = {v} (build {builds[k]})" for k, v in trees.items()) + ".",
         "",
         "Each node (supervisor and workers) measured over the window after every worker was up "
         f"and {args.settle:g} s to settle. `% of a core` is the scheduler's run time of every "
@@ -203,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     for spec in args.trees:
         name, _, path = spec.partition("=")
         trees[name or "new"] = Path(path or ".").resolve()
+    builds = {name: tree_build(tree, args.pure) for name, tree in trees.items()}
     with tempfile.TemporaryDirectory(prefix="disque-mp-idle-") as tmp:
         rows = []
         for name, tree in trees.items():
@@ -210,9 +224,9 @@ def main(argv: list[str] | None = None) -> int:
         ref, ref_status = (None, "skipped (--no-reference)") if args.no_reference else \
             reference_row(args.seconds, args.settle, Path(tmp))
     args.md.parent.mkdir(parents=True, exist_ok=True)
-    args.md.write_text(markdown(rows, ref, ref_status, args, trees))
+    args.md.write_text(markdown(rows, ref, ref_status, args, trees, builds))
     record = {**provenance(), "pure": args.pure, "seconds": args.seconds, "settle": args.settle,
-              "trees": {k: str(v) for k, v in trees.items()},
+              "trees": {k: str(v) for k, v in trees.items()}, "builds": builds,
               "rows": [asdict(r) for r in rows], "reference": asdict(ref) if ref else None,
               "reference_status": ref_status}
     args.json.write_text(json.dumps(record, indent=1) + "\n")
