@@ -178,9 +178,11 @@ class Monitor:
             self.handle = None
 
     def wake(self) -> None:
-        """Its worker runs again: sample now, then each period (no-op while sampling)."""
+        """Its worker runs again: sample at the loop's next turn, then each period
+        (no-op while sampling). Never inline: a sample's eviction drains effects,
+        and a drain may wake its worker (``Worker.on_wake``) again."""
         if self.handle is None:
-            self.sample()
+            self.handle = self.w.loop.call_soon(self.sample)
 
     def quiet(self) -> bool:
         """Nothing for the samples to do while nothing runs: level 0, not near a
@@ -209,13 +211,14 @@ class Monitor:
         return shard_used_bytes(info["registered_jobs"], sh.body_bytes, info["registered_queues"])
 
     def sample(self) -> None:
-        self.handle = None
         try:
             self._tell_peers()
             self.update()
         finally:  # an error is logged by the loop; the limits must keep working
             near = near_threshold(self.used, self.w.cfg.maxmemory)
             self.period_ms = sample_near_ms if near else sample_ms
+            if self.handle is not None:  # the one that ran this sample, or a wake's meanwhile
+                self.handle.cancel()
             self.handle = self.w.loop.call_later(self.period_ms / 1000, self.sample)
 
     def update(self) -> None:

@@ -352,7 +352,7 @@ class Worker(ClientHost):
         """Something ran on an idle worker: the second's work resumes. Nothing ran
         since the worker went idle, so the rates' base still holds and is timed
         from now; the memory monitor samples at once and then on its period."""
-        self.idle_check_at = self.now_ms + idle_check_ms
+        self.idle_check_at = wall_ms() + idle_check_ms  # now_ms may be an old batch's
         if self.memory is not None:
             self.memory.wake()
         return self.idle_check_at
