@@ -80,7 +80,7 @@ peer_output_bytes_max: Final = 256 << 20  # unsent bytes to one peer: over it th
 # (a peer that cannot drain that much is stuck; the state machine resends what matters)
 tick_interval_ms_max = 100  # membership tick: PINGs, PFAIL, reconnects, saves
 # A node alone (no other node known, no link, no cluster-seeds) has nothing to ping:
-# its tick waits this long, or until a membership change (CLUSTER MEET, a PING in)
+# its tick waits this long, or until a membership change (CLUSTER MEET) or a link in
 alone_tick_ms = 1000
 connect_backoff_ms_min = 50  # reconnect delay after a failed connect, doubling ...
 # ... up to this: a restarted peer is found within the reference's cron period (it
@@ -733,6 +733,7 @@ class ClusterBus:
                 return
             self._room_for_handshake(link.peer_ip)
             self.inbound.add(link)
+            self._tick_now()  # alone no more: a MEET on it must not wait out its handshake
             return
         node = link.node
         self.out[node] = link
@@ -974,7 +975,7 @@ class ClusterBus:
     async def _tick_loop(self) -> None:
         """The membership tick: every half ping interval (at most ``tick_interval_ms_max``)
         while there is another node, a link or a seed; alone, every ``alone_tick_ms``
-        or at once after a membership change (``_after_change``)."""
+        or at once after a membership change or an inbound link (``_tick_now``)."""
         loop = asyncio.get_running_loop()
         while True:
             try:
@@ -1069,9 +1070,13 @@ class ClusterBus:
         if self.m.dirty:
             self._after_change()
 
-    def _after_change(self) -> None:
-        if self.tick_wake is not None:  # a node met, forgotten or reset: tick now
+    def _tick_now(self) -> None:
+        """End an alone tick's wait (a node met, forgotten or reset; a link in)."""
+        if self.tick_wake is not None:
             _settle(self.tick_wake)
+
+    def _after_change(self) -> None:
+        self._tick_now()
         self.m.dirty = False
         self.view_seq += 1
         try:

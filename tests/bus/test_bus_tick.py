@@ -1,7 +1,9 @@
 """The membership tick of a node alone: real ``ClusterBus`` instances in one event
 loop (real listeners, real nodes.conf files). Alone (no other node, no link, no
 cluster-seeds) the bus ticks once per ``alone_tick_ms``; a CLUSTER MEET ticks at
-once and the tick is back to its ping rate while there is another node."""
+once, on the node met too (its inbound link wakes it: the MEET's handshake node
+must not expire before its tick dials back), and the tick is back to its ping
+rate while there is another node."""
 
 from __future__ import annotations
 
@@ -53,7 +55,7 @@ async def _until(cond: Any, what: str) -> None:
 def test_alone_the_bus_ticks_seldom_and_a_meet_ticks_at_once(tmp_path: Path) -> None:
     async def run() -> None:
         a, b = _bus(tmp_path, "a"), _bus(tmp_path, "b")
-        ran = _count_ticks(a)
+        ran, ran_b = _count_ticks(a), _count_ticks(b)
         await a.start()
         await b.start()
         try:
@@ -61,10 +63,12 @@ def test_alone_the_bus_ticks_seldom_and_a_meet_ticks_at_once(tmp_path: Path) -> 
             await asyncio.sleep(0.5)
             assert len(ran) == 1  # alone: the next tick is a second away (not 5 at 100 ms)
             assert a.tick_wake is not None
-            before = len(ran)
+            before, before_b = len(ran), len(ran_b)
             a.meet("127.0.0.1", b.cfg.port)
             await _until(lambda: len(ran) > before, "the tick after MEET")
             assert ran[-1] - ran[0] < hostbus.alone_tick_ms / 1000  # woken, not timed out
+            await _until(lambda: len(ran_b) > before_b, "B's tick after the link in")
+            assert ran_b[-1] - ran_b[0] < hostbus.alone_tick_ms / 1000
             await _until(lambda: b.my_id in a.m.nodes and not a.m.nodes[b.my_id].handshake,
                          "the handshake")
             count = len(ran)
