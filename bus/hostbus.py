@@ -79,6 +79,9 @@ MESH_VIEW: Final = 0xC2  # worker 0 -> every worker: the membership snapshot
 peer_output_bytes_max: Final = 256 << 20  # unsent bytes to one peer: over it the link is dropped
 # (a peer that cannot drain that much is stuck; the state machine resends what matters)
 tick_interval_ms_max = 100  # membership tick: PINGs, PFAIL, reconnects, saves
+# A node alone (no other node known, no link, no cluster-seeds) has nothing to ping:
+# its tick waits this long, or until a membership change (CLUSTER MEET) or a link in
+alone_tick_ms = 1000
 connect_backoff_ms_min = 50  # reconnect delay after a failed connect, doubling ...
 # ... up to this: a restarted peer is found within the reference's cron period (it
 # redials a node without a link on every 100 ms clusterCron), so its PFAIL clears
@@ -568,6 +571,7 @@ class ClusterBus:
         self.adopt_data: Callable[[_Link, int], bool] | None = None
         self.server: asyncio.AbstractServer | None = None
         self.ticker: asyncio.Task[None] | None = None
+        self.tick_wake: asyncio.Future[None] | None = None  # ends an alone tick's wait early
         self.view_seq = 0  # bumped at each publish; the workers acknowledge what they applied
         # views_applied(seq): every worker of ours has applied view ``seq`` (set by the
         # agent; alone in a process, as in tests, there is nobody to wait for)
@@ -732,6 +736,7 @@ class ClusterBus:
                 return
             self._room_for_handshake(link.peer_ip)
             self.inbound.add(link)
+            self._tick_now()  # alone no more: a MEET on it must not wait out its handshake
             return
         node = link.node
         self.out[node] = link
@@ -977,13 +982,30 @@ class ClusterBus:
     # ---- time -----------------------------------------------------------------------
 
     async def _tick_loop(self) -> None:
+        """The membership tick: every half ping interval (at most ``tick_interval_ms_max``)
+        while there is another node, a link or a seed; alone, every ``alone_tick_ms``
+        or at once after a membership change or an inbound link (``_tick_now``)."""
+        loop = asyncio.get_running_loop()
         while True:
             try:
                 self.tick()
             except Exception:  # a bug here must not silence the bus for good
                 log.exception("cluster bus tick failed")
-            interval = min(tick_interval_ms_max, self.m.ping_interval_ms() // 2)
-            await asyncio.sleep(interval / 1000)
+            if not self._alone():
+                await asyncio.sleep(min(tick_interval_ms_max, self.m.ping_interval_ms() // 2) / 1000)
+                continue
+            wake = self.tick_wake = loop.create_future()
+            timer = loop.call_later(alone_tick_ms / 1000, _settle, wake)
+            try:
+                await wake
+            finally:
+                timer.cancel()
+                self.tick_wake = None
+
+    def _alone(self) -> bool:
+        """Nothing for the tick to ping, dial, expire or seed."""
+        return (not self.inbound and not self.out and not self.connecting
+                and not getattr(self.cfg, "cluster_seeds", "") and next(self.m.others(), None) is None)
 
     def tick(self) -> None:
         self.m.set_node_timeout(int(self.cfg.cluster_node_timeout))
@@ -1057,7 +1079,13 @@ class ClusterBus:
         if self.m.dirty:
             self._after_change()
 
+    def _tick_now(self) -> None:
+        """End an alone tick's wait (a node met, forgotten or reset; a link in)."""
+        if self.tick_wake is not None:
+            _settle(self.tick_wake)
+
     def _after_change(self) -> None:
+        self._tick_now()
         self.m.dirty = False
         self.view_seq += 1
         try:
@@ -1065,6 +1093,11 @@ class ClusterBus:
         except OSError as exc:
             log.warning("cluster bus: cannot save %s: %s", self.conf_path, exc)
         self.publish(self.view())
+
+
+def _settle(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 def _seal_batch(sealer: auth.Sealer, batch: list[bytes], out: list[bytes]) -> None:

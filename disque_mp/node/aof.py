@@ -48,6 +48,10 @@ log = logging.getLogger("disque_mp.node.aof")
 # scheduled for when the disk works again, so the file catches up.
 pending_bytes_max = 64 << 20
 fsync_interval_s = 1.0  # appendfsync everysec
+# appendonly no and no rewrite asked for: nothing to write, sync or rewrite, so the
+# background task looks this seldom (the longest wait of CONFIG SET appendonly yes
+# before its rewrite starts) instead of hz times a second
+off_poll_s = 1.0
 
 
 class AofManager:
@@ -368,6 +372,8 @@ class AofManager:
             rewriter.step(rewrite_chunk_jobs)
             if rewriter.current is not None:
                 return 0.0
+        if self.state == "off" and not self.rewriter.scheduled:
+            return off_poll_s
         return 1.0 / max(self.cfg.hz, 1)
 
     def _maybe_fsync(self, now: float) -> None:

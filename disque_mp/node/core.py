@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from bus.clock import wall_ms
 from bus.mesh import Mesh
@@ -31,6 +31,8 @@ if TYPE_CHECKING:  # made by the worker only where configured (appendonly, clust
     from disque_mp.node.aof import AofManager
 
 log = logging.getLogger("disque_mp.node.worker")
+
+NO_TICK_MS: Final = 1 << 60  # a tick time that never comes (ms; a short int once compiled)
 
 
 class WorkerCore:
@@ -56,8 +58,10 @@ class WorkerCore:
         self.slowlog = SlowLog(index, self.workers)
         self.slowlog.configure(cfg.slowlog_log_slower_than, cfg.slowlog_max_len)
         self.tick_handle: asyncio.TimerHandle | None = None
-        self.tick_at = 0
-        self.period_at = 0  # the next tick's hz time: a tick pulled earlier comes back to it
+        self.tick_at = NO_TICK_MS  # when the planned tick fires (NO_TICK_MS: none planned)
+        # when the worker's periodic work (``on_tick``) is next due; NO_TICK_MS while
+        # it has none (idle): a tick pulled earlier for a timer comes back to it
+        self.period_at = NO_TICK_MS
 
     def log(self, text: str) -> None:
         log.warning("%s", text)
@@ -73,10 +77,10 @@ class WorkerCore:
         self.now_ms = wall_ms()
 
     def end_batch(self) -> None:
-        """After the commands of a read: effects, then the AOF before the replies."""
+        """After the commands of a read: effects, then the AOF before the replies
+        (``drain_effects`` has the tick follow the shard's timers)."""
         self.drain_effects()
         self.aof_before_replies()
-        self.reschedule_tick()
 
     def aof_before_replies(self) -> None:
         """This batch's AOF records go to the kernel before its replies leave. Without
@@ -92,6 +96,12 @@ class WorkerCore:
         return self.next_token
 
     def drain_effects(self) -> None:
+        """Carry out the shard's effects, then have the tick follow its timers: any
+        shard call that drains may have added or removed one (``reschedule_tick``)."""
+        self._drain()
+        self.reschedule_tick()
+
+    def _drain(self) -> None:
         effects = self.shard.take_effects()
         while effects:
             for eff in effects:
@@ -112,36 +122,56 @@ class WorkerCore:
     # ------------------------------------------------------------------ the timer tick
 
     def tick(self) -> None:
-        """The shard's due timers, then the next tick: at the shard's next deadline,
-        or one ``hz`` period from now, whichever comes first."""
-        self.tick_handle = None
-        self.now_ms = wall_ms()
-        self.on_tick()
-        due = self.shard.tick(self.now_ms)
-        self.drain_effects()
-        period_ms = max(1, 1000 // max(self.cfg.hz, 1))
-        self.period_at = self.now_ms + period_ms
-        self._schedule_tick(self.period_at if due is None else min(due, self.period_at))
+        """The shard's due timers and, when due, the worker's periodic work; then the
+        next tick: at the shard's next deadline or the periodic work's, whichever
+        comes first. With neither (an idle worker: no timer, nothing periodic) no
+        tick is planned at all: the next batch, mesh read or cluster message plans
+        one (``reschedule_tick``)."""
+        if self.tick_handle is not None:  # called directly (the first tick): one planned at most
+            self.tick_handle.cancel()
+            self.tick_handle = None
+        self.tick_at = NO_TICK_MS
+        now = self.now_ms = wall_ms()
+        if self.period_at == NO_TICK_MS:  # a timer woke an idle worker
+            self.period_at = self.on_wake()
+        elif now >= self.period_at:
+            self.period_at = self.on_tick()
+        due = self.shard.tick(now)
+        self._drain()
+        self._plan(NO_TICK_MS if due is None else due)
 
-    def on_tick(self) -> None:
-        """The worker's own work at each tick, before the shard's (``Worker`` adds it)."""
+    def on_tick(self) -> int:
+        """The worker's periodic work, due now (``Worker`` has it); returns when it is
+        due next, ``NO_TICK_MS`` when the worker has none until something wakes it."""
+        return NO_TICK_MS
 
-    def _schedule_tick(self, at_ms: int) -> None:
+    def on_wake(self) -> int:
+        """Something ran on a worker that had no periodic work planned (a batch, a
+        mesh read, a cluster message, a timer): it resumes (``Worker`` has it);
+        returns when it is due."""
+        return NO_TICK_MS
+
+    def _plan(self, due: int) -> None:
+        """The tick at the earlier of ``due`` (a shard timer) and the periodic work."""
+        at = due if due < self.period_at else self.period_at
+        if at == self.tick_at:
+            return
         if self.tick_handle is not None:
             self.tick_handle.cancel()
-        self.tick_at = at_ms
-        delay_s = max(0, at_ms - wall_ms()) / 1000
-        self.tick_handle = self.loop.call_later(delay_s, self.tick)
+            self.tick_handle = None
+        self.tick_at = at
+        if at < NO_TICK_MS:
+            delay_s = max(0, at - wall_ms()) / 1000
+            self.tick_handle = self.loop.call_later(delay_s, self.tick)
 
     def reschedule_tick(self) -> None:
-        """An op may have added a timer due before the planned tick (DELAY 0.x, TTL),
-        or taken away the one the tick was pulled earlier for (a replicated job's
-        copies answered before its 50 ms step): the tick follows the earliest timer,
-        never later than its hz time. A tick left at the old deadline would fire
-        for nothing (about 14.5 k instructions)."""
+        """After anything that may have called the shard: an op may have added a timer
+        due before the planned tick (DELAY 0.x, TTL), or taken away the one the tick
+        was planned for (a replicated job's copies answered before its 50 ms step):
+        the tick follows the earliest timer, never later than the periodic work. A
+        tick left at the old deadline would fire for nothing (about 14.5 k
+        instructions). An idle worker's periodic work resumes here."""
+        if self.period_at == NO_TICK_MS:
+            self.period_at = self.on_wake()
         due = self.shard.timers.next_due()
-        at = self.tick_at
-        if due is not None and due < at:
-            self._schedule_tick(due)
-        elif at < self.period_at and (due is None or due > at):
-            self._schedule_tick(self.period_at if due is None else min(due, self.period_at))
+        self._plan(NO_TICK_MS if due is None else due)

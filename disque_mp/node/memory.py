@@ -13,9 +13,13 @@ worker is not data an eviction or a refusal can change. Per worker:
 ``body_bytes``, and counts its jobs, queues and lanes (one per group of a queue
 holding several) as they come and go: a sample reads four integers, whatever
 the number of queues). ``maxmemory`` is a budget for
-the whole node: every worker samples its own figure each tick and pulls its
-peers' over the mesh (``local_op("memory")``), so each worker sees the node
-total at most one sample period old and all of them agree on the level:
+the whole node: every worker samples its own figure each period and, when it
+changed, tells it to the other workers over the mesh (``local_op("memory")``,
+answered with theirs), so each worker sees the node total at most one sample
+period (plus a mesh round trip) old and all of them agree on the level. A figure
+that did not change is not sent again: an idle node exchanges nothing, and a
+quiet monitor (``Monitor.quiet``) stops sampling while its worker is idle
+(``Worker.on_tick``) until something runs there again (``Worker.on_wake``):
 
     level 0  below 75 %
     level 1  >= 75 %: ADDJOB replicates to other nodes only (shard.set_memory_level)
@@ -153,6 +157,12 @@ class Monitor:
         self.w = w
         self.peers: dict[int, int] = {}  # worker index -> its last reported used bytes
         self.asking: set[int] = set()  # peers with a request in flight (at most one each)
+        self.told: dict[int, int] = {}  # worker index -> our figure it last acknowledged
+        # worker index -> when its figure in ``peers`` was read (its monotonic clock, ns:
+        # one clock for the host, so it orders figures across a restart too). A figure
+        # comes two ways, a worker's own telling and its answer to ours, on two mesh
+        # links with no order between them: the older one must not win.
+        self.peer_read_ns: dict[int, int] = {}
         self.level = 0
         self.used = 0  # node total at the last sample
         self.peak = 0
@@ -171,9 +181,41 @@ class Monitor:
         self.sample()
 
     def close(self) -> None:
+        self.sleep()
+
+    def sleep(self) -> None:
+        """No more samples until ``wake`` (its worker is idle: ``quiet`` said so)."""
         if self.handle is not None:
             self.handle.cancel()
             self.handle = None
+
+    def wake(self) -> None:
+        """Its worker runs again: sample at the loop's next turn, then each period
+        (no-op while sampling). Never inline: a sample's eviction drains effects,
+        and a drain may wake its worker (``Worker.on_wake``) again."""
+        if self.handle is None:
+            self.handle = self.w.loop.call_soon(self.sample)
+
+    def quiet(self) -> bool:
+        """Nothing for the samples to do while nothing runs: level 0, not near a
+        threshold, every other worker has our current figure, no request in flight."""
+        if self.level or self.asking or near_threshold(self.used, self.w.cfg.maxmemory):
+            return False
+        local = self.local_used()
+        return all(self.told.get(j) == local for j in range(self.w.workers) if j != self.w.index)
+
+    def exchange(self, arg: Any) -> list[int]:
+        """Another worker's figure, told as ``[index, read_ns, used]`` (its sample
+        found it changed): kept for our total; the answer is our own, ``[read_ns, used]``."""
+        if isinstance(arg, list) and len(arg) == 3 and all(type(x) is int for x in arg) \
+                and 0 <= arg[0] < self.w.workers and arg[0] != self.w.index:
+            self._keep(arg[0], arg[1], arg[2])
+        return [time.monotonic_ns(), self.local_used()]
+
+    def _keep(self, j: int, read_ns: int, used: int) -> None:
+        if read_ns >= self.peer_read_ns.get(j, 0):
+            self.peer_read_ns[j] = read_ns
+            self.peers[j] = used
 
     def local_used(self) -> int:
         """This worker's estimate: O(1), from the counts the shard keeps."""
@@ -183,11 +225,13 @@ class Monitor:
 
     def sample(self) -> None:
         try:
-            self._ask_peers()
+            self._tell_peers()
             self.update()
         finally:  # an error is logged by the loop; the limits must keep working
             near = near_threshold(self.used, self.w.cfg.maxmemory)
             self.period_ms = sample_near_ms if near else sample_ms
+            if self.handle is not None:  # the one that ran this sample, or a wake's meanwhile
+                self.handle.cancel()
             self.handle = self.w.loop.call_later(self.period_ms / 1000, self.sample)
 
     def update(self) -> None:
@@ -258,20 +302,27 @@ class Monitor:
             self.w.oom = level >= LEVEL_OOM
         return level
 
-    def _ask_peers(self) -> None:
+    def _tell_peers(self) -> None:
+        """Our figure to each other worker that does not have it yet (it changed, or
+        that worker restarted or was down): its answer is its own figure."""
         w = self.w
+        local = self.local_used()
         for j in range(w.workers):
-            if j == w.index or j in self.asking:
+            if j == w.index or j in self.asking or self.told.get(j) == local:
                 continue
             self.asking.add(j)
-            w.mesh.request(j, meshmod.K_SCATTER, {"op": "memory", "a": None}, (), self._reply(j))
+            w.mesh.request(j, meshmod.K_SCATTER,
+                           {"op": "memory", "a": [w.index, time.monotonic_ns(), local]}, (),
+                           self._reply(j, local))
 
-    def _reply(self, j: int) -> Any:
+    def _reply(self, j: int, local: int) -> Any:
         def got(meta: dict[str, Any], bodies: list[bytes]) -> None:
             self.asking.discard(j)
             value = unpack(meta.get("v"), bodies)
-            if isinstance(value, int):  # an Error means that worker is down: keep its last figure
-                self.peers[j] = value
+            # an Error means that worker is down: keep its last figure
+            if isinstance(value, list) and len(value) == 2 and all(type(x) is int for x in value):
+                self._keep(j, value[0], value[1])
+                self.told[j] = local
 
         return got
 

@@ -62,7 +62,8 @@ restart_backoff_s_max = 5.0  # a crash loop retries at most this often, so it ca
 stable_run_s = 10.0  # a worker alive this long has its backoff reset
 startup_attempts_max = 3  # a worker that never got ready this many times in a row: give up
 lock_wait_s = 5.0  # a previous node's workers exit within 1 s of their parent's death
-idle_wake_s = 1.0  # longest sleep of the loop when nothing is pending
+# With nothing pending the loop sleeps until a worker exits (its sentinel), a signal
+# (the wake-up pipe), a CONFIG SET report or the systemd watchdog's next ping is due.
 busy_wake_s = 0.05  # poll interval while waiting for readiness or a restart
 config_report_bytes_max = 1 << 20  # one CONFIG SET report line; ours are < 1 KB
 fd_headroom = 128  # files beyond maxclients: mesh sockets, AOF files, logs
@@ -452,11 +453,14 @@ class Supervisor:
             os.close(slot.sets_fd)
             slot.sets_fd, slot.sets_buf = -1, b""
 
-    def _timeout(self) -> float:
+    def _timeout(self) -> float | None:
+        """How long the loop may sleep: ``busy_wake_s`` while a worker is due to start
+        or not ready yet, else until the watchdog is due, else (None) until an event."""
         pending = any(s.proc is None for s in self.slots)
-        wait_s = busy_wake_s if pending or not self.all_ready else idle_wake_s
+        wait_s = busy_wake_s if pending or not self.all_ready else None
         if self.watchdog_s is not None:
-            wait_s = min(wait_s, max(self.watchdog_due - time.monotonic(), 0.0))
+            due_s = max(self.watchdog_due - time.monotonic(), 0.0)
+            wait_s = due_s if wait_s is None else min(wait_s, due_s)
         return wait_s
 
     def _pet_watchdog(self) -> None:

@@ -78,6 +78,7 @@ class MemoryGauge(Protocol):
 
     def local_used(self) -> int: ...
     def update(self) -> None: ...  # CONFIG SET maxmemory: the level follows at once
+    def exchange(self, arg: Any) -> list[int]: ...  # another worker's figure in, ours out
 
 
 class NodeView(WorkerBasics, Protocol):

@@ -46,6 +46,7 @@ from disque_mp.node.commands import jobs as cmd_jobs
 from disque_mp.node.commands.server import local_op as server_local_op
 from disque_mp.node.config import Config, worker_ports
 from disque_mp.node.connection import ClientConn, ClientHost, CommandStats, PendingReply
+from disque_mp.node.core import NO_TICK_MS
 from disque_mp.node.forward import Forward
 from disque_mp.node.getjob import GetJobs
 from disque_mp.node.handoff import Handoff
@@ -61,7 +62,9 @@ from workers.shard import Shard
 
 log = logging.getLogger("disque_mp.node.worker")
 
-parent_poll_s = 0.5  # PDEATHSIG covers most deaths; the poll covers a parent that forked us from a thread
+# PDEATHSIG covers most deaths; a pidfd of the parent (or, without pidfds, this poll)
+# covers a parent that forked us from a thread
+parent_poll_s = 0.5
 shutdown_drain_s = 3.0  # SIGTERM: longest wait for in-flight replies to be written
 # At start, wait this long for the first membership view before serving anyway (worker
 # 0 publishes it from nodes.conf at once; the others get it from worker 0).
@@ -163,7 +166,7 @@ class Worker(ClientHost):
         await self._start_http()
         self.loop.add_signal_handler(signal.SIGTERM, self.request_stop)
         self.loop.add_signal_handler(signal.SIGHUP, self.reopen_log)
-        self.loop.call_later(parent_poll_s, self._check_parent)
+        self._watch_parent()
         self.tick()
         self.memory = Monitor(self)
         self.memory.start()
@@ -264,9 +267,25 @@ class Worker(ClientHost):
         if not self.stopped.done():
             self.stopped.set_result(None)
 
+    def _watch_parent(self) -> None:
+        """Exit at once when the supervisor is gone. A pidfd of the parent turns
+        readable when it exits (Linux 5.3+): no wake-up until then; elsewhere the
+        parent is polled every ``parent_poll_s``."""
+        try:
+            fd = os.pidfd_open(self.parent_pid)
+        except (AttributeError, OSError):
+            self.loop.call_later(parent_poll_s, self._check_parent)
+            return
+        if os.getppid() != self.parent_pid:  # it died before the pidfd was opened
+            os._exit(0)
+        self.loop.add_reader(fd, self._parent_gone)
+
+    def _parent_gone(self) -> None:
+        os._exit(0)  # the supervisor is gone: free the ports at once
+
     def _check_parent(self) -> None:
         if os.getppid() != self.parent_pid:
-            os._exit(0)  # the supervisor is gone: free the ports at once
+            self._parent_gone()
         self.loop.call_later(parent_poll_s, self._check_parent)
 
     async def _shutdown(self, rewrite_aof: bool = False) -> None:
@@ -310,8 +329,7 @@ class Worker(ClientHost):
             self.shard.on_message(sender, kind, meta, bodies, self.cluster_batch_ms)
             return
         self.shard.on_message(sender, kind, meta, bodies, wall_ms())
-        self.drain_effects()
-        self.reschedule_tick()
+        self.drain_effects()  # and the tick follows the timers
 
     def on_cluster_batch(self, begin: bool) -> None:
         """Around the messages of one JOBS frame: one clock read for all of them, and
@@ -321,8 +339,7 @@ class Worker(ClientHost):
             self.cluster_batch_ms = wall_ms()
             return
         self.in_cluster_batch = False
-        self.drain_effects()
-        self.reschedule_tick()
+        self.drain_effects()  # and the tick follows the timers
 
     def on_view(self, view: dict[str, Any]) -> None:
         # The shard needs every known node (default REPLICATE = cluster size), which are
@@ -333,23 +350,44 @@ class Worker(ClientHost):
         self.view_seen = True
         self.drain_effects()  # LEAVING releases blocked clients with -LEAVING
 
-    def on_tick(self) -> None:
-        if self.now_ms >= self.idle_check_at:
-            self._each_second()
-        self.slowlog.configure(self.cfg.slowlog_log_slower_than, self.cfg.slowlog_max_len)
-        self.stats.slowlog_min_ns = self.slowlog.min_ns
+    def on_tick(self) -> int:
+        """Each second while the worker is active: the rates for INFO and Redis' idle
+        client ``timeout``. A second with no command, no byte in or out and a quiet
+        memory monitor (``Monitor.quiet``: nothing left to tell the other workers, no
+        level to watch) ends it: the worker then sleeps until its next shard timer or
+        until something arrives (``on_wake``), so an idle worker costs no wake-up.
+        With ``timeout`` set it keeps its second, to close idle clients on time."""
+        ran = self._each_second()
+        memory = self.memory
+        if ran or self.cfg.timeout > 0 or (memory is not None and not memory.quiet()):
+            return self.idle_check_at
+        if memory is not None:
+            memory.sleep()
+        return NO_TICK_MS
 
-    def _each_second(self) -> None:
-        """Rates for INFO (instantaneous_*) and Redis' idle client `timeout`."""
+    def on_wake(self) -> int:
+        """Something ran on an idle worker: the second's work resumes. Nothing ran
+        since the worker went idle, so the rates' base still holds and is timed
+        from now; the memory monitor samples at once and then on its period."""
+        self.idle_check_at = wall_ms() + idle_check_ms  # now_ms may be an old batch's
+        if self.memory is not None:
+            self.memory.wake()
+        return self.idle_check_at
+
+    def _each_second(self) -> bool:
+        """Rates for INFO (instantaneous_*) and Redis' idle client `timeout`; True when
+        anything ran since the last second (a command, bytes in or out)."""
         elapsed_ms = self.now_ms - self.idle_check_at + idle_check_ms
         self.idle_check_at = self.now_ms + idle_check_ms
         now = (self.stats.commands_processed, self.net_in_bytes, self.net_out_bytes)
         if 0 < elapsed_ms < 10 * idle_check_ms:
             per_s = [max(0, a - b) * 1000 / elapsed_ms for a, b in zip(now, self.rate_base, strict=True)]
             self.rates = (int(per_s[0]), per_s[1] / 1024, per_s[2] / 1024)
+        ran = now != self.rate_base
         self.rate_base = now
         if self.cfg.timeout > 0:
             self._close_idle_clients()
+        return ran
 
     def _close_idle_clients(self) -> None:
         """Redis' `timeout`: close clients idle that long (blocked ones excepted)."""
@@ -389,8 +427,17 @@ class Worker(ClientHost):
         return list(self.stats.cmdstats)  # one entry per command, in the table's order
 
     def local_op(self, op: str, arg: Any) -> Any:
-        """This worker's part of a node-wide command (``scatter``; SCATTER requests)."""
-        return server_local_op(self, op, arg)
+        """This worker's part of a node-wide command (``scatter``; SCATTER requests).
+        A CONFIG SET of the slow log's settings applies at once: no periodic tick
+        would pick it up on an idle worker."""
+        reply = server_local_op(self, op, arg)
+        if op == "config_set":
+            self._follow_config()
+        return reply
+
+    def _follow_config(self) -> None:
+        self.slowlog.configure(self.cfg.slowlog_log_slower_than, self.cfg.slowlog_max_len)
+        self.stats.slowlog_min_ns = self.slowlog.min_ns
 
     def local_stats(self) -> dict[str, Any]:
         usage = resource.getrusage(resource.RUSAGE_SELF)

@@ -115,7 +115,7 @@ _LOCAL_OPS: dict[str, Callable[[NodeView, Any], Any]] = {
     "slowlog_len": lambda w, arg: len(w.slowlog.entries),
     "slowlog_reset": _op_slowlog_reset,
     "bgrewriteaof": _op_bgrewriteaof,
-    "memory": lambda w, arg: w.memory.local_used() if w.memory is not None else 0,
+    "memory": lambda w, arg: w.memory.exchange(arg) if w.memory is not None else 0,
     "rewrite_at_exit": _op_rewrite_at_exit,
 }
 

@@ -1,0 +1,81 @@
+"""The membership tick of a node alone: real ``ClusterBus`` instances in one event
+loop (real listeners, real nodes.conf files). Alone (no other node, no link, no
+cluster-seeds) the bus ticks once per ``alone_tick_ms``; a CLUSTER MEET ticks at
+once, on the node met too (its inbound link wakes it: the MEET's handshake node
+must not expire before its tick dials back), and the tick is back to its ping
+rate while there is another node."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bus import hostbus, nodes_conf
+from bus.hostbus import ClusterBus
+from disque_mp.node.config import Config
+from tests.nodeproc import free_port
+
+pytestmark = pytest.mark.integration
+
+wait_s = 20.0  # generous: the machine is shared
+
+
+def _bus(tmp: Path, name: str) -> ClusterBus:
+    cfg = Config(port=free_port(), bind="127.0.0.1", cluster_config_file=str(tmp / f"{name}.conf"),
+                 cluster_node_timeout=1000)
+    nc, _ = nodes_conf.load_or_create(cfg.cluster_config_file, "127.0.0.1", cfg.port)
+    return ClusterBus(cfg, nc.node_id, lambda *a: None, lambda v: None, 1, random.Random(name))
+
+
+def _count_ticks(bus: ClusterBus) -> list[float]:
+    ran: list[float] = []
+    tick = bus.tick
+
+    def counted() -> None:
+        ran.append(asyncio.get_running_loop().time())
+        tick()
+
+    bus.tick = counted  # type: ignore[method-assign]
+    return ran
+
+
+async def _until(cond: Any, what: str) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    while not cond():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def test_alone_the_bus_ticks_seldom_and_a_meet_ticks_at_once(tmp_path: Path) -> None:
+    async def run() -> None:
+        a, b = _bus(tmp_path, "a"), _bus(tmp_path, "b")
+        ran, ran_b = _count_ticks(a), _count_ticks(b)
+        await a.start()
+        await b.start()
+        try:
+            await _until(lambda: len(ran) >= 1, "the first tick")
+            await asyncio.sleep(0.5)
+            assert len(ran) == 1  # alone: the next tick is a second away (not 5 at 100 ms)
+            assert a.tick_wake is not None
+            before, before_b = len(ran), len(ran_b)
+            a.meet("127.0.0.1", b.cfg.port)
+            await _until(lambda: len(ran) > before, "the tick after MEET")
+            assert ran[-1] - ran[0] < hostbus.alone_tick_ms / 1000  # woken, not timed out
+            await _until(lambda: len(ran_b) > before_b, "B's tick after the link in")
+            assert ran_b[-1] - ran_b[0] < hostbus.alone_tick_ms / 1000
+            await _until(lambda: b.my_id in a.m.nodes and not a.m.nodes[b.my_id].handshake,
+                         "the handshake")
+            count = len(ran)
+            await asyncio.sleep(0.5)
+            assert len(ran) - count >= 3  # another node: ticks at its ping rate again
+        finally:
+            await a.close()
+            await b.close()
+
+    asyncio.run(run())
