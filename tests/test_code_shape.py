@@ -358,6 +358,25 @@ def test_one_aof_append_verb() -> None:
     assert makers == [], makers
 
 
+def test_one_requeue_formula() -> None:
+    """A job's next requeue (RETRY from now plus the jitter) is computed in one place,
+    the core's requeue verb ``retry_at``: no other code scales a ``retry_s`` to ms."""
+    sites = []
+    for p in _parts():
+        tree = ast.parse(p.read_text(), filename=str(p))
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            for n in ast.walk(fn):
+                if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) and any(
+                        isinstance(a, ast.Attribute) and a.attr == "retry_s"
+                        or isinstance(a, ast.Name) and a.id == "retry_s"
+                        or isinstance(a, ast.Call) and "retry_s" in ast.unparse(a)
+                        for a in (n.left, n.right)):
+                    sites.append(f"{p.name} {fn.name}")
+    assert sites == ["core.py retry_at"], sites
+
+
 def _core_fields_touched() -> dict[str, set[str]]:
     """Attributes of a ``Core`` that are not methods, as the parts reach them
     (``self.core.x``, a local bound to ``self.core``, a parameter typed ``Core``),

@@ -612,10 +612,7 @@ class Core(CoreState):
             t.undelay(job)
         t.forget_delivery(job)  # queued again (retry, NACK, ENQUEUE, a peer's QUEUED)
         job.mark_queued()
-        if job.retry_s:
-            job.qtime_ms = now_ms + job.retry_s * 1000 + int(self._rng.random() * time_error_ms)
-        else:
-            job.qtime_ms = 0  # at-most-once: never queued again
+        job.qtime_ms = self.retry_at(job, now_ms)  # 0 at-most-once: never queued again
         q.push(job)
         q.atime_ms = now_ms
         q.jobs_in += 1
@@ -716,7 +713,7 @@ class Core(CoreState):
             if job.qtime_ms <= now_ms:
                 # It waited in the queue longer than RETRY: counting RETRY from the
                 # queueing would requeue it at once, a certain duplicate delivery.
-                job.qtime_ms = now_ms + job.retry_s * 1000 + self.jitter()
+                job.qtime_ms = self.retry_at(job, now_ms)
             self.timers.schedule(job, job.qtime_ms)
         if withcounters:
             return [q.name, job.id, job.body, _K_NACKS, job.nacks,
@@ -823,8 +820,24 @@ class Core(CoreState):
         self.timers.unschedule(job)
         self.timers.schedule(job, self.due(job))
 
-    def jitter(self) -> int:
-        return int(self._rng.random() * time_error_ms)
+    def retry_at(self, job: Job, now_ms: int, wait_ms: int = 0, retry_min_s: int = 0) -> int:
+        """The requeue verb: when ``job`` is queued again unless acknowledged first,
+        its RETRY counted from ``now_ms`` (after ``wait_ms``) plus up to
+        ``time_error_ms`` of jitter, so that the holders' timers do not fire together
+        (Disque's DISQUE_TIME_ERR); 0 for an at-most-once job (never queued again).
+        ``retry_min_s``: at least this RETRY (a queue paused in input is tried again
+        later even for an at-most-once job still waiting for its DELAY)."""
+        retry_s = job.retry_s if job.retry_s >= retry_min_s else retry_min_s
+        if not retry_s:
+            return 0
+        return now_ms + wait_ms + retry_s * 1000 + int(self._rng.random() * time_error_ms)
+
+    def postpone(self, job: Job, qtime_ms: int) -> None:
+        """The job's requeue time moves to ``qtime_ms`` (WORKING, a peer's QUEUED or
+        WORKING, a YOURJOBS sent): a WILLQUEUE is due again before it, its timer follows."""
+        job.qtime_ms = qtime_ms
+        job.new_requeue_time()
+        self.reschedule(job)
 
     # ------------------------------------------------------------------ messages out
 

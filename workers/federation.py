@@ -192,12 +192,7 @@ class Federation(Events):
                 break
             job.move(ACTIVE)
             job.delivered = union(job.delivered, (node,))
-            job.new_requeue_time()
-            if job.retry_s:
-                job.qtime_ms = now_ms + job.retry_s * 1000 + s.jitter()
-            else:
-                job.qtime_ms = 0
-            s.reschedule(job)
+            s.postpone(job, s.retry_at(job, now_ms))
             recs.append(job.to_record())
             size += len(job.body)
         if recs:

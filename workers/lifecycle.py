@@ -102,7 +102,7 @@ class Lifecycle:
             q = s.queue(job.queue, now_ms)
             if q.paused & PAUSED_IN:
                 # paused in input: never requeue now, try again after another retry period
-                job.qtime_ms = now_ms + max(job.retry_s, 1) * 1000 + s.jitter()
+                job.qtime_ms = s.retry_at(job, now_ms, retry_min_s=1)
             else:
                 self._requeue_due(job, q, now_ms)
         if job.state != DELETED:
@@ -165,9 +165,7 @@ class Lifecycle:
         if job.state == QUEUED:
             s.dequeue(job, now_ms)
         if job.retry_s and job.state != WAIT_REPL:
-            job.qtime_ms = now_ms + job.retry_s * 1000 + s.jitter()
-            job.new_requeue_time()
-            s.reschedule(job)
+            s.postpone(job, s.retry_at(job, now_ms))
             if job.nodes[0] is not s.view().me:
                 others = s.others(job)  # the other copies must not requeue it either
                 if others:

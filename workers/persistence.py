@@ -46,6 +46,6 @@ def load_record(s: Core, record: bytes, enqueue: bool, now_ms: int) -> None:
         s.enqueue(job, q, now_ms)
     else:
         if job.state == ACTIVE and job.retry_s and job.qtime_ms <= now_ms:
-            job.qtime_ms = now_ms + job.retry_s * 1000 + s.jitter()
+            job.qtime_ms = s.retry_at(job, now_ms)
         s.arm(job)
     s.saw_ctime(job.ctime_us)

@@ -205,10 +205,7 @@ class Replication:
         job.delivered = union(job.delivered, (s.view().node_id, sender))
         job.confirmed = ()
         job.mark_replica()
-        if job.retry_s:
-            job.qtime_ms = now_ms + (job.delay_s + job.retry_s) * 1000 + s.jitter()
-        else:
-            job.qtime_ms = 0
+        job.qtime_ms = s.retry_at(job, now_ms, job.delay_s * 1000)
         s.register(job)
         s.arm(job)
         s.log_job(job)
@@ -295,11 +292,10 @@ class Replication:
         elif redrive:
             self.ext.follow_redrive(job, now_ms)
         if job.retry_s:
-            qtime = now_ms + wait_ms + job.retry_s * 1000 + s.jitter()
-            if not job.nack_delayed() or qtime > job.qtime_ms:
-                job.qtime_ms = qtime  # a QUEUED that crossed our NACK's DELAY never cuts it short
-            job.new_requeue_time()
-            s.reschedule(job)
+            qtime = s.retry_at(job, now_ms, wait_ms)
+            # a QUEUED that crossed our NACK's DELAY never cuts it short
+            s.postpone(job, qtime if not job.nack_delayed() or qtime > job.qtime_ms
+                       else job.qtime_ms)
 
     def on_working(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                    now_ms: int) -> None:
@@ -312,6 +308,4 @@ class Replication:
         job.delivered = union(job.delivered, (sender,))
         if job.state == QUEUED:
             s.dequeue(job, now_ms)
-        job.qtime_ms = now_ms + job.retry_s * 1000 + s.jitter()
-        job.new_requeue_time()
-        s.reschedule(job)
+        s.postpone(job, s.retry_at(job, now_ms))
