@@ -358,6 +358,32 @@ def test_one_aof_append_verb() -> None:
     assert makers == [], makers
 
 
+def test_job_state_only_through_its_moves() -> None:
+    """``job.state`` is written by ``Job.move`` (a move of the state table),
+    ``Job.enter`` (a job entering a table) or, on the per-job path, by the core's
+    inline moves: each in the verb ``core.INLINE_MOVES`` names it under, writing the
+    state named there (the table checks every one against ``MOVES`` at import)."""
+    import workers.core
+    import workers.job
+
+    found = []
+    for p in _parts("job.py"):
+        for fn in ast.walk(ast.parse(p.read_text(), filename=str(p))):
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            for n in ast.walk(fn):
+                targets = n.targets if isinstance(n, ast.Assign) else [n.target] \
+                    if isinstance(n, (ast.AugAssign, ast.AnnAssign)) else []
+                for t in targets:
+                    if isinstance(t, ast.Attribute) and t.attr == "state":
+                        value = n.value
+                        to = getattr(workers.job, value.id, None) \
+                            if isinstance(value, ast.Name) else None
+                        found.append((p.name, fn.name, to))
+    inline = {("core.py", verb, to) for verb, (_, to) in workers.core.INLINE_MOVES.items()}
+    assert set(found) == inline and len(found) == len(inline), found
+
+
 def test_one_requeue_formula() -> None:
     """A job's next requeue (RETRY from now plus the jitter) is computed in one place,
     the core's requeue verb ``retry_at``: no other code scales a ``retry_s`` to ms."""

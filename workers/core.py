@@ -45,6 +45,7 @@ from workers.job import (
     Job,
     Timed,
     del_record,
+    union,
 )
 from workers.queue import PAUSED_OUT, Cells, Queue
 from workers.replies import ERR_LEAVING, Error
@@ -87,14 +88,31 @@ _K_ADD_DELIV: Final = b"additional-deliveries"
 
 # The per-job path (ADDJOB, GETJOB, ACKJOB) changes a job's state without
 # ``Job.move``'s table lookup: each such move has a precondition of one
-# comparison, or none, that the state table (workers/job.py) implies; checked
-# against the table here, once. Every other move goes through ``Job.move``.
-invariant({s for s, tos in enumerate(MOVES) if QUEUED in tos} == {ACTIVE},
-          "_enqueue: only an active job may be queued")
-invariant(ACTIVE in MOVES[QUEUED], "_deliver: a queued job (Queue.pop) may become active")
-invariant(all(DELETED in MOVES[s] for s in (WAIT_REPL, ACTIVE, QUEUED, ACKED)),
-          "_unregister: every registered job may be deleted")
-invariant(set(ENTRY_STATES) == {WAIT_REPL, ACTIVE, ACKED}, "_register: entry states")
+# comparison, or none, that the state table (workers/job.py) implies. Here each
+# one, by the verb it is written in: the states the verb takes a job from, and the
+# state it writes; checked against the table below, once, at import
+# (tests/test_code_shape.py checks that no other code writes ``job.state``). Every
+# other move goes through ``Job.move``, every entry through ``Job.enter``.
+INLINE_MOVES: Final[dict[str, tuple[tuple[int, ...], int]]] = {
+    "enqueue": ((ACTIVE,), QUEUED),  # it raises on any other state
+    "deliver": ((QUEUED,), ACTIVE),  # Queue.pop returns queued jobs only
+    "unregister": ((WAIT_REPL, ACTIVE, QUEUED, ACKED), DELETED),  # any registered job
+}
+
+
+def _check_inline_moves() -> None:
+    for verb, (sources, to) in INLINE_MOVES.items():
+        for src in sources:
+            invariant(to in MOVES[src], f"{verb}: {STATE_NAMES[src]} -> {STATE_NAMES[to]} "
+                      "is not a move of the state machine")
+    invariant({s for s, tos in enumerate(MOVES) if QUEUED in tos} == {ACTIVE},
+              "enqueue: only an active job may be queued")
+    invariant(set(INLINE_MOVES["unregister"][0]) == {s for s in range(len(MOVES)) if s != DELETED},
+              "unregister: from every registered state")
+    invariant(set(ENTRY_STATES) == {WAIT_REPL, ACTIVE, ACKED}, "register: entry states")
+
+
+_check_inline_moves()
 
 
 def latency_bucket(ms: int) -> int:
@@ -502,6 +520,26 @@ class Core(CoreState):
         if job.ext is not None:  # plain jobs pay this test only
             for sub in self._after_ext_registered:
                 sub.after_ext_registered(job)
+
+    def arrive(self, job: Job, q: Queue, sender: str = "") -> None:
+        """A job another node sent (``sender``: a REPLJOB copy, YOURJOBS), or our AOF
+        holds (no sender), enters the table in ``q``, under its canonical name. From a
+        node it enters active, whatever state the sender's record says, with us and
+        the sender among the nodes that may hold it and none confirmed yet; from the
+        AOF active too, but an acked job stays acked (its GC goes on), and a job only
+        we hold shares the node tuple of the jobs made here. The caller places it
+        (queued or armed)."""
+        job.queue = q.name
+        v = self._view
+        if sender:
+            job.enter(ACTIVE)
+            job.delivered = union(job.delivered, (v.node_id, sender))
+            job.confirmed = ()
+        else:
+            job.enter(ACKED if job.state == ACKED else ACTIVE)
+            if job.delivered == v.me:
+                job.delivered = v.me
+        self.register(job)
 
     def unregister(self, job: Job, now_ms: int) -> None:
         jid = job.id

@@ -238,11 +238,7 @@ class Federation(Events):
                     self._tell_queued(old)
                     n += 1
                 continue
-            job.queue = q.name
-            job.state = ACTIVE
-            job.delivered = union(job.delivered, (s.view().node_id, sender))
-            job.confirmed = ()
-            s.register(job)
+            s.arrive(job, q, sender)
             s.enqueue(job, q, now_ms, False)
             self._tell_queued(job)
             s.log_job(job)

@@ -34,14 +34,9 @@ def load_record(s: Core, record: bytes, enqueue: bool, now_ms: int) -> None:
     v = s.view()
     if job.state == ACKED and all(n == v.node_id for n in job.delivered):
         return
-    if job.delivered == v.me:
-        job.delivered = v.me  # the same tuple object as jobs created here
     q = s.queue(job.queue, now_ms)
-    job.queue = q.name
     requeue = job.state == QUEUED and enqueue
-    if job.state != ACKED:
-        job.state = ACTIVE  # enters the table active (queued again just below if asked)
-    s.register(job)
+    s.arrive(job, q)  # active (queued again just below if asked), or acked
     if requeue:
         s.enqueue(job, q, now_ms)
     else:

@@ -70,7 +70,7 @@ class Replication:
         job.delivered = chosen if external else (s.view().node_id, *chosen)
         if async_:
             return self._addjob_async(job, q, chosen, external, now_ms)
-        job.state = WAIT_REPL
+        job.enter(WAIT_REPL)
         job.confirmed = () if external else (s.view().node_id,)
         s.register(job)
         deadline = now_ms + timeout_ms if timeout_ms else 0
@@ -199,14 +199,9 @@ class Replication:
         q = s.find_queue(job.queue)
         if q is not None and q.paused & PAUSED_IN:
             return  # a queue paused in input takes no copies (spec, PAUSE)
-        q = s.queue(job.queue, now_ms)
-        job.queue = q.name
-        job.state = ACTIVE
-        job.delivered = union(job.delivered, (s.view().node_id, sender))
-        job.confirmed = ()
         job.mark_replica()
         job.qtime_ms = s.retry_at(job, now_ms, job.delay_s * 1000)
-        s.register(job)
+        s.arrive(job, s.queue(job.queue, now_ms), sender)
         s.arm(job)
         s.log_job(job)
         # Disque answers a duplicate REPLJOB too: a lost GOTJOB is then re-sent.
