@@ -521,14 +521,17 @@ class Core(CoreState):
             for sub in self._after_ext_registered:
                 sub.after_ext_registered(job)
 
-    def arrive(self, job: Job, q: Queue, sender: str = "") -> None:
+    def arrive(self, job: Job, q: Queue, now_ms: int, sender: str = "",
+               queued: bool = False) -> None:
         """A job another node sent (``sender``: a REPLJOB copy, YOURJOBS), or our AOF
-        holds (no sender), enters the table in ``q``, under its canonical name. From a
-        node it enters active, whatever state the sender's record says, with us and
-        the sender among the nodes that may hold it and none confirmed yet; from the
-        AOF active too, but an acked job stays acked (its GC goes on), and a job only
-        we hold shares the node tuple of the jobs made here. The caller places it
-        (queued or armed)."""
+        holds (no sender), enters the table in ``q``, under its canonical name, and
+        takes its place: queued (``queued``), else armed on its timers. From a node
+        it enters active, whatever state the sender's record says, with us and the
+        sender among the nodes that may hold it and none confirmed yet; queued, its
+        other holders hear of it (QUEUED: their RETRY counts from now); its record
+        is written. From the AOF it enters active too, but an acked job stays acked
+        (its GC goes on), and a job only we hold shares the node tuple of the jobs
+        made here; its record is in the file already."""
         job.queue = q.name
         v = self._view
         if sender:
@@ -540,6 +543,29 @@ class Core(CoreState):
             if job.delivered == v.me:
                 job.delivered = v.me
         self.register(job)
+        if not queued:
+            self.arm(job)
+        elif sender:
+            self.enqueue(job, q, now_ms, False)  # YOURJOBS serves waiters after its batch
+            if job.retry_s:
+                self.send_queued(job)
+        else:
+            self.enqueue(job, q, now_ms)
+        if sender:
+            self.log_job(job)
+
+    def activate(self, job: Job, q: Queue, now_ms: int) -> None:
+        """A job of ours, registered and active, no longer waits for copies (made
+        with none needed, or replicated): queued in ``q`` now, or armed for the end
+        of its DELAY; its record."""
+        if job.delay_s:
+            job.qtime_ms = now_ms + job.delay_s * 1000
+            self.reschedule(job)
+        else:
+            job.qtime_ms = 0
+            self.timers.unschedule(job)
+            self.enqueue(job, q, now_ms)
+        self.log_job(job)
 
     def unregister(self, job: Job, now_ms: int) -> None:
         jid = job.id

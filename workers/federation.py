@@ -238,10 +238,7 @@ class Federation(Events):
                     self._tell_queued(old)
                     n += 1
                 continue
-            s.arrive(job, q, sender)
-            s.enqueue(job, q, now_ms, False)
-            self._tell_queued(job)
-            s.log_job(job)
+            s.arrive(job, q, now_ms, sender, queued=True)  # QUEUED to its holders
             n += 1
         for tq in touched:
             if tq.waiters is not None and not tq.paused & PAUSED_OUT:

@@ -5,7 +5,7 @@ through the shard's ``Core`` (workers/core.py). Writing is the core's
 from __future__ import annotations
 
 from workers.core import Core
-from workers.job import ACKED, ACTIVE, DEL_RECORD_TAG, QUEUED, Job, job_id_of_record
+from workers.job import ACKED, DEL_RECORD_TAG, QUEUED, Job, job_id_of_record
 
 _DEL_TAG = bytes((DEL_RECORD_TAG,))
 
@@ -34,13 +34,8 @@ def load_record(s: Core, record: bytes, enqueue: bool, now_ms: int) -> None:
     v = s.view()
     if job.state == ACKED and all(n == v.node_id for n in job.delivered):
         return
-    q = s.queue(job.queue, now_ms)
     requeue = job.state == QUEUED and enqueue
-    s.arrive(job, q)  # active (queued again just below if asked), or acked
-    if requeue:
-        s.enqueue(job, q, now_ms)
-    else:
-        if job.state == ACTIVE and job.retry_s and job.qtime_ms <= now_ms:
-            job.qtime_ms = s.retry_at(job, now_ms)
-        s.arm(job)
+    if not requeue and job.state != ACKED and job.retry_s and job.qtime_ms <= now_ms:
+        job.qtime_ms = s.retry_at(job, now_ms)  # it enters active: its RETRY from now
+    s.arrive(job, s.queue(job.queue, now_ms), now_ms, queued=requeue)  # active or acked
     s.saw_ctime(job.ctime_us)

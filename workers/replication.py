@@ -104,17 +104,9 @@ class Replication:
 
     def _activate(self, job: Job, q: Queue, now_ms: int) -> None:
         """A job of ours reached its replication: queue it (or wait for its DELAY)."""
-        s = self.core
         if job.state == WAIT_REPL:  # (an ASYNC job is active already)
             job.move(ACTIVE)
-        if job.delay_s:
-            job.qtime_ms = now_ms + job.delay_s * 1000
-            s.reschedule(job)
-        else:
-            job.qtime_ms = 0
-            s.unschedule(job)
-            s.enqueue(job, q, now_ms)
-        s.log_job(job)
+        self.core.activate(job, q, now_ms)
 
     def fire_wait_repl(self, job: Job, now_ms: int) -> None:
         """The timer of a job in ``wait-repl``: its deadline, or the next replication step."""
@@ -201,9 +193,7 @@ class Replication:
             return  # a queue paused in input takes no copies (spec, PAUSE)
         job.mark_replica()
         job.qtime_ms = s.retry_at(job, now_ms, job.delay_s * 1000)
-        s.arrive(job, s.queue(job.queue, now_ms), sender)
-        s.arm(job)
-        s.log_job(job)
+        s.arrive(job, s.queue(job.queue, now_ms), now_ms, sender)
         # Disque answers a duplicate REPLJOB too: a lost GOTJOB is then re-sent.
         s.send_job([sender], "GOTJOB", job)
 

@@ -286,12 +286,7 @@ class Shard:
             return self.repl.addjob_cluster(job, q, additional, extrepl, timeout_ms, async_,
                                             token, now_ms, flexible)
         c.register(job)
-        if delay_s:
-            job.qtime_ms = now_ms + delay_s * 1000
-            c.schedule(job, job.qtime_ms)
-        else:
-            c.enqueue(job, q, now_ms)
-        c.log_job(job)
+        c.activate(job, q, now_ms)
         return Status(job_id)
 
     def op_take(

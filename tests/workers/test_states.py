@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from workers.effects import AofAppend
 from workers.invariant import InvariantError
 from workers.job import (
     ACKED,
@@ -112,19 +113,32 @@ def test_a_job_enters_a_table_only_in_an_entry_state(state: int) -> None:
         assert job.state == QUEUED
 
 
+@pytest.mark.parametrize("queued", [False, True], ids=["armed", "queued"])
 @pytest.mark.parametrize("sender", ["", "f" * 40], ids=["aof", "peer"])
 @pytest.mark.parametrize("state", (WAIT_REPL, ACTIVE, QUEUED, ACKED), ids=lambda s: STATE_NAMES[s])
-def test_an_arriving_job_enters_active_or_stays_acked_from_the_aof(sender: str, state: int) -> None:
+def test_an_arriving_job_enters_active_or_stays_acked_from_the_aof(
+        sender: str, state: int, queued: bool) -> None:
     """``Core.arrive``: from another node a record enters active, us and the sender
-    among its holders, none confirmed; from the AOF an acked job stays acked."""
+    among its holders, none confirmed, and its record is written; from the AOF an
+    acked job stays acked and no record is written (it is in the file). Either way
+    it takes its place: queued, or armed on its timers."""
+    if queued and state == ACKED:
+        return  # an acked record is never queued again
     s = Shard(NODE, 0, 1, b"seed", random.Random(1), T0)
-    job = Job("D-739317b2-" + "A" * 24 + "-05a1", bytes(bytearray(b"q")), b"body", state, 1, 3600,
-              T0 * 1000, 0, 360, 0, (NODE,), (NODE,))
+    s.aof = True
+    job = Job("D-739317b2-" + "A" * 24 + "-05a1", bytes(bytearray(b"q")), b"body", state, 1,
+              3600, T0 * 1000, 0, 360, 0, (NODE,), (NODE,))
     q = s.core.queue(b"q", T0)
-    s.core.arrive(job, q, sender)
+    s.take_effects()
+    s.core.arrive(job, q, T0, sender, queued)
     assert s.lookup(job.id) is job and job.queue is q.name
-    assert job.state == (ACKED if state == ACKED and not sender else ACTIVE)
+    assert job.state == (QUEUED if queued else ACKED if state == ACKED and not sender
+                         else ACTIVE)
+    assert job.awake_ms and q.live == int(queued)
     if sender:
         assert job.delivered == (NODE, sender) and job.confirmed == ()
     else:
         assert job.delivered == (NODE,) and job.confirmed == (NODE,)
+    records = [e.record for e in s.take_effects() if isinstance(e, AofAppend)]
+    assert records == ([job.to_record()] if sender else [])
+    s.check()
