@@ -384,6 +384,36 @@ def test_job_state_only_through_its_moves() -> None:
     assert set(found) == inline and len(found) == len(inline), found
 
 
+def test_parts_count_through_the_tallys_verbs() -> None:
+    """No part writes a field of the core's ``Tally`` (``core.tally()``) or of its
+    ``Stats``: they count their moves through the tally's verbs (``count_added``,
+    ``undo_take`` ...); the core's own moves keep the rest."""
+    writes = []
+    for p in _parts("core.py"):
+        for fn in ast.walk(ast.parse(p.read_text(), filename=str(p))):
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            bound = set()
+            for n in ast.walk(fn):
+                if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name) and (
+                        "tally()" in ast.unparse(n.value) or ".stats" in ast.unparse(n.value)):
+                    bound.add(n.targets[0].id)
+            for n in ast.walk(fn):
+                targets = n.targets if isinstance(n, ast.Assign) else [n.target] \
+                    if isinstance(n, ast.AugAssign) else []
+                for t in targets:
+                    if not isinstance(t, (ast.Attribute, ast.Subscript)):
+                        continue
+                    text = ast.unparse(t)
+                    root = t
+                    while isinstance(root, (ast.Attribute, ast.Subscript)):
+                        root = root.value
+                    if "tally()" in text or ".stats" in text or (
+                            isinstance(root, ast.Name) and root.id in bound):
+                        writes.append(f"{p.name}:{n.lineno} {text}")
+    assert writes == [], writes
+
+
 def test_one_requeue_formula() -> None:
     """A job's next requeue (RETRY from now plus the jitter) is computed in one place,
     the core's requeue verb ``retry_at``: no other code scales a ``retry_s`` to ms."""

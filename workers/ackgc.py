@@ -87,7 +87,7 @@ class AckGc(Events):
             if job.nodes[0] is not view.me:
                 self.fastack_cluster(job_id, job)
             s.unregister(job, now_ms)
-        tally.stats.acked += known
+        tally.count_acked(known)
         return known
 
     def ack(self, job: Job, now_ms: int) -> None:

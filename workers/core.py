@@ -211,7 +211,8 @@ class Tally:
     the delivered and not acked jobs (their count, and per queue; each job keeps
     its delivery ms), the jobs waiting for their DELAY per queue. The per-queue
     entries exist only while non-zero. The core's moves keep it; the parts read it
-    and count their own moves in ``stats``."""
+    and count their own moves through its verbs (``count_added`` ...), never by
+    writing a field."""
 
     def __init__(self) -> None:
         self.stats = Stats()
@@ -252,6 +253,46 @@ class Tally:
             st = self.stats
             st.proc_counts[latency_bucket(took_ms)] += 1
             st.proc_sum_ms += took_ms
+
+    # ---- the counters of the parts' moves (/metrics totals, ``stats``)
+
+    def count_added(self) -> None:
+        """A job was created by ADDJOB here."""
+        self.stats.added += 1
+
+    def count_acked(self, n: int) -> None:
+        """``n`` known jobs were acknowledged (ACKJOB, FASTACK)."""
+        self.stats.acked += n
+
+    def count_expired(self) -> None:
+        """A job was deleted because its TTL elapsed."""
+        self.stats.expired += 1
+
+    def count_nack(self) -> None:
+        """A job was NACKed (queued again, later, or dead-lettered)."""
+        self.stats.nacked += 1
+
+    def count_retry(self) -> None:
+        """A job is queued again because its RETRY elapsed without an ACK."""
+        self.stats.requeued_retry += 1
+
+    def count_enqueue(self) -> None:
+        """A job was queued again by ENQUEUE."""
+        self.stats.requeued_enqueue += 1
+
+    def undo_take(self, job: Job) -> None:
+        """A take given back unsent (multi-owner GETJOB): it was no delivery. The
+        delivered count and the job's outstanding delivery are undone, and when that
+        take was the job's only delivery, its wait in the queue (counted by it) too."""
+        st = self.stats
+        at = self.forget_delivery(job)
+        st.delivered -= 1
+        if not job.nacks and not job.additional_deliveries:
+            job.unmark_delivered()  # that take was its only delivery
+            if at >= 0:
+                wait_ms = at - job.ctime_us // US_PER_MS
+                st.wait_counts[latency_bucket(wait_ms)] -= 1
+                st.wait_sum_ms -= wait_ms
 
     def undelay(self, job: Job) -> None:
         n = self.delayed.get(job.queue, 0) - 1
@@ -323,7 +364,7 @@ class CoreState:
         return self._rng
 
     def tally(self) -> Tally:
-        """What /metrics counts (read it; count a part's own moves in ``stats``)."""
+        """What /metrics counts (read it; count a part's own moves through its verbs)."""
         return self._tally
 
     def set_aof(self, on: bool) -> None:
@@ -339,11 +380,11 @@ class CoreState:
         """Sum of len(body) of the registered jobs (memory accounting)."""
         return self.body_bytes
 
-    def job_table(self) -> list[dict[str, Job] | None]:
+    def job_table(self) -> Sequence[Mapping[str, Job] | None]:
         """The job buckets, read only (JSCAN's cursor is a bucket index)."""
         return self.job_buckets
 
-    def queue_scan_table(self) -> list[Queue | None]:
+    def queue_scan_table(self) -> Sequence[Queue | None]:
         """The QSCAN table, read only (a queue keeps its position while it exists)."""
         return self.qscan
 

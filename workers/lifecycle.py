@@ -80,7 +80,7 @@ class Lifecycle:
             if job.state == WAIT_REPL:
                 self.repl.repl_failed(job, now_ms)
             else:
-                s.tally().stats.expired += 1
+                s.tally().count_expired()
                 s.unregister(job, now_ms)
             return
         if job.state == WAIT_REPL:
@@ -119,7 +119,7 @@ class Lifecycle:
                 job.additional_deliveries += 1
                 incr = QUEUED_INCR_DELIVERIES
             if job.queued_once():  # not the end of a DELAY
-                self.core.tally().stats.requeued_retry += 1
+                self.core.tally().count_retry()
             if job.has_maxdeliver() and past_maxdeliver(job):
                 self.core.dead_letter(job, now_ms, incr)
                 return
@@ -131,7 +131,7 @@ class Lifecycle:
         """NACK [DELAY] (``nack``) or ENQUEUE: queue active jobs again (after the
         delay), or dead-letter them when a NACK reaches their MAXDELIVER."""
         s = self.core
-        st = s.tally().stats
+        tally = s.tally()
         done = 0
         for job_id in job_ids:
             job = s.lookup(job_id)
@@ -142,10 +142,10 @@ class Lifecycle:
             incr = 0
             if nack:
                 job.nacks += 1
-                st.nacked += 1
+                tally.count_nack()
                 incr = QUEUED_INCR_NACKS
             else:
-                st.requeued_enqueue += 1
+                tally.count_enqueue()
                 if job.was_delivered():  # ENQUEUE of a job never served here: no delivery
                     job.additional_deliveries += 1
                     incr = QUEUED_INCR_DELIVERIES

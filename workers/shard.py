@@ -39,7 +39,6 @@ from workers.core import (
     Stats,
     Waiter,
     latency_bounds_ms,
-    latency_bucket,
     queue_idle_evict_ms,
 )
 from workers.dedup import Dedup, dedup_keys_max_default
@@ -281,7 +280,7 @@ class Shard:
             job.set_maxdeliver(maxdeliver)
         if ext is not None:
             job.ext = ext
-        c.tally().stats.added += 1
+        c.tally().count_added()
         if additional:
             return self.repl.addjob_cluster(job, q, additional, extrepl, timeout_ms, async_,
                                             token, now_ms, flexible)
@@ -378,16 +377,7 @@ class Shard:
             if job is None or job.state != ACTIVE:
                 continue
             q = c.queue(job.queue, now_ms)
-            t = c.tally()
-            st = t.stats
-            at = t.forget_delivery(job)
-            st.delivered -= 1  # the take's count in /metrics, undone
-            if not job.nacks and not job.additional_deliveries:
-                job.unmark_delivered()  # that take was its only delivery
-                if at >= 0:  # and its wait in the queue was counted by it: undone too
-                    wait_ms = at - job.ctime_us // US_PER_MS
-                    st.wait_counts[latency_bucket(wait_ms)] -= 1
-                    st.wait_sum_ms -= wait_ms
+            c.tally().undo_take(job)
             if q.jobs_out:
                 q.jobs_out -= 1
             job.move(QUEUED)
