@@ -414,6 +414,29 @@ def test_parts_count_through_the_tallys_verbs() -> None:
     assert writes == [], writes
 
 
+def test_senders_name_kinds_and_build_meta_by_the_catalogue() -> None:
+    """A cluster message leaves with its kind named by the catalogue's constant
+    (``msg.QUEUED`` ...) and its meta built by the kind's function there
+    (``queued_meta`` ...): no ``send``/``send_job`` call in workers/ passes a bare
+    kind string or a dict of its own, and no other module of workers/ writes a kind's name."""
+    import workers.messages
+
+    kinds = {k.name for k in workers.messages.KINDS}
+    found = []
+    for p in _parts("messages.py"):
+        for n in ast.walk(ast.parse(p.read_text(), filename=str(p))):
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) \
+                    and n.func.attr in ("send", "send_job"):
+                for a in n.args[1:]:
+                    if isinstance(a, (ast.Constant, ast.Dict)):
+                        found.append(f"{p.name}:{n.lineno} {ast.unparse(a)}")
+            elif isinstance(n, ast.Compare) or isinstance(n, ast.Call):
+                for c in ast.walk(n):
+                    if isinstance(c, ast.Constant) and c.value in kinds:
+                        found.append(f"{p.name}:{n.lineno} {c.value}")
+    assert found == [], found
+
+
 def test_one_requeue_formula() -> None:
     """A job's next requeue (RETRY from now plus the jitter) is computed in one place,
     the core's requeue verb ``retry_at``: no other code scales a ``retry_s`` to ms."""

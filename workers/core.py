@@ -29,6 +29,7 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from workers import messages as msg
 from workers.effects import AofAppend, Effect, Send, Wake
 from workers.ids import DEAD_PREFIX, JobIdGen, slot_of, slot_of_job_id
 from workers.invariant import InvariantError, invariant
@@ -75,12 +76,6 @@ latency_bounds_ms: Final = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_0
 # (``latency_bucket``: ~0.1k).
 _LATENCY_BOUNDS: Final[list[int]] = list(latency_bounds_ms)
 
-# QUEUED's dead-letter fields (workers/messages.py): "dl" 1 the sender moved the job
-# to its dead-letter queue, "why" its reason (latin-1 text, at most
-# dead_reason_bytes_max), "rd" 1 the sender moved it back (REDRIVE).
-QUEUED_DEAD: Final = "dl"
-QUEUED_REASON: Final = "why"
-QUEUED_REDRIVE: Final = "rd"
 
 _K_NACKS: Final = b"nacks"
 _K_ADD_DELIV: Final = b"additional-deliveries"
@@ -764,12 +759,8 @@ class Core(CoreState):
             self.enqueue(job, self.queues[job.queue], now_ms)
             others = self.others(job)
             if others:
-                meta: dict[str, Any] = {"j": job.id, QUEUED_DEAD: 1}
-                if incr:
-                    meta["f"] = incr
-                if job.dead_reason:
-                    meta[QUEUED_REASON] = job.dead_reason.decode("latin-1")
-                self.send_job(others, "QUEUED", job, meta)
+                self.send_job(others, msg.QUEUED, job, msg.queued_meta(
+                    job.id, incr, dead=True, reason=job.dead_reason))
         self.log_job(job)
 
     def redrive(self, job: Job, now_ms: int, follow: bool = False) -> None:
@@ -785,7 +776,7 @@ class Core(CoreState):
             self.enqueue(job, self.queues[job.queue], now_ms)
             others = self.others(job)
             if others:
-                self.send_job(others, "QUEUED", job, {"j": job.id, QUEUED_REDRIVE: 1})
+                self.send_job(others, msg.QUEUED, job, msg.queued_meta(job.id, redrive=True))
         self.log_job(job)
 
     def _move_to(self, job: Job, name: bytes, now_ms: int) -> None:
@@ -968,14 +959,14 @@ class Core(CoreState):
     def send_job(self, nodes: list[str] | tuple[str, ...], kind: str, job: Job,
                   meta: dict[str, Any] | None = None) -> None:
         slot = slot_of_job_id(job.id)
-        m = {"j": job.id} if meta is None else meta
+        m = msg.job_meta(job.id) if meta is None else meta
         for n in nodes:
             self.effects.append(Send(n, kind, slot, m, []))
 
     def send_queued(self, job: Job, incr: int = 0) -> None:
         others = self.others(job)
         if others:
-            self.send_job(others, "QUEUED", job, {"j": job.id, "f": incr} if incr else None)
+            self.send_job(others, msg.QUEUED, job, msg.queued_meta(job.id, incr))
 
 
 def check_core(c: CoreState) -> None:

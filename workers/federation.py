@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from workers import messages as msg
 from workers.ackgc import AckGc
 from workers.core import Core, Events
 from workers.ids import is_valid_job_id
@@ -111,12 +112,12 @@ class Federation(Events):
         if now_ms - fed.bcast_ms >= self._bcast_delay(fed):
             fed.bcast_ms = now_ms
             fed.bcast_attempt += 1
-            s.send("*", "NEEDJOBS", q.slot, {"c": want}, name)
+            s.send("*", msg.NEEDJOBS, q.slot, msg.needjobs_meta(want), name)
         elif fed.responders and (reached_zero or now_ms - fed.adhoc_ms >= self._adhoc_delay(fed)):
             fed.adhoc_ms = now_ms
             fed.adhoc_attempt += 1
             for n in fed.responders:
-                s.send(n, "NEEDJOBS", q.slot, {"c": want}, name)
+                s.send(n, msg.NEEDJOBS, q.slot, msg.needjobs_meta(want), name)
         self._arm_fed(fed, now_ms)
 
     def _bcast_delay(self, fed: Fed) -> int:
@@ -197,7 +198,7 @@ class Federation(Events):
             size += len(job.body)
         if recs:
             q.atime_ms = now_ms
-            s.send(node, "YOURJOBS", q.slot, {}, recs)
+            s.send(node, msg.YOURJOBS, q.slot, msg.records_meta(), recs)
         s.maybe_idle(q, now_ms)
 
     def on_yourjobs(self, sender: str, meta: dict[str, Any], bodies: list[bytes],

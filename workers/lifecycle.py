@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+from workers import messages as msg
 from workers.ackgc import AckGc
 from workers.core import Core, time_error_ms
 from workers.effects import QUEUED_INCR_DELIVERIES, QUEUED_INCR_NACKS
@@ -97,7 +98,7 @@ class Lifecycle:
             job.mark_willqueue_sent()
             others = s.others(job)
             if others:
-                s.send_job(others, "WILLQUEUE", job)
+                s.send_job(others, msg.WILLQUEUE, job)
         if job.state == ACTIVE and job.qtime_ms and job.qtime_ms <= now_ms:
             q = s.queue(job.queue, now_ms)
             if q.paused & PAUSED_IN:
@@ -169,6 +170,6 @@ class Lifecycle:
             if job.nodes[0] is not s.view().me:
                 others = s.others(job)  # the other copies must not requeue it either
                 if others:
-                    s.send_job(others, "WORKING", job)
+                    s.send_job(others, msg.WORKING, job)
         s.log_job(job)
         return job.retry_s
