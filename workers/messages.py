@@ -1,6 +1,6 @@
 """The catalogue of cluster messages between shards, as Disque's
-``CLUSTERMSG_TYPE_*`` in cluster.h: one line per kind with its name, its fields,
-the check of its shape and the shard part and method that handle it.
+``CLUSTERMSG_TYPE_*`` in cluster.h: one line per kind with its name, its fields
+and the check of its shape.
 
 A sender names the kind by its constant here (``QUEUED`` ...) and builds its
 meta with the kind's function here (``queued_meta`` ...), never a bare string or
@@ -8,8 +8,10 @@ a dict of its own; the core makes the ``Send(node, kind, slot, meta, bodies)``
 effects (``Core.send``, ``Core.send_job``). The edge
 (bus/messages.py ``check_job``) runs the kind's ``check`` before any state
 changes; the shard (workers/shard.py ``Shard.on_message``) dispatches to the
-kind's handler. Adding a kind is one line in ``KINDS`` plus its handler (a test
-checks that every kind has both). ``meta`` is JSON; job records, queue names
+kind's handler, a method of one of its parts bound by reference in
+``Shard.handlers`` (typed: a handler of another shape does not type-check). Adding
+a kind is one line in ``KINDS``, its name and meta function, plus its handler (a
+test checks that every kind has a check and a handler). ``meta`` is JSON; job records, queue names
 and job IDs travel in ``bodies`` as raw bytes. A message about a job goes to
 the job's slot (carried by its ID), so on the receiving host it reaches the
 worker owning the same slot; a queue message uses the queue's slot.
@@ -71,19 +73,15 @@ Check = Callable[[int, dict[str, Any], list[bytes]], str | None]
 
 
 class Kind:
-    """One message kind: its name, its fields (as the table above), its check,
-    and the part of the shard (``Shard`` attribute) and method that handle it."""
+    """One message kind: its name, its fields (as the table above) and its check."""
 
-    __slots__ = ("name", "meta", "bodies", "check", "part", "handler")
+    __slots__ = ("name", "meta", "bodies", "check")
 
-    def __init__(self, name: str, meta: str, bodies: str, check: Check, part: str,
-                 handler: str) -> None:
+    def __init__(self, name: str, meta: str, bodies: str, check: Check) -> None:
         self.name = name
         self.meta = meta
         self.bodies = bodies
         self.check = check
-        self.part = part
-        self.handler = handler
 
 
 def _int(value: Any, lo: int, hi: int) -> bool:
@@ -245,26 +243,23 @@ DELQDONE: Final = "DELQDONE"
 
 _JOB: Final = '{"j": id}'
 KINDS: Final = (
-    Kind(REPLJOB, "{}", "[job record]", _repljob, "repl", "on_repljob"),
-    Kind(GOTJOB, _JOB, "", _about_job, "repl", "on_gotjob"),
-    Kind(ENQUEUE, '{"j": id, "d": [node, ...]}', "", _enqueue, "repl", "on_enqueue"),
-    Kind(WILLQUEUE, _JOB, "", _about_job, "repl", "on_willqueue"),
+    Kind(REPLJOB, "{}", "[job record]", _repljob),
+    Kind(GOTJOB, _JOB, "", _about_job),
+    Kind(ENQUEUE, '{"j": id, "d": [node, ...]}', "", _enqueue),
+    Kind(WILLQUEUE, _JOB, "", _about_job),
     Kind(QUEUED, '{"j": id[, "f": incr][, "w": ms][, "dl": 1[, "why": text]][, "rd": 1]}',
-         "", _queued, "repl",
-         "on_queued"),
-    Kind(WORKING, _JOB, "", _about_job, "repl", "on_working"),
-    Kind(SETACK, '{"j": id, "m": may-have[, "d": [node, ...]]}', "", _setack, "gc",
-         "on_setack"),
-    Kind(GOTACK, '{"j": id, "k": 0|1}', "", _gotack, "gc", "on_gotack"),
-    Kind(DELJOB, _JOB, "", _about_job, "gc", "on_deljob"),
-    Kind(NEEDJOBS, '{"c": count}', "[queue name]", _needjobs, "fed", "on_needjobs"),
-    Kind(YOURJOBS, "{}", "[job record, ...]", _records, "fed", "on_yourjobs"),
-    Kind(PAUSE, '{"f": pause flags}', "[queue name]", _pause, "pause", "on_pause"),
-    Kind(QLENASK, '{"r": request}', "[queue name]", _request, "ext", "on_qlenask"),
-    Kind(QLENIS, '{"r": request, "n": queued jobs}', "", _qlenis, "ext", "on_qlenis"),
-    Kind(DELQ, '{"r": request}', "[queue name]", _request, "ext", "on_delq"),
-    Kind(DELQDONE, '{"r": request}', "[40-byte job IDs, joined]", _delqdone, "ext",
-         "on_delqdone"),
+         "", _queued),
+    Kind(WORKING, _JOB, "", _about_job),
+    Kind(SETACK, '{"j": id, "m": may-have[, "d": [node, ...]]}', "", _setack),
+    Kind(GOTACK, '{"j": id, "k": 0|1}', "", _gotack),
+    Kind(DELJOB, _JOB, "", _about_job),
+    Kind(NEEDJOBS, '{"c": count}', "[queue name]", _needjobs),
+    Kind(YOURJOBS, "{}", "[job record, ...]", _records),
+    Kind(PAUSE, '{"f": pause flags}', "[queue name]", _pause),
+    Kind(QLENASK, '{"r": request}', "[queue name]", _request),
+    Kind(QLENIS, '{"r": request, "n": queued jobs}', "", _qlenis),
+    Kind(DELQ, '{"r": request}', "[queue name]", _request),
+    Kind(DELQDONE, '{"r": request}', "[40-byte job IDs, joined]", _delqdone),
 )
 CATALOGUE: Final = {k.name: k for k in KINDS}
 

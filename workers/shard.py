@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any, Final
 
+from workers import messages as msg
 from workers.ackgc import AckGc
 from workers.core import (
     ERR_NOREPL_TIMEOUT,
@@ -60,7 +61,6 @@ from workers.job import (
     ttl_max_s,
 )
 from workers.lifecycle import Lifecycle
-from workers.messages import KINDS
 from workers.pause import Pause
 from workers.persistence import load_record
 from workers.queue import PAUSED_IN, PAUSED_OUT, Cells
@@ -149,9 +149,22 @@ class Shard:
         self.life = Lifecycle(c, self.repl, self.gc, self.fed, self.ext)
         self.pause = Pause(c)
         self.dedup = Dedup(c, dedup_keys_max)  # ADDJOB ... DEDUP: the keys held
-        # Each kind's handler, as the catalogue names it (its part and method).
-        self._handlers: dict[str, _Handler] = {
-            k.name: getattr(getattr(self, k.part), k.handler) for k in KINDS}
+        self._handlers = self.handlers()
+
+    def handlers(self) -> dict[str, _Handler]:
+        """Each kind of the catalogue (workers/messages.py) with its handler, a
+        method of the part that owns the kind, bound by reference."""
+        repl, gc, fed, ext = self.repl, self.gc, self.fed, self.ext
+        return {
+            msg.REPLJOB: repl.on_repljob, msg.GOTJOB: repl.on_gotjob,
+            msg.ENQUEUE: repl.on_enqueue, msg.WILLQUEUE: repl.on_willqueue,
+            msg.QUEUED: repl.on_queued, msg.WORKING: repl.on_working,
+            msg.SETACK: gc.on_setack, msg.GOTACK: gc.on_gotack, msg.DELJOB: gc.on_deljob,
+            msg.NEEDJOBS: fed.on_needjobs, msg.YOURJOBS: fed.on_yourjobs,
+            msg.PAUSE: self.pause.on_pause,
+            msg.QLENASK: ext.on_qlenask, msg.QLENIS: ext.on_qlenis,
+            msg.DELQ: ext.on_delq, msg.DELQDONE: ext.on_delqdone,
+        }
 
     # ------------------------------------------------------------------ plumbing
 

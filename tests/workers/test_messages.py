@@ -22,11 +22,12 @@ def test_every_kind_has_a_check_and_a_handler() -> None:
     s = _shard()
     names = [k.name for k in messages.KINDS]
     assert len(set(names)) == len(names) == len(messages.CATALOGUE)
+    handlers = s.handlers()
+    assert set(handlers) == set(messages.CATALOGUE)  # a handler for every kind, no other
     for k in messages.KINDS:
         assert callable(k.check), k.name
-        handler = getattr(getattr(s, k.part), k.handler)
-        assert callable(handler), k.name
-        assert s._handlers[k.name] == handler  # the dispatch reads the catalogue
+        assert callable(handlers[k.name]), k.name
+        assert handlers[k.name].__name__ == "on_" + k.name.lower(), k.name
 
 
 @pytest.mark.parametrize("kind", list(messages.CATALOGUE))
