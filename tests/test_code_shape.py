@@ -456,6 +456,26 @@ def test_one_requeue_formula() -> None:
     assert sites == ["core.py retry_at"], sites
 
 
+# Where a part writes a job's record itself, with the reason: the ACK kept for the
+# GC (``AckGc.ack_cluster``) is the ack GC's own move, its record between its GC
+# state (the attempts forgotten) and the next attempt armed.
+LOG_JOB_OUTSIDE_CORE = {"ackgc.py ack_cluster"}
+
+
+def test_the_moves_write_their_own_records() -> None:
+    """A job's AOF record is written by the core's verb that makes the move
+    (``activate``, ``arrive``, ``requeue``, ``dequeue(record=True)``, ``working``,
+    ``nack_later``, ``dead_letter`` ...), not by a part calling ``log_job`` after
+    writes of its own."""
+    callers = set()
+    for p in _parts("core.py"):
+        for fn in ast.walk(ast.parse(p.read_text(), filename=str(p))):
+            if isinstance(fn, ast.FunctionDef) and any(
+                    isinstance(n, ast.Attribute) and n.attr == "log_job" for n in ast.walk(fn)):
+                callers.add(f"{p.name} {fn.name}")
+    assert callers == LOG_JOB_OUTSIDE_CORE, callers
+
+
 def _core_fields_touched() -> dict[str, set[str]]:
     """Attributes of a ``Core`` that are not methods, as the parts reach them
     (``self.core.x``, a local bound to ``self.core``, a parameter typed ``Core``),

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from workers import messages as msg
-from workers.effects import AofAppend, Effect, Send, Wake
+from workers.effects import QUEUED_INCR_NACKS, AofAppend, Effect, Send, Wake
 from workers.ids import DEAD_PREFIX, JobIdGen, slot_of, slot_of_job_id
 from workers.invariant import InvariantError, invariant
 from workers.job import (
@@ -735,14 +735,47 @@ class Core(CoreState):
             self.send_queued(job, incr)
         self.log_job(job)
 
-    def dequeue(self, job: Job, now_ms: int) -> None:
-        """A QUEUED job goes back to ACTIVE without being delivered."""
+    def dequeue(self, job: Job, now_ms: int, record: bool = False) -> None:
+        """A QUEUED job goes back to ACTIVE without being delivered. ``record``: the
+        move is whole (DEQUEUE), its record is written; else it is the first step of
+        a move that writes its record at its end, or of a peer's that writes none."""
         job.move(ACTIVE)
         q = self.queues[job.queue]
         q.remove(job)
         self.maybe_idle(q, now_ms)
         if job.qtime_ms:
             self.timers.schedule(job, job.qtime_ms)
+        if record:
+            self.log_job(job)
+
+    def working(self, job: Job, now_ms: int) -> int:
+        """WORKING of a job we hold, half its TTL not elapsed: out of its queue, its
+        requeue postponed by a RETRY here and on the other holders (WORKING), its
+        record; the RETRY in seconds (the reply)."""
+        if job.state == QUEUED:
+            self.dequeue(job, now_ms)
+        if job.retry_s and job.state != WAIT_REPL:
+            self.postpone(job, self.retry_at(job, now_ms))
+            if job.nodes[0] is not self._view.me:
+                others = self.others(job)  # the other copies must not requeue it either
+                if others:
+                    self.send_job(others, msg.WORKING, job)
+        self.log_job(job)
+        return job.retry_s
+
+    def nack_later(self, job: Job, delay_ms: int, now_ms: int) -> None:
+        """NACK ... DELAY: the job stays active (not deliverable) until the delay
+        ends, then is queued without counting a further delivery; every other
+        holder pushes its own requeue past the delay (QUEUED with "w"); its record."""
+        self._tally.forget_delivery(job)
+        job.mark_nack_delayed()
+        job.qtime_ms = now_ms + delay_ms
+        self.reschedule(job)
+        others = self.others(job)
+        if others:
+            self.send_job(others, msg.QUEUED, job,
+                          msg.queued_meta(job.id, QUEUED_INCR_NACKS, wait_ms=delay_ms))
+        self.log_job(job)
 
     def dead_letter(self, job: Job, now_ms: int, incr: int = 0, reason: bytes | None = None,
                     follow: bool = False) -> None:

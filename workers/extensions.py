@@ -19,7 +19,6 @@ from typing import Any, Final
 from workers import messages as msg
 from workers.ackgc import AckGc
 from workers.core import Core, Events
-from workers.effects import QUEUED_INCR_NACKS
 from workers.ids import DEAD_PREFIX, slot_of
 from workers.job import (
     ACKED,
@@ -101,24 +100,6 @@ class Extensions(Events):
         # waitjob-entries-per-client-max); a client's entries outlive its connection
         self.client_entries: dict[bytes, int] = {}
         self.gathers: dict[int, Gather] = {}
-
-    # ------------------------------------------------------------------ NACK DELAY
-
-    def nack_later(self, job: Job, delay_ms: int, now_ms: int) -> None:
-        """NACK ... DELAY: the job stays active (not deliverable) until the delay
-        ends, then is queued without counting a further delivery. Every other
-        holder pushes its own requeue past the delay (QUEUED with "w")."""
-        s = self.core
-        s.tally().forget_delivery(job)
-        job.mark_nack_delayed()
-        job.qtime_ms = now_ms + delay_ms
-        s.reschedule(job)
-        others = s.others(job)
-        if others:
-            # every other holder waits out the delay too (QUEUED "w")
-            s.send_job(others, msg.QUEUED, job,
-                       msg.queued_meta(job.id, QUEUED_INCR_NACKS, wait_ms=delay_ms))
-        s.log_job(job)
 
     # ------------------------------------------------------------------ dead letters
 

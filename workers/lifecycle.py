@@ -3,8 +3,8 @@ shard's one timer heap (``workers/timers.py``) and fires each target: a job's
 TTL, its requeue (RETRY or DELAY elapsed; WILLQUEUE first when other nodes may
 hold a copy), its next replication step (``wait-repl``) or GC attempt
 (``acked``); an idle queue's eviction; a federation state's next NEEDJOBS; a
-gathering command's timeout. NACK, ENQUEUE and WORKING requeue or postpone a
-job by hand.
+gathering command's timeout. NACK and ENQUEUE requeue a job by hand (NACK ...
+DELAY and WORKING are the core's moves: ``Core.nack_later``, ``Core.working``).
 
 Timer kinds (a target is re-examined as a whole when its bucket fires):
 - job TTL: any state, the job is deleted at ``ctime + ttl``;
@@ -20,7 +20,7 @@ them (replication, the ack GC, federation, the extensions).
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import cast
 
 from workers import messages as msg
 from workers.ackgc import AckGc
@@ -32,7 +32,6 @@ from workers.job import (
     ACKED,
     ACTIVE,
     DELETED,
-    QUEUED,
     US_PER_MS,
     WAIT_REPL,
     Job,
@@ -153,23 +152,8 @@ class Lifecycle:
             if nack and job.has_maxdeliver() and past_maxdeliver(job):
                 self.core.dead_letter(job, now_ms, incr)
             elif delay_ms:
-                self.ext.nack_later(job, delay_ms, now_ms)
+                s.nack_later(job, delay_ms, now_ms)
             else:
                 s.requeue(job, q, now_ms, incr)
             done += 1
         return done
-
-    def working(self, job: Job, now_ms: int) -> Any:
-        """WORKING of a job we hold, half its TTL not elapsed: postpone its requeue
-        (here and on the other holders); replies the retry in seconds."""
-        s = self.core
-        if job.state == QUEUED:
-            s.dequeue(job, now_ms)
-        if job.retry_s and job.state != WAIT_REPL:
-            s.postpone(job, s.retry_at(job, now_ms))
-            if job.nodes[0] is not s.view().me:
-                others = s.others(job)  # the other copies must not requeue it either
-                if others:
-                    s.send_job(others, msg.WORKING, job)
-        s.log_job(job)
-        return job.retry_s

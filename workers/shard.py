@@ -16,7 +16,7 @@ each in its own file:
 - ``ext`` (workers/extensions.py): the extensions beyond the reference;
 - ``repl`` (workers/replication.py): ADDJOB's copies and the holders' requeue
   messages;
-- ``life`` (workers/lifecycle.py): the timers firing, NACK / ENQUEUE / WORKING;
+- ``life`` (workers/lifecycle.py): the timers firing, NACK / ENQUEUE;
 - ``pause`` (workers/pause.py): PAUSE and its broadcast;
 - ``dedup`` (workers/dedup.py): the DEDUP keys the jobs hold (idempotent adds);
 - read-only views (workers/views.py) and AOF loading (workers/persistence.py)
@@ -433,8 +433,7 @@ class Shard:
         for job_id in job_ids:
             job = c.lookup(job_id)
             if job is not None and job.state == QUEUED:
-                c.dequeue(job, now_ms)
-                c.log_job(job)
+                c.dequeue(job, now_ms, record=True)
                 done += 1
         return done
 
@@ -444,7 +443,7 @@ class Shard:
             return ERR_NOJOB
         if (now_ms - job.ctime_us // US_PER_MS) > job.ttl_s * 1000 // 2:
             return ERR_TOOLATE
-        return self.life.working(job, now_ms)
+        return self.core.working(job, now_ms)
 
     # ------------------------------------------------------------------ views, queues
 
