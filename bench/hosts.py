@@ -70,6 +70,34 @@ def _cpu_s(pids: list[int]) -> float:
     return total / clock_ticks
 
 
+def _syscalls(pids: list[int]) -> int:
+    """Read and write system calls of ``pids`` so far (/proc/PID/io)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
+        except OSError:
+            continue
+        total += int(fields["syscr"]) + int(fields["syscw"])
+    return total
+
+
+def _bus_frames(ports: list[int]) -> int:
+    """Cluster bus frames the nodes on ``ports`` have read (CLUSTER INFO's
+    cluster_stats_messages_received: each frame counts once, a JOBS frame too)."""
+    total = 0
+    for port in ports:
+        r = redis.Redis(port=port, protocol=2, socket_timeout=30)
+        try:
+            text = r.execute_command("CLUSTER", "INFO")
+        finally:
+            r.close()
+        for line in (text.decode() if isinstance(text, bytes) else str(text)).splitlines():
+            if line.startswith("cluster_stats_messages_received:"):
+                total += int(line.split(":")[1])
+    return total
+
+
 def _client(producer: int, consumer: int, queue: str, rate: float, batch: int, replicate: int,
             seconds: float, barrier: Any, results: Any) -> None:
     """One paced client: batches of ADDJOB on ``producer``, taken and acked on ``consumer``."""
@@ -112,7 +140,7 @@ def _client(producer: int, consumer: int, queue: str, rate: float, batch: int, r
 
 
 def run_case(ports: list[int], pids: list[int], replicate: int, traffic: str, rate: float,
-             batch: int, seconds: float) -> dict[str, Any]:
+             batch: int, seconds: float, frames: bool = True) -> dict[str, Any]:
     n = len(ports)
     shift = 1 if traffic == "federated" and n > 1 else 0
     ctx = mp.get_context("fork")
@@ -128,9 +156,11 @@ def run_case(ports: list[int], pids: list[int], replicate: int, traffic: str, ra
     barrier.wait()
     t0 = time.monotonic()
     time.sleep(warmup_s)
-    w0, cpu0 = time.monotonic(), _cpu_s(pids)
+    f0 = _bus_frames(ports) if frames and n > 1 else 0
+    w0, cpu0, sys0 = time.monotonic(), _cpu_s(pids), _syscalls(pids)
     time.sleep(seconds)
-    w1, cpu1 = time.monotonic(), _cpu_s(pids)
+    w1, cpu1, sys1 = time.monotonic(), _cpu_s(pids), _syscalls(pids)
+    f1 = _bus_frames(ports) if frames and n > 1 else 0
     stamps = [results.get(timeout=120) for _ in procs]
     for proc in procs:
         proc.join(timeout=30)
@@ -142,6 +172,8 @@ def run_case(ports: list[int], pids: list[int], replicate: int, traffic: str, ra
             "jobs": jobs, "jobs_per_s": round(jobs / (w1 - w0), 1),
             "cpu_us_per_job": round(cpu_us / jobs, 1) if jobs else None,
             "node_cpu_share": round((cpu1 - cpu0) / (w1 - w0), 3),
+            "syscalls_per_job": round((sys1 - sys0) / jobs, 2) if jobs else None,
+            "bus_frames_per_job": round((f1 - f0) / jobs, 2) if jobs and frames and n > 1 else None,
             "started_s": round(t0, 1)}
 
 
@@ -265,6 +297,24 @@ def table(rows: list[dict[str, Any]], systems: list[str]) -> list[str]:
     return lines
 
 
+def work_table(rows: list[dict[str, Any]], systems: list[str]) -> list[str]:
+    """Per job, what the node's CPU went to: cluster bus frames read (disque-mp) and
+    read/write system calls (every system), every node summed."""
+    head = "| traffic | REPLICATE | nodes | " + " | ".join(
+        f"{s} frames/job | {s} syscalls/job" for s in systems) + " |"
+    lines = [head, "|" + "---|" * (3 + 2 * len(systems))]
+    keys = sorted({(r["traffic"], r["replicate"], r["nodes"]) for r in rows})
+    for traffic, rep, n in keys:
+        cells = []
+        for s in systems:
+            row = next((r for r in rows if r["system"] == s and r["traffic"] == traffic
+                        and r["replicate"] == rep and r["nodes"] == n), None)
+            cells += ([str(row.get("bus_frames_per_job") or "-"), str(row.get("syscalls_per_job"))]
+                      if row else ["-", "-"])
+        lines.append(f"| {traffic} | {rep} | {n} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.hosts", description=__doc__.split("\n")[0])
     ap.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 4])
@@ -317,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
                         args.workers) as ports:
                 pids = srv.server_pids(ports)
                 for rep, traffic in cases(n, args.replicate, args.traffic):
-                    row = run_case(ports, pids, rep, traffic, args.rate, args.batch, args.seconds)
+                    row = run_case(ports, pids, rep, traffic, args.rate, args.batch, args.seconds,
+                                   frames=kind == "disque-mp")
                     row["system"] = label
                     rows.append(row)
                     print(json.dumps(row), flush=True)
@@ -343,6 +394,9 @@ def main(argv: list[str] | None = None) -> int:
              f"Node CPU (every process of every node, utime + stime) over {args.seconds:g} s "
              "per job delivered in that window.", ""]
     lines += table(rows, labels)
+    lines += ["", "Per job delivered, every node summed: cluster bus frames read (disque-mp; "
+              "PINGs included) and read/write system calls.", ""]
+    lines += work_table(rows, labels)
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -125,13 +125,15 @@ class _Local(BatchedLink):
 
 class ClusterAgent:
     def __init__(self, cfg: Any, index: int, node_id: str, workers: int, on_message: OnMessage,
-                 executor: Executor, on_view: OnView | None = None) -> None:
+                 executor: Executor, on_view: OnView | None = None,
+                 on_batch: Callable[[bool], None] | None = None) -> None:
         self.cfg = cfg
         self.index = index
         self.node_id = node_id  # as started: names the local socket even after RESET HARD
         self.workers = workers
         self.on_message = on_message
         self.on_view = on_view
+        self.on_batch = on_batch  # around the messages of one JOBS frame (bus/hostbus.py)
         self.executor = executor
         self.bus: ClusterBus | None = None
         self.view: dict[str, Any] = {"myid": node_id, "leaving": False, "size": 1, "sent": 0,
@@ -192,6 +194,7 @@ class ClusterAgent:
                                   self.workers, keyring=self.keyring, tls=self.tls)
             self.bus.adopt_data = self._adopt_data
             self.bus.views_applied = self._views_applied
+            self.bus.batch = self.on_batch
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             peercred.bind_local(sock, socket_name(self.cfg.port, self.node_id))
             sock.listen(self.workers * 4)
@@ -325,6 +328,7 @@ class ClusterAgent:
         sock.setblocking(False)
         link = DataIn(sender, str(self.view["myid"]), self.index, self._on_data_job,
                       self.data_in.discard, session)
+        link.batch = self.on_batch
         self.data_in.add(link)
 
         async def adopt() -> None:

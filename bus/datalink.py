@@ -116,6 +116,8 @@ class DataIn(_DataConn):
         self.index = index
         self.on_job = on_job
         self.on_lost = on_lost
+        # batch(True) / batch(False) around a JOBS frame's messages (bus/hostbus.py)
+        self.batch: Callable[[bool], None] | None = None
         self.loosen()  # worker 0 ran the handshake
         if session is not None:
             self.start_mac(*session)
@@ -131,8 +133,16 @@ class DataIn(_DataConn):
 
     def on_frame(self, kind: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
         if kind == K_JOBS:
-            for job_kind, slot, inner, parts in messages.check_jobs(meta, bodies):
-                self.on_job(self.sender_id, job_kind, slot, inner, parts)
+            batch = messages.check_jobs(meta, bodies)
+            around = self.batch
+            if around is not None:
+                around(True)
+            try:
+                for job_kind, slot, inner, parts in batch:
+                    self.on_job(self.sender_id, job_kind, slot, inner, parts)
+            finally:
+                if around is not None:
+                    around(False)
             return
         job_kind, slot, inner = messages.check_job(meta, bodies)
         self.on_job(self.sender_id, job_kind, slot, inner, bodies)

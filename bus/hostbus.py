@@ -573,6 +573,9 @@ class ClusterBus:
         # agent; alone in a process, as in tests, there is nobody to wait for)
         self.views_applied: Callable[[int], bool] = lambda seq: True
         self.leaving_waits: list[_LeavingWait] = []
+        # batch(True) before a JOBS frame's messages are delivered, batch(False) after:
+        # the worker carries out their effects once, not once per message (set by the agent)
+        self.batch: Callable[[bool], None] | None = None
         self.seeder = seeds.SeedDialer(cfg, cfg.port)  # cluster-seeds: MEET them while alone
 
     # ---- lifecycle -------------------------------------------------------------
@@ -961,9 +964,15 @@ class ClusterBus:
             auth.count("rejected_messages")
             return
         self.job_frames_received += len(batch)
-        deliver, workers = self.deliver, self.workers
-        for kind, slot, inner, parts in batch:
-            deliver(slot % workers, sender, kind, slot, inner, parts)
+        deliver, workers, around = self.deliver, self.workers, self.batch
+        if around is not None:
+            around(True)
+        try:
+            for kind, slot, inner, parts in batch:
+                deliver(slot % workers, sender, kind, slot, inner, parts)
+        finally:
+            if around is not None:
+                around(False)
 
     # ---- time -----------------------------------------------------------------------
 

@@ -40,6 +40,7 @@ COMPILED_MODULES = (
     "workers.dedup",
     "workers.job",
     "workers.queue",
+    "workers.lanes",
     "workers.ids",
     "workers.effects",
     "workers.evict",

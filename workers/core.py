@@ -46,6 +46,7 @@ from workers.job import (
     Job,
     Timed,
     del_record,
+    ext_mem_bytes,
     union,
 )
 from workers.queue import PAUSED_OUT, Cells, Queue
@@ -329,7 +330,7 @@ class CoreState:
         """Empty tables (FLUSHALL); the parts reset their own state."""
         self.job_buckets: list[dict[str, Job] | None] = [None] * job_buckets
         self.njobs = 0
-        self.body_bytes = 0  # sum of len(body) of registered jobs (memory accounting)
+        self.body_bytes = 0  # registered jobs' bodies and extension fields (job.ext_mem_bytes)
         self.queues: dict[bytes, Queue] = {}
         self.qscan: list[Queue | None] = []
         self._qscan_free: list[int] = []
@@ -554,6 +555,7 @@ class Core(CoreState):
             d = self._tally.delayed
             d[job.queue] = d.get(job.queue, 0) + 1
         if job.ext is not None:  # plain jobs pay this test only
+            self.body_bytes += ext_mem_bytes(job.ext)
             for sub in self._after_ext_registered:
                 sub.after_ext_registered(job)
 
@@ -619,6 +621,7 @@ class Core(CoreState):
         for sub in self._after_job_gone:
             sub.after_job_gone(jid)
         if job.ext is not None:
+            self.body_bytes -= ext_mem_bytes(job.ext)
             for sub in self._after_ext_unregistered:
                 sub.after_ext_unregistered(job)
         t = self._tally
@@ -786,7 +789,7 @@ class Core(CoreState):
         (points at the dead queue, not queued here)."""
         self._move_to(job, DEAD_PREFIX + job.queue, now_ms)
         if reason is not None:
-            job.set_ext(reason=reason)
+            self.body_bytes += job.set_ext(reason=reason)
         if not follow:
             self._tally.stats.dead_lettered += 1
             self.enqueue(job, self.queues[job.queue], now_ms)
@@ -804,7 +807,7 @@ class Core(CoreState):
         self._move_to(job, job.queue[len(DEAD_PREFIX):], now_ms)
         job.nacks = 0
         job.additional_deliveries = 0
-        job.set_ext(reason=b"")
+        self.body_bytes += job.set_ext(reason=b"")
         if not follow:
             self.enqueue(job, self.queues[job.queue], now_ms)
             others = self.others(job)

@@ -18,8 +18,8 @@ from typing import Any
 from workers import messages as msg
 from workers.ackgc import AckGc
 from workers.core import Core, Events
-from workers.ids import is_valid_job_id
 from workers.job import ACTIVE, Job, merge_nodes, union
+from workers.persistence import lie_of
 from workers.queue import PAUSED_IN, PAUSED_OUT, Fed, Queue
 
 # Federation (spec FAQ): ad hoc NEEDJOBS to recent sources 25 ms .. 2 s apart,
@@ -301,4 +301,4 @@ def peer_job(rec: bytes) -> Job | None:
         job = Job.from_record(rec)
     except ValueError:  # also UnicodeDecodeError: the record's documented failures
         return None
-    return job if is_valid_job_id(job.id) else None
+    return job if lie_of(job) is None else None  # what the AOF loader would refuse

@@ -148,6 +148,29 @@ class Timed:
     awake_ms: int
 
 
+# What a job's extension fields cost beyond its body (the memory estimate, counted
+# with the body in the shard's ``body_bytes``; measured with tracemalloc,
+# docs/memory.md, "Extension fields"): the JobExt record, each field's bytes object
+# header plus its length, and for a DEDUP key the dedup table's key tuple and slot.
+# Computed when the job is registered and when a field changes, never when read.
+ext_record_bytes: Final = 64
+ext_field_overhead_bytes: Final = 40
+dedup_entry_bytes: Final = 140
+
+
+def ext_mem_bytes(ext: JobExt | None) -> int:
+    """The estimate of what ``ext`` costs (0 for a job without extension fields)."""
+    if ext is None:
+        return 0
+    n = ext_record_bytes
+    for value in (ext.group, ext.dedup, ext.reason):
+        if value:
+            n += ext_field_overhead_bytes + len(value)
+    if ext.dedup:
+        n += dedup_entry_bytes
+    return n
+
+
 class JobExt:
     """A job's extension fields (b"" = not set): the fairness group it belongs to in
     its queue, its deduplication key, why it was dead-lettered. Shared by nothing:
@@ -362,9 +385,11 @@ class Job(Timed):
         return b"" if ext is None else ext.reason
 
     def set_ext(self, group: bytes | None = None, dedup: bytes | None = None,
-                reason: bytes | None = None) -> None:
-        """Set the given extension fields (None: leave as is; b"": clear)."""
+                reason: bytes | None = None) -> int:
+        """Set the given extension fields (None: leave as is; b"": clear); returns how
+        the memory estimate changed (``ext_mem_bytes``), for a registered job's shard."""
         ext = self.ext
+        before = ext_mem_bytes(ext)
         if ext is None:
             ext = JobExt()
         if group is not None:
@@ -374,6 +399,7 @@ class Job(Timed):
         if reason is not None:
             ext.reason = reason
         self.ext = ext if ext else None
+        return ext_mem_bytes(self.ext) - before
 
     @property
     def delivered(self) -> tuple[str, ...]:

@@ -9,13 +9,23 @@ Structure: one ``collections.deque`` of job records sorted by ``ctime_us``
   node): ``deque.append``, O(1), 8 bytes per job.
 - Pop-oldest (GETJOB) is ``popleft``, O(1).
 - Re-queued jobs are usually older than everything queued: ``appendleft``;
-  otherwise a bisection by ctime and ``deque.insert`` (O(n), rare).
+  otherwise a search by ctime galloping from both ends (``_position``: probes
+  cost the distance from the nearer end) and ``deque.insert`` (O(that distance)).
 - Remove-by-job (DEQUEUE, ACKJOB, TTL, DELJOB of a queued job) only changes the
   job's state and a counter: the record stays in the deque as a *stale* entry,
   skipped by pop and peek. A stale entry sits exactly where the job would be
   inserted again (ctime never changes), so re-queueing a job that still has
   one revives it in place. Stale entries are purged when they outnumber the
   live ones (amortised O(1) per removal).
+- A job that moves to another queue (dead letter, REDRIVE) leaves its stale
+  entry where it is, as a *ghost*: the queue's ``ghosts`` set names the jobs
+  whose entry here is no longer theirs (the job may be queued elsewhere, so its
+  state alone cannot tell). A ghost counts as a stale entry (purged with them);
+  the job coming back revives it in place. So a move costs O(1) whatever the
+  queue's length, where removing the entry from the deque would scan it.
+- Reads from the head (QPEEK, REDRIVE, the oldest age) drop the stale entries
+  they find before the first live one, as a pop would: a run of stale entries
+  is paid for once, not by every read.
 
 Groups (ADDJOB ... GROUP): a queue whose jobs all belong to one group (most
 queues: every job ungrouped) is the single deque above, labelled ``group0``, and
@@ -26,8 +36,9 @@ lane at the head of the ring and puts that lane at the tail. A lane leaves when
 its last queued job is taken (its stale entries are dropped with it); when one
 lane is left the queue goes back to the single deque.
 
-A job is a live entry iff ``job.state == QUEUED``; ``FLAG_IN_DEQUE`` says the
-record is physically in the deque. Compared (bench/test_micro.py: test_queue_* against test_baseline_*)
+An entry is live iff ``job.state == QUEUED`` and the job is not one of the
+queue's ghosts; ``FLAG_IN_DEQUE`` says the record is physically in the deque of
+the queue it belongs to (``job.queue``), never of one where it is a ghost. Compared (bench/test_micro.py: test_queue_* against test_baseline_*)
 with a heap with lazy deletion and with sortedcontainers: the deque is the
 fastest on append/pop and the smallest (a heap entry needs a tuple, ~70
 bytes per job; a SortedKeyList ~2 list slots plus a key per job).
@@ -51,6 +62,15 @@ from typing import Any, Final
 from workers.ids import SLOTS
 from workers.invariant import InvariantError
 from workers.job import QUEUED, Job, Timed
+from workers.lanes import (
+    GroupOrder,
+    Lane,
+    forget_entry,
+    group_of,
+    live_entry,
+    queued_only,
+    trim_head,
+)
 
 # Purge stale entries once there are more than this many and more than live ones:
 # small queues never pay for a purge, big ones pay O(n) only after n removals.
@@ -123,59 +143,33 @@ def _insert(dq: deque[Job], job: Job) -> None:
     elif dq[0].ctime_us > job.ctime_us:
         dq.appendleft(job)
     else:
-        dq.insert(bisect_right(dq, job.ctime_us, key=_ctime), job)
+        dq.insert(_position(dq, job.ctime_us), job)
 
 
-def _queued_only(dq: deque[Job]) -> deque[Job]:
-    """A purge: the entries of ``dq`` whose job is still queued, in order; the
-    stale ones leave (their jobs unmarked)."""
-    keep: deque[Job] = deque()
-    for job in dq:
-        if job.state == QUEUED:
-            keep.append(job)
-        else:
-            job.unmark_in_deque()
-    return keep
-
-
-def _group(job: Job) -> bytes:
-    ext = job.ext
-    return b"" if ext is None else ext.group
-
-
-class Lane:
-    """The jobs of one group in a queue that holds several: the same ctime-ordered
-    deque with lazy deletion as a single-group queue's."""
-
-    __slots__ = ("group", "dq", "live", "stale")
-
-    def __init__(self, group: bytes, dq: deque[Job], live: int, stale: int) -> None:
-        self.group = group
-        self.dq = dq
-        self.live = live
-        self.stale = stale
-
-    def take(self) -> tuple[Job | None, int]:
-        """Pop the oldest queued job; also how many stale entries were skipped."""
-        dq = self.dq
-        skipped = 0
-        while dq:
-            job = dq.popleft()
-            job.unmark_in_deque()
-            if job.state == QUEUED:
-                self.live -= 1
-                self.stale -= skipped
-                return job, skipped
-            skipped += 1
-        self.stale -= skipped
-        return None, skipped
-
-    def clear(self) -> None:
-        for job in self.dq:
-            job.unmark_in_deque()
-        self.dq.clear()
-        self.live = 0
-        self.stale = 0
+def _position(dq: deque[Job], ctime_us: int) -> int:
+    """Where ``bisect_right`` would put ``ctime_us`` in a deque whose head is not
+    newer and whose tail is newer: galloping from both ends at once, so the probes
+    (a deque's index walks from its nearer end) cost what the distance from the
+    nearer end does, not the deque's length (a NACKed job goes near the front)."""
+    lo, hi = 0, len(dq) - 1  # dq[lo] <= ctime_us < dq[hi]
+    step = 1
+    while hi - lo > 1:
+        i = lo + step
+        if i >= hi:
+            break
+        if dq[i].ctime_us > ctime_us:
+            hi = i
+            break
+        lo = i
+        j = hi - step
+        if j <= lo:
+            break
+        if dq[j].ctime_us <= ctime_us:
+            lo = j
+            break
+        hi = j
+        step *= 2
+    return bisect_right(dq, ctime_us, lo + 1, hi, key=_ctime)
 
 
 class Queue(Timed):
@@ -197,6 +191,8 @@ class Queue(Timed):
         "ring",
         "groups_live",
         "cells",
+        "ghosts",
+        "order",
     )
 
     def __init__(self, name: bytes, slot: int, now_ms: int, cells: Cells | None = None) -> None:
@@ -220,6 +216,9 @@ class Queue(Timed):
         self.lanes: dict[bytes, Lane] | None = None  # group -> lane, 2 or more
         self.ring: deque[Lane] | None = None  # the lanes in serving order
         self.groups_live = 0  # lanes with queued jobs (while split)
+        self.order: GroupOrder | None = None  # the lanes by head, tail, count (while split)
+        # jobs whose (stale) entry here is not theirs any more: moved to another queue
+        self.ghosts: set[Job] | None = None
 
     def __len__(self) -> int:
         return self.live
@@ -232,11 +231,21 @@ class Queue(Timed):
         self.live += 1
         if self.live == 1:
             self.cells.inc(self.slot)
-        if job.in_deque():
+        if job.in_deque() or (self.ghosts and self._unghost(job)):
             self.stale -= 1  # revive the stale entry: it is already in ctime position
             return
         job.mark_in_deque()
         _insert(self._dq, job)
+
+    def _unghost(self, job: Job) -> bool:
+        """The job comes back to a queue where it left a ghost: the entry is its own
+        again (in ctime position, as a stale entry is); False when it left none."""
+        ghosts = self.ghosts
+        if not ghosts or job not in ghosts:
+            return False
+        ghosts.discard(job)
+        job.mark_in_deque()
+        return True
 
     def pop(self) -> Job | None:
         """Remove and return the oldest queued job (its state is still QUEUED); of
@@ -246,12 +255,13 @@ class Queue(Timed):
         dq = self._dq
         while dq:
             job = dq.popleft()
-            job.unmark_in_deque()
-            if job.state == QUEUED:
+            if job.state == QUEUED and not (self.ghosts and job in self.ghosts):
+                job.unmark_in_deque()
                 self.live -= 1
                 if not self.live:
                     self.cells.dec(self.slot)
                 return job
+            forget_entry(job, self.ghosts)
             self.stale -= 1
         return None
 
@@ -261,10 +271,11 @@ class Queue(Timed):
         if not self.live:
             self.cells.dec(self.slot)
         self.stale += 1
-        if self.lanes is not None:
-            lane = self.lanes[_group(job)]
+        if self.lanes is not None and self.order is not None:
+            lane = self.lanes[group_of(job)]
             lane.live -= 1
             lane.stale += 1
+            self.order.changed(lane)
             if not lane.live:
                 self.groups_live -= 1
         if self.stale > stale_entries_purge_min and self.stale > self.live:
@@ -272,25 +283,22 @@ class Queue(Timed):
 
     def detach(self, job: Job) -> None:
         """A job whose entry here is stale moves to another queue (dead letter,
-        REDRIVE): drop the entry, else pushing it there would revive it here.
-        O(the entry's position): REDRIVE takes the oldest, near the front. A split
-        queue holds the entry in the lane of the job's group (a lane that went
-        took its entries with it, unmarked)."""
-        if self.lanes is not None:
-            lane = self.lanes[_group(job)]
-            lane.dq.remove(job)
-            lane.stale -= 1
-        else:
-            self._dq.remove(job)
+        REDRIVE): its entry stays as a ghost, O(1) (else pushing the job there would
+        revive it here). It still counts as stale, in the lane of the job's group
+        when the queue is split, and goes with the purge, the pop that reaches it
+        or its lane; the job coming back here revives it."""
         job.unmark_in_deque()
-        self.stale -= 1
+        if self.ghosts is None:
+            self.ghosts = set()
+        self.ghosts.add(job)
 
     def _purge(self) -> None:
         if self.lanes is not None:
             self._purge_lanes()
             return
-        self._dq = _queued_only(self._dq)
+        self._dq = queued_only(self._dq, self.ghosts)
         self.stale = 0
+        self.ghosts = None
 
     def drop_all(self) -> None:
         """Forget every entry (queue evicted or flushed): clear deque membership. The
@@ -299,22 +307,23 @@ class Queue(Timed):
             self.cells.dec(self.slot)
         self.cells.bump(self.slot)
         for job in self._dq:
-            job.unmark_in_deque()
+            forget_entry(job, self.ghosts)
         self._dq.clear()
         if self.lanes is not None:
             for lane in self.lanes.values():
-                lane.clear()
+                lane.clear(self.ghosts)
             self._unsplit(None)
         self.group0 = b""
         self.live = 0
         self.stale = 0
+        self.ghosts = None
 
     # ---- groups
 
     def _push_grouped(self, job: Job) -> bool:
         """push's path for a grouped job or a queue that is not plain: True when
         the job went to a lane, False when push goes on with the single deque."""
-        group = _group(job)
+        group = group_of(job)
         if self.lanes is None:
             if group == self.group0:
                 return False
@@ -324,30 +333,39 @@ class Queue(Timed):
             self._split()
         lanes = self.lanes
         ring = self.ring
-        if lanes is None or ring is None:
+        order = self.order
+        if lanes is None or ring is None or order is None:
             raise InvariantError(f"queue {self.name!r}: lanes without a ring")
         lane = lanes.get(group)
         if lane is None:
-            lane = lanes[group] = Lane(group, deque(), 0, 0)
+            lane = order.new_lane(group, deque(), 0, 0)
             ring.append(lane)
-        if not lane.live:
+        was = lane.live
+        if not was:
             self.groups_live += 1
-        lane.live += 1
+        lane.live = was + 1
+        order.changed(lane)
         self.live += 1
         if self.live == 1:
             self.cells.inc(self.slot)
-        if job.in_deque():
+        if job.in_deque() or (self.ghosts and self._unghost(job)):
             lane.stale -= 1  # revive the stale entry, as push does
             self.stale -= 1
-            return True
-        job.mark_in_deque()
-        _insert(lane.dq, job)
+        else:
+            job.mark_in_deque()
+            _insert(lane.dq, job)
+        dq = lane.dq
+        if not was or dq[0] is job:
+            order.head_moved(lane)
+        if not was or dq[-1] is job:
+            order.tail_moved(lane)
         return True
 
     def _split(self) -> None:
         """A second group arrives: the deque becomes the first lane of the ring."""
-        first = Lane(self.group0, self._dq, self.live, self.stale)
-        self.lanes = {self.group0: first}
+        self.lanes = {}
+        self.order = GroupOrder(self.lanes)
+        first = self.order.new_lane(self.group0, self._dq, self.live, self.stale)
         self.ring = deque((first,))
         self.groups_live = 1 if self.live else 0
         self._dq = deque()
@@ -363,18 +381,21 @@ class Queue(Timed):
             self.group0 = last.group
         self.lanes = None
         self.ring = None
+        self.order = None
         self.groups_live = 0
 
     def _pop_lane(self) -> Job | None:
         lanes = self.lanes
         ring = self.ring
-        if lanes is None or ring is None:
+        order = self.order
+        if lanes is None or ring is None or order is None:
             raise InvariantError(f"queue {self.name!r}: lanes without a ring")
         while ring:
             lane = ring.popleft()
-            job, skipped = lane.take()
+            job, skipped = lane.take(self.ghosts)
             self.stale -= skipped
             if job is not None:
+                order.changed(lane)
                 self.live -= 1
                 if not self.live:
                     self.cells.dec(self.slot)
@@ -383,7 +404,7 @@ class Queue(Timed):
                     return job
                 self.groups_live -= 1
             self.stale -= lane.stale  # the lane goes with its stale entries
-            lane.clear()
+            lane.clear(self.ghosts)
             del lanes[lane.group]
             if len(lanes) <= 1:
                 self._unsplit(ring[0] if ring else None)
@@ -399,13 +420,14 @@ class Queue(Timed):
             raise InvariantError(f"queue {self.name!r}: lanes without a ring")
         kept: deque[Lane] = deque()
         for lane in ring:
-            lane.dq = _queued_only(lane.dq)
+            lane.dq = queued_only(lane.dq, self.ghosts)
             lane.stale = 0
             if lane.live:
                 kept.append(lane)
             else:
                 del lanes[lane.group]
         self.stale = 0
+        self.ghosts = None
         self.ring = kept
         if len(lanes) <= 1:
             self._unsplit(kept[0] if kept else None)
@@ -420,25 +442,47 @@ class Queue(Timed):
             return 1 if self.live else 0
         return self.groups_live
 
-    def group_counts(self) -> list[tuple[bytes, int]]:
-        """(group, queued jobs) of every group with queued jobs (QGROUPS)."""
+    def largest_groups(self, count: int) -> list[tuple[bytes, int]]:
+        """Up to ``count`` (group, queued jobs) of the groups with queued jobs,
+        largest first, ties by name (QGROUPS): O(count log groups)."""
+        if self.order is None:
+            return [(self.group0, self.live)] if self.live and count > 0 else []
+        return self.order.largest(count)
+
+    def adds_group(self, group: bytes) -> bool:
+        """A job of ``group`` queued here would be a group more (queue-groups-max)."""
         if self.lanes is None:
-            return [(self.group0, self.live)] if self.live else []
-        return [(lane.group, lane.live) for lane in self.lanes.values() if lane.live]
+            return bool(self.live) and group != self.group0
+        lane = self.lanes.get(group)
+        return lane is None or not lane.live
 
     def _entries(self) -> list[deque[Job]]:
         if self.lanes is None:
             return [self._dq]
         return [lane.dq for lane in self.lanes.values()]
 
+    def _first_lanes(self, count: int, tail: bool) -> list[deque[Job]]:
+        """The deques of the ``count`` lanes whose oldest (``tail``: newest) jobs
+        come first: a read of ``count`` jobs merges no other lane."""
+        if self.order is None:
+            return self._entries()
+        lanes, dropped = self.order.first_lanes(count, self.ghosts, tail)
+        self.stale -= dropped
+        return [lane.dq for lane in lanes]
+
     def oldest(self, count: int) -> list[Job]:
+        """The ``count`` oldest queued jobs (the stale entries ahead of the first
+        live one are dropped on the way, as pop would)."""
         out: list[Job] = []
         if count <= 0:
             return out
+        ghosts = self.ghosts
+        if self.lanes is None:
+            self.stale -= trim_head(self._dq, ghosts)
         entries: Iterable[Job] = self._dq if self.lanes is None else heapq.merge(
-            *self._entries(), key=_ctime)
+            *self._first_lanes(count, False), key=_ctime)
         for job in entries:
-            if job.state == QUEUED:
+            if live_entry(job, ghosts):
                 out.append(job)
                 if len(out) >= count:
                     break
@@ -449,20 +493,29 @@ class Queue(Timed):
         if count <= 0:
             return out
         entries: Iterable[Job] = reversed(self._dq) if self.lanes is None else heapq.merge(
-            *(reversed(dq) for dq in self._entries()), key=_ctime, reverse=True)
+            *(reversed(dq) for dq in self._first_lanes(count, True)), key=_ctime,
+            reverse=True)
+        ghosts = self.ghosts
         for job in entries:
-            if job.state == QUEUED:
+            if live_entry(job, ghosts):
                 out.append(job)
                 if len(out) >= count:
                     break
         return out
 
     def __iter__(self) -> Iterator[Job]:
-        return (job for dq in self._entries() for job in dq if job.state == QUEUED)
+        ghosts = self.ghosts
+        return (job for dq in self._entries() for job in dq if live_entry(job, ghosts))
 
     def check(self) -> str | None:
         """Describe a broken invariant of this queue, or None (tests, invariant())."""
         seen: set[int] = set()
+        err = self._check_entries(seen)
+        if err is None and self.ghosts and not {id(job) for job in self.ghosts} <= seen:
+            err = f"queue {self.name!r}: a ghost without an entry"
+        return err
+
+    def _check_entries(self, seen: set[int]) -> str | None:
         if self.lanes is None:
             return self._check_deque(self._dq, self.group0, self.live, self.stale, seen)
         err = self._check_lanes()
@@ -495,24 +548,30 @@ class Queue(Timed):
             return f"queue {self.name!r} split but its single deque holds jobs"
         if len(ring) != len(lanes) or {id(x) for x in ring} != {id(x) for x in lanes.values()}:
             return f"queue {self.name!r} ring and lanes differ"
-        return None
+        if self.order is None or self.order.lanes is not lanes:
+            return f"queue {self.name!r} split without its group order"
+        return self.order.check()
 
     def _check_deque(self, dq: deque[Job], group: bytes, live_count: int,
                      stale_count: int, seen: set[int]) -> str | None:
         live = 0
         prev = -1
+        ghosts = self.ghosts or set()
         for job in dq:
             if id(job) in seen:
                 return f"job {job.id} twice in queue {self.name!r}"
             seen.add(id(job))
-            if not job.in_deque():
+            ghost = job in ghosts
+            if not ghost and not job.in_deque():
                 return f"job {job.id} in deque without FLAG_IN_DEQUE"
+            if ghost and job.queue == self.name and job.state == QUEUED:
+                return f"job {job.id} queued in {self.name!r} behind its own ghost"
             if job.ctime_us < prev:
                 return f"queue {self.name!r} out of ctime order at {job.id}"
-            if _group(job) != group:
-                return f"job {job.id} of group {_group(job)!r} in lane {group!r}"
+            if group_of(job) != group:
+                return f"job {job.id} of group {group_of(job)!r} in lane {group!r}"
             prev = job.ctime_us
-            if job.state == QUEUED:
+            if live_entry(job, ghosts):
                 if job.queue != self.name:
                     return f"job {job.id} of {job.queue!r} queued in {self.name!r}"
                 live += 1

@@ -74,7 +74,7 @@ from workers.replies import (
     Status,
 )
 from workers.timers import Timers
-from workers.views import jscan, metrics, qgroups, qpeek, qscan, qstat, show
+from workers.views import groups_full, jscan, metrics, qgroups, qpeek, qscan, qstat, show
 
 __all__ = ["Shard", "latency_bounds_ms"]  # latency_bounds_ms: the /metrics histogram bounds
 
@@ -463,6 +463,9 @@ class Shard:
             q = get(name)
             out.append(0 if q is None or q.paused & PAUSED_OUT else q.live)
         return out
+
+    def op_groups_full(self, queue: bytes, group: bytes, groups_max: int) -> bool:
+        return groups_full(self.core, queue, group, groups_max)
 
     def op_qpeek(self, queue: bytes, count: int) -> list[list[Any]]:
         return qpeek(self.core, queue, count)

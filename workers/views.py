@@ -119,12 +119,14 @@ def qgroups(s: Core, queue: bytes, count: int) -> list[list[Any]]:
     q = s.find_queue(queue)
     if q is None or count <= 0:
         return []
-    top = heapq.nsmallest(count, q.group_counts(), key=_largest_first)
-    return [[group, n] for group, n in top]
+    return [[group, n] for group, n in q.largest_groups(count)]
 
 
-def _largest_first(entry: tuple[bytes, int]) -> tuple[int, bytes]:
-    return -entry[1], entry[0]
+def groups_full(s: Core, queue: bytes, group: bytes, groups_max: int) -> bool:
+    """A job of ``group`` would make ``queue`` hold more than ``groups_max`` groups
+    with queued jobs (ADDJOB ... GROUP, config queue-groups-max)."""
+    q = s.find_queue(queue)
+    return q is not None and q.groups() >= groups_max and q.adds_group(group)
 
 
 def oldest_age_ms(q: Queue, now_ms: int) -> int:

@@ -18,16 +18,18 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from disque_mp.node.aof_format import (
-    AofFile,
     AofWriter,
     check_fault,
     frame,
+    keep_damaged,
     max_gen,
+    note_synced,
     remove_superseded,
     remove_temp_files,
 )
 from disque_mp.node.aof_load import (
     AofLoadError,
+    Loaded,
     ShardAdapter,
     ShardPort,
     load_slots,
@@ -93,29 +95,31 @@ class AofManager:
             return 0
         self.loading = True
         try:
-            loaded, files, plan = load_slots(cfg, self.workers, self.index, self.port, now_ms)
+            got = load_slots(cfg, self.workers, self.index, self.port, now_ms)
             if cfg.appendonly:
-                self._open_own(files, plan)
+                self._open_own(got)
         finally:
             self.loading = False
             self.sync_logging()
-        return loaded
+        return got.records
 
-    def _open_own(self, files: list[AofFile], plan: dict[str, bytearray]) -> None:
-        mine = [f for f in files
+    def _open_own(self, got: Loaded) -> None:
+        mine = [f for f in got.files
                 if (f.header.workers, f.header.index) == (self.workers, self.index)]
         best = max(mine, key=lambda f: f.header.gen, default=None)
         remove_temp_files(self.cfg.dir, self.cfg.appendfilename, self.index)
-        if best is not None and set(plan) <= {best.path}:
+        if best is not None and set(got.plan) <= {best.path} and not got.damaged:
             self.switch_to(best.path, best.header.gen)
             log.info("Appending to %s", best.path)
         else:
-            gen = max_gen(files) + 1
+            gen = max_gen(got.files) + 1
             path = write_from_memory(self.cfg, self.workers, self.index, gen, self.port)
             self.switch_to(path, gen)
-            before = sorted({f.header.workers for f in files})
+            before = sorted({f.header.workers for f in got.files})
             log.info("Wrote %s from memory (files on disk were written by %s workers, %d now)",
                      path, "/".join(map(str, before)) or "no", self.workers)
+        for damaged in got.damaged:
+            keep_damaged(damaged)
         self.remove_superseded()
 
     def switch_to(self, path: str, gen: int) -> None:
@@ -304,7 +308,7 @@ class AofManager:
         writer.unsynced = False
         loop = self.loop
         assert loop is not None
-        fut = self._fsync_thread.submit(_fsync_fd, writer.fd)
+        fut = self._fsync_thread.submit(_fsync_fd, writer.fd, writer.path, writer.size)
         self._fsync_future = fut
         fut.add_done_callback(
             lambda f: loop.call_soon_threadsafe(self._fsync_done, f, seq, writer))
@@ -381,7 +385,7 @@ class AofManager:
             self._fsync_thread = ThreadPoolExecutor(1, thread_name_prefix="aof-fsync")
         w.unsynced = False
         self.last_fsync_s = now
-        self._fsync_future = self._fsync_thread.submit(_fsync_fd, w.fd)
+        self._fsync_future = self._fsync_thread.submit(_fsync_fd, w.fd, w.path, w.size)
 
     def _fsync_paused(self) -> bool:
         """no-appendfsync-on-rewrite yes: no fsync of the current file while a
@@ -522,7 +526,9 @@ def _merge_state(a: str, b: str) -> str:
     return "wait_rewrite" if "wait_rewrite" in (a, b) or "on" in (a, b) else "off"
 
 
-def _fsync_fd(fd: int) -> None:
+def _fsync_fd(fd: int, path: str, size: int) -> None:
+    """fdatasync in the fsync thread: the ``size`` bytes written before it are durable."""
     check_fault()
     os.fdatasync(fd)
+    note_synced(path, size)
 

@@ -30,9 +30,11 @@ from __future__ import annotations
 
 import errno
 import logging
+import mmap
 import os
 import re
 import struct
+import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -73,6 +75,27 @@ def check_fault() -> None:
     code = getattr(errno, name, None)
     if isinstance(code, int):
         raise OSError(code, os.strerror(code) + " (injected)")
+
+
+# Test-only power-loss simulation (documented in docs/persistence.md): when this
+# environment variable names a directory, every AOF opened for appending and every
+# fdatasync of one writes there, in ``<file name>.synced``, how many of its bytes are
+# on disk for sure; after a kill -9 a test cuts each file to that size, the worst a
+# power loss leaves (tests/faults/power_loss.py).
+SYNCED_ENV = "DISQUE_MP_AOF_SYNCED_DIR"
+_synced_dir = os.environ.get(SYNCED_ENV, "")
+
+
+def note_synced(path: str, size: int) -> None:
+    """The first ``size`` bytes of ``path`` are durable (no-op unless SYNCED_ENV)."""
+    if not _synced_dir:
+        return
+    note = os.path.join(_synced_dir, os.path.basename(path) + ".synced")
+    fd = os.open(note, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        os.pwrite(fd, b"%20d\n" % size, 0)  # fixed width: one write, never a shorter tail
+    finally:
+        os.close(fd)
 
 
 def frame(payload: bytes) -> bytes:
@@ -118,25 +141,73 @@ class FileHeader:
 
 @dataclass(slots=True)
 class Damage:
-    """Where and why reading stopped before the end of a file."""
+    """Where and why reading stopped before the end of a file (or, with
+    ``skip_damage``, a damaged region the reader stepped over: ``end`` is where the
+    next sound frame starts)."""
 
     offset: int  # start of the first bad frame = length of the good prefix
     reason: str
     tail: bool  # True when the damage reaches end of file (a torn write)
+    end: int = -1  # a skipped region's end; -1 = not skipped (reading stopped there)
+    records: int = 0  # a skipped region's frames known lost (1 when only a body was hit)
+
+
+# How far past damage the reader looks for the next sound frame (skip_damage):
+# beyond it the rest of the file counts as one damaged tail.
+resync_scan_bytes_max = 64 << 20
+_NONE_TO_THE_END = -1  # no sound frame after the damage: a tail
+_NONE_IN_REACH = -2  # none within resync_scan_bytes_max: not known to be a tail
+
+
+def _frame_end(m: mmap.mmap, p: int, size: int) -> int:
+    """Where a frame starting at ``p`` would end, -1 when its length cannot be one
+    (0, or past the end of the file)."""
+    if p + FRAME.size > size:
+        return -1
+    length = int.from_bytes(m[p:p + 4], "big")
+    end = p + FRAME.size + length
+    return end if length and end <= size else -1
+
+
+_starts_cache: dict[int, re.Pattern[bytes]] = {}
+
+
+def _frame_starts(left: int) -> re.Pattern[bytes]:
+    """Where a frame may start within ``left`` bytes: its length's first byte is at
+    most ``left >> 24`` and its four length bytes are not all zero (so a scan skips
+    zero runs and most garbage at C speed, not byte by byte)."""
+    top = min(255, max(left - FRAME.size, 0) >> 24)
+    pattern = _starts_cache.get(top)
+    if pattern is None:
+        high = rb"[\x01-" + re.escape(bytes((top,))) + rb"]|" if top else b""
+        pattern = _starts_cache[top] = re.compile(b"(?:" + high + rb"\x00(?!\x00\x00\x00))",
+                                                  re.DOTALL)
+    return pattern
 
 
 class RecordReader:
     """Yields the payloads of a file's good frames; afterwards ``damage`` says
-    whether (and where) a bad frame stopped the scan."""
+    whether (and where) a bad frame stopped the scan.
 
-    __slots__ = ("path", "size", "good_bytes", "frames", "damage")
+    With ``skip_damage`` a bad frame followed by sound ones is stepped over
+    instead (``skipped`` lists the regions): a frame whose checksum fails but whose
+    length leads to a sound frame is dropped alone; otherwise the reader looks for
+    the first offset where a sound frame starts that a sound frame (or the end of
+    the file) follows. Damage that reaches the end of the file stops the scan as
+    without the option. ``at`` is the offset of the frame last yielded."""
 
-    def __init__(self, path: str) -> None:
+    __slots__ = ("path", "size", "good_bytes", "frames", "damage", "skip_damage",
+                 "skipped", "at")
+
+    def __init__(self, path: str, skip_damage: bool = False) -> None:
         self.path = path
         self.size = 0
         self.good_bytes = 0
         self.frames = 0
         self.damage: Damage | None = None
+        self.skip_damage = skip_damage
+        self.skipped: list[Damage] = []
+        self.at = 0
 
     def __iter__(self) -> Iterator[bytes]:
         with open(self.path, "rb", buffering=read_chunk_bytes) as f:
@@ -144,7 +215,10 @@ class RecordReader:
             while self.good_bytes < self.size:
                 payload = self._next(f)
                 if payload is None:
-                    return
+                    if not self._skip(f):
+                        return
+                    continue
+                self.at = self.good_bytes
                 self.good_bytes += FRAME.size + len(payload)
                 self.frames += 1
                 yield payload
@@ -158,24 +232,76 @@ class RecordReader:
         length, crc = FRAME.unpack(head)
         if length == 0 or length > record_bytes_max:
             # a run of zero bytes (space allocated but never written) or garbage
-            return self._stop(off, f"bad frame length {length}", self._zero_tail(off))
+            return self._stop(off, f"bad frame length {length}", self._no_frame_after(off))
         if FRAME.size + length > left:
-            return self._stop(off, "truncated record", True)
+            # a torn write, unless a damaged length hides sound frames after it
+            return self._stop(off, "truncated record", self._no_frame_after(off))
         payload = read(length)
         if zlib.crc32(payload) != crc:
-            last = FRAME.size + length == left
-            return self._stop(off, "checksum mismatch", last)
+            tail = FRAME.size + length == left or self._no_frame_after(off)
+            return self._stop(off, "checksum mismatch", tail)
         return bytes(payload)
 
-    def _zero_tail(self, off: int) -> bool:
-        """Only zero bytes from ``off`` to end of file (or a length that cannot be
-        a frame start): treat as a torn tail, the typical crash leftover."""
-        with open(self.path, "rb") as f:
-            f.seek(off)
-            while chunk := f.read(read_chunk_bytes):
-                if chunk.count(0) != len(chunk):
-                    return False
+    def _no_frame_after(self, off: int) -> bool:
+        """No sound frame starts after ``off`` (looked for up to the end of the file):
+        the damage is a tail, the leftover of a crash, that may be cut."""
+        with open(self.path, "rb") as raw, mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            return self._resume_at(m, off)[0] == _NONE_TO_THE_END
+
+    def _skip(self, f: BinaryIO) -> bool:
+        """With ``skip_damage``, step over the damage just found (``self.damage``)
+        to the next sound frame; False when reading stops there."""
+        d = self.damage
+        if not self.skip_damage or d is None or d.tail:
+            return False
+        with open(self.path, "rb") as raw, mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            end, records = self._resume_at(m, d.offset)
+        if end < 0:
+            # none to the end: a tail after all; none in reach: refused as it is
+            d.tail = end == _NONE_TO_THE_END
+            return False
+        d.end, d.records = end, records
+        self.skipped.append(d)
+        self.damage = None
+        self.good_bytes = end
+        f.seek(end)
         return True
+
+    def _resume_at(self, m: mmap.mmap, off: int) -> tuple[int, int]:
+        """Where the first sound frame after the damage at ``off`` starts, and how many
+        frames are known lost before it; ``_NONE_TO_THE_END`` when none starts before
+        the end of the file, ``_NONE_IN_REACH`` when none within
+        ``resync_scan_bytes_max``."""
+        size = self.size
+        length = int.from_bytes(m[off:off + 4], "big") if off + 4 <= size else 0
+        nxt = off + FRAME.size + length
+        if length and nxt < size and self._sound_at(m, nxt):
+            return nxt, 1  # only this frame's payload (or checksum) was hit
+        last = size - FRAME.size
+        stop = min(last, off + resync_scan_bytes_max)
+        starts = _frame_starts(size - off)
+        p = off + 1
+        while p <= stop:
+            found = starts.search(m, p, stop + 4)
+            if found is None:
+                break
+            p = found.start()
+            if p <= stop and self._sound_at(m, p):
+                return p, 0
+            p += 1
+        return (_NONE_TO_THE_END if stop == last else _NONE_IN_REACH), 0
+
+    def _sound_at(self, m: mmap.mmap, p: int, chain: bool = True) -> bool:
+        """A sound frame starts at ``p`` (and, with ``chain``, a sound frame or the
+        end of the file follows it: one checksum alone could match by chance). The
+        lengths are checked before any checksum is computed."""
+        size = self.size
+        end = _frame_end(m, p, size)
+        if end < 0 or (chain and end != size and _frame_end(m, end, size) < 0):
+            return False
+        if zlib.crc32(m[p + FRAME.size:end]) != FRAME.unpack_from(m, p)[1]:
+            return False
+        return not chain or end == size or self._sound_at(m, end, False)
 
     def _stop(self, off: int, reason: str, tail: bool) -> bytes | None:
         """Record the damage; returns None so callers can ``return self._stop(..)``."""
@@ -292,6 +418,22 @@ def remove_superseded(directory: str, appendfilename: str, keep: str) -> None:
             log.log(15, "Removed superseded AOF %s", f.path)
 
 
+def keep_damaged(path: str) -> str:
+    """Keep a damaged AOF that was loaded without its damaged parts under a name no
+    loader reads (``<path>.damaged-<unix time>``, a hard link: no copy), before a
+    file written from memory supersedes it. Returns that name ("" if it failed)."""
+    kept = f"{path}.damaged-{int(time.time())}"
+    try:
+        os.link(path, kept)
+    except FileExistsError:
+        pass  # another worker loading the same file kept it this second
+    except OSError as e:
+        log.warning("Could not keep the damaged AOF %s as %s: %s", path, kept, e)
+        return ""
+    log.warning("The damaged AOF %s is kept as %s", path, kept)
+    return kept
+
+
 def truncate_file(path: str, size: int) -> None:
     with open(path, "r+b") as f:
         f.truncate(size)
@@ -315,6 +457,7 @@ class AofWriter:
         self.pending = bytearray()
         self.unsynced = False
         self.torn_at = -1  # a partial write we could not cut yet; -1 = none
+        note_synced(path, self.size)
 
     def add(self, framed: bytes) -> None:
         self.pending += framed
@@ -355,6 +498,7 @@ class AofWriter:
         check_fault()
         os.fdatasync(self.fd)
         self.unsynced = False
+        note_synced(self.path, self.size)
 
     def close(self) -> None:
         os.close(self.fd)

@@ -4,19 +4,20 @@
 over ``workers.shard.Shard``). ``load_slots`` reads the records of one worker's
 slots from every AOF in ``dir`` into it, before the worker accepts clients: for
 each slot only the authoritative file counts (``aof_format.authority``); a
-damaged tail is cut when ``aof-load-truncated`` allows it, any other damage
-refuses the start (``AofLoadError``).
+damaged tail is cut when ``aof-load-truncated`` allows it; damage before the end
+(and a record that does not load) refuses the start (``AofLoadError``) unless
+``aof-load-corrupt skip`` steps over it, logging what was dropped.
 """
 
 from __future__ import annotations
 
 import logging
-import struct
-from typing import TYPE_CHECKING, Protocol
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final, Protocol
 
 from disque_mp.node import config
 from disque_mp.node.aof_format import (
-    FRAME,
     AofFile,
     FileHeader,
     RecordReader,
@@ -79,60 +80,127 @@ class AofLoadError(Exception):
     """An AOF that must not be loaded as it is: the worker refuses to start."""
 
 
-def load_slots(cfg: Config, workers: int, index: int, port: ShardPort,
-               now_ms: int) -> tuple[int, list[AofFile], dict[str, bytearray]]:
-    """Load the records of worker ``index`` (of ``workers``)'s slots from every AOF in ``dir``
-    into ``port``. Raises AofLoadError. Returns the count of records loaded, the files
-    found and the plan (authoritative file -> its slots for us)."""
+# The exit status of a worker that refused its AOF (sysexits' EX_CONFIG): the same
+# files would be refused again, so the supervisor stops the node instead of
+# restarting the worker (never a crash loop).
+refused_exit_code: Final = 78
+
+
+@dataclass(slots=True)
+class Loaded:
+    """What ``load_slots`` did: records loaded, the files found, the plan
+    (authoritative file -> its slots for us), and the files loaded without their
+    damaged parts (``aof-load-corrupt skip``), which must not be appended to."""
+
+    records: int
+    files: list[AofFile]
+    plan: dict[str, bytearray]
+    damaged: list[str] = field(default_factory=list)
+
+
+# Lines naming a skipped record or region, per file (the total is always logged).
+skip_log_lines_max = 10
+
+
+def load_slots(cfg: Config, workers: int, index: int, port: ShardPort, now_ms: int) -> Loaded:
+    """Load the records of worker ``index`` (of ``workers``)'s slots from every AOF in
+    ``dir`` into ``port``. Raises AofLoadError."""
     enqueue = cfg.aof_enqueue_jobs_once
     files, unreadable = list_files(cfg.dir, cfg.appendfilename)
     for why in unreadable:
-        log.warning("Ignoring a file that is not a readable AOF: %s", why)
+        _unreadable(cfg, why)
     plan = authority(files, workers, index)
-    loaded = 0
+    out = Loaded(0, files, plan)
     for path, bitmap in plan.items():
-        loaded += _load_file(cfg, port, path, bitmap, enqueue, now_ms)
+        loaded, damaged = _load_file(cfg, port, path, bitmap, enqueue, now_ms)
+        out.records += loaded
+        if damaged:
+            out.damaged.append(path)
     log.info("DB loaded from append only file%s: %d records from %d file(s)",
              " (queues included: aof-enqueue-jobs-once)" if enqueue else "",
-             loaded, len(plan))
+             out.records, len(plan))
     if enqueue:
         _consume_enqueue_once(cfg, index)
-    return loaded, files, plan
+    return out
+
+
+def _fix(path: str) -> str:
+    return f"Make a backup, then run 'disque-mp check-aof --fix {path}'"
+
+
+def _unreadable(cfg: Config, why: str) -> None:
+    """A file named as ours whose header does not read: all of it would be lost."""
+    path = why.partition(": ")[0]
+    empty = os.path.exists(path) and os.path.getsize(path) == 0
+    if empty or cfg.aof_load_corrupt == "skip":
+        log.warning("Ignoring a file that is not a readable AOF (all its records dropped): %s",
+                    why)
+        return
+    raise AofLoadError(
+        f"Bad file format reading the append only file {why} at offset 0. {_fix(path)} "
+        f"(it then holds nothing), or set aof-load-corrupt skip to start without it")
 
 
 def _load_file(cfg: Config, port: ShardPort, path: str, bitmap: bytearray, enqueue: bool,
-               now_ms: int) -> int:
-    reader = RecordReader(path)
-    loaded = 0
+               now_ms: int) -> tuple[int, bool]:
+    """Load one file's records of our slots: (records loaded, whether damaged parts
+    were skipped)."""
+    skip = cfg.aof_load_corrupt == "skip"
+    reader = RecordReader(path, skip_damage=skip)
+    loaded = refused = 0
     try:
         frames = iter(reader)
         next(frames, None)  # the header, already read by list_files
         for payload in frames:
-            if bitmap[port.slot_of_record(payload)]:
-                port.load_record(payload, enqueue, now_ms)
-                loaded += 1
+            try:
+                if bitmap[port.slot_of_record(payload)]:
+                    port.load_record(payload, enqueue, now_ms)
+                    loaded += 1
+            except Exception as e:  # whatever a record holds: a refusal, never a crash loop
+                if not skip:
+                    raise AofLoadError(
+                        f"Bad record in the append only file {path} at offset {reader.at}: "
+                        f"{e}. {_fix(path)}, or set aof-load-corrupt skip to start without "
+                        f"the records that do not load") from e
+                refused += 1
+                if refused <= skip_log_lines_max:
+                    log.warning("AOF %s: record at offset %d dropped: %s", path, reader.at, e)
     except FileNotFoundError:
         # Only deleted once superseded for every slot it claims (aof_format's doc).
         log.warning("AOF %s vanished while loading (superseded): skipped", path)
-        return loaded
-    except (ValueError, struct.error) as e:  # a sound frame whose record is not
-        offset = reader.good_bytes - FRAME.size - len(payload)
-        raise AofLoadError(
-            f"Bad record in the append only file {path} at offset {offset}: {e}. "
-            f"Make a backup, then run 'disque-mp check-aof --fix {path}'") from e
+        return loaded, False
+    if reader.skipped or refused:
+        _skipped(reader, loaded, refused)
     if reader.damage is not None:
         _damaged(cfg, reader, loaded)
-    return loaded
+    return loaded, bool(reader.skipped or refused)
+
+
+def _skipped(reader: RecordReader, loaded: int, refused: int) -> None:
+    """``aof-load-corrupt skip`` stepped over damage: say where and how much."""
+    for d in reader.skipped[:skip_log_lines_max]:
+        log.warning("AOF %s: %s at offset %d, %d bytes skipped to the next sound record "
+                    "at offset %d", reader.path, d.reason, d.offset, d.end - d.offset, d.end)
+    regions = len(reader.skipped)
+    dropped = sum(max(d.records, 1) for d in reader.skipped) + refused
+    skipped_bytes = sum(d.end - d.offset for d in reader.skipped)
+    log.warning("!!! Warning: the append only file %s is damaged: %d damaged region(s) "
+                "(%d bytes) and %d record(s) that do not load were skipped: at least %d "
+                "records dropped, %d loaded (aof-load-corrupt skip). The file is kept "
+                "as %s.damaged-<time>; a new one is written from memory",
+                reader.path, regions, skipped_bytes, refused, dropped, loaded, reader.path)
 
 
 def _damaged(cfg: Config, reader: RecordReader, loaded: int) -> None:
     d = reader.damage
     assert d is not None
-    fix = f"Make a backup, then run 'disque-mp check-aof --fix {reader.path}'"
+    fix = _fix(reader.path)
     if not d.tail:
         raise AofLoadError(
             f"Bad file format reading the append only file {reader.path}: {d.reason} "
-            f"at offset {d.offset} with more data after it. {fix}")
+            f"at offset {d.offset} with more data after it. {fix} (it cuts the file "
+            f"there: the {reader.size - d.offset} bytes after it are lost), or set "
+            f"aof-load-corrupt skip to load the sound records after it")
     if not cfg.aof_load_truncated:
         raise AofLoadError(
             f"Truncated append only file {reader.path}: {d.reason} at offset "

@@ -126,6 +126,7 @@ class Config:
     appendfilename: str = "appendonly.aof"
     appendfsync: str = "everysec"  # always | everysec | no
     aof_load_truncated: bool = True
+    aof_load_corrupt: str = "refuse"  # refuse | skip (damage before the end of an AOF)
     aof_enqueue_jobs_once: bool = False
     auto_aof_rewrite_percentage: int = 100
     auto_aof_rewrite_min_size: int = 64 << 20
@@ -227,6 +228,9 @@ class Config:
     # joining by configuration (bus/seeds.py, docs/cluster.md): host:port[,host:port...]
     # of peers (their client port) worker 0 MEETs while it knows no peer; "" = none
     cluster_seeds: str = ""
+    # ADDJOB ... GROUP: groups with queued jobs one queue holds; past it a job of a
+    # new group is refused (-ERR), so one queue's group lanes stay bounded
+    queue_groups_max: int = 100_000
 
 
 class ConfigValueError(ValueError):
@@ -455,6 +459,11 @@ DIRECTIVES: tuple[Directive, ...] = (
        "redrive-count-max must be between 1 and 1000000", lo=1, hi=1_000_000),
     # ours: joining by configuration (docs/cluster.md)
     _d("cluster-seeds", "special", True),
+    # ours: damage before the end of an AOF (docs/persistence.md, "Damaged files")
+    _d("aof-load-corrupt", "enum", True, "argument must be 'refuse' or 'skip'",
+       choices=("refuse", "skip")),
+    _d("queue-groups-max", "int", True,
+       "queue-groups-max must be between 1 and 100000000", lo=1, hi=100_000_000),
 )
 BY_NAME: dict[str, Directive] = {d.name: d for d in DIRECTIVES}
 # Names Redis users know for our limit directives (same field, same units).

@@ -26,10 +26,12 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import os
 import socket
 import time
 from typing import Any, Final
 
+from disque_mp.node.authgate import auth_gate
 from disque_mp.node.config import Config
 from disque_mp.node.core import WorkerCore
 from disque_mp.node.resp import RequestParser, encode
@@ -45,46 +47,6 @@ _perf_ns: Final = time.perf_counter_ns  # INFO commandstats; compiled in, no loo
 _AUTH_WORDS: Final = frozenset((b"auth", b"hello"))
 
 
-def _loop_time() -> float:
-    return asyncio.get_running_loop().time()
-
-
-class AuthGate:
-    """Wrong passwords on this worker, as the time the next unauthenticated read may
-    run: each wrong password moves it on by one share of config
-    auth-failures-per-second-max (the node's rate split over its workers), so many
-    connections guess no faster than one could. A connection that gave a wrong
-    password reads again at the later of its own ``auth-failure-delay-ms`` and its
-    turn; while the gate is ahead, a new unauthenticated read takes a turn too (a
-    fresh connection per guess gains nothing). A client with the right password
-    waits only while others guess wrong, behind the turns already given."""
-
-    __slots__ = ("next_s",)
-
-    def __init__(self) -> None:
-        self.next_s = 0.0
-
-    def ahead(self) -> bool:
-        return self.next_s > _loop_time()
-
-    def turn(self, cfg: Config) -> float:
-        """A new read while the gate is ahead: when it runs (the next turn)."""
-        at_s = self.next_s
-        self.next_s = at_s + _share_s(cfg)
-        return at_s
-
-    def failed(self, cfg: Config) -> float:
-        """A wrong password now: when the connection that gave it reads again."""
-        now_s = _loop_time()
-        self.next_s = max(self.next_s, now_s) + _share_s(cfg)
-        return max(self.next_s, now_s + cfg.auth_failure_delay_ms / 1000)
-
-
-def _share_s(cfg: Config) -> float:
-    return max(cfg.workers, 1) / max(cfg.auth_failures_per_second_max, 1)
-
-
-auth_gate: Final = AuthGate()  # one per worker process
 
 
 class PendingReply:
@@ -117,7 +79,7 @@ class ClientConn(asyncio.Protocol):
         "waiters", "dirty", "streak_owner", "streak", "handoffs", "addr", "gone",
         "close_after_write", "soft_since_s", "unfilled", "forwarded", "out_bytes",
         "auth_fails", "throttled", "slots_bytes", "write_paused", "pile_paused",
-        "cmd_at", "cmd_now",
+        "cmd_at", "cmd_now", "departure", "backlog",
     )
 
     def __init__(self, node: ClientHost, state: dict[str, Any] | None = None) -> None:
@@ -142,6 +104,8 @@ class ClientConn(asyncio.Protocol):
         # replies piled behind a blocked one are over the soft output limit
         self.write_paused = False
         self.pile_paused = False
+        self.departure: DepartureWatch | None = None  # while reading is paused
+        self.backlog: Backlog | None = None  # commands of a read left for a later turn
         self.resp3 = False
         self.authed = not cfg.requirepass
         self.name = b""
@@ -198,8 +162,11 @@ class ClientConn(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        self.read_again()
+
+    def read_again(self) -> None:  # unless its output, a password, a pile or a backlog holds it
         if self.transport is not None and not self.closing and not self.throttled \
-                and not self.pile_paused:
+                and not self.pile_paused and not self.write_paused and self.backlog is None:
             self.transport.resume_reading()
 
     def _follow_pile(self, soft: int) -> None:
@@ -213,8 +180,9 @@ class ClientConn(asyncio.Protocol):
         self.pile_paused = over
         if over:
             transport.pause_reading()
-        elif not self.closing and not self.throttled and not self.write_paused:
-            transport.resume_reading()
+            DepartureWatch.watch(self)
+        else:
+            self.read_again()
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
@@ -224,6 +192,9 @@ class ClientConn(asyncio.Protocol):
             self._unauthed_received(data)
             return
         cmds, error = self.parser.feed(data)
+        if self.backlog is not None:  # read while earlier commands wait: after them
+            self.backlog.more(cmds, error)
+            return
         self._run(cmds, error)
 
     def request_bytes(self, cmd: list[bytes]) -> bytes:
@@ -303,11 +274,13 @@ class ClientConn(asyncio.Protocol):
             # this read's replies pass the smaller limit (less what is still buffered).
             room = lim.room(self.transport)
             queued = 0
+            spent = 0  # reply bytes built this turn (turn_reply_bytes_max)
             for i, cmd in enumerate(cmds):
                 self.cmd_at = i
                 self.cmd_now = cmd
                 reply = router.execute(self, cmd)  # a native call (no bound method)
                 if reply is not None:
+                    spent += len(reply)
                     if self.slots:
                         self.slots.append(reply)
                         self.slots_bytes += len(reply)
@@ -320,6 +293,9 @@ class ClientConn(asyncio.Protocol):
                         if queued > room:
                             self.check_output(queued, lim)
                 if self.closing:
+                    break
+                if spent > turn_reply_bytes_max and i + 1 < len(cmds) and self.authed:
+                    self.backlog, error = Backlog(self, cmds[i + 1:], error), None  # later
                     break
             self.cmd_now = None
             self.parser.raw = b""  # an idle connection keeps no copy of its last read
@@ -516,16 +492,20 @@ class ClientConn(asyncio.Protocol):
                 over = True
         elif not over:
             self.soft_since_s = 0.0
-        if not over:
-            return
+        if over:
+            self.drop(f"Client id={self.id} addr={self.addr} closed for overcoming of output "
+                      f"buffer limits ({size} bytes unread)")
+
+    def drop(self, why: str) -> None:
+        """Close now (logged), and what the client has not read goes with it."""
         self.closing = True
         self.out.clear()
         self.out_bytes = 0
         self.slots = None
         self.slots_bytes = 0
-        self.node.log(f"Client id={self.id} addr={self.addr} closed for overcoming of output "
-                      f"buffer limits ({size} bytes unread)")
-        transport.abort()
+        self.node.log(why)
+        if self.transport is not None:
+            self.transport.abort()
 
     def _recheck_soft(self) -> None:
         lim = output_limits(self.node.cfg.client_output_buffer_limit)
@@ -533,7 +513,7 @@ class ClientConn(asyncio.Protocol):
             self.check_output(self.out_bytes, lim)
 
     def pending(self) -> bool:
-        return bool(self.slots) or bool(self.out)
+        return bool(self.slots) or bool(self.out) or self.backlog is not None
 
     # --- handoff state ---
 
@@ -554,6 +534,83 @@ class ClientConn(asyncio.Protocol):
 
 
 soft_recheck_s = 0.1  # past the soft seconds, when to look at a silent client again
+departure_probe_s = 1.0  # while a client is not read, how often to see whether it left
+# Reply bytes one connection's commands build in one loop turn: past them, the rest
+# of its read waits for the next turn (``Backlog``), so other clients are served
+# in between (a pipeline of 300 QPEEK q 1000 over 2 KB jobs is 600 MB of replies)
+turn_reply_bytes_max = 1 << 20
+
+# TCP states (linux/tcp_states.h) of a socket whose peer has closed its end
+_TCP_CLOSE: Final = 7
+_TCP_CLOSE_WAIT: Final = 8
+
+
+class Backlog:
+    """The commands of a connection's read that wait for a later loop turn: its
+    replies passed ``turn_reply_bytes_max`` this turn. Reading stays paused
+    meanwhile (what is read anyway goes after them, ``more``); each turn runs the
+    next share, so the worker's other clients are served in between, and the
+    output limits cut a client that reads nothing as before (Redis' semantics);
+    when they are done, the client is read again."""
+
+    __slots__ = ("conn", "cmds", "error")
+
+    def __init__(self, conn: ClientConn, cmds: list[list[bytes]], error: str | None) -> None:
+        self.conn = conn
+        self.cmds = cmds
+        self.error = error  # the read's protocol error, answered after its commands
+        if conn.transport is not None:
+            conn.transport.pause_reading()
+        asyncio.get_running_loop().call_soon(self.run)
+
+    def more(self, cmds: list[list[bytes]], error: str | None) -> None:
+        self.conn.parser.raw = b""  # they run later: no span of this read is theirs
+        self.cmds += cmds
+        if self.error is None:
+            self.error = error
+        if self.conn.transport is not None:
+            self.conn.transport.pause_reading()
+
+    def run(self) -> None:
+        conn = self.conn
+        if conn.backlog is not self:
+            return
+        conn.backlog = None
+        if conn.transport is not None and not conn.gone and not conn.closing:
+            conn._run(self.cmds, self.error)
+            conn.read_again()
+
+
+class DepartureWatch:
+    """A connection whose reading is paused (replies piled behind a blocked one over
+    the soft output limit, commands held for the forwarded window) reads no end of
+    file: a client that left would keep its replies until one is written, and a
+    WAITJOB may never answer. Every ``departure_probe_s`` while reading stays
+    paused, ask the socket (``peer_left``); a client that left is dropped at once,
+    its replies with it (as Redis frees a client on a read of 0 bytes)."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: ClientConn) -> None:
+        self.conn = conn
+        asyncio.get_running_loop().call_later(departure_probe_s, self.probe)
+
+    @staticmethod
+    def watch(conn: ClientConn) -> None:
+        """Reading ``conn`` was paused: watch it, unless it is watched already."""
+        if conn.departure is None and conn.transport is not None:
+            conn.departure = DepartureWatch(conn)
+
+    def probe(self) -> None:
+        conn = self.conn
+        transport = conn.transport
+        if transport is None or conn.gone or conn.closing or transport.is_reading():
+            conn.departure = None  # gone, closing, or read again: its end of file is read
+        elif peer_left(transport.get_extra_info("socket")):
+            conn.departure = None
+            conn.drop(f"Client id={conn.id} addr={conn.addr} left while its replies waited")
+        else:
+            asyncio.get_running_loop().call_later(departure_probe_s, self.probe)
 
 
 class OutputLimits:
@@ -593,6 +650,22 @@ def output_limits(text: str) -> OutputLimits:
     if text is not _limits.text:
         _limits.parse(text)
     return _limits
+
+
+def peer_left(sock: Any) -> bool:
+    """The client closed its end (FIN or RST) though nothing reads it: TCP_INFO's
+    state (its first byte) is CLOSE_WAIT or CLOSE, whatever input is still unread;
+    a Unix socket: a peek reads its end of file. False when it cannot tell."""
+    if sock is None:
+        return False
+    try:
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            state = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+            return state in (_TCP_CLOSE, _TCP_CLOSE_WAIT)
+        with socket.socket(fileno=os.dup(sock.fileno())) as peek:
+            return peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except (OSError, AttributeError, ValueError, IndexError):
+        return False  # no data (BlockingIOError), or nothing to ask: still there
 
 
 def _tune(sock: Any, keepalive_s: int) -> None:

@@ -30,7 +30,13 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from bus.mesh import Link, u32_keys, u32s, unpack
-from disque_mp.node.connection import ClientConn, ClientHost, CommandStats, PendingReply
+from disque_mp.node.connection import (
+    ClientConn,
+    ClientHost,
+    CommandStats,
+    DepartureWatch,
+    PendingReply,
+)
 from disque_mp.node.resp import append_request, encode
 from workers.invariant import InvariantError
 from workers.replies import Error
@@ -173,8 +179,9 @@ class Forward:
             return
         if held is None:
             held = self.held[conn] = deque()
-            if conn.transport is not None:
-                conn.transport.pause_reading()  # its next commands wait for room
+        if conn.transport is not None:
+            conn.transport.pause_reading()  # its next commands wait for room
+            DepartureWatch.watch(conn)  # a client that leaves meanwhile is seen
         held.append((counted, send))
 
     def window_freed(self, conn: ClientConn) -> None:

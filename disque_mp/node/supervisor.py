@@ -49,6 +49,7 @@ from bus import nodes_conf, peercred
 from bus.durable import write_atomic
 from disque_mp import __version__, compiled
 from disque_mp.node import config, hints, sdnotify
+from disque_mp.node.aof_load import refused_exit_code
 from disque_mp.node.config import Config
 from disque_mp.node.listen import port_busy
 from disque_mp.node.log import VERBOSE, setup_logging
@@ -344,6 +345,10 @@ class Supervisor:
                                  restart_backoff_s_max)
         slot.due_at = now + slot.backoff_s
         self.all_ready = False
+        if code == refused_exit_code:
+            raise StartupError(
+                f"Worker W{slot.index} refused its AOF (see the log above); stopping the "
+                "node: a restart would refuse the same files again")
         if not self.notified_ready and slot.failed_starts >= startup_attempts_max:
             raise StartupError(
                 f"Worker W{slot.index} failed to start {slot.failed_starts} times in a row "

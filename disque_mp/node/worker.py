@@ -128,6 +128,8 @@ class Worker(ClientHost):
         self.memory: Monitor | None = None
         cmd_jobs.apply_limits(cfg)
         self.view_seen = False  # a membership view reached the shard (on_view)
+        self.in_cluster_batch = False  # delivering a JOBS frame's messages (on_cluster_batch)
+        self.cluster_batch_ms = 0
         # our blocked GETJOBs, by token; the host's empty-queue hints (hints.py)
         self.getjobs = GetJobs(self)
         self.stats = CommandStats(self.slowlog)  # what ran: commandstats, slowlog, counters
@@ -182,6 +184,7 @@ class Worker(ClientHost):
     def _start_aof(self) -> None:
         try:
             from disque_mp.node.aof import AofLoadError, AofManager, ShardAdapter
+            from disque_mp.node.aof_load import refused_exit_code
         except ImportError as e:  # a broken install: never serve without persistence
             log.warning("Fatal error: the AOF part cannot be loaded (%s); not starting", e)
             raise SystemExit(1) from None
@@ -190,7 +193,8 @@ class Worker(ClientHost):
             self.aof.load(wall_ms())
         except (AofLoadError, OSError) as e:
             log.warning("Fatal error loading the AOF: %s", e)
-            raise SystemExit(1) from None  # never serve a partial state
+            # never serve a partial state; a refusal would come again: no restart
+            raise SystemExit(refused_exit_code if isinstance(e, AofLoadError) else 1) from None
         self.aof_task = asyncio.get_running_loop().create_task(self.aof.run())
 
     async def _start_cluster(self) -> None:
@@ -200,7 +204,8 @@ class Worker(ClientHost):
             log.warning("Fatal error: the cluster part cannot be loaded (%s); not starting", e)
             raise SystemExit(1) from None
         self.agent = cmd_cluster.make_agent(self.cfg, self.index, self.node_id, self.workers,
-                                            self.on_cluster_message, self.on_view)
+                                            self.on_cluster_message, self.on_view,
+                                            self.on_cluster_batch)
         await self.agent.start()
         self.send_hook = self._send_to_bus
         deadline = self.loop.time() + view_wait_s
@@ -301,7 +306,21 @@ class Worker(ClientHost):
     def on_cluster_message(self, sender: str, kind: str, slot: int, meta: dict[str, Any],
                            bodies: list[bytes]) -> None:
         # a native call (a getattr by name was a bound method object per message)
+        if self.in_cluster_batch:
+            self.shard.on_message(sender, kind, meta, bodies, self.cluster_batch_ms)
+            return
         self.shard.on_message(sender, kind, meta, bodies, wall_ms())
+        self.drain_effects()
+        self.reschedule_tick()
+
+    def on_cluster_batch(self, begin: bool) -> None:
+        """Around the messages of one JOBS frame: one clock read for all of them, and
+        their effects carried out once, in order, after the last (bus/hostbus.py)."""
+        if begin:
+            self.in_cluster_batch = True
+            self.cluster_batch_ms = wall_ms()
+            return
+        self.in_cluster_batch = False
         self.drain_effects()
         self.reschedule_tick()
 

@@ -13,6 +13,7 @@ import sys
 from disque_mp.node.aof_format import FileHeader, RecordReader, truncate_file
 from workers.ids import is_valid_job_id
 from workers.job import DEL_RECORD_TAG, Job, job_id_of_record
+from workers.persistence import lie_of
 
 USAGE = "Usage: disque-mp check-aof [--fix] <file.aof>"
 
@@ -70,7 +71,7 @@ def _record_problem(payload: bytes) -> str | None:
             if not is_valid_job_id(job_id_of_record(payload)):
                 return "bad job ID in a deletion record"
         else:
-            Job.from_record(payload)
+            return lie_of(Job.from_record(payload))  # what the node would refuse too
     except (ValueError, struct.error) as e:
         return str(e)
     return None
@@ -99,6 +100,7 @@ def main(argv: list[str]) -> int:
     print(f"First bad byte at offset {bad}: {rep.problem}")
     print(f"AOF analyzed: size={reader.size}, ok_up_to={bad}, diff={reader.size - bad}, "
           f"good records={good_records}")
+    _after_damage(path, rep)
     if not fix:
         print(f"AOF is not valid. Use the --fix option to cut it to {bad} bytes.")
         return 1
@@ -107,6 +109,21 @@ def main(argv: list[str]) -> int:
           f"({reader.size - bad} bytes removed, {good_records} records kept)")
     print("Successfully truncated AOF")
     return 0
+
+
+def _after_damage(path: str, rep: Report) -> None:
+    """Damage with sound records after it: how many, and what each way out keeps."""
+    d = rep.reader.damage
+    if d is None or d.tail:
+        return
+    skipper = RecordReader(path, skip_damage=True)
+    sound = sum(1 for _ in skipper) - 1  # the header
+    after = sound - _records_before(path, d.offset)
+    if after <= 0:
+        return
+    regions = len(skipper.skipped) + (skipper.damage is not None)
+    print(f"After it: {after} sound records in {regions} damaged region(s) or more; "
+          f"--fix cuts them all, a node started with aof-load-corrupt skip loads them")
 
 
 def _records_before(path: str, offset: int) -> int:

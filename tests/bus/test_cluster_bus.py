@@ -304,6 +304,8 @@ async def _batch_scenario(tmp: Path) -> None:
         link = next(iter(a.bus.out.values()))
         assert link.batch_jobs  # B's handshake answer said it reads JOBS frames
         frames_before = b.bus.m.stats_received
+        marks: list[Any] = []  # the worker's hook around a frame's messages
+        b.bus.batch = lambda begin: marks.append(("begin" if begin else "end", len(b.received)))
         meta = {"j": "x"}
         for i in range(50):  # one loop turn; the caller may reuse its dict
             meta["n"] = i
@@ -312,6 +314,8 @@ async def _batch_scenario(tmp: Path) -> None:
         assert [(m[2], m[3], m[4]["n"], m[5]) for m in b.received] == \
             [("REPLJOB", i, i, [b"%d" % i]) for i in range(50)]
         assert b.bus.m.stats_received - frames_before <= 3  # one JOBS frame (and a PING or two)
+        assert marks[0] == ("begin", 0) and marks[-1] == ("end", 50) and len(marks) <= 4
+        b.bus.batch = None
         # to a peer that does not read them (an older node), one JOB frame a message
         link.batch_jobs = False
         frames_before = b.bus.m.stats_received

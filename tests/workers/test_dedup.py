@@ -12,6 +12,7 @@ import pytest
 from tests.sim.net import Net
 from tests.workers.test_shard import NODE, T0, Env
 from workers.effects import AofAppend
+from workers.ids import JobIdGen, slot_of
 from workers.job import ACKED, ACTIVE, Job, JobExt
 from workers.replies import Status
 from workers.shard import Shard
@@ -198,7 +199,8 @@ def test_a_job_moved_by_federation_is_deduplicated_where_it_arrived() -> None:
 def test_two_jobs_with_one_key_on_a_node_answer_one_after_the_other(env: Env) -> None:
     first = _add(env)
     # the same key added on another node that had no copy of ours; its job came here
-    other = Job("D-dcb833cf-8YL1NT17e9+wsA/09NqxscQI-05a1", b"q", b"y", ACTIVE, 1, 3600,
+    other_id = JobIdGen("d" * 40, b"seed").make(slot_of(b"q"), 3600, 60)  # a job of q's slot
+    other = Job(other_id, b"q", b"y", ACTIVE, 1, 3600,
                 (env.now - 5) * 1000, 0, 60, 0, ("d" * 40,))
     other.ext = JobExt(dedup=b"k")
     env.s.load_record(other.to_record(), True, env.now)

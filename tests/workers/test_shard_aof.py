@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from workers.effects import AofAppend
+from workers.ids import JobIdGen, slot_of
 from workers.job import (
     ACKED,
     ACTIVE,
@@ -29,7 +30,8 @@ from workers.shard import Shard
 NODE = "739317b21b9046a3454204425426c55a12ccc07a"
 OTHER = "dcb833cf8f42fbb7924d92335ff6d67d3cea6e3d"
 T0 = 1_795_301_808_328
-JID = "D-dcb833cf-8YL1NT17e9+wsA/09NqxscQI-05a1"
+# an ID of queue q (its slot): a loaded job of another slot is refused
+JID = JobIdGen(OTHER, b"seed").make(slot_of(b"q"), 60, 6)
 
 
 def fields(j: Job) -> tuple[Any, ...]:

@@ -15,6 +15,7 @@ where it has none, Redis Cluster's, which Disque's cluster.c shares.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from bus import membership as mb
@@ -26,8 +27,9 @@ from workers.replies import OK, Error, Status
 
 
 def make_agent(cfg: Any, index: int, node_id: str, workers: int, on_message: OnMessage,
-               on_view: OnView | None = None) -> ClusterAgent:
-    agent = ClusterAgent(cfg, index, node_id, workers, on_message, execute, on_view)
+               on_view: OnView | None = None,
+               on_batch: Callable[[bool], None] | None = None) -> ClusterAgent:
+    agent = ClusterAgent(cfg, index, node_id, workers, on_message, execute, on_view, on_batch)
     if getattr(cfg, "tls_cluster", False):
         agent.tls = tls.bus_contexts(cfg)  # TlsConfigError stops the worker with the reason
     ip = cfg.bind.split()[0] if cfg.bind.split() else ""

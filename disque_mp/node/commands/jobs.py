@@ -63,13 +63,15 @@ replicate_max: Final = 65535  # Disque's bound (a 16-bit field on the wire)
 
 class Limits:
     """The work one command may do (config getjob-count-max, qpeek-count-max,
-    qgroups-count-max, scan-count-max, redrive-count-max), the longest queue name (queue-name-bytes-max) and one client's
+    qgroups-count-max, scan-count-max, redrive-count-max), the longest queue name (queue-name-bytes-max), the groups
+    one queue holds (queue-groups-max) and one client's
     share of a WAITJOB table (waitjob-entries-per-client-max): each worker applies its
     config here at start and on CONFIG SET."""
 
     __slots__ = ("getjob_count_max", "qpeek_count_max", "scan_count_max",
                  "queue_name_bytes_max", "err_queue_name", "waitjob_entries_per_client_max",
-                 "redrive_count_max", "qgroups_count_max")
+                 "redrive_count_max", "qgroups_count_max", "queue_groups_max",
+                 "err_queue_groups")
 
     def __init__(self) -> None:
         self.getjob_count_max = 10_000
@@ -78,6 +80,9 @@ class Limits:
         self.scan_count_max = 1_000
         self.waitjob_entries_per_client_max = 100_000
         self.redrive_count_max = 10_000
+        self.queue_groups_max = 0
+        self.err_queue_groups = ERR_SYNTAX
+        self.set_queue_groups_max(100_000)
         self.queue_name_bytes_max = 0
         self.err_queue_name = ERR_SYNTAX
         self.set_queue_name_max(queue_name_bytes_max - len(DEAD_PREFIX))
@@ -89,6 +94,13 @@ class Limits:
         to the name). The shard's own text for the record's bound."""
         self.queue_name_bytes_max = n
         self.err_queue_name = Error(f"ERR queue name too long (at most {n} bytes)")
+
+    def set_queue_groups_max(self, n: int) -> None:
+        """config queue-groups-max: ADDJOB ... GROUP refuses a group more in a queue
+        that holds this many groups with queued jobs (jobs of its groups still go in)."""
+        self.queue_groups_max = n
+        self.err_queue_groups = Error(
+            f"ERR too many groups in this queue (at most {n}, queue-groups-max)")
 
 
 limits: Final = Limits()
@@ -102,6 +114,7 @@ def apply_limits(cfg: Any) -> None:
     limits.set_queue_name_max(int(cfg.queue_name_bytes_max))
     limits.waitjob_entries_per_client_max = int(cfg.waitjob_entries_per_client_max)
     limits.redrive_count_max = int(cfg.redrive_count_max)
+    limits.set_queue_groups_max(int(cfg.queue_groups_max))
 
 
 def long_queue_name(queues: list[bytes]) -> Error | None:
@@ -276,6 +289,9 @@ def cmd_addjob(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
     a = parse_addjob(args)
     if isinstance(a, Error):
         return a
+    if a.ext is not None and a.ext.group and shard.op_groups_full(
+            a.queue, a.ext.group, limits.queue_groups_max):
+        return limits.err_queue_groups
     return shard.op_addjob(a.queue, a.body, timeout_ms=a.timeout_ms, replicate=a.replicate,
                            delay_s=a.delay_s, retry_s=a.retry_s, ttl_s=a.ttl_s,
                            maxlen=a.maxlen, async_=a.async_, token=token, now_ms=now_ms,

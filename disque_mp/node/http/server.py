@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from bus.auth import STATS as auth_stats
+from disque_mp.node.authgate import auth_gate
 from disque_mp.node.listen import listen_sockets
 from disque_mp.node.tls import https_context
 
@@ -188,6 +189,7 @@ class HttpConn(asyncio.Protocol):
         self.idle: asyncio.TimerHandle | None = None
         self.counted = False
         self.authed = False
+        self.turn = False  # a turn of the wrong-password gate was given (authgate.py)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -255,6 +257,8 @@ class HttpConn(asyncio.Protocol):
 
     def _next(self) -> None:
         if self.busy or self.closing or self.transport is None:
+            return
+        if not self.authed and self.buf and self._wait_turn():
             return
         end = self.buf.find(b"\r\n\r\n")
         limit = self.w.cfg.http_request_bytes_max
@@ -339,18 +343,40 @@ class HttpConn(asyncio.Protocol):
         else:
             transport.close()
 
+    def _wait_turn(self) -> bool:
+        """While wrong passwords are being tried on this worker (RESP's or ours: one
+        budget, authgate.py), an unauthenticated request waits its turn: True when it
+        must (``_next`` runs again then)."""
+        cfg = self.w.cfg
+        if self.turn or not cfg.requirepass or not auth_gate.ahead():
+            self.turn = False
+            return False
+        self.turn = True
+        self.busy = True
+        if self.transport is not None:
+            self.transport.pause_reading()
+        self.w.loop.call_at(auth_gate.turn(cfg), self._turn_come)
+        return True
+
+    def _turn_come(self) -> None:
+        self.busy = False
+        if self.transport is not None and not self.closing:
+            self.transport.resume_reading()
+            self._next()
+
     def _wrong_password(self) -> None:
         """A wrong password: counted (INFO's auth failures), logged at most once a second,
-        answered 401 after ``auth-failure-delay-ms`` (the connection then closes)."""
+        answered 401 at the later of ``auth-failure-delay-ms`` and the node-wide gate's
+        turn (authgate.py; the connection then closes)."""
         auth_stats["client_auth_failures"] += 1
         _log_wrong_password(self.transport)
         self.closing = True
         if self.transport is not None:
             self.transport.pause_reading()
-        delay_s = self.w.cfg.auth_failure_delay_ms / 1000
         if self.idle is not None:
             self.idle.cancel()
-        self.idle = self.w.loop.call_later(delay_s, self._answer_wrong_password)
+        self.idle = self.w.loop.call_at(auth_gate.failed(self.w.cfg),
+                                        self._answer_wrong_password)
 
     def _answer_wrong_password(self) -> None:
         self.closing = False  # _fail sets it again and lingers
