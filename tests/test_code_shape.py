@@ -140,7 +140,7 @@ GETTERS_ALLOWED = {
 GETTERS_ALLOWED_WORKERS = {
     "workers/core.py CoreState." + name
     for name in ("view", "now_ms", "random", "tally", "aof_on", "job_count",
-                 "body_bytes_held", "job_table", "queue_scan_table", "timer_heap",
+                 "body_bytes_held", "job_table", "queue_scan_table",
                  "queue_table")
 }
 

@@ -388,8 +388,9 @@ class CoreState:
         """Our slots, as a slice of a per-slot array."""
         return slice(self._index, None, self._workers)
 
-    def timer_heap(self) -> Timers:
-        return self.timers
+    def next_due(self) -> int | None:
+        """The earliest due time in the timer heap (None: no timer)."""
+        return self.timers.next_due()
 
     def check(self) -> None:
         """Every cross-structure invariant (tests; O(jobs); ``check_core``)."""

@@ -73,7 +73,6 @@ from workers.replies import (
     Error,
     Status,
 )
-from workers.timers import Timers
 from workers.views import groups_full, jscan, metrics, qgroups, qpeek, qscan, qstat, show
 
 __all__ = ["Shard", "latency_bounds_ms"]  # latency_bounds_ms: the /metrics histogram bounds
@@ -187,9 +186,9 @@ class Shard:
         """Sum of len(body) of the registered jobs (memory accounting)."""
         return self.core.body_bytes_held()
 
-    @property
-    def timers(self) -> Timers:
-        return self.core.timer_heap()
+    def next_due(self) -> int | None:
+        """When a timer of the shard is due next (None: none): the worker's next tick."""
+        return self.core.next_due()
 
     @property
     def stats(self) -> Stats:

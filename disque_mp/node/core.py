@@ -139,7 +139,7 @@ class WorkerCore:
         copies answered before its 50 ms step): the tick follows the earliest timer,
         never later than its hz time. A tick left at the old deadline would fire
         for nothing (about 14.5 k instructions)."""
-        due = self.shard.timers.next_due()
+        due = self.shard.next_due()
         at = self.tick_at
         if due is not None and due < at:
             self._schedule_tick(due)

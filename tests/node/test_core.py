@@ -55,7 +55,7 @@ def test_a_timer_due_before_the_planned_tick_moves_the_tick(core: WorkerCore) ->
     assert planned > core.now_ms  # one period ahead: the empty shard has no timer
     got: list[Any] = []
     _waitjob(core, got)
-    due = core.shard.timers.next_due()
+    due = core.shard.next_due()
     assert due is not None and due < planned
     core.reschedule_tick()
     assert core.tick_at == due
@@ -90,4 +90,4 @@ def test_a_tick_pulled_earlier_goes_back_when_its_timer_goes(core: WorkerCore) -
     assert got == [1]  # the WAITJOB is answered by the ACK, its timer dropped
     core.reschedule_tick()
     assert core.tick_at == planned
-    assert core.shard.timers.next_due() is None or core.shard.timers.next_due() >= planned
+    assert core.shard.next_due() is None or core.shard.next_due() >= planned
