@@ -140,7 +140,7 @@ GETTERS_ALLOWED = {
 GETTERS_ALLOWED_WORKERS = {
     "workers/core.py CoreState." + name
     for name in ("view", "now_ms", "random", "tally", "aof_on", "job_count",
-                 "body_bytes_held", "job_table", "queue_scan_table", "timer_heap",
+                 "body_bytes_held", "job_table", "queue_scan_table",
                  "queue_table")
 }
 
@@ -356,6 +356,124 @@ def test_one_aof_append_verb() -> None:
                     and node.func.id == "AofAppend":
                 makers.append(f"{p.name}:{node.lineno}")
     assert makers == [], makers
+
+
+def test_job_state_only_through_its_moves() -> None:
+    """``job.state`` is written by ``Job.move`` (a move of the state table),
+    ``Job.enter`` (a job entering a table) or, on the per-job path, by the core's
+    inline moves: each in the verb ``core.INLINE_MOVES`` names it under, writing the
+    state named there (the table checks every one against ``MOVES`` at import)."""
+    import workers.core
+    import workers.job
+
+    found = []
+    for p in _parts("job.py"):
+        for fn in ast.walk(ast.parse(p.read_text(), filename=str(p))):
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            for n in ast.walk(fn):
+                targets = n.targets if isinstance(n, ast.Assign) else [n.target] \
+                    if isinstance(n, (ast.AugAssign, ast.AnnAssign)) else []
+                for t in targets:
+                    if isinstance(t, ast.Attribute) and t.attr == "state":
+                        value = n.value
+                        to = getattr(workers.job, value.id, None) \
+                            if isinstance(value, ast.Name) else None
+                        found.append((p.name, fn.name, to))
+    inline = {("core.py", verb, to) for verb, (_, to) in workers.core.INLINE_MOVES.items()}
+    assert set(found) == inline and len(found) == len(inline), found
+
+
+def test_parts_count_through_the_tallys_verbs() -> None:
+    """No part writes a field of the core's ``Tally`` (``core.tally()``) or of its
+    ``Stats``: they count their moves through the tally's verbs (``count_added``,
+    ``undo_take`` ...); the core's own moves keep the rest."""
+    writes = []
+    for p in _parts("core.py"):
+        for fn in ast.walk(ast.parse(p.read_text(), filename=str(p))):
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            bound = set()
+            for n in ast.walk(fn):
+                if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name) and (
+                        "tally()" in ast.unparse(n.value) or ".stats" in ast.unparse(n.value)):
+                    bound.add(n.targets[0].id)
+            for n in ast.walk(fn):
+                targets = n.targets if isinstance(n, ast.Assign) else [n.target] \
+                    if isinstance(n, ast.AugAssign) else []
+                for t in targets:
+                    if not isinstance(t, (ast.Attribute, ast.Subscript)):
+                        continue
+                    text = ast.unparse(t)
+                    root = t
+                    while isinstance(root, (ast.Attribute, ast.Subscript)):
+                        root = root.value
+                    if "tally()" in text or ".stats" in text or (
+                            isinstance(root, ast.Name) and root.id in bound):
+                        writes.append(f"{p.name}:{n.lineno} {text}")
+    assert writes == [], writes
+
+
+def test_senders_name_kinds_and_build_meta_by_the_catalogue() -> None:
+    """A cluster message leaves with its kind named by the catalogue's constant
+    (``msg.QUEUED`` ...) and its meta built by the kind's function there
+    (``queued_meta`` ...): no ``send``/``send_job`` call in workers/ passes a bare
+    kind string or a dict of its own, and no other module of workers/ writes a kind's name."""
+    import workers.messages
+
+    kinds = {k.name for k in workers.messages.KINDS}
+    found = []
+    for p in _parts("messages.py"):
+        for n in ast.walk(ast.parse(p.read_text(), filename=str(p))):
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) \
+                    and n.func.attr in ("send", "send_job"):
+                for a in n.args[1:]:
+                    if isinstance(a, (ast.Constant, ast.Dict)):
+                        found.append(f"{p.name}:{n.lineno} {ast.unparse(a)}")
+            elif isinstance(n, ast.Compare) or isinstance(n, ast.Call):
+                for c in ast.walk(n):
+                    if isinstance(c, ast.Constant) and c.value in kinds:
+                        found.append(f"{p.name}:{n.lineno} {c.value}")
+    assert found == [], found
+
+
+def test_one_requeue_formula() -> None:
+    """A job's next requeue (RETRY from now plus the jitter) is computed in one place,
+    the core's requeue verb ``retry_at``: no other code scales a ``retry_s`` to ms."""
+    sites = []
+    for p in _parts():
+        tree = ast.parse(p.read_text(), filename=str(p))
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            for n in ast.walk(fn):
+                if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) and any(
+                        isinstance(a, ast.Attribute) and a.attr == "retry_s"
+                        or isinstance(a, ast.Name) and a.id == "retry_s"
+                        or isinstance(a, ast.Call) and "retry_s" in ast.unparse(a)
+                        for a in (n.left, n.right)):
+                    sites.append(f"{p.name} {fn.name}")
+    assert sites == ["core.py retry_at"], sites
+
+
+# Where a part writes a job's record itself, with the reason: the ACK kept for the
+# GC (``AckGc.ack_cluster``) is the ack GC's own move, its record between its GC
+# state (the attempts forgotten) and the next attempt armed.
+LOG_JOB_OUTSIDE_CORE = {"ackgc.py ack_cluster"}
+
+
+def test_the_moves_write_their_own_records() -> None:
+    """A job's AOF record is written by the core's verb that makes the move
+    (``activate``, ``arrive``, ``requeue``, ``dequeue(record=True)``, ``working``,
+    ``nack_later``, ``dead_letter`` ...), not by a part calling ``log_job`` after
+    writes of its own."""
+    callers = set()
+    for p in _parts("core.py"):
+        for fn in ast.walk(ast.parse(p.read_text(), filename=str(p))):
+            if isinstance(fn, ast.FunctionDef) and any(
+                    isinstance(n, ast.Attribute) and n.attr == "log_job" for n in ast.walk(fn)):
+                callers.add(f"{p.name} {fn.name}")
+    assert callers == LOG_JOB_OUTSIDE_CORE, callers
 
 
 def _core_fields_touched() -> dict[str, set[str]]:

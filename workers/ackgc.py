@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from workers import messages as msg
 from workers.core import Core, Events
 from workers.ids import is_at_most_once_id, slot_of_job_id
 from workers.job import (
@@ -87,7 +88,7 @@ class AckGc(Events):
             if job.nodes[0] is not view.me:
                 self.fastack_cluster(job_id, job)
             s.unregister(job, now_ms)
-        tally.stats.acked += known
+        tally.count_acked(known)
         return known
 
     def ack(self, job: Job, now_ms: int) -> None:
@@ -135,7 +136,7 @@ class AckGc(Events):
         """START-GC, then arm the next attempt (exponential backoff, random error)."""
         s = self.core
         if not job.delivered:
-            s.send("*", "SETACK", slot_of_job_id(job.id), {"j": job.id, "m": 0})
+            s.send("*", msg.SETACK, slot_of_job_id(job.id), msg.setack_meta(job.id, 0))
         else:
             conf = job.confirmed
             me = s.view().node_id
@@ -143,11 +144,11 @@ class AckGc(Events):
             if not todo:
                 # Every other holder already confirmed (a dummy ACK that learnt its
                 # holders later, ourselves among them or not): the GC is complete.
-                s.send_job(s.others(job), "DELJOB", job)
+                s.send_job(s.others(job), msg.DELJOB, job)
                 s.unregister(job, now_ms)
                 self.remember_gone(job.id, now_ms)
                 return
-            s.send_job(todo, "SETACK", job, setack_meta(job))
+            s.send_job(todo, msg.SETACK, job, setack_meta(job))
         self.arm_gc(job, now_ms)
 
     def arm_gc(self, job: Job, now_ms: int) -> bool:
@@ -187,24 +188,24 @@ class AckGc(Events):
         slot = slot_of_job_id(jid)
         if job is not None and not self.ack_cluster(job, now_ms):
             # We knew it and dropped it at once (GC attempts used up): known.
-            s.send(sender, "GOTACK", slot, {"j": jid, "k": 1})
+            s.send(sender, msg.GOTACK, slot, msg.gotack_meta(jid, True))
             return
         if job is None:
-            s.send(sender, "GOTACK", slot, {"j": jid, "k": 0})
+            s.send(sender, msg.GOTACK, slot, msg.gotack_meta(jid, False))
             if type(jid) is str and len(jid) == 40:
                 self.remember_gone(jid, now_ms)  # acked elsewhere before its copy came
             return
         nodes = meta.get("d")
         if may_have == 0:
-            s.send(sender, "GOTACK", slot, {"j": jid, "k": 1})
+            s.send(sender, msg.GOTACK, slot, msg.gotack_meta(jid, True))
             self.start_gc(job, now_ms)
         elif nodes is None:  # a count only (spec): compare counts
             if len(job.delivered) <= may_have:
-                s.send(sender, "GOTACK", slot, {"j": jid, "k": 1})
+                s.send(sender, msg.GOTACK, slot, msg.gotack_meta(jid, True))
             else:
                 self.start_gc(job, now_ms)  # we know more holders: we run the GC
         elif all(n in nodes for n in job.delivered):
-            s.send(sender, "GOTACK", slot, {"j": jid, "k": 1})
+            s.send(sender, msg.GOTACK, slot, msg.gotack_meta(jid, True))
         else:
             # We know a node the sender does not: we run the GC over both lists (the
             # sender has the job acked, so it counts as confirmed).
@@ -234,7 +235,7 @@ class AckGc(Events):
             job.confirmed = union(job.confirmed, (sender,))
             me, conf = s.view().node_id, job.confirmed
             if all(n in conf or n == me for n in job.delivered):  # we hold it acked
-                s.send_job(s.others(job), "DELJOB", job)
+                s.send_job(s.others(job), msg.DELJOB, job)
                 s.unregister(job, now_ms)
                 self.remember_gone(job.id, now_ms)
 
@@ -268,13 +269,13 @@ class AckGc(Events):
         s = self.core
         if job is None:
             if s.view().known:
-                s.send("*", "DELJOB", slot_of_job_id(job_id), {"j": job_id})
+                s.send("*", msg.DELJOB, slot_of_job_id(job_id), msg.job_meta(job_id))
             return
-        s.send_job(s.others(job), "DELJOB", job)
+        s.send_job(s.others(job), msg.DELJOB, job)
 
 
 def setack_meta(job: Job) -> dict[str, Any]:
     """SETACK's meta: the count the spec asks for, and the nodes themselves, so that
     a receiver that knows a node we do not runs the GC itself (equal counts of
     different node lists would otherwise confirm a GC that misses a copy)."""
-    return {"j": job.id, "m": len(job.delivered), "d": list(job.delivered)}
+    return msg.setack_meta(job.id, len(job.delivered), job.delivered)

@@ -29,7 +29,8 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from workers.effects import AofAppend, Effect, Send, Wake
+from workers import messages as msg
+from workers.effects import QUEUED_INCR_NACKS, AofAppend, Effect, Send, Wake
 from workers.ids import DEAD_PREFIX, JobIdGen, slot_of, slot_of_job_id
 from workers.invariant import InvariantError, invariant
 from workers.job import (
@@ -46,7 +47,9 @@ from workers.job import (
     Timed,
     del_record,
     ext_mem_bytes,
+    union,
 )
+from workers.lanes import LaneCount
 from workers.queue import PAUSED_OUT, Cells, Queue
 from workers.replies import ERR_LEAVING, Error
 from workers.timers import Timers
@@ -75,12 +78,6 @@ latency_bounds_ms: Final = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_0
 # (``latency_bucket``: ~0.1k).
 _LATENCY_BOUNDS: Final[list[int]] = list(latency_bounds_ms)
 
-# QUEUED's dead-letter fields (workers/messages.py): "dl" 1 the sender moved the job
-# to its dead-letter queue, "why" its reason (latin-1 text, at most
-# dead_reason_bytes_max), "rd" 1 the sender moved it back (REDRIVE).
-QUEUED_DEAD: Final = "dl"
-QUEUED_REASON: Final = "why"
-QUEUED_REDRIVE: Final = "rd"
 
 _K_NACKS: Final = b"nacks"
 _K_ADD_DELIV: Final = b"additional-deliveries"
@@ -88,14 +85,31 @@ _K_ADD_DELIV: Final = b"additional-deliveries"
 
 # The per-job path (ADDJOB, GETJOB, ACKJOB) changes a job's state without
 # ``Job.move``'s table lookup: each such move has a precondition of one
-# comparison, or none, that the state table (workers/job.py) implies; checked
-# against the table here, once. Every other move goes through ``Job.move``.
-invariant({s for s, tos in enumerate(MOVES) if QUEUED in tos} == {ACTIVE},
-          "_enqueue: only an active job may be queued")
-invariant(ACTIVE in MOVES[QUEUED], "_deliver: a queued job (Queue.pop) may become active")
-invariant(all(DELETED in MOVES[s] for s in (WAIT_REPL, ACTIVE, QUEUED, ACKED)),
-          "_unregister: every registered job may be deleted")
-invariant(set(ENTRY_STATES) == {WAIT_REPL, ACTIVE, ACKED}, "_register: entry states")
+# comparison, or none, that the state table (workers/job.py) implies. Here each
+# one, by the verb it is written in: the states the verb takes a job from, and the
+# state it writes; checked against the table below, once, at import
+# (tests/test_code_shape.py checks that no other code writes ``job.state``). Every
+# other move goes through ``Job.move``, every entry through ``Job.enter``.
+INLINE_MOVES: Final[dict[str, tuple[tuple[int, ...], int]]] = {
+    "enqueue": ((ACTIVE,), QUEUED),  # it raises on any other state
+    "deliver": ((QUEUED,), ACTIVE),  # Queue.pop returns queued jobs only
+    "unregister": ((WAIT_REPL, ACTIVE, QUEUED, ACKED), DELETED),  # any registered job
+}
+
+
+def _check_inline_moves() -> None:
+    for verb, (sources, to) in INLINE_MOVES.items():
+        for src in sources:
+            invariant(to in MOVES[src], f"{verb}: {STATE_NAMES[src]} -> {STATE_NAMES[to]} "
+                      "is not a move of the state machine")
+    invariant({s for s, tos in enumerate(MOVES) if QUEUED in tos} == {ACTIVE},
+              "enqueue: only an active job may be queued")
+    invariant(set(INLINE_MOVES["unregister"][0]) == {s for s in range(len(MOVES)) if s != DELETED},
+              "unregister: from every registered state")
+    invariant(set(ENTRY_STATES) == {WAIT_REPL, ACTIVE, ACKED}, "register: entry states")
+
+
+_check_inline_moves()
 
 
 def latency_bucket(ms: int) -> int:
@@ -194,7 +208,8 @@ class Tally:
     the delivered and not acked jobs (their count, and per queue; each job keeps
     its delivery ms), the jobs waiting for their DELAY per queue. The per-queue
     entries exist only while non-zero. The core's moves keep it; the parts read it
-    and count their own moves in ``stats``."""
+    and count their own moves through its verbs (``count_added`` ...), never by
+    writing a field."""
 
     def __init__(self) -> None:
         self.stats = Stats()
@@ -236,6 +251,46 @@ class Tally:
             st.proc_counts[latency_bucket(took_ms)] += 1
             st.proc_sum_ms += took_ms
 
+    # ---- the counters of the parts' moves (/metrics totals, ``stats``)
+
+    def count_added(self) -> None:
+        """A job was created by ADDJOB here."""
+        self.stats.added += 1
+
+    def count_acked(self, n: int) -> None:
+        """``n`` known jobs were acknowledged (ACKJOB, FASTACK)."""
+        self.stats.acked += n
+
+    def count_expired(self) -> None:
+        """A job was deleted because its TTL elapsed."""
+        self.stats.expired += 1
+
+    def count_nack(self) -> None:
+        """A job was NACKed (queued again, later, or dead-lettered)."""
+        self.stats.nacked += 1
+
+    def count_retry(self) -> None:
+        """A job is queued again because its RETRY elapsed without an ACK."""
+        self.stats.requeued_retry += 1
+
+    def count_enqueue(self) -> None:
+        """A job was queued again by ENQUEUE."""
+        self.stats.requeued_enqueue += 1
+
+    def undo_take(self, job: Job) -> None:
+        """A take given back unsent (multi-owner GETJOB): it was no delivery. The
+        delivered count and the job's outstanding delivery are undone, and when that
+        take was the job's only delivery, its wait in the queue (counted by it) too."""
+        st = self.stats
+        at = self.forget_delivery(job)
+        st.delivered -= 1
+        if not job.nacks and not job.additional_deliveries:
+            job.unmark_delivered()  # that take was its only delivery
+            if at >= 0:
+                wait_ms = at - job.ctime_us // US_PER_MS
+                st.wait_counts[latency_bucket(wait_ms)] -= 1
+                st.wait_sum_ms -= wait_ms
+
     def undelay(self, job: Job) -> None:
         n = self.delayed.get(job.queue, 0) - 1
         if n > 0:
@@ -255,6 +310,7 @@ class CoreState:
         # The host's per-slot cells our queues publish to (``Cells``; private when
         # alone); we write those of our slots only: ``slot % workers == index``.
         self.cells = Cells.private() if cells is None else cells
+        self.lanes_held = LaneCount()  # our queues' lanes, kept by the queues (memory estimate)
         self._index = index
         self._workers = workers
         # Every worker mints IDs from its own stream: mix the index into the seed.
@@ -306,7 +362,7 @@ class CoreState:
         return self._rng
 
     def tally(self) -> Tally:
-        """What /metrics counts (read it; count a part's own moves in ``stats``)."""
+        """What /metrics counts (read it; count a part's own moves through its verbs)."""
         return self._tally
 
     def set_aof(self, on: bool) -> None:
@@ -322,11 +378,11 @@ class CoreState:
         """Sum of len(body) of the registered jobs (memory accounting)."""
         return self.body_bytes
 
-    def job_table(self) -> list[dict[str, Job] | None]:
+    def job_table(self) -> Sequence[Mapping[str, Job] | None]:
         """The job buckets, read only (JSCAN's cursor is a bucket index)."""
         return self.job_buckets
 
-    def queue_scan_table(self) -> list[Queue | None]:
+    def queue_scan_table(self) -> Sequence[Queue | None]:
         """The QSCAN table, read only (a queue keeps its position while it exists)."""
         return self.qscan
 
@@ -334,8 +390,9 @@ class CoreState:
         """Our slots, as a slice of a per-slot array."""
         return slice(self._index, None, self._workers)
 
-    def timer_heap(self) -> Timers:
-        return self.timers
+    def next_due(self) -> int | None:
+        """The earliest due time in the timer heap (None: no timer)."""
+        return self.timers.next_due()
 
     def check(self) -> None:
         """Every cross-structure invariant (tests; O(jobs); ``check_core``)."""
@@ -398,6 +455,10 @@ class CoreState:
 
     def queue_count(self) -> int:
         return len(self.queues)
+
+    def lane_count(self) -> int:
+        """The lanes our split queues hold (workers/lanes.py ``LaneCount``)."""
+        return self.lanes_held.lanes
 
     def qlen(self, queue: bytes) -> int:
         q = self.queues.get(queue)
@@ -505,6 +566,52 @@ class Core(CoreState):
             for sub in self._after_ext_registered:
                 sub.after_ext_registered(job)
 
+    def arrive(self, job: Job, q: Queue, now_ms: int, sender: str = "",
+               queued: bool = False) -> None:
+        """A job another node sent (``sender``: a REPLJOB copy, YOURJOBS), or our AOF
+        holds (no sender), enters the table in ``q``, under its canonical name, and
+        takes its place: queued (``queued``), else armed on its timers. From a node
+        it enters active, whatever state the sender's record says, with us and the
+        sender among the nodes that may hold it and none confirmed yet; queued, its
+        other holders hear of it (QUEUED: their RETRY counts from now); its record
+        is written. From the AOF it enters active too, but an acked job stays acked
+        (its GC goes on), and a job only we hold shares the node tuple of the jobs
+        made here; its record is in the file already."""
+        job.queue = q.name
+        v = self._view
+        if sender:
+            job.enter(ACTIVE)
+            job.delivered = union(job.delivered, (v.node_id, sender))
+            job.confirmed = ()
+        else:
+            job.enter(ACKED if job.state == ACKED else ACTIVE)
+            if job.delivered == v.me:
+                job.delivered = v.me
+        self.register(job)
+        if not queued:
+            self.arm(job)
+        elif sender:
+            self.enqueue(job, q, now_ms, False)  # YOURJOBS serves waiters after its batch
+            if job.retry_s:
+                self.send_queued(job)
+        else:
+            self.enqueue(job, q, now_ms)
+        if sender:
+            self.log_job(job)
+
+    def activate(self, job: Job, q: Queue, now_ms: int) -> None:
+        """A job of ours, registered and active, no longer waits for copies (made
+        with none needed, or replicated): queued in ``q`` now, or armed for the end
+        of its DELAY; its record."""
+        if job.delay_s:
+            job.qtime_ms = now_ms + job.delay_s * 1000
+            self.reschedule(job)
+        else:
+            job.qtime_ms = 0
+            self.timers.unschedule(job)
+            self.enqueue(job, q, now_ms)
+        self.log_job(job)
+
     def unregister(self, job: Job, now_ms: int) -> None:
         jid = job.id
         b = self.job_buckets[job_bucket(jid)]
@@ -563,7 +670,7 @@ class Core(CoreState):
 
     def create_queue(self, name: bytes, now_ms: int) -> Queue:
         name = bytes(name)  # the canonical name object every job of the queue shares
-        q = Queue(name, slot_of(name), now_ms, self.cells)
+        q = Queue(name, slot_of(name), now_ms, self.cells, self.lanes_held)
         self.queues[name] = q
         if self._qscan_free:
             q.scan_idx = self._qscan_free.pop()
@@ -615,10 +722,7 @@ class Core(CoreState):
             t.undelay(job)
         t.forget_delivery(job)  # queued again (retry, NACK, ENQUEUE, a peer's QUEUED)
         job.mark_queued()
-        if job.retry_s:
-            job.qtime_ms = now_ms + job.retry_s * 1000 + int(self._rng.random() * time_error_ms)
-        else:
-            job.qtime_ms = 0  # at-most-once: never queued again
+        job.qtime_ms = self.retry_at(job, now_ms)  # 0 at-most-once: never queued again
         q.push(job)
         q.atime_ms = now_ms
         q.jobs_in += 1
@@ -641,14 +745,47 @@ class Core(CoreState):
             self.send_queued(job, incr)
         self.log_job(job)
 
-    def dequeue(self, job: Job, now_ms: int) -> None:
-        """A QUEUED job goes back to ACTIVE without being delivered."""
+    def dequeue(self, job: Job, now_ms: int, record: bool = False) -> None:
+        """A QUEUED job goes back to ACTIVE without being delivered. ``record``: the
+        move is whole (DEQUEUE), its record is written; else it is the first step of
+        a move that writes its record at its end, or of a peer's that writes none."""
         job.move(ACTIVE)
         q = self.queues[job.queue]
         q.remove(job)
         self.maybe_idle(q, now_ms)
         if job.qtime_ms:
             self.timers.schedule(job, job.qtime_ms)
+        if record:
+            self.log_job(job)
+
+    def working(self, job: Job, now_ms: int) -> int:
+        """WORKING of a job we hold, half its TTL not elapsed: out of its queue, its
+        requeue postponed by a RETRY here and on the other holders (WORKING), its
+        record; the RETRY in seconds (the reply)."""
+        if job.state == QUEUED:
+            self.dequeue(job, now_ms)
+        if job.retry_s and job.state != WAIT_REPL:
+            self.postpone(job, self.retry_at(job, now_ms))
+            if job.nodes[0] is not self._view.me:
+                others = self.others(job)  # the other copies must not requeue it either
+                if others:
+                    self.send_job(others, msg.WORKING, job)
+        self.log_job(job)
+        return job.retry_s
+
+    def nack_later(self, job: Job, delay_ms: int, now_ms: int) -> None:
+        """NACK ... DELAY: the job stays active (not deliverable) until the delay
+        ends, then is queued without counting a further delivery; every other
+        holder pushes its own requeue past the delay (QUEUED with "w"); its record."""
+        self._tally.forget_delivery(job)
+        job.mark_nack_delayed()
+        job.qtime_ms = now_ms + delay_ms
+        self.reschedule(job)
+        others = self.others(job)
+        if others:
+            self.send_job(others, msg.QUEUED, job,
+                          msg.queued_meta(job.id, QUEUED_INCR_NACKS, wait_ms=delay_ms))
+        self.log_job(job)
 
     def dead_letter(self, job: Job, now_ms: int, incr: int = 0, reason: bytes | None = None,
                     follow: bool = False) -> None:
@@ -665,12 +802,8 @@ class Core(CoreState):
             self.enqueue(job, self.queues[job.queue], now_ms)
             others = self.others(job)
             if others:
-                meta: dict[str, Any] = {"j": job.id, QUEUED_DEAD: 1}
-                if incr:
-                    meta["f"] = incr
-                if job.dead_reason:
-                    meta[QUEUED_REASON] = job.dead_reason.decode("latin-1")
-                self.send_job(others, "QUEUED", job, meta)
+                self.send_job(others, msg.QUEUED, job, msg.queued_meta(
+                    job.id, incr, dead=True, reason=job.dead_reason))
         self.log_job(job)
 
     def redrive(self, job: Job, now_ms: int, follow: bool = False) -> None:
@@ -686,7 +819,7 @@ class Core(CoreState):
             self.enqueue(job, self.queues[job.queue], now_ms)
             others = self.others(job)
             if others:
-                self.send_job(others, "QUEUED", job, {"j": job.id, QUEUED_REDRIVE: 1})
+                self.send_job(others, msg.QUEUED, job, msg.queued_meta(job.id, redrive=True))
         self.log_job(job)
 
     def _move_to(self, job: Job, name: bytes, now_ms: int) -> None:
@@ -719,7 +852,7 @@ class Core(CoreState):
             if job.qtime_ms <= now_ms:
                 # It waited in the queue longer than RETRY: counting RETRY from the
                 # queueing would requeue it at once, a certain duplicate delivery.
-                job.qtime_ms = now_ms + job.retry_s * 1000 + self.jitter()
+                job.qtime_ms = self.retry_at(job, now_ms)
             self.timers.schedule(job, job.qtime_ms)
         if withcounters:
             return [q.name, job.id, job.body, _K_NACKS, job.nacks,
@@ -826,8 +959,24 @@ class Core(CoreState):
         self.timers.unschedule(job)
         self.timers.schedule(job, self.due(job))
 
-    def jitter(self) -> int:
-        return int(self._rng.random() * time_error_ms)
+    def retry_at(self, job: Job, now_ms: int, wait_ms: int = 0, retry_min_s: int = 0) -> int:
+        """The requeue verb: when ``job`` is queued again unless acknowledged first,
+        its RETRY counted from ``now_ms`` (after ``wait_ms``) plus up to
+        ``time_error_ms`` of jitter, so that the holders' timers do not fire together
+        (Disque's DISQUE_TIME_ERR); 0 for an at-most-once job (never queued again).
+        ``retry_min_s``: at least this RETRY (a queue paused in input is tried again
+        later even for an at-most-once job still waiting for its DELAY)."""
+        retry_s = job.retry_s if job.retry_s >= retry_min_s else retry_min_s
+        if not retry_s:
+            return 0
+        return now_ms + wait_ms + retry_s * 1000 + int(self._rng.random() * time_error_ms)
+
+    def postpone(self, job: Job, qtime_ms: int) -> None:
+        """The job's requeue time moves to ``qtime_ms`` (WORKING, a peer's QUEUED or
+        WORKING, a YOURJOBS sent): a WILLQUEUE is due again before it, its timer follows."""
+        job.qtime_ms = qtime_ms
+        job.new_requeue_time()
+        self.reschedule(job)
 
     # ------------------------------------------------------------------ messages out
 
@@ -853,14 +1002,14 @@ class Core(CoreState):
     def send_job(self, nodes: list[str] | tuple[str, ...], kind: str, job: Job,
                   meta: dict[str, Any] | None = None) -> None:
         slot = slot_of_job_id(job.id)
-        m = {"j": job.id} if meta is None else meta
+        m = msg.job_meta(job.id) if meta is None else meta
         for n in nodes:
             self.effects.append(Send(n, kind, slot, m, []))
 
     def send_queued(self, job: Job, incr: int = 0) -> None:
         others = self.others(job)
         if others:
-            self.send_job(others, "QUEUED", job, {"j": job.id, "f": incr} if incr else None)
+            self.send_job(others, msg.QUEUED, job, msg.queued_meta(job.id, incr))
 
 
 def check_core(c: CoreState) -> None:
@@ -889,6 +1038,8 @@ def check_core(c: CoreState) -> None:
             wq = c.queues.get(name)
             invariant(wq is not None and wq.waiters and w.token in wq.waiters,
                       f"waiter {w.token} not on queue {name!r}")
+    lanes = sum(len(q.lanes) for q in c.queues.values() if q.lanes is not None)
+    invariant(c.lane_count() == lanes, f"lane count {c.lane_count()} != {lanes}")
     c.timers.check()
     _check_tally(c.tally(), jobs)
     _check_cells(c)

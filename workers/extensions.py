@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from workers import messages as msg
 from workers.ackgc import AckGc
 from workers.core import Core, Events
-from workers.effects import QUEUED_INCR_NACKS
 from workers.ids import DEAD_PREFIX, slot_of
 from workers.job import (
     ACKED,
@@ -30,12 +30,6 @@ from workers.job import (
 )
 from workers.queue import PAUSED_IN
 from workers.replies import ERR_PAUSED, PENDING, Error
-
-# QUEUED's extension fields: "w" the ms the sender waits before queueing the job
-# (NACK ... DELAY: no other holder may queue it earlier); the dead-letter move and
-# its reverse ("dl", "why", "rd": workers/core.py), every holder follows.
-QUEUED_WAIT: Final = "w"
-
 
 # GLOBALQLEN / DELQUEUE: how long the asking node waits for the other nodes'
 # answers; a node that has not answered by then is left out of the reply (it
@@ -106,23 +100,6 @@ class Extensions(Events):
         # waitjob-entries-per-client-max); a client's entries outlive its connection
         self.client_entries: dict[bytes, int] = {}
         self.gathers: dict[int, Gather] = {}
-
-    # ------------------------------------------------------------------ NACK DELAY
-
-    def nack_later(self, job: Job, delay_ms: int, now_ms: int) -> None:
-        """NACK ... DELAY: the job stays active (not deliverable) until the delay
-        ends, then is queued without counting a further delivery. Every other
-        holder pushes its own requeue past the delay (QUEUED with "w")."""
-        s = self.core
-        s.tally().forget_delivery(job)
-        job.mark_nack_delayed()
-        job.qtime_ms = now_ms + delay_ms
-        s.reschedule(job)
-        others = s.others(job)
-        if others:
-            s.send_job(others, "QUEUED", job,
-                        {"j": job.id, "f": QUEUED_INCR_NACKS, QUEUED_WAIT: delay_ms})
-        s.log_job(job)
 
     # ------------------------------------------------------------------ dead letters
 
@@ -275,7 +252,7 @@ class Extensions(Events):
         self.gathers[g.token] = g
         slot = slot_of(queue)
         for n in nodes:
-            s.send(n, kind, slot, {"r": g.token}, [bytes(queue)])
+            s.send(n, kind, slot, msg.request_meta(g.token), [bytes(queue)])
         s.schedule(g, now_ms + cluster_request_timeout_ms)
         return PENDING
 
@@ -287,12 +264,12 @@ class Extensions(Events):
         return g
 
     def op_globalqlen(self, token: int, queue: bytes, now_ms: int) -> Any:
-        return self._ask_all(Gather(token, self.core.qlen(queue)), "QLENASK", queue, now_ms)
+        return self._ask_all(Gather(token, self.core.qlen(queue)), msg.QLENASK, queue, now_ms)
 
     def on_qlenask(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                     now_ms: int) -> None:
-        self.core.send(sender, "QLENIS", slot_of(bodies[0]),
-                         {"r": meta["r"], "n": self.core.qlen(bodies[0])})
+        self.core.send(sender, msg.QLENIS, slot_of(bodies[0]),
+                       msg.qlenis_meta(meta["r"], self.core.qlen(bodies[0])))
 
     def on_qlenis(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                    now_ms: int) -> None:
@@ -310,7 +287,7 @@ class Extensions(Events):
         g.ids = set(self._delqueue_here(queue, now_ms))
         if local:
             return g.reply()
-        return self._ask_all(g, "DELQ", queue, now_ms)
+        return self._ask_all(g, msg.DELQ, queue, now_ms)
 
     def _delqueue_here(self, queue: bytes, now_ms: int) -> list[str]:
         """O(jobs of this shard): delayed and active jobs are not indexed by queue."""
@@ -324,8 +301,8 @@ class Extensions(Events):
     def on_delq(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                  now_ms: int) -> None:
         ids = self._delqueue_here(bytes(bodies[0]), now_ms)
-        self.core.send(sender, "DELQDONE", slot_of(bodies[0]), {"r": meta["r"]},
-                         ["".join(ids).encode()])
+        self.core.send(sender, msg.DELQDONE, slot_of(bodies[0]), msg.request_meta(meta["r"]),
+                       ["".join(ids).encode()])
 
     def on_delqdone(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                      now_ms: int) -> None:

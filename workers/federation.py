@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from workers import messages as msg
 from workers.ackgc import AckGc
 from workers.core import Core, Events
 from workers.job import ACTIVE, Job, merge_nodes, union
@@ -111,12 +112,12 @@ class Federation(Events):
         if now_ms - fed.bcast_ms >= self._bcast_delay(fed):
             fed.bcast_ms = now_ms
             fed.bcast_attempt += 1
-            s.send("*", "NEEDJOBS", q.slot, {"c": want}, name)
+            s.send("*", msg.NEEDJOBS, q.slot, msg.needjobs_meta(want), name)
         elif fed.responders and (reached_zero or now_ms - fed.adhoc_ms >= self._adhoc_delay(fed)):
             fed.adhoc_ms = now_ms
             fed.adhoc_attempt += 1
             for n in fed.responders:
-                s.send(n, "NEEDJOBS", q.slot, {"c": want}, name)
+                s.send(n, msg.NEEDJOBS, q.slot, msg.needjobs_meta(want), name)
         self._arm_fed(fed, now_ms)
 
     def _bcast_delay(self, fed: Fed) -> int:
@@ -192,17 +193,12 @@ class Federation(Events):
                 break
             job.move(ACTIVE)
             job.delivered = union(job.delivered, (node,))
-            job.new_requeue_time()
-            if job.retry_s:
-                job.qtime_ms = now_ms + job.retry_s * 1000 + s.jitter()
-            else:
-                job.qtime_ms = 0
-            s.reschedule(job)
+            s.postpone(job, s.retry_at(job, now_ms))
             recs.append(job.to_record())
             size += len(job.body)
         if recs:
             q.atime_ms = now_ms
-            s.send(node, "YOURJOBS", q.slot, {}, recs)
+            s.send(node, msg.YOURJOBS, q.slot, msg.records_meta(), recs)
         s.maybe_idle(q, now_ms)
 
     def on_yourjobs(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
@@ -243,14 +239,7 @@ class Federation(Events):
                     self._tell_queued(old)
                     n += 1
                 continue
-            job.queue = q.name
-            job.state = ACTIVE
-            job.delivered = union(job.delivered, (s.view().node_id, sender))
-            job.confirmed = ()
-            s.register(job)
-            s.enqueue(job, q, now_ms, False)
-            self._tell_queued(job)
-            s.log_job(job)
+            s.arrive(job, q, now_ms, sender, queued=True)  # QUEUED to its holders
             n += 1
         for tq in touched:
             if tq.waiters is not None and not tq.paused & PAUSED_OUT:

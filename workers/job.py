@@ -267,6 +267,14 @@ class Job(Timed):
                                  f"{STATE_NAMES[to]} is not a move of the state machine")
         self.state = to
 
+    def enter(self, state: int) -> None:
+        """The state a job that is not in a shard's table yet enters it in, one of
+        ``ENTRY_STATES`` (made here and waiting for its copies, copied from another
+        node, loaded): not a move, whatever state the record it came in says."""
+        if not _MOVE_BITS >> (8 * state + 7) & 1:
+            raise InvariantError(f"job {self.id} cannot enter a table {STATE_NAMES[state]}")
+        self.state = state
+
     def check_entry(self) -> None:
         """The job is about to be registered: its state must be one of ``ENTRY_STATES``."""
         if not _MOVE_BITS >> (8 * self.state + 7) & 1:

@@ -26,6 +26,12 @@ whose entry there is no longer theirs: they moved to another queue).
 
 Lane ranks follow the lanes' creation, so ties between equal ctimes keep the
 order a merge of every lane in creation order gave.
+
+A lane that leaves (``drop``) may still be named by keys of the three orders and
+by ``dirty``: each is rebuilt once it holds more than ``order_garbage_min`` and
+twice the lanes, so a lane gone does not keep its record and deque alive for as
+long as the queue stays split. ``LaneCount`` is how many lanes the queues of one
+shard hold, kept as lanes are made and dropped (the memory estimate reads it).
 """
 
 from __future__ import annotations
@@ -90,6 +96,15 @@ def group_of(job: Job) -> bytes:
     return b"" if ext is None else ext.group
 
 
+class LaneCount:
+    """How many lanes the split queues of one shard hold (the memory estimate)."""
+
+    __slots__ = ("lanes",)
+
+    def __init__(self) -> None:
+        self.lanes = 0
+
+
 class Lane:
     """The jobs of one group in a queue that holds several: the same ctime-ordered
     deque with lazy deletion as a single-group queue's."""
@@ -144,10 +159,11 @@ class GroupOrder:
     module's docstring). ``lanes`` is the queue's own table."""
 
     __slots__ = ("lanes", "ranks", "heads", "tails", "buckets", "sizes", "counts", "entries",
-                 "dirty")
+                 "dirty", "count")
 
-    def __init__(self, lanes: dict[bytes, Lane]) -> None:
+    def __init__(self, lanes: dict[bytes, Lane], count: LaneCount) -> None:
         self.lanes = lanes
+        self.count = count  # the shard's lanes: one more per lane made, one less per drop
         self.ranks = 0
         self.heads: list[Key] = []
         self.tails: list[Key] | None = None
@@ -161,11 +177,38 @@ class GroupOrder:
         lane = Lane(group, dq, live, stale, self.ranks)
         self.ranks += 1
         self.lanes[group] = lane
+        self.count.lanes += 1
         if live:
             self.changed(lane)
             self.head_moved(lane)
             self.tail_moved(lane)
         return lane
+
+    def drop(self, lane: Lane) -> None:
+        """The lane leaves the queue (its jobs are gone): out of the table, and the
+        orders' keys naming it rebuilt once they are mostly such leftovers."""
+        del self.lanes[lane.group]
+        self.count.lanes -= 1
+        n = len(self.lanes)
+        if n > 1:  # else the queue goes back to one deque and drops its order
+            self._collect(max(order_garbage_min, 2 * n))
+
+    def dissolve(self) -> None:
+        """The queue goes back to one deque: the lanes left stop counting as lanes."""
+        self.count.lanes -= len(self.lanes)
+
+    def _collect(self, most: int) -> None:
+        """Rebuild each order holding more than ``most`` entries."""
+        if len(self.heads) > most:
+            self.heads = self._keyed(False)
+        if self.tails is not None and len(self.tails) > most:
+            self.tails = self._keyed(True)
+        if len(self.dirty) > most or self.entries > most:
+            if self.sizes:  # the buckets are in use: settling drops the gone lanes
+                self.settle()  # (and rebuilds the buckets past the same bound)
+            else:  # no lane is in the buckets: the gone ones need no settling
+                lanes = self.lanes
+                self.dirty = [x for x in self.dirty if lanes.get(x.group) is x]
 
     # ---- the moves the queue reports
 

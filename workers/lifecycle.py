@@ -3,8 +3,8 @@ shard's one timer heap (``workers/timers.py``) and fires each target: a job's
 TTL, its requeue (RETRY or DELAY elapsed; WILLQUEUE first when other nodes may
 hold a copy), its next replication step (``wait-repl``) or GC attempt
 (``acked``); an idle queue's eviction; a federation state's next NEEDJOBS; a
-gathering command's timeout. NACK, ENQUEUE and WORKING requeue or postpone a
-job by hand.
+gathering command's timeout. NACK and ENQUEUE requeue a job by hand (NACK ...
+DELAY and WORKING are the core's moves: ``Core.nack_later``, ``Core.working``).
 
 Timer kinds (a target is re-examined as a whole when its bucket fires):
 - job TTL: any state, the job is deleted at ``ctime + ttl``;
@@ -20,8 +20,9 @@ them (replication, the ack GC, federation, the extensions).
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import cast
 
+from workers import messages as msg
 from workers.ackgc import AckGc
 from workers.core import Core, time_error_ms
 from workers.effects import QUEUED_INCR_DELIVERIES, QUEUED_INCR_NACKS
@@ -31,7 +32,6 @@ from workers.job import (
     ACKED,
     ACTIVE,
     DELETED,
-    QUEUED,
     US_PER_MS,
     WAIT_REPL,
     Job,
@@ -80,7 +80,7 @@ class Lifecycle:
             if job.state == WAIT_REPL:
                 self.repl.repl_failed(job, now_ms)
             else:
-                s.tally().stats.expired += 1
+                s.tally().count_expired()
                 s.unregister(job, now_ms)
             return
         if job.state == WAIT_REPL:
@@ -97,12 +97,12 @@ class Lifecycle:
             job.mark_willqueue_sent()
             others = s.others(job)
             if others:
-                s.send_job(others, "WILLQUEUE", job)
+                s.send_job(others, msg.WILLQUEUE, job)
         if job.state == ACTIVE and job.qtime_ms and job.qtime_ms <= now_ms:
             q = s.queue(job.queue, now_ms)
             if q.paused & PAUSED_IN:
                 # paused in input: never requeue now, try again after another retry period
-                job.qtime_ms = now_ms + max(job.retry_s, 1) * 1000 + s.jitter()
+                job.qtime_ms = s.retry_at(job, now_ms, retry_min_s=1)
             else:
                 self._requeue_due(job, q, now_ms)
         if job.state != DELETED:
@@ -119,7 +119,7 @@ class Lifecycle:
                 job.additional_deliveries += 1
                 incr = QUEUED_INCR_DELIVERIES
             if job.queued_once():  # not the end of a DELAY
-                self.core.tally().stats.requeued_retry += 1
+                self.core.tally().count_retry()
             if job.has_maxdeliver() and past_maxdeliver(job):
                 self.core.dead_letter(job, now_ms, incr)
                 return
@@ -131,7 +131,7 @@ class Lifecycle:
         """NACK [DELAY] (``nack``) or ENQUEUE: queue active jobs again (after the
         delay), or dead-letter them when a NACK reaches their MAXDELIVER."""
         s = self.core
-        st = s.tally().stats
+        tally = s.tally()
         done = 0
         for job_id in job_ids:
             job = s.lookup(job_id)
@@ -142,35 +142,18 @@ class Lifecycle:
             incr = 0
             if nack:
                 job.nacks += 1
-                st.nacked += 1
+                tally.count_nack()
                 incr = QUEUED_INCR_NACKS
             else:
-                st.requeued_enqueue += 1
+                tally.count_enqueue()
                 if job.was_delivered():  # ENQUEUE of a job never served here: no delivery
                     job.additional_deliveries += 1
                     incr = QUEUED_INCR_DELIVERIES
             if nack and job.has_maxdeliver() and past_maxdeliver(job):
                 self.core.dead_letter(job, now_ms, incr)
             elif delay_ms:
-                self.ext.nack_later(job, delay_ms, now_ms)
+                s.nack_later(job, delay_ms, now_ms)
             else:
                 s.requeue(job, q, now_ms, incr)
             done += 1
         return done
-
-    def working(self, job: Job, now_ms: int) -> Any:
-        """WORKING of a job we hold, half its TTL not elapsed: postpone its requeue
-        (here and on the other holders); replies the retry in seconds."""
-        s = self.core
-        if job.state == QUEUED:
-            s.dequeue(job, now_ms)
-        if job.retry_s and job.state != WAIT_REPL:
-            job.qtime_ms = now_ms + job.retry_s * 1000 + s.jitter()
-            job.new_requeue_time()
-            s.reschedule(job)
-            if job.nodes[0] is not s.view().me:
-                others = s.others(job)  # the other copies must not requeue it either
-                if others:
-                    s.send_job(others, "WORKING", job)
-        s.log_job(job)
-        return job.retry_s

@@ -1,12 +1,17 @@
 """The catalogue of cluster messages between shards, as Disque's
-``CLUSTERMSG_TYPE_*`` in cluster.h: one line per kind with its name, its fields,
-the check of its shape and the shard part and method that handle it.
+``CLUSTERMSG_TYPE_*`` in cluster.h: one line per kind with its name, its fields
+and the check of its shape.
 
-The sender builds ``Send(node, kind, slot, meta, bodies)`` effects; the edge
+A sender names the kind by its constant here (``QUEUED`` ...) and builds its
+meta with the kind's function here (``queued_meta`` ...), never a bare string or
+a dict of its own; the core makes the ``Send(node, kind, slot, meta, bodies)``
+effects (``Core.send``, ``Core.send_job``). The edge
 (bus/messages.py ``check_job``) runs the kind's ``check`` before any state
 changes; the shard (workers/shard.py ``Shard.on_message``) dispatches to the
-kind's handler. Adding a kind is one line in ``KINDS`` plus its handler (a test
-checks that every kind has both). ``meta`` is JSON; job records, queue names
+kind's handler, a method of one of its parts bound by reference in
+``Shard.handlers`` (typed: a handler of another shape does not type-check). Adding
+a kind is one line in ``KINDS``, its name and meta function, plus its handler (a
+test checks that every kind has a check and a handler). ``meta`` is JSON; job records, queue names
 and job IDs travel in ``bodies`` as raw bytes. A message about a job goes to
 the job's slot (carried by its ID), so on the receiving host it reaches the
 worker owning the same slot; a queue message uses the queue's slot.
@@ -43,7 +48,7 @@ newer peer's) passes the edge only without bodies, and the shard drops it.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from workers.ids import SLOTS, is_valid_job_id, slot_of, slot_of_job_id
@@ -68,19 +73,15 @@ Check = Callable[[int, dict[str, Any], list[bytes]], str | None]
 
 
 class Kind:
-    """One message kind: its name, its fields (as the table above), its check,
-    and the part of the shard (``Shard`` attribute) and method that handle it."""
+    """One message kind: its name, its fields (as the table above) and its check."""
 
-    __slots__ = ("name", "meta", "bodies", "check", "part", "handler")
+    __slots__ = ("name", "meta", "bodies", "check")
 
-    def __init__(self, name: str, meta: str, bodies: str, check: Check, part: str,
-                 handler: str) -> None:
+    def __init__(self, name: str, meta: str, bodies: str, check: Check) -> None:
         self.name = name
         self.meta = meta
         self.bodies = bodies
         self.check = check
-        self.part = part
-        self.handler = handler
 
 
 def _int(value: Any, lo: int, hi: int) -> bool:
@@ -223,28 +224,42 @@ def _delqdone(slot: int, meta: dict[str, Any], bodies: list[bytes]) -> str | Non
     return None
 
 
+REPLJOB: Final = "REPLJOB"
+GOTJOB: Final = "GOTJOB"
+ENQUEUE: Final = "ENQUEUE"
+WILLQUEUE: Final = "WILLQUEUE"
+QUEUED: Final = "QUEUED"
+WORKING: Final = "WORKING"
+SETACK: Final = "SETACK"
+GOTACK: Final = "GOTACK"
+DELJOB: Final = "DELJOB"
+NEEDJOBS: Final = "NEEDJOBS"
+YOURJOBS: Final = "YOURJOBS"
+PAUSE: Final = "PAUSE"
+QLENASK: Final = "QLENASK"
+QLENIS: Final = "QLENIS"
+DELQ: Final = "DELQ"
+DELQDONE: Final = "DELQDONE"
+
 _JOB: Final = '{"j": id}'
 KINDS: Final = (
-    Kind("REPLJOB", "{}", "[job record]", _repljob, "repl", "on_repljob"),
-    Kind("GOTJOB", _JOB, "", _about_job, "repl", "on_gotjob"),
-    Kind("ENQUEUE", '{"j": id, "d": [node, ...]}', "", _enqueue, "repl", "on_enqueue"),
-    Kind("WILLQUEUE", _JOB, "", _about_job, "repl", "on_willqueue"),
-    Kind("QUEUED", '{"j": id[, "f": incr][, "w": ms][, "dl": 1[, "why": text]][, "rd": 1]}',
-         "", _queued, "repl",
-         "on_queued"),
-    Kind("WORKING", _JOB, "", _about_job, "repl", "on_working"),
-    Kind("SETACK", '{"j": id, "m": may-have[, "d": [node, ...]]}', "", _setack, "gc",
-         "on_setack"),
-    Kind("GOTACK", '{"j": id, "k": 0|1}', "", _gotack, "gc", "on_gotack"),
-    Kind("DELJOB", _JOB, "", _about_job, "gc", "on_deljob"),
-    Kind("NEEDJOBS", '{"c": count}', "[queue name]", _needjobs, "fed", "on_needjobs"),
-    Kind("YOURJOBS", "{}", "[job record, ...]", _records, "fed", "on_yourjobs"),
-    Kind("PAUSE", '{"f": pause flags}', "[queue name]", _pause, "pause", "on_pause"),
-    Kind("QLENASK", '{"r": request}', "[queue name]", _request, "ext", "on_qlenask"),
-    Kind("QLENIS", '{"r": request, "n": queued jobs}', "", _qlenis, "ext", "on_qlenis"),
-    Kind("DELQ", '{"r": request}', "[queue name]", _request, "ext", "on_delq"),
-    Kind("DELQDONE", '{"r": request}', "[40-byte job IDs, joined]", _delqdone, "ext",
-         "on_delqdone"),
+    Kind(REPLJOB, "{}", "[job record]", _repljob),
+    Kind(GOTJOB, _JOB, "", _about_job),
+    Kind(ENQUEUE, '{"j": id, "d": [node, ...]}', "", _enqueue),
+    Kind(WILLQUEUE, _JOB, "", _about_job),
+    Kind(QUEUED, '{"j": id[, "f": incr][, "w": ms][, "dl": 1[, "why": text]][, "rd": 1]}',
+         "", _queued),
+    Kind(WORKING, _JOB, "", _about_job),
+    Kind(SETACK, '{"j": id, "m": may-have[, "d": [node, ...]]}', "", _setack),
+    Kind(GOTACK, '{"j": id, "k": 0|1}', "", _gotack),
+    Kind(DELJOB, _JOB, "", _about_job),
+    Kind(NEEDJOBS, '{"c": count}', "[queue name]", _needjobs),
+    Kind(YOURJOBS, "{}", "[job record, ...]", _records),
+    Kind(PAUSE, '{"f": pause flags}', "[queue name]", _pause),
+    Kind(QLENASK, '{"r": request}', "[queue name]", _request),
+    Kind(QLENIS, '{"r": request, "n": queued jobs}', "", _qlenis),
+    Kind(DELQ, '{"r": request}', "[queue name]", _request),
+    Kind(DELQDONE, '{"r": request}', "[40-byte job IDs, joined]", _delqdone),
 )
 CATALOGUE: Final = {k.name: k for k in KINDS}
 
@@ -258,3 +273,74 @@ def check(kind: str, slot: int, meta: dict[str, Any], bodies: list[bytes]) -> st
         # a newer peer's kind: the shard ignores kinds it does not know
         return f"unknown job message {kind[:32]!r} with bodies" if bodies else None
     return k.check(slot, meta, bodies)
+
+
+# ---- the senders' side: each kind's meta, built here only (the fields above)
+
+
+def records_meta() -> dict[str, Any]:
+    """REPLJOB, YOURJOBS: no fields (the job records are the bodies)."""
+    return {}
+
+
+def job_meta(job_id: str) -> dict[str, Any]:
+    """GOTJOB, WILLQUEUE, WORKING, DELJOB: the job."""
+    return {"j": job_id}
+
+
+def enqueue_meta(job_id: str, nodes: Sequence[str]) -> dict[str, Any]:
+    """ENQUEUE: the job, and every node that may have a copy (the holder that queues
+    it must know them all for the ACK GC)."""
+    return {"j": job_id, "d": list(nodes)}
+
+
+def queued_meta(job_id: str, incr: int = 0, wait_ms: int = 0, dead: bool = False,
+                reason: bytes = b"", redrive: bool = False) -> dict[str, Any]:
+    """QUEUED: the job; ``incr`` the counter the sender incremented (QUEUED_INCR_*),
+    ``wait_ms`` a NACK's DELAY, ``dead`` moved to its dead-letter queue (with its
+    ``reason``), ``redrive`` moved back; each field only when set."""
+    meta: dict[str, Any] = {"j": job_id}
+    if dead:
+        meta["dl"] = 1
+    if incr:
+        meta["f"] = incr
+    if wait_ms:
+        meta["w"] = wait_ms
+    if reason:
+        meta["why"] = reason.decode("latin-1")
+    if redrive:
+        meta["rd"] = 1
+    return meta
+
+
+def setack_meta(job_id: str, may_have: int, nodes: Sequence[str] | None = None) -> dict[str, Any]:
+    """SETACK: the job, the count of nodes that may have a copy (0: unknown, ask
+    everyone), and the nodes themselves when known."""
+    if nodes is None:
+        return {"j": job_id, "m": may_have}
+    return {"j": job_id, "m": may_have, "d": list(nodes)}
+
+
+def gotack_meta(job_id: str, known: bool) -> dict[str, Any]:
+    """GOTACK: the job, and whether we knew it."""
+    return {"j": job_id, "k": 1 if known else 0}
+
+
+def needjobs_meta(count: int) -> dict[str, Any]:
+    """NEEDJOBS: how many jobs we ask for (the queue is the body)."""
+    return {"c": count}
+
+
+def pause_meta(flags: int) -> dict[str, Any]:
+    """PAUSE: the queue's pause flags (the queue is the body)."""
+    return {"f": flags}
+
+
+def request_meta(request: int) -> dict[str, Any]:
+    """QLENASK, DELQ and the answer DELQDONE: the asker's request number."""
+    return {"r": request}
+
+
+def qlenis_meta(request: int, queued: int) -> dict[str, Any]:
+    """QLENIS: the request answered and the jobs queued here."""
+    return {"r": request, "n": queued}

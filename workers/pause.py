@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from workers import messages as msg
 from workers.core import Core
 from workers.ids import slot_of
 from workers.queue import PAUSE_NAMES, PAUSED_IN, PAUSED_OUT, Queue
@@ -55,7 +56,7 @@ class Pause:
         state = q.paused if q is not None else 0
         if "bcast" in opts:
             # Every reachable node gets the resulting state (spec: PAUSE ... bcast).
-            self.core.send("*", "PAUSE", slot_of(queue), {"f": state}, [bytes(queue)])
+            self.core.send("*", msg.PAUSE, slot_of(queue), msg.pause_meta(state), [bytes(queue)])
         return Status(PAUSE_NAMES[state])
 
     def set_pause(self, queue: bytes, flags: int, now_ms: int) -> Queue | None:

@@ -10,7 +10,6 @@ from workers.core import Core
 from workers.ids import slot_of, slot_of_valid_id
 from workers.job import (
     ACKED,
-    ACTIVE,
     DEL_RECORD_TAG,
     QUEUED,
     Job,
@@ -88,19 +87,9 @@ def load_record(s: Core, record: bytes, enqueue: bool, now_ms: int) -> None:
     v = s.view()
     if job.state == ACKED and all(n == v.node_id for n in job.delivered):
         return
-    if job.delivered == v.me:
-        job.delivered = v.me  # the same tuple object as jobs created here
-    q = s.queue(job.queue, now_ms)
-    job.queue = q.name
     requeue = job.state == QUEUED and enqueue
-    if job.state != ACKED:
-        job.state = ACTIVE  # enters the table active (queued again just below if asked)
-    s.register(job)
-    if requeue:
-        s.enqueue(job, q, now_ms)
-    else:
-        if job.state == ACTIVE and job.retry_s and job.qtime_ms <= now_ms:
-            job.qtime_ms = now_ms + job.retry_s * 1000 + s.jitter()
-        s.arm(job)
+    if not requeue and job.state != ACKED and job.retry_s and job.qtime_ms <= now_ms:
+        job.qtime_ms = s.retry_at(job, now_ms)  # it enters active: its RETRY from now
+    s.arrive(job, s.queue(job.queue, now_ms), now_ms, queued=requeue)  # active or acked
     if job.ctime_us // 1000 <= now_ms + ctime_ahead_ms_max:
         s.saw_ctime(job.ctime_us)

@@ -33,8 +33,10 @@ costs nothing more. When a job of a second group arrives, the queue splits into
 one ``Lane`` per group (each the same ctime-ordered deque with lazy deletion)
 and a ``ring`` of lanes served in rotation: ``pop`` takes the oldest job of the
 lane at the head of the ring and puts that lane at the tail. A lane leaves when
-its last queued job is taken (its stale entries are dropped with it); when one
-lane is left the queue goes back to the single deque.
+its last queued job is taken or a purge finds it empty (its stale entries are
+dropped with it); when one lane is left the queue goes back to the single deque.
+The shard's ``LaneCount`` follows: one more per lane made, one less per lane
+gone or unsplit (the memory estimate reads it, no walk).
 
 An entry is live iff ``job.state == QUEUED`` and the job is not one of the
 queue's ghosts; ``FLAG_IN_DEQUE`` says the record is physically in the deque of
@@ -65,6 +67,7 @@ from workers.job import QUEUED, Job, Timed
 from workers.lanes import (
     GroupOrder,
     Lane,
+    LaneCount,
     forget_entry,
     group_of,
     live_entry,
@@ -128,8 +131,10 @@ class Cells:
         return self.nonempty[slot] == 0 and self.gen[slot] == gen
 
 
-# Queues made without the shard's cells (tests of a queue alone) count here.
+# Queues made without the shard's cells and lane count (tests of a queue alone)
+# count here.
 _SCRATCH_CELLS: Final = Cells.private()
+_SCRATCH_LANES: Final = LaneCount()
 
 
 def _ctime(job: Job) -> int:
@@ -193,12 +198,16 @@ class Queue(Timed):
         "cells",
         "ghosts",
         "order",
+        "lane_count",
     )
 
-    def __init__(self, name: bytes, slot: int, now_ms: int, cells: Cells | None = None) -> None:
+    def __init__(self, name: bytes, slot: int, now_ms: int, cells: Cells | None = None,
+                 lane_count: LaneCount | None = None) -> None:
         self.name = name
         self.slot = slot
         self.cells = _SCRATCH_CELLS if cells is None else cells  # the slot's nonempty cell
+        # the shard's lanes, counted as this queue makes and drops them (while split)
+        self.lane_count = _SCRATCH_LANES if lane_count is None else lane_count
         self._dq: deque[Job] = deque()
         self.live = 0  # jobs queued (live entries)
         self.stale = 0  # entries whose job left the queue
@@ -364,7 +373,7 @@ class Queue(Timed):
     def _split(self) -> None:
         """A second group arrives: the deque becomes the first lane of the ring."""
         self.lanes = {}
-        self.order = GroupOrder(self.lanes)
+        self.order = GroupOrder(self.lanes, self.lane_count)
         first = self.order.new_lane(self.group0, self._dq, self.live, self.stale)
         self.ring = deque((first,))
         self.groups_live = 1 if self.live else 0
@@ -373,6 +382,8 @@ class Queue(Timed):
 
     def _unsplit(self, last: Lane | None) -> None:
         """One lane (or none) is left: back to the single deque."""
+        if self.order is not None:
+            self.order.dissolve()
         if last is None:
             self._dq = deque()
             self.group0 = b""
@@ -405,7 +416,7 @@ class Queue(Timed):
                 self.groups_live -= 1
             self.stale -= lane.stale  # the lane goes with its stale entries
             lane.clear(self.ghosts)
-            del lanes[lane.group]
+            order.drop(lane)
             if len(lanes) <= 1:
                 self._unsplit(ring[0] if ring else None)
                 return job if job is not None else self.pop()
@@ -416,16 +427,18 @@ class Queue(Timed):
     def _purge_lanes(self) -> None:
         lanes = self.lanes
         ring = self.ring
-        if lanes is None or ring is None:
+        order = self.order
+        if lanes is None or ring is None or order is None:
             raise InvariantError(f"queue {self.name!r}: lanes without a ring")
         kept: deque[Lane] = deque()
         for lane in ring:
-            lane.dq = queued_only(lane.dq, self.ghosts)
-            lane.stale = 0
             if lane.live:
+                lane.dq = queued_only(lane.dq, self.ghosts)
+                lane.stale = 0
                 kept.append(lane)
             else:
-                del lanes[lane.group]
+                lane.clear(self.ghosts)
+                order.drop(lane)
         self.stale = 0
         self.ghosts = None
         self.ring = kept

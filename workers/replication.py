@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from workers import messages as msg
 from workers.ackgc import AckGc, setack_meta
 from workers.core import ERR_NOREPL_TIMEOUT, Core, ReplWait
 from workers.effects import QUEUED_INCR_DELIVERIES, QUEUED_INCR_NACKS
@@ -70,7 +71,7 @@ class Replication:
         job.delivered = chosen if external else (s.view().node_id, *chosen)
         if async_:
             return self._addjob_async(job, q, chosen, external, now_ms)
-        job.state = WAIT_REPL
+        job.enter(WAIT_REPL)
         job.confirmed = () if external else (s.view().node_id,)
         s.register(job)
         deadline = now_ms + timeout_ms if timeout_ms else 0
@@ -87,7 +88,7 @@ class Replication:
         self._send_repljob(job, chosen)
         if external:
             if chosen:
-                s.send_job([chosen[0]], "ENQUEUE", job, {"j": job.id, "d": list(chosen)})
+                s.send_job([chosen[0]], msg.ENQUEUE, job, msg.enqueue_meta(job.id, chosen))
             return Status(job.id)
         s.register(job)
         self._activate(job, q, now_ms)
@@ -100,21 +101,13 @@ class Replication:
         slot = slot_of_job_id(job.id)
         s = self.core
         for n in nodes:
-            s.send(n, "REPLJOB", slot, {}, [rec])
+            s.send(n, msg.REPLJOB, slot, msg.records_meta(), [rec])
 
     def _activate(self, job: Job, q: Queue, now_ms: int) -> None:
         """A job of ours reached its replication: queue it (or wait for its DELAY)."""
-        s = self.core
         if job.state == WAIT_REPL:  # (an ASYNC job is active already)
             job.move(ACTIVE)
-        if job.delay_s:
-            job.qtime_ms = now_ms + job.delay_s * 1000
-            s.reschedule(job)
-        else:
-            job.qtime_ms = 0
-            s.unschedule(job)
-            s.enqueue(job, q, now_ms)
-        s.log_job(job)
+        self.core.activate(job, q, now_ms)
 
     def fire_wait_repl(self, job: Job, now_ms: int) -> None:
         """The timer of a job in ``wait-repl``: its deadline, or the next replication step."""
@@ -155,7 +148,7 @@ class Replication:
         """Timeout: error to the client, best-effort DELJOB of the copies made."""
         s = self.core
         rw = s.end_repl_wait(job.id)
-        s.send_job(s.others(job), "DELJOB", job)
+        s.send_job(s.others(job), msg.DELJOB, job)
         s.unregister(job, now_ms)
         if rw is not None:
             s.wake(rw.token, ERR_NOREPL_TIMEOUT)
@@ -171,7 +164,7 @@ class Replication:
             # job now, so the holder must know them all for the ACK GC.
             me = s.view().node_id
             holder = s.random().choice([n for n in job.confirmed if n != me])
-            s.send_job([holder], "ENQUEUE", job, {"j": job.id, "d": list(job.delivered)})
+            s.send_job([holder], msg.ENQUEUE, job, msg.enqueue_meta(job.id, job.delivered))
             s.unregister_quiet(job, now_ms)
         else:
             self._activate(job, s.queue(job.queue, now_ms), now_ms)
@@ -190,7 +183,7 @@ class Replication:
         old = s.lookup(job.id)
         if old is not None:
             old.delivered = union(old.delivered, job.delivered)
-            s.send_job([sender], "GOTJOB", old)
+            s.send_job([sender], msg.GOTJOB, old)
             return
         if job.etime_ms <= now_ms:
             return
@@ -199,21 +192,11 @@ class Replication:
         q = s.find_queue(job.queue)
         if q is not None and q.paused & PAUSED_IN:
             return  # a queue paused in input takes no copies (spec, PAUSE)
-        q = s.queue(job.queue, now_ms)
-        job.queue = q.name
-        job.state = ACTIVE
-        job.delivered = union(job.delivered, (s.view().node_id, sender))
-        job.confirmed = ()
         job.mark_replica()
-        if job.retry_s:
-            job.qtime_ms = now_ms + (job.delay_s + job.retry_s) * 1000 + s.jitter()
-        else:
-            job.qtime_ms = 0
-        s.register(job)
-        s.arm(job)
-        s.log_job(job)
+        job.qtime_ms = s.retry_at(job, now_ms, job.delay_s * 1000)
+        s.arrive(job, s.queue(job.queue, now_ms), now_ms, sender)
         # Disque answers a duplicate REPLJOB too: a lost GOTJOB is then re-sent.
-        s.send_job([sender], "GOTJOB", job)
+        s.send_job([sender], msg.GOTJOB, job)
 
     def on_gotjob(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                   now_ms: int) -> None:
@@ -252,9 +235,9 @@ class Replication:
         s = self.core
         job.delivered = union(job.delivered, (sender,))
         if job.state == QUEUED:
-            s.send_job(s.others(job), "QUEUED", job)
+            s.send_job(s.others(job), msg.QUEUED, job)
         elif job.state == ACKED:
-            s.send_job([sender], "SETACK", job, setack_meta(job))
+            s.send_job([sender], msg.SETACK, job, setack_meta(job))
 
     def _held_job(self, sender: str, meta: dict[str, Any], now_ms: int) -> Job | None:
         """The job a WILLQUEUE or QUEUED names, if we hold it. If not and we saw it
@@ -265,7 +248,7 @@ class Replication:
         if job is None:
             jid = meta["j"]
             if self.gc.gone and type(jid) is str and self.gc.is_gone(jid, now_ms):
-                self.core.send(sender, "SETACK", slot_of_job_id(jid), {"j": jid, "m": 0})
+                self.core.send(sender, msg.SETACK, slot_of_job_id(jid), msg.setack_meta(jid, 0))
         return job
 
     def on_queued(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
@@ -275,7 +258,7 @@ class Replication:
             return
         s = self.core
         if job.state == ACKED:
-            s.send_job([sender], "SETACK", job, setack_meta(job))
+            s.send_job([sender], msg.SETACK, job, setack_meta(job))
             return
         job.delivered = union(job.delivered, (sender,))
         incr = meta.get("f", 0)
@@ -295,11 +278,10 @@ class Replication:
         elif redrive:
             self.ext.follow_redrive(job, now_ms)
         if job.retry_s:
-            qtime = now_ms + wait_ms + job.retry_s * 1000 + s.jitter()
-            if not job.nack_delayed() or qtime > job.qtime_ms:
-                job.qtime_ms = qtime  # a QUEUED that crossed our NACK's DELAY never cuts it short
-            job.new_requeue_time()
-            s.reschedule(job)
+            qtime = s.retry_at(job, now_ms, wait_ms)
+            # a QUEUED that crossed our NACK's DELAY never cuts it short
+            s.postpone(job, qtime if not job.nack_delayed() or qtime > job.qtime_ms
+                       else job.qtime_ms)
 
     def on_working(self, sender: str, meta: dict[str, Any], bodies: list[bytes],
                    now_ms: int) -> None:
@@ -312,6 +294,4 @@ class Replication:
         job.delivered = union(job.delivered, (sender,))
         if job.state == QUEUED:
             s.dequeue(job, now_ms)
-        job.qtime_ms = now_ms + job.retry_s * 1000 + s.jitter()
-        job.new_requeue_time()
-        s.reschedule(job)
+        s.postpone(job, s.retry_at(job, now_ms))

@@ -16,7 +16,7 @@ each in its own file:
 - ``ext`` (workers/extensions.py): the extensions beyond the reference;
 - ``repl`` (workers/replication.py): ADDJOB's copies and the holders' requeue
   messages;
-- ``life`` (workers/lifecycle.py): the timers firing, NACK / ENQUEUE / WORKING;
+- ``life`` (workers/lifecycle.py): the timers firing, NACK / ENQUEUE;
 - ``pause`` (workers/pause.py): PAUSE and its broadcast;
 - ``dedup`` (workers/dedup.py): the DEDUP keys the jobs hold (idempotent adds);
 - read-only views (workers/views.py) and AOF loading (workers/persistence.py)
@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any, Final
 
+from workers import messages as msg
 from workers.ackgc import AckGc
 from workers.core import (
     ERR_NOREPL_TIMEOUT,
@@ -39,7 +40,6 @@ from workers.core import (
     Stats,
     Waiter,
     latency_bounds_ms,
-    latency_bucket,
     queue_idle_evict_ms,
 )
 from workers.dedup import Dedup, dedup_keys_max_default
@@ -61,7 +61,6 @@ from workers.job import (
     ttl_max_s,
 )
 from workers.lifecycle import Lifecycle
-from workers.messages import KINDS
 from workers.pause import Pause
 from workers.persistence import load_record
 from workers.queue import PAUSED_IN, PAUSED_OUT, Cells
@@ -74,7 +73,6 @@ from workers.replies import (
     Error,
     Status,
 )
-from workers.timers import Timers
 from workers.views import groups_full, jscan, metrics, qgroups, qpeek, qscan, qstat, show
 
 __all__ = ["Shard", "latency_bounds_ms"]  # latency_bounds_ms: the /metrics histogram bounds
@@ -150,9 +148,22 @@ class Shard:
         self.life = Lifecycle(c, self.repl, self.gc, self.fed, self.ext)
         self.pause = Pause(c)
         self.dedup = Dedup(c, dedup_keys_max)  # ADDJOB ... DEDUP: the keys held
-        # Each kind's handler, as the catalogue names it (its part and method).
-        self._handlers: dict[str, _Handler] = {
-            k.name: getattr(getattr(self, k.part), k.handler) for k in KINDS}
+        self._handlers = self.handlers()
+
+    def handlers(self) -> dict[str, _Handler]:
+        """Each kind of the catalogue (workers/messages.py) with its handler, a
+        method of the part that owns the kind, bound by reference."""
+        repl, gc, fed, ext = self.repl, self.gc, self.fed, self.ext
+        return {
+            msg.REPLJOB: repl.on_repljob, msg.GOTJOB: repl.on_gotjob,
+            msg.ENQUEUE: repl.on_enqueue, msg.WILLQUEUE: repl.on_willqueue,
+            msg.QUEUED: repl.on_queued, msg.WORKING: repl.on_working,
+            msg.SETACK: gc.on_setack, msg.GOTACK: gc.on_gotack, msg.DELJOB: gc.on_deljob,
+            msg.NEEDJOBS: fed.on_needjobs, msg.YOURJOBS: fed.on_yourjobs,
+            msg.PAUSE: self.pause.on_pause,
+            msg.QLENASK: ext.on_qlenask, msg.QLENIS: ext.on_qlenis,
+            msg.DELQ: ext.on_delq, msg.DELQDONE: ext.on_delqdone,
+        }
 
     # ------------------------------------------------------------------ plumbing
 
@@ -175,9 +186,9 @@ class Shard:
         """Sum of len(body) of the registered jobs (memory accounting)."""
         return self.core.body_bytes_held()
 
-    @property
-    def timers(self) -> Timers:
-        return self.core.timer_heap()
+    def next_due(self) -> int | None:
+        """When a timer of the shard is due next (None: none): the worker's next tick."""
+        return self.core.next_due()
 
     @property
     def stats(self) -> Stats:
@@ -281,17 +292,12 @@ class Shard:
             job.set_maxdeliver(maxdeliver)
         if ext is not None:
             job.ext = ext
-        c.tally().stats.added += 1
+        c.tally().count_added()
         if additional:
             return self.repl.addjob_cluster(job, q, additional, extrepl, timeout_ms, async_,
                                             token, now_ms, flexible)
         c.register(job)
-        if delay_s:
-            job.qtime_ms = now_ms + delay_s * 1000
-            c.schedule(job, job.qtime_ms)
-        else:
-            c.enqueue(job, q, now_ms)
-        c.log_job(job)
+        c.activate(job, q, now_ms)
         return Status(job_id)
 
     def op_take(
@@ -383,16 +389,7 @@ class Shard:
             if job is None or job.state != ACTIVE:
                 continue
             q = c.queue(job.queue, now_ms)
-            t = c.tally()
-            st = t.stats
-            at = t.forget_delivery(job)
-            st.delivered -= 1  # the take's count in /metrics, undone
-            if not job.nacks and not job.additional_deliveries:
-                job.unmark_delivered()  # that take was its only delivery
-                if at >= 0:  # and its wait in the queue was counted by it: undone too
-                    wait_ms = at - job.ctime_us // US_PER_MS
-                    st.wait_counts[latency_bucket(wait_ms)] -= 1
-                    st.wait_sum_ms -= wait_ms
+            c.tally().undo_take(job)
             if q.jobs_out:
                 q.jobs_out -= 1
             job.move(QUEUED)
@@ -435,8 +432,7 @@ class Shard:
         for job_id in job_ids:
             job = c.lookup(job_id)
             if job is not None and job.state == QUEUED:
-                c.dequeue(job, now_ms)
-                c.log_job(job)
+                c.dequeue(job, now_ms, record=True)
                 done += 1
         return done
 
@@ -446,7 +442,7 @@ class Shard:
             return ERR_NOJOB
         if (now_ms - job.ctime_us // US_PER_MS) > job.ttl_s * 1000 // 2:
             return ERR_TOOLATE
-        return self.life.working(job, now_ms)
+        return self.core.working(job, now_ms)
 
     # ------------------------------------------------------------------ views, queues
 
@@ -558,7 +554,8 @@ class Shard:
             "registered_queues": c.queue_count(),
             "blocked_clients": c.waiter_count(),
             # draining a host waits for these two to reach 0 (docs/admin.md)
-            "queued_jobs": sum(q.live for q in c.queue_table().values()),  # O(queues)
+            # O(queues), for INFO only (the memory sample reads the core's counts)
+            "queued_jobs": sum(q.live for q in c.queue_table().values()),
             "wait_repl_jobs": len(c.repl_waits()),
         }
 

@@ -88,7 +88,7 @@ class ClientConn(asyncio.Protocol):
         cfg = node.cfg
         self.parser = RequestParser(cfg.proto_max_bulk_len, cfg.proto_max_multibulk_len,
                                     cfg.client_query_buffer_bytes_max)
-        # the command ``_run`` is running (``request_bytes``) and its place in the read
+        # the command ``run_commands`` is running (``request_bytes``) and its place in the read
         self.cmd_now: list[bytes] | None = None
         self.cmd_at = 0
         self.out: list[bytes] = []
@@ -195,10 +195,10 @@ class ClientConn(asyncio.Protocol):
         if self.backlog is not None:  # read while earlier commands wait: after them
             self.backlog.more(cmds, error)
             return
-        self._run(cmds, error)
+        self.run_commands(cmds, error)
 
     def request_bytes(self, cmd: list[bytes]) -> bytes:
-        """``cmd``'s bytes as this client sent them, when it is the command ``_run``
+        """``cmd``'s bytes as this client sent them, when it is the command ``run_commands``
         is running and the read was parsed whole by the fast path (a forward copies
         them instead of encoding the arguments again); else b""."""
         if cmd is not self.cmd_now:
@@ -229,12 +229,12 @@ class ClientConn(asyncio.Protocol):
                 cmds, error = parser.feed(b"", once=True)
                 continue
             if batch:
-                self._run(batch, None)
+                self.run_commands(batch, None)
                 batch = []
                 if self.closing:
                     break
             fails = self.auth_fails
-            self._run(cmds, None)
+            self.run_commands(cmds, None)
             if self.auth_fails != fails and not self.authed:
                 self._throttle(auth_gate.failed(cfg))  # the rest stays in the parser
                 return
@@ -243,7 +243,7 @@ class ClientConn(asyncio.Protocol):
                 cmds, error = parser.feed(b"")
                 break
             cmds, error = parser.feed(b"", once=True)
-        self._run([] if self.closing else batch + cmds, error)  # nothing runs after QUIT or POST
+        self.run_commands([] if self.closing else batch + cmds, error)  # nothing runs after QUIT or POST
 
     def _throttle(self, until_s: float) -> None:
         """Read the next command at ``until_s`` (the loop's clock): after a wrong
@@ -263,7 +263,7 @@ class ClientConn(asyncio.Protocol):
         self.transport.resume_reading()
         self._unauthed_received(b"")  # what was read behind the wrong password
 
-    def _run(self, cmds: list[list[bytes]], error: str | None) -> None:
+    def run_commands(self, cmds: list[list[bytes]], error: str | None) -> None:
         node = self.node
         if cmds:
             node.begin_batch()
@@ -577,7 +577,7 @@ class Backlog:
             return
         conn.backlog = None
         if conn.transport is not None and not conn.gone and not conn.closing:
-            conn._run(self.cmds, self.error)
+            conn.run_commands(self.cmds, self.error)
             conn.read_again()
 
 

@@ -173,5 +173,5 @@ class WorkerCore:
         instructions). An idle worker's periodic work resumes here."""
         if self.period_at == NO_TICK_MS:
             self.period_at = self.on_wake()
-        due = self.shard.timers.next_due()
+        due = self.shard.next_due()
         self._plan(NO_TICK_MS if due is None else due)

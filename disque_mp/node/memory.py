@@ -10,8 +10,9 @@ worker is not data an eviction or a refusal can change. Per worker:
            + queues * queue_overhead_bytes + lanes * lane_overhead_bytes
 
 (the shard keeps the sum of the bodies and of the extension fields' estimate in
-``body_bytes``; the lanes, one per group of a queue holding several, are counted
-by a walk over the queues once per ``lanes_walk_ms``). ``maxmemory`` is a budget for
+``body_bytes``, and counts its jobs, queues and lanes (one per group of a queue
+holding several) as they come and go: a sample reads four integers, whatever
+the number of queues). ``maxmemory`` is a budget for
 the whole node: every worker samples its own figure each period and, when it
 changed, tells it to the other workers over the mesh (``local_op("memory")``,
 answered with theirs), so each worker sees the node total at most one sample
@@ -35,7 +36,6 @@ import ctypes
 import logging
 import os
 import time
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from bus import mesh as meshmod
@@ -46,7 +46,6 @@ from workers.evict import EvictCursor, evict_step
 
 if TYPE_CHECKING:
     from disque_mp.node.view import MemoryHost
-    from workers.queue import Queue
 
 log = logging.getLogger("disque_mp.node.memory")
 
@@ -58,14 +57,13 @@ job_overhead_bytes = 415
 # An empty queue: record, deque with its first block, dict and scan-table slots (~1045 B).
 queue_overhead_bytes = 1100
 # A lane: one group's deque in a queue that holds several groups (workers/queue.py):
-# the Lane record, its deque's first block, the lanes dict and ring slots (~850 B
-# measured with tracemalloc, 20,000 distinct groups). A job's own extension fields
-# (GROUP, DEDUP, dead-letter reason) are counted with its body (workers/job.py
-# ``ext_mem_bytes``).
-lane_overhead_bytes = 900
-# The lanes are counted by a walk over the queues at most this often (O(queues), a
-# few ms per 100,000 queues; a sample in between uses the last count).
-lanes_walk_ms = 1000
+# the Lane record, its deque with its first block, the lanes dict, ring and dirty
+# list slots, its rank and its key in the group order's heads (workers/lanes.py
+# GroupOrder): 990 B measured with tracemalloc, 20,000 distinct groups (a QPEEK
+# with a negative count adds a tails key, ~105 B, a QGROUPS the buckets' ~64 B;
+# docs/memory.md). A job's own extension fields (GROUP, DEDUP, dead-letter reason)
+# are counted with its body (workers/job.py ``ext_mem_bytes``).
+lane_overhead_bytes = 1000
 
 # Give freed heap back to the OS (glibc malloc_trim) once this worker's data shrank
 # by this much since its high mark and then held still for a sample (a drain or an
@@ -144,16 +142,6 @@ def shard_used_bytes(jobs: int, body_bytes: int, queues: int) -> int:
     return jobs * job_overhead_bytes + body_bytes + queues * queue_overhead_bytes
 
 
-def lanes_of(queues: Iterable[Queue]) -> int:
-    """How many lanes the queues hold (a queue of one group holds none)."""
-    n = 0
-    for q in queues:
-        lanes = q.lanes
-        if lanes is not None:
-            n += len(lanes)
-    return n
-
-
 def human(n: int) -> str:
     """Redis' bytesToHuman: B, K, M, G with two decimals."""
     for unit, size in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
@@ -188,8 +176,6 @@ class Monitor:
         self.trim_high = 0  # local used since the last trim, highest
         self.trim_at_ms = 0
         self.last_local = 0
-        self.lanes = 0  # lanes at the last walk (_lanes)
-        self.lanes_at_ms = -lanes_walk_ms
 
     def start(self) -> None:
         self.sample()
@@ -232,19 +218,10 @@ class Monitor:
             self.peers[j] = used
 
     def local_used(self) -> int:
-        sh = self.w.shard
-        info = sh.info()
-        return (shard_used_bytes(info["registered_jobs"], sh.body_bytes, info["registered_queues"])
-                + self._lanes() * lane_overhead_bytes)
-
-    def _lanes(self) -> int:
-        """The shard's lanes (groups of queues that hold several), walked at most
-        once per ``lanes_walk_ms``."""
-        now = wall_ms()
-        if now - self.lanes_at_ms >= lanes_walk_ms or now < self.lanes_at_ms:
-            self.lanes_at_ms = now
-            self.lanes = lanes_of(self.w.shard.core.queue_table().values())
-        return self.lanes
+        """This worker's estimate: O(1), from the counts the shard keeps."""
+        c = self.w.shard.core
+        return (shard_used_bytes(c.job_count(), c.body_bytes_held(), c.queue_count())
+                + c.lane_count() * lane_overhead_bytes)
 
     def sample(self) -> None:
         try:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -35,6 +36,7 @@ import hiredis
 from bus import mesh as meshmod
 from bus.clock import wall_ms
 from bus.mesh import Link
+from disque_mp.node.connection import turn_reply_bytes_max
 from disque_mp.node.core import WorkerCore
 from disque_mp.node.errors import ERR_INTERNAL
 from disque_mp.node.forward import Forward
@@ -71,6 +73,12 @@ class Peers:
         self.getjobs = getjobs
         self.local_op = local_op
         self.raw_reader = hiredis.Reader()  # parses the RAW frames peers send us
+        # RAW commands left for a later loop turn, per asking link, in order: one
+        # peer's frame builds at most turn_reply_bytes_max of replies a turn (as one
+        # client's read does, connection.py), so a pipeline of heavy reads forwarded
+        # from another worker leaves room for our own clients in between
+        self.raw_backlog: dict[Link, deque[tuple[list[int], bytes, list[Any], int]]] = {}
+        self.raw_resume_due = False
 
     def log(self, text: str) -> None:
         self.w.log(text)
@@ -157,10 +165,22 @@ class Peers:
         rids = meshmod.u32_keys(bodies[0])
         flags = bodies[1]
         cmds = self._raw_commands(bodies[2], len(rids))
+        backlog = self.raw_backlog.get(link)
+        if backlog is not None:
+            backlog.append((rids, flags, cmds, 0))  # behind that link's earlier commands
+            return
+        self._serve_raw_from(link, rids, flags, cmds, 0)
+
+    def _serve_raw_from(self, link: Link, rids: list[int], flags: bytes, cmds: list[Any],
+                        start: int) -> bool:
+        """Serve a RAW frame's commands from ``start``; past turn_reply_bytes_max of
+        replies the rest waits for a later turn (True: the frame is done)."""
         out_rids: list[Any] = []
         out_lens: list[int] = []
         out: list[bytes] = []
-        for i in range(len(rids)):
+        spent = 0
+        n = len(rids)
+        for i in range(start, n):
             cmd: Any = cmds[i]
             resp3 = flags[i] == 1
             reply = _ERR_INTERNAL_RESP
@@ -168,7 +188,11 @@ class Peers:
                 try:
                     got = self._serve_raw_one(cmd, resp3)
                     if got is None:
-                        self._serve_raw_general(link, rids[i], cmd[0].lower(), cmd, resp3)
+                        spent += self._serve_raw_general(link, rids[i], cmd[0].lower(), cmd, resp3)
+                        if spent > turn_reply_bytes_max and i + 1 < n:
+                            link.raw_replies(out_rids, out_lens, out)
+                            self._defer_raw(link, (rids, flags, cmds, i + 1))
+                            return False
                         continue
                     reply = got
                 except InvariantError:
@@ -179,7 +203,40 @@ class Peers:
             out_rids.append(rids[i])
             out_lens.append(len(reply))
             out.append(reply)
+            spent += len(reply)
+            if spent > turn_reply_bytes_max and i + 1 < n:
+                link.raw_replies(out_rids, out_lens, out)
+                self._defer_raw(link, (rids, flags, cmds, i + 1))
+                return False
         link.raw_replies(out_rids, out_lens, out)
+        return True
+
+    def _defer_raw(self, link: Link, rest: tuple[list[int], bytes, list[Any], int]) -> None:
+        backlog = self.raw_backlog.get(link)
+        if backlog is None:
+            backlog = self.raw_backlog[link] = deque()
+        backlog.appendleft(rest)
+        if not self.raw_resume_due:
+            self.raw_resume_due = True
+            self.w.loop.call_soon(self._resume_raw)
+
+    def _resume_raw(self) -> None:
+        """A later loop turn: each asking link's held RAW commands, a turn's share each."""
+        self.raw_resume_due = False
+        self.w.now_ms = wall_ms()
+        for link, backlog in list(self.raw_backlog.items()):
+            if self.raw_backlog.get(link) is not backlog:
+                continue
+            del self.raw_backlog[link]  # put back by _defer_raw when a frame stops again
+            while backlog:
+                if link.transport is None:
+                    break  # the asker is gone: its commands with it
+                rids, flags, cmds, start = backlog.popleft()
+                if not self._serve_raw_from(link, rids, flags, cmds, start):
+                    held = self.raw_backlog[link]
+                    held.extend(backlog)  # the frames behind it stay behind it
+                    break
+        self.after_batch()
 
     def _raw_commands(self, body: bytes, n: int) -> list[Any]:
         """The ``n`` commands of a RAW frame's body (``read_raw``); a broken frame
@@ -204,15 +261,18 @@ class Peers:
         return None
 
     def _serve_raw_general(self, link: Link, rid: int, name: bytes, cmd: list[bytes],
-                           resp3: bool) -> None:
+                           resp3: bool) -> int:
         """What a RAW command's fast path does not take (options, peers, appendfsync
         always), and the general path's commands a peer forwarded
         (``Forward.general``: QLEN, SHOW, NACK ...): the owner's general shape, as for
         a client of ours, counted there (the asker does not count them)."""
         # a partial, not a closure: the deliverer is made only for a reply that waits
         reply = self.owner.serve_general(name, cmd, functools.partial(_raw_deliverer, link, rid, resp3))
-        if reply is not PENDING:
-            link.raw_reply(rid, encode(reply, resp3))
+        if reply is PENDING:
+            return 0
+        data = encode(reply, resp3)
+        link.raw_reply(rid, data)
+        return len(data)
 
     # ------------------------------------------------------------------ answers to our requests
 

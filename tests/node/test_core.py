@@ -57,7 +57,7 @@ def test_a_timer_due_before_the_planned_tick_moves_the_tick(core: WorkerCore) ->
     assert planned == NO_TICK_MS  # the empty shard has no timer, the core no periodic work
     got: list[Any] = []
     _waitjob(core, got)
-    due = core.shard.timers.next_due()
+    due = core.shard.next_due()
     assert due is not None and due < planned
     core.reschedule_tick()
     assert core.tick_at == due
@@ -92,7 +92,7 @@ def test_a_tick_pulled_earlier_goes_back_when_its_timer_goes(core: WorkerCore) -
     core.drain_effects()
     assert got == [1]  # the WAITJOB is answered by the ACK, its timer dropped
     core.reschedule_tick()
-    due = core.shard.timers.next_due()
+    due = core.shard.next_due()
     assert due is not None and due > core.now_ms + 1000 > pulled
     assert core.tick_at == due
 
@@ -139,7 +139,7 @@ def test_a_timer_far_in_the_future_is_the_next_tick(core: WorkerCore) -> None:
                          ttl_s=3600, maxlen=0, async_=False, token=core.new_token(),
                          now_ms=core.now_ms)
     core.drain_effects()
-    due = core.shard.timers.next_due()
+    due = core.shard.next_due()
     assert due is not None and due >= core.now_ms + 10_000
     assert core.tick_at == due and core.tick_handle is not None
 
@@ -153,13 +153,13 @@ def test_a_timer_fires_on_time_with_no_tick_before_it(core: WorkerCore) -> None:
     ran.clear()
     got: list[Any] = []
     _waitjob(core, got, timeout_ms=150)
-    due = core.shard.timers.next_due()
+    due = core.shard.next_due()
     assert due is not None
     core.reschedule_tick()
     _run_loop(core, LOOP_WAIT_S, until=lambda: bool(got))
     assert got == [0]
     assert len(ran) == 1 and ran[0] >= due
-    assert core.tick_at == core.shard.timers.next_due() and core.tick_at > due + 10_000
+    assert core.tick_at == core.shard.next_due() and core.tick_at > due + 10_000
 
 
 class PeriodicCore(WorkerCore):

@@ -153,7 +153,7 @@ class Net:
     # ------------------------------------------------------------------ time
 
     def _due(self, n: Node) -> int | None:
-        return n.shard.timers.next_due()
+        return n.shard.next_due()
 
     def run(self, ms: int) -> None:
         """Advance the clock by ``ms``, delivering messages and firing timers in order."""

@@ -195,3 +195,22 @@ def test_replay_drops_expired_and_local_acks_and_replaces() -> None:
     r.check()
     with pytest.raises(ValueError):
         r.load_record(b"\x01short", True, T0)
+
+
+def test_a_delayed_add_and_a_delayed_nack_each_write_one_record_after_the_move() -> None:
+    """ADDJOB ... DELAY and NACK ... DELAY: the move writes one record, of the job as
+    the move left it (active, its requeue time at the end of the delay)."""
+    e = Env()
+    a = e.add(retry_s=5, delay_s=30)
+    (rec,) = e.records()
+    job = Job.from_record(rec)
+    assert job.id == a and job.state == ACTIVE and job.qtime_ms == e.now + 30_000
+    e.now += 31_000
+    e.s.tick(e.now)
+    assert Job.from_record(e.records()[0]).state == QUEUED  # its DELAY ended
+    e.s.op_take([b"q"], 1, False, e.now)
+    e.records()
+    assert e.s.op_nack([a], e.now, delay_s=20) == 1
+    (rec,) = e.records()
+    job = Job.from_record(rec)
+    assert job.state == ACTIVE and job.nacks == 1 and job.qtime_ms == e.now + 20_000

@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from workers.effects import AofAppend
 from workers.invariant import InvariantError
 from workers.job import (
     ACKED,
@@ -95,4 +96,49 @@ def test_a_job_walks_the_table_through_the_shard_ops() -> None:
     assert s.op_nack([jid], T0) == 1 and job.state == QUEUED
     assert s.op_take([b"q"], 1, False, T0)[0][1] == jid and job.state == ACTIVE
     assert s.op_ackjob([jid], T0) == 1 and job.state == DELETED and s.lookup(jid) is None
+    s.check()
+
+
+@pytest.mark.parametrize("state", STATES, ids=lambda s: STATE_NAMES[s])
+def test_a_job_enters_a_table_only_in_an_entry_state(state: int) -> None:
+    """``Job.enter`` sets the state a job not in a table yet enters it in, whatever
+    its record said, and refuses any state that is not an entry state."""
+    job = _job(QUEUED)  # a peer's YOURJOBS record says queued
+    if state in ENTRY_STATES:
+        job.enter(state)
+        assert job.state == state
+    else:
+        with pytest.raises(InvariantError, match="cannot enter"):
+            job.enter(state)
+        assert job.state == QUEUED
+
+
+@pytest.mark.parametrize("queued", [False, True], ids=["armed", "queued"])
+@pytest.mark.parametrize("sender", ["", "f" * 40], ids=["aof", "peer"])
+@pytest.mark.parametrize("state", (WAIT_REPL, ACTIVE, QUEUED, ACKED), ids=lambda s: STATE_NAMES[s])
+def test_an_arriving_job_enters_active_or_stays_acked_from_the_aof(
+        sender: str, state: int, queued: bool) -> None:
+    """``Core.arrive``: from another node a record enters active, us and the sender
+    among its holders, none confirmed, and its record is written; from the AOF an
+    acked job stays acked and no record is written (it is in the file). Either way
+    it takes its place: queued, or armed on its timers."""
+    if queued and state == ACKED:
+        return  # an acked record is never queued again
+    s = Shard(NODE, 0, 1, b"seed", random.Random(1), T0)
+    s.aof = True
+    job = Job("D-739317b2-" + "A" * 24 + "-05a1", bytes(bytearray(b"q")), b"body", state, 1,
+              3600, T0 * 1000, 0, 360, 0, (NODE,), (NODE,))
+    q = s.core.queue(b"q", T0)
+    s.take_effects()
+    s.core.arrive(job, q, T0, sender, queued)
+    assert s.lookup(job.id) is job and job.queue is q.name
+    assert job.state == (QUEUED if queued else ACKED if state == ACKED and not sender
+                         else ACTIVE)
+    assert job.awake_ms and q.live == int(queued)
+    if sender:
+        assert job.delivered == (NODE, sender) and job.confirmed == ()
+    else:
+        assert job.delivered == (NODE,) and job.confirmed == (NODE,)
+    records = [e.record for e in s.take_effects() if isinstance(e, AofAppend)]
+    assert records == ([job.to_record()] if sender else [])
     s.check()

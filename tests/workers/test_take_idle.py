@@ -39,7 +39,7 @@ def _add(s: Shard, queue: bytes, now: int) -> str:
 
 
 def _timer_entries(s: Shard) -> int:
-    return sum(len(b.items) for b in s.core.timer_heap().buckets.values())
+    return sum(len(b.items) for b in s.core.timers.buckets.values())
 
 
 def test_takes_over_empty_queues_arm_nothing_more() -> None:
