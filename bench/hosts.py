@@ -282,9 +282,13 @@ def tree_commit(tree: Path | None) -> str:
     return (out.stdout.strip() or "?") + ("+changes" if dirty else "")
 
 
-def table(rows: list[dict[str, Any]], systems: list[str]) -> list[str]:
+def table(rows: list[dict[str, Any]], systems: list[str],
+          columns: tuple[tuple[str, str], tuple[str, str]] = (("us/job", "cpu_us_per_job"),
+                                                              ("jobs/s", "jobs_per_s"))) -> list[str]:
+    """One row per case, two ``columns`` (heading, row key) per system."""
+    (h1, k1), (h2, k2) = columns
     head = "| traffic | REPLICATE | nodes | " + " | ".join(
-        f"{s} us/job | {s} jobs/s" for s in systems) + " |"
+        f"{s} {h1} | {s} {h2}" for s in systems) + " |"
     lines = [head, "|" + "---|" * (3 + 2 * len(systems))]
     keys = sorted({(r["traffic"], r["replicate"], r["nodes"]) for r in rows})
     for traffic, rep, n in keys:
@@ -292,27 +296,14 @@ def table(rows: list[dict[str, Any]], systems: list[str]) -> list[str]:
         for s in systems:
             row = next((r for r in rows if r["system"] == s and r["traffic"] == traffic
                         and r["replicate"] == rep and r["nodes"] == n), None)
-            cells += ([str(row["cpu_us_per_job"]), str(row["jobs_per_s"])] if row else ["-", "-"])
+            cells += ([str(row.get(k1) or "-"), str(row.get(k2) or "-")] if row else ["-", "-"])
         lines.append(f"| {traffic} | {rep} | {n} | " + " | ".join(cells) + " |")
     return lines
 
 
-def work_table(rows: list[dict[str, Any]], systems: list[str]) -> list[str]:
-    """Per job, what the node's CPU went to: cluster bus frames read (disque-mp) and
-    read/write system calls (every system), every node summed."""
-    head = "| traffic | REPLICATE | nodes | " + " | ".join(
-        f"{s} frames/job | {s} syscalls/job" for s in systems) + " |"
-    lines = [head, "|" + "---|" * (3 + 2 * len(systems))]
-    keys = sorted({(r["traffic"], r["replicate"], r["nodes"]) for r in rows})
-    for traffic, rep, n in keys:
-        cells = []
-        for s in systems:
-            row = next((r for r in rows if r["system"] == s and r["traffic"] == traffic
-                        and r["replicate"] == rep and r["nodes"] == n), None)
-            cells += ([str(row.get("bus_frames_per_job") or "-"), str(row.get("syscalls_per_job"))]
-                      if row else ["-", "-"])
-        lines.append(f"| {traffic} | {rep} | {n} | " + " | ".join(cells) + " |")
-    return lines
+# per job, what the node's CPU went to: cluster bus frames read (disque-mp) and
+# read/write system calls (every system), every node summed
+WORK_COLUMNS = (("frames/job", "bus_frames_per_job"), ("syscalls/job", "syscalls_per_job"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -396,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     lines += table(rows, labels)
     lines += ["", "Per job delivered, every node summed: cluster bus frames read (disque-mp; "
               "PINGs included) and read/write system calls.", ""]
-    lines += work_table(rows, labels)
+    lines += table(rows, labels, WORK_COLUMNS)
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -46,20 +46,12 @@ class FrameError(Exception):
 
 def encode(kind: int, meta: dict[str, Any], bodies: list[Any] | tuple[Any, ...] = ()) -> bytes:
     m = _dumps(meta) if meta else b""  # no metadata: the reader gives {}
-    n = len(bodies)
-    if n == 0:
+    if not bodies:
         return _pack_head(MAGIC, VERSION, kind, len(m), 0) + m
-    if n > frame_bodies_max:
-        raise FrameError(f"too many bodies in one frame: {n}")
-    parts: list[Any] = [_pack_head(MAGIC, VERSION, kind, len(m), n)]
-    for b in bodies:
-        parts.append(_pack_len(len(b)))
-    parts.append(m)
-    parts.extend(bodies)
-    return b"".join(parts)
+    return encode_raw_meta(kind, m, bodies)
 
 
-def encode_raw_meta(kind: int, meta: bytes, bodies: list[Any]) -> bytes:
+def encode_raw_meta(kind: int, meta: bytes, bodies: list[Any] | tuple[Any, ...]) -> bytes:
     """A frame whose metadata is already encoded (``meta``: an orjson object's bytes)."""
     n = len(bodies)
     if n > frame_bodies_max:

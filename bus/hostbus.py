@@ -445,12 +445,7 @@ class _Link(PeerLink):
         self.bus.link_gone(self)
 
     def write(self, kind: int, meta: dict[str, Any], bodies: list[bytes] | None = None) -> bool:
-        if not self.writable() or not (self.ready or kind in (K_HANDSHAKE, K_AUTH)):
-            return False
-        if self.pending_bytes() > peer_output_bytes_max:
-            log.warning("cluster bus: peer %s does not drain its output, dropping link",
-                        self.peer_ip)
-            self.close()
+        if not self._room(self.ready or kind in (K_HANDSHAKE, K_AUTH)):
             return False
         self.put(frames.encode(kind, meta, bodies or ()))
         self.bus.m.stats_sent += 1
@@ -458,15 +453,22 @@ class _Link(PeerLink):
 
     def write_job(self, kind: str, slot: int, meta: dict[str, Any], bodies: list[bytes]) -> bool:
         """A job message to this link's node (``write``'s checks, then ``put_job``)."""
-        if not self.writable() or not self.ready:
+        if not self._room(self.ready):
+            return False
+        self.put_job(kind, slot, meta, bodies)
+        self.bus.m.stats_sent += 1
+        return True
+
+    def _room(self, may_speak: bool) -> bool:
+        """The link may take a frame now (``may_speak``: its handshake allows it); a
+        peer that does not drain its output loses the link."""
+        if not self.writable() or not may_speak:
             return False
         if self.pending_bytes() > peer_output_bytes_max:
             log.warning("cluster bus: peer %s does not drain its output, dropping link",
                         self.peer_ip)
             self.close()
             return False
-        self.put_job(kind, slot, meta, bodies)
-        self.bus.m.stats_sent += 1
         return True
 
     def answer_ping(self, seq: int, pong: dict[str, Any]) -> None:
