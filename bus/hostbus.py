@@ -573,6 +573,8 @@ class ClusterBus:
         self.adopt_data: Callable[[_Link, int], bool] | None = None
         self.server: asyncio.AbstractServer | None = None
         self.ticker: asyncio.Task[None] | None = None
+        self.ticks = 0  # membership ticks run, and when the last one did (monotonic ms)
+        self.last_tick_ms = 0
         self.tick_wake: asyncio.Future[None] | None = None  # ends an alone tick's wait early
         self.view_seq = 0  # bumped at each publish; the workers acknowledge what they applied
         # views_applied(seq): every worker of ours has applied view ``seq`` (set by the
@@ -1012,6 +1014,8 @@ class ClusterBus:
     def tick(self) -> None:
         self.m.set_node_timeout(int(self.cfg.cluster_node_timeout))
         t = mono_ms()
+        self.ticks += 1
+        self.last_tick_ms = t
         self._expire_handshakes(t)
         self._carry_out(self.m.tick(t))
         self._reconcile_links(t)

@@ -59,6 +59,8 @@ class WorkerCore:
         self.slowlog.configure(cfg.slowlog_log_slower_than, cfg.slowlog_max_len)
         self.tick_handle: asyncio.TimerHandle | None = None
         self.tick_at = NO_TICK_MS  # when the planned tick fires (NO_TICK_MS: none planned)
+        self.ticks = 0  # ticks run, and when the last one did (wall ms): how often it wakes
+        self.last_tick_ms = 0
         # when the worker's periodic work (``on_tick``) is next due; NO_TICK_MS while
         # it has none (idle): a tick pulled earlier for a timer comes back to it
         self.period_at = NO_TICK_MS
@@ -132,6 +134,8 @@ class WorkerCore:
             self.tick_handle = None
         self.tick_at = NO_TICK_MS
         now = self.now_ms = wall_ms()
+        self.ticks += 1
+        self.last_tick_ms = now
         if self.period_at == NO_TICK_MS:  # a timer woke an idle worker
             self.period_at = self.on_wake()
         elif now >= self.period_at:
