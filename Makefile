@@ -176,6 +176,13 @@ bench-brokers: sysdeps $(VENV)/.installed $(VENV)/.compiled
 bench-frameworks: sysdeps $(VENV)/.installed $(VENV)/.compiled
 	$(PY) -m bench.brokers --tasks 5000 --paced-tasks 1000 --rounds 3
 
+# The horizontal-scaling record: 1, 2 and 4 nodes, REPLICATE 1/2/3, local and federated
+# traffic, node CPU per job beside the C reference (bench/results/hosts.md; about 4
+# minutes). Before/after: `$(PY) -m bench.hosts --trees base=DIR new=.`.
+.PHONY: bench-hosts
+bench-hosts: sysdeps $(VENV)/.installed $(VENV)/.compiled
+	$(PY) -m bench.hosts
+
 # The long fault suite: 5 nodes in network namespaces (needs root and iproute2), every
 # fault kind, about 10 minutes per seed, three seeds in a row; history JSON, PNG
 # timelines and summary.md in bench/results/chaos/ (tests/faults/chaos.py).
