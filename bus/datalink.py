@@ -39,6 +39,7 @@ from bus.hostbus import (
     PeerLink,
     check_proto,
     close_links_of_removed_keys,
+    deliver_jobs,
     dial,
     handshake_timeout_ms,
     next_backoff_ms,
@@ -133,16 +134,10 @@ class DataIn(_DataConn):
 
     def on_frame(self, kind: int, meta: dict[str, Any], bodies: list[bytes]) -> None:
         if kind == K_JOBS:
-            batch = messages.check_jobs(meta, bodies)
-            around = self.batch
-            if around is not None:
-                around(True)
-            try:
-                for job_kind, slot, inner, parts in batch:
-                    self.on_job(self.sender_id, job_kind, slot, inner, parts)
-            finally:
-                if around is not None:
-                    around(False)
+            sender, on_job = self.sender_id, self.on_job
+            deliver_jobs(messages.check_jobs(meta, bodies), self.batch,
+                         lambda job_kind, slot, inner, parts:
+                         on_job(sender, job_kind, slot, inner, parts))
             return
         job_kind, slot, inner = messages.check_job(meta, bodies)
         self.on_job(self.sender_id, job_kind, slot, inner, bodies)

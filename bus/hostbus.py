@@ -236,12 +236,16 @@ class BatchedLink(asyncio.Protocol):
 
     def enqueue(self, frame: bytes) -> None:
         if not self.outq:
-            call_soon = self.call_soon
-            if call_soon is None:
-                call_soon = self.call_soon = asyncio.get_running_loop().call_soon
-            call_soon(self.flush)
+            self.flush_soon()
         self.outq.append(frame)
         self.outq_bytes += len(frame)
+
+    def flush_soon(self) -> None:
+        """This turn's first frame: the flush at the end of the turn."""
+        call_soon = self.call_soon
+        if call_soon is None:
+            call_soon = self.call_soon = asyncio.get_running_loop().call_soon
+        call_soon(self.flush)
 
     def flush(self) -> None:
         if self.transport is not None and self.writable() and self.outq:
@@ -293,10 +297,7 @@ class PeerLink(BatchedLink):
         if self.jobs and len(self.job_bodies) + len(bodies) > frames.frame_bodies_max:
             self.close_jobs()  # (a frame counts its bodies in 16 bits)
         if not self.jobs and not self.outq:
-            call_soon = self.call_soon
-            if call_soon is None:
-                call_soon = self.call_soon = asyncio.get_running_loop().call_soon
-            call_soon(self.flush)
+            self.flush_soon()
         entry = frames.dumps([kind, slot, meta, len(bodies)])
         self.jobs.append(entry)
         size = len(entry)
@@ -973,15 +974,9 @@ class ClusterBus:
             auth.count("rejected_messages")
             return
         self.job_frames_received += len(batch)
-        deliver, workers, around = self.deliver, self.workers, self.batch
-        if around is not None:
-            around(True)
-        try:
-            for kind, slot, inner, parts in batch:
-                deliver(slot % workers, sender, kind, slot, inner, parts)
-        finally:
-            if around is not None:
-                around(False)
+        deliver, workers = self.deliver, self.workers
+        deliver_jobs(batch, self.batch, lambda kind, slot, inner, parts:
+                     deliver(slot % workers, sender, kind, slot, inner, parts))
 
     # ---- time -----------------------------------------------------------------------
 
@@ -1104,6 +1099,22 @@ class ClusterBus:
 def _settle(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+def deliver_jobs(batch: list[tuple[str, int, dict[str, Any], list[bytes]]],
+                 around: Callable[[bool], None] | None,
+                 each: Callable[[str, int, dict[str, Any], list[bytes]], None]) -> None:
+    """A JOBS frame's checked messages (``messages.check_jobs``) to ``each`` in order,
+    between ``around(True)`` and ``around(False)`` (the worker carries out their
+    effects once, after the last); bus links and data links alike."""
+    if around is not None:
+        around(True)
+    try:
+        for kind, slot, inner, parts in batch:
+            each(kind, slot, inner, parts)
+    finally:
+        if around is not None:
+            around(False)
 
 
 def _seal_batch(sealer: auth.Sealer, batch: list[bytes], out: list[bytes]) -> None:

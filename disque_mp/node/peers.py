@@ -181,6 +181,10 @@ class Peers:
         spent = 0
         n = len(rids)
         for i in range(start, n):
+            if spent > turn_reply_bytes_max:  # this turn's share is built: the rest later
+                link.raw_replies(out_rids, out_lens, out)
+                self._defer_raw(link, (rids, flags, cmds, i))
+                return False
             cmd: Any = cmds[i]
             resp3 = flags[i] == 1
             reply = _ERR_INTERNAL_RESP
@@ -189,10 +193,6 @@ class Peers:
                     got = self._serve_raw_one(cmd, resp3)
                     if got is None:
                         spent += self._serve_raw_general(link, rids[i], cmd[0].lower(), cmd, resp3)
-                        if spent > turn_reply_bytes_max and i + 1 < n:
-                            link.raw_replies(out_rids, out_lens, out)
-                            self._defer_raw(link, (rids, flags, cmds, i + 1))
-                            return False
                         continue
                     reply = got
                 except InvariantError:
@@ -204,10 +204,6 @@ class Peers:
             out_lens.append(len(reply))
             out.append(reply)
             spent += len(reply)
-            if spent > turn_reply_bytes_max and i + 1 < n:
-                link.raw_replies(out_rids, out_lens, out)
-                self._defer_raw(link, (rids, flags, cmds, i + 1))
-                return False
         link.raw_replies(out_rids, out_lens, out)
         return True
 
