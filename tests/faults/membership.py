@@ -42,7 +42,7 @@ import redis
 from tests.faults import history as hist
 from tests.faults.netns import Net
 from tests.faults.nodes import REPO, FaultNode
-from tests.faults.runner import _cluster_view, _form, _tracebacks, _wait_converged
+from tests.faults.runner import _cluster_view, _tracebacks, _wait_converged, start_cluster
 from tests.faults.workload import Clients, retry_s
 
 # What a client of a host that joins, leaves or is cut off may be told: the reference's
@@ -171,12 +171,7 @@ def run_membership(cfg: MembershipRun, workdir: Path, history_path: Path) -> dic
             nodes = [FaultNode(net, i, workdir / f"n{i}", workers=cfg.workers, conf=dict(conf))
                      for i in range(total)]
             try:
-                first = nodes[:cfg.start_nodes]
-                for n in first:
-                    n.start(wait=False)
-                for n in first:
-                    n.wait_ready()
-                _form(first, cfg.form_s)
+                start_cluster(nodes[:cfg.start_nodes], cfg.form_s)
                 history.t_start = time.monotonic()
                 extra += _play(cfg, rng, net, nodes, history, run_id, events)
                 result = hist.check(history.ops, history.faults, run_id)

@@ -79,6 +79,15 @@ def _wait_converged(nodes: list[FaultNode], bound_s: float) -> tuple[bool, list[
     return False, views
 
 
+def start_cluster(nodes: list[FaultNode], bound_s: float) -> None:
+    """Start ``nodes`` side by side, wait until each answers, and form a cluster of them."""
+    for n in nodes:
+        n.start(wait=False)
+    for n in nodes:
+        n.wait_ready()
+    _form(nodes, bound_s)
+
+
 def _form(nodes: list[FaultNode], bound_s: float) -> None:
     r = nodes[0].client()
     try:
@@ -107,11 +116,7 @@ def run(cfg: FaultRun, workdir: Path, history_path: Path) -> dict[str, Any]:
             nodes = [FaultNode(net, i, workdir / f"n{i}", workers=cfg.workers, conf=conf)
                      for i in range(cfg.nodes)]
             try:
-                for n in nodes:
-                    n.start(wait=False)
-                for n in nodes:
-                    n.wait_ready()
-                _form(nodes, cfg.form_s)
+                start_cluster(nodes, cfg.form_s)
                 history.t_start = time.monotonic()
                 extra += _play(cfg, plan, net, nodes, history, rng, run_id)
                 result = hist.check(history.ops, history.faults, run_id)
