@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from kombu.transport import TRANSPORT_ALIASES
 
-from disque_mp.kombu.transport import BroadcastNotSupported, Channel, QoS, Transport
+from disque_mp.kombu.transport import Channel, QoS, Transport
 
 TRANSPORT_ALIASES.setdefault("disque", "disque_mp.kombu:Transport")
 
-__all__ = ["BroadcastNotSupported", "Channel", "QoS", "Transport"]
+__all__ = ["Channel", "QoS", "Transport"]

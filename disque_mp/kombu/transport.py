@@ -43,12 +43,14 @@ every half of its retry), so a task longer than the visibility timeout is not
 delivered twice while its worker lives; a worker that dies stops the heartbeat
 and its jobs come back after the visibility timeout.
 
-Disque has no broadcast primitive, and kombu's virtual transports keep exchange
-bindings in the memory of each process: fanout exchanges (Celery's remote
-control: ``celery inspect``, ``celery control``) are refused with
-``BroadcastNotSupported``; a Celery worker on this transport starts without
-remote control, as on SQS. Celery events (``-E``, ``celery events``, Flower)
-are dropped with a warning naming the reason (see ``_warn_events_once``).
+Fanout and topic exchanges (Celery's remote control: ``celery inspect``,
+``celery status``, ``celery control``; Celery events: ``worker -E``, ``celery
+events``, Flower) work across processes and hosts: their bindings, and those of
+transient queues (pidbox replies), are kept in Disque itself
+(``disque_mp.kombu.bindings``), and a publish adds a short-lived copy to every
+bound queue. A connection whose channels consume several queues (a Celery
+worker's tasks and its pidbox) asks for all of them in one GETJOB, the
+transient ones first, so a control command waits for no task queue's block.
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ from queue import Empty
 from typing import Any
 
 from kombu.transport import virtual
+from kombu.transport.base import to_rabbitmq_queue_arguments
+from kombu.transport.virtual import exchange as kombu_exchange
 
 import disque_mp
 from disque_mp.client import (
@@ -81,6 +85,13 @@ from disque_mp.client import (
 from disque_mp.client.core import task_dedup_key
 from disque_mp.client.limits import MAXDELIVER_MAX as max_deliveries_max
 from disque_mp.client.limits import dead_reason, group_name
+from disque_mp.kombu.bindings import (
+    Binding,
+    SharedBindings,
+    binding_ttl_default_s,
+    copy_ttl_s,
+    fanout_message_ttl_default_s,
+)
 
 log = logging.getLogger("disque_mp.kombu")
 
@@ -113,37 +124,10 @@ reject_reason_default = "rejected without requeue"
 # Priority queues: a message of priority p goes to the queue of the highest
 # step <= p, named like kombu's Redis transport does (name + sep + step).
 priority_separator = "\x06\x16"
-# Celery's event exchange (configurable there as event_exchange).
-celery_event_exchange = "celeryev"
-
-E_BROADCAST = (
-    "the disque:// transport cannot {what}: Disque has no broadcast primitive, and "
-    "kombu keeps exchange bindings per process. Celery remote control (celery inspect/"
-    "control, broadcast) and events (worker -E, celery events, Flower) are not supported "
-    "on this broker; use a result backend and task-level monitoring instead."
-)
-
-
-class BroadcastNotSupported(NotImplementedError):
-    """A fanout exchange (Celery remote control) was declared on disque://."""
-
-
-_events_warned = False
-
-
-def _warn_events_once() -> None:
-    """Celery events are dropped, with this warning once per process.
-
-    Raising instead would not stop them: a Celery worker started with ``-E``
-    keeps every event it failed to publish in an unbounded in-memory buffer
-    (its dispatcher's ``buffer_while_offline``). Published to an exchange no
-    queue of this process is bound to, an event goes nowhere, and nothing grows.
-    """
-    global _events_warned
-    if not _events_warned:
-        _events_warned = True
-        log.warning(E_BROADCAST.format(what="deliver Celery events")
-                    + " Events published by this process are dropped.")
+# While a channel of a connection waits at its prefetch limit, the connection's other
+# consumers (a worker's pidbox) are asked with NOHANG GETJOBs at most this often: a
+# blocking GETJOB would hold back the tasks an ack lets it fetch.
+held_poll_interval_s = 0.1
 
 
 def seconds_until(stamp: Any, now_s: float) -> int | None:
@@ -253,6 +237,14 @@ class QoS(virtual.QoS):
         if self._acks is not None:
             self._acks.flush()
 
+    def release(self, job_ids: list[str]) -> None:
+        """Acknowledge jobs delivered to a no-ack consumer (never held here)."""
+        if self._acks is not None:
+            for job_id in job_ids:
+                self._acks.ack(job_id)
+        else:
+            self.channel.client.ack(job_ids)
+
     def forget(self, delivery_tag: str) -> None:
         """Stop holding a message without acking it: its job was requeued (a
         ``DisqueTask`` retry, NACK DELAY) or acknowledged by the pool process."""
@@ -316,17 +308,58 @@ class QoS(virtual.QoS):
             self._acks.close()
 
 
+class DirectExchange(kombu_exchange.DirectExchange):
+    """This process's bindings first (Celery's task queues, declared by every
+    producer: no registry read); a routing key none of them matches (a reply to
+    another process's queue) is looked up in the shared bindings."""
+
+    def deliver(self, message: Any, exchange: str, routing_key: str, **kwargs: Any) -> None:
+        channel = self.channel
+        local = self.lookup(channel.local_table(exchange), exchange, routing_key, None)
+        if local:
+            for queue in local:
+                channel._put(queue, message, **kwargs)
+            return
+        shared = [b for b in channel.shared_table(exchange, fresh=True)
+                  if b.routing_key == routing_key]
+        channel.put_routed((), shared, message, **kwargs)
+
+
+class TopicExchange(kombu_exchange.TopicExchange):
+    """Local and shared bindings whose pattern matches; the shared table may be up
+    to ``bindings_cache_s`` old (Celery events publish often)."""
+
+    def deliver(self, message: Any, exchange: str, routing_key: str, **kwargs: Any) -> None:
+        channel = self.channel
+        local = self.lookup(channel.local_table(exchange), exchange, routing_key, None)
+        shared = [b for b in channel.shared_table(exchange, fresh=False)
+                  if self._match(b.pattern, routing_key)]
+        channel.put_routed(local, shared, message, **kwargs)
+
+
+class FanoutExchange(kombu_exchange.FanoutExchange):
+    """Every queue bound anywhere, read afresh (broadcasts are rare, and one must
+    reach a worker that started a moment ago)."""
+
+    def deliver(self, message: Any, exchange: str, routing_key: str, **kwargs: Any) -> None:
+        channel = self.channel
+        local = self.lookup(channel.local_table(exchange), exchange, routing_key, None)
+        channel.put_routed(local, channel.shared_table(exchange, fresh=True), message, **kwargs)
+
+
 class Channel(virtual.Channel):
     """One kombu channel; the Disque client is the connection's (thread-safe)."""
 
     QoS = QoS
     do_restore = True
-    supports_fanout = False
+    supports_fanout = True  # kombu then calls _queue_bind for every binding
+    exchange_types: Any = {"direct": DirectExchange, "topic": TopicExchange,
+                           "fanout": FanoutExchange}
 
     from_transport_options: Any = virtual.Channel.from_transport_options + (
         "visibility_timeout", "message_ttl", "replicate", "async_replication",
         "dead_letter_queue", "priority_steps", "heartbeat", "fetch_count", "max_deliveries",
-        "async_acks", "dedup", "fair_key",
+        "async_acks", "dedup", "fair_key", "fanout_message_ttl",
     )
     visibility_timeout: int = visibility_timeout_default_s
     message_ttl: int = message_ttl_default_s
@@ -340,6 +373,8 @@ class Channel(virtual.Channel):
     async_acks: bool = True
     dedup: bool = False  # ADDJOB ... DEDUP <task id> (Celery's protocol 2 headers)
     fair_key: str | None = None  # header or task keyword argument naming the GROUP
+    # TTL of a broadcast's copy for a transient queue without x-message-ttl
+    fanout_message_ttl: int = fanout_message_ttl_default_s
 
     def __init__(self, connection: Transport, **kwargs: Any) -> None:
         super().__init__(connection, **kwargs)
@@ -351,6 +386,8 @@ class Channel(virtual.Channel):
                              "(RETRY 0 would make delivery at-most-once)")
         if int(self.message_ttl) < 1:
             raise ValueError("disque:// message_ttl must be >= 1 second")
+        if int(self.fanout_message_ttl) < 1:
+            raise ValueError("disque:// fanout_message_ttl must be >= 1 second")
         steps = sorted(int(s) for s in self.priority_steps)
         if not steps or steps[0] != 0:
             raise ValueError("disque:// priority_steps must start with 0, e.g. [0, 3, 6, 9]")
@@ -364,16 +401,60 @@ class Channel(virtual.Channel):
     def client(self) -> Disque:
         return self.connection.disque
 
-    # ---- exchanges: no broadcast
+    # ---- exchanges: bindings shared through Disque (disque_mp.kombu.bindings)
 
-    def exchange_declare(self, exchange: str | None = None, type: str = "direct",
-                         *args: Any, **kwargs: Any) -> None:
-        if type == "fanout":
-            raise BroadcastNotSupported(E_BROADCAST.format(
-                what=f"declare the fanout exchange {exchange!r}"))
-        if exchange == celery_event_exchange:
-            _warn_events_once()
-        super().exchange_declare(exchange, type, *args, **kwargs)
+    def local_table(self, exchange: str) -> list[tuple[str, str, str]]:
+        """The bindings of ``exchange`` made by this connection (kombu's table)."""
+        return self.state.exchanges.get(exchange, {}).get("table", [])
+
+    def shared_table(self, exchange: str, *, fresh: bool) -> list[Binding]:
+        return self.connection.bindings.table(exchange, fresh=fresh)
+
+    def _queue_bind(self, exchange: str, routing_key: str, pattern: str | None,
+                    queue: str) -> None:
+        """Share a binding other processes route by: any of a fanout or topic
+        exchange, and a transient queue's (a reply queue on a direct exchange). A
+        durable queue on a direct exchange (Celery's task queues) stays local: every
+        producer declares it, and its publishes read no registry."""
+        kind = self.typeof(exchange).type
+        transient, message_ttl_s = self.connection.queue_kinds.get(queue, (False, 0))
+        if kind == "direct" and not transient:
+            return
+        self.connection.bindings.bind(exchange, Binding(
+            queue, routing_key or "", pattern or "", transient,
+            message_ttl_s or int(self.fanout_message_ttl)))
+
+    def put_routed(self, local: Iterable[str], shared: list[Binding], message: dict[str, Any],
+                   **kwargs: Any) -> None:
+        """Deliver a publish to the queues its exchange routes it to: this process's
+        own bindings and the shared ones, each queue once; a transient queue gets an
+        at-most-once copy with a short TTL."""
+        routed = {b.queue: b for b in shared}
+        for queue in set(local) - routed.keys():
+            self._put(queue, message, **kwargs)
+        for binding in routed.values():
+            if binding.transient:
+                self._put_copy(binding, message)
+            else:
+                self._put(binding.queue, message, **kwargs)
+
+    def _put_copy(self, binding: Binding, message: dict[str, Any]) -> None:
+        adds = self.connection.adds
+        add = self.client.add_job if adds is None else adds.add
+        add(binding.queue, json.dumps(message, separators=(",", ":")), retry=0, replicate=1,
+            ttl=copy_ttl_s(binding, message.get("headers") or {}, time.time()))
+
+    def basic_consume(self, queue: str, no_ack: bool, callback: Any, consumer_tag: str,
+                      **kwargs: Any) -> Any:
+        if no_ack:  # its jobs are acknowledged as they are delivered
+            self.connection.no_ack_queues.add(queue)
+        return super().basic_consume(queue, no_ack, callback, consumer_tag, **kwargs)
+
+    def basic_cancel(self, consumer_tag: str) -> Any:
+        queue = self._tag_to_queue.get(consumer_tag)
+        if queue is not None:
+            self.connection.no_ack_queues.discard(queue)
+        return super().basic_cancel(consumer_tag)
 
     # ---- queue names and priority
 
@@ -391,8 +472,19 @@ class Channel(virtual.Channel):
 
     # ---- the virtual transport's primitives
 
+    def prepare_queue_arguments(self, arguments: Any, **kwargs: Any) -> Any:
+        """A queue's ``message_ttl`` as ``x-message-ttl``: the TTL of its broadcast copies."""
+        return to_rabbitmq_queue_arguments(arguments, **kwargs)
+
     def _new_queue(self, queue: str, **kwargs: Any) -> None:
-        """Disque creates queues on the first job: nothing to do."""
+        """Disque creates queues on the first job; a transient queue (auto-delete,
+        exclusive or not durable) and its message TTL are remembered for its bindings."""
+        if kwargs.get("auto_delete") or kwargs.get("exclusive") or kwargs.get("durable") is False:
+            ttl_ms = (kwargs.get("arguments") or {}).get("x-message-ttl")
+            ttl_s = math.ceil(float(ttl_ms) / 1000) if ttl_ms else 0
+            self.connection.queue_kinds[queue] = (True, max(0, ttl_s))
+        else:
+            self.connection.queue_kinds.pop(queue, None)
 
     def _has_queue(self, queue: str, **kwargs: Any) -> bool:
         return True
@@ -431,23 +523,40 @@ class Channel(virtual.Channel):
                 return payload
         raise Empty()
 
-    def _get_many(self, queues: Iterable[str], timeout: float | None = None) -> None:
-        """GETJOB over every consumed queue; deliver what came (Empty if nothing)."""
+    def _get_many(self, queues: Iterable[str], timeout: float | None = None,
+                  count: int | None = None, nohang: bool = False) -> None:
+        """GETJOB over every consumed queue; deliver what came (Empty if nothing).
+        ``count``: jobs at most (default: the free prefetch slots); ``nohang``: no wait."""
         names = [q for queue in queues for q in self._all_queues(queue)]
         if not names:
             raise Empty()
-        count = self.qos.can_consume_max_estimate() or int(self.fetch_count)
-        block_ms = block_ms_max if timeout is None else int(timeout * 1000)
-        block_ms = max(1, min(block_ms_max, block_ms))  # TIMEOUT 0 would block forever
-        jobs = self.client.get_jobs(names, timeout_ms=block_ms, count=count, withcounters=True)
-        delivered = 0
+        if count is None:
+            count = self.qos.can_consume_max_estimate() or int(self.fetch_count)
+        if nohang:
+            jobs = self.client.get_jobs(names, nohang=True, count=count, withcounters=True)
+        else:
+            block_ms = block_ms_max if timeout is None else int(timeout * 1000)
+            block_ms = max(1, min(block_ms_max, block_ms))  # TIMEOUT 0 would block forever
+            jobs = self.client.get_jobs(names, timeout_ms=block_ms, count=count,
+                                        withcounters=True)
+        if not self._deliver_jobs(jobs):
+            raise Empty()
+
+    def _deliver_jobs(self, jobs: list[Job]) -> int:
+        """Hand each job's message to its queue's consumer; a no-ack consumer's job
+        is acknowledged now. Returns how many were delivered."""
+        no_ack = self.connection.no_ack_queues
+        ready = []
         for job in jobs:
             payload = self._decode(job)
             if payload is not None:
-                self.connection._deliver(payload, self._kombu_queue(job.queue))
-                delivered += 1
-        if not delivered:
-            raise Empty()
+                ready.append((job.id, payload, self._kombu_queue(job.queue)))
+        done = [job_id for job_id, _, queue in ready if queue in no_ack]
+        if done:  # before the callbacks: one may end the worker (a shutdown command)
+            self.qos.release(done)
+        for _, payload, queue in ready:
+            self.connection._deliver(payload, queue)
+        return len(ready)
 
     def _decode(self, job: Job) -> dict[str, Any] | None:
         """The kombu message of a job, its delivery tag set to the job ID; a job
@@ -514,6 +623,8 @@ class Channel(virtual.Channel):
         return purged
 
     def _delete(self, queue: str, *args: Any, **kwargs: Any) -> None:
+        self.connection.bindings.unbind_queue(queue)
+        self.connection.queue_kinds.pop(queue, None)
         self._purge(queue)
 
     def close(self) -> None:
@@ -545,7 +656,7 @@ class Transport(virtual.Transport):
 
     implements = virtual.Transport.implements.extend(
         asynchronous=False,
-        exchange_type=frozenset(["direct", "topic"]),
+        exchange_type=frozenset(["direct", "topic", "fanout"]),
         heartbeats=False,
     )
     # kombu (and Celery) reconnect on connection_errors; a node that answers with
@@ -557,8 +668,13 @@ class Transport(virtual.Transport):
         super().__init__(client, **kwargs)
         self._disque: Disque | None = None
         self._adds: AddWindow | None = None
+        self._bindings: SharedBindings | None = None
         # set when an ack frees a prefetch slot: ends drain_events' wait for one
         self.slot_freed = threading.Event()
+        # transient queues declared here: (True, message TTL s or 0)
+        self.queue_kinds: dict[str, tuple[bool, int]] = {}
+        # queues consumed without acks (pidbox, event receivers)
+        self.no_ack_queues: set[str] = set()
 
     def seeds(self) -> list[str]:
         """Every node named by the URL(s) and the ``nodes`` transport option, as
@@ -586,6 +702,15 @@ class Transport(virtual.Transport):
         return self._disque
 
     @property
+    def bindings(self) -> SharedBindings:
+        """This connection's side of the shared binding registry."""
+        if self._bindings is None:
+            conninfo: Any = self.client
+            ttl_s = conninfo.transport_options.get("binding_ttl", binding_ttl_default_s)
+            self._bindings = SharedBindings(lambda: self.disque, int(ttl_s))
+        return self._bindings
+
+    @property
     def adds(self) -> AddWindow | None:
         """The window of pipelined publishes; None with ``confirm_publish``."""
         conninfo: Any = self.client
@@ -608,6 +733,9 @@ class Transport(virtual.Transport):
 
     def close_connection(self, connection: Any) -> None:
         try:
+            if self._bindings is not None:
+                self._bindings.close()
+                self._bindings = None
             if self._adds is not None:
                 self._adds.close()
                 self._adds = None
@@ -622,21 +750,40 @@ class Transport(virtual.Transport):
 
     def drain_events(self, connection: Any, timeout: Any = None, **kwargs: Any) -> Any:
         # The base loop sleeps polling_interval after every empty round; our
-        # GETJOB already blocked, so only wait when nothing was asked for (every
-        # channel at its prefetch limit), and only until an ack frees a slot.
-        cycle = self.cycle
-        assert cycle is not None  # set by the constructor
+        # GETJOB already blocked, so only wait when it could not block: every
+        # channel at its prefetch limit (nothing asked for), or some of them (the
+        # others asked with NOHANG), and only until an ack frees a slot.
         start = time.monotonic()
         while True:
             self.slot_freed.clear()
+            consuming = [c for c in self.channels if c._consumers]
+            ready = [c for c in consuming if c.qos.can_consume()]
             try:
-                cycle.get(self._deliver, timeout=timeout)
+                self._fetch(ready, held=len(ready) < len(consuming), timeout=timeout)
                 return
             except Empty:
                 if timeout is not None and time.monotonic() - start >= timeout:
                     raise TimeoutError() from None
-                if not any(c._consumers and c.qos.can_consume() for c in self.channels):
+                if not ready:
                     self.slot_freed.wait(self.polling_interval or 0)
+                elif len(ready) < len(consuming):
+                    self.slot_freed.wait(held_poll_interval_s)
+
+    def _fetch(self, ready: list[Any], held: bool, timeout: float | None) -> None:
+        """One GETJOB for the consumers of every channel that may take more: the
+        transient queues (pidbox, replies, events) first, so a control message
+        never waits behind tasks; NOHANG while another channel is ``held`` at its
+        prefetch limit. Raises Empty when nothing came."""
+        if not ready:
+            raise Empty()
+        if len(ready) == 1:
+            channel = ready[0]
+            channel._get_many(channel._active_queues, timeout=timeout, nohang=held)
+            return
+        queues = [q for c in ready for q in c._active_queues]
+        queues.sort(key=lambda q: q not in self.queue_kinds)  # stable: transient first
+        count = min(c.qos.can_consume_max_estimate() or int(c.fetch_count) for c in ready)
+        ready[0]._get_many(queues, timeout=timeout, count=count, nohang=held)
 
     def driver_version(self) -> str:
         return disque_mp.__version__

@@ -2,7 +2,8 @@
 worker``. Settings come from the environment the test gives the worker:
 DISQUE_BROKER_URL, BROKER_TEST_QUEUE, BROKER_RECORD_FILE (one JSON line per
 task run), DISQUE_VISIBILITY_S, BROKER_DEAD_LETTERS ("node": no dead_letter_queue,
-a rejected message is dead-lettered by the node with its reason)."""
+a rejected message is dead-lettered by the node with its reason),
+DISQUE_BINDING_TTL_S (how long a killed worker's pidbox binding outlives it)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ app = Celery("celery_app", broker=os.environ.get("DISQUE_BROKER_URL", "disque://
 app.conf.update(
     broker_transport_options={
         "visibility_timeout": int(os.environ.get("DISQUE_VISIBILITY_S", "3")),
+        "binding_ttl": int(os.environ.get("DISQUE_BINDING_TTL_S", "30")),
         **({} if os.environ.get("BROKER_DEAD_LETTERS") == "node"
            else {"dead_letter_queue": QUEUE + ".dead"}),
     },

@@ -1,11 +1,11 @@
 """The disque:// kombu transport in process, against a real node: the mapping of
 publish options onto ADDJOB, queue size, purge, ack/reject/requeue, what a closing
-channel does with unacked messages, priority queues, bad jobs, and the refusal
-of broadcast (fanout exchanges, Celery events and remote control)."""
+channel does with unacked messages, priority queues and bad jobs. Broadcast
+(fanout and topic exchanges across connections, remote control, events):
+test_celery_control.py."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -15,7 +15,7 @@ from celery import Celery
 
 import disque_mp.kombu  # noqa: F401  (registers disque://)
 from disque_mp.client import Disque, PausedError
-from disque_mp.kombu import BroadcastNotSupported, Transport, transport
+from disque_mp.kombu import Transport
 from disque_mp.kombu.transport import job_times, seconds_until
 from tests.nodeproc import NodeProc, unique_queue, wait_until
 
@@ -218,30 +218,6 @@ def test_a_job_that_is_not_a_kombu_message_is_moved_aside(broker_node: NodeProc,
     assert moved.body == b"\xff not json"
     assert disque.qlen(q) == 0
     disque.ack(moved)
-
-
-def test_broadcast_is_refused_with_a_clear_message(broker_node: NodeProc,
-                                                   monkeypatch: pytest.MonkeyPatch,
-                                                   caplog: pytest.LogCaptureFixture) -> None:
-    with connection(broker_node) as conn:
-        with pytest.raises(BroadcastNotSupported, match="no broadcast primitive"):
-            kombu.Exchange("fan", type="fanout")(conn.default_channel).declare()
-    app = Celery("c", broker=f"disque://127.0.0.1:{broker_node.port}", set_as_current=False)
-    with pytest.raises(BroadcastNotSupported, match="remote control"):
-        app.control.inspect(timeout=0.5).ping()
-    # events: dropped with one warning (raising would make a -E worker buffer them forever)
-    monkeypatch.setattr(transport, "_events_warned", False)
-    with caplog.at_level(logging.WARNING, logger="disque_mp.kombu"):
-        with app.events.default_dispatcher() as dispatcher:
-            dispatcher.send("task-sent")
-            dispatcher.send("task-sent")
-            assert not dispatcher._outbound_buffer
-    warnings = [r.getMessage() for r in caplog.records if "Celery events" in r.getMessage()]
-    assert len(warnings) == 1 and "dropped" in warnings[0]
-    with Disque([f"127.0.0.1:{broker_node.port}"]) as d:
-        assert not [q for q in d.iter_queues() if "celeryev" in q]
-
-
 def test_explicit_transport_setting_and_several_nodes(broker_node: NodeProc,
                                                       disque: Disque) -> None:
     q = unique_queue("k")
