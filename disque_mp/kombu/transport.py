@@ -316,13 +316,9 @@ class DirectExchange(kombu_exchange.DirectExchange):
     def deliver(self, message: Any, exchange: str, routing_key: str, **kwargs: Any) -> None:
         channel = self.channel
         local = self.lookup(channel.local_table(exchange), exchange, routing_key, None)
-        if local:
-            for queue in local:
-                channel._put(queue, message, **kwargs)
-            return
-        shared = [b for b in channel.shared_table(exchange, fresh=True)
-                  if b.routing_key == routing_key]
-        channel.put_routed((), shared, message, **kwargs)
+        shared = [] if local else [b for b in channel.shared_table(exchange, fresh=True)
+                                   if b.routing_key == routing_key]
+        channel.put_routed(local, shared, message, **kwargs)
 
 
 class TopicExchange(kombu_exchange.TopicExchange):
@@ -430,8 +426,9 @@ class Channel(virtual.Channel):
         own bindings and the shared ones, each queue once; a transient queue gets an
         at-most-once copy with a short TTL."""
         routed = {b.queue: b for b in shared}
-        for queue in set(local) - routed.keys():
-            self._put(queue, message, **kwargs)
+        for queue in local:
+            if queue not in routed:
+                self._put(queue, message, **kwargs)
         for binding in routed.values():
             if binding.transient:
                 self._put_copy(binding, message)
@@ -523,9 +520,16 @@ class Channel(virtual.Channel):
                 return payload
         raise Empty()
 
-    def _get_many(self, queues: Iterable[str], timeout: float | None = None,
-                  count: int | None = None, nohang: bool = False) -> None:
-        """GETJOB over every consumed queue; deliver what came (Empty if nothing).
+    def consumed_queues(self) -> list[str]:
+        """The kombu queues this channel's consumers take from."""
+        return list(self._active_queues)
+
+    def _get_many(self, queues: Iterable[str], timeout: float | None = None) -> None:
+        self.fetch(queues, timeout)  # kombu's hook, for a channel drained on its own
+
+    def fetch(self, queues: Iterable[str], timeout: float | None = None,
+              count: int | None = None, nohang: bool = False) -> None:
+        """GETJOB over these kombu queues; deliver what came (Empty if nothing).
         ``count``: jobs at most (default: the free prefetch slots); ``nohang``: no wait."""
         names = [q for queue in queues for q in self._all_queues(queue)]
         if not names:
@@ -777,13 +781,12 @@ class Transport(virtual.Transport):
         if not ready:
             raise Empty()
         if len(ready) == 1:
-            channel = ready[0]
-            channel._get_many(channel._active_queues, timeout=timeout, nohang=held)
+            ready[0].fetch(ready[0].consumed_queues(), timeout=timeout, nohang=held)
             return
-        queues = [q for c in ready for q in c._active_queues]
+        queues = [q for c in ready for q in c.consumed_queues()]
         queues.sort(key=lambda q: q not in self.queue_kinds)  # stable: transient first
         count = min(c.qos.can_consume_max_estimate() or int(c.fetch_count) for c in ready)
-        ready[0]._get_many(queues, timeout=timeout, count=count, nohang=held)
+        ready[0].fetch(queues, timeout=timeout, count=count, nohang=held)
 
     def driver_version(self) -> str:
         return disque_mp.__version__
