@@ -125,8 +125,9 @@ reject_reason_default = "rejected without requeue"
 # step <= p, named like kombu's Redis transport does (name + sep + step).
 priority_separator = "\x06\x16"
 # While a channel of a connection waits at its prefetch limit, the connection's other
-# consumers (a worker's pidbox) are asked with NOHANG GETJOBs at most this often: a
-# blocking GETJOB would hold back the tasks an ack lets it fetch.
+# consumers (a worker's pidbox) are asked with NOHANG GETJOBs at most this often (the
+# longest a control command waits then): a blocking GETJOB would hold back the task
+# an ack lets in.
 held_poll_interval_s = 0.1
 
 
@@ -679,6 +680,8 @@ class Transport(virtual.Transport):
         self.queue_kinds: dict[str, tuple[bool, int]] = {}
         # queues consumed without acks (pidbox, event receivers)
         self.no_ack_queues: set[str] = set()
+        # when the other channels were last asked while one waited at its limit
+        self._held_polled_s = 0.0
 
     def seeds(self) -> list[str]:
         """Every node named by the URL(s) and the ``nodes`` transport option, as
@@ -754,37 +757,44 @@ class Transport(virtual.Transport):
 
     def drain_events(self, connection: Any, timeout: Any = None, **kwargs: Any) -> Any:
         # The base loop sleeps polling_interval after every empty round; our
-        # GETJOB already blocked, so only wait when it could not block: every
-        # channel at its prefetch limit (nothing asked for), or some of them (the
-        # others asked with NOHANG), and only until an ack frees a slot.
+        # GETJOB already blocked, so only wait when it could not block: a channel
+        # at its prefetch limit, until an ack frees a slot (or, when others may
+        # take more, until they are due to be asked again).
         start = time.monotonic()
         while True:
             self.slot_freed.clear()
             consuming = [c for c in self.channels if c._consumers]
             ready = [c for c in consuming if c.qos.can_consume()]
+            held = len(ready) < len(consuming)
             try:
-                self._fetch(ready, held=len(ready) < len(consuming), timeout=timeout)
+                self._fetch(ready, held=held, timeout=timeout)
                 return
             except Empty:
                 if timeout is not None and time.monotonic() - start >= timeout:
                     raise TimeoutError() from None
-                if not ready:
+                if held and ready:
+                    due_s = self._held_polled_s + held_poll_interval_s - time.monotonic()
+                    self.slot_freed.wait(max(0.0, due_s))
+                elif held:
                     self.slot_freed.wait(self.polling_interval or 0)
-                elif len(ready) < len(consuming):
-                    self.slot_freed.wait(held_poll_interval_s)
 
     def _fetch(self, ready: list[Any], held: bool, timeout: float | None) -> None:
-        """One GETJOB for the consumers of every channel that may take more: the
-        transient queues (pidbox, replies, events) first, so a control message
-        never waits behind tasks; NOHANG while another channel is ``held`` at its
-        prefetch limit. Raises Empty when nothing came."""
+        """One GETJOB for the channels that may take more, the transient queues
+        (pidbox, replies, events) first, so a control message never waits behind
+        tasks; Empty when nothing came. While another channel is ``held`` at its
+        prefetch limit: NOHANG, at most every ``held_poll_interval_s`` (a blocking
+        GETJOB would hold back the task an ack lets in)."""
+        if held and ready:
+            now = time.monotonic()
+            if now - self._held_polled_s < held_poll_interval_s:
+                ready = []  # asked a moment ago: wait for an ack or the next turn
+            else:
+                self._held_polled_s = now
         if not ready:
             raise Empty()
-        if len(ready) == 1:
-            ready[0].fetch(ready[0].consumed_queues(), timeout=timeout, nohang=held)
-            return
         queues = [q for c in ready for q in c.consumed_queues()]
-        queues.sort(key=lambda q: q not in self.queue_kinds)  # stable: transient first
+        if len(ready) > 1:
+            queues.sort(key=lambda q: q not in self.queue_kinds)  # stable: transient first
         count = min(c.qos.can_consume_max_estimate() or int(c.fetch_count) for c in ready)
         ready[0].fetch(queues, timeout=timeout, count=count, nohang=held)
 
