@@ -68,6 +68,16 @@ def slow(self, marker: str) -> None:
     record("slow-done", self.request.id, marker=marker)
 
 
+@app.task(bind=True)
+def gated(self, gate: str, bound_s: float = 120.0) -> None:
+    """Runs until the file ``gate`` exists (at most ``bound_s``): the test holds it."""
+    record("gated-start", self.request.id)
+    deadline = time.monotonic() + bound_s
+    while not Path(gate).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    record("gated-done", self.request.id)
+
+
 @app.task(bind=True, base=DisqueTask)
 def rejecting(self, n: int) -> None:
     record("rejecting", self.request.id, n=n)

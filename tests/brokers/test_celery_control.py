@@ -29,7 +29,7 @@ import disque_mp.kombu  # noqa: F401  (registers disque://)
 from disque_mp.client import Disque
 from disque_mp.kombu.bindings import Binding, registry_prefix
 from tests.brokers.conftest import WorkerProc, node_url, visibility_s, worker_stop_timeout_s
-from tests.brokers.test_celery import TASKS, producer, send, worker
+from tests.brokers.test_celery import TASKS, producer, read, send, worker
 from tests.nodeproc import REPO, NodeProc, free_port, unique_queue, wait_until
 
 HOST = socket.gethostname()
@@ -111,6 +111,28 @@ def test_inspect_ping_and_status_answer_from_each_worker(
                         "--destination", node_name("ctl1"))
     [(name, queues)] = json.loads(active.stdout).items()
     assert name == node_name("ctl1") and [x["name"] for x in queues] == [control_workers[1]]
+
+
+def test_a_worker_busy_at_its_prefetch_limit_still_answers(
+        control_workers: tuple[str, str, Path], tmp_path: Path) -> None:
+    """Each worker runs 2 tasks at once (prefetch 2): with 4 tasks held running, the
+    task channels wait for an ack, and the pidbox is asked on its own (NOHANG)."""
+    url, q, rec = control_workers
+    gate = tmp_path / "gate"
+    app = producer(url)
+    ids = {send(app, "gated", q, str(gate)) for _ in range(4)}
+
+    def seen(kind: str) -> set[str]:
+        return {r["id"] for r in read(rec) if r["task"] == kind} & ids
+
+    try:
+        wait_until(lambda: seen("gated-start") == ids, 60, "4 tasks running, 2 on each worker")
+        replies = ping(url, node_name("ctl1"), node_name("ctl2"))
+        assert seen("gated-done") == set()  # the gate is shut: all 4 still run
+        assert set(replies) == {node_name("ctl1"), node_name("ctl2")}
+    finally:
+        gate.write_text("open")
+    wait_until(lambda: seen("gated-done") == ids, 60, "the 4 tasks done")
 
 
 def test_an_event_receiver_sees_each_task_and_the_workers(
