@@ -27,12 +27,16 @@ jobs with a TTL, so:
   (replies) read the table afresh; topic publishes (Celery events: frequent)
   keep a read for ``bindings_cache_s`` (1 s).
 
+In a cluster, a registration is added to every node the client's HELLO lists
+(each copy ``REPLICATE 1``, queued where it was added), so the node a publisher
+talks to lists every binding; the copy it adds there reaches a consumer blocked
+on another node through Disque's federation (NEEDJOBS / YOURJOBS), like any job.
+A node that joins later learns a binding at its next refresh.
+
 Why not one reply queue per worker, polled: a broadcast must reach workers the
 sender never heard of, so some shared list of who listens is needed anyway.
 Why not JSCAN: it walks every job of the node; QPEEK reads only the
-registry's queue. What stays out: a node only lists the registrations queued
-on it, so in a cluster every process that uses remote control or events talks
-to the same node (docs/frameworks.md, "Celery remote control").
+registry's queue.
 """
 
 from __future__ import annotations
@@ -104,13 +108,18 @@ class SharedBindings:
     """The registry seen from one kombu connection: its own registrations (kept
     alive by a thread) and the tables it reads to route a publish."""
 
-    def __init__(self, client: Callable[[], Disque], ttl_s: int = binding_ttl_default_s) -> None:
+    def __init__(self, client: Callable[[], Disque],
+                 node_client: Callable[[tuple[str, int]], Disque],
+                 ttl_s: int = binding_ttl_default_s) -> None:
         if int(ttl_s) < 3:
             raise ValueError("disque:// binding_ttl must be >= 3 seconds")
         self._client = client
+        self._node_client = node_client  # a client that stays on the node it is given
+        self._nodes: dict[tuple[str, int], Disque] = {}
         self.ttl_s = int(ttl_s)
         self._lock = threading.Lock()
-        self._own: dict[tuple[str, Binding], str] = {}  # -> registration job ID
+        # (exchange, binding) -> its registration on each node: [(node, job ID)]
+        self._own: dict[tuple[str, Binding], list[tuple[tuple[str, int], str]]] = {}
         self._cache: dict[str, tuple[float, list[Binding]]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -118,27 +127,25 @@ class SharedBindings:
 
     def bind(self, exchange: str, binding: Binding) -> None:
         """Register ``binding`` of ``exchange`` now and keep it alive."""
-        job_id = self._register(exchange, binding)
+        added = self._register(exchange, binding)
         with self._lock:
-            old = self._own.get((exchange, binding))
-            self._own[(exchange, binding)] = job_id
+            old = self._own.get((exchange, binding), [])
+            self._own[(exchange, binding)] = added
             self._cache.pop(exchange, None)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._keep_alive,
                                                 name="disque-bindings", daemon=True)
                 self._thread.start()
-        if old is not None:
-            self._client().ack(old)
+        self._ack(old)
 
     def unbind_queue(self, queue: str) -> None:
         """Drop every registration of ``queue`` (queue_delete)."""
         with self._lock:
             keys = [k for k in self._own if k[1].queue == queue]
-            ids = [self._own.pop(k) for k in keys]
+            added = [x for k in keys for x in self._own.pop(k)]
             for exchange, _ in keys:
                 self._cache.pop(exchange, None)
-        if ids:
-            self._client().ack(ids)
+        self._ack(added)
 
     def table(self, exchange: str, *, fresh: bool) -> list[Binding]:
         """The bindings of ``exchange`` registered by any process; ``fresh=False``
@@ -170,18 +177,53 @@ class SharedBindings:
         if thread is not None:
             thread.join(timeout=5)
         with self._lock:
-            ids = list(self._own.values())
+            added = [x for xs in self._own.values() for x in xs]
             self._own.clear()
-        if ids:
-            try:
-                self._client().ack(ids)
-            except DisqueError as exc:
-                log.info("could not unregister %d bindings (%s): they expire in %d s",
-                         len(ids), exc, self.ttl_s)
+        self._ack(added)
+        nodes, self._nodes = self._nodes, {}
+        for client in nodes.values():
+            client.close()
 
-    def _register(self, exchange: str, binding: Binding) -> str:
-        return self._client().add_job(registry_prefix + exchange, binding.encode(),
-                                      retry=0, replicate=1, ttl=self.ttl_s)
+    def _register(self, exchange: str, binding: Binding) -> list[tuple[tuple[str, int], str]]:
+        """Add the registration to every node the client knows; [(node, job ID)]. A
+        node that cannot be reached is skipped (the next refresh tries it again);
+        the one the client is connected to must take it."""
+        main = self._client()
+        if main.topology.current is None:
+            main.hello()  # connects
+        here = main.topology.current
+        hello = main.topology.hello
+        nodes = [(n.host, n.port) for n in hello.nodes] if hello is not None else []
+        args = (registry_prefix + exchange, binding.encode())
+        added = [(here, main.add_job(*args, retry=0, replicate=1, ttl=self.ttl_s))] \
+            if here is not None else []
+        for node in nodes:
+            if node == here:
+                continue
+            try:
+                client = self._nodes.get(node) or self._nodes.setdefault(
+                    node, self._node_client(node))
+                added.append((node, client.add_job(*args, retry=0, replicate=1,
+                                                   ttl=self.ttl_s)))
+            except DisqueError as exc:
+                log.info("binding not registered on %s:%d (%s): retried at the next "
+                         "refresh", node[0], node[1], exc)
+        return added
+
+    def _ack(self, added: list[tuple[tuple[str, int], str]]) -> None:
+        """Acknowledge registrations, each on the node that holds it."""
+        by_node: dict[tuple[str, int], list[str]] = {}
+        for node, job_id in added:
+            by_node.setdefault(node, []).append(job_id)
+        here = self._client().topology.current
+        for node, ids in by_node.items():
+            try:
+                client = self._client() if node == here else self._nodes.get(node)
+                if client is not None:
+                    client.ack(ids)
+            except DisqueError as exc:
+                log.info("could not unregister %d bindings on %s:%d (%s): they expire "
+                         "in %d s", len(ids), node[0], node[1], exc, self.ttl_s)
 
     def _keep_alive(self) -> None:
         while not self._stop.wait(self.ttl_s / 3):
@@ -194,14 +236,15 @@ class SharedBindings:
     def _refresh(self) -> None:
         with self._lock:
             own = list(self._own.items())
+        if own:
+            self._client().hello()  # the nodes now in the cluster
         replaced = []
         for key, old in own:
-            job_id = self._register(*key)
+            added = self._register(*key)
             with self._lock:
-                if self._own.get(key) != old:  # unbound meanwhile
-                    replaced.append(job_id)
+                if self._own.get(key) is not old:  # unbound or bound again meanwhile
+                    replaced += added
                     continue
-                self._own[key] = job_id
-            replaced.append(old)
-        if replaced:
-            self._client().ack(replaced)
+                self._own[key] = added
+            replaced += old
+        self._ack(replaced)

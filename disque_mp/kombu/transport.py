@@ -714,8 +714,17 @@ class Transport(virtual.Transport):
         if self._bindings is None:
             conninfo: Any = self.client
             ttl_s = conninfo.transport_options.get("binding_ttl", binding_ttl_default_s)
-            self._bindings = SharedBindings(lambda: self.disque, int(ttl_s))
+            self._bindings = SharedBindings(lambda: self.disque, self._node_client, int(ttl_s))
         return self._bindings
+
+    def _node_client(self, node: tuple[str, int]) -> Disque:
+        """A client for one node only (the shared bindings' registrations there)."""
+        conninfo: Any = self.client
+        opts = conninfo.transport_options
+        return Disque([f"{node[0]}:{node[1]}"], socket_timeout=opts.get("socket_timeout"),
+                      connect_timeout=float(opts.get("connect_timeout", 2.0)),
+                      password=conninfo.password or opts.get("password"),
+                      failover_attempts=0, follow_priority=False)
 
     @property
     def adds(self) -> AddWindow | None:

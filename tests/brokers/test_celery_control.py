@@ -286,3 +286,24 @@ def test_fanout_and_replies_across_connections_in_process(broker_node: NodeProc)
         listener.release()
         assert registered_queues(broker_node, fan.name) == set()
         assert registered_queues(broker_node, replies.name) == set()
+
+
+def test_remote_control_across_the_nodes_of_a_cluster(broker_cluster: list[NodeProc],
+                                                      tmp_path: Path) -> None:
+    """A worker on one node answers ``celery inspect ping`` sent through another: its
+    binding is registered on every node, the broadcast's copy and the reply reach
+    their consumers on the other node through Disque's federation."""
+    worker_node, other = broker_cluster[0], broker_cluster[1]
+    q = unique_queue("ctl")
+    w = worker(node_url(worker_node), q, tmp_path, name="ctlc")
+    with w:
+        wait_until(lambda: ping(node_url(other), node_name("ctlc"))
+                   == {node_name("ctlc"): {"ok": "pong"}}, ready_timeout_s,
+                   "the worker on node 0 answering a ping sent through node 1",
+                   detail=w.log_tail)
+        for node in broker_cluster:
+            assert f"{node_name('ctlc')}.celery.pidbox" in registered_queues(
+                node, "celery.pidbox")
+    for node in broker_cluster:  # a warm shutdown unbinds on every node
+        assert f"{node_name('ctlc')}.celery.pidbox" not in registered_queues(
+            node, "celery.pidbox")
