@@ -116,6 +116,8 @@ class SharedBindings:
         self._client = client
         self._node_client = node_client  # a client that stays on the node it is given
         self._nodes: dict[tuple[str, int], Disque] = {}
+        # nodes that failed since the last refresh: a bind does not wait on them again
+        self._unreachable: set[tuple[str, int]] = set()
         self.ttl_s = int(ttl_s)
         self._lock = threading.Lock()
         # (exchange, binding) -> its registration on each node: [(node, job ID)]
@@ -198,7 +200,7 @@ class SharedBindings:
         added = [(here, main.add_job(*args, retry=0, replicate=1, ttl=self.ttl_s))] \
             if here is not None else []
         for node in nodes:
-            if node == here:
+            if node == here or node in self._unreachable:
                 continue
             try:
                 client = self._nodes.get(node) or self._nodes.setdefault(
@@ -206,6 +208,7 @@ class SharedBindings:
                 added.append((node, client.add_job(*args, retry=0, replicate=1,
                                                    ttl=self.ttl_s)))
             except DisqueError as exc:
+                self._unreachable.add(node)
                 log.info("binding not registered on %s:%d (%s): retried at the next "
                          "refresh", node[0], node[1], exc)
         return added
@@ -238,6 +241,7 @@ class SharedBindings:
             own = list(self._own.items())
         if own:
             self._client().hello()  # the nodes now in the cluster
+            self._unreachable.clear()
         replaced = []
         for key, old in own:
             added = self._register(*key)
