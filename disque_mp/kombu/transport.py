@@ -650,7 +650,9 @@ class Transport(virtual.Transport):
     messages), ``fetch_count``, ``polling_interval``, ``socket_timeout``,
     ``connect_timeout``, ``password`` (or in the URL), ``confirm_publish`` (a reply
     per published message; off: pipelined), ``publish_window`` (unanswered
-    publishes at most), ``async_acks`` (acks in batches from a thread).
+    publishes at most), ``async_acks`` (acks in batches from a thread),
+    ``binding_ttl`` (s, how long a shared binding outlives its process) and
+    ``fanout_message_ttl`` (s, TTL of a broadcast's copy; see ``bindings``).
     """
 
     Channel = Channel
