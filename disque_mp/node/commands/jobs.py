@@ -128,11 +128,21 @@ def long_queue_name(queues: list[bytes]) -> Error | None:
 # Redis' string2ll: optional minus, no leading zeros, no plus, no spaces, 64-bit.
 _INT_RE = re.compile(rb"\A(?:0|-?[1-9][0-9]{0,18})\Z")
 _UINT_RE = re.compile(rb"\A[0-9]{1,20}\Z")
+_short_digits_max: Final = 9  # parse_int sums up to this many digits by hand (< 2**30)
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 def parse_int(raw: bytes) -> int | None:
     """A 64-bit signed integer in Redis' strict form, or None."""
+    n = len(raw)
+    if 0 < n <= _short_digits_max and raw.isdigit() and (raw[0] != 48 or n == 1):
+        # the usual argument (a COUNT, a TIMEOUT, a DELAY): a few digits, no sign, no
+        # leading zero; summed here, as the regex and int() cost some 2,500
+        # instructions together (compiled, each step of the sum stays inline)
+        v = 0
+        for c in raw:
+            v = v * 10 + c - 48
+        return v
     if _INT_RE.match(raw) is None:
         return None
     v = int(raw)
