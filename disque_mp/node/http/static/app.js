@@ -258,13 +258,13 @@ function jobTable(jobs, empty, cols, id) {
   if (!jobs.length) return el("p", { class: "empty", id }, empty);
   const columns = cols.map(c => JOB_COLUMNS[c]);
   return el("table", { class: "jobs", id },
-    el("thead", {}, el("tr", {}, ["Job", "Body", ...columns.map(c => c[0]), "Actions"]
-      .map((h, i) => el("th", { scope: "col", class: i > 1 && columns[i - 2] && columns[i - 2][3] ? "num" : null }, h)))),
+    el("thead", {}, el("tr", {}, ["Job and actions", "Body", ...columns.map(c => c[0])]
+      .map((h, i) => el("th", { scope: "col", class: i > 1 && columns[i - 2][3] ? "num" : null }, h)))),
+    // the actions sit under the ID: the table stays within an 800 px window
     el("tbody", {}, jobs.map(j => el("tr", { "data-job": j.id, "data-kind": j.kind || j.state },
-      el("td", { class: "mono id" }, j.id),
+      el("td", { class: "id" }, el("div", { class: "mono" }, j.id), jobActions(j)),
       el("td", { class: "mono body", title: String(j.body) }, String(j.body).slice(0, 120)),
-      columns.map(c => el("td", { class: c[3] || null, "data-field": c[2] }, c[1](j))),
-      el("td", {}, jobActions(j))))));
+      columns.map(c => el("td", { class: c[3] || null, "data-field": c[2] }, c[1](j)))))));
 }
 
 function section(title, n, table, extra) {
@@ -326,7 +326,7 @@ async function viewJob(main, id) {
   const label = { ctime: "created", "next-requeue-within": "next requeue", "next-awake-within": "next awake" };
   main.replaceChildren(el("div", { class: "card", id: "job" },
     el("div", { class: "toolbar" }, el("h1", { style: "margin:0" }, "Job ", el("span", { class: "mono" }, job.id)),
-      el("span", { id: "job-state" }, badge(job.state), job.kind ? " " + KIND_TEXT[job.kind] : "")),
+      el("span", { id: "job-state" }, badge(job.state), job.kind ? [" ", badge(job.kind), " ", KIND_TEXT[job.kind]] : null)),
     el("dl", { class: "fields" }, keys.map(k => [el("dt", {}, label[k] || k),
       el("dd", { "data-field": k, "data-raw": String(job[k]), title: FIELD_UNITS[k] ? job[k] + " " + FIELD_UNITS[k] : null,
         class: k.startsWith("nodes") ? "mono" : null }, jobField(job, k))])),
