@@ -410,23 +410,26 @@ async def post_ack(w: NodeView, req: Request, args: list[str]) -> Response:
     return await _job_or_404(w, b"ACKJOB", job_id, "acked")
 
 
-async def post_nack(w: NodeView, req: Request, args: list[str]) -> Response:
+async def _requeue_verb(w: NodeView, req: Request, args: list[str], cmd: bytes, done: str,
+                        refused: str) -> Response:
+    """``cmd job`` (NACK, ENQUEUE), which queues the job: ``{"id", done: 1, "job": SHOW}``;
+    404 for an unknown job, 409 (``refused``) for one the command leaves as it is."""
     job_id = _job_id(args[0])
     _json_body(req)
-    if not await call(w, b"NACK", job_id):
+    if not await call(w, cmd, job_id):
         job = await _show(w, job_id)  # 404 when unknown
-        raise ApiError(409, f"job is {job['state']}: only an active job can be NACKed")
-    return ok({"id": job_id.decode(), "nacked": 1, "job": await _show(w, job_id)})
+        raise ApiError(409, f"job is {job['state']}: {refused}")
+    return ok({"id": job_id.decode(), done: 1, "job": await _show(w, job_id)})
+
+
+async def post_nack(w: NodeView, req: Request, args: list[str]) -> Response:
+    return await _requeue_verb(w, req, args, b"NACK", "nacked", "only an active job can be NACKed")
 
 
 async def post_enqueue(w: NodeView, req: Request, args: list[str]) -> Response:
     """ENQUEUE: "run now" for a job that waits (its DELAY, a NACK ... DELAY, a RETRY)."""
-    job_id = _job_id(args[0])
-    _json_body(req)
-    if not await call(w, b"ENQUEUE", job_id):
-        job = await _show(w, job_id)  # 404 when unknown
-        raise ApiError(409, f"job is {job['state']}: only a job not queued yet can be queued now")
-    return ok({"id": job_id.decode(), "queued": 1, "job": await _show(w, job_id)})
+    return await _requeue_verb(w, req, args, b"ENQUEUE", "queued",
+                               "only a job not queued yet can be queued now")
 
 
 async def post_dead(w: NodeView, req: Request, args: list[str]) -> Response:
