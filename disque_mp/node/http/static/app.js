@@ -300,7 +300,7 @@ async function viewQueue(main, name) {
       jobTable(data.jobs, "No queued job", queuedCols, "queued-jobs")),
     isDead ? null : section("Active jobs (delivered, not acknowledged)", q.active,
       [jobTable(data.active, "No active job", ["requeue", "nacks", "redeliveries"], "active-jobs"), scanNote]),
-    isDead ? null : section("Delayed jobs (not queued yet)", data.delayed.length,
+    isDead ? null : section("Delayed and waiting jobs (not queued here yet)", data.delayed.length,
       [jobTable(data.delayed, "No delayed job", ["kind", "queues", "created"], "delayed-jobs"), scanNote]),
     isDead || !data.dead.length ? null : section("Dead letters in " + deadQ, q["dead-len"],
       jobTable(data.dead, "No dead letter", ["reason", "nacks", "redeliveries"], "dead-jobs"), requeueButton(deadQ)));
