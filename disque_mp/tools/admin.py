@@ -407,9 +407,9 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
 
 
 COMMANDS: dict[str, Callable[[Disque, argparse.Namespace], Any]] = {
-    "queues": cmd_queues, "queue": cmd_queue, "job": cmd_job, "peek": cmd_peek,
-    "requeue": cmd_requeue,
+    "queues": cmd_queues, "peek": cmd_peek, "requeue": cmd_requeue,
     "node": cmd_node, "cluster": cmd_cluster, "drain": cmd_drain,
+    "queue": cmd_queue, "job": cmd_job,
 }
 
 

@@ -14,8 +14,7 @@ The API has the semantics of the commands because it runs them (``commands.call`
     POST   /api/queues/{queue}/pause     {"state": "in"|"out"|"all"|"none"} (default all)
     POST   /api/queues/{queue}/resume    PAUSE queue none
     POST   /api/queues/{queue}/requeue   REDRIVE: dead-letter queue -> its queue (dead:q -> q),
-                                         each job with its ID; {"id": job} moves that one job
-                                         (REDRIVE dead:q ID job)
+                                         each job with its ID
     GET    /api/jobs/{id}                SHOW; an active job's ``kind`` (delivered, delayed,
                                          waiting)
     DELETE /api/jobs/{id}                DELJOB
@@ -24,6 +23,8 @@ The API has the semantics of the commands because it runs them (``commands.call`
     POST   /api/jobs/{id}/enqueue        ENQUEUE: "run now" for a job not queued (a DELAY
                                          cut short); 409 for a job queued already
     POST   /api/jobs/{id}/dead           DEADLETTER: to dead:{queue}, same ID; {"reason": text}
+    POST   /api/queues/dead:{q}/requeue  with {"id": job}: that one dead letter back to q
+                                         (REDRIVE dead:q ID job)
     GET    /api/nodes                    HELLO and the cluster view (flags, links)
     POST   /api/drain                    {"timeout_s": S, "shutdown": true|false}: CLUSTER
                                          LEAVING yes, then (in the background) SHUTDOWN once
