@@ -366,3 +366,39 @@ def assert_no_broken_words(browser: Any) -> None:
         }
         return out;""")
     assert broken == [], broken
+
+
+def test_queue_limits_set_and_removed_from_the_page(node: NodeProc, browser: Any) -> None:
+    """QLIMIT from the queue page: what is set and in use, a value typed survives the
+    view's redraws, Save sets it on the node, Remove takes it away."""
+    import redis
+
+    r = node.client(protocol=2)
+    q = unique_queue("limited")
+    try:
+        r.execute_command("QLIMIT", q)
+    except redis.ResponseError as e:
+        pytest.skip(f"this node has no QLIMIT ({e})")
+    produce(r, q, 3)
+    r.execute_command("GETJOB", "FROM", q)  # one delivered: in use
+
+    def limits() -> dict[bytes, Any]:
+        raw = r.execute_command("QLIMIT", q)
+        return dict(zip(raw[::2], raw[1::2], strict=True))
+
+    browser.get(base(node) + "/#/queue/" + urllib.parse.quote(q, safe=""))
+    find(browser, "#limit-active")
+    browser.execute_script(
+        "const e = document.getElementById('limit-active'); e.value = '2';"
+        "e.dispatchEvent(new Event('input')); document.getElementById('limits').dataset.old = '1';")
+    wait_until(lambda: browser.execute_script(  # the view redrew: a new card, the value kept
+        "const c = document.getElementById('limits'); return !!c && !c.dataset.old;"), wait_s, "a redraw")
+    assert browser.execute_script("return document.getElementById('limit-active').value;") == "2"
+    click(browser, "button[data-action=limits-save]")
+    wait_until(lambda: limits()[b"active"] == 2, wait_s, "QLIMIT ACTIVE 2 on the node")
+    wait_until(lambda: browser.execute_script(
+        "const d = document.querySelector('#limits dd[data-limit=active]'); return d ? d.innerText : '';")
+        == "2 · 1 in use", wait_s, "the page shows the limit and its use")
+    assert_no_broken_words(browser)
+    click(browser, "button[data-action=limits-reset]")
+    wait_until(lambda: limits()[b"active"] == 0, wait_s, "the limit removed")

@@ -210,7 +210,6 @@ async function viewQueues(main) {
           .map((h, i) => el("th", { class: i && i < 8 ? "num" : null, scope: "col" }, h)))),
         body)));
   drawChart(canvas);
-  if (state.refocus) { filter.focus(); filter.setSelectionRange(filter.value.length, filter.value.length); }
 }
 
 function jobActions(job) {
@@ -273,8 +272,49 @@ function section(title, n, table, extra) {
     table);
 }
 
+// QLIMIT (per node): what is set, what is in use, a form to change it. A node
+// without the limits API answers 404 for the path: the card is left out.
+function limitsCard(name, lim) {
+  if (!lim) return null;
+  const draft = state.limitDraft && state.limitDraft.queue === name ? state.limitDraft : null;
+  const value = (key) => draft ? draft[key] : String(lim[key.replace("_", "-")] || "");
+  const keep = (key) => (e) => {
+    if (!state.limitDraft || state.limitDraft.queue !== name)
+      state.limitDraft = { queue: name, active: value("active"), rate: value("rate"), group_active: value("group_active"), bcast: false };
+    state.limitDraft[key] = e.target.type === "checkbox" ? e.target.checked : e.target.value;
+  };
+  const input = (key, label) => el("label", {}, label + " ",
+    el("input", { type: "number", min: 0, step: 1, id: "limit-" + key.replace("_", "-"), value: value(key), placeholder: "none", oninput: keep(key) }));
+  const none = (n) => Number(n) ? fmt(n) : "none";
+  const save = (reset) => act("limits", async () => {
+    const body = reset ? { reset: true } : {};
+    if (!reset) for (const key of ["active", "rate", "group_active"]) {
+      const v = document.getElementById("limit-" + key.replace("_", "-")).value.trim();
+      body[key] = v === "" ? 0 : Number(v);
+    }
+    if (document.getElementById("limit-bcast").checked) body.bcast = true;
+    const r = await api("/api/queues/" + enc(name) + "/limits", "POST", body);
+    state.limitDraft = null;
+    return "Limits of " + name + ": active " + none(r.active) + ", rate " + none(r.rate) + ", group-active " + none(r["group-active"]);
+  });
+  return el("div", { class: "card", id: "limits" },
+    el("h2", {}, "Limits on this node (QLIMIT)"),
+    el("p", { class: "muted" }, "Per node: the cluster's cap is each value times the nodes serving the queue. Empty or 0: no limit."),
+    el("dl", { class: "fields" },
+      [["active (delivered, not done)", none(lim.active) + " · " + fmt(lim["in-use"]) + " in use", "active"],
+       ["rate (deliveries/s)", none(lim.rate) + (Number(lim.rate) ? " · " + fmt(lim.tokens) + " tokens left" : ""), "rate"],
+       ["group-active (per GROUP)", none(lim["group-active"]) + (Number(lim["group-active"]) ? " · " + fmt(lim["full-groups"]) + " groups full" : ""), "group-active"]]
+        .map(([k, v, f]) => [el("dt", {}, k), el("dd", { "data-limit": f }, v)])),
+    el("div", { class: "toolbar", style: "margin:10px 0 0" },
+      input("active", "Active"), input("rate", "Rate"), input("group_active", "Group-active"),
+      el("label", {}, el("input", { type: "checkbox", id: "limit-bcast", checked: draft && draft.bcast ? true : null, onchange: keep("bcast") }), " every node (BCAST)"),
+      el("button", { class: "primary", "data-action": "limits-save", onclick: () => save(false) }, "Save limits"),
+      el("button", { "data-action": "limits-reset", onclick: () => save(true) }, "Remove limits")));
+}
+
 async function viewQueue(main, name) {
-  const data = await api("/api/queues/" + enc(name));
+  const [data, lim] = await Promise.all([api("/api/queues/" + enc(name)),
+    name.startsWith(DEAD) ? null : api("/api/queues/" + enc(name) + "/limits").catch(() => null)]);
   const q = data.queue;
   const isDead = q.name.startsWith(DEAD);
   const deadQ = DEAD + q.name;
@@ -303,7 +343,8 @@ async function viewQueue(main, name) {
     isDead ? null : section("Delayed and waiting jobs (not queued here yet)", data.delayed.length,
       [jobTable(data.delayed, "No delayed job", ["kind", "queues", "created"], "delayed-jobs"), scanNote]),
     isDead || !data.dead.length ? null : section("Dead letters in " + deadQ, q["dead-len"],
-      jobTable(data.dead, "No dead letter", ["reason", "nacks", "redeliveries"], "dead-jobs"), requeueButton(deadQ)));
+      jobTable(data.dead, "No dead letter", ["reason", "nacks", "redeliveries"], "dead-jobs"), requeueButton(deadQ)),
+    limitsCard(q.name, lim));
 }
 
 function jobField(job, k) {
@@ -389,7 +430,7 @@ async function refresh() {
   document.querySelectorAll("nav a[data-nav]").forEach(a =>
     a.getAttribute("data-nav") === (view === "queue" || view === "job" ? "queues" : view)
       ? a.setAttribute("aria-current", "page") : a.removeAttribute("aria-current"));
-  state.refocus = document.activeElement && document.activeElement.id === "filter";
+  const focused = document.activeElement && document.activeElement.closest("#view") ? document.activeElement.id : "";
   const routeKey = view + "/" + arg;
   if (state.shown !== routeKey) {  // a new view: say it loads rather than show the last one
     viewEl.replaceChildren(loadingCard());
@@ -406,9 +447,17 @@ async function refresh() {
   } catch (e) {
     main.replaceChildren(el("div", { class: "card" }, el("h1", {}, "Error"), el("p", { id: "error" }, e.message)));
   }
-  if (seq === state.seq) { state.shown = routeKey; viewEl.removeAttribute("aria-busy"); }
+  if (seq === state.seq) { state.shown = routeKey; viewEl.removeAttribute("aria-busy"); refocus(focused); }
   // live views refresh; a job's detail stays put while one reads it
   if (view !== "job" && seq === state.seq) state.timer = setTimeout(refresh, PERIOD_MS);
+}
+
+// A live view redraws every 2 s: the field one was typing in keeps its focus and caret.
+function refocus(id) {
+  const e = id && document.getElementById(id);
+  if (!e || e === document.activeElement) return;
+  e.focus();
+  if (e.setSelectionRange && /^(text|search)$/.test(e.type)) e.setSelectionRange(e.value.length, e.value.length);
 }
 
 function loadingCard() {
