@@ -113,7 +113,10 @@ def test_one_dead_letter_requeued_and_reasons_on_the_queue_view(node: NodeProc) 
     assert back == {"from": dead, "to": q, "requeued": 1, "id": ids[1], "left": 2}
     assert (show(r, ids[1]) or {})["queue"] == q.encode()
     assert [e[1].decode() for e in r.execute_command("QPEEK", dead, 10)] == [ids[0], ids[2]]
-    assert "dead" not in [j.get("queue") for j in get(hp(node), q_path(dead)).json()["jobs"]]
+    left = get(hp(node), q_path(dead)).json()
+    assert [(j["id"], j["dead-reason"]) for j in left["jobs"]] == [
+        (ids[0], "bad input"), (ids[2], "bad input")]
+    assert left["dead"] == []  # a dead-letter queue has no dead:dead:q of its own
     error_of(post(hp(node), q_path(dead) + "/requeue", {"id": ids[1]}), 404)  # not dead now
     error_of(post(hp(node), q_path(dead) + "/requeue", {"id": "nope"}), 400)
     r.execute_command("PAUSE", q, "in")
