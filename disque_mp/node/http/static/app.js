@@ -73,7 +73,7 @@ function when(ctimeNs) {
     (ago >= 0 ? " (" + dur(ago) + " ago)" : "");
 }
 
-// SHOW's fields as a reader wants them: [text shown, raw value kept in a title]
+// SHOW's time fields as a reader wants them (the job page keeps the raw value and its unit in a tooltip)
 const TIME_FIELDS = {
   ctime: (v) => when(v),
   ttl: (v) => dur(v) + " left",
@@ -247,8 +247,8 @@ const JOB_COLUMNS = {
   nacks: ["NACKs", j => fmt(j.nacks), "nacks", "num"],
   redeliveries: ["Redeliveries", j => fmt(j["additional-deliveries"]), "additional-deliveries", "num"],
   maxdeliver: ["Max deliveries", j => fmt(j.maxdeliver), "maxdeliver", "num"],
-  requeue: ["Requeued in", j => durMs(j["next-requeue-within"]), "next-requeue-within"],
-  queues: ["Queued in", j => durMs(j["next-requeue-within"]), "next-requeue-within"],
+  requeue: ["Requeued in", j => Number(j["next-requeue-within"]) ? durMs(j["next-requeue-within"]) : "never (RETRY 0)", "next-requeue-within"],
+  queues: ["Queued in", j => Number(j["next-requeue-within"]) ? durMs(j["next-requeue-within"]) : "now", "next-requeue-within"],
   kind: ["Waits for", j => j.kind === "delayed" ? "its DELAY" : "a requeue", "kind"],
   reason: ["Reason", j => deadReason(j), "dead-reason"],
 };
