@@ -705,12 +705,21 @@ def cmd_deadletter(shard: Shard, args: list[bytes], token: int, now_ms: int) -> 
 
 
 def cmd_redrive(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
-    """``REDRIVE dead-queue [COUNT n]``: at most redrive-count-max jobs a call."""
-    if len(args) not in (1, 3):
-        return err_arity("redrive") if len(args) < 1 else ERR_SYNTAX
+    """``REDRIVE dead-queue [COUNT n]``: at most redrive-count-max jobs a call;
+    ``REDRIVE dead-queue ID id ...``: those jobs (one dead letter retried)."""
     queue = args[0]
     if not queue.startswith(DEAD_PREFIX) or len(queue) == len(DEAD_PREFIX):
         return ERR_NOT_DEAD
+    if len(args) >= 3 and args[1].lower() == b"id":
+        if len(args) - 2 > limits.redrive_count_max:
+            return Error(f"ERR REDRIVE ID takes at most {limits.redrive_count_max} job IDs "
+                         "(redrive-count-max)")
+        ids = _job_ids(args[2:])
+        if isinstance(ids, Error):
+            return ids
+        return shard.op_redrive_ids(queue, ids, now_ms)
+    if len(args) not in (1, 3):
+        return ERR_SYNTAX
     count = limits.redrive_count_max
     if len(args) == 3:
         if args[1].lower() != b"count":
