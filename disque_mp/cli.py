@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from disque_mp import __version__
+from disque_mp import DISQUE_VERSION, __version__
 
 USAGE = """\
 Usage: disque-mp [CONFIG_FILE] [--directive value ...]
@@ -111,6 +111,12 @@ def _subcommand(name: str, rest: list[str]) -> int:
     return int(result or 0)
 
 
+def version_text() -> str:
+    """``--version``: both versions, each named (``admin node`` shows the same two)."""
+    return (f"disque-mp {__version__}\n"
+            f"Disque protocol version {DISQUE_VERSION} (the reference server it answers as)\n")
+
+
 def directive_list(width: int = 78) -> str:
     """Every directive name, wrapped: what ``--help`` lists after USAGE."""
     from disque_mp.node.config import DIRECTIVES
@@ -131,7 +137,7 @@ def main(argv: list[str]) -> int:
         print(USAGE + directive_list(), end="")
         return 0
     if any(a in ("-v", "--version") for a in argv):
-        print(f"disque-mp {__version__}")
+        print(version_text(), end="")
         return 0
     try:
         path, overrides, test_only = parse_args(argv)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import redis
 
+import disque_mp
 from bus import nodes_conf
 from disque_mp import cli
 from disque_mp.node import sdnotify
@@ -43,7 +44,10 @@ def node_id_in(path: Path) -> str:
 
 def test_version_and_help() -> None:
     out = run_cli("--version")
-    assert out.returncode == 0 and out.stdout.startswith("disque-mp ")
+    assert out.returncode == 0
+    ours, protocol = out.stdout.splitlines()  # both versions, each named
+    assert ours == f"disque-mp {disque_mp.__version__}"
+    assert protocol.startswith("Disque protocol version 1.0-rc1 ")
     out = run_cli("--help")
     assert out.returncode == 0 and "Usage: disque-mp [CONFIG_FILE]" in out.stdout
 
