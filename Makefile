@@ -92,15 +92,18 @@ pure:
 
 # `make run PORT=7712` (bus on PORT + 10000, dashboard on PORT + 69: 7780 for 7711;
 # HTTP_PORT=... another, HTTP_PORT=0 none); the node's files (nodes.conf, log, AOF) stay
-# in run/ (run/PORT/ for another port).
+# in run/ (run/PORT/ for another port). Its jobs survive a restart: appendonly yes,
+# fsync everysec (APPENDONLY=no for a node that forgets them, the binary's default).
 PORT ?= 7711
 HTTP_PORT ?= $(shell expr $(PORT) + 69)
 RUN_DIR ?= $(if $(filter 7711,$(PORT)),run,run/$(PORT))
+APPENDONLY ?= yes
 
 run: $(VENV)/.compiled
-	mkdir -p $(RUN_DIR)
+	@mkdir -m 700 -p $(RUN_DIR)
+	@echo "==> starting the node on 127.0.0.1:$(PORT), files in $(RUN_DIR)/ (Ctrl-C stops it)"
 	@[ "$(HTTP_PORT)" = 0 ] || echo "Dashboard: http://127.0.0.1:$(HTTP_PORT)/  (metrics: http://127.0.0.1:$(HTTP_PORT)/metrics)"
-	$(VENV)/bin/disque-mp --bind 127.0.0.1 --port $(PORT) --dir $(RUN_DIR) --http-port $(HTTP_PORT) --http-bind 127.0.0.1
+	$(VENV)/bin/disque-mp --bind 127.0.0.1 --port $(PORT) --dir $(RUN_DIR) --http-port $(HTTP_PORT) --http-bind 127.0.0.1 --appendonly $(APPENDONLY) --appendfsync everysec
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

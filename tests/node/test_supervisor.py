@@ -143,6 +143,8 @@ def test_start_and_ping(tmp_path: Path, workers: int) -> None:
         assert (tmp_path / "disque.pid").read_text().strip() == str(node.proc.pid)  # type: ignore[union-attr]
         log = node.log_text()
         assert ":X " in log and "Ready to accept connections" in log
+        # the binary's default is the reference's (no AOF), and the node says what it means
+        assert "persistence: off: jobs are lost when the node stops" in log
         for i in range(workers):  # workers log through the same file, with their role
             assert f":W{i} " in log
         # Redis' line shape: pid:role dd Mon HH:MM:SS.mmm <mark> message
