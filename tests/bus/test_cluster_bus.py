@@ -484,6 +484,34 @@ def _three_real_nodes(a: NodeProc, b: NodeProc, c: NodeProc) -> None:
     assert info(a)["cluster_known_nodes"] == "2"
 
 
+def test_a_meet_that_cannot_work_says_why_in_the_log(tmp_path: Path) -> None:
+    """CLUSTER MEET answers OK (as the reference does); then the log names the address
+    dialled, the cause and the bus port rule, for a MEET to a bus port and for a MEET
+    to a port whose bus port accepts connections but is no disque node."""
+    a = NodeProc(tmp_path / "a", workers=1, conf={"cluster-node-timeout": NODE_TIMEOUT_MS})
+    wrong = free_port()  # its bus port: a listener that accepts and never answers
+    with socket.create_server(("127.0.0.1", wrong + 10000)) as silent:
+        silent.listen(8)
+        try:
+            a.start()
+            bus = a.port + 10000  # our own bus port, given as if it were a client port
+            assert cluster(a, "MEET", "127.0.0.1", str(bus)) in (b"OK", True, "OK")
+            assert cluster(a, "MEET", "127.0.0.1", str(wrong)) in (b"OK", True, "OK")
+            a.wait_for(lambda: a.log_text().count("given up after") == 2, real_wait_s,
+                       "both MEETs given up")
+            log = a.log_text()
+            assert (f"CLUSTER MEET 127.0.0.1 {bus}: cannot reach its cluster bus at "
+                    f"127.0.0.1:{bus + 10000}") in log, log
+            assert f"if {bus} is the peer's bus port, its client port is {a.port}" in log
+            assert (f"CLUSTER MEET 127.0.0.1 {wrong} given up after") in log
+            assert (f"its bus port {wrong + 10000} accepted the connection but no disque "
+                    "node answered there") in log
+            assert f"its client port is {wrong - 10000}" not in log  # a bus answered there
+            assert info(a)["cluster_known_nodes"] == "1"  # both entries gone
+        finally:
+            a.stop()
+
+
 def test_node_timeout_config_set_at_runtime(tmp_path: Path) -> None:
     conf = {"cluster-node-timeout": 600_000}  # ten minutes: only CONFIG SET can make it fail
     a = NodeProc(tmp_path / "a", workers=2, conf=conf)
