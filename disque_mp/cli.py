@@ -55,6 +55,14 @@ SUBCOMMANDS = {
     "check-aof": ("disque_mp.tools.check_aof", "main"),
     "bench": ("bench.loadgen", "main"),
 }
+# what to do where a subcommand's module is not installed (the wheel holds disque_mp,
+# workers and bus; bench/ ships with the source tree only)
+MISSING_HINTS = {
+    "bench": ("the load generator ships with the source tree, not the wheel: in a checkout "
+              "of disque-mp run `.venv/bin/disque-mp bench ...` (after `make run` or "
+              "`make compile`) or `python -m bench.loadgen ...`; redis-benchmark "
+              "(apt-get install redis-tools) drives a node from anywhere"),
+}
 
 
 class UsageError(Exception):
@@ -104,8 +112,10 @@ def _subcommand(name: str, rest: list[str]) -> int:
     except ModuleNotFoundError as e:
         if e.name is None or not module_name.startswith(e.name):
             raise  # the module exists but something it imports is missing
-        print(f"disque-mp: the '{name}' subcommand is not available in this "
-              f"installation ({module_name} is missing)", file=sys.stderr)
+        hint = MISSING_HINTS.get(name, f"install disque-mp from its source tree "
+                                       f"({module_name} is missing)")
+        print(f"disque-mp: the '{name}' subcommand is not in this installation: {hint}",
+              file=sys.stderr)
         return 2
     result = getattr(module, func_name)(rest)
     return int(result or 0)

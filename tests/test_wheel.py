@@ -66,6 +66,11 @@ def test_the_wheel_installs_and_serves_outside_the_checkout(tmp_path: Path) -> N
         cwd=run_dir, env=env, check=True, capture_output=True, text=True).stdout.split()
     assert all(path.startswith(str(venv)) for path in origins[:3]), origins
     assert origins[3] == "mypyc"
+    # bench/ is not in the wheel: the subcommand says what to run instead
+    bench = subprocess.run([str(venv / "bin" / "disque-mp"), "bench", "cycle"], cwd=run_dir,
+                           env=env, capture_output=True, text=True, timeout=60)
+    assert bench.returncode == 2 and "ships with the source tree" in bench.stderr, bench.stderr
+    assert "python -m bench.loadgen" in bench.stderr and "Traceback" not in bench.stderr
     port = free_port()
     proc = subprocess.Popen([str(venv / "bin" / "disque-mp"), "--port", str(port), "--bind",
                              "127.0.0.1", "--dir", str(run_dir), "--workers", "2"],

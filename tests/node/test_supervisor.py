@@ -101,7 +101,7 @@ def test_missing_subcommand_module_is_a_clear_error(
     monkeypatch.setitem(cli.SUBCOMMANDS, "check-aof", ("disque_mp.no_such_module", "main"))
     assert cli.main(["check-aof", "x.aof"]) == 2
     err = capsys.readouterr().err
-    assert "'check-aof' subcommand is not available" in err
+    assert "'check-aof' subcommand is not in this installation" in err
     assert "disque_mp.no_such_module is missing" in err
 
 
@@ -114,7 +114,7 @@ def test_systemd_unit_verifies(tmp_path: Path) -> None:
     unit = (REPO / "systemd" / "disque-mp.service").read_text()
     assert "Type=notify" in unit and "KillMode=mixed" in unit
     # verify checks that ExecStart exists: point it at this venv's script
-    (tmp_path / "disque-mp.service").write_text(unit.replace("/usr/local/bin/disque-mp", script))
+    (tmp_path / "disque-mp.service").write_text(unit.replace("/opt/disque-mp/bin/disque-mp", script))
     out = subprocess.run([analyze, "verify", str(tmp_path / "disque-mp.service")],
                          capture_output=True, text=True, timeout=60)
     problems = [line for line in (out.stdout + out.stderr).splitlines()
