@@ -33,7 +33,7 @@ from bus.hostbus import K_HANDSHAKE, K_PING, ClusterBus
 from disque_mp.node import errors
 from disque_mp.node.commands import cluster as cmd_cluster
 from disque_mp.node.config import Config
-from tests.nodeproc import NodeProc, free_port
+from tests.nodeproc import NodeProc, free_port, port_free
 from workers.ids import slot_of
 from workers.replies import ERR_SYNTAX, OK, Error, Status
 
@@ -494,7 +494,9 @@ def test_a_meet_that_cannot_work_says_why_in_the_log(tmp_path: Path) -> None:
         silent.listen(8)
         try:
             a.start()
-            bus = a.port + 10000  # our own bus port, given as if it were a client port
+            client = next(p for p in (free_port() for _ in range(100)) if port_free(p + 20000))
+            bus = client + 10000  # a bus port given as if it were a client port: its bus
+            # port, bus + 10000, is one nobody listens on
             assert cluster(a, "MEET", "127.0.0.1", str(bus)) in (b"OK", True, "OK")
             assert cluster(a, "MEET", "127.0.0.1", str(wrong)) in (b"OK", True, "OK")
             a.wait_for(lambda: a.log_text().count("given up after") == 2, real_wait_s,
@@ -502,7 +504,7 @@ def test_a_meet_that_cannot_work_says_why_in_the_log(tmp_path: Path) -> None:
             log = a.log_text()
             assert (f"CLUSTER MEET 127.0.0.1 {bus}: cannot reach its cluster bus at "
                     f"127.0.0.1:{bus + 10000}") in log, log
-            assert f"if {bus} is the peer's bus port, its client port is {a.port}" in log
+            assert f"if {bus} is the peer's bus port, its client port is {client}" in log
             assert (f"CLUSTER MEET 127.0.0.1 {wrong} given up after") in log
             assert (f"its bus port {wrong + 10000} accepted the connection but no disque "
                     "node answered there") in log
