@@ -43,7 +43,8 @@ shutdown_wait_s = 30.0  # after a drain's SHUTDOWN: how long to wait for the por
 
 # INFO fields `admin node` shows, in this order (label, INFO key)
 NODE_FIELDS = (
-    ("version", "disque_version"), ("build", "shard_build"),
+    ("disque_mp_version", "disque_mp_version"), ("protocol_version", "disque_version"),
+    ("build", "shard_build"),
     ("uptime_s", "uptime_in_seconds"), ("workers", "workers"), ("tcp_port", "tcp_port"),
     ("clients", "connected_clients"), ("blocked_clients", "blocked_clients"),
     ("jobs", "registered_jobs"), ("queues", "registered_queues"),

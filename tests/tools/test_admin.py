@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import disque_mp
 from disque_mp import cli
 from tests.nodeproc import REPO, NodeProc, unique_queue
 
@@ -142,6 +143,12 @@ def test_node_and_cluster_state(node, capsys):
     my_id = node.client().execute_command("CLUSTER", "MYID").decode()
     assert state["id"] == my_id and state["workers"] == "2"
     assert state["tcp_port"] == str(node.port) and state["build"] in ("mypyc", "pure")
+    # both versions, each named: this package's and the Disque protocol's it answers as
+    assert (state["disque_mp_version"], state["protocol_version"]) == (
+        disque_mp.__version__, disque_mp.DISQUE_VERSION)
+    code, out, _ = admin(node, capsys, "node")
+    assert code == 0 and ["protocol_version", disque_mp.DISQUE_VERSION] in [
+        line.split() for line in out.splitlines()], out
     cluster = admin_json(node, capsys, "cluster")
     assert cluster["state"] == "ok" and cluster["known_nodes"] == 1
     assert cluster["nodes"][0]["id"] == my_id and cluster["nodes"][0]["flags"] == "myself"
