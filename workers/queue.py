@@ -202,6 +202,7 @@ class Queue(Timed):
         "order",
         "lane_count",
         "tiers",
+        "priority",
     )
 
     def __init__(self, name: bytes, slot: int, now_ms: int, cells: Cells | None = None,
@@ -235,13 +236,11 @@ class Queue(Timed):
         # ``Level`` per priority in use (index = priority) holds the entries, and the
         # fields above (deque, lanes, ghosts, stale) are unused; ``live`` is the total.
         self.tiers: list[Level | None] | None = None
+        self.priority = 0  # of every job with an entry here: 0, or a Level's own
 
     def __len__(self) -> int:
         return self.live
 
-    def held_priority(self) -> int:
-        """The priority of every job this object holds entries of (0: a queue's own)."""
-        return 0
 
     def push(self, job: Job) -> None:
         """Insert a job whose state the caller has just set to QUEUED."""
@@ -377,7 +376,7 @@ class Queue(Timed):
         tiers: list[Level | None] = [None] * (priority_max + 1)
         if self._dq or self.lanes is not None:
             base = tiers[0] = Level(0, self)
-            _hand_over(self, base)
+            self._hand_over(base)
         self.group0 = b""  # an empty deque's label: the next group-0 job sets level 0's
         self.tiers = tiers
         return tiers
@@ -408,8 +407,21 @@ class Queue(Timed):
         if not _above_zero(tiers):
             self.tiers = None
             if tiers[0] is not None:
-                _hand_over(tiers[0], self)
+                tiers[0]._hand_over(self)
         return got
+
+    def _hand_over(self, dst: Queue) -> None:
+        """Move this object's entries (deque or lanes, ghosts, counts) to ``dst``,
+        whose own are empty: O(1). ``live`` stays too (a queue counts its levels')."""
+        dst._dq, self._dq = self._dq, deque()
+        dst.group0, self.group0 = self.group0, b""
+        dst.lanes, self.lanes = self.lanes, None
+        dst.ring, self.ring = self.ring, None
+        dst.order, self.order = self.order, None
+        dst.groups_live, self.groups_live = self.groups_live, 0
+        dst.ghosts, self.ghosts = self.ghosts, None
+        dst.stale, self.stale = self.stale, 0
+        dst.live = self.live
 
     def priority_counts(self) -> list[tuple[int, int]]:
         """(priority, queued jobs) of each level with queued jobs, highest first;
@@ -663,8 +675,8 @@ class Queue(Timed):
         for p, level in enumerate(tiers):
             if level is None:
                 continue
-            if level.held_priority() != p or level.tiers is not None or level.name != self.name:
-                return f"queue {self.name!r}: level {level.held_priority()} at priority {p}"
+            if level.priority != p or level.tiers is not None or level.name != self.name:
+                return f"queue {self.name!r}: level {level.priority} at priority {p}"
             err = level.check()
             if err is not None:
                 return err
@@ -728,8 +740,8 @@ class Queue(Timed):
                 return f"queue {self.name!r} out of ctime order at {job.id}"
             if group_of(job) != group:
                 return f"job {job.id} of group {group_of(job)!r} in lane {group!r}"
-            if priority_of(job) != self.held_priority():  # GETJOB's order: highest first
-                return f"job {job.id} of priority {priority_of(job)} at level {self.held_priority()}"
+            if priority_of(job) != self.priority:  # GETJOB's order: highest first
+                return f"job {job.id} of priority {priority_of(job)} at level {self.priority}"
             prev = job.ctime_us
             if live_entry(job, ghosts):
                 if job.queue != self.name:
@@ -746,14 +758,11 @@ class Level(Queue):
     queue's own. Its counters other than the entries' are unused; it publishes
     nothing (the queue's ``live`` counts for the slot's cell)."""
 
-    __slots__ = ("priority",)
+    __slots__ = ()
 
     def __init__(self, priority: int, queue: Queue) -> None:
         super().__init__(queue.name, queue.slot, queue.ctime_ms, None, queue.lane_count)
         self.priority = priority
-
-    def held_priority(self) -> int:
-        return self.priority
 
     def _push_ext(self, job: Job) -> bool:
         return self._push_grouped(job)  # a level holds one priority: no levels inside
@@ -773,20 +782,6 @@ def _above_zero(tiers: list[Level | None]) -> bool:
         if level is not None:
             return True
     return False
-
-
-def _hand_over(src: Queue, dst: Queue) -> None:
-    """Move the entries (deque or lanes, ghosts, counts) of ``src`` to ``dst``, whose
-    own are empty: O(1). ``src`` keeps ``live`` (a queue counts its levels')."""
-    dst._dq, src._dq = src._dq, deque()
-    dst.group0, src.group0 = src.group0, b""
-    dst.lanes, src.lanes = src.lanes, None
-    dst.ring, src.ring = src.ring, None
-    dst.order, src.order = src.order, None
-    dst.groups_live, src.groups_live = src.groups_live, 0
-    dst.ghosts, src.ghosts = src.ghosts, None
-    dst.stale, src.stale = src.stale, 0
-    dst.live = src.live
 
 
 def _summed_groups(levels: list[Level], count: int) -> list[tuple[bytes, int]]:
