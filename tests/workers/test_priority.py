@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from disque_mp.node.commands.jobs import ERR_PRIORITY, parse_addjob
+from tests.workers.queue_walk import Model, walk
 from tests.workers.test_shard import Env
 from workers.job import QUEUED, Job, JobExt, job_id_of_record
 from workers.queue import Queue
@@ -78,57 +79,26 @@ def test_random_moves_keep_the_levels_consistent() -> None:
     """Push, pop, remove, revive, detach (a move to another queue and back),
     drop_all: after each step the check passes and each pop is of the highest
     priority queued, the oldest of its group at that priority."""
+
+    def new_job(n: int, rng: random.Random) -> Job:
+        return _job(n, rng.choice((0, 0, 0, 3, 9)), rng.choice((b"", b"A", b"B")))
+
     for seed in range(40):
-        rng = random.Random(seed)
-        q = Queue(b"q", 0, T0)
-        queued: dict[int, Job] = {}
-        removed: list[Job] = []
-        n = 0
-        for _ in range(700):
-            op = rng.random()
-            if op < 0.45:
-                n += 1
-                job = _job(n, rng.choice((0, 0, 0, 3, 9)), rng.choice((b"", b"A", b"B")))
-                q.push(job)
-                queued[n] = job
-            elif op < 0.7:
-                got = q.pop()
-                if got is None:
-                    assert not queued, seed
-                    continue
-                top = max(j.priority for j in queued.values())
-                assert got.priority == top, seed
-                same = [j.ctime_us for j in queued.values()
-                        if j.priority == top and j.group == got.group]
-                assert got.ctime_us == min(same), seed
-                del queued[got.ctime_us]
-                got.state = 0
-            elif op < 0.85 and queued:
-                job = queued.pop(rng.choice(list(queued)))
-                job.state = 0
-                q.remove(job)
-                if rng.random() < 0.3 and job.in_deque():
-                    q.detach(job)  # its entry stays as a ghost
-                removed.append(job)
-            elif op < 0.98 and removed:
-                job = removed.pop(rng.randrange(len(removed)))
-                job.state = QUEUED
-                q.push(job)
-                queued[job.ctime_us] = job
-            elif op >= 0.995:
-                q.drop_all()
-                for job in queued.values():
-                    job.state = 0
-                queued.clear()
-                removed.clear()
-            err = q.check()
-            assert err is None, (seed, err)
-            assert len(q) == len(queued)
+        def on_pop(got: Job, queued: Model, seed: int = seed) -> None:
+            top = max(j.priority for j in queued.values())
+            assert got.priority == top, seed
+            same = [j.ctime_us for j in queued.values()
+                    if j.priority == top and j.group == got.group]
+            assert got.ctime_us == min(same), seed
+
+        def after(q: Queue, queued: Model, seed: int = seed) -> None:
             counts: dict[int, int] = {}
             for job in queued.values():
                 counts[job.priority] = counts.get(job.priority, 0) + 1
             want = sorted(counts.items(), reverse=True)
             assert q.priority_counts() == (want if any(p for p, _ in want) else []), seed
+
+        walk(seed, 700, new_job, on_pop, after, detach_p=0.3)
 
 
 def test_the_record_carries_the_priority_in_version_4() -> None:
