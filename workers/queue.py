@@ -133,10 +133,28 @@ class Cells:
         return self.nonempty[slot] == 0 and self.gen[slot] == gen
 
 
+class Unpublished(Cells):
+    """The cells of a queue's priority levels: a level publishes nothing (its queue's
+    ``live``, the total, is what the slot's cell counts), so a level handed the
+    queue's jobs, or dropped with some, never moves a count."""
+
+    __slots__ = ()
+
+    def inc(self, slot: int) -> None:
+        pass
+
+    def dec(self, slot: int) -> None:
+        pass
+
+    def bump(self, slot: int) -> None:
+        pass
+
+
 # Queues made without the shard's cells and lane count (tests of a queue alone)
 # count here.
 _SCRATCH_CELLS: Final = Cells.private()
 _SCRATCH_LANES: Final = LaneCount()
+_LEVEL_CELLS: Final = Unpublished(bytearray(cells_bytes))
 
 
 def _ctime(job: Job) -> int:
@@ -756,12 +774,12 @@ class Level(Queue):
     """The jobs of one priority in a queue that holds several (``Queue.tiers``): the
     same ctime-ordered deque with lazy deletion, split into lanes by GROUP, as a
     queue's own. Its counters other than the entries' are unused; it publishes
-    nothing (the queue's ``live`` counts for the slot's cell)."""
+    nothing (``Unpublished``: the queue's ``live`` counts for the slot's cell)."""
 
     __slots__ = ()
 
     def __init__(self, priority: int, queue: Queue) -> None:
-        super().__init__(queue.name, queue.slot, queue.ctime_ms, None, queue.lane_count)
+        super().__init__(queue.name, queue.slot, queue.ctime_ms, _LEVEL_CELLS, queue.lane_count)
         self.priority = priority
 
     def _push_ext(self, job: Job) -> bool:

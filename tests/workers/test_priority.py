@@ -15,7 +15,7 @@ from disque_mp.node.commands.jobs import ERR_PRIORITY, parse_addjob
 from tests.workers.queue_walk import Model, walk
 from tests.workers.test_shard import Env
 from workers.job import QUEUED, Job, JobExt, job_id_of_record
-from workers.queue import Queue
+from workers.queue import Cells, Queue
 
 T0 = 1_795_301_808_328
 
@@ -184,3 +184,27 @@ def test_aof_reload_keeps_the_order() -> None:
         back.s.load_record(job.to_record(), True, back.now)
     back.s.check()
     assert [e[2] for e in back.take(count=5)] == [b"p4", b"p3", b"p2", b"p1", b"p0"]
+
+
+def test_levels_publish_nothing_the_queue_counts_for_its_slot() -> None:
+    """The slot's cell counts the queue while any level holds a job; a level handed
+    the queue's jobs (level 0) and drained apart from the others touches no cell."""
+    cells = Cells.private()
+    slot = 12_345
+    q = Queue(b"q", slot, T0, cells)
+    plain = [_job(n) for n in range(1, 4)]
+    for job in plain:
+        q.push(job)
+    q.push(_job(4, priority=9))
+    assert cells.nonempty[slot] == 1
+    for job in plain:
+        job.state = 0
+        q.remove(job)  # level 0 drained while level 9 holds its job
+    assert cells.nonempty[slot] == 1 and q.check() is None
+    got = q.pop()
+    assert got is not None and got.priority == 9 and cells.nonempty[slot] == 0
+    assert q.tiers is None and q.check() is None
+    for job in plain:  # revived in the queue's own deque again
+        job.state = QUEUED
+        q.push(job)
+    assert cells.nonempty[slot] == 1 and len(q) == 3 and q.check() is None
