@@ -145,6 +145,24 @@ def test_queue_push_pop(benchmark: Any, jobs: list[Any]) -> None:
     assert benchmark(round_trip) == QUEUE_JOBS
 
 
+def test_queue_push_pop_priorities(benchmark: Any, jobs: list[Any]) -> None:
+    """The same with PRIORITY 0..9 in turn (ADDJOB ... PRIORITY): one level per
+    priority, each pop from the highest level with a job (against test_queue_push_pop)."""
+    from workers.job import JobExt
+    from workers.queue import Queue
+
+    for i, j in enumerate(jobs):
+        j.ext = JobExt(priority=i % 10) if i % 10 else None
+
+    def round_trip() -> int:
+        q = Queue(b"q", 0, 0)
+        for j in jobs:
+            q.push(j)
+        return taken_until(q.pop, None)
+
+    assert benchmark(round_trip) == QUEUE_JOBS
+
+
 def test_queue_push_remove_half_pop(benchmark: Any, jobs: list[Any]) -> None:
     """Remove by job (ACK of a queued job, DEQUEUE) leaves stale entries to skip."""
     from workers.job import ACKED, QUEUED
