@@ -447,8 +447,11 @@ class Queue(Timed):
         tiers = self.tiers
         if tiers is None:
             return []
-        out = [(p, level.live) for p in range(priority_max, -1, -1)
-               if (level := tiers[p]) is not None and level.live]
+        out: list[tuple[int, int]] = []
+        for p in range(priority_max, -1, -1):
+            level = tiers[p]
+            if level is not None and level.live:
+                out.append((p, level.live))
         return out if out and out[0][0] else []
 
     def lanes_held(self) -> int:
