@@ -45,6 +45,19 @@ with a heap with lazy deletion and with sortedcontainers: the deque is the
 fastest on append/pop and the smallest (a heap entry needs a tuple, ~70
 bytes per job; a SortedKeyList ~2 list slots plus a key per job).
 
+Priorities (ADDJOB ... PRIORITY p, 0..9, higher served first): a queue that never
+held a job above priority 0 is the structure above and pays one ``is None`` test on
+push and remove (and on a pop that finds its deque empty). The first job above 0
+makes ``tiers``, one ``Level`` per priority in use (index = priority), each a full
+ctime deque with lazy deletion and its own GROUP lanes; the entries held so far
+change hands to level 0 (``_hand_over``: O(1)), and the queue's own deque, lanes and
+ghosts stay empty while ``live`` counts every level's jobs. ``pop`` takes from the
+highest level holding a queued job; a level found without one goes with its stale
+entries (their jobs unmarked, as a lane that goes); when level 0 alone is left its
+entries come back to the queue. A job's priority never changes, so every move
+(remove, detach, revive) finds its level from the job. Levels publish nothing
+(``Unpublished`` cells): the queue's ``live`` is what its slot's cell counts.
+
 ``Cells``: what the queues of each slot publish to the other workers of the host
 (how many hold jobs, and a generation bumped when one vanishes), so that a GETJOB
 coordinated elsewhere can skip an owner whose queues are known empty
@@ -258,7 +271,6 @@ class Queue(Timed):
 
     def __len__(self) -> int:
         return self.live
-
 
     def push(self, job: Job) -> None:
         """Insert a job whose state the caller has just set to QUEUED."""
