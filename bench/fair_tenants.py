@@ -48,7 +48,7 @@ consume_idle_s = 5.0  # a read that waited this long finds the queue empty
 cluster_form_timeout_s = 60.0
 
 
-def _figures(order: list[bytes], small: int, backlog: int, fill_s: float,
+def figures(order: list[bytes], small: int, backlog: int, fill_s: float,
              read_s: float) -> dict[str, Any]:
     pos = [i + 1 for i, body in enumerate(order) if body.startswith(b"B")]
     return {"backlog": backlog, "small": small, "deliveries_read": len(order),
@@ -93,7 +93,7 @@ def disque(ports: tuple[int, int, int], backlog: int, small: int,
     t2 = time.monotonic()
     for r in (ra, rb, rc):
         r.execute_command("DELQUEUE", q)
-    return _figures(order, small, backlog, t1 - t0, t2 - t1)
+    return figures(order, small, backlog, t1 - t0, t2 - t1)
 
 
 def redis_list(port: int, backlog: int, small: int) -> dict[str, Any]:
@@ -115,7 +115,7 @@ def redis_list(port: int, backlog: int, small: int) -> dict[str, Any]:
             break
     t2 = time.monotonic()
     r.delete(q)
-    return _figures(order, small, backlog, t1 - t0, t2 - t1)
+    return figures(order, small, backlog, t1 - t0, t2 - t1)
 
 
 def redis_stream(port: int, backlog: int, small: int) -> dict[str, Any]:
@@ -141,7 +141,7 @@ def redis_stream(port: int, backlog: int, small: int) -> dict[str, Any]:
             break
     t2 = time.monotonic()
     r.delete(q)
-    return _figures(order, small, backlog, t1 - t0, t2 - t1)
+    return figures(order, small, backlog, t1 - t0, t2 - t1)
 
 
 def rabbitmq(url: str, backlog: int, small: int, arguments: dict[str, Any] | None = None,
@@ -179,7 +179,7 @@ def rabbitmq(url: str, backlog: int, small: int, arguments: dict[str, Any] | Non
         t2 = time.monotonic()
         ch.cancel()
         ch.queue_delete(q)
-        return _figures(order, small, backlog, t1 - t0, t2 - t1)
+        return figures(order, small, backlog, t1 - t0, t2 - t1)
     finally:
         conn.close()
 
