@@ -1039,7 +1039,7 @@ def check_core(c: CoreState) -> None:
             wq = c.queues.get(name)
             invariant(wq is not None and wq.waiters and w.token in wq.waiters,
                       f"waiter {w.token} not on queue {name!r}")
-    lanes = sum(len(q.lanes) for q in c.queues.values() if q.lanes is not None)
+    lanes = sum(q.lanes_held() for q in c.queues.values())
     invariant(c.lane_count() == lanes, f"lane count {c.lane_count()} != {lanes}")
     c.timers.check()
     _check_tally(c.tally(), jobs)

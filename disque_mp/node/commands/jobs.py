@@ -42,6 +42,7 @@ from workers.job import (
     delay_max_s,
     group_bytes_max,
     maxdeliver_max,
+    priority_max,
     queue_name_bytes_max,
     retry_max_s,
     ttl_max_s,
@@ -230,6 +231,12 @@ def parse_addjob(args: list[bytes]) -> AddJobArgs | Error:
                 return err
             i += 2
             continue
+        if opt == b"priority" and not last:
+            err = _addjob_priority(a, args[i + 1])
+            if err is not None:
+                return err
+            i += 2
+            continue
         spec = None if last else _ADDJOB_OPTS.get(opt)
         if spec is None:
             return ERR_SYNTAX
@@ -262,6 +269,22 @@ def _addjob_ext(a: AddJobArgs, opt: bytes, value: bytes) -> Error | None:
     return None
 
 
+def _addjob_priority(a: AddJobArgs, value: bytes) -> Error | None:
+    """``PRIORITY p`` (extension): 0 to 9, higher delivered first; 0 (the default)
+    gives the job no field at all."""
+    v = parse_int(value)
+    if v is None or not 0 <= v <= priority_max:
+        return ERR_PRIORITY
+    if v:
+        if a.ext is None:
+            a.ext = JobExt()
+        a.ext.priority = v
+    elif a.ext is not None:
+        a.ext.priority = 0
+    return None
+
+
+ERR_PRIORITY: Final = Error(f"ERR PRIORITY must be an integer from 0 to {priority_max}")
 ERR_GROUP: Final = Error(f"ERR GROUP name must be 1 to {group_bytes_max} bytes")
 ERR_DEDUP: Final = Error(f"ERR DEDUP key must be 1 to {dedup_bytes_max} bytes")
 
