@@ -325,6 +325,7 @@ class AddJobOptions(TypedDict, total=False):
     maxdeliver: int | None
     dedup: str | bytes | None
     group: str | bytes | None  # fair tenants: GETJOB serves a queue's groups in rotation
+    priority: int | None  # 0..9, higher delivered first (PRIORITY; 0 or None: not sent)
 
 
 # AddJobOptions' valued options and their words, in the order ADDJOB's arguments take them.
@@ -348,6 +349,9 @@ def addjob_args(queue: str | bytes, body: bytes | str, timeout_ms: int = 0,
     group = options.get("group")
     if group is not None:
         args += ["GROUP", group]
+    priority = options.get("priority")
+    if priority:
+        args += ["PRIORITY", int(priority)]
     if options.get("async_"):
         args.append("ASYNC")
     return args
