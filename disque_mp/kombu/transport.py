@@ -60,7 +60,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from queue import Empty
 from typing import Any
@@ -81,6 +81,7 @@ from disque_mp.client import (
 from disque_mp.client.core import task_dedup_key
 from disque_mp.client.limits import MAXDELIVER_MAX as max_deliveries_max
 from disque_mp.client.limits import dead_reason, group_name
+from disque_mp.client.limits import queue_limits as limits_of
 
 log = logging.getLogger("disque_mp.kombu")
 
@@ -326,7 +327,7 @@ class Channel(virtual.Channel):
     from_transport_options: Any = virtual.Channel.from_transport_options + (
         "visibility_timeout", "message_ttl", "replicate", "async_replication",
         "dead_letter_queue", "priority_steps", "heartbeat", "fetch_count", "max_deliveries",
-        "async_acks", "dedup", "fair_key",
+        "async_acks", "dedup", "fair_key", "queue_limits",
     )
     visibility_timeout: int = visibility_timeout_default_s
     message_ttl: int = message_ttl_default_s
@@ -340,10 +341,15 @@ class Channel(virtual.Channel):
     async_acks: bool = True
     dedup: bool = False  # ADDJOB ... DEDUP <task id> (Celery's protocol 2 headers)
     fair_key: str | None = None  # header or task keyword argument naming the GROUP
+    # QLIMIT per kombu queue: {"emails": {"active": 5, "rate": 50, "group_active": 2}},
+    # set with BCAST when the queue is declared (``_new_queue``)
+    queue_limits: Mapping[str, Mapping[str, int]] | None = None
 
     def __init__(self, connection: Transport, **kwargs: Any) -> None:
         super().__init__(connection, **kwargs)
         self._check_options()
+        self._limits = {str(q): limits_of(v, f"disque:// queue_limits[{q!r}]")
+                        for q, v in (self.queue_limits or {}).items()}
 
     def _check_options(self) -> None:
         if int(self.visibility_timeout) < 1:
@@ -392,7 +398,13 @@ class Channel(virtual.Channel):
     # ---- the virtual transport's primitives
 
     def _new_queue(self, queue: str, **kwargs: Any) -> None:
-        """Disque creates queues on the first job: nothing to do."""
+        """Disque creates queues on the first job; a queue named in ``queue_limits``
+        gets its QLIMIT on every reachable node (BCAST), each of its priority steps'
+        queues alike."""
+        limits = self._limits.get(queue)
+        if limits:
+            for name in self._all_queues(queue):
+                self.client.set_limit(name, bcast=True, **limits)
 
     def _has_queue(self, queue: str, **kwargs: Any) -> bool:
         return True
@@ -534,7 +546,9 @@ class Transport(virtual.Transport):
     messages), ``fetch_count``, ``polling_interval``, ``socket_timeout``,
     ``connect_timeout``, ``password`` (or in the URL), ``confirm_publish`` (a reply
     per published message; off: pipelined), ``publish_window`` (unanswered
-    publishes at most), ``async_acks`` (acks in batches from a thread).
+    publishes at most), ``async_acks`` (acks in batches from a thread),
+    ``queue_limits`` (QLIMIT per queue, ``{"emails": {"active": 5}}``: set with
+    BCAST when the queue is declared; per node, docs/frameworks.md).
     """
 
     Channel = Channel
