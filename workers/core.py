@@ -975,7 +975,7 @@ class Core(CoreState):
         if active or rate or group_active:
             if lim is None:
                 lim = t.limited[bytes(name)] = Limit(now_ms)
-            lim.set(active, rate, group_active, t.active.get(name, 0), now_ms)
+            lim.change(active, rate, group_active, t.active.get(name, 0), now_ms)
             if q is not None:
                 q.paused |= LIMITED
         elif lim is not None:

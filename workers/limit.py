@@ -69,7 +69,7 @@ class Limit:
         # allows them until the next delivery, which needs room below ACTIVE).
         self.over = 0
 
-    def set(self, active: int, rate: int, group_active: int, in_use: int, now_ms: int) -> None:
+    def change(self, active: int, rate: int, group_active: int, in_use: int, now_ms: int) -> None:
         """New limits; ``in_use``: the queue's jobs delivered and not done now."""
         if rate != self.rate:
             self.milli_tokens = rate * _MILLI  # a new RATE starts with a full bucket

@@ -8,7 +8,6 @@ from typing import Final
 
 from workers.core import Core
 from workers.ids import slot_of, slot_of_valid_id
-from workers.limit import LIMIT_RECORD_TAG, parse_limit_record
 from workers.job import (
     ACKED,
     DEL_RECORD_TAG,
@@ -17,6 +16,7 @@ from workers.job import (
     job_id_of_record,
     node_id_bytes_max,
 )
+from workers.limit import LIMIT_RECORD_TAG, parse_limit_record
 
 _DEL_TAG = bytes((DEL_RECORD_TAG,))
 _LIMIT_TAG = bytes((LIMIT_RECORD_TAG,))

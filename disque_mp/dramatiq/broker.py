@@ -69,8 +69,8 @@ from disque_mp.client import (
 )
 from disque_mp.client.core import task_dedup_key
 from disque_mp.client.limits import DEAD_PREFIX, dead_reason, group_name
-from disque_mp.client.limits import queue_limits as limits_of
 from disque_mp.client.limits import MAXDELIVER_MAX as max_deliveries_max
+from disque_mp.client.limits import queue_limits as limits_of
 
 log = logging.getLogger("disque_mp.dramatiq")
 

@@ -7,12 +7,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.workers.test_shard import Env, env  # noqa: F401 (the fixture)
+import pytest
+
+from tests.workers.test_shard import Env
 from workers import messages as msg
 from workers.effects import AofAppend, Send, Wake
 from workers.job import JobExt
 from workers.limit import limit_record, parse_limit_record
 from workers.queue import LIMITED
+
+
+@pytest.fixture
+def env() -> Env:
+    return Env()
 
 
 def _limit(env: Env, queue: bytes = b"q", active: int | None = None, rate: int | None = None,
