@@ -431,7 +431,9 @@ class Shard:
                     fed.bcast_attempt = 0  # a new wait starts with short delays
         if c.view().known:
             for name in queues:
-                self.fed.needjobs(c.queue(name, now_ms), False, now_ms)
+                q = c.queue(name, now_ms)
+                if not (q.paused & LIMITED and q.live):  # at its limit: more would wait too
+                    self.fed.needjobs(q, False, now_ms)
 
     def op_unblock(self, token: int, now_ms: int | None = None,
                    forget_queues: bool = False) -> None:
