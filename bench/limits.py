@@ -18,13 +18,8 @@
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -201,9 +196,9 @@ def run(workdir: Path) -> dict[str, Any]:
 def to_markdown(report: dict[str, Any]) -> str:
     res = report["results"]
     lines = ["# QLIMIT: limits per node, measured", "",
-             f"{report['time']}, {report['provenance']}; load (1 min) "
-             f"{report['loadavg_1m'][0]} -> {report['loadavg_1m'][1]}. "
-             "`python -m bench.limits`.", "",
+             f"{report['time']}, {report['machine']}, node build: {report['node_build']}, "
+             f"commit {report['commit']}, load (1 min) {report['loadavg_1m'][0]} -> "
+             f"{report['loadavg_1m'][1]}. `python -m bench.limits`.", "",
              f"## ACTIVE: 2 nodes, 8 consumers (4 a node), {active_jobs_per_node} jobs a node, "
              f"each held {work_ms} ms", "",
              "| limit | jobs | most held at once per node (consumers) | most in-use per node "
@@ -235,20 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    workdir = Path(tempfile.mkdtemp(prefix="bench-limits-"))
-    load_before = os.getloadavg()[0]
-    try:
-        results = run(workdir)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    report = {"time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "provenance": record.provenance_line(), "machine": platform.platform(),
-              "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-              "results": results}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "limits.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / "limits.md").write_text(to_markdown(report))
-    print(to_markdown(report))
+    record.run_and_write(args.out, "limits", run, to_markdown)
     return 0
 
 

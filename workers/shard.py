@@ -362,12 +362,15 @@ class Shard:
             elif not q.paused & PAUSED_OUT:
                 qs.append(q)
                 limited = limited or bool(q.paused & LIMITED)
-        if limited:
-            return self._take_many_limited(qs, count, withcounters, now_ms)
         out: list[list[Any]] = []
         while len(out) < count:
             before = len(out)
             for q in qs:
+                if limited and q.paused & LIMITED:  # plain queues: one local's test
+                    out += c.take_limited(q, 1, withcounters, now_ms)
+                    if len(out) >= count:
+                        break
+                    continue
                 job = q.pop()
                 if job is not None:
                     out.append(c.deliver(job, q, now_ms, withcounters))
@@ -378,30 +381,6 @@ class Shard:
         for q in qs:
             if not q.live:
                 c.maybe_idle(q, now_ms)  # arms nothing when the check is armed already
-        return out
-
-    def _take_many_limited(self, qs: list[Any], count: int, withcounters: bool,
-                           now_ms: int) -> list[list[Any]]:
-        """``_take_many`` where a queue has limits: the same passes, one job per queue
-        per pass, a queue at its limit passed over."""
-        c = self.core
-        out: list[list[Any]] = []
-        while len(out) < count:
-            before = len(out)
-            for q in qs:
-                if q.paused & LIMITED:
-                    out += c.take_limited(q, 1, withcounters, now_ms)
-                else:
-                    job = q.pop()
-                    if job is not None:
-                        out.append(c.deliver(job, q, now_ms, withcounters))
-                if len(out) >= count:
-                    break
-            if len(out) == before:
-                break
-        for q in qs:
-            if not q.live:
-                c.maybe_idle(q, now_ms)
         return out
 
     def op_block(
