@@ -38,14 +38,14 @@ from __future__ import annotations
 from typing import Any
 
 from workers import messages as msg
-from workers.core import Core, Events
+from workers.core import Core
 from workers.ids import slot_of
 from workers.limit import limit_record
 from workers.replies import Error
 from workers.views import limit_view
 
 
-class Limits(Events):
+class Limits:
     """QLIMIT on one shard: the command, the broadcast, the records, the view."""
 
     def __init__(self, core: Core) -> None:
