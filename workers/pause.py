@@ -67,7 +67,7 @@ class Pause:
         q = s.queue(queue, now_ms)
         was_out = q.paused & PAUSED_OUT
         q.paused = flags | (q.paused & LIMITED)  # QLIMIT's bit is not PAUSE's
-        if flags:
+        if flags and not q.paused & LIMITED:  # a limited queue's timer may be RATE's
             s.unschedule(q)  # paused queues are never evicted
         elif not q.live:
             s.maybe_idle(q, now_ms)

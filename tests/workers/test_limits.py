@@ -186,3 +186,17 @@ def test_the_limits_have_an_aof_record_and_load_from_it(env: Env) -> None:
     fresh.s.load_record(limit_record(b"q", 0, 0, 0), False, fresh.now)  # a RESET's record
     assert fresh.s.core.limit_of(b"q") is None
     fresh.s.check()
+
+
+def test_a_pause_keeps_rates_next_token_and_keeps_the_limits(env: Env) -> None:
+    for _ in range(5):
+        env.add()
+    _limit(env, rate=1)
+    assert len(env.take(count=5)) == 1
+    _block(env, 4)
+    assert env.s.op_pause(b"q", ["in"], env.now) == "in"  # still serving: the timer stays
+    env.advance(1010)
+    assert len(_wakes(env)[4]) == 1
+    assert env.s.op_pause(b"q", ["none"], env.now) == "none"
+    q = env.s.core.find_queue(b"q")
+    assert q is not None and q.paused & LIMITED  # PAUSE's state is not QLIMIT's
