@@ -109,6 +109,11 @@ def _sampler(ports: list[int], q: str, stop: threading.Event, most: dict[int, in
         time.sleep(sample_ms / 1000)
 
 
+def _node_key(port: int) -> Callable[[list[Any]], str]:
+    """A consumer's jobs counted under its node."""
+    return lambda _entry: str(port)
+
+
 def active(nodes: list[NodeProc], limit: int | None) -> dict[str, Any]:
     q = unique_queue("limit")
     ports = [n.port for n in nodes]
@@ -126,7 +131,8 @@ def active(nodes: list[NodeProc], limit: int | None) -> dict[str, Any]:
     sampler = threading.Thread(target=_sampler, args=(ports, q, stop, sampled))
     sampler.start()
     t0 = time.monotonic()
-    targets = [(p, (lambda _e, p=p: str(p))) for p in ports for _ in range(4)]
+    targets: list[tuple[int, Callable[[list[Any]], str]]] = [
+        (p, _node_key(p)) for p in ports for _ in range(4)]
     times = _run_consumers(targets, q, held, 1, work_ms / 1000)
     stop.set()
     sampler.join()
