@@ -21,13 +21,9 @@ scenario (``points``: "8 fair tenants") on its servers for ``make bench-brokers`
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import shutil
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -279,25 +275,11 @@ def record_run(argv: list[str] | None, doc: str, run: Run, stem: str, brokers: s
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    from disque_mp import compiled
 
     backlog = args.backlog or (5_000 if args.quick else 100_000)
-    workdir = Path(tempfile.mkdtemp(prefix=f"bench-{stem}-"))
-    load_before = os.getloadavg()[0]
-    try:
-        results = run(workdir, backlog, args.small, args.brokers.split(","))
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    report = {"time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "machine": f"{os.cpu_count()} CPUs, {platform.platform()}",
-              "node_build": compiled.summary(), "commit": record.commit(), "backlog": backlog,
-              "small": args.small,
-              "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-              "results": results}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / f"{stem}.md").write_text(markdown(report))
-    print(markdown(report))
+    record.run_and_write(args.out, stem,
+                         lambda workdir: run(workdir, backlog, args.small, args.brokers.split(",")),
+                         markdown, {"backlog": backlog, "small": args.small})
     return 0
 
 

@@ -50,8 +50,9 @@ from workers.job import (
     times_1000,
     union,
 )
-from workers.lanes import LaneCount
-from workers.queue import PAUSED_OUT, Cells, Queue
+from workers.lanes import LaneCount, group_of
+from workers.limit import Limit, limit_record
+from workers.queue import LIMITED, PAUSE_MASK, PAUSED_OUT, Cells, Queue
 from workers.replies import ERR_LEAVING, Error
 from workers.timers import Timers
 
@@ -214,6 +215,10 @@ class Tally:
 
     def __init__(self) -> None:
         self.stats = Stats()
+        # QLIMIT (workers/limits.py): the queues with limits, by name, and those where
+        # a delivery ended since the shard last served their waiters (``Core.serve_ended``)
+        self.limited: dict[bytes, Limit] = {}
+        self.ended: set[bytes] = set()
         self.clear()
 
     def clear(self) -> None:
@@ -221,6 +226,8 @@ class Tally:
         self.outstanding = 0  # jobs delivered and not acked (Job.dtime_ms >= 0)
         self.active: dict[bytes, int] = {}
         self.delayed: dict[bytes, int] = {}
+        self.limited.clear()  # the limits go with the queues
+        self.ended.clear()
 
     def forget_delivery(self, job: Job) -> int:
         """The job is no longer delivered-and-unacked: its delivery ms, or -1."""
@@ -233,6 +240,11 @@ class Tally:
                 self.active[job.queue] = n
             else:
                 self.active.pop(job.queue, None)
+            if self.limited:  # plain queues: one test, only while some queue has limits
+                lim = self.limited.get(job.queue)
+                if lim is not None:
+                    lim.release(job)
+                    self.ended.add(job.queue)
         return at
 
     def leave_queue(self, job: Job) -> None:
@@ -468,6 +480,21 @@ class CoreState:
     def blocked(self, token: int) -> bool:
         return token in self.waiters
 
+    def limit_of(self, queue: bytes) -> Limit | None:
+        """The queue's QLIMIT limits (None: none)."""
+        return self._tally.limited.get(queue)
+
+    def limit_count(self) -> int:
+        return len(self._tally.limited)
+
+    def limit_table(self) -> Mapping[bytes, Limit]:
+        """The limits by queue name, read only (AOF rewrite)."""
+        return self._tally.limited
+
+    def check_limits(self) -> None:
+        """Every limit agrees with the jobs it counted (tests; O(delivered jobs))."""
+        check_limits(self)
+
     def waiter_list(self) -> list[Waiter]:
         return list(self.waiters.values())
 
@@ -672,6 +699,8 @@ class Core(CoreState):
     def create_queue(self, name: bytes, now_ms: int) -> Queue:
         name = bytes(name)  # the canonical name object every job of the queue shares
         q = Queue(name, slot_of(name), now_ms, self.cells, self.lanes_held)
+        if self._tally.limited and name in self._tally.limited:
+            q.paused = LIMITED  # the limits belong to the name (workers/limits.py)
         self.queues[name] = q
         if self._qscan_free:
             q.scan_idx = self._qscan_free.pop()
@@ -686,14 +715,16 @@ class Core(CoreState):
         """Arm the eviction check of a queue that has become empty and unwatched. A
         check already armed is never later than this one would be (``atime_ms`` only
         grows), so it stays: a take over empty queues re-arms nothing."""
-        if not q.awake_ms and not q.live and q.waiters is None and not q.paused:
+        if not q.awake_ms and not q.live and q.waiters is None and not q.paused & PAUSE_MASK:
             self.timers.schedule(q, q.atime_ms + self._queue_idle_ms)
 
     def fire_queue(self, q: Queue, now_ms: int) -> None:
         """The eviction check of an idle queue is due: evict it, or check again later."""
         if self.queues.get(q.name) is not q:
             return
-        if q.live or q.waiters is not None or q.paused:
+        if q.live or q.waiters is not None or q.paused & PAUSE_MASK:
+            if q.paused & LIMITED and q.waiters is not None and not q.paused & PAUSED_OUT:
+                self.serve_waiters(q, now_ms)  # RATE's next token is due
             return  # re-armed when it becomes idle again
         if q.atime_ms + self._queue_idle_ms <= now_ms:
             self.evict(q)
@@ -730,9 +761,12 @@ class Core(CoreState):
         self.timers.schedule(job, job.ctime_us // US_PER_MS + job.ttl_s * 1000)
         if not serve:
             return
-        if q.waiters is not None and not q.paused & PAUSED_OUT:
-            self.serve_waiters(q, now_ms)
-        elif q.live == 1 and q.waiters is None:
+        if q.waiters is not None:
+            if not q.paused:
+                self._serve(q, now_ms)
+            elif not q.paused & PAUSED_OUT:
+                self.serve_waiters(q, now_ms)  # within its limits when it has some
+        elif q.live == 1:
             for sub in self._after_queued_unwatched:
                 sub.after_queued_unwatched(q, now_ms)
 
@@ -861,6 +895,13 @@ class Core(CoreState):
         return [q.name, job.id, job.body]
 
     def serve_waiters(self, q: Queue, now_ms: int) -> None:
+        """GETJOBs blocked on ``q`` get its jobs (within its limits, when it has some)."""
+        if q.paused & LIMITED:
+            self._serve_limited(q, now_ms)
+        else:
+            self._serve(q, now_ms)
+
+    def _serve(self, q: Queue, now_ms: int) -> None:
         while q.live and q.waiters:
             token = next(iter(q.waiters))
             w = self.waiters[token]
@@ -876,6 +917,79 @@ class Core(CoreState):
         if not q.live:
             self.drained(q, now_ms)
 
+    def _serve_limited(self, q: Queue, now_ms: int) -> None:
+        while q.live and q.waiters:
+            token = next(iter(q.waiters))
+            w = self.waiters[token]
+            entries = self.take_limited(q, w.count, w.withcounters, now_ms)
+            if not entries:
+                break  # at its limit: served again when a delivery ends or a token is due
+            self._drop_waiter(w, now_ms)
+            self.effects.append(Wake(token, entries))
+        self.maybe_idle(q, now_ms)
+        if not q.live:
+            self.drained(q, now_ms)
+
+    def serve_ended(self, now_ms: int) -> None:
+        """Deliveries of queues with limits ended (ACK, NACK, gone ...): their
+        blocked GETJOBs get what the limits allow now."""
+        ended = self._tally.ended
+        names = list(ended)
+        ended.clear()
+        for name in names:
+            q = self.queues.get(name)
+            if q is not None and q.live and q.waiters is not None and q.paused & LIMITED \
+                    and not q.paused & PAUSED_OUT:
+                self._serve_limited(q, now_ms)
+
+    def take_limited(self, q: Queue, count: int, withcounters: bool,
+                     now_ms: int) -> list[list[Any]]:
+        """Up to ``count`` jobs of ``q``, a queue with limits, as its limits allow
+        now (``deliver``'s entries): ACTIVE and RATE bound how many, the groups at
+        GROUP-ACTIVE are passed over. At RATE's limit with jobs left, the queue's
+        timer is armed for the next token (``fire_queue`` serves its waiters)."""
+        lim = self._tally.limited[q.name]
+        out: list[list[Any]] = []
+        room = lim.room(self._tally.active.get(q.name, 0), now_ms)
+        n = room if room < count else count
+        full = lim.full_groups()
+        while len(out) < n:
+            job = q.pop_outside(full) if full else q.pop()
+            if job is None:
+                break
+            group = group_of(job)
+            out.append(self.deliver(job, q, now_ms, withcounters))
+            if lim.took(job, group):
+                full.add(group)
+        if lim.rate and q.live and len(out) >= room and lim.tokens(now_ms) < 1:
+            self.timers.schedule(q, lim.next_token_ms(now_ms))
+        return out
+
+    def set_limit(self, name: bytes, active: int, rate: int, group_active: int, now_ms: int,
+                  log: bool = True) -> None:
+        """QLIMIT: the queue's limits from now on (all 0: none); a queue that exists
+        takes them at once, one made later when it is made (``create_queue``); its
+        waiters get what the new limits allow; the record (``log``)."""
+        t = self._tally
+        lim = t.limited.get(name)
+        q = self.queues.get(name)
+        if active or rate or group_active:
+            if lim is None:
+                lim = t.limited[bytes(name)] = Limit(now_ms)
+            lim.change(active, rate, group_active, t.active.get(name, 0), now_ms)
+            if q is not None:
+                q.paused |= LIMITED
+        elif lim is not None:
+            del t.limited[name]
+            t.ended.discard(name)
+            if q is not None:
+                q.paused &= ~LIMITED
+                self.maybe_idle(q, now_ms)
+        if q is not None and q.waiters is not None and q.live and not q.paused & PAUSED_OUT:
+            self.serve_waiters(q, now_ms)
+        if log and self._aof:
+            self.effects.append(AofAppend(limit_record(name, active, rate, group_active)))
+
     def block(self, w: Waiter, now_ms: int) -> list[Queue]:
         """A blocked GETJOB waits on its queues (a watched queue is not evicted);
         returns the queues nobody watched before."""
@@ -887,7 +1001,8 @@ class Core(CoreState):
                 q.waiters = {}
                 fresh.append(q)
             q.waiters[w.token] = w
-            self.timers.unschedule(q)
+            if not q.paused & LIMITED:  # a limited queue's timer may be RATE's next token
+                self.timers.unschedule(q)
         return fresh
 
     def _drop_waiter(self, w: Waiter, now_ms: int) -> None:
@@ -913,7 +1028,8 @@ class Core(CoreState):
         if forget_queues:
             for name in w.queues:
                 q = self.queues.get(name)
-                if q is not None and not q.live and q.waiters is None and not q.paused:
+                if q is not None and not q.live and q.waiters is None \
+                        and not q.paused & PAUSE_MASK:
                     self.evict(q)
 
     # ------------------------------------------------------------------ timers
@@ -1033,7 +1149,8 @@ def check_core(c: CoreState) -> None:
         if q.waiters is not None:
             for token in q.waiters:
                 invariant(token in c.waiters, f"dangling waiter {token}")
-            invariant(not q.live or q.paused & PAUSED_OUT, f"queue {name!r} has jobs and waiters")
+            invariant(not q.live or q.paused & (PAUSED_OUT | LIMITED),
+                      f"queue {name!r} has jobs and waiters")
     for w in c.waiters.values():
         for name in w.queues:
             wq = c.queues.get(name)
@@ -1043,7 +1160,32 @@ def check_core(c: CoreState) -> None:
     invariant(c.lane_count() == lanes, f"lane count {c.lane_count()} != {lanes}")
     c.timers.check()
     _check_tally(c.tally(), jobs)
+    check_limits(c)
     _check_cells(c)
+
+
+def check_limits(c: CoreState) -> None:
+    """Each queue with limits: never more delivered and not done than ACTIVE (past
+    it only by the jobs delivered before ACTIVE was lowered, until the next
+    delivery), nor per group than GROUP-ACTIVE; the jobs counted per group are
+    delivered and not done (tests; O(delivered jobs))."""
+    t = c.tally()
+    for name, lim in t.limited.items():
+        in_use = t.active.get(name, 0)
+        if lim.active:
+            invariant(in_use <= lim.active + lim.over,
+                      f"queue {name!r}: {in_use} delivered and not done, ACTIVE {lim.active}")
+        groups: dict[bytes, int] = {}
+        for job, group in lim.counted.items():
+            invariant(job.dtime_ms >= 0 and job.queue == name and group_of(job) == group,
+                      f"{job} counted by the limits of {name!r} but not delivered there")
+            groups[group] = groups.get(group, 0) + 1
+        invariant(groups == lim.groups, f"queue {name!r}: groups {lim.groups} != {groups}")
+        invariant(len(lim.counted) <= in_use, f"queue {name!r}: counted past the delivered")
+        q = c.queues.get(name)
+        invariant(q is None or bool(q.paused & LIMITED), f"queue {name!r} lost its LIMITED bit")
+    for name, q in c.queues.items():
+        invariant(not q.paused & LIMITED or name in t.limited, f"queue {name!r}: LIMITED, no limit")
 
 
 def _check_cells(c: CoreState) -> None:

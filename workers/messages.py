@@ -33,6 +33,7 @@ DELJOB     {"j": id}
 NEEDJOBS   {"c": count}                                         [queue name]
 YOURJOBS   {}                                                   [job record, ...]
 PAUSE      {"f": pause flags}                                   [queue name]
+QLIMIT     {"a": ACTIVE, "r": RATE, "g": GROUP-ACTIVE}          [queue name]
 QLENASK    {"r": request}                                       [queue name]
 QLENIS     {"r": request, "n": queued jobs}
 DELQ       {"r": request}                                       [queue name]
@@ -53,6 +54,7 @@ from typing import Any, Final
 
 from workers.ids import SLOTS, is_valid_job_id, slot_of, slot_of_job_id
 from workers.job import dead_reason_bytes_max, delay_max_s
+from workers.limit import limit_value_limit
 
 u32_max: Final = (1 << 32) - 1
 # ENQUEUE's and SETACK's node lists: at most every node of a cluster (the
@@ -200,6 +202,15 @@ def _pause(slot: int, meta: dict[str, Any], bodies: list[bytes]) -> str | None:
     return err
 
 
+def _qlimit(slot: int, meta: dict[str, Any], bodies: list[bytes]) -> str | None:
+    err = _queue_body(slot, bodies)
+    if err is None and not (_int(meta.get("a"), 0, limit_value_limit)
+                            and _int(meta.get("r"), 0, limit_value_limit)
+                            and _int(meta.get("g"), 0, limit_value_limit)):
+        return "bad QLIMIT limits"
+    return err
+
+
 def _request(slot: int, meta: dict[str, Any], bodies: list[bytes]) -> str | None:
     """QLENASK / DELQ: a request number and the queue."""
     err = _queue_body(slot, bodies)
@@ -236,6 +247,7 @@ DELJOB: Final = "DELJOB"
 NEEDJOBS: Final = "NEEDJOBS"
 YOURJOBS: Final = "YOURJOBS"
 PAUSE: Final = "PAUSE"
+QLIMIT: Final = "QLIMIT"
 QLENASK: Final = "QLENASK"
 QLENIS: Final = "QLENIS"
 DELQ: Final = "DELQ"
@@ -256,6 +268,7 @@ KINDS: Final = (
     Kind(NEEDJOBS, '{"c": count}', "[queue name]", _needjobs),
     Kind(YOURJOBS, "{}", "[job record, ...]", _records),
     Kind(PAUSE, '{"f": pause flags}', "[queue name]", _pause),
+    Kind(QLIMIT, '{"a": ACTIVE, "r": RATE, "g": GROUP-ACTIVE}', "[queue name]", _qlimit),
     Kind(QLENASK, '{"r": request}', "[queue name]", _request),
     Kind(QLENIS, '{"r": request, "n": queued jobs}', "", _qlenis),
     Kind(DELQ, '{"r": request}', "[queue name]", _request),
@@ -334,6 +347,11 @@ def needjobs_meta(count: int) -> dict[str, Any]:
 def pause_meta(flags: int) -> dict[str, Any]:
     """PAUSE: the queue's pause flags (the queue is the body)."""
     return {"f": flags}
+
+
+def qlimit_meta(active: int, rate: int, group_active: int) -> dict[str, Any]:
+    """QLIMIT: a queue's limits (the queue is the body; all 0: reset)."""
+    return {"a": active, "r": rate, "g": group_active}
 
 
 def request_meta(request: int) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from typing import Any, Final
 from workers import messages as msg
 from workers.core import Core
 from workers.ids import slot_of
-from workers.queue import PAUSE_NAMES, PAUSED_IN, PAUSED_OUT, Queue
+from workers.queue import LIMITED, PAUSE_MASK, PAUSE_NAMES, PAUSED_IN, PAUSED_OUT, Queue
 from workers.replies import ERR_OOM, Error, Status
 
 # disque_mp/node/memory.py's level 3 (past maxmemory), as Shard.set_memory_level gives it.
@@ -53,7 +53,7 @@ class Pause:
                 and self.core.find_queue(queue) is None:
             return ERR_OOM  # a paused queue is memory too: none is created past maxmemory
         q = self.set_pause(queue, flags, now_ms) if update else self.core.find_queue(queue)
-        state = q.paused if q is not None else 0
+        state = q.paused & PAUSE_MASK if q is not None else 0
         if "bcast" in opts:
             # Every reachable node gets the resulting state (spec: PAUSE ... bcast).
             self.core.send("*", msg.PAUSE, slot_of(queue), msg.pause_meta(state), [bytes(queue)])
@@ -66,8 +66,8 @@ class Pause:
             return None
         q = s.queue(queue, now_ms)
         was_out = q.paused & PAUSED_OUT
-        q.paused = flags
-        if flags:
+        q.paused = flags | (q.paused & LIMITED)  # QLIMIT's bit is not PAUSE's
+        if flags and not q.paused & LIMITED:  # a limited queue's timer may be RATE's
             s.unschedule(q)  # paused queues are never evicted
         elif not q.live:
             s.maybe_idle(q, now_ms)

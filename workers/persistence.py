@@ -16,8 +16,10 @@ from workers.job import (
     job_id_of_record,
     node_id_bytes_max,
 )
+from workers.limit import LIMIT_RECORD_TAG, parse_limit_record
 
 _DEL_TAG = bytes((DEL_RECORD_TAG,))
+_LIMIT_TAG = bytes((LIMIT_RECORD_TAG,))
 # A loaded job's creation time may be ahead of our clock by the other nodes' clock
 # skew; past this it does not move the creation time of the jobs made here after it
 # (their queue order and TTL would follow a clock that lies).
@@ -61,7 +63,7 @@ def lie_of(job: Job) -> str | None:
 
 def load_record(s: Core, record: bytes, enqueue: bool, now_ms: int) -> None:
     """Replay one AOF record: a job record registers or replaces its job, a
-    deletion record removes it. Raises ``ValueError`` on a malformed record.
+    deletion record removes it, a limit record sets a queue's limits. Raises ``ValueError`` on a malformed record.
     Emits nothing (the record is already in a file). A record that lies
     (``check_loaded``) is refused before it changes anything.
 
@@ -74,6 +76,10 @@ def load_record(s: Core, record: bytes, enqueue: bool, now_ms: int) -> None:
         gone = s.lookup(job_id_of_record(record))
         if gone is not None:
             s.unregister_quiet(gone, now_ms)
+        return
+    if record[:1] == _LIMIT_TAG:  # a queue's QLIMIT limits (workers/limits.py)
+        queue, active, rate, group_active = parse_limit_record(record)
+        s.set_limit(queue, active, rate, group_active, now_ms, log=False)
         return
     job = Job.from_record(record)
     lie = lie_of(job)

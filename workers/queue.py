@@ -97,6 +97,11 @@ stale_entries_purge_min = 64
 PAUSED_IN: Final = 1
 PAUSED_OUT: Final = 2
 PAUSE_NAMES = ("none", "in", "out", "all")
+PAUSE_MASK: Final = PAUSED_IN | PAUSED_OUT
+# QLIMIT (workers/limits.py): the queue has delivery limits on this node. It shares
+# ``paused`` with the pause bits so that a plain queue's takes test one field, as
+# before: any bit set sends a take to the slower path that reads them.
+LIMITED: Final = 4
 
 
 cells_bytes: Final = 2 * SLOTS * 4  # two u32 cells per slot: nonempty, then gen
@@ -250,7 +255,7 @@ class Queue(Timed):
         self.atime_ms = now_ms  # last enqueue or dequeue (QSTAT idle, eviction)
         self.jobs_in = 0
         self.jobs_out = 0
-        self.paused = 0  # PAUSED_IN | PAUSED_OUT bits
+        self.paused = 0  # PAUSED_IN | PAUSED_OUT bits, and LIMITED
         # token -> blocked GETJOB waiting on this queue, oldest first; None when empty
         self.waiters: dict[int, Any] | None = None
         self.scan_idx = -1  # position in the shard's QSCAN table
@@ -313,6 +318,23 @@ class Queue(Timed):
             forget_entry(job, self.ghosts)
             self.stale -= 1
         return None if self.tiers is None else self._pop_tier()
+
+    def pop_outside(self, full: set[bytes]) -> Job | None:
+        """``pop`` skipping the groups in ``full`` (QLIMIT ... GROUP-ACTIVE: at their
+        limit): the first lane of the ring whose group may take one more gives its
+        oldest job; the lanes passed over go to the ring's tail (their turn comes
+        again once they may). None when every group with queued jobs is full."""
+        if self.lanes is None:
+            return None if self.group0 in full else self.pop()
+        ring = self.ring
+        if ring is None:
+            raise InvariantError(f"queue {self.name!r}: lanes without a ring")
+        for _ in range(len(ring)):
+            lane = ring[0]
+            if lane.live and lane.group not in full:
+                return self._pop_lane()
+            ring.rotate(-1)
+        return None
 
     def remove(self, job: Job) -> None:
         """The caller is moving a QUEUED job out of this queue (its entry goes stale)."""

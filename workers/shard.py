@@ -19,6 +19,8 @@ each in its own file:
 - ``life`` (workers/lifecycle.py): the timers firing, NACK / ENQUEUE;
 - ``pause`` (workers/pause.py): PAUSE and its broadcast;
 - ``dedup`` (workers/dedup.py): the DEDUP keys the jobs hold (idempotent adds);
+- ``limits`` (workers/limits.py): QLIMIT, its broadcast and records (the core
+  applies the limits: ``Core.take_limited``);
 - read-only views (workers/views.py) and AOF loading (workers/persistence.py)
   are functions over the core.
 
@@ -61,9 +63,10 @@ from workers.job import (
     ttl_max_s,
 )
 from workers.lifecycle import Lifecycle
+from workers.limits import Limits
 from workers.pause import Pause
 from workers.persistence import load_record
-from workers.queue import PAUSED_IN, PAUSED_OUT, Cells
+from workers.queue import LIMITED, PAUSED_IN, PAUSED_OUT, Cells
 from workers.replication import Replication
 from workers.replies import (
     ERR_LEAVING,
@@ -148,6 +151,10 @@ class Shard:
         self.life = Lifecycle(c, self.repl, self.gc, self.fed, self.ext)
         self.pause = Pause(c)
         self.dedup = Dedup(c, dedup_keys_max)  # ADDJOB ... DEDUP: the keys held
+        self.limits = Limits(c)  # QLIMIT
+        # the queues with limits where a delivery ended: the core's set, read here
+        # after each command that may end one (its waiters are served then)
+        self._ended = c.tally().ended
         self._handlers = self.handlers()
 
     def handlers(self) -> dict[str, _Handler]:
@@ -160,7 +167,7 @@ class Shard:
             msg.QUEUED: repl.on_queued, msg.WORKING: repl.on_working,
             msg.SETACK: gc.on_setack, msg.GOTACK: gc.on_gotack, msg.DELJOB: gc.on_deljob,
             msg.NEEDJOBS: fed.on_needjobs, msg.YOURJOBS: fed.on_yourjobs,
-            msg.PAUSE: self.pause.on_pause,
+            msg.PAUSE: self.pause.on_pause, msg.QLIMIT: self.limits.on_qlimit,
             msg.QLENASK: ext.on_qlenask, msg.QLENIS: ext.on_qlenis,
             msg.DELQ: ext.on_delq, msg.DELQDONE: ext.on_delqdone,
         }
@@ -230,10 +237,16 @@ class Shard:
         handler = self._handlers.get(kind)
         if handler is not None:  # a kind of a newer peer's is dropped
             handler(sender, meta, bodies, now_ms)
+            if self._ended:
+                self.core.serve_ended(now_ms)
 
     def tick(self, now_ms: int) -> int | None:
         """Do the timer work due at ``now_ms`` (bounded); return the next due time."""
-        return self.life.tick(now_ms)
+        due = self.life.tick(now_ms)
+        if self._ended:
+            self.core.serve_ended(now_ms)
+            due = self.core.next_deadline(now_ms)
+        return due
 
     # ------------------------------------------------------------------ ADDJOB / GETJOB
 
@@ -309,8 +322,11 @@ class Shard:
         c = self.core
         q = c.queue(queues[0], now_ms)
         out: list[list[Any]] = []
-        if q.paused & PAUSED_OUT:
-            return out
+        if q.paused:
+            if q.paused & PAUSED_OUT:
+                return out
+            if q.paused & LIMITED:
+                return self._take_limited(q, count, withcounters, now_ms)
         while len(out) < count:
             job = q.pop()
             if job is None:
@@ -322,19 +338,39 @@ class Shard:
                 c.drained(q, now_ms)
         return out
 
+    def _take_limited(self, q: Any, count: int, withcounters: bool,
+                      now_ms: int) -> list[list[Any]]:
+        """``op_take`` of one queue with limits (workers/limits.py)."""
+        c = self.core
+        out = c.take_limited(q, count, withcounters, now_ms)
+        if not q.live:
+            c.maybe_idle(q, now_ms)
+            if out:
+                c.drained(q, now_ms)
+        return out
+
     def _take_many(
         self, queues: list[bytes], count: int, withcounters: bool, now_ms: int
     ) -> list[list[Any]]:
         c = self.core
         qs = []
+        limited = False
         for name in queues:
             q = c.queue(name, now_ms)
-            if not q.paused & PAUSED_OUT:
+            if not q.paused:
                 qs.append(q)
+            elif not q.paused & PAUSED_OUT:
+                qs.append(q)
+                limited = limited or bool(q.paused & LIMITED)
         out: list[list[Any]] = []
         while len(out) < count:
             before = len(out)
             for q in qs:
+                if limited and q.paused & LIMITED:  # plain queues: one local's test
+                    out += c.take_limited(q, 1, withcounters, now_ms)
+                    if len(out) >= count:
+                        break
+                    continue
                 job = q.pop()
                 if job is not None:
                     out.append(c.deliver(job, q, now_ms, withcounters))
@@ -374,7 +410,9 @@ class Shard:
                     fed.bcast_attempt = 0  # a new wait starts with short delays
         if c.view().known:
             for name in queues:
-                self.fed.needjobs(c.queue(name, now_ms), False, now_ms)
+                q = c.queue(name, now_ms)
+                if not (q.paused & LIMITED and q.live):  # at its limit: more would wait too
+                    self.fed.needjobs(q, False, now_ms)
 
     def op_unblock(self, token: int, now_ms: int | None = None,
                    forget_queues: bool = False) -> None:
@@ -401,12 +439,18 @@ class Shard:
     # ------------------------------------------------------------------ job-addressed ops
 
     def op_ackjob(self, job_ids: list[str], now_ms: int) -> int:
-        return self.gc.acks(job_ids, now_ms, False)
+        n = self.gc.acks(job_ids, now_ms, False)
+        if self._ended:
+            self.core.serve_ended(now_ms)
+        return n
 
     def op_fastack(self, job_ids: list[str], now_ms: int) -> int:
         """Delete, and a best-effort DELJOB to the nodes that may have a copy (to
         every node when we do not know the job)."""
-        return self.gc.acks(job_ids, now_ms, True)
+        n = self.gc.acks(job_ids, now_ms, True)
+        if self._ended:
+            self.core.serve_ended(now_ms)
+        return n
 
     def op_deljob(self, job_ids: list[str], now_ms: int) -> int:
         c = self.core
@@ -416,12 +460,17 @@ class Shard:
             if job is not None:
                 known += 1
                 c.unregister(job, now_ms)
+        if self._ended:
+            c.serve_ended(now_ms)
         return known
 
     def op_nack(self, job_ids: list[str], now_ms: int, delay_s: int = 0) -> int:
         """NACK [DELAY s]: queued again (after the delay), or dead-lettered when the
         job's MAXDELIVER is reached."""
-        return self.life.requeue(job_ids, now_ms, True, delay_s * 1000)
+        n = self.life.requeue(job_ids, now_ms, True, delay_s * 1000)
+        if self._ended:
+            self.core.serve_ended(now_ms)
+        return n
 
     def op_enqueue(self, job_ids: list[str], now_ms: int) -> int:
         return self.life.requeue(job_ids, now_ms, False, 0)
@@ -453,14 +502,28 @@ class Shard:
     def op_qlen(self, queue: bytes) -> int:
         return self.core.qlen(queue)
 
-    def op_takeable(self, queues: list[bytes]) -> list[int]:
+    def op_takeable(self, queues: list[bytes], now_ms: int | None = None) -> list[int]:
         """Read-only: how many jobs a take could get from each queue now (its QLEN; 0
-        while paused for output or when it does not exist); creates nothing."""
-        get = self.core.find_queue
+        while paused for output or when it does not exist; what its limits allow of
+        it, groups apart); creates nothing."""
+        c = self.core
+        get = c.find_queue
         out: list[int] = []
         for name in queues:
             q = get(name)
-            out.append(0 if q is None or q.paused & PAUSED_OUT else q.live)
+            if q is None:
+                out.append(0)
+            elif not q.paused:
+                out.append(q.live)
+            elif q.paused & PAUSED_OUT:
+                out.append(0)
+            elif q.paused & LIMITED:
+                lim = c.limit_of(name)
+                at = c.now_ms() if now_ms is None else now_ms
+                room = 0 if lim is None else lim.room(c.tally().active.get(name, 0), at)
+                out.append(max(0, min(q.live, room)))
+            else:
+                out.append(q.live)
         return out
 
     def op_groups_full(self, queue: bytes, group: bytes, groups_max: int) -> bool:
@@ -478,6 +541,15 @@ class Shard:
     def op_pause(self, queue: bytes, opts: list[str], now_ms: int) -> Status | Error:
         """PAUSE with validated lowercase options (workers/pause.py)."""
         return self.pause.op_pause(queue, opts, now_ms)
+
+    def op_qlimit(self, queue: bytes, values: tuple[int | None, int | None, int | None] | None,
+                  bcast: bool, queues_max: int, now_ms: int) -> list[Any] | Error:
+        """QLIMIT with validated values (workers/limits.py)."""
+        return self.limits.op_qlimit(queue, values, bcast, queues_max, now_ms)
+
+    def limit_records(self) -> list[bytes]:
+        """Every queue's limits as AOF records (a rewrite writes them)."""
+        return self.limits.records()
 
     def op_evict_queue(self, name: bytes) -> bool:
         """Memory pressure (workers/evict.py): drop an empty queue nobody waits on, as
@@ -514,7 +586,10 @@ class Shard:
         return self.ext.op_delqueue(token, queue, local, now_ms)
 
     def op_deadletter(self, job_ids: list[str], reason: bytes | None, now_ms: int) -> int:
-        return self.ext.op_deadletter(job_ids, reason, now_ms)
+        n = self.ext.op_deadletter(job_ids, reason, now_ms)
+        if self._ended:
+            self.core.serve_ended(now_ms)
+        return n
 
     def op_redrive(self, queue: bytes, count: int, now_ms: int) -> int | Error:
         return self.ext.op_redrive(queue, count, now_ms)

@@ -32,7 +32,7 @@ from workers.job import (
     Job,
     JobExt,
 )
-from workers.queue import PAUSE_NAMES, Queue
+from workers.queue import PAUSE_MASK, PAUSE_NAMES, Queue
 from workers.replies import NULL_ARRAY, Status
 
 scan_empty_steps_per_count = 10  # a scan call visits at most count*10 empty positions
@@ -93,14 +93,30 @@ def qstat(s: Core, fed: Federation, queue: bytes, now_ms: int) -> Any:
         b"import-rate", rate,
         b"jobs-in", q.jobs_in,
         b"jobs-out", q.jobs_out,
-        b"pause", PAUSE_NAMES[q.paused],
+        b"pause", PAUSE_NAMES[q.paused & PAUSE_MASK],
     ] + qstat_signals(s, q, now_ms)  # fmt: skip
     if q.has_named_groups():  # extension (GROUP): a plain queue's reply is the reference's
         reply += [b"groups", q.groups()]
     levels = q.priority_counts()
     if levels:  # extension (PRIORITY): queued jobs per priority, highest first
         reply += [b"priorities", [x for level in levels for x in level]]
+    if s.limit_of(queue) is not None:  # extension (QLIMIT): its limits, how many in use
+        reply += [b"limits", limit_view(s, queue, now_ms)]
     return reply
+
+
+def limit_view(s: Core, queue: bytes, now_ms: int) -> list[Any]:
+    """QLIMIT's reply (and QSTAT's ``limits``): ACTIVE, RATE and GROUP-ACTIVE (0:
+    none), the jobs delivered here and not yet done (``in-use``), the whole tokens
+    left (``tokens``, -1 without RATE) and the groups at GROUP-ACTIVE (``full-groups``)."""
+    lim = s.limit_of(queue)
+    in_use = s.tally().active.get(queue, 0)
+    if lim is None:
+        return [b"active", 0, b"rate", 0, b"group-active", 0, b"in-use", in_use,
+                b"tokens", -1, b"full-groups", 0]
+    return [b"active", lim.active, b"rate", lim.rate, b"group-active", lim.group_active,
+            b"in-use", in_use, b"tokens", lim.tokens(now_ms),
+            b"full-groups", len(lim.full_groups())]
 
 
 def qstat_signals(s: Core, q: Queue, now_ms: int) -> list[Any]:
@@ -264,6 +280,6 @@ def _queue_row(s: Core, fed: Federation, name: bytes, now_ms: int) -> list[Any]:
     rate = fed.qstat_import(q, now_ms)[1] if fed.feds else 0
     return [name, q.live, t.active.get(name, 0), t.delayed.get(name, 0),
             oldest_age_ms(q, now_ms), q.jobs_in, q.jobs_out,
-            0 if q.waiters is None else len(q.waiters), PAUSE_NAMES[q.paused], rate,
+            0 if q.waiters is None else len(q.waiters), PAUSE_NAMES[q.paused & PAUSE_MASK], rate,
             dead_len(s, name)]
 

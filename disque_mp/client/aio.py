@@ -358,6 +358,22 @@ class AsyncDisque(core.ClientSettings[aredis.Redis]):
     async def pause(self, queue: str | bytes, *options: str) -> str:
         return core.as_str(await self.execute("PAUSE", queue, *options))
 
+    async def set_limit(self, queue: str | bytes, *, active: int | None = None,
+                        rate: int | None = None, group_active: int | None = None,
+                        bcast: bool = False) -> dict[str, int]:
+        """QLIMIT (disque-mp extension), as ``Disque.set_limit``."""
+        return core.parse_limits(await self.execute(*core.qlimit_args(
+            queue, active, rate, group_active, bcast)))
+
+    async def reset_limits(self, queue: str | bytes, *, bcast: bool = False) -> dict[str, int]:
+        """QLIMIT queue RESET (disque-mp extension)."""
+        return core.parse_limits(await self.execute(*core.qlimit_args(
+            queue, bcast=bcast, reset=True)))
+
+    async def limits(self, queue: str | bytes) -> dict[str, int]:
+        """QLIMIT queue (disque-mp extension), as ``Disque.limits``."""
+        return core.parse_limits(await self.execute(*core.qlimit_args(queue)))
+
     async def iter_queues(self, *, count: int | None = None, minlen: int | None = None,
                           maxlen: int | None = None,
                           importrate: int | None = None) -> AsyncIterator[str]:

@@ -380,6 +380,28 @@ def parse_groups(reply: Any) -> list[tuple[str, int]]:
     return [(as_str(g), int(n)) for g, n in reply or []]
 
 
+def qlimit_args(queue: str | bytes, active: int | None = None, rate: int | None = None,
+                group_active: int | None = None, bcast: bool = False,
+                reset: bool = False) -> list[Any]:
+    """QLIMIT (disque-mp extension): set the limits given (0 takes one away), RESET
+    them all, or none given: show them; ``bcast`` sets them on every reachable node."""
+    args: list[Any] = ["QLIMIT", queue]
+    if reset:
+        args.append("RESET")
+    for word, value in (("ACTIVE", active), ("RATE", rate), ("GROUP-ACTIVE", group_active)):
+        if value is not None:
+            args += [word, int(value)]
+    if bcast:
+        args.append("BCAST")
+    return args
+
+
+def parse_limits(reply: Any) -> dict[str, int]:
+    """QLIMIT's reply: ``active``, ``rate``, ``group-active`` (0: none), ``in-use``,
+    ``tokens`` (-1 without RATE), ``full-groups``, as ints."""
+    return {as_str(k): int(v) for k, v in zip(reply[::2], reply[1::2], strict=True)}
+
+
 def nack_args(ids: list[str], delay: int | None) -> list[Any]:
     """NACK, with disque-mp's DELAY extension (seconds) when ``delay`` is given."""
     return ["NACK", *ids, *(["DELAY", int(delay)] if delay is not None else [])]

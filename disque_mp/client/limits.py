@@ -1,10 +1,12 @@
 """Names and bounds of the node that a client or a broker must agree with, read
 from the node's own definitions so that each is written once: the dead-letter
 prefix MAXDELIVER moves a job under, MAXDELIVER's bound, DEDUP's key bound, GROUP's
-name bound, PRIORITY's range and DEADLETTER's reason."""
+name bound, PRIORITY's range, DEADLETTER's reason and QLIMIT's options as the brokers
+take them."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final
 
 from workers.ids import DEAD_PREFIX as DEAD_PREFIX_BYTES
@@ -15,10 +17,11 @@ from workers.job import (
     maxdeliver_max,
     priority_max,
 )
+from workers.limit import limit_value_limit
 
 __all__ = ["DEAD_PREFIX", "DEAD_PREFIX_BYTES", "DEAD_REASON_BYTES_MAX", "DEDUP_BYTES_MAX",
-           "GROUP_BYTES_MAX", "MAXDELIVER_MAX", "PRIORITY_MAX", "dead_reason", "group_name",
-           "priority_level"]
+           "GROUP_BYTES_MAX", "LIMIT_NAMES", "MAXDELIVER_MAX", "PRIORITY_MAX", "dead_reason",
+           "group_name", "priority_level", "queue_limits"]
 
 # The dead-letter queue of queue q is dead:q (text, as clients name queues).
 DEAD_PREFIX: Final = DEAD_PREFIX_BYTES.decode("ascii")
@@ -68,3 +71,25 @@ def priority_level(value: object, what: str) -> int:
         raise ValueError(f"{what} must be an integer 0..{PRIORITY_MAX} (ADDJOB PRIORITY), "
                          f"got {value!r}")
     return value
+
+
+# QLIMIT's limits as the client's ``set_limit`` and the brokers' options name them.
+LIMIT_NAMES: Final = ("active", "rate", "group_active")
+
+
+def queue_limits(value: object, what: str) -> dict[str, int]:
+    """A broker's QLIMIT option for one queue (``{"active": 5, "rate": 50,
+    "group_active": 2}``, each optional, 0 takes one away) as ``set_limit``'s keyword
+    arguments. ValueError for another key or a value that is not an integer in
+    0..the node's hard bound (the node's qlimit-value-max may be lower: it answers
+    -ERR then); ``what`` names where it came from."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{what} must be a mapping of {', '.join(LIMIT_NAMES)}")
+    out: dict[str, int] = {}
+    for key, n in value.items():
+        if key not in LIMIT_NAMES:
+            raise ValueError(f"{what}: unknown limit {key!r} (one of {', '.join(LIMIT_NAMES)})")
+        if type(n) is not int or not 0 <= n <= limit_value_limit:
+            raise ValueError(f"{what}: {key} must be an integer 0..{limit_value_limit}")
+        out[key] = n
+    return out

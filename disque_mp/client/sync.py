@@ -404,6 +404,25 @@ class Disque(core.ClientSettings[redis.Redis]):
         """PAUSE queue in|out|all|none|state [bcast]; returns the pause state."""
         return core.as_str(self.execute("PAUSE", queue, *options))
 
+    def set_limit(self, queue: str | bytes, *, active: int | None = None,
+                  rate: int | None = None, group_active: int | None = None,
+                  bcast: bool = False) -> dict[str, int]:
+        """QLIMIT (disque-mp extension): at most ``active`` jobs of the queue delivered
+        and not done, ``rate`` deliveries a second, ``group_active`` such jobs per
+        GROUP, on the node spoken to (every reachable node with ``bcast``); 0 takes a
+        limit away, one not given keeps its value. Returns the limits now."""
+        return core.parse_limits(self.execute(*core.qlimit_args(
+            queue, active, rate, group_active, bcast)))
+
+    def reset_limits(self, queue: str | bytes, *, bcast: bool = False) -> dict[str, int]:
+        """QLIMIT queue RESET (disque-mp extension): no limit any more."""
+        return core.parse_limits(self.execute(*core.qlimit_args(queue, bcast=bcast, reset=True)))
+
+    def limits(self, queue: str | bytes) -> dict[str, int]:
+        """QLIMIT queue (disque-mp extension): the limits on the node spoken to and
+        how many jobs are in use (``in-use``), the whole tokens left (``tokens``)."""
+        return core.parse_limits(self.execute(*core.qlimit_args(queue)))
+
     def iter_queues(self, *, count: int | None = None, minlen: int | None = None,
                     maxlen: int | None = None, importrate: int | None = None) -> Iterator[str]:
         """Every queue name (QSCAN until the cursor returns to 0; names may repeat)."""

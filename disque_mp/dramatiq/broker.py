@@ -52,7 +52,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from dramatiq.broker import Broker, Consumer, MessageProxy
@@ -73,6 +73,7 @@ from disque_mp.client import (
 from disque_mp.client.core import task_dedup_key
 from disque_mp.client.limits import DEAD_PREFIX, dead_reason, group_name, priority_level
 from disque_mp.client.limits import MAXDELIVER_MAX as max_deliveries_max
+from disque_mp.client.limits import queue_limits as limits_of
 
 log = logging.getLogger("disque_mp.dramatiq")
 
@@ -168,6 +169,10 @@ class DisqueBroker(Broker):
     ``dead_letters``: ``"node"`` (default) dead-letters a failed message with
     DEADLETTER (same job, ``dead:<queue>``, the exception's text as its reason);
     ``"xq"`` copies it to Dramatiq's ``<queue>.XQ`` (``dead_message_ttl``).
+    ``queue_limits``: QLIMIT per queue, ``{"emails": {"active": 5, "rate": 50,
+    "group_active": 2}}`` (each optional): set with BCAST on every reachable node
+    when a worker starts consuming the queue; each node applies them to its own
+    deliveries (a cluster-wide cap is the value times the nodes serving the queue).
     """
 
     def __init__(
@@ -189,6 +194,7 @@ class DisqueBroker(Broker):
         async_acks: bool = True,
         dedup: bool = False,
         dead_letters: str = "node",
+        queue_limits: Mapping[str, Mapping[str, int]] | None = None,
     ) -> None:
         super().__init__(middleware=middleware)
         if dead_letters not in dead_letters_kinds:
@@ -215,6 +221,8 @@ class DisqueBroker(Broker):
         # None: every enqueue waits for its reply (confirm_delivery)
         self.adds = None if confirm_delivery else AddWindow(self.client, publish_window)
         self.queues: set[str] = set()
+        self.queue_limits = {str(q): limits_of(v, f"queue_limits[{q!r}]")
+                                 for q, v in (queue_limits or {}).items()}
 
     # ---- queues
 
@@ -302,6 +310,9 @@ class DisqueBroker(Broker):
     # ---- consume
 
     def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 30000) -> Consumer:
+        limits = self.queue_limits.get(queue_name)
+        if limits:  # QLIMIT ... BCAST: the queue's limits on every reachable node
+            self.client.set_limit(queue_name, bcast=True, **limits)
         return DisqueConsumer(self, queue_name, prefetch, timeout)
 
     # ---- maintenance

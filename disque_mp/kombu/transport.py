@@ -62,7 +62,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from queue import Empty
 from typing import Any
@@ -85,6 +85,7 @@ from disque_mp.client import (
 from disque_mp.client.core import task_dedup_key
 from disque_mp.client.limits import MAXDELIVER_MAX as max_deliveries_max
 from disque_mp.client.limits import dead_reason, group_name
+from disque_mp.client.limits import queue_limits as limits_of
 from disque_mp.kombu.bindings import (
     Binding,
     SharedBindings,
@@ -356,7 +357,7 @@ class Channel(virtual.Channel):
     from_transport_options: Any = virtual.Channel.from_transport_options + (
         "visibility_timeout", "message_ttl", "replicate", "async_replication",
         "dead_letter_queue", "priority_steps", "heartbeat", "fetch_count", "max_deliveries",
-        "async_acks", "dedup", "fair_key", "fanout_message_ttl",
+        "async_acks", "dedup", "fair_key", "fanout_message_ttl", "queue_limits",
     )
     visibility_timeout: int = visibility_timeout_default_s
     message_ttl: int = message_ttl_default_s
@@ -372,10 +373,15 @@ class Channel(virtual.Channel):
     fair_key: str | None = None  # header or task keyword argument naming the GROUP
     # TTL of a broadcast's copy for a transient queue without x-message-ttl
     fanout_message_ttl: int = fanout_message_ttl_default_s
+    # QLIMIT per kombu queue: {"emails": {"active": 5, "rate": 50, "group_active": 2}},
+    # set with BCAST when the queue is declared (``_new_queue``)
+    queue_limits: Mapping[str, Mapping[str, int]] | None = None
 
     def __init__(self, connection: Transport, **kwargs: Any) -> None:
         super().__init__(connection, **kwargs)
         self._check_options()
+        self._limits = {str(q): limits_of(v, f"disque:// queue_limits[{q!r}]")
+                        for q, v in (self.queue_limits or {}).items()}
 
     def _check_options(self) -> None:
         if int(self.visibility_timeout) < 1:
@@ -476,13 +482,19 @@ class Channel(virtual.Channel):
 
     def _new_queue(self, queue: str, **kwargs: Any) -> None:
         """Disque creates queues on the first job; a transient queue (auto-delete,
-        exclusive or not durable) and its message TTL are remembered for its bindings."""
+        exclusive or not durable) and its message TTL are remembered for its bindings;
+        a queue named in ``queue_limits`` gets its QLIMIT on every reachable node
+        (BCAST), each of its priority steps' queues alike."""
         if kwargs.get("auto_delete") or kwargs.get("exclusive") or kwargs.get("durable") is False:
             ttl_ms = (kwargs.get("arguments") or {}).get("x-message-ttl")
             ttl_s = math.ceil(float(ttl_ms) / 1000) if ttl_ms else 0
             self.connection.queue_kinds[queue] = (True, max(0, ttl_s))
         else:
             self.connection.queue_kinds.pop(queue, None)
+        limits = self._limits.get(queue)
+        if limits:
+            for name in self._all_queues(queue):
+                self.client.set_limit(name, bcast=True, **limits)
 
     def _has_queue(self, queue: str, **kwargs: Any) -> bool:
         return True
@@ -652,8 +664,10 @@ class Transport(virtual.Transport):
     ``connect_timeout``, ``password`` (or in the URL), ``confirm_publish`` (a reply
     per published message; off: pipelined), ``publish_window`` (unanswered
     publishes at most), ``async_acks`` (acks in batches from a thread),
-    ``binding_ttl`` (s, how long a shared binding outlives its process) and
-    ``fanout_message_ttl`` (s, TTL of a broadcast's copy; see ``bindings``).
+    ``binding_ttl`` (s, how long a shared binding outlives its process),
+    ``fanout_message_ttl`` (s, TTL of a broadcast's copy; see ``bindings``) and
+    ``queue_limits`` (QLIMIT per queue, ``{"emails": {"active": 5}}``: set with
+    BCAST when the queue is declared; per node, docs/frameworks.md).
     """
 
     Channel = Channel

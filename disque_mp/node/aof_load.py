@@ -11,6 +11,7 @@ damaged tail is cut when ``aof-load-truncated`` allows it; damage before the end
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from dataclasses import dataclass, field
@@ -30,11 +31,13 @@ from disque_mp.node.aof_format import (
 from disque_mp.node.config import Config
 from workers.ids import slot_of_job_id
 from workers.job import job_id_of_record
+from workers.limit import LIMIT_RECORD_TAG, slot_of_limit_record
 
 if TYPE_CHECKING:
     from workers.shard import Shard
 
 log = logging.getLogger("disque_mp.node.aof")
+_LIMIT_TAG: Final = bytes((LIMIT_RECORD_TAG,))
 
 
 class ShardPort(Protocol):
@@ -45,6 +48,8 @@ class ShardPort(Protocol):
     def load_record(self, record: bytes, enqueue: bool, now_ms: int) -> None: ...
 
     def job_ids(self) -> list[str]: ...
+
+    def settings_records(self) -> list[bytes]: ...
 
     def record_of(self, job_id: str) -> bytes | None: ...
 
@@ -60,6 +65,8 @@ class ShardAdapter:
         self.shard = shard
 
     def slot_of_record(self, record: bytes) -> int:
+        if record[:1] == _LIMIT_TAG:  # a queue's QLIMIT limits, not a job's record
+            return slot_of_limit_record(record)
         return slot_of_job_id(job_id_of_record(record))
 
     def load_record(self, record: bytes, enqueue: bool, now_ms: int) -> None:
@@ -67,6 +74,10 @@ class ShardAdapter:
 
     def job_ids(self) -> list[str]:
         return [j.id for j in self.shard.jobs()]
+
+    def settings_records(self) -> list[bytes]:
+        """The records that are not jobs' (QLIMIT's limits): a new file starts with them."""
+        return self.shard.limit_records()
 
     def record_of(self, job_id: str) -> bytes | None:
         job = self.shard.lookup(job_id)
@@ -231,5 +242,6 @@ def write_from_memory(cfg: Config, workers: int, index: int, gen: int, port: Sha
     (at start, when the files on disk were written by another worker count)."""
     header = FileHeader(gen, workers, index)
     name = file_name(cfg.appendfilename, index, gen)
-    records = (r for r in (port.record_of(j) for j in port.job_ids()) if r is not None)
+    jobs = (r for r in (port.record_of(j) for j in port.job_ids()) if r is not None)
+    records = itertools.chain(port.settings_records(), jobs)
     return write_new_file(cfg.dir, name, header, records)

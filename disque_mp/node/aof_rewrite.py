@@ -64,6 +64,14 @@ class Rewrite:
         self.unsynced_bytes = 0
         write_all(self.fd, bytearray(frame(header.encode())))
 
+    def settings(self, records: list[bytes]) -> None:
+        """The records that are not jobs' (QLIMIT's limits), first in the file:
+        a later change of them is in the tail. Raises OSError."""
+        out = bytearray()
+        for rec in records:
+            out += frame(rec)
+        write_all(self.fd, out)
+
     @classmethod
     def start(cls, cfg: Config, workers: int, index: int, gen_min: int, port: ShardPort,
               now_s: float) -> Rewrite:
@@ -72,7 +80,13 @@ class Rewrite:
         files, _ = list_files(cfg.dir, cfg.appendfilename)
         gen = max(max_gen(files), gen_min) + 1
         name = file_name(cfg.appendfilename, index, gen)
-        return cls(cfg.dir, name, gen, port.job_ids(), FileHeader(gen, workers, index), now_s)
+        rw = cls(cfg.dir, name, gen, port.job_ids(), FileHeader(gen, workers, index), now_s)
+        try:
+            rw.settings(port.settings_records())
+        except OSError:
+            rw.abandon()
+            raise
+        return rw
 
     def add(self, framed: bytes) -> bool:
         """Keep a frame appended meanwhile; False (nothing kept) past the bound."""

@@ -231,6 +231,11 @@ class Config:
     # ADDJOB ... GROUP: groups with queued jobs one queue holds; past it a job of a
     # new group is refused (-ERR), so one queue's group lanes stay bounded
     queue_groups_max: int = 100_000
+    # QLIMIT (docs/extensions.md, "Limits"): the largest ACTIVE, RATE or GROUP-ACTIVE
+    # a queue may be given (past it: -ERR, nothing changed), and the queues with
+    # limits one worker holds (their limits outlive the queue, so they are bounded)
+    qlimit_value_max: int = 1_000_000
+    qlimit_queues_max: int = 100_000
 
 
 class ConfigValueError(ValueError):
@@ -464,6 +469,11 @@ DIRECTIVES: tuple[Directive, ...] = (
        choices=("refuse", "skip")),
     _d("queue-groups-max", "int", True,
        "queue-groups-max must be between 1 and 100000000", lo=1, hi=100_000_000),
+    # ours: QLIMIT's bounds (docs/extensions.md, "Limits")
+    _d("qlimit-value-max", "int", True,
+       "qlimit-value-max must be between 1 and 1000000000", lo=1, hi=1_000_000_000),
+    _d("qlimit-queues-max", "int", True,
+       "qlimit-queues-max must be between 1 and 10000000", lo=1, hi=10_000_000),
 )
 BY_NAME: dict[str, Directive] = {d.name: d for d in DIRECTIVES}
 # Names Redis users know for our limit directives (same field, same units).

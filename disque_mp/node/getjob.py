@@ -198,7 +198,7 @@ class GetJob:
         whether any holds a job (``hinted``)."""
         sizes = self.sizes
         here = self.here
-        held = self.w.shard.op_takeable(here)
+        held = self.w.shard.op_takeable(here, self.w.now_ms)
         hinted = False
         for i in range(len(here)):
             n = held[i]

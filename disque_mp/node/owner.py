@@ -188,7 +188,7 @@ class Owner:
         shard = self.w.shard
         held: list[int] = []
         if hints is not None:
-            held = shard.op_takeable(queues)
+            held = shard.op_takeable(queues, self.w.now_ms)
             if hints.count(-1) == len(queues):
                 lengths: dict[bytes, int] = {}
                 for i in range(len(queues)):

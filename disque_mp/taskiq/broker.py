@@ -29,6 +29,11 @@
   tasks (1..256 bytes, else ``ValueError`` at kick).
 - ``priority`` label: ``ADDJOB ... PRIORITY <label>`` (0..9, higher delivered first;
   else ``ValueError`` at kick); a retry kept in place keeps it.
+- ``qlimit_active``, ``qlimit_rate``, ``qlimit_group_active`` labels (limits): the
+  broker's queue gets ``QLIMIT <queue> ACTIVE n RATE n GROUP-ACTIVE n BCAST`` at the
+  first kick that carries them (again when they change): the queue's limits, for
+  every task of it, on every reachable node (each node applies them to its own
+  deliveries). The broker's ``queue_limits`` (``{"active": 5}``) sets them at startup.
 - Failover across nodes and ``-LEAVING`` come from the client.
 """
 
@@ -51,7 +56,8 @@ from disque_mp.client.core import (
     heartbeat_retry_fraction,
     task_dedup_key,
 )
-from disque_mp.client.limits import MAXDELIVER_MAX, group_name, priority_level
+from disque_mp.client.limits import LIMIT_NAMES, MAXDELIVER_MAX, group_name, priority_level
+from disque_mp.client.limits import queue_limits as limits_of
 
 log = logging.getLogger("disque_mp.taskiq")
 
@@ -134,6 +140,21 @@ def _dedup_key_of(labels: dict[str, Any], task_id: str, default: bool) -> str | 
     return task_dedup_key(text, retries)
 
 
+def _limits_of_labels(labels: dict[str, Any]) -> dict[str, int]:
+    """The ``qlimit_*`` labels as QLIMIT's limits (none: {}); Taskiq may send a
+    label as text, so a number in a string counts. ValueError for one that is not."""
+    found: dict[str, Any] = {}
+    for name in LIMIT_NAMES:
+        value = labels.get("qlimit_" + name)
+        if value is not None:
+            try:
+                found[name] = int(str(value))
+            except ValueError:
+                raise ValueError(f"qlimit_{name} label must be an integer, got {value!r}") \
+                    from None
+    return limits_of(found, "qlimit labels") if found else {}
+
+
 def _set_label(message: TaskiqMessage, name: str, value: Any) -> None:
     message.labels[name], label_type = prepare_label(value)
     if message.labels_types is not None:
@@ -166,7 +187,8 @@ class DisqueBroker(AsyncBroker):
                  maxdeliver: int | None = None,
                  password: str | None = None,
                  client: AsyncDisque | None = None,
-                 dedup: bool = False) -> None:
+                 dedup: bool = False,
+                 queue_limits: dict[str, int] | None = None) -> None:
         super().__init__()
         if visibility_timeout_s < 1:
             raise ValueError("visibility_timeout_s must be at least 1 (Disque RETRY)")
@@ -178,6 +200,13 @@ class DisqueBroker(AsyncBroker):
         self.client = client or AsyncDisque(nodes_from_url(url), password=password)
         self._held: dict[str, _Held] = {}  # job ID -> its state, while its task runs here
         self._job_of_task: dict[str, str] = {}  # task ID -> the job ID it last came in
+        self.queue_limits = limits_of(queue_limits or {}, "queue_limits")
+        self._limits_sent: dict[str, int] = {}  # the QLIMIT the labels asked for last
+
+    async def startup(self) -> None:
+        await super().startup()
+        if self.queue_limits:
+            await self.client.set_limit(self.queue, bcast=True, **self.queue_limits)
 
     async def shutdown(self) -> None:
         for held in list(self._held.values()):
@@ -201,6 +230,10 @@ class DisqueBroker(AsyncBroker):
             except DisqueError as exc:  # e.g. its node is gone: the retry is a new job
                 log.warning("NACK DELAY of %s refused (%s): the retry is a new job",
                             held.job_id, exc)
+        limits = _limits_of_labels(labels)
+        if limits and limits != self._limits_sent:
+            await self.client.set_limit(self.queue, bcast=True, **limits)
+            self._limits_sent = limits
         maxdeliver = _maxdeliver_of(labels.get("maxdeliver", self.maxdeliver))
         await self.client.add_job(
             self.queue, message.message, 0, retry=self.visibility_timeout_s,

@@ -6,6 +6,9 @@
     disque-mp admin job ID                 one job: state, times in human units, counters
     disque-mp admin peek QUEUE [COUNT]     the oldest COUNT jobs (negative: newest first)
     disque-mp admin requeue QUEUE          dead:QUEUE's jobs back to QUEUE
+    disque-mp admin limit QUEUE [--active N] [--rate N] [--group-active N] [--reset] [--bcast]
+                                           QLIMIT: set a queue's limits on this node
+                                           (every reachable node with --bcast), or show them
     disque-mp admin node                   this node: ID, build, workers, clients, jobs, memory
     disque-mp admin cluster                the cluster as this node sees it
     disque-mp admin drain [--timeout S] [--no-shutdown]
@@ -80,6 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     rq = sub.add_parser("requeue", help="dead:QUEUE's jobs back to QUEUE (REDRIVE: same IDs)")
     rq.add_argument("queue", help="QUEUE or dead:QUEUE")
     rq.add_argument("--max", type=int, default=10_000, help="at most this many (default 10000)")
+    _limit_parser(sub)
     sub.add_parser("node", help="this node: ID, build, workers, clients, jobs, memory, AOF")
     sub.add_parser("cluster", help="the cluster as this node sees it: state and nodes")
     dr = sub.add_parser("drain", help="move this node's jobs to the others, then SHUTDOWN "
@@ -281,6 +285,42 @@ def cmd_requeue(d: Disque, args: argparse.Namespace) -> Any:
     return f"requeued {moved} jobs from {dead} to {target}; {left} left in {dead}"
 
 
+# --------------------------------------------------------------------------- limit
+
+
+def _limit_parser(sub: Any) -> None:
+    lm = sub.add_parser("limit", help="a queue's QLIMIT limits on this node: set or show")
+    lm.add_argument("queue")
+    lm.add_argument("--active", type=int, help="at most N jobs delivered and not done (0: none)")
+    lm.add_argument("--rate", type=int, help="at most N deliveries a second (0: none)")
+    lm.add_argument("--group-active", type=int,
+                    help="at most N jobs delivered and not done per GROUP (0: none)")
+    lm.add_argument("--reset", action="store_true", help="take every limit away")
+    lm.add_argument("--bcast", action="store_true",
+                    help="on every reachable node (each applies it to its own deliveries)")
+
+
+def cmd_limit(d: Disque, args: argparse.Namespace) -> Any:
+    """QLIMIT: the limits given set (the others kept), --reset, or none given: shown."""
+    values = (args.active, args.rate, args.group_active)
+    if args.reset and any(v is not None for v in values):
+        raise AdminError("--reset takes no --active, --rate or --group-active")
+    if args.reset:
+        limits = d.reset_limits(args.queue, bcast=args.bcast)
+    elif any(v is not None for v in values):
+        limits = d.set_limit(args.queue, active=args.active, rate=args.rate,
+                             group_active=args.group_active, bcast=args.bcast)
+    elif args.bcast:
+        raise AdminError("--bcast needs a limit to send (--active, --rate, --group-active "
+                         "or --reset)")
+    else:
+        limits = d.limits(args.queue)
+    if args.json:
+        return {"queue": args.queue, **limits}
+    rows = [("LIMIT", "VALUE")] + [(k, str(v)) for k, v in limits.items()]
+    return f"{args.queue} on {args.node} (0: no limit; limits are per node)\n" + _table(rows)
+
+
 # --------------------------------------------------------------------------- node, cluster
 
 
@@ -408,7 +448,7 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
 
 
 COMMANDS: dict[str, Callable[[Disque, argparse.Namespace], Any]] = {
-    "queues": cmd_queues, "peek": cmd_peek, "requeue": cmd_requeue,
+    "queues": cmd_queues, "peek": cmd_peek, "requeue": cmd_requeue, "limit": cmd_limit,
     "node": cmd_node, "cluster": cmd_cluster, "drain": cmd_drain,
     "queue": cmd_queue, "job": cmd_job,
 }

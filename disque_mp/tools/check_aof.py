@@ -13,6 +13,7 @@ import sys
 from disque_mp.node.aof_format import FileHeader, RecordReader, truncate_file
 from workers.ids import is_valid_job_id
 from workers.job import DEL_RECORD_TAG, Job, job_id_of_record
+from workers.limit import LIMIT_RECORD_TAG, parse_limit_record
 from workers.persistence import lie_of
 
 USAGE = "Usage: disque-mp check-aof [--fix] <file.aof>"
@@ -70,6 +71,8 @@ def _record_problem(payload: bytes) -> str | None:
         if payload[0] == DEL_RECORD_TAG:
             if not is_valid_job_id(job_id_of_record(payload)):
                 return "bad job ID in a deletion record"
+        elif payload[0] == LIMIT_RECORD_TAG:
+            parse_limit_record(payload)  # a queue's QLIMIT limits
         else:
             return lie_of(Job.from_record(payload))  # what the node would refuse too
     except (ValueError, struct.error) as e:

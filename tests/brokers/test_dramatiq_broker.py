@@ -183,3 +183,25 @@ def test_dead_letters_xq_keeps_dramatiqs_own_queue(broker_node: NodeProc) -> Non
     with pytest.raises(ValueError, match="dead_letters"):
         DisqueBroker(nodes=["127.0.0.1:1"], dead_letters="drop")
     b.close()
+
+
+def test_queue_limits_are_set_when_a_worker_consumes(broker_node: NodeProc) -> None:
+    q = unique_queue("dm")
+    b = DisqueBroker(url=f"disque://127.0.0.1:{broker_node.port}", visibility_timeout=30,
+                     queue_limits={q: {"active": 1, "rate": 50}})
+    try:
+        b.declare_queue(q)
+        for n in range(3):
+            b.enqueue(message(q, n))
+        b.confirm_enqueued()
+        consumer = b.consume(q, prefetch=3, timeout=200)  # QLIMIT ... BCAST
+        assert b.client.limits(q)["active"] == 1 and b.client.limits(q)["rate"] == 50
+        got = [m for m in (next(consumer) for _ in range(5)) if m is not None]
+        assert len(got) == 1  # one delivered and not acked: ACTIVE 1 holds the others
+        consumer.ack(got[0])
+        consumer.close()
+        b.client.reset_limits(q)
+    finally:
+        b.close()
+    with pytest.raises(ValueError, match="queue_limits"):
+        DisqueBroker(nodes=["127.0.0.1:7711"], queue_limits={"q": {"active": -1}})

@@ -314,3 +314,25 @@ def test_publish_sets_group_from_fair_key(broker_node: NodeProc, disque: Disque)
                              headers={"tenant": tenant})
     assert disque.qgroups(q) == [("a", 2), ("b", 1)]
     disque.del_queue(q)
+
+
+def test_queue_limits_option_sets_qlimit_when_the_queue_is_declared(broker_node: NodeProc,
+                                                                    disque: Disque) -> None:
+    q = unique_queue("k")
+    limits = {q: {"active": 2, "rate": 100}}
+    with connection(broker_node, queue_limits=limits) as conn:
+        sq = conn.SimpleQueue(q)  # declares the queue: QLIMIT ... BCAST
+        for i in range(4):
+            sq.put({"n": i})
+        assert disque.limits(q)["active"] == 2 and disque.limits(q)["rate"] == 100
+        first, second = sq.get(timeout=5), sq.get(timeout=5)
+        with pytest.raises(sq.Empty):
+            sq.get(block=False)  # two delivered and not acked: the node holds the rest
+        first.ack()
+        sq.get(timeout=5).ack()
+        second.ack()
+        sq.close()
+    disque.reset_limits(q)
+    with connection(broker_node, queue_limits={q: {"fast": 1}}) as conn:
+        with pytest.raises(ValueError, match="unknown limit 'fast'"):
+            conn.SimpleQueue(q)

@@ -204,6 +204,32 @@ def test_priority_label_orders_a_real_worker(broker_node: NodeProc, tmp_path: Pa
     assert max(order.index(n) for n in range(100, 103)) < 8, order
 
 
+def test_qlimit_labels_and_queue_limits_set_the_queues_limits(broker_node: NodeProc) -> None:
+    queue = f"taskiq-limit-{uuid.uuid4().hex[:8]}"
+    r = raw(broker_node)
+
+    def limits() -> dict[bytes, int]:
+        reply = r.execute_command("QLIMIT", queue)
+        return dict(zip(reply[::2], reply[1::2], strict=True))
+
+    async def go() -> None:
+        broker = DisqueBroker(node_url(broker_node), queue=queue, queue_limits={"rate": 40})
+        await broker.startup()  # the broker's queue_limits: QLIMIT ... BCAST
+        try:
+            assert limits()[b"rate"] == 40
+            await kicker(broker, "echo", qlimit_active=3, qlimit_group_active="1").kiq(1)
+            assert (limits()[b"active"], limits()[b"group-active"], limits()[b"rate"]) == (3, 1, 40)
+            with pytest.raises(SendTaskError) as refused:
+                await kicker(broker, "echo", qlimit_active="many").kiq(0)
+            assert "qlimit_active" in str(refused.value.__cause__)
+        finally:
+            await broker.shutdown()
+
+    asyncio.run(go())
+    r.execute_command("QLIMIT", queue, "RESET")
+    r.execute_command("DELQUEUE", queue)
+
+
 def test_killed_mid_task_the_job_comes_back(broker_node: NodeProc, tmp_path: Path) -> None:
     queue = f"taskiq-kill-{uuid.uuid4().hex[:8]}"
     rec, marker = tmp_path / "rec.jsonl", tmp_path / "marker"

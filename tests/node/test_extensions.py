@@ -685,3 +685,134 @@ def test_priority_travels_to_copies_and_by_federation(three: list[NodeProc]) -> 
                                  [b"high%d" % i for i in range(5)]), got
     assert max(i for i, body in enumerate(got) if body.startswith(b"high")) < 10, got
     _ = third
+
+
+# ------------------------------------------------------------------ QLIMIT (limits per node)
+
+
+def _limits(r: redis.Redis, q: str) -> dict[str, int]:
+    return {k: int(v) for k, v in _pairs(r.execute_command("QLIMIT", q)).items()}
+
+
+def test_qlimit_active_skips_the_queue_and_a_blocked_getjob_wakes_on_ack(one: NodeProc) -> None:
+    r = _r(one)
+    limited, other = _two_owner_queues()  # one queue per worker: the GETJOB spans both
+    assert _pairs(r.execute_command("QLIMIT", limited, "ACTIVE", 2))["active"] == 2
+    for i in range(5):
+        r.execute_command("ADDJOB", limited, f"l{i}", 0, "RETRY", 60)
+        r.execute_command("ADDJOB", other, f"o{i}", 0)
+    got = r.execute_command("GETJOB", "NOHANG", "COUNT", 10, "FROM", limited, other)
+    assert sorted(e[0].decode() for e in got) == sorted([limited] * 2 + [other] * 5)
+    assert r.execute_command("GETJOB", "NOHANG", "FROM", limited) is None  # at its limit
+    stat = _pairs(r.execute_command("QSTAT", limited))
+    assert _pairs(stat["limits"])["in-use"] == 2 and stat["len"] == 3
+    result: list[Any] = []
+    t = threading.Thread(target=lambda: result.append(_r(one).execute_command(
+        "GETJOB", "TIMEOUT", 20_000, "FROM", limited)))
+    t.start()
+    wait_until(lambda: _pairs(r.execute_command("QSTAT", limited))["blocked"] == 1, wait_s,
+               "the GETJOB blocked on the queue at its limit")
+    assert result == []
+    mine = next(e[1] for e in got if e[0].decode() == limited)
+    assert r.execute_command("ACKJOB", mine) == 1
+    t.join(wait_s)
+    assert result and result[0][0][0].decode() == limited  # the ACK made room
+    assert _limits(r, limited)["in-use"] == 2
+    assert r.execute_command("QLIMIT", limited, "RESET")[1] == 0
+    assert len(r.execute_command("GETJOB", "NOHANG", "COUNT", 10, "FROM", limited)) == 2
+
+
+def test_qlimit_bad_input_changes_nothing(one: NodeProc) -> None:
+    r = _r(one)
+    q = _q()
+    r.execute_command("QLIMIT", q, "ACTIVE", 3)
+    for args, text in ((["ACTIVE", -1], "ACTIVE must be between 0 and 1000000"),
+                       (["RATE", 10**7], "RATE must be between 0 and 1000000"),
+                       (["GROUP-ACTIVE", "x"], "value is not an integer or out of range"),
+                       (["LIMIT", 1], "syntax error"), (["ACTIVE"], "syntax error"),
+                       (["RESET", "ACTIVE", 1], "syntax error"), (["BCAST"], "syntax error")):
+        assert _err(r, "QLIMIT", q, *args).startswith(text), args
+    assert _err(r, "QLIMIT", "x" * 70_000).startswith("queue name too long")
+    assert _err(r, "QLIMIT").startswith("wrong number of arguments")
+    assert _limits(r, q)["active"] == 3 and r.ping()
+    r.execute_command("CONFIG", "SET", "qlimit-value-max", "10")
+    try:
+        assert _err(r, "QLIMIT", q, "RATE", 11).startswith("RATE must be between 0 and 10")
+    finally:
+        r.execute_command("CONFIG", "SET", "qlimit-value-max", "1000000")
+    assert r.execute_command("COMMAND")["qlimit"]["arity"] == -2
+
+
+def test_qlimit_rate_and_group_active_and_the_clients(one: NodeProc) -> None:
+    q = _q("lim")
+    with Disque(f"127.0.0.1:{one.port}", socket_timeout=20) as d:
+        assert d.set_limit(q, rate=5)["tokens"] == 5
+        for i in range(9):
+            d.add_job(q, f"j{i}".encode(), group=f"t{i % 3}", retry=60)
+        assert len(d.get_jobs(q, count=9, nohang=True)) == 5  # the bucket's 5 tokens
+        d.set_limit(q, rate=0, group_active=1)  # RATE off; one job a tenant at a time
+        got = d.get_jobs(q, count=9, nohang=True)
+        limits = d.limits(q)
+        assert limits["group-active"] == 1 and limits["rate"] == 0
+        assert len(got) <= 3 and limits["full-groups"] == 3
+        assert d.reset_limits(q)["group-active"] == 0
+
+    async def go() -> None:
+        a = AsyncDisque(f"127.0.0.1:{one.port}", socket_timeout=20)
+        try:
+            assert (await a.set_limit(q, active=7))["active"] == 7
+            assert (await a.limits(q))["active"] == 7
+            assert (await a.reset_limits(q))["active"] == 0
+        finally:
+            await a.aclose()
+
+    asyncio.run(go())
+    if shutil.which("redis-cli"):
+        out = subprocess.run(["redis-cli", "-p", str(one.port), "QLIMIT", q, "ACTIVE", "4"],
+                             text=True, capture_output=True, timeout=20, check=True).stdout.split()
+        assert out[:2] == ["active", "4"], out
+
+
+def test_qlimit_bcast_sets_every_node(three: list[NodeProc]) -> None:
+    q = _q("lim")
+    a = _r(three[0])
+    a.execute_command("QLIMIT", q, "ACTIVE", 3, "RATE", 50, "BCAST")
+    wait_until(lambda: all(_limits(_r(n), q)["active"] == 3 and _limits(_r(n), q)["rate"] == 50
+                           for n in three), wait_s, "every node has the limits")
+    _r(three[1]).execute_command("QLIMIT", q, "RESET", "BCAST")
+    wait_until(lambda: all(_limits(_r(n), q)["active"] == 0 for n in three), wait_s,
+               "every node reset")
+
+
+def test_qlimit_survives_a_restart_a_rewrite_and_a_killed_worker(tmp_path: Path) -> None:
+    qa, qb = _two_owner_queues()
+    with NodeProc(tmp_path / "aof", workers=2, conf={"appendonly": "yes",
+                                                     "appendfsync": "always"}) as n:
+        r = _r(n)
+        r.execute_command("QLIMIT", qa, "ACTIVE", 2, "GROUP-ACTIVE", 1)
+        r.execute_command("QLIMIT", qb, "RATE", 9)
+        r.execute_command("QLIMIT", qb, "ACTIVE", 4)  # RATE kept: a later record adds to it
+
+        def kept() -> bool:
+            rr = _r(n)
+            la, lb = _limits(rr, qa), _limits(rr, qb)
+            return (la["active"], la["group-active"], lb["rate"], lb["active"]) == (2, 1, 9, 4)
+
+        n.restart()
+        assert kept()
+        assert _r(n).execute_command("BGREWRITEAOF")
+        wait_until(lambda: int(_r(n).info("persistence")["aof_rewrite_in_progress"]) == 0,
+                   wait_s, "the rewrite done")
+        n.restart()
+        assert kept()
+        for pid in n.worker_pids():
+            os.kill(pid, signal.SIGKILL)  # the supervisor restarts each from its AOF
+        wait_until(lambda: len(n.worker_pids()) == 2, wait_s, "both workers back")
+        wait_until(lambda: _ping_quiet(n) and kept(), wait_s, "the limits back with the workers")
+
+
+def _ping_quiet(n: NodeProc) -> bool:
+    try:
+        return bool(_r(n).ping())
+    except (redis.ConnectionError, redis.TimeoutError, OSError):
+        return False

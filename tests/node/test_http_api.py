@@ -148,6 +148,26 @@ def test_pause_and_resume(node: NodeProc) -> None:
     assert pause_state() == b"none"
 
 
+def test_limits_shown_and_set(node: NodeProc) -> None:
+    r = node.client(protocol=2)
+    q = unique_queue("lim")
+    shown = get(hp(node), q_path(q) + "/limits").json()
+    assert shown == {"queue": q, "active": 0, "rate": 0, "group-active": 0, "in-use": 0,
+                     "tokens": -1, "full-groups": 0}
+    got = post(hp(node), q_path(q) + "/limits", {"active": 3, "rate": 20}).json()
+    assert (got["active"], got["rate"], got["tokens"]) == (3, 20, 20)
+    assert r.execute_command("QLIMIT", q)[:4] == [b"active", 3, b"rate", 20]
+    assert post(hp(node), q_path(q) + "/limits", {"group_active": 1}).json()["active"] == 3
+    assert "must be between 0 and" in error_of(
+        post(hp(node), q_path(q) + "/limits", {"active": -1}), 400)
+    error_of(post(hp(node), q_path(q) + "/limits", {"active": "3"}), 400)
+    error_of(post(hp(node), q_path(q) + "/limits", {}), 400)
+    error_of(post(hp(node), q_path(q) + "/limits", {"reset": True, "rate": 1}), 400)
+    assert get(hp(node), q_path(q) + "/limits").json()["group-active"] == 1  # nothing changed
+    assert post(hp(node), q_path(q) + "/limits", {"reset": True}).json()["active"] == 0
+    error_of(request(hp(node), "DELETE", q_path(q) + "/limits"), 405)
+
+
 def test_job_show_ack_nack_delete(node: NodeProc) -> None:
     r = node.client(protocol=2)
     q = unique_queue("j")

@@ -138,6 +138,23 @@ def test_requeue_moves_dead_letters_back_with_their_settings(node, capsys):
     assert code == 0 and out.strip() == f"requeued 0 jobs from dead:{q} to {q}; 0 left in dead:{q}"
 
 
+def test_limit_sets_shows_and_resets_a_queues_limits(node, capsys):
+    q = unique_queue("limited")
+    got = admin_json(node, capsys, "limit", q, "--active", "5", "--rate", "40")
+    assert (got["queue"], got["active"], got["rate"], got["group-active"]) == (q, 5, 40, 0)
+    assert admin_json(node, capsys, "limit", q, "--group-active", "2")["active"] == 5  # kept
+    code, out, _ = admin(node, capsys, "limit", q)
+    assert code == 0 and "limits are per node" in out and "group-active  2" in out, out
+    r = node.client()
+    stat = r.execute_command("QLIMIT", q)
+    assert stat[:6] == [b"active", 5, b"rate", 40, b"group-active", 2]
+    assert admin_json(node, capsys, "limit", q, "--reset")["active"] == 0
+    code, _, err = admin(node, capsys, "limit", q, "--active", "-1")
+    assert code == 1 and "ACTIVE must be between 0 and" in err
+    code, _, err = admin(node, capsys, "limit", q, "--reset", "--rate", "3")
+    assert code == 1 and "--reset takes no" in err
+
+
 def test_node_and_cluster_state(node, capsys):
     state = admin_json(node, capsys, "node")
     my_id = node.client().execute_command("CLUSTER", "MYID").decode()

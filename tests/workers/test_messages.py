@@ -69,6 +69,7 @@ def test_every_senders_meta_passes_its_kinds_check() -> None:
         (messages.GOTACK, jslot, messages.gotack_meta(jid, False), []),
         (messages.NEEDJOBS, qslot, messages.needjobs_meta(5), [queue]),
         (messages.PAUSE, qslot, messages.pause_meta(3), [queue]),
+        (messages.QLIMIT, qslot, messages.qlimit_meta(5, 50, 2), [queue]),
         (messages.QLENASK, qslot, messages.request_meta(7), [queue]),
         (messages.QLENIS, qslot, messages.qlenis_meta(7, 12), []),
         (messages.DELQDONE, qslot, messages.request_meta(7), [jid.encode()]),

@@ -72,7 +72,7 @@ class Limits:
     __slots__ = ("getjob_count_max", "qpeek_count_max", "scan_count_max",
                  "queue_name_bytes_max", "err_queue_name", "waitjob_entries_per_client_max",
                  "redrive_count_max", "qgroups_count_max", "queue_groups_max",
-                 "err_queue_groups")
+                 "err_queue_groups", "qlimit_value_max", "qlimit_queues_max")
 
     def __init__(self) -> None:
         self.getjob_count_max = 10_000
@@ -84,6 +84,8 @@ class Limits:
         self.queue_groups_max = 0
         self.err_queue_groups = ERR_SYNTAX
         self.set_queue_groups_max(100_000)
+        self.qlimit_value_max = 1_000_000
+        self.qlimit_queues_max = 100_000
         self.queue_name_bytes_max = 0
         self.err_queue_name = ERR_SYNTAX
         self.set_queue_name_max(queue_name_bytes_max - len(DEAD_PREFIX))
@@ -116,6 +118,8 @@ def apply_limits(cfg: Any) -> None:
     limits.waitjob_entries_per_client_max = int(cfg.waitjob_entries_per_client_max)
     limits.redrive_count_max = int(cfg.redrive_count_max)
     limits.set_queue_groups_max(int(cfg.queue_groups_max))
+    limits.qlimit_value_max = int(cfg.qlimit_value_max)
+    limits.qlimit_queues_max = int(cfg.qlimit_queues_max)
 
 
 def long_queue_name(queues: list[bytes]) -> Error | None:
@@ -626,6 +630,58 @@ def cmd_pause(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
 
 
 # ------------------------------------------------------------------ extensions
+
+_QLIMIT_FIELDS: Final = {b"active": 0, b"rate": 1, b"group-active": 2}
+
+
+def cmd_qlimit(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
+    """``QLIMIT queue [ACTIVE n] [RATE n] [GROUP-ACTIVE n] [BCAST]``, ``QLIMIT queue``,
+    ``QLIMIT queue RESET [BCAST]`` (workers/limits.py): every value checked before
+    anything changes; the reply is the queue's limits after the command."""
+    if not args:
+        return err_arity("qlimit")
+    if len(args[0]) > limits.queue_name_bytes_max:
+        return limits.err_queue_name
+    parsed = parse_qlimit(args[1:])
+    if isinstance(parsed, Error):
+        return parsed
+    values, bcast = parsed
+    return shard.op_qlimit(args[0], values, bcast, limits.qlimit_queues_max, now_ms)
+
+
+def parse_qlimit(opts: list[bytes]) -> tuple[tuple[int | None, int | None, int | None] | None,
+                                             bool] | Error:
+    """QLIMIT's options: the values to set (None: show), BCAST; or the error."""
+    values: list[int | None] = [None, None, None]
+    given = reset = bcast = False
+    i = 0
+    while i < len(opts):
+        word = opts[i].lower()
+        if word == b"bcast":
+            bcast = True
+        elif word == b"reset":
+            reset = True
+        elif word in _QLIMIT_FIELDS and i + 1 < len(opts):
+            n = parse_int(opts[i + 1])
+            if n is None:
+                return ERR_NOT_INT
+            if not 0 <= n <= limits.qlimit_value_max:
+                return Error(f"ERR {word.decode().upper()} must be between 0 and "
+                             f"{limits.qlimit_value_max} (qlimit-value-max)")
+            values[_QLIMIT_FIELDS[word]] = n
+            given = True
+            i += 1
+        else:
+            return ERR_SYNTAX
+        i += 1
+    if reset and given:
+        return ERR_SYNTAX
+    if reset:
+        return (0, 0, 0), bcast
+    if not given:
+        return (None, bcast) if not bcast else ERR_SYNTAX
+    return (values[0], values[1], values[2]), bcast
+
 
 
 def split_tail(args: list[bytes], words: tuple[bytes, ...]) -> tuple[list[bytes], bytes | None,

@@ -96,6 +96,7 @@ TABLE: dict[bytes, Command] = {
                 tail_opts=(b"reason",)),
         Command("redrive", -2, (_W,), "queue", jobs.cmd_redrive),
         Command("qgroups", -2, (_R,), "queue", jobs.cmd_qgroups),
+        Command("qlimit", -2, (_W, _F), "queue", jobs.cmd_qlimit),
         Command("qscan", -1, (_R,), "scatter", server.cmd_qscan),
         Command("jscan", -1, (_R,), "scatter", server.cmd_jscan),
         Command("info", -1, (_R, _L), "scatter", info.cmd_info),

@@ -13,6 +13,9 @@ The API has the semantics of the commands because it runs them (``commands.call`
                                          their reasons (``dead``)
     POST   /api/queues/{queue}/pause     {"state": "in"|"out"|"all"|"none"} (default all)
     POST   /api/queues/{queue}/resume    PAUSE queue none
+    GET    /api/queues/{queue}/limits    QLIMIT queue: this node's limits and what is in use
+    POST   /api/queues/{queue}/limits    {"active": n, "rate": n, "group_active": n, "reset":
+                                         true, "bcast": true} (each optional; 0 takes one away)
     POST   /api/queues/{queue}/requeue   REDRIVE: dead-letter queue -> its queue (dead:q -> q),
                                          each job with its ID
     GET    /api/jobs/{id}                SHOW; an active job's ``kind`` (delivered, delayed,
@@ -330,6 +333,37 @@ async def post_resume(w: NodeView, req: Request, args: list[str]) -> Response:
     return ok({"queue": text(name), "pause": text(reply)})
 
 
+_LIMIT_FIELDS = (("active", b"ACTIVE"), ("rate", b"RATE"), ("group_active", b"GROUP-ACTIVE"))
+
+
+async def get_limits(w: NodeView, req: Request, args: list[str]) -> Response:
+    """QLIMIT queue: the limits on this node (they are per node), in use, tokens."""
+    name = _queue_name(args[0])
+    return ok({"queue": text(name), **pairs(await call(w, b"QLIMIT", name))})
+
+
+async def post_limits(w: NodeView, req: Request, args: list[str]) -> Response:
+    """QLIMIT queue [ACTIVE n] [RATE n] [GROUP-ACTIVE n] | RESET [BCAST]: the node
+    checks the values (-ERR: 400, nothing changed); the limits after it."""
+    name = _queue_name(args[0])
+    body = _json_body(req)
+    cmd: list[Any] = [b"QLIMIT", name]
+    if body.get("reset") is True:
+        cmd.append(b"RESET")
+    for key, word in _LIMIT_FIELDS:
+        value = body.get(key)
+        if value is None:
+            continue
+        if type(value) is not int:
+            raise ApiError(400, f"{key} must be an integer")
+        cmd += [word, value]
+    if len(cmd) == 2:
+        raise ApiError(400, "give active, rate, group_active or reset")
+    if body.get("bcast") is True:
+        cmd.append(b"BCAST")
+    return ok({"queue": text(name), **pairs(await call(w, *cmd))})
+
+
 async def post_requeue(w: NodeView, req: Request, args: list[str]) -> Response:
     """Every job of a dead-letter queue back to its queue with REDRIVE (same ID,
     TTL, RETRY and MAXDELIVER, delivery counters reset: a requeued poison job gets
@@ -602,6 +636,7 @@ ROUTES: list[tuple[re.Pattern[str], dict[str, Handler]]] = [
     (re.compile(rf"/api/queues/{_SEG}/pause"), {"POST": post_pause}),
     (re.compile(rf"/api/queues/{_SEG}/resume"), {"POST": post_resume}),
     (re.compile(rf"/api/queues/{_SEG}/requeue"), {"POST": post_requeue}),
+    (re.compile(rf"/api/queues/{_SEG}/limits"), {"GET": get_limits, "POST": post_limits}),
     (re.compile(rf"/api/jobs/{_JOB}"), {"GET": get_job, "DELETE": delete_job}),
     (re.compile(rf"/api/jobs/{_JOB}/ack"), {"POST": post_ack}),
     (re.compile(rf"/api/jobs/{_JOB}/nack"), {"POST": post_nack}),
