@@ -652,6 +652,12 @@ class Core(CoreState):
         if self._aof:
             self.effects.append(AofAppend(job.to_record()))
 
+    def log_record(self, effect: AofAppend) -> None:
+        """The AOF verb of a part's own record (a stored result: workers/results.py),
+        while appendonly is on (the caller checks ``aof_on`` before building it)."""
+        if self._aof:
+            self.effects.append(effect)
+
     def unregister_quiet(self, job: Job, now_ms: int) -> None:
         """Unregister without an AOF deletion record (the record is not ours to log)."""
         aof, self._aof = self._aof, False

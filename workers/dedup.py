@@ -25,6 +25,17 @@ still holds its key until it is acknowledged, deleted or expired: a producer tha
 re-sends it gets the dead letter's ID rather than a second job, and a job moved
 back to its queue keeps its key. FLUSHALL empties the index (``reset``).
 
+Keys kept past the ACK (``ADDJOB ... DEDUP key DEDUP-KEEP seconds``, the job's
+``ext.keep_s``, carried with its copies and records like the key): when such a job
+is acknowledged here (ACKJOB, or the ACK of another holder: SETACK), its key moves
+to ``kept`` with the time it stops answering, and ``held`` answers the job's ID
+until then, so a producer that re-sends after the ACK adds nothing. A job that
+leaves otherwise (FASTACK, DELJOB, TTL) frees its key as before. Kept keys are this
+node's memory (a restart forgets them), count in ``keys_max`` (the kept ones are
+forgotten first) and in the memory estimate (``kept_bytes``); an expired one goes
+when it is next looked up, or at the bound. DEDUP-KEEP is at most ``keep_max_s``
+(config dedup-keep-max).
+
 Bound: ``keys_max`` keys per shard (config ``dedup-keys-max``, per worker). At
 the bound the oldest key is forgotten (its job stays, it is only no longer
 deduplicated), counted in ``forgotten``: an ADDJOB never fails for the index, as
@@ -41,7 +52,7 @@ from typing import Final
 from workers.core import Core, Events
 from workers.ids import DEAD_PREFIX
 from workers.invariant import InvariantError, invariant
-from workers.job import ACKED, Job
+from workers.job import ACKED, Job, dedup_entry_bytes
 
 # Keys one shard holds, by default (config dedup-keys-max): a key costs about 200
 # bytes beside its job (which costs more), so the index stays a fraction of the jobs'
@@ -78,15 +89,41 @@ class Dedup(Events):
         # a key was forgotten since the last FLUSHALL: some job may hold no entry
         # (the invariant check then skips its completeness half)
         self.partial = False
+        # keys of acknowledged jobs kept answering (DEDUP-KEEP): key -> (the job's
+        # ID, until ms), in the order they were kept
+        self.kept: OrderedDict[_Key, tuple[str, int]] = OrderedDict()
+        self.kept_bytes = 0  # their memory estimate (dedup_entry_bytes + the key's bytes)
+        self.keep_max_s = 7 * 24 * 3600  # config dedup-keep-max
         core.subscribe(self, "after_ack", "after_ext_registered", "after_ext_unregistered")
 
-    def held(self, queue: bytes, key: bytes) -> str | None:
-        """ADDJOB ... DEDUP: the ID of the job that holds ``key`` in ``queue``, or
-        None (the ADDJOB adds its job)."""
-        jid = self.keys.get((home_queue(queue), key))
+    def held(self, queue: bytes, key: bytes, now_ms: int = 0) -> str | None:
+        """ADDJOB ... DEDUP: the ID of the job that holds ``key`` in ``queue`` (or
+        held it and was acknowledged less than its DEDUP-KEEP ago), or None (the
+        ADDJOB adds its job)."""
+        k = (home_queue(queue), key)
+        jid = self.keys.get(k)
+        if jid is None and self.kept:
+            got = self.kept.get(k)
+            if got is not None:
+                if got[1] > now_ms:
+                    jid = got[0]
+                else:
+                    self._unkeep(k)
         if jid is not None:
             self.hits += 1
         return jid
+
+    def _keep(self, k: _Key, job_id: str, until_ms: int) -> None:
+        if k in self.kept:
+            self._unkeep(k)
+        if self.count() >= self.keys_max:
+            self._forget_oldest()
+        self.kept[k] = (job_id, until_ms)
+        self.kept_bytes += dedup_entry_bytes + len(k[0]) + len(k[1])
+
+    def _unkeep(self, k: _Key) -> None:
+        del self.kept[k]
+        self.kept_bytes -= dedup_entry_bytes + len(k[0]) + len(k[1])
 
     def set_keys_max(self, n: int) -> None:
         """config dedup-keys-max: a lower bound forgets the oldest keys at once."""
@@ -101,10 +138,12 @@ class Dedup(Events):
         self.more = {}
         self.more_count = 0
         self.partial = False
+        self.kept = OrderedDict()
+        self.kept_bytes = 0
 
     def count(self) -> int:
-        """The jobs whose key is held (what ``keys_max`` bounds)."""
-        return len(self.keys) + self.more_count
+        """The jobs whose key is held or kept (what ``keys_max`` bounds)."""
+        return len(self.keys) + self.more_count + len(self.kept)
 
     # ------------------------------------------------------------------ events
 
@@ -114,7 +153,7 @@ class Dedup(Events):
             return
         k = (home_queue(job.queue), ext.dedup)
         keys = self.keys
-        if len(keys) + self.more_count >= self.keys_max:
+        if self.count() >= self.keys_max:
             self._forget_oldest()
         if k not in keys:
             keys[k] = job.id
@@ -130,13 +169,15 @@ class Dedup(Events):
         if self.keys:
             job = self.core.lookup(job_id)
             if job is not None:
-                self._release(job)
+                self._release(job, True)
 
     def after_ext_unregistered(self, job: Job) -> None:
         if self.keys:
-            self._release(job)
+            self._release(job, False)
 
-    def _release(self, job: Job) -> None:
+    def _release(self, job: Job, acked: bool) -> None:
+        """The job no longer holds its key; ``acked``: by its ACK (its DEDUP-KEEP,
+        if any, keeps the key answering from the time of the ACK, ``Core.now_ms``)."""
         ext = job.ext
         if ext is None or not ext.dedup:
             return
@@ -150,6 +191,8 @@ class Dedup(Events):
         if held == jid:
             if more is None:
                 del keys[k]
+                if acked and ext.keep_s:
+                    self._keep(k, jid, self.core.now_ms() + min(ext.keep_s, self.keep_max_s) * 1000)
                 return
             keys[k] = more.pop(0)  # the next job holding it answers (same age)
         elif more is None or jid not in more:
@@ -161,6 +204,10 @@ class Dedup(Events):
             del self.more[k]
 
     def _forget_oldest(self) -> None:
+        if self.kept:  # a kept key (its job is done) goes before a held one
+            self._unkeep(next(iter(self.kept)))
+            self.forgotten += 1
+            return
         k, _jid = self.keys.popitem(last=False)
         forgotten = 1
         if self.more_count:
@@ -181,6 +228,8 @@ class Dedup(Events):
         invariant(self.count() <= self.keys_max, f"{self.count()} dedup keys > {self.keys_max}")
         invariant(self.more_count == sum(len(m) for m in self.more.values()),
                   "dedup more_count wrong")
+        invariant(self.kept_bytes == sum(dedup_entry_bytes + len(q) + len(key)
+                                         for q, key in self.kept), "dedup kept_bytes wrong")
         held: list[tuple[_Key, str]] = list(keys.items())
         for k, more in self.more.items():
             invariant(k in keys and bool(more), f"dedup key {k!r}: more without a first")

@@ -134,6 +134,8 @@ maxdeliver_max: Final = 10_000
 group_bytes_max: Final = 256
 dedup_bytes_max: Final = 256
 dead_reason_bytes_max: Final = 1024
+# ADDJOB ... DEDUP-KEEP seconds (a 32-bit record field; config dedup-keep-max is lower)
+dedup_keep_max_s: Final = 10 * 365 * 24 * 3600
 
 US_PER_MS: Final = 1_000
 
@@ -176,16 +178,19 @@ class JobExt:
     its queue, its deduplication key, why it was dead-lettered. Shared by nothing:
     each job that has one owns it."""
 
-    __slots__ = ("group", "dedup", "reason")
+    __slots__ = ("group", "dedup", "reason", "keep_s")
 
     group: bytes
     dedup: bytes
     reason: bytes
+    keep_s: int  # DEDUP-KEEP: the key answers this long past the job's ACK (0: not)
 
-    def __init__(self, group: bytes = b"", dedup: bytes = b"", reason: bytes = b"") -> None:
+    def __init__(self, group: bytes = b"", dedup: bytes = b"", reason: bytes = b"",
+                 keep_s: int = 0) -> None:
         self.group = group
         self.dedup = dedup
         self.reason = reason
+        self.keep_s = keep_s
 
     def __bool__(self) -> bool:
         return bool(self.group or self.dedup or self.reason)
@@ -444,8 +449,8 @@ class Job(Timed):
         flags = self.flags
         maxdeliver = flags >> _MAXDELIVER_SHIFT
         ext = self.ext
-        version = RECORD_VERSION_EXT if ext is not None else (
-            RECORD_VERSION_MAXDELIVER if maxdeliver else RECORD_VERSION)
+        version = (RECORD_VERSION_KEEP if ext.keep_s else RECORD_VERSION_EXT) \
+            if ext is not None else (RECORD_VERSION_MAXDELIVER if maxdeliver else RECORD_VERSION)
         # one bound pack with the fields as arguments (a tuple of them through *args
         # was a generic call); versions 2 and 3 add their fields after version 1's
         head = _pack_head(version, self.state, flags & _FLAG_MASK & ~_FLAG_TRANSIENT, self.repl,
@@ -456,6 +461,8 @@ class Job(Timed):
         if ext is not None:
             parts = [head, _pack_ext(maxdeliver, len(ext.group), len(ext.dedup), len(ext.reason)),
                      jid, queue, body, ext.group, ext.dedup, ext.reason]
+            if ext.keep_s:
+                parts.insert(2, _pack_u32(ext.keep_s))
         elif maxdeliver:
             parts = [head, _pack_u16(maxdeliver), jid, queue, body]
         else:
@@ -493,6 +500,14 @@ class Job(Timed):
         (version, state, flags, repl, ttl_s, ctime_ns, delay_s, retry_s, nacks, add_deliv,
          qtime_ms, n_deliv, n_conf, id_len, q_len, body_len) = _REC_HEAD.unpack_from(rec)
         at, maxdeliver, ext_lens = _extended_head(rec, version)
+        keep_s = 0
+        if version == RECORD_VERSION_KEEP:
+            if len(rec) < at + 4:
+                raise ValueError("job record too short")
+            keep_s = int.from_bytes(rec[at:at + 4], "big")
+            if not 0 < keep_s <= dedup_keep_max_s:
+                raise ValueError("job record DEDUP-KEEP out of range")
+            at += 4
         if state > ACKED:
             raise ValueError(f"bad job state {state}")
         if ttl_s > ttl_max_s or retry_s > retry_max_s or delay_s > delay_max_s:
@@ -509,12 +524,12 @@ class Job(Timed):
         body = rec[at : at + body_len]
         at += body_len
         ext: JobExt | None = None
-        if version == RECORD_VERSION_EXT:
+        if version >= RECORD_VERSION_EXT:
             strs = []
             for ln in ext_lens:
                 strs.append(rec[at : at + ln])
                 at += ln
-            ext = JobExt(strs[0], strs[1], strs[2])
+            ext = JobExt(strs[0], strs[1], strs[2], keep_s)
         nodes: list[str] = []
         for _ in range(n_deliv + n_conf):
             if at + 2 > size:
@@ -543,15 +558,21 @@ RECORD_VERSION_MAXDELIVER: Final = 2  # version 1's fields, then maxdeliver (u16
 # Version 2's fields (maxdeliver may be 0), then the lengths of GROUP, DEDUP and the
 # dead-letter reason (u16 each); the three strings follow the body.
 RECORD_VERSION_EXT: Final = 3
+# Version 3's head, then DEDUP-KEEP seconds (u32), then version 3's strings: written
+# only for a job added with DEDUP-KEEP (every other job keeps its version).
+RECORD_VERSION_KEEP: Final = 4
 # A deletion record (AOF): this tag, never a job record version, then the job ID.
 DEL_RECORD_TAG: Final = 0x80
+# A stored result (AOF, workers/results.py): this tag, the expire ms (u64), the job
+# ID (40 bytes), the value.
+RESULT_RECORD_TAG: Final = 0x81
 # version, state, flags, repl, ttl_s, ctime_ns, delay_s, retry_s, nacks, additional
 # deliveries, qtime_ms, #delivered, #confirmed, len(id), len(queue), len(body)
 _REC_HEAD: Final = struct.Struct(">BBBHQQQQQQQHHHII")
 _REC_HEAD_V2: Final = struct.Struct(">BBBHQQQQQQQHHHIIH")
 _REC_HEAD_V3: Final = struct.Struct(">BBBHQQQQQQQHHHIIHHHH")
 _HEADS: Final = {RECORD_VERSION: _REC_HEAD, RECORD_VERSION_MAXDELIVER: _REC_HEAD_V2,
-                 RECORD_VERSION_EXT: _REC_HEAD_V3}
+                 RECORD_VERSION_EXT: _REC_HEAD_V3, RECORD_VERSION_KEEP: _REC_HEAD_V3}
 _NODE_LEN: Final = struct.Struct(">H")
 # Bound once: big-endian packs have no padding, so version 2's head is version 1's
 # and a u16, version 3's version 1's and four u16 (maxdeliver, then the lengths of
@@ -559,6 +580,7 @@ _NODE_LEN: Final = struct.Struct(">H")
 _pack_head: Final = _REC_HEAD.pack
 _pack_u16: Final = _NODE_LEN.pack
 _pack_ext: Final = struct.Struct(">HHHH").pack
+_pack_u32: Final = struct.Struct(">I").pack
 
 
 def _append_node(parts: list[bytes], node: str) -> None:
@@ -579,7 +601,7 @@ def _extended_head(rec: bytes, version: int) -> tuple[int, int, tuple[int, int, 
         if not 1 <= maxdeliver <= maxdeliver_max:
             raise ValueError("job record MAXDELIVER out of range")
         return _REC_HEAD_V2.size, maxdeliver, (0, 0, 0)
-    if version != RECORD_VERSION_EXT:
+    if version != RECORD_VERSION_EXT and version != RECORD_VERSION_KEEP:
         raise ValueError(f"unsupported job record version {version}")
     if len(rec) < _REC_HEAD_V3.size:
         raise ValueError("job record too short")
@@ -602,13 +624,18 @@ def job_id_of_record(rec: bytes) -> str:
     Raises ``ValueError`` when it is neither form."""
     if rec[:1] == bytes((DEL_RECORD_TAG,)):
         return rec[1:].decode("ascii", "strict") if len(rec) > 1 else _bad("empty deletion record")
+    if rec[:1] == bytes((RESULT_RECORD_TAG,)):
+        if len(rec) < 9 + 40:
+            return _bad("result record truncated")
+        return rec[9:49].decode("ascii", "strict")  # after the tag and the expire time
     head = _HEADS.get(rec[0]) if rec else None
     if head is None or len(rec) < head.size:
         return _bad("not a job record")
     id_len = head.unpack_from(rec)[13]
-    if head.size + id_len > len(rec):
+    at = head.size + (4 if rec[0] == RECORD_VERSION_KEEP else 0)
+    if at + id_len > len(rec):
         return _bad("job record truncated")
-    return rec[head.size : head.size + id_len].decode("ascii", "strict")
+    return rec[at : at + id_len].decode("ascii", "strict")
 
 
 def _bad(why: str) -> str:

@@ -8,9 +8,11 @@ from typing import Final
 
 from workers.core import Core
 from workers.ids import slot_of, slot_of_valid_id
+from workers.results import Results, parse_result_record
 from workers.job import (
     ACKED,
     DEL_RECORD_TAG,
+    RESULT_RECORD_TAG,
     QUEUED,
     Job,
     job_id_of_record,
@@ -18,6 +20,7 @@ from workers.job import (
 )
 
 _DEL_TAG = bytes((DEL_RECORD_TAG,))
+_RESULT_TAG = bytes((RESULT_RECORD_TAG,))
 # A loaded job's creation time may be ahead of our clock by the other nodes' clock
 # skew; past this it does not move the creation time of the jobs made here after it
 # (their queue order and TTL would follow a clock that lies).
@@ -59,9 +62,11 @@ def lie_of(job: Job) -> str | None:
     return None
 
 
-def load_record(s: Core, record: bytes, enqueue: bool, now_ms: int) -> None:
+def load_record(s: Core, record: bytes, enqueue: bool, now_ms: int,
+                results: Results | None = None) -> None:
     """Replay one AOF record: a job record registers or replaces its job, a
-    deletion record removes it. Raises ``ValueError`` on a malformed record.
+    deletion record removes it, a result record stores the result again (until its
+    expire time: one past it stores nothing). Raises ``ValueError`` on a malformed record.
     Emits nothing (the record is already in a file). A record that lies
     (``check_loaded``) is refused before it changes anything.
 
@@ -74,6 +79,13 @@ def load_record(s: Core, record: bytes, enqueue: bool, now_ms: int) -> None:
         gone = s.lookup(job_id_of_record(record))
         if gone is not None:
             s.unregister_quiet(gone, now_ms)
+        return
+    if record[:1] == _RESULT_TAG:
+        if results is not None:
+            job_id, value, expire_ms = parse_result_record(record)
+            if slot_of_valid_id(job_id.encode()) < 0:
+                raise ValueError(f"bad job ID {job_id!r} in a result record")
+            results.store(job_id, value, now_ms, expire_ms, log=False)
         return
     job = Job.from_record(record)
     lie = lie_of(job)

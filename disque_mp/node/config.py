@@ -231,6 +231,16 @@ class Config:
     # ADDJOB ... GROUP: groups with queued jobs one queue holds; past it a job of a
     # new group is refused (-ERR), so one queue's group lanes stay bounded
     queue_groups_max: int = 100_000
+    # ACKJOB ... RESULT / RESULT (workers/results.py, docs/extensions.md, "Results"):
+    # how long a result is kept (s), one value's bytes (refused past it), the bytes of
+    # every result one worker keeps (the oldest dropped past it; also counted in
+    # maxmemory and evicted first), one WORKING ... PROGRESS value's bytes
+    result_ttl: int = 3600
+    result_bytes_max: int = 1 << 20
+    result_store_bytes_max: int = 256 << 20
+    progress_bytes_max: int = 4096
+    # ADDJOB ... DEDUP-KEEP seconds: the longest a key is kept past its job's ACK
+    dedup_keep_max: int = 7 * 24 * 3600
 
 
 class ConfigValueError(ValueError):
@@ -464,6 +474,17 @@ DIRECTIVES: tuple[Directive, ...] = (
        choices=("refuse", "skip")),
     _d("queue-groups-max", "int", True,
        "queue-groups-max must be between 1 and 100000000", lo=1, hi=100_000_000),
+    # ours: results, progress, dedup that remembers (docs/extensions.md)
+    _d("result-ttl", "int", True, "result-ttl must be between 1 and 31536000",
+       lo=1, hi=365 * 24 * 3600),
+    _d("result-bytes-max", "int", True, "result-bytes-max must be between 1 and 67108864",
+       lo=1, hi=64 << 20),
+    _d("result-store-bytes-max", "int", True,
+       "result-store-bytes-max must be between 1 and 1099511627776", lo=1, hi=1 << 40),
+    _d("progress-bytes-max", "int", True, "progress-bytes-max must be between 1 and 67108864",
+       lo=1, hi=64 << 20),
+    _d("dedup-keep-max", "int", True, "dedup-keep-max must be between 1 and 315360000",
+       lo=1, hi=10 * 365 * 24 * 3600),
 )
 BY_NAME: dict[str, Directive] = {d.name: d for d in DIRECTIVES}
 # Names Redis users know for our limit directives (same field, same units).

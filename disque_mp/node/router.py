@@ -350,6 +350,10 @@ class Router(CommandPath):
             ids, word, value = cmd_jobs.split_tail(ids, words)
             if word is not None and value is not None:
                 tail = [word, value]
+        if len(ids) > 1:
+            one = cmd_jobs.one_id_error(cmd[0].lower(), tail)
+            if one is not None:
+                return one  # RESULT, ACKJOB ... RESULT: never split over owners
         route = self.route(ids, 0, len(ids), True)  # -BADID before anything runs
         if type(route) is int:
             owner: int = route

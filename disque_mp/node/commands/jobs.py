@@ -71,7 +71,7 @@ class Limits:
     __slots__ = ("getjob_count_max", "qpeek_count_max", "scan_count_max",
                  "queue_name_bytes_max", "err_queue_name", "waitjob_entries_per_client_max",
                  "redrive_count_max", "qgroups_count_max", "queue_groups_max",
-                 "err_queue_groups")
+                 "err_queue_groups", "dedup_keep_max_s", "err_dedup_keep")
 
     def __init__(self) -> None:
         self.getjob_count_max = 10_000
@@ -86,6 +86,9 @@ class Limits:
         self.queue_name_bytes_max = 0
         self.err_queue_name = ERR_SYNTAX
         self.set_queue_name_max(queue_name_bytes_max - len(DEAD_PREFIX))
+        self.dedup_keep_max_s = 0
+        self.err_dedup_keep = ERR_SYNTAX
+        self.set_dedup_keep_max(7 * 24 * 3600)
 
     def set_queue_name_max(self, n: int) -> None:
         """config queue-name-bytes-max: the commands that make a queue or send its
@@ -103,6 +106,13 @@ class Limits:
             f"ERR too many groups in this queue (at most {n}, queue-groups-max)")
 
 
+    def set_dedup_keep_max(self, n: int) -> None:
+        """ADDJOB ... DEDUP-KEEP seconds: 1 to ``n`` (config dedup-keep-max)."""
+        self.dedup_keep_max_s = n
+        self.err_dedup_keep = Error(
+            f"ERR DEDUP-KEEP must be between 1 and {n} seconds (dedup-keep-max)")
+
+
 limits: Final = Limits()
 
 
@@ -115,6 +125,7 @@ def apply_limits(cfg: Any) -> None:
     limits.waitjob_entries_per_client_max = int(cfg.waitjob_entries_per_client_max)
     limits.redrive_count_max = int(cfg.redrive_count_max)
     limits.set_queue_groups_max(int(cfg.queue_groups_max))
+    limits.set_dedup_keep_max(int(cfg.dedup_keep_max))
 
 
 def long_queue_name(queues: list[bytes]) -> Error | None:
@@ -220,6 +231,15 @@ def parse_addjob(args: list[bytes]) -> AddJobArgs | Error:
                 return err
             i += 2
             continue
+        if opt == b"dedup-keep" and not last:
+            keep = parse_int(args[i + 1])
+            if keep is None or not 0 < keep <= limits.dedup_keep_max_s:
+                return limits.err_dedup_keep
+            if a.ext is None:
+                a.ext = JobExt()
+            a.ext.keep_s = keep
+            i += 2
+            continue
         spec = None if last else _ADDJOB_OPTS.get(opt)
         if spec is None:
             return ERR_SYNTAX
@@ -235,6 +255,8 @@ def parse_addjob(args: list[bytes]) -> AddJobArgs | Error:
     if isinstance(t, Error):
         return t
     a.timeout_ms = t
+    if a.ext is not None and a.ext.keep_s and not a.ext.dedup:
+        return ERR_DEDUP_KEEP_ALONE
     return a
 
 
@@ -254,6 +276,7 @@ def _addjob_ext(a: AddJobArgs, opt: bytes, value: bytes) -> Error | None:
 
 ERR_GROUP: Final = Error(f"ERR GROUP name must be 1 to {group_bytes_max} bytes")
 ERR_DEDUP: Final = Error(f"ERR DEDUP key must be 1 to {dedup_bytes_max} bytes")
+ERR_DEDUP_KEEP_ALONE: Final = Error("ERR DEDUP-KEEP needs a DEDUP key")
 
 
 # ADDJOB's numeric options: the field each sets, its smallest and largest value, the
@@ -523,8 +546,63 @@ def _one_job_id(args: list[bytes], name: str) -> str | Error:
 
 
 def cmd_working(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
+    """``WORKING id [PROGRESS value]`` (PROGRESS: the extension, workers/results.py)."""
+    if len(args) == 3 and args[1].lower() == b"progress":
+        job_id = _one_job_id(args[:1], "working")
+        if isinstance(job_id, Error):
+            return job_id
+        return shard.op_working(job_id, now_ms, bytes(args[2]))
     job_id = _one_job_id(args, "working")
     return job_id if isinstance(job_id, Error) else shard.op_working(job_id, now_ms)
+
+
+ERR_RESULT_ONE_ID: Final = Error("ERR RESULT takes exactly one job ID")
+ERR_ACK_RESULT_ONE_ID: Final = Error("ERR ACKJOB ... RESULT takes exactly one job ID")
+
+
+def one_id_error(name: bytes, tail: list[bytes]) -> Error | None:
+    """The error of a command given several IDs that takes one (RESULT, ACKJOB ...
+    RESULT), else None (the router checks before it splits the IDs by owner)."""
+    if name == b"result":
+        return ERR_RESULT_ONE_ID
+    if name == b"working":  # the reference's arity 2 (PROGRESS is our option)
+        return err_arity("working")
+    if name == b"ackjob" and tail and tail[0] == b"result":
+        return ERR_ACK_RESULT_ONE_ID
+    return None
+
+
+def cmd_ackjob(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
+    """``ACKJOB id ...``, or ``ACKJOB id RESULT value`` (the extension: one ID, the
+    value kept as the job's result, workers/results.py)."""
+    raw_ids, word, value = split_tail(args, (b"result",))
+    if word is None or value is None:
+        return _ack_ids(shard, args, token, now_ms)
+    if len(raw_ids) != 1:
+        return ERR_ACK_RESULT_ONE_ID if raw_ids else err_arity("ackjob")
+    ids = _job_ids(raw_ids)
+    if isinstance(ids, Error):
+        return ids
+    return shard.op_ack_result(ids[0], bytes(value), now_ms)
+
+
+def cmd_result(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
+    """``RESULT id [TIMEOUT ms]``: the value, ``["progress", value]`` for a pending
+    job that reported progress, null; with TIMEOUT a pending job is waited for (0:
+    until it is done). GETJOB's TIMEOUT texts."""
+    raw_ids, word, value = split_tail(args, (b"timeout",))
+    if len(raw_ids) != 1:
+        return ERR_RESULT_ONE_ID if raw_ids else err_arity("result")
+    timeout_ms: int | None = None
+    if value is not None:
+        t = parse_timeout_ms(value)
+        if isinstance(t, Error):
+            return t
+        timeout_ms = t
+    ids = _job_ids(raw_ids)
+    if isinstance(ids, Error):
+        return ids
+    return shard.op_result(token, ids[0], timeout_ms, now_ms)
 
 
 def cmd_show(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
@@ -714,7 +792,7 @@ def cmd_redrive(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any
     return shard.op_redrive(queue, count, now_ms)
 
 
-cmd_ackjob: Final = _ids_cmd("op_ackjob")
+_ack_ids: Final = _ids_cmd("op_ackjob")
 cmd_fastack: Final = _ids_cmd("op_fastack")
 cmd_enqueue: Final = _ids_cmd("op_enqueue")
 cmd_dequeue: Final = _ids_cmd("op_dequeue")
