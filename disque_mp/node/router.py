@@ -357,7 +357,13 @@ class Router(CommandPath):
         route = self.route(ids, 0, len(ids), True)  # -BADID before anything runs
         if type(route) is int:
             owner: int = route
-            return ERR_BADID if owner < 0 else self._run_at(conn, owner, cmd, head)
+            if owner < 0:
+                return ERR_BADID
+            if tail and tail[0] == b"result" and owner != self.index:
+                # ACKJOB id RESULT value: as a command (a RAW ACKJOB is IDs only)
+                self.fwd.command(conn, owner, b"ackjob", cmd[1:])
+                return PENDING
+            return self._run_at(conn, owner, cmd, head)
         return self._split_ids(conn, cmd[0].lower(), route, tail, head)
 
     def _split_ids(self, conn: ClientConn, name: bytes, groups: dict[int, list[bytes]],
