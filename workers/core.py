@@ -652,11 +652,12 @@ class Core(CoreState):
         if self._aof:
             self.effects.append(AofAppend(job.to_record()))
 
-    def log_record(self, effect: AofAppend) -> None:
-        """The AOF verb of a part's own record (a stored result: workers/results.py),
-        while appendonly is on (the caller checks ``aof_on`` before building it)."""
+    def log_record(self, record: bytes) -> None:
+        """The AOF verb of a record that is no job's (a stored result:
+        workers/results.py), while appendonly is on (the caller checks ``aof_on``
+        before it builds the record)."""
         if self._aof:
-            self.effects.append(effect)
+            self.effects.append(AofAppend(record))
 
     def unregister_quiet(self, job: Job, now_ms: int) -> None:
         """Unregister without an AOF deletion record (the record is not ours to log)."""

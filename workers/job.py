@@ -499,15 +499,7 @@ class Job(Timed):
         body_len: int
         (version, state, flags, repl, ttl_s, ctime_ns, delay_s, retry_s, nacks, add_deliv,
          qtime_ms, n_deliv, n_conf, id_len, q_len, body_len) = _REC_HEAD.unpack_from(rec)
-        at, maxdeliver, ext_lens = _extended_head(rec, version)
-        keep_s = 0
-        if version == RECORD_VERSION_KEEP:
-            if len(rec) < at + 4:
-                raise ValueError("job record too short")
-            keep_s = int.from_bytes(rec[at:at + 4], "big")
-            if not 0 < keep_s <= dedup_keep_max_s:
-                raise ValueError("job record DEDUP-KEEP out of range")
-            at += 4
+        at, maxdeliver, ext_lens, keep_s = _extended_head(rec, version)
         if state > ACKED:
             raise ValueError(f"bad job state {state}")
         if ttl_s > ttl_max_s or retry_s > retry_max_s or delay_s > delay_max_s:
@@ -589,18 +581,28 @@ def _append_node(parts: list[bytes], node: str) -> None:
     parts.append(raw)
 
 
-def _extended_head(rec: bytes, version: int) -> tuple[int, int, tuple[int, int, int]]:
-    """Where a record's strings start, its MAXDELIVER (0: none) and the lengths of
-    its GROUP, DEDUP and reason, from the head its version has."""
+def _keep_of(rec: bytes, at: int) -> int:
+    """A version 4 record's DEDUP-KEEP seconds, at ``at`` (after version 3's head)."""
+    if len(rec) < at + 4:
+        raise ValueError("job record too short")
+    keep_s = int.from_bytes(rec[at:at + 4], "big")
+    if not 0 < keep_s <= dedup_keep_max_s:
+        raise ValueError("job record DEDUP-KEEP out of range")
+    return keep_s
+
+
+def _extended_head(rec: bytes, version: int) -> tuple[int, int, tuple[int, int, int], int]:
+    """Where a record's strings start, its MAXDELIVER (0: none), the lengths of its
+    GROUP, DEDUP and reason, and its DEDUP-KEEP (0: none), from the head its version has."""
     if version == RECORD_VERSION:
-        return _REC_HEAD.size, 0, (0, 0, 0)
+        return _REC_HEAD.size, 0, (0, 0, 0), 0
     if version == RECORD_VERSION_MAXDELIVER:
         if len(rec) < _REC_HEAD_V2.size:
             raise ValueError("job record too short")
         maxdeliver = _REC_HEAD_V2.unpack_from(rec)[-1]
         if not 1 <= maxdeliver <= maxdeliver_max:
             raise ValueError("job record MAXDELIVER out of range")
-        return _REC_HEAD_V2.size, maxdeliver, (0, 0, 0)
+        return _REC_HEAD_V2.size, maxdeliver, (0, 0, 0), 0
     if version != RECORD_VERSION_EXT and version != RECORD_VERSION_KEEP:
         raise ValueError(f"unsupported job record version {version}")
     if len(rec) < _REC_HEAD_V3.size:
@@ -611,7 +613,10 @@ def _extended_head(rec: bytes, version: int) -> tuple[int, int, tuple[int, int, 
     if group_len > group_bytes_max or dedup_len > dedup_bytes_max \
             or reason_len > dead_reason_bytes_max:
         raise ValueError("job record GROUP, DEDUP or reason too long")
-    return _REC_HEAD_V3.size, maxdeliver, (group_len, dedup_len, reason_len)
+    lens = (group_len, dedup_len, reason_len)
+    if version == RECORD_VERSION_KEEP:
+        return _REC_HEAD_V3.size + 4, maxdeliver, lens, _keep_of(rec, _REC_HEAD_V3.size)
+    return _REC_HEAD_V3.size, maxdeliver, lens, 0
 
 
 def del_record(job_id: str) -> bytes:

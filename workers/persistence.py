@@ -8,16 +8,16 @@ from typing import Final
 
 from workers.core import Core
 from workers.ids import slot_of, slot_of_valid_id
-from workers.results import Results, parse_result_record
 from workers.job import (
     ACKED,
     DEL_RECORD_TAG,
-    RESULT_RECORD_TAG,
     QUEUED,
+    RESULT_RECORD_TAG,
     Job,
     job_id_of_record,
     node_id_bytes_max,
 )
+from workers.results import Results, parse_result_record
 
 _DEL_TAG = bytes((DEL_RECORD_TAG,))
 _RESULT_TAG = bytes((RESULT_RECORD_TAG,))

@@ -35,7 +35,6 @@ from typing import Any, Final
 
 from workers import messages as msg
 from workers.core import Core, Events
-from workers.effects import AofAppend
 from workers.ids import slot_of_job_id
 from workers.job import ACKED, RESULT_RECORD_TAG, Timed
 from workers.replies import PENDING, Error
@@ -171,7 +170,7 @@ class Results(Events):
         while self.held_bytes > self.store_bytes_max and len(self.values) > 1:
             self._drop_oldest()
         if log and self.core.aof_on():
-            self.core.log_record(AofAppend(result_record(job_id, value, expire_ms)))
+            self.core.log_record(result_record(job_id, value, expire_ms))
         if self.sweep.awake_ms == 0:
             self.core.schedule(self.sweep, expire_ms)
 

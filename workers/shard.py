@@ -67,7 +67,6 @@ from workers.pause import Pause
 from workers.persistence import load_record
 from workers.queue import PAUSED_IN, PAUSED_OUT, Cells
 from workers.replication import Replication
-from workers.results import ERR_PROGRESS_SIZE_FMT, ERR_RESULT_SIZE_FMT, Results, result_record
 from workers.replies import (
     ERR_LEAVING,
     ERR_NOJOB,
@@ -76,6 +75,7 @@ from workers.replies import (
     Error,
     Status,
 )
+from workers.results import ERR_PROGRESS_SIZE_FMT, ERR_RESULT_SIZE_FMT, Results, result_record
 from workers.views import groups_full, jscan, metrics, qgroups, qpeek, qscan, qstat, show
 
 __all__ = ["Shard", "latency_bounds_ms"]  # latency_bounds_ms: the /metrics histogram bounds

@@ -97,7 +97,7 @@ def test_results_expire_and_the_store_bound_drops_the_oldest(env: Env) -> None:
     assert env.s.results_info()["results"] == 0 and r.expired == 3 and r.held_bytes == 0
     assert env.s.op_result(1, ids[0], None, env.now) is None
     r.store_bytes_max = 700  # two values and their entries
-    for jid in ids:
+    for _ in ids:
         env.s.op_ack_result(env.add(), b"v" * 100, env.now)
     assert env.s.results_info()["results"] == 2 and r.evicted == 1
     assert env.s.op_evict_results(10) == 2 and r.held_bytes == 0
