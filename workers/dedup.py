@@ -31,7 +31,9 @@ is acknowledged here (ACKJOB, or the ACK of another holder: SETACK), its key mov
 to ``kept`` with the time it stops answering, and ``held`` answers the job's ID
 until then, so a producer that re-sends after the ACK adds nothing. A job that
 leaves otherwise (FASTACK, DELJOB, TTL) frees its key as before. Kept keys are this
-node's memory (a restart forgets them), count in ``keys_max`` (the kept ones are
+node's: with appendonly on each is an AOF record (``kept_record``, loaded back
+until it expires; one forgotten at the bound may come back after a restart until
+then), count in ``keys_max`` (the kept ones are
 forgotten first) and in the memory estimate (``kept_bytes``); an expired one goes
 when it is next looked up, or at the bound. DEDUP-KEEP is at most ``keep_max_s``
 (config dedup-keep-max).
@@ -46,13 +48,21 @@ oldest ids. INFO shows ``dedup_keys``, ``dedup_hits``, ``dedup_keys_forgotten``.
 
 from __future__ import annotations
 
+import struct
 from collections import OrderedDict
 from typing import Final
 
 from workers.core import Core, Events
 from workers.ids import DEAD_PREFIX
 from workers.invariant import InvariantError, invariant
-from workers.job import ACKED, Job, dedup_entry_bytes
+from workers.job import (
+    ACKED,
+    KEPT_KEY_RECORD_TAG,
+    Job,
+    dedup_bytes_max,
+    dedup_entry_bytes,
+    queue_name_bytes_max,
+)
 
 # Keys one shard holds, by default (config dedup-keys-max): a key costs about 200
 # bytes beside its job (which costs more), so the index stays a fraction of the jobs'
@@ -62,6 +72,30 @@ dedup_keys_max_default: Final = 1_000_000
 _DEAD_PREFIX_LEN: Final = len(DEAD_PREFIX)
 
 _Key = tuple[bytes, bytes]  # (the queue without dead:, the DEDUP key)
+_KEPT_HEAD: Final = struct.Struct(">BQ")
+_QUEUE_LEN: Final = struct.Struct(">H")
+_JOB_ID_BYTES: Final = 40
+
+
+def kept_record(k: _Key, job_id: str, until_ms: int) -> bytes:
+    """The AOF record of a kept key (KEPT_KEY_RECORD_TAG, workers/job.py)."""
+    return (_KEPT_HEAD.pack(KEPT_KEY_RECORD_TAG, until_ms) + job_id.encode()
+            + _QUEUE_LEN.pack(len(k[0])) + k[0] + k[1])
+
+
+def parse_kept_record(rec: bytes) -> tuple[_Key, str, int]:
+    """(key, job ID, until ms) of a kept key record; ``ValueError`` when malformed."""
+    at = _KEPT_HEAD.size + _JOB_ID_BYTES
+    if len(rec) < at + _QUEUE_LEN.size or rec[0] != KEPT_KEY_RECORD_TAG:
+        raise ValueError("not a kept key record")
+    until_ms = _KEPT_HEAD.unpack_from(rec)[1]
+    job_id = rec[_KEPT_HEAD.size:at].decode("ascii", "strict")
+    qlen = _QUEUE_LEN.unpack_from(rec, at)[0]
+    at += _QUEUE_LEN.size
+    queue, key = rec[at:at + qlen], rec[at + qlen:]
+    if len(queue) != qlen or qlen > queue_name_bytes_max or not 0 < len(key) <= dedup_bytes_max:
+        raise ValueError("kept key record: bad queue or key")
+    return (queue, key), job_id, until_ms
 
 
 def home_queue(queue: bytes) -> bytes:
@@ -92,6 +126,7 @@ class Dedup(Events):
         # keys of acknowledged jobs kept answering (DEDUP-KEEP): key -> (the job's
         # ID, until ms), in the order they were kept
         self.kept: OrderedDict[_Key, tuple[str, int]] = OrderedDict()
+        self.kept_by_job: dict[str, _Key] = {}  # the AOF rewrite finds a kept key by its job
         self.kept_bytes = 0  # their memory estimate (dedup_entry_bytes + the key's bytes)
         self.keep_max_s = 7 * 24 * 3600  # config dedup-keep-max
         core.subscribe(self, "after_ack", "after_ext_registered", "after_ext_unregistered")
@@ -113,17 +148,35 @@ class Dedup(Events):
             self.hits += 1
         return jid
 
-    def _keep(self, k: _Key, job_id: str, until_ms: int) -> None:
+    def _keep(self, k: _Key, job_id: str, until_ms: int, log: bool = True) -> None:
         if k in self.kept:
             self._unkeep(k)
         if self.count() >= self.keys_max:
             self._forget_oldest()
         self.kept[k] = (job_id, until_ms)
+        self.kept_by_job[job_id] = k
         self.kept_bytes += dedup_entry_bytes + len(k[0]) + len(k[1])
+        if log and self.core.aof_on():
+            self.core.log_record(kept_record(k, job_id, until_ms))
 
     def _unkeep(self, k: _Key) -> None:
-        del self.kept[k]
+        job_id, _until = self.kept.pop(k)
+        self.kept_by_job.pop(job_id, None)
         self.kept_bytes -= dedup_entry_bytes + len(k[0]) + len(k[1])
+
+    def load_kept(self, record: bytes, now_ms: int) -> None:
+        """Replay a kept key record (until it expires; a key another job holds stays
+        that job's; the job's own record may come first, its deletion after)."""
+        k, job_id, until_ms = parse_kept_record(record)
+        if until_ms > now_ms and self.keys.get(k, job_id) == job_id:
+            self._keep(k, job_id, until_ms, log=False)
+
+    def kept_record_of(self, job_id: str) -> bytes | None:
+        """The AOF record of the key kept for ``job_id`` (the rewrite), or None."""
+        k = self.kept_by_job.get(job_id)
+        if k is None:
+            return None
+        return kept_record(k, job_id, self.kept[k][1])
 
     def set_keys_max(self, n: int) -> None:
         """config dedup-keys-max: a lower bound forgets the oldest keys at once."""
@@ -139,6 +192,7 @@ class Dedup(Events):
         self.more_count = 0
         self.partial = False
         self.kept = OrderedDict()
+        self.kept_by_job = {}
         self.kept_bytes = 0
 
     def count(self) -> int:

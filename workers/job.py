@@ -558,6 +558,10 @@ DEL_RECORD_TAG: Final = 0x80
 # A stored result (AOF, workers/results.py): this tag, the expire ms (u64), the job
 # ID (40 bytes), the value.
 RESULT_RECORD_TAG: Final = 0x81
+# A DEDUP key kept past its job's ACK (DEDUP-KEEP, workers/dedup.py): this tag, the
+# ms it is kept until (u64), the job ID (40 bytes), the queue's length (u16), the
+# queue, the key.
+KEPT_KEY_RECORD_TAG: Final = 0x82
 # version, state, flags, repl, ttl_s, ctime_ns, delay_s, retry_s, nacks, additional
 # deliveries, qtime_ms, #delivered, #confirmed, len(id), len(queue), len(body)
 _REC_HEAD: Final = struct.Struct(">BBBHQQQQQQQHHHII")
@@ -629,9 +633,9 @@ def job_id_of_record(rec: bytes) -> str:
     Raises ``ValueError`` when it is neither form."""
     if rec[:1] == bytes((DEL_RECORD_TAG,)):
         return rec[1:].decode("ascii", "strict") if len(rec) > 1 else _bad("empty deletion record")
-    if rec[:1] == bytes((RESULT_RECORD_TAG,)):
+    if rec[:1] == bytes((RESULT_RECORD_TAG,)) or rec[:1] == bytes((KEPT_KEY_RECORD_TAG,)):
         if len(rec) < 9 + 40:
-            return _bad("result record truncated")
+            return _bad("result or kept key record truncated")
         return rec[9:49].decode("ascii", "strict")  # after the tag and the expire time
     head = _HEADS.get(rec[0]) if rec else None
     if head is None or len(rec) < head.size:

@@ -7,10 +7,12 @@ from __future__ import annotations
 from typing import Final
 
 from workers.core import Core
+from workers.dedup import Dedup
 from workers.ids import slot_of, slot_of_valid_id
 from workers.job import (
     ACKED,
     DEL_RECORD_TAG,
+    KEPT_KEY_RECORD_TAG,
     QUEUED,
     RESULT_RECORD_TAG,
     Job,
@@ -21,6 +23,7 @@ from workers.results import Results, parse_result_record
 
 _DEL_TAG = bytes((DEL_RECORD_TAG,))
 _RESULT_TAG = bytes((RESULT_RECORD_TAG,))
+_KEPT_TAG = bytes((KEPT_KEY_RECORD_TAG,))
 # A loaded job's creation time may be ahead of our clock by the other nodes' clock
 # skew; past this it does not move the creation time of the jobs made here after it
 # (their queue order and TTL would follow a clock that lies).
@@ -63,7 +66,7 @@ def lie_of(job: Job) -> str | None:
 
 
 def load_record(s: Core, record: bytes, enqueue: bool, now_ms: int,
-                results: Results | None = None) -> None:
+                results: Results | None = None, dedup: Dedup | None = None) -> None:
     """Replay one AOF record: a job record registers or replaces its job, a
     deletion record removes it, a result record stores the result again (until its
     expire time: one past it stores nothing). Raises ``ValueError`` on a malformed record.
@@ -86,6 +89,10 @@ def load_record(s: Core, record: bytes, enqueue: bool, now_ms: int,
             if slot_of_valid_id(job_id.encode()) < 0:
                 raise ValueError(f"bad job ID {job_id!r} in a result record")
             results.store(job_id, value, now_ms, expire_ms, log=False)
+        return
+    if record[:1] == _KEPT_TAG:
+        if dedup is not None:
+            dedup.load_kept(record, now_ms)
         return
     job = Job.from_record(record)
     lie = lie_of(job)

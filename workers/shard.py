@@ -557,7 +557,7 @@ class Shard:
 
     def load_record(self, record: bytes, enqueue: bool, now_ms: int) -> None:
         """Replay one AOF record (workers/persistence.py)."""
-        load_record(self.core, record, enqueue, now_ms, self.results)
+        load_record(self.core, record, enqueue, now_ms, self.results, self.dedup)
 
     def op_flushall(self, keep_waiters: bool = True) -> None:
         """DEBUG FLUSHALL: forget every job and queue. Blocked clients stay blocked
@@ -618,11 +618,16 @@ class Shard:
         return self.results.held_bytes + self.dedup.kept_bytes
 
     def result_keys(self) -> list[str]:
-        """The stored results, as the AOF rewrite lists them (``r:<job id>``)."""
-        return ["r:" + jid for jid in self.results.values]
+        """The stored results and kept DEDUP keys, as the AOF rewrite lists them
+        (``r:<job id>``, ``k:<job id>``)."""
+        return ["r:" + jid for jid in self.results.values] + [
+            "k:" + jid for jid in self.dedup.kept_by_job]
 
-    def result_record_of(self, job_id: str) -> bytes | None:
-        """A stored result's AOF record (None: gone or expired)."""
+    def result_record_of(self, key: str) -> bytes | None:
+        """The AOF record of an entry ``result_keys`` listed (None: gone since)."""
+        job_id = key[2:]
+        if key[:2] == "k:":
+            return self.dedup.kept_record_of(job_id)
         got = self.results.values.get(job_id)
         return None if got is None else result_record(job_id, got[0], got[1])
 

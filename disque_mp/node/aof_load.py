@@ -66,12 +66,13 @@ class ShardAdapter:
         self.shard.load_record(record, enqueue, now_ms)
 
     def job_ids(self) -> list[str]:
-        """The jobs, then the stored results as ``r:<id>`` (``record_of`` tells them apart)."""
+        """The jobs, then the stored results and kept DEDUP keys (``r:<id>``,
+        ``k:<id>``: ``record_of`` tells them apart)."""
         return [j.id for j in self.shard.jobs()] + self.shard.result_keys()
 
     def record_of(self, job_id: str) -> bytes | None:
-        if job_id[:2] == "r:":
-            return self.shard.result_record_of(job_id[2:])
+        if job_id[:2] in ("r:", "k:"):
+            return self.shard.result_record_of(job_id)
         job = self.shard.lookup(job_id)
         return None if job is None else job.to_record()
 

@@ -117,7 +117,8 @@ def test_result_records_load_back_until_they_expire(env: Env) -> None:
     late = Env(env.now + 3601 * 1000)
     late.s.load_record(rec, False, late.now)
     assert late.s.op_result(1, jid, None, late.now) is None
-    assert fresh.s.result_record_of(jid) == rec
+    assert fresh.s.result_record_of("r:" + jid) == rec
+    assert fresh.s.result_keys() == ["r:" + jid]
 
 
 def test_flushall_answers_waiting_results_with_null(env: Env) -> None:
@@ -164,6 +165,23 @@ def test_kept_keys_count_in_the_bound_and_go_first(env: Env) -> None:
     env.s.check()
     assert env.s.dedup.count() == 2 and not env.s.dedup.kept
     assert env.s.extra_bytes == 0
+
+
+def test_a_kept_key_is_an_aof_record_loaded_back_until_it_expires(env: Env) -> None:
+    env.s.aof = True
+    jid = _add_keep(env, 60)
+    env.s.take_effects()
+    env.s.op_ackjob([jid], env.now)
+    (rec,) = [e.record for e in env.s.take_effects()
+              if type(e) is AofAppend and e.record[0] == 0x82]
+    assert env.s.result_keys() == ["k:" + jid] and env.s.result_record_of("k:" + jid) == rec
+    fresh = Env(env.now + 1000)
+    fresh.s.load_record(rec, False, fresh.now)
+    assert _add_keep(fresh, 60) == jid and fresh.s.op_qlen(b"q") == 0
+    late = Env(env.now + 61_000)
+    late.s.load_record(rec, False, late.now)
+    _add_keep(late, 60)
+    assert late.s.op_qlen(b"q") == 1  # expired: a job was added
 
 
 def test_dedup_keep_travels_in_the_record() -> None:
