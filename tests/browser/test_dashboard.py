@@ -199,3 +199,15 @@ def test_dashboard_is_usable_by_keyboard(node: NodeProc, browser: Any) -> None:
     body.send_keys("g", "n")
     find(browser, "#nodes")
     assert r.execute_command("CLUSTER", "MYID").decode() in browser.find_element("css selector", "#nodes").text
+
+
+def test_the_job_page_shows_progress(node: NodeProc, browser: Any) -> None:
+    """WORKING ... PROGRESS: the job page lists the value (only when one was given)."""
+    r = node.client(protocol=2)
+    q = unique_queue("progress")
+    job_id = r.execute_command("ADDJOB", q, "x", 0, "RETRY", 60).decode()
+    r.execute_command("GETJOB", "FROM", q)
+    r.execute_command("WORKING", job_id, "PROGRESS", "3 of 10")
+    browser.get(base(node) + "/#/job/" + urllib.parse.quote(job_id, safe=""))
+    find(browser, "#job")
+    assert_fields_read(browser, {"state": "active", "progress": "3 of 10"})

@@ -225,7 +225,8 @@ async function viewJob(main, id) {
   const job = await api("/api/jobs/" + enc(id));
   const keys = ["queue", "state", "repl", "ttl", "ctime", "delay", "retry", "nacks", "additional-deliveries",
     "nodes-delivered", "nodes-confirmed", "next-requeue-within", "next-awake-within"]
-    .concat(job.maxdeliver === undefined ? [] : ["maxdeliver"]);
+    .concat(job.maxdeliver === undefined ? [] : ["maxdeliver"])
+    .concat(job.progress === undefined ? [] : ["progress"]);  // WORKING ... PROGRESS
   main.replaceChildren(el("div", { class: "card", id: "job" },
     el("div", { class: "toolbar" }, el("h1", { style: "margin:0" }, "Job ", el("span", { class: "mono" }, job.id)),
       el("span", { id: "job-state" }, badge(job.state))),
