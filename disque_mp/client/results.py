@@ -61,8 +61,8 @@ def value_of(reply: Any) -> bytes | Progress | None:
     return bytes(reply)
 
 
-class KeyedResults:
-    """Results by key over a sync client (``disque_mp.client.Disque``)."""
+class Slots:
+    """What both forms hold: the client, the slots' queue, a new slot's TTL."""
 
     def __init__(self, client: Any, queue: str = results_queue_default,
                  ttl_s: int = slot_ttl_default_s) -> None:
@@ -70,10 +70,20 @@ class KeyedResults:
         self.queue = queue
         self.ttl_s = ttl_s
 
+    def slot_command(self, key: str) -> list[Any]:
+        return slot_args(self.queue, key, self.ttl_s)
+
+
+def _text(reply: Any) -> str:
+    return reply.decode() if isinstance(reply, bytes) else str(reply)
+
+
+class KeyedResults(Slots):
+    """Results by key over a sync client (``disque_mp.client.Disque``)."""
+
     def job_of(self, key: str) -> str:
         """The result slot's job ID (added when no job holds the key)."""
-        reply = self.client.execute(*slot_args(self.queue, key, self.ttl_s))
-        return reply.decode() if isinstance(reply, bytes) else str(reply)
+        return _text(self.client.execute(*self.slot_command(key)))
 
     def set(self, key: str, value: bytes) -> bool:
         """Store the final value; False when the slot was done already (the first
@@ -94,18 +104,11 @@ class KeyedResults:
         return value_of(self.client.result(self.job_of(key), timeout_ms=timeout_ms))
 
 
-class AsyncKeyedResults:
+class AsyncKeyedResults(Slots):
     """``KeyedResults`` over the asyncio client (``disque_mp.aclient.AsyncDisque``)."""
 
-    def __init__(self, client: Any, queue: str = results_queue_default,
-                 ttl_s: int = slot_ttl_default_s) -> None:
-        self.client = client
-        self.queue = queue
-        self.ttl_s = ttl_s
-
     async def job_of(self, key: str) -> str:
-        reply = await self.client.execute(*slot_args(self.queue, key, self.ttl_s))
-        return reply.decode() if isinstance(reply, bytes) else str(reply)
+        return _text(await self.client.execute(*self.slot_command(key)))
 
     async def set(self, key: str, value: bytes) -> bool:
         return bool(await self.client.ack(await self.job_of(key), result=value))

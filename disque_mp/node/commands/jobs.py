@@ -590,18 +590,12 @@ def cmd_result(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
     """``RESULT id [TIMEOUT ms]``: the value, ``["progress", value]`` for a pending
     job that reported progress, null; with TIMEOUT a pending job is waited for (0:
     until it is done). GETJOB's TIMEOUT texts."""
-    raw_ids, word, value = split_tail(args, (b"timeout",))
-    if len(raw_ids) != 1:
-        return ERR_RESULT_ONE_ID if raw_ids else err_arity("result")
-    timeout_ms: int | None = None
-    if value is not None:
-        t = parse_timeout_ms(value)
-        if isinstance(t, Error):
-            return t
-        timeout_ms = t
-    ids = _job_ids(raw_ids)
-    if isinstance(ids, Error):
-        return ids
+    got = _ids_and_option(args, b"timeout", parse_timeout_ms, "result", absent=None)
+    if isinstance(got, Error):
+        return got
+    ids, timeout_ms = got
+    if len(ids) != 1:
+        return ERR_RESULT_ONE_ID if ids else err_arity("result")
     return shard.op_result(token, ids[0], timeout_ms, now_ms)
 
 
@@ -693,13 +687,13 @@ def parse_delay_s(raw: bytes) -> int | Error:
 
 
 def _ids_and_option(args: list[bytes], word: bytes, parse: Callable[[bytes], Any],
-                    name: str) -> tuple[list[str], int] | Error:
+                    name: str, absent: Any = 0) -> tuple[list[str], Any] | Error:
     """Job IDs followed by an optional ``WORD value`` (NACK's DELAY, WAITJOB's TIMEOUT):
-    the IDs and the parsed value (0 when absent), or the first error. The option
+    the IDs and the parsed value (``absent`` when absent), or the first error. The option
     with no ID before it is an arity error (``NACK DELAY 5``: the reference, which
     has no such option, answers ``-BADID`` for it; a bare ``NACK`` stays its 0)."""
     raw_ids, _, value = split_tail(args, (word,))
-    option = 0
+    option = absent
     if value is not None:
         if not raw_ids:
             return err_arity(name)
