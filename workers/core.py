@@ -533,6 +533,13 @@ class Core(CoreState):
             attr = "_" + name
             setattr(self, attr, (*getattr(self, attr), part))
 
+    def unsubscribe(self, part: Events, *events: str) -> None:
+        """``part`` no longer hears ``events`` (a part that needs them only while it
+        holds something: the per-job path then pays nothing for it)."""
+        for name in events:
+            attr = "_" + name
+            setattr(self, attr, tuple(p for p in getattr(self, attr) if p is not part))
+
     def acked(self, job_id: str) -> None:
         """Tell the subscribers the job was acknowledged here."""
         for sub in self._after_ack:

@@ -130,7 +130,9 @@ class Results(Events):
         self.waits: dict[str, list[ResultWait]] = {}
         self.asks: dict[int, ResultWait] = {}
         self.wait_count = 0
-        core.subscribe(self, "after_ack", "after_job_gone")
+        # subscribed to the job events only while progress or a wait is held: a
+        # plain job's ACK and removal then call nothing of this part
+        self.watching = False
 
     def reset(self) -> None:
         """FLUSHALL: every value, progress and wait goes (waiting RESULTs answer null)."""
@@ -145,6 +147,7 @@ class Results(Events):
         self.waits = {}
         self.asks = {}
         self.wait_count = 0
+        self._unwatch_if_idle()
         self.core.unschedule(self.sweep)
 
     # ------------------------------------------------------------------ values
@@ -221,7 +224,18 @@ class Results(Events):
 
     # ------------------------------------------------------------------ progress
 
+    def _watch(self) -> None:
+        if not self.watching:
+            self.watching = True
+            self.core.subscribe(self, "after_ack", "after_job_gone")
+
+    def _unwatch_if_idle(self) -> None:
+        if self.watching and not self.progress and not self.waits:
+            self.watching = False
+            self.core.unsubscribe(self, "after_ack", "after_job_gone")
+
     def set_progress(self, job_id: str, value: bytes) -> None:
+        self._watch()
         old = self.progress.get(job_id)
         if old is not None:
             self.held_bytes -= result_entry_bytes + len(old)
@@ -235,6 +249,8 @@ class Results(Events):
         old = self.progress.pop(job_id, None)
         if old is not None:
             self.held_bytes -= result_entry_bytes + len(old)
+            if not self.progress:
+                self._unwatch_if_idle()
 
     def pending_reply(self, job_id: str) -> Any:
         """RESULT of a pending job: its progress (distinct shape) or null."""
@@ -259,6 +275,7 @@ class Results(Events):
             if self.wait_count >= result_waits_max:
                 return ERR_WAITS_MAX
             w = ResultWait(token, job_id, False)
+            self._watch()
             self.waits.setdefault(job_id, []).append(w)
             self.wait_count += 1
             if timeout_ms:
@@ -308,6 +325,7 @@ class Results(Events):
                     ws.remove(w)
                 if not ws:
                     del self.waits[w.job_id]
+                    self._unwatch_if_idle()
         self.core.wake(w.token, reply)
 
     def after_ack(self, job_id: str) -> None:

@@ -241,3 +241,20 @@ def test_result_of_an_id_no_node_made_is_an_error() -> None:
     a, _b = net.ids
     r = net.nodes[a].shard.op_result(1, "D-00000000-wOGMXiTRcfClcTt6WDuzWlmo-05a1", None, net.now)
     assert isinstance(r, Error) and "unknown job ID" in str(r)
+
+
+def test_the_part_hears_job_events_only_while_it_holds_progress_or_a_wait(env: Env) -> None:
+    """A plain job's ACK and removal call nothing of workers/results.py."""
+    r = env.s.results
+    hears = lambda: r in env.s.core._after_job_gone and r in env.s.core._after_ack  # noqa: E731
+    jid = env.add(retry_s=60)
+    assert not hears()
+    env.take()
+    env.s.op_working(jid, env.now, b"p")
+    assert hears()
+    env.s.op_ackjob([jid], env.now)
+    assert not hears() and env.s.results_info()["progress_jobs"] == 0
+    other = env.add()
+    assert env.s.op_result(1, other, 0, env.now) is PENDING and hears()
+    env.s.op_ack_result(other, b"v", env.now)
+    assert not hears() and _wakes(env.s) == {1: b"v"}
