@@ -83,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
                     for name, (_w, app, queue) in sides.items():
                         times[name].append(one_chord(app, queue, args.tasks))
             finally:
-                for w, _app_, _q in sides.values():
-                    w.stop()
+                for side in sides.values():
+                    side[0].stop()
         finally:
             redis_server.stop()
     res = {"tasks": args.tasks, "rounds": args.rounds, "seconds": times,
