@@ -575,9 +575,13 @@ def one_id_error(name: bytes, tail: list[bytes]) -> Error | None:
 def cmd_ackjob(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
     """``ACKJOB id ...``, or ``ACKJOB id RESULT value`` (the extension: one ID, the
     value kept as the job's result, workers/results.py)."""
+    if len(args) < 3 or len(args[-2]) >= 40:  # IDs only (an option word is shorter)
+        ids = _job_ids(args)
+        return ids if isinstance(ids, Error) else shard.op_ackjob(ids, now_ms)
     raw_ids, word, value = split_tail(args, (b"result",))
     if word is None or value is None:
-        return _ack_ids(shard, args, token, now_ms)
+        ids = _job_ids(args)  # -BADID: a word that is no ID
+        return ids if isinstance(ids, Error) else shard.op_ackjob(ids, now_ms)
     if len(raw_ids) != 1:
         return ERR_ACK_RESULT_ONE_ID if raw_ids else err_arity("ackjob")
     ids = _job_ids(raw_ids)
@@ -786,7 +790,6 @@ def cmd_redrive(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any
     return shard.op_redrive(queue, count, now_ms)
 
 
-_ack_ids: Final = _ids_cmd("op_ackjob")
 cmd_fastack: Final = _ids_cmd("op_fastack")
 cmd_enqueue: Final = _ids_cmd("op_enqueue")
 cmd_dequeue: Final = _ids_cmd("op_dequeue")
