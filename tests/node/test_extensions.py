@@ -649,6 +649,12 @@ def test_result_client_methods_and_dedup_keep(one: NodeProc) -> None:
     assert _err(r, "ADDJOB", q, "x", 0, "DEDUP-KEEP", 5) == "DEDUP-KEEP needs a DEDUP key"
     assert _err(r, "ADDJOB", q, "x", 0, "DEDUP", "a", "DEDUP-KEEP", 0).startswith(
         "DEDUP-KEEP must be between 1 and")
+    assert r.execute_command("CONFIG", "SET", "dedup-keep-max", 60) == b"OK"
+    try:
+        assert _err(r, "ADDJOB", q, "x", 0, "DEDUP", "a", "DEDUP-KEEP", 61) == \
+            "DEDUP-KEEP must be between 1 and 60 seconds (dedup-keep-max)"
+    finally:
+        r.execute_command("CONFIG", "SET", "dedup-keep-max", 604800)
     assert r.execute_command("QLEN", q) == 0
 
 

@@ -199,7 +199,7 @@ def _apply_config(w: NodeView, name: str, value: str) -> Any:
         set_loglevel(w.cfg.loglevel)
     if name in ("getjob-count-max", "qpeek-count-max", "qgroups-count-max", "scan-count-max",
                 "queue-name-bytes-max", "waitjob-entries-per-client-max",
-                "redrive-count-max", "queue-groups-max"):
+                "redrive-count-max", "queue-groups-max", "dedup-keep-max"):
         cmd_jobs.apply_limits(w.cfg)
     if name == "dedup-keys-max":
         w.shard.set_dedup_keys_max(int(w.cfg.dedup_keys_max))
