@@ -31,7 +31,7 @@ from tests.nodeproc import NodeProc
 sends = 3
 send_gap_s = 2.0  # three sends within 5 s
 drain_s = 3.0  # the consumer keeps taking this long after the last send
-WAYS = (("DEDUP-KEEP 10", ["DEDUP", None, "DEDUP-KEEP", 10]), ("DEDUP alone", ["DEDUP", None]),
+WAYS: tuple[tuple[str, list[Any]], ...] = (("DEDUP-KEEP 10", ["DEDUP", None, "DEDUP-KEEP", 10]), ("DEDUP alone", ["DEDUP", None]),
         ("no DEDUP", []))
 
 
