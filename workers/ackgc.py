@@ -199,8 +199,8 @@ class AckGc(Events):
         may_have = int(meta["m"])
         job = s.job_of(meta)
         slot = slot_of_job_id(jid)
-        if bodies and job is not None:  # the result travels with the ACK
-            self.results.store(jid, bytes(bodies[0]), now_ms)
+        if bodies and job is not None and self.results.value_of(jid, now_ms) is None:
+            self.results.store(jid, bytes(bodies[0]), now_ms)  # the result travels with the ACK
         if job is not None and not self.ack_cluster(job, now_ms):
             # We knew it and dropped it at once (GC attempts used up): known.
             s.send(sender, msg.GOTACK, slot, msg.gotack_meta(jid, True))

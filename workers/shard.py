@@ -459,12 +459,14 @@ class Shard:
     def op_ack_result(self, job_id: str, value: bytes, now_ms: int) -> int | Error:
         """ACKJOB id RESULT value: the result is stored (and travels with the ACK's
         SETACK to the other holders), then the job is acknowledged as by ACKJOB. A job
-        unknown here on a node alone stores nothing (ACKJOB's 0: nobody holds it)."""
+        unknown here on a node alone stores nothing (ACKJOB's 0: nobody holds it); a
+        job with a result already keeps it (a task run twice keeps its first result)."""
         if len(value) > self.results.value_bytes_max:
             return Error(ERR_RESULT_SIZE_FMT.format(self.results.value_bytes_max))
         if self.core.lookup(job_id) is None and not self.core.view().known:
             return 0
-        self.results.store(job_id, value, now_ms)
+        if self.results.value_of(job_id, now_ms) is None:  # the first result stays
+            self.results.store(job_id, value, now_ms)
         return self.gc.acks([job_id], now_ms, False)
 
     def op_result(self, token: int, job_id: str, timeout_ms: int | None, now_ms: int) -> Any:

@@ -38,6 +38,10 @@ def test_ack_with_result_then_result_answers_the_value(env: Env) -> None:
     assert env.s.op_result(2, jid, None, env.now) == b"42"
     assert env.s.op_result(3, jid, 5000, env.now) == b"42"
     assert env.s.results_info()["results"] == 1
+    twice = env.add()
+    env.s.op_ack_result(twice, b"first", env.now)
+    env.s.op_ack_result(twice, b"second", env.now)  # gone: 0, the first stays
+    assert env.s.op_result(4, twice, None, env.now) == b"first"
 
 
 def test_result_waits_for_a_pending_job_and_is_woken_by_its_ack(env: Env) -> None:
@@ -210,6 +214,7 @@ def test_the_result_travels_with_the_ack_to_every_holder() -> None:
     for n in (a, b, c):
         assert net.nodes[n].shard.op_result(1, jid, None, net.now) == b"r", n
     assert net.holders(jid) == {}
+    assert sum(net.nodes[n].shard.results.stored for n in (a, b, c)) == 3  # once each
     net.check()
 
 
