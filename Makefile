@@ -6,22 +6,36 @@ VENV5 := .venv-redis5
 # every compiled extension in the tree (the shard's, the front end's, the group library)
 NATIVE_SO = $(shell find workers bus disque_mp -name '*.so')
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# the cores the mypyc build's gcc runs on at once (setup.py: MYPYC_JOBS, one C file each)
+NPROC := $(shell nproc 2>/dev/null || echo 1)
 
-.PHONY: run test lint typecheck unit bench chaos sysdeps clean pure compile wheel bench-brokers bench-frameworks
+.PHONY: run test lint typecheck unit bench chaos sysdeps clean pure compile wheel bench-brokers bench-frameworks extras
 
 # The node's own virtualenv. Two stamps, so that `make run` installs only what a node
 # needs (its dependencies, plus mypy and setuptools to compile it) and `make test` adds
 # the rest (pytest, PySpark, Celery, Dramatiq ...); each re-installs when pyproject.toml
 # changes.
 $(VENV)/.base: pyproject.toml
+	@echo "==> creating .venv: the node's dependencies, mypy and setuptools (pip, about 1 minute)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip 'setuptools>=77' 'mypy>=1.10'
 	DISQUE_MP_PURE=1 $(PY) -m pip install -q -e .
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.base
+	@echo "==> installing the test tools, PySpark, Celery, Dramatiq, Taskiq into .venv (pip, a few minutes)"
 	DISQUE_MP_PURE=1 $(PY) -m pip install -q -e '.[test,spark,celery,dramatiq,taskiq]'
 	touch $@
+
+# `make extras EXTRAS=celery,dramatiq`: extras (pyproject.toml: celery, dramatiq, taskiq,
+# spark, bench, test) into .venv. DISQUE_MP_PURE=1 keeps pip from building the package
+# (nothing is compiled again: the compiled modules in the tree stay) and -e keeps the
+# editable install: `.venv/bin/pip install '.[celery]'` would compile everything again
+# and replace it with a copy of the tree.
+EXTRAS ?= celery,dramatiq,taskiq,spark
+extras: $(VENV)/.base
+	@echo "==> installing the extras [$(EXTRAS)] into .venv (pip; the compiled node is kept)"
+	DISQUE_MP_PURE=1 $(PY) -m pip install -q -e '.[$(EXTRAS)]'
 
 # One mypyc build (setup.py; the list is disque_mp/compiled.py) gives both the wheel that
 # `pip install .` would build, kept in $(WHEEL_DIR) (tests/test_wheel.py installs it in a
@@ -30,10 +44,24 @@ $(VENV)/.installed: $(VENV)/.base
 # use them. Rebuilt whenever a source of workers/, bus/ or disque_mp/ changes (no second
 # list of the compiled modules to keep in step); `make pure` removes them.
 WHEEL_DIR := $(VENV)/wheel
+COMPILE_REPORT_S := 20
+# measured: 132 s of CPU (mypyc's type check about 35 s of it, on one core), so about 2
+# minutes on 2 idle cores; a busy machine takes longer (7.6 minutes at load 6-10)
+COMPILE_TIME = about 2 minutes on 2 idle cores, less on more, longer on a busy machine
 $(VENV)/.compiled: $(VENV)/.base setup.py $(wildcard workers/*.py bus/*.py disque_mp/*.py disque_mp/*/*.py disque_mp/*/*/*.py)
+	@echo "==> compiling the node with mypyc: a type check, then gcc on $(NPROC) cores at once ($(COMPILE_TIME); a line every $(COMPILE_REPORT_S) s)"
 	rm -rf $(WHEEL_DIR) build/lib*
 	rm -f $(NATIVE_SO) *__mypyc*.so
-	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w $(WHEEL_DIR) . >/dev/null
+	@touch $(VENV)/.compile-start; t=0; \
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w $(WHEEL_DIR) . >$(VENV)/compile.log 2>&1 & pid=$$!; \
+	while kill -0 $$pid 2>/dev/null; do \
+		sleep 1; t=$$((t + 1)); [ $$((t % $(COMPILE_REPORT_S))) = 0 ] || continue; \
+		o=$$(find build -name '*.o' -newer $(VENV)/.compile-start 2>/dev/null | wc -l); \
+		if [ $$o = 0 ]; then echo "    $$t s: type check and C generation"; \
+		else echo "    $$t s: gcc, $$o of $$(find build -name '*.c' | wc -l) C files compiled"; fi; \
+	done; \
+	wait $$pid || { tail -n 40 $(VENV)/compile.log; echo "compile failed; the whole log: $(VENV)/compile.log"; exit 1; }; \
+	echo "    compiled in $$t s"
 	$(PY) -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); z.extractall(".", [n for n in z.namelist() if n.endswith(".so")])' $(WHEEL_DIR)/disque_mp-*.whl
 	$(PY) -m disque_mp.compiled stamp
 	rm -rf build/lib* build/bdist*  # copies of the sources: keep only the C build cache
@@ -92,15 +120,18 @@ pure:
 
 # `make run PORT=7712` (bus on PORT + 10000, dashboard on PORT + 69: 7780 for 7711;
 # HTTP_PORT=... another, HTTP_PORT=0 none); the node's files (nodes.conf, log, AOF) stay
-# in run/ (run/PORT/ for another port).
+# in run/ (run/PORT/ for another port). Its jobs survive a restart: appendonly yes,
+# fsync everysec (APPENDONLY=no for a node that forgets them, the binary's default).
 PORT ?= 7711
 HTTP_PORT ?= $(shell expr $(PORT) + 69)
 RUN_DIR ?= $(if $(filter 7711,$(PORT)),run,run/$(PORT))
+APPENDONLY ?= yes
 
 run: $(VENV)/.compiled
-	mkdir -p $(RUN_DIR)
+	@mkdir -m 700 -p $(RUN_DIR)
+	@echo "==> starting the node on 127.0.0.1:$(PORT), files in $(RUN_DIR)/ (Ctrl-C stops it)"
 	@[ "$(HTTP_PORT)" = 0 ] || echo "Dashboard: http://127.0.0.1:$(HTTP_PORT)/  (metrics: http://127.0.0.1:$(HTTP_PORT)/metrics)"
-	$(VENV)/bin/disque-mp --bind 127.0.0.1 --port $(PORT) --dir $(RUN_DIR) --http-port $(HTTP_PORT) --http-bind 127.0.0.1
+	$(VENV)/bin/disque-mp --bind 127.0.0.1 --port $(PORT) --dir $(RUN_DIR) --http-port $(HTTP_PORT) --http-bind 127.0.0.1 --appendonly $(APPENDONLY) --appendfsync everysec
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
@@ -127,9 +158,10 @@ PURE_TESTS := tests/workers tests/sim tests/bus tests/node/test_aof_manager.py \
 	tests/node/test_cmd_jobs.py tests/node/test_core.py tests/node/test_getjob_merge.py \
 	tests/node/test_memory.py tests/node/test_resp.py tests/node/test_security_resp.py \
 	tests/node/test_security_names_guesses.py
-# The build and lint run side by side (-j3): mypyc's C build is one gcc on one core for
-# minutes, and lint, the redis-py 5 venv and the build touch no common file (mypyc's
-# type check keeps no cache: it runs with incremental off).
+# The build and lint run side by side (-j3): mypyc's type check is one core for a
+# minute or more before its gcc runs use them all, and lint, the redis-py 5 venv and the
+# build touch no common file (mypyc's type check keeps no cache: it runs with
+# incremental off).
 test: sysdeps $(VENV)/.installed
 	$(MAKE) --no-print-directory -j3 $(VENV)/.compiled $(VENV5)/.installed lint
 	$(PY) -m pytest -q -n $(TEST_PROCS) --dist loadfile --no-loadscope-reorder -m "not serial"

@@ -29,6 +29,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ consume_idle_s = 5.0  # a read that waited this long finds the queue empty
 cluster_form_timeout_s = 60.0
 
 
-def _figures(order: list[bytes], small: int, backlog: int, fill_s: float,
+def figures(order: list[bytes], small: int, backlog: int, fill_s: float,
              read_s: float) -> dict[str, Any]:
     pos = [i + 1 for i, body in enumerate(order) if body.startswith(b"B")]
     return {"backlog": backlog, "small": small, "deliveries_read": len(order),
@@ -65,14 +66,17 @@ def _fill(r: redis.Redis, command: list[Any], tenant: str, n: int) -> None:
         p.execute()
 
 
-def disque(ports: tuple[int, int, int], backlog: int, small: int) -> dict[str, Any]:
+def disque(ports: tuple[int, int, int], backlog: int, small: int,
+           options: tuple[tuple[Any, ...], tuple[Any, ...]] = (("GROUP", "A"), ("GROUP", "B")),
+           ) -> dict[str, Any]:
     """``ports``: where A adds, where B adds, where the consumer reads (one node: the
-    same port three times)."""
+    same port three times); ``options``: ADDJOB's options for A's jobs and B's
+    (bench/priority.py gives B a PRIORITY instead of the groups)."""
     q = unique_queue("fair")
     ra, rb, rc = (redis.Redis(port=p, protocol=2, socket_timeout=60) for p in ports)
     t0 = time.monotonic()
-    _fill(ra, ["ADDJOB", q, "{body}", 0, "REPLICATE", 1, "GROUP", "A"], "A", backlog)
-    _fill(rb, ["ADDJOB", q, "{body}", 0, "REPLICATE", 1, "GROUP", "B"], "B", small)
+    _fill(ra, ["ADDJOB", q, "{body}", 0, "REPLICATE", 1, *options[0]], "A", backlog)
+    _fill(rb, ["ADDJOB", q, "{body}", 0, "REPLICATE", 1, *options[1]], "B", small)
     t1 = time.monotonic()
     order: list[bytes] = []
     seen_b = 0
@@ -89,7 +93,7 @@ def disque(ports: tuple[int, int, int], backlog: int, small: int) -> dict[str, A
     t2 = time.monotonic()
     for r in (ra, rb, rc):
         r.execute_command("DELQUEUE", q)
-    return _figures(order, small, backlog, t1 - t0, t2 - t1)
+    return figures(order, small, backlog, t1 - t0, t2 - t1)
 
 
 def redis_list(port: int, backlog: int, small: int) -> dict[str, Any]:
@@ -111,7 +115,7 @@ def redis_list(port: int, backlog: int, small: int) -> dict[str, Any]:
             break
     t2 = time.monotonic()
     r.delete(q)
-    return _figures(order, small, backlog, t1 - t0, t2 - t1)
+    return figures(order, small, backlog, t1 - t0, t2 - t1)
 
 
 def redis_stream(port: int, backlog: int, small: int) -> dict[str, Any]:
@@ -137,10 +141,13 @@ def redis_stream(port: int, backlog: int, small: int) -> dict[str, Any]:
             break
     t2 = time.monotonic()
     r.delete(q)
-    return _figures(order, small, backlog, t1 - t0, t2 - t1)
+    return figures(order, small, backlog, t1 - t0, t2 - t1)
 
 
-def rabbitmq(url: str, backlog: int, small: int) -> dict[str, Any]:
+def rabbitmq(url: str, backlog: int, small: int, arguments: dict[str, Any] | None = None,
+             small_priority: int | None = None) -> dict[str, Any]:
+    """``arguments``: the queue's (bench/priority.py: ``x-max-priority``, a quorum
+    queue), B's messages published with ``small_priority``."""
     import pika
 
     # kombu's URL names the default vhost "//" (vhost "/"); pika reads "%2F"
@@ -149,11 +156,13 @@ def rabbitmq(url: str, backlog: int, small: int) -> dict[str, Any]:
     try:
         ch = conn.channel()
         q = unique_queue("fair")
-        ch.queue_declare(q, durable=False)
+        ch.queue_declare(q, durable=bool(arguments), arguments=arguments)
         t0 = time.monotonic()
         for tenant, n in (("A", backlog), ("B", small)):
+            props = pika.BasicProperties(priority=small_priority) \
+                if tenant == "B" and small_priority is not None else None
             for i in range(n):
-                ch.basic_publish("", q, f"{tenant}{i}".encode())
+                ch.basic_publish("", q, f"{tenant}{i}".encode(), props)
         conn.process_data_events(0)
         t1 = time.monotonic()
         ch.basic_qos(prefetch_count=read_batch)
@@ -170,7 +179,7 @@ def rabbitmq(url: str, backlog: int, small: int) -> dict[str, Any]:
         t2 = time.monotonic()
         ch.cancel()
         ch.queue_delete(q)
-        return _figures(order, small, backlog, t1 - t0, t2 - t1)
+        return figures(order, small, backlog, t1 - t0, t2 - t1)
     finally:
         conn.close()
 
@@ -187,7 +196,9 @@ def on_side(broker: str, url: str, backlog: int, small: int) -> dict[str, Any]:
     return {"rabbitmq": rabbitmq(url, backlog, small)}
 
 
-def _cluster(workdir: Path, backlog: int, small: int) -> dict[str, Any]:
+def _cluster(workdir: Path, backlog: int, small: int,
+             options: tuple[tuple[Any, ...], tuple[Any, ...]] = (("GROUP", "A"), ("GROUP", "B")),
+             ) -> dict[str, Any]:
     nodes = [NodeProc(workdir / f"c{i}", workers=2,
                       conf={"cluster-node-timeout": 3000, "loglevel": "warning"})
              for i in range(3)]
@@ -195,7 +206,7 @@ def _cluster(workdir: Path, backlog: int, small: int) -> dict[str, Any]:
         for n in nodes:
             n.start()
         form_cluster(nodes, cluster_form_timeout_s)
-        return disque((nodes[0].port, nodes[1].port, nodes[2].port), backlog, small)
+        return disque((nodes[0].port, nodes[1].port, nodes[2].port), backlog, small, options)
     finally:
         for n in nodes:
             n.stop()
@@ -227,13 +238,19 @@ def run(workdir: Path, backlog: int, small: int, brokers: list[str]) -> dict[str
     return out
 
 
-def to_markdown(report: dict[str, Any]) -> str:
-    lines = [f"# Fair tenants: {report['backlog']:,} of A's jobs queued, then {report['small']} "
-             "of B's", "",
+# the table's columns for B's jobs (bench/priority.py names its priority-9 jobs)
+LABELS = ("B's first delivery", "B's last delivery", "all of B within the first")
+
+
+def to_markdown(report: dict[str, Any], title: str = "", labels: tuple[str, str, str] = LABELS,
+                ) -> str:
+    title = title or f"Fair tenants: {report['backlog']:,} of A's jobs queued, then " \
+        f"{report['small']} of B's"
+    lines = [f"# {title}", "",
              f"{report['time']}, {report['machine']}, node build: {report['node_build']}, "
              f"commit {report.get('commit', '?')}, "
              f"load (1 min) {report['loadavg_1m'][0]} -> {report['loadavg_1m'][1]}.", "",
-             "| queue | B's first delivery | B's last delivery | all of B within the first "
+             f"| queue | {labels[0]} | {labels[1]} | {labels[2]} "
              f"{2 * report['small']} | fill s | read s |", "|---|---|---|---|---|---|"]
     for name, f in report["results"].items():
         if "error" in f:
@@ -247,19 +264,25 @@ def to_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+Run = Callable[[Path, int, int, list[str]], dict[str, Any]]
+
+
+def record_run(argv: list[str] | None, doc: str, run: Run, stem: str, brokers: str,
+               markdown: Callable[[dict[str, Any]], str]) -> int:
+    """The command line of a backlog-then-a-few record: ``run`` over the brokers
+    asked for, the report in ``<out>/<stem>.json`` and ``.md`` (``markdown``)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a backlog of 5,000 (a look)")
     ap.add_argument("--backlog", type=int, default=0)
     ap.add_argument("--small", type=int, default=100)
-    ap.add_argument("--brokers", default="disque,redis,rabbitmq")
+    ap.add_argument("--brokers", default=brokers)
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     from disque_mp import compiled
 
     backlog = args.backlog or (5_000 if args.quick else 100_000)
-    workdir = Path(tempfile.mkdtemp(prefix="bench-fair-"))
+    workdir = Path(tempfile.mkdtemp(prefix=f"bench-{stem}-"))
     load_before = os.getloadavg()[0]
     try:
         results = run(workdir, backlog, args.small, args.brokers.split(","))
@@ -267,14 +290,20 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     report = {"time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "machine": f"{os.cpu_count()} CPUs, {platform.platform()}",
-              "node_build": compiled.summary(), "commit": record.commit(), "backlog": backlog, "small": args.small,
+              "node_build": compiled.summary(), "commit": record.commit(), "backlog": backlog,
+              "small": args.small,
               "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
               "results": results}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "fair-tenants.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / "fair-tenants.md").write_text(to_markdown(report))
-    print(to_markdown(report))
+    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (args.out / f"{stem}.md").write_text(markdown(report))
+    print(markdown(report))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return record_run(argv, __doc__ or "", run, "fair-tenants", "disque,redis,rabbitmq",
+                      to_markdown)
 
 
 if __name__ == "__main__":

@@ -132,8 +132,8 @@ def jobs() -> list[Any]:
     return make_jobs(QUEUE_JOBS)
 
 
-def test_queue_push_pop(benchmark: Any, jobs: list[Any]) -> None:
-    """workers/queue.py as the shard uses it: append newest, pop oldest."""
+def push_pop_round(jobs: list[Any]) -> Callable[[], int]:
+    """A fresh queue, every job pushed, then popped until empty: how many came out."""
     from workers.queue import Queue
 
     def round_trip() -> int:
@@ -142,7 +142,22 @@ def test_queue_push_pop(benchmark: Any, jobs: list[Any]) -> None:
             q.push(j)
         return taken_until(q.pop, None)
 
-    assert benchmark(round_trip) == QUEUE_JOBS
+    return round_trip
+
+
+def test_queue_push_pop(benchmark: Any, jobs: list[Any]) -> None:
+    """workers/queue.py as the shard uses it: append newest, pop oldest."""
+    assert benchmark(push_pop_round(jobs)) == QUEUE_JOBS
+
+
+def test_queue_push_pop_priorities(benchmark: Any, jobs: list[Any]) -> None:
+    """The same with PRIORITY 0..9 in turn (ADDJOB ... PRIORITY): one level per
+    priority, each pop from the highest level with a job (against test_queue_push_pop)."""
+    from workers.job import JobExt
+
+    for i, j in enumerate(jobs):
+        j.ext = JobExt(priority=i % 10) if i % 10 else None
+    assert benchmark(push_pop_round(jobs)) == QUEUE_JOBS
 
 
 def test_queue_push_remove_half_pop(benchmark: Any, jobs: list[Any]) -> None:

@@ -46,6 +46,7 @@ from typing import Any, Final, cast
 from bus import auth, frames, messages, nodes_conf, seeds
 from bus import membership as mb
 from bus.clock import mono_ms, wall_offset_ms
+from bus.meetlog import MeetLog
 from bus.membership import Broadcast, DropLink, Membership, Node, Ping
 
 log = logging.getLogger("disque.cluster")
@@ -586,6 +587,7 @@ class ClusterBus:
         # the worker carries out their effects once, not once per message (set by the agent)
         self.batch: Callable[[bool], None] | None = None
         self.seeder = seeds.SeedDialer(cfg, cfg.port)  # cluster-seeds: MEET them while alone
+        self.meet_log = MeetLog()  # a CLUSTER MEET that fails says why (bus/meetlog.py)
 
     # ---- lifecycle -------------------------------------------------------------
 
@@ -660,9 +662,15 @@ class ClusterBus:
     def my_id(self) -> str:
         return self.m.my_id
 
-    def meet(self, ip: str, port: int) -> None:
-        self.m.meet(ip, port, mono_ms())
+    def meet(self, ip: str, port: int, watch: bool = True) -> None:
+        """CLUSTER MEET (``watch``: log a failed one; cluster-seeds logs its own attempts)."""
+        node = self.m.meet(ip, port, mono_ms())
+        if node is not None and watch:
+            self.meet_log.watch(node, mono_ms())
         self._after_change()
+
+    def meet_seed(self, ip: str, port: int) -> None:
+        self.meet(ip, port, watch=False)
 
     def forget(self, node_id: str) -> str | None:
         err = self.m.forget(node_id, mono_ms())
@@ -1013,8 +1021,9 @@ class ClusterBus:
         self.last_tick_ms = t
         self._expire_handshakes(t)
         self._carry_out(self.m.tick(t))
+        self.meet_log.sweep(self.m, t)
         self._reconcile_links(t)
-        self.seeder.tick(t, self.m.others(), self.meet)
+        self.seeder.tick(t, self.m.others(), self.meet_seed)
         self._after_change_if_dirty()
 
     def _expire_handshakes(self, t: int) -> None:
@@ -1066,7 +1075,8 @@ class ClusterBus:
         try:
             await dial(lambda: _Link(self, node), node.ip, node.port,
                        self.tls[1] if self.tls else None)
-        except (TimeoutError, OSError):
+        except (TimeoutError, OSError) as exc:
+            self.meet_log.dial_failed(node, exc)
             backoff = next_backoff_ms(self.backoff_ms.get(node), connect_backoff_ms_min,
                                       connect_backoff_ms_max)
             self.backoff_ms[node] = backoff

@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from disque_mp import __version__
+from disque_mp import DISQUE_VERSION, __version__
 
 USAGE = """\
 Usage: disque-mp [CONFIG_FILE] [--directive value ...]
@@ -54,6 +54,14 @@ SUBCOMMANDS = {
     "admin": ("disque_mp.tools.admin", "main"),
     "check-aof": ("disque_mp.tools.check_aof", "main"),
     "bench": ("bench.loadgen", "main"),
+}
+# what to do where a subcommand's module is not installed (the wheel holds disque_mp,
+# workers and bus; bench/ ships with the source tree only)
+MISSING_HINTS = {
+    "bench": ("the load generator ships with the source tree, not the wheel: in a checkout "
+              "of disque-mp run `.venv/bin/disque-mp bench ...` (after `make run` or "
+              "`make compile`) or `python -m bench.loadgen ...`; redis-benchmark "
+              "(apt-get install redis-tools) drives a node from anywhere"),
 }
 
 
@@ -104,11 +112,19 @@ def _subcommand(name: str, rest: list[str]) -> int:
     except ModuleNotFoundError as e:
         if e.name is None or not module_name.startswith(e.name):
             raise  # the module exists but something it imports is missing
-        print(f"disque-mp: the '{name}' subcommand is not available in this "
-              f"installation ({module_name} is missing)", file=sys.stderr)
+        hint = MISSING_HINTS.get(name, f"install disque-mp from its source tree "
+                                       f"({module_name} is missing)")
+        print(f"disque-mp: the '{name}' subcommand is not in this installation: {hint}",
+              file=sys.stderr)
         return 2
     result = getattr(module, func_name)(rest)
     return int(result or 0)
+
+
+def version_text() -> str:
+    """``--version``: both versions, each named (``admin node`` shows the same two)."""
+    return (f"disque-mp {__version__}\n"
+            f"Disque protocol version {DISQUE_VERSION} (the reference server it answers as)\n")
 
 
 def directive_list(width: int = 78) -> str:
@@ -131,7 +147,7 @@ def main(argv: list[str]) -> int:
         print(USAGE + directive_list(), end="")
         return 0
     if any(a in ("-v", "--version") for a in argv):
-        print(f"disque-mp {__version__}")
+        print(version_text(), end="")
         return 0
     try:
         path, overrides, test_only = parse_args(argv)

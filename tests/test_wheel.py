@@ -11,6 +11,7 @@ that every module came from the wheel, compiled, and that the node serves jobs.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -66,6 +67,11 @@ def test_the_wheel_installs_and_serves_outside_the_checkout(tmp_path: Path) -> N
         cwd=run_dir, env=env, check=True, capture_output=True, text=True).stdout.split()
     assert all(path.startswith(str(venv)) for path in origins[:3]), origins
     assert origins[3] == "mypyc"
+    # bench/ is not in the wheel: the subcommand says what to run instead
+    bench = subprocess.run([str(venv / "bin" / "disque-mp"), "bench", "cycle"], cwd=run_dir,
+                           env=env, capture_output=True, text=True, timeout=60)
+    assert bench.returncode == 2 and "ships with the source tree" in bench.stderr, bench.stderr
+    assert "python -m bench.loadgen" in bench.stderr and "Traceback" not in bench.stderr
     port = free_port()
     proc = subprocess.Popen([str(venv / "bin" / "disque-mp"), "--port", str(port), "--bind",
                              "127.0.0.1", "--dir", str(run_dir), "--workers", "2"],
@@ -94,3 +100,18 @@ def test_the_wheel_installs_and_serves_outside_the_checkout(tmp_path: Path) -> N
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+
+
+def test_make_extras_compiles_nothing_and_keeps_the_editable_install() -> None:
+    """`make extras` (docs/install.md), read from the Makefile by a dry run: pip with
+    DISQUE_MP_PURE=1 (setup.py then builds no extension: the compiled modules in the tree
+    stay) and -e (the editable install of the checkout stays)."""
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("no make here")
+    out = subprocess.run([make, "-s", "-n", "-o", ".venv/.base", "extras", "EXTRAS=celery,taskiq"],
+                         cwd=REPO, capture_output=True, text=True, timeout=60, check=True).stdout
+    (line,) = [ln for ln in out.splitlines() if " pip install " in ln]
+    assert line.startswith("DISQUE_MP_PURE=1 .venv/bin/python -m pip install "), line
+    assert line.endswith(" -e '.[celery,taskiq]'"), line
+

@@ -47,6 +47,7 @@ from workers.job import (
     Timed,
     del_record,
     ext_mem_bytes,
+    times_1000,
     union,
 )
 from workers.lanes import LaneCount
@@ -403,7 +404,7 @@ class CoreState:
 
     def next_ctime_us(self, now_ms: int) -> int:
         """A creation time after every one made or loaded here (the queues' order)."""
-        ctime_us = now_ms * US_PER_MS
+        ctime_us = times_1000(now_ms)  # now_ms * US_PER_MS, inline when compiled
         if ctime_us <= self._last_ctime_us:
             ctime_us = self._last_ctime_us + 1
         self._last_ctime_us = ctime_us
@@ -1052,7 +1053,7 @@ def check_core(c: CoreState) -> None:
             wq = c.queues.get(name)
             invariant(wq is not None and wq.waiters and w.token in wq.waiters,
                       f"waiter {w.token} not on queue {name!r}")
-    lanes = sum(len(q.lanes) for q in c.queues.values() if q.lanes is not None)
+    lanes = sum(q.lanes_held() for q in c.queues.values())
     invariant(c.lane_count() == lanes, f"lane count {c.lane_count()} != {lanes}")
     c.timers.check()
     _check_tally(c.tally(), jobs)

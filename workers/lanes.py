@@ -96,6 +96,11 @@ def group_of(job: Job) -> bytes:
     return b"" if ext is None else ext.group
 
 
+def priority_of(job: Job) -> int:
+    ext = job.ext
+    return 0 if ext is None else ext.priority
+
+
 class LaneCount:
     """How many lanes the split queues of one shard hold (the memory estimate)."""
 

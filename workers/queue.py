@@ -45,6 +45,19 @@ with a heap with lazy deletion and with sortedcontainers: the deque is the
 fastest on append/pop and the smallest (a heap entry needs a tuple, ~70
 bytes per job; a SortedKeyList ~2 list slots plus a key per job).
 
+Priorities (ADDJOB ... PRIORITY p, 0..9, higher served first): a queue that never
+held a job above priority 0 is the structure above and pays one ``is None`` test on
+push and remove (and on a pop that finds its deque empty). The first job above 0
+makes ``tiers``, one ``Level`` per priority in use (index = priority), each a full
+ctime deque with lazy deletion and its own GROUP lanes; the entries held so far
+change hands to level 0 (``_hand_over``: O(1)), and the queue's own deque, lanes and
+ghosts stay empty while ``live`` counts every level's jobs. ``pop`` takes from the
+highest level holding a queued job; a level found without one goes with its stale
+entries (their jobs unmarked, as a lane that goes); when level 0 alone is left its
+entries come back to the queue. A job's priority never changes, so every move
+(remove, detach, revive) finds its level from the job. Levels publish nothing
+(``Unpublished`` cells): the queue's ``live`` is what its slot's cell counts.
+
 ``Cells``: what the queues of each slot publish to the other workers of the host
 (how many hold jobs, and a generation bumped when one vanishes), so that a GETJOB
 coordinated elsewhere can skip an owner whose queues are known empty
@@ -59,11 +72,12 @@ import heapq
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterable, Iterator
+from itertools import islice
 from typing import Any, Final
 
 from workers.ids import SLOTS
 from workers.invariant import InvariantError
-from workers.job import QUEUED, Job, Timed
+from workers.job import QUEUED, Job, Timed, priority_max
 from workers.lanes import (
     GroupOrder,
     Lane,
@@ -71,6 +85,7 @@ from workers.lanes import (
     forget_entry,
     group_of,
     live_entry,
+    priority_of,
     queued_only,
     trim_head,
 )
@@ -131,10 +146,28 @@ class Cells:
         return self.nonempty[slot] == 0 and self.gen[slot] == gen
 
 
+class Unpublished(Cells):
+    """The cells of a queue's priority levels: a level publishes nothing (its queue's
+    ``live``, the total, is what the slot's cell counts), so a level handed the
+    queue's jobs, or dropped with some, never moves a count."""
+
+    __slots__ = ()
+
+    def inc(self, slot: int) -> None:
+        pass
+
+    def dec(self, slot: int) -> None:
+        pass
+
+    def bump(self, slot: int) -> None:
+        pass
+
+
 # Queues made without the shard's cells and lane count (tests of a queue alone)
 # count here.
 _SCRATCH_CELLS: Final = Cells.private()
 _SCRATCH_LANES: Final = LaneCount()
+_LEVEL_CELLS: Final = Unpublished(bytearray(cells_bytes))
 
 
 def _ctime(job: Job) -> int:
@@ -199,6 +232,8 @@ class Queue(Timed):
         "ghosts",
         "order",
         "lane_count",
+        "tiers",
+        "priority",
     )
 
     def __init__(self, name: bytes, slot: int, now_ms: int, cells: Cells | None = None,
@@ -228,14 +263,19 @@ class Queue(Timed):
         self.order: GroupOrder | None = None  # the lanes by head, tail, count (while split)
         # jobs whose (stale) entry here is not theirs any more: moved to another queue
         self.ghosts: set[Job] | None = None
+        # Priorities: None until a job with a PRIORITY above 0 arrives; then one
+        # ``Level`` per priority in use (index = priority) holds the entries, and the
+        # fields above (deque, lanes, ghosts, stale) are unused; ``live`` is the total.
+        self.tiers: list[Level | None] | None = None
+        self.priority = 0  # of every job with an entry here: 0, or a Level's own
 
     def __len__(self) -> int:
         return self.live
 
     def push(self, job: Job) -> None:
         """Insert a job whose state the caller has just set to QUEUED."""
-        if (job.ext is not None or self.group0 or self.lanes is not None) and \
-                self._push_grouped(job):
+        if (job.ext is not None or self.group0 or self.lanes is not None
+                or self.tiers is not None) and self._push_ext(job):
             return
         self.live += 1
         if self.live == 1:
@@ -272,13 +312,17 @@ class Queue(Timed):
                 return job
             forget_entry(job, self.ghosts)
             self.stale -= 1
-        return None
+        return None if self.tiers is None else self._pop_tier()
 
     def remove(self, job: Job) -> None:
         """The caller is moving a QUEUED job out of this queue (its entry goes stale)."""
         self.live -= 1
         if not self.live:
             self.cells.dec(self.slot)
+        tiers = self.tiers
+        if tiers is not None:
+            _level(tiers, job).remove(job)
+            return
         self.stale += 1
         if self.lanes is not None and self.order is not None:
             lane = self.lanes[group_of(job)]
@@ -296,6 +340,10 @@ class Queue(Timed):
         revive it here). It still counts as stale, in the lane of the job's group
         when the queue is split, and goes with the purge, the pop that reaches it
         or its lane; the job coming back here revives it."""
+        tiers = self.tiers
+        if tiers is not None:
+            _level(tiers, job).detach(job)
+            return
         job.unmark_in_deque()
         if self.ghosts is None:
             self.ghosts = set()
@@ -315,6 +363,11 @@ class Queue(Timed):
         if self.live:
             self.cells.dec(self.slot)
         self.cells.bump(self.slot)
+        if self.tiers is not None:
+            for tier in self.tiers:
+                if tier is not None:
+                    tier.drop_all()
+            self.tiers = None
         for job in self._dq:
             forget_entry(job, self.ghosts)
         self._dq.clear()
@@ -326,6 +379,101 @@ class Queue(Timed):
         self.live = 0
         self.stale = 0
         self.ghosts = None
+
+    # ---- priorities
+
+    def _push_ext(self, job: Job) -> bool:
+        """push's path for a job with extension fields or a queue that is not plain:
+        True when the job went to a lane or a level, False when push goes on."""
+        if self.tiers is None and not priority_of(job):
+            return self._push_grouped(job)
+        tiers = self.tiers
+        if tiers is None:
+            tiers = self._tier()
+        p = priority_of(job)
+        level = tiers[p]
+        if level is None:
+            level = tiers[p] = Level(p, self)
+        level.push(job)
+        self.live += 1
+        if self.live == 1:
+            self.cells.inc(self.slot)
+        return True
+
+    def _tier(self) -> list[Level | None]:
+        """A first job with a priority above 0: the entries held so far become
+        level 0 (O(1): the deque or the lanes change hands)."""
+        tiers: list[Level | None] = [None] * (priority_max + 1)
+        if self._dq or self.lanes is not None:
+            base = tiers[0] = Level(0, self)
+            self._hand_over(base)
+        self.group0 = b""  # an empty deque's label: the next group-0 job sets level 0's
+        self.tiers = tiers
+        return tiers
+
+    def _pop_tier(self) -> Job | None:
+        """pop for a queue with levels: the highest level with a queued job; a level
+        left without one goes (its stale entries with it), and when level 0 alone
+        is left its entries come back to the queue's own deque or lanes."""
+        tiers = self.tiers
+        if tiers is None:
+            return None
+        got: Job | None = None
+        for p in range(priority_max, -1, -1):
+            level = tiers[p]
+            if level is None:
+                continue
+            if level.live:
+                got = level.pop()
+            if not level.live:
+                level.drop_all()
+                tiers[p] = None
+            if got is not None:
+                break
+        if got is not None:
+            self.live -= 1
+            if not self.live:
+                self.cells.dec(self.slot)
+        if not _above_zero(tiers):
+            self.tiers = None
+            if tiers[0] is not None:
+                tiers[0]._hand_over(self)
+        return got
+
+    def _hand_over(self, dst: Queue) -> None:
+        """Move this object's entries (deque or lanes, ghosts, counts) to ``dst``,
+        whose own are empty: O(1). ``live`` stays too (a queue counts its levels')."""
+        dst._dq, self._dq = self._dq, deque()
+        dst.group0, self.group0 = self.group0, b""
+        dst.lanes, self.lanes = self.lanes, None
+        dst.ring, self.ring = self.ring, None
+        dst.order, self.order = self.order, None
+        dst.groups_live, self.groups_live = self.groups_live, 0
+        dst.ghosts, self.ghosts = self.ghosts, None
+        dst.stale, self.stale = self.stale, 0
+        dst.live = self.live
+
+    def priority_counts(self) -> list[tuple[int, int]]:
+        """(priority, queued jobs) of each level with queued jobs, highest first;
+        empty while no job above priority 0 is queued (QSTAT ``priorities``)."""
+        tiers = self.tiers
+        if tiers is None:
+            return []
+        out: list[tuple[int, int]] = []
+        for p in range(priority_max, -1, -1):
+            level = tiers[p]
+            if level is not None and level.live:
+                out.append((p, level.live))
+        return out if out and out[0][0] else []
+
+    def lanes_held(self) -> int:
+        """The lanes of this queue's groups, over its levels (the core's check)."""
+        if self.tiers is not None:
+            return sum(level.lanes_held() for level in self.tiers if level is not None)
+        return 0 if self.lanes is None else len(self.lanes)
+
+    def _levels(self) -> list[Level]:
+        return [] if self.tiers is None else [x for x in self.tiers if x is not None]
 
     # ---- groups
 
@@ -447,23 +595,33 @@ class Queue(Timed):
 
     def has_named_groups(self) -> bool:
         """The queue holds jobs added with GROUP (QSTAT then shows ``groups``)."""
+        if self.tiers is not None:
+            return any(level.has_named_groups() for level in self._levels())
         return self.lanes is not None or bool(self.group0)
 
     def groups(self) -> int:
-        """How many groups have queued jobs (QSTAT groups)."""
+        """How many groups have queued jobs (QSTAT groups); with priorities, a group
+        counts once per priority it has queued jobs at (each is a lane of its own)."""
+        if self.tiers is not None:
+            return sum(level.groups() for level in self._levels())
         if self.lanes is None:
             return 1 if self.live else 0
         return self.groups_live
 
     def largest_groups(self, count: int) -> list[tuple[bytes, int]]:
         """Up to ``count`` (group, queued jobs) of the groups with queued jobs,
-        largest first, ties by name (QGROUPS): O(count log groups)."""
+        largest first, ties by name (QGROUPS): O(count log groups); with priorities,
+        summed over the levels (O(lanes))."""
+        if self.tiers is not None:
+            return _summed_groups(self._levels(), count)
         if self.order is None:
             return [(self.group0, self.live)] if self.live and count > 0 else []
         return self.order.largest(count)
 
     def adds_group(self, group: bytes) -> bool:
         """A job of ``group`` queued here would be a group more (queue-groups-max)."""
+        if self.tiers is not None:
+            return all(level.adds_group(group) for level in self._levels())
         if self.lanes is None:
             return bool(self.live) and group != self.group0
         lane = self.lanes.get(group)
@@ -489,6 +647,9 @@ class Queue(Timed):
         out: list[Job] = []
         if count <= 0:
             return out
+        if self.tiers is not None:
+            return list(islice(heapq.merge(*(level.oldest(count) for level in self._levels()),
+                                           key=_ctime), count))
         ghosts = self.ghosts
         if self.lanes is None:
             self.stale -= trim_head(self._dq, ghosts)
@@ -505,6 +666,9 @@ class Queue(Timed):
         out: list[Job] = []
         if count <= 0:
             return out
+        if self.tiers is not None:
+            return list(islice(heapq.merge(*(level.newest(count) for level in self._levels()),
+                                           key=_ctime, reverse=True), count))
         entries: Iterable[Job] = reversed(self._dq) if self.lanes is None else heapq.merge(
             *(reversed(dq) for dq in self._first_lanes(count, True)), key=_ctime,
             reverse=True)
@@ -517,16 +681,42 @@ class Queue(Timed):
         return out
 
     def __iter__(self) -> Iterator[Job]:
+        if self.tiers is not None:
+            return (job for level in self._levels() for job in level)
         ghosts = self.ghosts
         return (job for dq in self._entries() for job in dq if live_entry(job, ghosts))
 
     def check(self) -> str | None:
         """Describe a broken invariant of this queue, or None (tests, invariant())."""
+        if self.tiers is not None:
+            return self._check_tiers(self.tiers)
         seen: set[int] = set()
         err = self._check_entries(seen)
         if err is None and self.ghosts and not {id(job) for job in self.ghosts} <= seen:
             err = f"queue {self.name!r}: a ghost without an entry"
         return err
+
+    def _check_tiers(self, tiers: list[Level | None]) -> str | None:
+        """A queue with levels: its own entries handed over, each level holding the
+        jobs of its priority only (``_check_deque``), the levels' counts summed, a
+        level above 0 present (else the queue would have handed back to level 0)."""
+        if self._dq or self.lanes is not None or self.stale or self.ghosts or self.group0:
+            return f"queue {self.name!r} has levels and entries of its own"
+        if len(tiers) != priority_max + 1 or not _above_zero(tiers):
+            return f"queue {self.name!r} has levels but none above priority 0"
+        live = 0
+        for p, level in enumerate(tiers):
+            if level is None:
+                continue
+            if level.priority != p or level.tiers is not None or level.name != self.name:
+                return f"queue {self.name!r}: level {level.priority} at priority {p}"
+            err = level.check()
+            if err is not None:
+                return err
+            live += level.live
+        if live != self.live:
+            return f"queue {self.name!r} levels hold {live} jobs, live={self.live}"
+        return None
 
     def _check_entries(self, seen: set[int]) -> str | None:
         if self.lanes is None:
@@ -583,6 +773,8 @@ class Queue(Timed):
                 return f"queue {self.name!r} out of ctime order at {job.id}"
             if group_of(job) != group:
                 return f"job {job.id} of group {group_of(job)!r} in lane {group!r}"
+            if priority_of(job) != self.priority:  # GETJOB's order: highest first
+                return f"job {job.id} of priority {priority_of(job)} at level {self.priority}"
             prev = job.ctime_us
             if live_entry(job, ghosts):
                 if job.queue != self.name:
@@ -591,6 +783,47 @@ class Queue(Timed):
         if live != live_count or len(dq) - live != stale_count:
             return f"queue {self.name!r} counts live={live_count}/{live} stale={stale_count}"
         return None
+
+
+class Level(Queue):
+    """The jobs of one priority in a queue that holds several (``Queue.tiers``): the
+    same ctime-ordered deque with lazy deletion, split into lanes by GROUP, as a
+    queue's own. Its counters other than the entries' are unused; it publishes
+    nothing (``Unpublished``: the queue's ``live`` counts for the slot's cell)."""
+
+    __slots__ = ()
+
+    def __init__(self, priority: int, queue: Queue) -> None:
+        super().__init__(queue.name, queue.slot, queue.ctime_ms, _LEVEL_CELLS, queue.lane_count)
+        self.priority = priority
+
+    def _push_ext(self, job: Job) -> bool:
+        return self._push_grouped(job)  # a level holds one priority: no levels inside
+
+
+def _level(tiers: list[Level | None], job: Job) -> Level:
+    level = tiers[priority_of(job)]
+    if level is None:
+        raise InvariantError(f"job {job.id}: no level {priority_of(job)} in its queue")
+    return level
+
+
+def _above_zero(tiers: list[Level | None]) -> bool:
+    """A level above priority 0 is there (with queued jobs or stale entries only:
+    a level's truth is its ``live``, so ``any`` would not do)."""
+    for level in tiers[1:]:
+        if level is not None:
+            return True
+    return False
+
+
+def _summed_groups(levels: list[Level], count: int) -> list[tuple[bytes, int]]:
+    """QGROUPS over the levels of a queue: each group's queued jobs summed."""
+    total: dict[bytes, int] = {}
+    for level in levels:
+        for group, n in level.largest_groups(level.groups()):
+            total[group] = total.get(group, 0) + n
+    return sorted(total.items(), key=lambda x: (-x[1], x[0]))[:max(count, 0)]
 
 
 # Federation: a source forgets a node as a recent provider after this long

@@ -72,6 +72,8 @@ def _show_ext(ext: JobExt) -> list[Any]:
                         (b"dead-reason", ext.reason)):
         if value:
             out += [name, value]
+    if ext.priority:
+        out += [b"priority", ext.priority]
     return out
 
 
@@ -95,6 +97,9 @@ def qstat(s: Core, fed: Federation, queue: bytes, now_ms: int) -> Any:
     ] + qstat_signals(s, q, now_ms)  # fmt: skip
     if q.has_named_groups():  # extension (GROUP): a plain queue's reply is the reference's
         reply += [b"groups", q.groups()]
+    levels = q.priority_counts()
+    if levels:  # extension (PRIORITY): queued jobs per priority, highest first
+        reply += [b"priorities", [x for level in levels for x in level]]
     return reply
 
 

@@ -328,6 +328,7 @@ class AddJobOptions(TypedDict, total=False):
     # with ``dedup``: the key keeps answering this job's ID this many seconds after
     # its ACK (DEDUP-KEEP), so a re-send just after the ACK adds nothing either
     dedup_keep: int | None
+    priority: int | None  # 0..9, higher delivered first (PRIORITY; 0 or None: not sent)
 
 
 # AddJobOptions' valued options and their words, in the order ADDJOB's arguments take them.
@@ -354,6 +355,9 @@ def addjob_args(queue: str | bytes, body: bytes | str, timeout_ms: int = 0,
     group = options.get("group")
     if group is not None:
         args += ["GROUP", group]
+    priority = options.get("priority")
+    if priority:
+        args += ["PRIORITY", int(priority)]
     if options.get("async_"):
         args.append("ASYNC")
     return args

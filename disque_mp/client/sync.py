@@ -220,7 +220,7 @@ class Disque(core.ClientSettings[redis.Redis]):
     def add_job(self, queue: str | bytes, body: bytes | str, timeout_ms: int = 0,
                 **options: Unpack[core.AddJobOptions]) -> str:
         """ADDJOB; returns the job ID. ``options``: ``core.AddJobOptions`` (replicate,
-        delay, retry, ttl, maxlen, async_, maxdeliver, dedup, group; times in seconds).
+        delay, retry, ttl, maxlen, async_, maxdeliver, dedup, group, priority; times in seconds).
         ``maxdeliver`` (disque-mp extension): deliveries before the job goes to
         ``dead:<queue>``; ``dedup`` (disque-mp extension): a key that makes a repeated add
         answer the first job's ID while the node holds it unacknowledged

@@ -30,6 +30,9 @@
   group="tenant-a")``) becomes ``ADDJOB ... GROUP``: the node serves a queue's
   groups in rotation, so one tenant's backlog does not hold back another's
   messages. A retry keeps it (NACK on the same job, or the option on a copy).
+- priority: the ``priority`` message option (``send_with_options(...,
+  priority=9)``; ``broker_priority``, the RabbitMQ broker's name, is read too)
+  becomes ``ADDJOB ... PRIORITY`` (0..9, higher delivered first).
 - Failover across nodes and ``-LEAVING`` come from the client.
 - No round trip per message where RabbitMQ has none: with ``confirm_delivery``
   off (the default, as on Dramatiq's RabbitMQ broker) ``enqueue`` pipelines its
@@ -68,7 +71,7 @@ from disque_mp.client import (
     add_window_default,
 )
 from disque_mp.client.core import task_dedup_key
-from disque_mp.client.limits import DEAD_PREFIX, dead_reason, group_name
+from disque_mp.client.limits import DEAD_PREFIX, dead_reason, group_name, priority_level
 from disque_mp.client.limits import MAXDELIVER_MAX as max_deliveries_max
 
 log = logging.getLogger("disque_mp.dramatiq")
@@ -100,12 +103,23 @@ url_scheme = "disque://"
 
 
 group_option = "group"  # the message option naming its GROUP
+priority_options = ("priority", "broker_priority")  # the options naming its PRIORITY
 
 
 def message_group(message: Message) -> str | None:
     """The ``group`` option as ADDJOB GROUP's name (None: none); ValueError when it
     is empty or over 256 bytes (a message that asked for fairness does not go without)."""
     return group_name(message.options.get(group_option), "group option")
+
+
+def message_priority(message: Message) -> int:
+    """The ``priority`` (or ``broker_priority``) option as ADDJOB PRIORITY's value
+    (0: none); ValueError when it is no integer 0..9."""
+    for name in priority_options:
+        value = message.options.get(name)
+        if value is not None:
+            return priority_level(value, f"{name} option")
+    return 0
 
 
 def delay_seconds(delay_ms: int | float | None) -> int | None:
@@ -233,7 +247,7 @@ class DisqueBroker(Broker):
                     dedup=task_dedup_key(message.message_id,
                                          int(message.options.get("retries") or 0))
                     if self.dedup else None,
-                    group=message_group(message))
+                    group=message_group(message), priority=message_priority(message))
         except DisqueConnectionError as exc:
             raise BrokerConnectionError(str(exc)) from exc
         self.emit_after("enqueue", message, delay)

@@ -408,7 +408,8 @@ class Channel(virtual.Channel):
             retry=int(self.visibility_timeout), ttl=ttl_s, async_=bool(self.async_replication),
             maxdeliver=None if self.max_deliveries is None else int(self.max_deliveries),
             dedup=self._dedup_key(message),
-            group=message_group(message, self.fair_key))
+            group=message_group(message, self.fair_key),
+            priority=priority if len(self.priority_steps) == 1 else None)  # else a queue per step
 
     def _dedup_key(self, message: dict[str, Any]) -> str | None:
         """The task's ID as DEDUP key when the ``dedup`` option asks (None: no key,

@@ -613,7 +613,8 @@ def dir_mode_problem(path: str) -> str | None:
                 "Use a directory of the node's own (or set dir-strict-modes no)")
     if st.st_mode & 0o022:
         return (f"Refusing the dir '{path}': its mode {st.st_mode & 0o7777:04o} lets other "
-                f"users write in it; run chmod go-w '{path}' (or set dir-strict-modes no)")
+                "users write in it. Use a directory of the node's own, e.g. "
+                "mkdir -m 700 ~/disque-data and --dir ~/disque-data (or set dir-strict-modes no)")
     return None
 
 

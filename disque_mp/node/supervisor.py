@@ -48,7 +48,7 @@ import multiprocess
 from bus import nodes_conf, peercred
 from bus.durable import write_atomic
 from disque_mp import __version__, compiled
-from disque_mp.node import config, hints, sdnotify
+from disque_mp.node import aof_format, config, hints, sdnotify
 from disque_mp.node.aof_load import refused_exit_code
 from disque_mp.node.config import Config
 from disque_mp.node.listen import port_busy
@@ -107,6 +107,24 @@ def _describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
+# what each appendfsync policy keeps when the node or its host stops
+_FSYNC_LOSES = {
+    "always": "a power loss none",
+    "everysec": "a power loss may lose the last second",
+    "no": "a power loss may lose what the OS had not written yet",
+}
+
+
+def persistence_line(cfg: Config) -> str:
+    """One start-up line: where the jobs live and what a restart keeps."""
+    if not cfg.appendonly:
+        return "persistence: off: jobs are lost when the node stops (appendonly yes keeps them)"
+    files = aof_format.file_name(cfg.appendfilename, 0, 0).replace("-w0-g0", "-w*-g*")
+    return (f"persistence: AOF {os.path.join(cfg.dir, files)} (one file per worker), "
+            f"fsync {cfg.appendfsync}: a restart keeps every job, each queued again after "
+            f"its RETRY as in Disque; {_FSYNC_LOSES.get(cfg.appendfsync, '')}")
+
+
 class Supervisor:
     def __init__(self, cfg: Config, worker_target: Callable[..., None]) -> None:
         self.cfg = cfg
@@ -148,6 +166,7 @@ class Supervisor:
         log.info("disque-mp %s starting: pid %d, port %d, %d workers, dir %s, config %s",
                  __version__, os.getpid(), cfg.port, cfg.workers, cfg.dir,
                  cfg.config_file or "(none: defaults and command line)")
+        log.info("%s", persistence_line(cfg))
         build = compiled.status()
         if build["stale"]:
             log.warning("The compiled modules %s are older than their source and run old code: "

@@ -27,6 +27,8 @@
 - ``group`` label (fair tenants): ``ADDJOB ... GROUP <label>``: the node serves the
   queue's groups in rotation, so one tenant's backlog does not hold back another's
   tasks (1..256 bytes, else ``ValueError`` at kick).
+- ``priority`` label: ``ADDJOB ... PRIORITY <label>`` (0..9, higher delivered first;
+  else ``ValueError`` at kick); a retry kept in place keeps it.
 - Failover across nodes and ``-LEAVING`` come from the client.
 """
 
@@ -49,7 +51,7 @@ from disque_mp.client.core import (
     heartbeat_retry_fraction,
     task_dedup_key,
 )
-from disque_mp.client.limits import MAXDELIVER_MAX, group_name
+from disque_mp.client.limits import MAXDELIVER_MAX, group_name, priority_level
 
 log = logging.getLogger("disque_mp.taskiq")
 
@@ -93,6 +95,13 @@ def _maxdeliver_of(value: Any) -> int | None:
 def _group_of(value: Any) -> str | None:
     """The ``group`` label as ADDJOB GROUP's name (None: no label)."""
     return group_name(value, "group label")
+
+
+def _priority_of(value: Any) -> int:
+    """The ``priority`` label (text on the wire) as ADDJOB PRIORITY's value."""
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    return priority_level(value, "priority label")
 
 
 def _delay_s_of(labels: dict[str, Any]) -> int | None:
@@ -197,7 +206,7 @@ class DisqueBroker(AsyncBroker):
             self.queue, message.message, 0, retry=self.visibility_timeout_s,
             ttl=self.message_ttl_s + (delay_s or 0), delay=delay_s, maxdeliver=maxdeliver,
             dedup=_dedup_key_of(labels, message.task_id, self.dedup),
-            group=_group_of(labels.get("group")))
+            group=_group_of(labels.get("group")), priority=_priority_of(labels.get("priority")))
 
     async def _requeue_in_place(self, held: _Held, delay_s: int | None) -> None:
         """A retry of a task this broker runs: NACK [DELAY] its job, same job ID."""

@@ -4,7 +4,8 @@ PROOF_BROKER_URL (``disque://``, ``redis://`` or ``amqp://``); PROOF_QUEUE,
 BROKER_RECORD_FILE (one JSON line per task run), PROOF_VISIBILITY_S (the
 visibility timeout: Disque's RETRY, the Redis transport's restore time; RabbitMQ
 has none), PROOF_MAX_DELIVERIES and PROOF_REPLICATE (disque:// only: ADDJOB
-MAXDELIVER, REPLICATE).
+MAXDELIVER, REPLICATE), PROOF_MAX_PRIORITY (the queues' ``x-max-priority``, which
+RabbitMQ needs for priorities; disque:// ignores queue arguments).
 
 Every task runs with ``acks_late`` and ``task_reject_on_worker_lost`` (a pool
 process that dies gives its message back: the poison scenario), and the
@@ -55,6 +56,8 @@ app.conf.update(
     # lost (default 10 s): the poison scenario's cycle
     worker_lost_wait=1.0,
 )
+if os.environ.get("PROOF_MAX_PRIORITY"):  # bench/priority.py: RabbitMQ's x-max-priority
+    app.conf.task_queue_max_priority = int(os.environ["PROOF_MAX_PRIORITY"])
 
 
 def _tag(task: Any) -> str:

@@ -19,6 +19,7 @@ from tests.brokers.conftest import (
     WorkerProc,
     check_worker_follows_leaving,
     node_url,
+    raw,
     visibility_s,
     wait_records,
 )
@@ -170,6 +171,28 @@ def test_fair_key_lets_a_small_tenant_pass_a_backlog(broker_node: NodeProc,
     order = [r["n"] for r in records]
     assert sorted(order) == [*range(60), *range(100, 105)]
     assert max(order.index(n) for n in range(100, 105)) < 20, order
+
+
+def test_task_priority_is_addjob_priority(broker_node: NodeProc, tmp_path: Path) -> None:
+    """Celery's ``priority`` (0-9, higher first as on RabbitMQ) is ADDJOB PRIORITY, in
+    the task's one queue: 5 tasks of priority 9 sent behind 40 of priority 0 are among
+    the first the worker runs."""
+    q = unique_queue("cel")
+    url = node_url(broker_node)
+    rec = tmp_path / "records.jsonl"
+    app = producer(url)
+    for i in range(40):
+        send(app, "echo", q, i, time.time())
+    for i in range(100, 105):
+        send(app, "echo", q, i, time.time(), priority=9)
+    stat = raw(broker_node).execute_command("QSTAT", q)
+    shown = dict(zip(stat[::2], stat[1::2], strict=True))
+    assert shown[b"priorities"] == [9, 5, 0, 40]
+    with worker(url, q, tmp_path, extra=("--concurrency", "1")) as w:
+        records = wait_records(rec, lambda r: len(r) >= 45, "45 echo tasks run", w)
+    order = [r["n"] for r in records]
+    assert sorted(order) == [*range(40), *range(100, 105)]
+    assert max(order.index(n) for n in range(100, 105)) < 10, order
 
 
 def test_cluster_worker_and_producer_on_different_nodes_and_leaving(

@@ -129,6 +129,32 @@ def test_cluster_worker_and_producer_on_different_nodes_and_leaving(
     broker.close()
 
 
+def test_the_priority_option_sets_addjob_priority(broker_node: NodeProc, broker: DisqueBroker,
+                                                  tmp_path: Path) -> None:
+    """``priority`` (or RabbitMQ's ``broker_priority``) is ADDJOB PRIORITY: 4 messages
+    of priority 9 sent behind 30 plain ones are among the first a real worker runs; a
+    priority out of 0..9 is refused at send."""
+    q = unique_queue("dq")
+    rec = tmp_path / "records.jsonl"
+    for i in range(30):
+        send(broker, q, "echo", i, time.time())
+    for i, name in ((100, "priority"), (101, "priority"), (102, "broker_priority"),
+                    (103, "priority")):
+        broker.enqueue(Message(queue_name=q, actor_name="echo", args=(i, time.time()),
+                               kwargs={}, options={name: 9}))
+    with pytest.raises(ValueError, match="ADDJOB PRIORITY"):
+        broker.enqueue(Message(queue_name=q, actor_name="echo", args=(0, 0.0), kwargs={},
+                               options={"priority": 10}))
+    broker.confirm_enqueued()
+    assert broker.client.qlen(q) == 34
+    with worker(url(broker_node), q, tmp_path) as w:
+        wait_until(lambda: len(read_records(rec)) >= 34, 60, "34 messages run",
+                   detail=w.log_tail)
+    order = [r["n"] for r in read_records(rec)]
+    assert sorted(order) == [*range(30), *range(100, 104)]
+    assert max(order.index(n) for n in range(100, 104)) < 10, order
+
+
 def test_the_group_option_sets_addjob_group(broker: DisqueBroker) -> None:
     q = unique_queue("dq")
     for tenant in ("a", "a", "b"):

@@ -191,6 +191,23 @@ def test_acks_leave_in_batches(broker_node: NodeProc, disque: Disque) -> None:
         sq.close()
 
 
+def test_priority_is_addjob_priority_in_one_queue(broker_node: NodeProc,
+                                                 disque: Disque) -> None:
+    """Without ``priority_steps`` a message's priority (0-9, higher first) is ADDJOB
+    PRIORITY on the queue itself: no queue per level."""
+    q = unique_queue("k")
+    with connection(broker_node) as conn:
+        sq = conn.SimpleQueue(q)
+        for p in (0, 3, 9, 0):
+            sq.put({"p": p}, priority=p)
+        assert disque.qlen(q) == 4  # one Disque queue
+        got = [sq.get(timeout=5) for _ in range(4)]
+        assert [m.payload["p"] for m in got] == [9, 3, 0, 0]
+        for m in got:
+            m.ack()
+        sq.close()
+
+
 def test_priority_steps_consume_lower_numbers_first(broker_node: NodeProc) -> None:
     q = unique_queue("k")
     with connection(broker_node, priority_steps=[0, 5]) as conn:

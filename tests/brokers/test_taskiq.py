@@ -176,6 +176,36 @@ def test_group_label_sets_addjob_group(broker_node: NodeProc) -> None:
     r.execute_command("DELQUEUE", queue)
 
 
+def test_priority_label_orders_a_real_worker(broker_node: NodeProc, tmp_path: Path) -> None:
+    """The ``priority`` label is ADDJOB PRIORITY: 3 tasks of priority 9 kicked behind
+    20 plain ones are the first a real worker runs; one past 9 is refused at kick."""
+    queue = f"taskiq-prio-{uuid.uuid4().hex[:8]}"
+    rec = tmp_path / "rec.jsonl"
+
+    async def go() -> None:
+        broker = DisqueBroker(node_url(broker_node), queue=queue)
+        await broker.startup()
+        try:
+            for i in range(20):
+                await kicker(broker, "echo").kiq(i)
+            for i in range(100, 103):
+                await kicker(broker, "echo", priority=9).kiq(i)
+            with pytest.raises(SendTaskError) as refused:
+                await kicker(broker, "echo", priority=10).kiq(0)
+            assert "ADDJOB PRIORITY" in str(refused.value.__cause__)
+        finally:
+            await broker.shutdown()
+
+    asyncio.run(go())
+    stat = raw(broker_node).execute_command("QSTAT", queue)
+    assert dict(zip(stat[::2], stat[1::2], strict=True))[b"priorities"] == [9, 3, 0, 20]
+    with worker(broker_node, queue, rec, tmp_path / "w.log") as w:
+        records = wait_records(rec, lambda r: len(r) >= 23, "23 echo tasks run", w)
+    order = [r["n"] for r in records]
+    assert sorted(order) == [*range(20), *range(100, 103)]
+    assert max(order.index(n) for n in range(100, 103)) < 8, order
+
+
 def test_killed_mid_task_the_job_comes_back(broker_node: NodeProc, tmp_path: Path) -> None:
     queue = f"taskiq-kill-{uuid.uuid4().hex[:8]}"
     rec, marker = tmp_path / "rec.jsonl", tmp_path / "marker"

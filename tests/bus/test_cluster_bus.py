@@ -33,7 +33,7 @@ from bus.hostbus import K_HANDSHAKE, K_PING, ClusterBus
 from disque_mp.node import errors
 from disque_mp.node.commands import cluster as cmd_cluster
 from disque_mp.node.config import Config
-from tests.nodeproc import NodeProc, free_port
+from tests.nodeproc import NodeProc, free_port, port_free
 from workers.ids import slot_of
 from workers.replies import ERR_SYNTAX, OK, Error, Status
 
@@ -482,6 +482,36 @@ def _three_real_nodes(a: NodeProc, b: NodeProc, c: NodeProc) -> None:
     time.sleep(NODE_TIMEOUT_MS / 1000)  # several gossip rounds from B and pings from C
     assert c_id not in nodes_table(a)
     assert info(a)["cluster_known_nodes"] == "2"
+
+
+def test_a_meet_that_cannot_work_says_why_in_the_log(tmp_path: Path) -> None:
+    """CLUSTER MEET answers OK (as the reference does); then the log names the address
+    dialled, the cause and the bus port rule, for a MEET to a bus port and for a MEET
+    to a port whose bus port accepts connections but is no disque node."""
+    a = NodeProc(tmp_path / "a", workers=1, conf={"cluster-node-timeout": NODE_TIMEOUT_MS})
+    wrong = free_port()  # its bus port: a listener that accepts and never answers
+    with socket.create_server(("127.0.0.1", wrong + 10000)) as silent:
+        silent.listen(8)
+        try:
+            a.start()
+            client = next(p for p in (free_port() for _ in range(100)) if port_free(p + 20000))
+            bus = client + 10000  # a bus port given as if it were a client port: its bus
+            # port, bus + 10000, is one nobody listens on
+            assert cluster(a, "MEET", "127.0.0.1", str(bus)) in (b"OK", True, "OK")
+            assert cluster(a, "MEET", "127.0.0.1", str(wrong)) in (b"OK", True, "OK")
+            a.wait_for(lambda: a.log_text().count("given up after") == 2, real_wait_s,
+                       "both MEETs given up")
+            log = a.log_text()
+            assert (f"CLUSTER MEET 127.0.0.1 {bus}: cannot reach its cluster bus at "
+                    f"127.0.0.1:{bus + 10000}") in log, log
+            assert f"if {bus} is the peer's bus port, its client port is {client}" in log
+            assert (f"CLUSTER MEET 127.0.0.1 {wrong} given up after") in log
+            assert (f"its bus port {wrong + 10000} accepted the connection but no disque "
+                    "node answered there") in log
+            assert f"its client port is {wrong - 10000}" not in log  # a bus answered there
+            assert info(a)["cluster_known_nodes"] == "1"  # both entries gone
+        finally:
+            a.stop()
 
 
 def test_node_timeout_config_set_at_runtime(tmp_path: Path) -> None:

@@ -5,7 +5,9 @@ to with redis-py, redis-cli and the project's client."""
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -406,6 +408,13 @@ def test_deadletter_and_redrive_raw_on_one_node(one: NodeProc) -> None:
     assert r.execute_command("REDRIVE", "dead:" + qa) == 1 and r.execute_command("QLEN", qa) == 2
     assert r.execute_command("REDRIVE", "dead:" + qb) == 1
     assert r.execute_command("REDRIVE", "dead:" + qb) == 0
+    # ID: those jobs only, routed by the queue (a dead letter has its queue's slot)
+    more = [r.execute_command("ADDJOB", qa, "y", 0).decode() for _ in range(2)]
+    assert r.execute_command("DEADLETTER", *more) == 2
+    assert r.execute_command("REDRIVE", "dead:" + qa, "ID", more[1], ids[1]) == 1
+    assert _show(r, more[1])["queue"] == qa.encode()
+    assert _show(r, more[0])["queue"] == ("dead:" + qa).encode()
+    assert _err(r, "REDRIVE", "dead:" + qa, "ID", "nope") == "BADID Invalid Job ID format."
 
 
 def test_deadletter_and_redrive_errors_and_command(one: NodeProc) -> None:
@@ -704,3 +713,120 @@ def test_results_survive_a_restart_with_the_aof(tmp_path: Path) -> None:
         n.restart()
         r = _r(n)
         assert [r.execute_command("RESULT", jid) for jid in ids] == [b"r0", b"r1", b"r2", b"r3"]
+
+
+# ------------------------------------------------------------------ PRIORITY
+
+
+def test_priority_orders_getjob_and_shows_in_show_and_qstat(one: NodeProc) -> None:
+    """Highest priority first, then groups in rotation within a priority, then age;
+    SHOW lists ``priority``, QSTAT ``priorities``; a plain job's replies are the
+    reference's; a bad PRIORITY is an ERR and adds nothing."""
+    r = _r(one)
+    q = _q("prio")
+    plain = [r.execute_command("ADDJOB", q, f"p{i}", 0).decode() for i in range(3)]
+    assert "priority" not in _show(r, plain[0]) and "priorities" not in _pairs(
+        r.execute_command("QSTAT", q))
+    high = [r.execute_command("ADDJOB", q, f"h{g}{i}", 0, "PRIORITY", 9, "GROUP", g).decode()
+            for g in ("A", "A", "B") for i in range(1)]
+    mid = r.execute_command("ADDJOB", q, "m", 0, "priority", "4").decode()
+    zero = r.execute_command("ADDJOB", q, "z", 0, "PRIORITY", 0).decode()
+    assert _show(r, high[0])["priority"] == 9 and _show(r, mid)["priority"] == 4
+    assert "priority" not in _show(r, zero)
+    assert _pairs(r.execute_command("QSTAT", q))["priorities"] == [9, 3, 4, 1, 0, 4]
+    for bad in ("10", "-1", "x", "2.5"):
+        assert _err(r, "ADDJOB", q, "x", 0, "PRIORITY", bad) == \
+            "PRIORITY must be an integer from 0 to 9"
+    assert r.execute_command("QLEN", q) == 8
+    got = r.execute_command("GETJOB", "COUNT", 8, "FROM", q)
+    assert [e[2] for e in got] == [b"hA0", b"hB0", b"hA0", b"m", b"p0", b"p1", b"p2", b"z"]
+    r.execute_command("ACKJOB", *[e[1] for e in got])
+    assert "priorities" not in _pairs(r.execute_command("QSTAT", q))
+
+
+def test_priority_client_methods(one: NodeProc) -> None:
+    q = _q("prio")
+    with Disque(f"127.0.0.1:{one.port}", socket_timeout=20) as d:
+        d.add_job(q, b"low")
+        jid = d.add_job(q, b"high", priority=7)
+        d.add_job(q, b"none", priority=0)
+        assert (d.show(jid) or {})["priority"] == 7
+        assert [j.body for j in d.get_jobs(q, count=1, nohang=True)] == [b"high"]
+
+    async def go() -> None:
+        d = AsyncDisque(f"127.0.0.1:{one.port}", socket_timeout=20)
+        try:
+            await d.add_job(q, b"async-high", priority=9)
+            jobs = await d.get_jobs(q, count=3, nohang=True)
+            assert [j.body for j in jobs] == [b"async-high", b"low", b"none"]
+        finally:
+            await d.aclose()
+
+    asyncio.run(go())
+
+
+def test_priority_survives_a_restart_a_rewrite_and_a_killed_worker(tmp_path: Path) -> None:
+    """The AOF keeps PRIORITY (a version 4 record) through a rewrite; a worker killed
+    by SIGKILL is restarted by the supervisor and loads it again: once requeued (the
+    AOF load rule: after RETRY) the order holds."""
+    q = _q("prio")
+    with NodeProc(tmp_path / "aof", workers=1, conf={"appendonly": "yes",
+                                                     "appendfsync": "always"}) as n:
+        r = _r(n)
+        for i in range(5):
+            r.execute_command("ADDJOB", q, f"low{i}", 0, "RETRY", 1)
+        hid = r.execute_command("ADDJOB", q, "high", 0, "RETRY", 1, "PRIORITY", 8).decode()
+        r.execute_command("ADDJOB", q, "mid", 0, "RETRY", 1, "PRIORITY", 2, "GROUP", "g")
+        n.restart()
+        r = _r(n)
+        assert _show(r, hid)["priority"] == 8
+        wait_until(lambda: r.execute_command("QLEN", q) == 7, wait_s, "the jobs requeued")
+        assert _pairs(r.execute_command("QSTAT", q))["priorities"] == [8, 1, 2, 1, 0, 5]
+        r.execute_command("BGREWRITEAOF")
+        wait_until(lambda: int(r.info("persistence")["aof_rewrite_in_progress"]) == 0, wait_s,
+                   "the rewrite")
+        r.execute_command("ADDJOB", q, "top", 0, "RETRY", 1, "PRIORITY", 9)
+        (pid,) = n.worker_pids()
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: n.worker_pids() not in ([], [pid]), wait_s, "the worker restarted")
+        r = _r(n)
+        wait_until(lambda: _ping(r) and r.execute_command("QLEN", q) == 8, wait_s,
+                   "the restarted worker's jobs requeued")
+        got = r.execute_command("GETJOB", "COUNT", 8, "FROM", q)
+        assert [e[2] for e in got] == [b"top", b"high", b"mid", *(b"low%d" % i for i in range(5))]
+
+
+def _ping(r: redis.Redis) -> bool:
+    try:
+        return bool(r.ping())
+    except redis.RedisError:
+        return False
+
+
+def test_priority_travels_to_copies_and_by_federation(three: list[NodeProc]) -> None:
+    """REPLICATE 3 copies carry the priority; 60 plain jobs then 5 of priority 9 on one
+    node, a consumer on another imports them (NEEDJOBS / YOURJOBS): the exporter
+    sends its highest priorities first, so they come first."""
+    src, dst, third = three
+    rs, rd = _r(src), _r(dst)
+    q = _q("prio")
+    jid = rs.execute_command("ADDJOB", q, "copied", 0, "REPLICATE", 3, "PRIORITY", 6).decode()
+    assert all(_show(_r(n), jid)["priority"] == 6 for n in three)
+    rs.execute_command("ACKJOB", jid)
+    q = _q("prio")
+    for i in range(60):
+        rs.execute_command("ADDJOB", q, f"low{i}", 0, "REPLICATE", 1)
+    for i in range(5):
+        rs.execute_command("ADDJOB", q, f"high{i}", 0, "REPLICATE", 1, "PRIORITY", 9)
+    got: list[bytes] = []
+    for _ in range(200):  # bounded: GETJOB waits up to 1 s each
+        reply = rd.execute_command("GETJOB", "TIMEOUT", 1000, "COUNT", 10, "FROM", q)
+        for e in reply or []:
+            got.append(e[2])
+            rd.execute_command("ACKJOB", e[1])
+        if len(got) >= 65:
+            break
+    assert sorted(got) == sorted([b"low%d" % i for i in range(60)] +
+                                 [b"high%d" % i for i in range(5)]), got
+    assert max(i for i, body in enumerate(got) if body.startswith(b"high")) < 10, got
+    _ = third

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import os
 import random
+import shlex
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -24,7 +26,7 @@ import pytest
 import redis
 
 from disque_mp.node import aof_format
-from tests.nodeproc import NodeProc
+from tests.nodeproc import REPO, NodeProc, free_port
 from tests.rawclient import exchange
 from workers.ids import owner_of_queue
 
@@ -193,6 +195,46 @@ def test_restart_with_another_worker_count_keeps_every_job(tmp_path: Path, befor
         r = node.client(protocol=2)
         assert jscan_all(r) == ids
         assert all(show_body(r, j) is not None for j in ids)
+    finally:
+        node.stop()
+
+
+def make_run_options(port: int, run_dir: Path) -> list[str]:
+    """The options `make run` gives the node, read from the Makefile itself (a dry run:
+    nothing is built or started)."""
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("no make here")
+    out = subprocess.run([make, "-s", "-n", "-o", ".venv/.compiled", "-o", ".venv/.base", "run",
+                          f"PORT={port}", f"RUN_DIR={run_dir}", "HTTP_PORT=0"], cwd=REPO,
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    (line,) = [ln for ln in out.splitlines() if ln.startswith(".venv/bin/disque-mp ")]
+    return shlex.split(line)[1:]
+
+
+def test_make_run_keeps_its_jobs_across_ctrl_c(tmp_path: Path) -> None:
+    """The node a newcomer starts first keeps its queued jobs through Ctrl-C and a second
+    `make run`, and says so at start; a node started without options says they are lost."""
+    port = free_port()
+    options = make_run_options(port, tmp_path)
+    assert ["--appendonly", "yes"] == options[options.index("--appendonly"):][:2]
+    node = NodeProc(tmp_path, port=port, workers=2, args=options).start()
+    try:
+        r = node.client(protocol=2)
+        # RETRY 1: a reloaded job is queued again after its retry (Disque's rule), so soon
+        ids = {r.execute_command("ADDJOB", f"mq{n % 5}", f"b{n}", 0, "RETRY", 1).decode()
+               for n in range(35)}
+        assert f"persistence: AOF {tmp_path}/appendonly-w*-g*.aof" in node.log_text()
+        assert "fsync everysec: a restart keeps every job" in node.log_text()
+        os.killpg(node.pgid or 0, signal.SIGINT)  # what the terminal sends on Ctrl-C
+        assert node.wait_exit() == 0, node.output()
+        node.start()
+        r = node.client(protocol=2)
+        assert jscan_all(r) == ids
+        node.wait_for(lambda: sum(r.execute_command("QLEN", f"mq{n}") for n in range(5)) == 35,
+                      what="the 35 jobs queued again")
+        assert sorted(drain_queue(r, [f"mq{n}" for n in range(5)], 35).values()) == sorted(
+            f"b{n}".encode() for n in range(35))
     finally:
         node.stop()
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import redis
 
+import disque_mp
 from bus import nodes_conf
 from disque_mp import cli
 from disque_mp.node import sdnotify
@@ -43,7 +44,10 @@ def node_id_in(path: Path) -> str:
 
 def test_version_and_help() -> None:
     out = run_cli("--version")
-    assert out.returncode == 0 and out.stdout.startswith("disque-mp ")
+    assert out.returncode == 0
+    ours, protocol = out.stdout.splitlines()  # both versions, each named
+    assert ours == f"disque-mp {disque_mp.__version__}"
+    assert protocol.startswith("Disque protocol version 1.0-rc1 ")
     out = run_cli("--help")
     assert out.returncode == 0 and "Usage: disque-mp [CONFIG_FILE]" in out.stdout
 
@@ -97,7 +101,7 @@ def test_missing_subcommand_module_is_a_clear_error(
     monkeypatch.setitem(cli.SUBCOMMANDS, "check-aof", ("disque_mp.no_such_module", "main"))
     assert cli.main(["check-aof", "x.aof"]) == 2
     err = capsys.readouterr().err
-    assert "'check-aof' subcommand is not available" in err
+    assert "'check-aof' subcommand is not in this installation" in err
     assert "disque_mp.no_such_module is missing" in err
 
 
@@ -110,7 +114,7 @@ def test_systemd_unit_verifies(tmp_path: Path) -> None:
     unit = (REPO / "systemd" / "disque-mp.service").read_text()
     assert "Type=notify" in unit and "KillMode=mixed" in unit
     # verify checks that ExecStart exists: point it at this venv's script
-    (tmp_path / "disque-mp.service").write_text(unit.replace("/usr/local/bin/disque-mp", script))
+    (tmp_path / "disque-mp.service").write_text(unit.replace("/opt/disque-mp/bin/disque-mp", script))
     out = subprocess.run([analyze, "verify", str(tmp_path / "disque-mp.service")],
                          capture_output=True, text=True, timeout=60)
     problems = [line for line in (out.stdout + out.stderr).splitlines()
@@ -139,6 +143,8 @@ def test_start_and_ping(tmp_path: Path, workers: int) -> None:
         assert (tmp_path / "disque.pid").read_text().strip() == str(node.proc.pid)  # type: ignore[union-attr]
         log = node.log_text()
         assert ":X " in log and "Ready to accept connections" in log
+        # the binary's default is the reference's (no AOF), and the node says what it means
+        assert "persistence: off: jobs are lost when the node stops" in log
         for i in range(workers):  # workers log through the same file, with their role
             assert f":W{i} " in log
         # Redis' line shape: pid:role dd Mon HH:MM:SS.mmm <mark> message

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from tests.workers.queue_walk import Model, walk
 from tests.workers.test_shard import Env
 from workers.job import QUEUED, Job, JobExt
 from workers.queue import Queue
@@ -70,48 +71,19 @@ def test_ungrouped_jobs_are_one_group_of_their_own() -> None:
 def test_random_moves_keep_the_lanes_consistent() -> None:
     """Push, pop, remove, revive (re-push of a removed job), drop_all: after each
     step the invariant check passes and each pop is the oldest of its group."""
+
+    def new_job(n: int, rng: random.Random) -> Job:
+        return _job(n, rng.choice([b"", b"A", b"B", b"C"][: rng.randint(1, 4)]))
+
     for seed in range(40):
-        rng = random.Random(seed)
-        q = Queue(b"q", 0, T0)
-        queued: dict[int, Job] = {}
-        removed: list[Job] = []
-        n = 0
-        for _ in range(600):
-            op = rng.random()
-            if op < 0.45:
-                n += 1
-                job = _job(n, rng.choice([b"", b"A", b"B", b"C"][: rng.randint(1, 4)]))
-                q.push(job)
-                queued[n] = job
-            elif op < 0.7:
-                job = q.pop()  # type: ignore[assignment]
-                if job is None:
-                    assert not queued
-                    continue
-                same = [j.ctime_us for j in queued.values() if j.group == job.group]
-                assert job.ctime_us == min(same), seed
-                del queued[job.ctime_us]
-                job.state = 0
-            elif op < 0.85 and queued:
-                job = queued.pop(rng.choice(list(queued)))
-                job.state = 0
-                q.remove(job)
-                removed.append(job)
-            elif op < 0.98 and removed:
-                job = removed.pop(rng.randrange(len(removed)))
-                job.state = QUEUED
-                q.push(job)
-                queued[job.ctime_us] = job
-            elif op >= 0.995:
-                q.drop_all()
-                for job in queued.values():
-                    job.state = 0
-                queued.clear()
-                removed.clear()
-            err = q.check()
-            assert err is None, (seed, err)
-            assert len(q) == len(queued)
+        def on_pop(job: Job, queued: Model, seed: int = seed) -> None:
+            same = [j.ctime_us for j in queued.values() if j.group == job.group]
+            assert job.ctime_us == min(same), seed
+
+        def after(q: Queue, queued: Model) -> None:
             assert q.groups() == len({j.group for j in queued.values()})
+
+        walk(seed, 600, new_job, on_pop, after)
 
 
 def test_every_move_of_the_shard_keeps_the_groups() -> None:

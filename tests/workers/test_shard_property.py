@@ -17,7 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from workers import shard as shard_mod
 from workers.effects import Wake
-from workers.job import ACTIVE, QUEUED
+from workers.job import ACTIVE, QUEUED, JobExt
 from workers.replies import Error, Status
 from workers.shard import Shard
 from workers.timers import timer_resolution_ms
@@ -57,12 +57,14 @@ class ShardMachine(RuleBasedStateMachine):
 
     @rule(queue=st.sampled_from(QUEUES), ttl=st.sampled_from([2, 30, 3600]),
           retry=st.sampled_from([None, 0, 1, 5]), delay=st.sampled_from([0, 0, 1]),
-          maxlen=st.sampled_from([0, 0, 3]))
-    def add(self, queue: bytes, ttl: int, retry: int | None, delay: int, maxlen: int) -> None:
+          maxlen=st.sampled_from([0, 0, 3]), priority=st.sampled_from([0, 0, 0, 4, 9]))
+    def add(self, queue: bytes, ttl: int, retry: int | None, delay: int, maxlen: int,
+            priority: int) -> None:
         before = self.s.op_qlen(queue)
         r = self.s.op_addjob(queue, b"body", timeout_ms=0, replicate=1 if retry == 0 else None,
                              delay_s=delay, retry_s=retry, ttl_s=ttl, maxlen=maxlen,
-                             async_=False, token=0, now_ms=self.now)
+                             async_=False, token=0, now_ms=self.now,
+                             ext=JobExt(priority=priority) if priority else None)
         if isinstance(r, Error):
             assert r in (shard_mod.ERR_MAXLEN_REACHED, shard_mod.ERR_PAUSED,
                          shard_mod.ERR_DELAY_TTL)
@@ -83,6 +85,8 @@ class ShardMachine(RuleBasedStateMachine):
             assert entry[0] in queues
             job = self.s.lookup(entry[1])
             assert job is not None and job.state == ACTIVE
+            q = self.s.core.find_queue(entry[0])  # none left of a higher priority
+            assert q is None or job.priority >= max((j.priority for j in q), default=0)
         if surplus and got:
             # a multi-owner GETJOB hands back what it did not send, right away
             back = [e[1] for e in got[-surplus:]]

@@ -13,8 +13,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from bus.auth import STATS as auth_stats
+from disque_mp import DISQUE_VERSION
 from disque_mp.node.commands import cluster as clustermod
-from disque_mp.node.commands.info import DISQUE_VERSION
 from disque_mp.node.errors import (
     ERR_AUTH_NOT_SET,
     ERR_CLIENT,

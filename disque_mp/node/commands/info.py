@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from disque_mp import compiled
+from disque_mp import DISQUE_VERSION, __version__, compiled
 from disque_mp.node import config as configmod
 from disque_mp.node import memory
 from disque_mp.node.aof import merge_info
@@ -22,7 +22,6 @@ from disque_mp.node.scatter import gather
 if TYPE_CHECKING:
     from disque_mp.node.view import Client, NodeView
 
-DISQUE_VERSION = "1.0-rc1"  # the API level we answer for (INFO, HELLO 3)
 INFO_DEFAULT = ("server", "clients", "memory", "jobs", "queues", "persistence", "stats", "cpu",
                 "workers")
 INFO_ALL = (*INFO_DEFAULT, "commandstats")
@@ -78,6 +77,7 @@ def _info_server(w: NodeView, conn: Client, parts: list[Any]) -> list[tuple[str,
         ("uptime_in_days", uptime // 86400), ("hz", w.cfg.hz),
         ("executable", os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""),
         ("config_file", w.cfg.config_file),
+        ("disque_mp_version", __version__),  # ours, after the reference's fields
     ]
 
 

@@ -23,8 +23,7 @@ from prometheus_client.core import (
     Metric,
 )
 
-from disque_mp import __version__, compiled
-from disque_mp.node.commands.info import DISQUE_VERSION
+from disque_mp import DISQUE_VERSION, __version__, compiled
 from workers.shard import latency_bounds_ms
 
 if TYPE_CHECKING:
