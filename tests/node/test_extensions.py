@@ -705,7 +705,7 @@ def test_results_survive_a_restart_with_the_aof(tmp_path: Path) -> None:
         n.restart()
         r = _r(n)
         assert [r.execute_command("RESULT", jid) for jid in ids] == [b"r0", b"r1", b"r2", b"r3"]
-        assert _show(r, kept)["dedup"] == b"z"  # the DEDUP-KEEP job (record version 4)
+        assert _show(r, kept)["dedup"] == b"z"  # the DEDUP-KEEP job (record version 5)
         assert r.execute_command("ADDJOB", q, "k", 0, "DEDUP", "z").decode() == kept
         assert r.execute_command("BGREWRITEAOF")
         wait_until(lambda: r.info("persistence")["aof_rewrite_in_progress"] == 0, wait_s,
