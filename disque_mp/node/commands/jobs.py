@@ -236,20 +236,9 @@ def parse_addjob(args: list[bytes]) -> AddJobArgs | Error:
             a.async_ = True
             i += 1
             continue
-        if (opt == b"group" or opt == b"dedup") and not last:
-            err = _addjob_ext(a, opt, args[i + 1])
-            if err is not None:
-                return err
-            i += 2
-            continue
-        if opt == b"priority" and not last:
-            err = _addjob_priority(a, args[i + 1])
-            if err is not None:
-                return err
-            i += 2
-            continue
-        if opt == b"dedup-keep" and not last:
-            err = _addjob_keep(a, args[i + 1])
+        ext_option = None if last else _EXT_OPTIONS.get(opt)
+        if ext_option is not None:
+            err = ext_option(a, opt, args[i + 1])
             if err is not None:
                 return err
             i += 2
@@ -307,6 +296,13 @@ ERR_PRIORITY: Final = Error(f"ERR PRIORITY must be an integer from 0 to {priorit
 ERR_GROUP: Final = Error(f"ERR GROUP name must be 1 to {group_bytes_max} bytes")
 ERR_DEDUP: Final = Error(f"ERR DEDUP key must be 1 to {dedup_bytes_max} bytes")
 ERR_DEDUP_KEEP_ALONE: Final = Error("ERR DEDUP-KEEP needs a DEDUP key")
+# ADDJOB's extension options, each with its parser (the job's ``ext`` fields).
+_EXT_OPTIONS: Final[dict[bytes, Callable[[AddJobArgs, bytes, bytes], Error | None]]] = {
+    b"group": lambda a, opt, value: _addjob_ext(a, opt, value),
+    b"dedup": lambda a, opt, value: _addjob_ext(a, opt, value),
+    b"priority": lambda a, opt, value: _addjob_priority(a, value),
+    b"dedup-keep": lambda a, opt, value: _addjob_keep(a, value),
+}
 
 
 def _addjob_keep(a: AddJobArgs, value: bytes) -> Error | None:
