@@ -20,7 +20,7 @@ from disque_mp import DISQUE_VERSION, __version__
 
 USAGE = """\
 Usage: disque-mp [CONFIG_FILE] [--directive value ...]
-       disque-mp admin queues|peek|requeue|node|cluster ...   (admin --help)
+       disque-mp admin queues|peek|requeue|result|node|cluster ...   (admin --help)
        disque-mp check-aof FILE ...
        disque-mp bench ...
        disque-mp --test-config [CONFIG_FILE] [--directive value ...]

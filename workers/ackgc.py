@@ -27,6 +27,7 @@ from workers.job import (
     union,
 )
 from workers.replies import Status
+from workers.results import Results
 
 # Ack GC retries: first retry after 1 s, doubling, with up to +50 % random error,
 # at most 60 s apart; after gc_attempts_max retries the job is dropped anyway
@@ -47,8 +48,9 @@ gone_ids_max = 100_000
 class AckGc(Events):
     """ACKs, GC attempts of acked jobs and the recently gone job IDs of one shard."""
 
-    def __init__(self, core: Core) -> None:
+    def __init__(self, core: Core, results: Results) -> None:
         self.core = core
+        self.results = results  # the result a SETACK carries (workers/results.py)
         self.tries: dict[str, int] = {}  # acked jobs -> GC attempts made
         self.gone: dict[str, int] = {}  # acked/deleted job IDs -> kept until (ms)
         core.subscribe(self, "after_job_gone")
@@ -82,6 +84,8 @@ class AckGc(Events):
                 continue
             known += 1
             tally.observe_processing(job, now_ms)
+            if job.ext is not None:
+                s.set_now(now_ms)  # the ACK's time (a DEDUP-KEEP counts from it)
             if not fast:
                 self.ack(job, now_ms)
                 continue
@@ -101,6 +105,8 @@ class AckGc(Events):
             # Nobody else may have a copy: the ACK is final, the job goes at once.
             if job.state == QUEUED:
                 s.dequeue(job, now_ms)
+            if job.ext is not None:
+                s.acked(job.id)  # a DEDUP-KEEP key is kept from its ACK (workers/dedup.py)
             s.unregister(job, now_ms)
             return
         if self.ack_cluster(job, now_ms):
@@ -135,8 +141,10 @@ class AckGc(Events):
     def start_gc(self, job: Job, now_ms: int) -> None:
         """START-GC, then arm the next attempt (exponential backoff, random error)."""
         s = self.core
+        value = self.results.value_of(job.id, now_ms) if self.results.values else None
+        carried = [] if value is None else [value]
         if not job.delivered:
-            s.send("*", msg.SETACK, slot_of_job_id(job.id), msg.setack_meta(job.id, 0))
+            s.send("*", msg.SETACK, slot_of_job_id(job.id), msg.setack_meta(job.id, 0), carried)
         else:
             conf = job.confirmed
             me = s.view().node_id
@@ -148,7 +156,12 @@ class AckGc(Events):
                 s.unregister(job, now_ms)
                 self.remember_gone(job.id, now_ms)
                 return
-            s.send_job(todo, msg.SETACK, job, setack_meta(job))
+            if carried:
+                slot = slot_of_job_id(job.id)
+                for n in todo:
+                    s.send(n, msg.SETACK, slot, setack_meta(job), carried)
+            else:
+                s.send_job(todo, msg.SETACK, job, setack_meta(job))
         self.arm_gc(job, now_ms)
 
     def arm_gc(self, job: Job, now_ms: int) -> bool:
@@ -186,6 +199,8 @@ class AckGc(Events):
         may_have = int(meta["m"])
         job = s.job_of(meta)
         slot = slot_of_job_id(jid)
+        if bodies and job is not None and self.results.value_of(jid, now_ms) is None:
+            self.results.store(jid, bytes(bodies[0]), now_ms)  # the result travels with the ACK
         if job is not None and not self.ack_cluster(job, now_ms):
             # We knew it and dropped it at once (GC attempts used up): known.
             s.send(sender, msg.GOTACK, slot, msg.gotack_meta(jid, True))

@@ -561,6 +561,13 @@ class Core(CoreState):
             attr = "_" + name
             setattr(self, attr, (*getattr(self, attr), part))
 
+    def unsubscribe(self, part: Events, *events: str) -> None:
+        """``part`` no longer hears ``events`` (a part that needs them only while it
+        holds something: the per-job path then pays nothing for it)."""
+        for name in events:
+            attr = "_" + name
+            setattr(self, attr, tuple(p for p in getattr(self, attr) if p is not part))
+
     def acked(self, job_id: str) -> None:
         """Tell the subscribers the job was acknowledged here."""
         for sub in self._after_ack:
@@ -679,6 +686,13 @@ class Core(CoreState):
         is on). Every move that changes what a restart must know ends with it."""
         if self._aof:
             self.effects.append(AofAppend(job.to_record()))
+
+    def log_record(self, record: bytes) -> None:
+        """The AOF verb of a record that is no job's (a stored result:
+        workers/results.py), while appendonly is on (the caller checks ``aof_on``
+        before it builds the record)."""
+        if self._aof:
+            self.effects.append(AofAppend(record))
 
     def unregister_quiet(self, job: Job, now_ms: int) -> None:
         """Unregister without an AOF deletion record (the record is not ours to log)."""

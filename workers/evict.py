@@ -4,6 +4,8 @@ The spec ("What happens when a node runs out of memory?", and "Special
 handling of messages with RETRY set to 0"): past 95 % of maxmemory a node
 evicts data whose loss violates no safety guarantee:
 
+- stored results (workers/results.py), first, oldest first: a result is kept for a
+  client that may never ask; losing one costs a RESULT that answers null;
 - acknowledged jobs: an ACK kept here only helps garbage-collect copies on
   other nodes; dropping it early costs at most a late duplicate GC round;
 - at-most-once jobs (RETRY 0) already delivered: they will never be delivered
@@ -78,7 +80,12 @@ def evict_step(
 ) -> tuple[int, int]:
     """One bounded eviction pass; returns (jobs evicted, queues evicted).
 
-    Jobs go through DELJOB, so the AOF records their removal like any other."""
+    Results go first: while some are stored a pass drops only results (up to
+    ``visit_jobs_max``, counted with the jobs). Jobs go through DELJOB, so the AOF
+    records their removal like any other."""
+    results = shard.op_evict_results(visit_jobs_max)
+    if results:
+        return results, 0
     cursor.jobs, ids = select_jobs(shard, cursor.jobs, visit_jobs_max, now_ms)
     jobs = shard.op_deljob(ids, now_ms) if ids else 0
     cursor.queues, names = select_queues(shard, cursor.queues, visit_queues_max)

@@ -137,6 +137,8 @@ dead_reason_bytes_max: Final = 1024
 # ADDJOB ... PRIORITY p: 0 (the default, no field at all) to this, higher delivered
 # first (RabbitMQ's sense); one u8 in the record, one deque per level in use.
 priority_max: Final = 9
+# ADDJOB ... DEDUP-KEEP seconds (a 32-bit record field; config dedup-keep-max is lower)
+dedup_keep_max_s: Final = 10 * 365 * 24 * 3600
 
 US_PER_MS: Final = 1_000
 
@@ -187,19 +189,21 @@ class JobExt:
     in its queue, its deduplication key, why it was dead-lettered, its priority.
     Shared by nothing: each job that has one owns it."""
 
-    __slots__ = ("group", "dedup", "reason", "priority")
+    __slots__ = ("group", "dedup", "reason", "priority", "keep_s")
 
     group: bytes
     dedup: bytes
     reason: bytes
     priority: int  # 0..priority_max, fixed at ADDJOB: the job keeps it wherever it goes
+    keep_s: int  # DEDUP-KEEP: the key answers this long past the job's ACK (0: not)
 
     def __init__(self, group: bytes = b"", dedup: bytes = b"", reason: bytes = b"",
-                 priority: int = 0) -> None:
+                 priority: int = 0, keep_s: int = 0) -> None:
         self.group = group
         self.dedup = dedup
         self.reason = reason
         self.priority = priority
+        self.keep_s = keep_s
 
     def __bool__(self) -> bool:
         return bool(self.group or self.dedup or self.reason or self.priority)
@@ -457,7 +461,9 @@ class Job(Timed):
         without the extensions read); one with MAXDELIVER alone in version 2 (one more
         field); one with GROUP, DEDUP or a dead-letter reason in version 3 (version 2's
         fields, their three lengths, the strings after the body); one with a PRIORITY
-        above 0 in version 4 (version 3's head and the priority, a u8)."""
+        above 0 in version 4 (version 3's head and the priority, a u8); one with a
+        DEDUP-KEEP in version 5 (version 4's head, its priority maybe 0, and the
+        seconds, a u32)."""
         jid = self.id.encode()
         queue = self.queue
         body = self.body
@@ -465,8 +471,7 @@ class Job(Timed):
         flags = self.flags
         maxdeliver = flags >> _MAXDELIVER_SHIFT
         ext = self.ext
-        version = ((RECORD_VERSION_PRIORITY if ext.priority else RECORD_VERSION_EXT)
-                   if ext is not None else
+        version = (_ext_version(ext) if ext is not None else
                    (RECORD_VERSION_MAXDELIVER if maxdeliver else RECORD_VERSION))
         # one bound pack with the fields as arguments (a tuple of them through *args
         # was a generic call); versions 2 and 3 add their fields after version 1's
@@ -476,7 +481,10 @@ class Job(Timed):
                           self.additional_deliveries, self.qtime_ms, len(delivered),
                           len(confirmed), len(jid), len(queue), len(body))
         if ext is not None:
-            if ext.priority:
+            if ext.keep_s:
+                tail = _pack_ext_keep(maxdeliver, len(ext.group), len(ext.dedup),
+                                      len(ext.reason), ext.priority, ext.keep_s)
+            elif ext.priority:
                 tail = _pack_ext_priority(maxdeliver, len(ext.group), len(ext.dedup),
                                           len(ext.reason), ext.priority)
             else:
@@ -518,7 +526,7 @@ class Job(Timed):
         body_len: int
         (version, state, flags, repl, ttl_s, ctime_ns, delay_s, retry_s, nacks, add_deliv,
          qtime_ms, n_deliv, n_conf, id_len, q_len, body_len) = _REC_HEAD.unpack_from(rec)
-        at, maxdeliver, ext_lens, priority = _extended_head(rec, version)
+        at, maxdeliver, ext_lens, priority, keep_s = _extended_head(rec, version)
         if state > ACKED:
             raise ValueError(f"bad job state {state}")
         if ttl_s > ttl_max_s or retry_s > retry_max_s or delay_s > delay_max_s:
@@ -540,7 +548,7 @@ class Job(Timed):
             for ln in ext_lens:
                 strs.append(rec[at : at + ln])
                 at += ln
-            ext = JobExt(strs[0], strs[1], strs[2], priority)
+            ext = JobExt(strs[0], strs[1], strs[2], priority, keep_s)
         nodes: list[str] = []
         for _ in range(n_deliv + n_conf):
             if at + 2 > size:
@@ -572,16 +580,28 @@ RECORD_VERSION_EXT: Final = 3
 # Version 3's fields, then the priority (u8, 1..priority_max): only a job with a
 # PRIORITY above 0 is written so, every other keeps the version it had.
 RECORD_VERSION_PRIORITY: Final = 4
+# Version 4's fields (the priority may be 0), then DEDUP-KEEP seconds (u32,
+# 1..dedup_keep_max_s): only a job added with DEDUP-KEEP is written so.
+RECORD_VERSION_KEEP: Final = 5
 # A deletion record (AOF): this tag, never a job record version, then the job ID.
 DEL_RECORD_TAG: Final = 0x80
+# A stored result (AOF, workers/results.py): this tag, the expire ms (u64), the job
+# ID (40 bytes), the value.
+RESULT_RECORD_TAG: Final = 0x82
+# A DEDUP key kept past its job's ACK (DEDUP-KEEP, workers/dedup.py): this tag, the
+# ms it is kept until (u64), the job ID (40 bytes), the queue's length (u16), the
+# queue, the key.
+KEPT_KEY_RECORD_TAG: Final = 0x83
 # version, state, flags, repl, ttl_s, ctime_ns, delay_s, retry_s, nacks, additional
 # deliveries, qtime_ms, #delivered, #confirmed, len(id), len(queue), len(body)
 _REC_HEAD: Final = struct.Struct(">BBBHQQQQQQQHHHII")
 _REC_HEAD_V2: Final = struct.Struct(">BBBHQQQQQQQHHHIIH")
 _REC_HEAD_V3: Final = struct.Struct(">BBBHQQQQQQQHHHIIHHHH")
 _REC_HEAD_V4: Final = struct.Struct(">BBBHQQQQQQQHHHIIHHHHB")
+_REC_HEAD_V5: Final = struct.Struct(">BBBHQQQQQQQHHHIIHHHHBI")
 _HEADS: Final = {RECORD_VERSION: _REC_HEAD, RECORD_VERSION_MAXDELIVER: _REC_HEAD_V2,
-                 RECORD_VERSION_EXT: _REC_HEAD_V3, RECORD_VERSION_PRIORITY: _REC_HEAD_V4}
+                 RECORD_VERSION_EXT: _REC_HEAD_V3, RECORD_VERSION_PRIORITY: _REC_HEAD_V4,
+                 RECORD_VERSION_KEEP: _REC_HEAD_V5}
 _NODE_LEN: Final = struct.Struct(">H")
 # Bound once: big-endian packs have no padding, so version 2's head is version 1's
 # and a u16, version 3's version 1's and four u16 (maxdeliver, then the lengths of
@@ -590,6 +610,14 @@ _pack_head: Final = _REC_HEAD.pack
 _pack_u16: Final = _NODE_LEN.pack
 _pack_ext: Final = struct.Struct(">HHHH").pack
 _pack_ext_priority: Final = struct.Struct(">HHHHB").pack
+_pack_ext_keep: Final = struct.Struct(">HHHHBI").pack
+
+
+def _ext_version(ext: JobExt) -> int:
+    """The record version of a job with extension fields (3, 4 or 5)."""
+    if ext.keep_s:
+        return RECORD_VERSION_KEEP
+    return RECORD_VERSION_PRIORITY if ext.priority else RECORD_VERSION_EXT
 
 
 def _append_node(parts: list[bytes], node: str) -> None:
@@ -598,25 +626,24 @@ def _append_node(parts: list[bytes], node: str) -> None:
     parts.append(raw)
 
 
-def _extended_head(rec: bytes, version: int) -> tuple[int, int, tuple[int, int, int], int]:
+def _extended_head(rec: bytes,
+                   version: int) -> tuple[int, int, tuple[int, int, int], int, int]:
     """Where a record's strings start, its MAXDELIVER (0: none), the lengths of its
-    GROUP, DEDUP and reason and its priority, from the head its version has."""
+    GROUP, DEDUP and reason, its priority and its DEDUP-KEEP, from the head its
+    version has."""
     if version == RECORD_VERSION:
-        return _REC_HEAD.size, 0, (0, 0, 0), 0
+        return _REC_HEAD.size, 0, (0, 0, 0), 0, 0
     if version == RECORD_VERSION_MAXDELIVER:
         if len(rec) < _REC_HEAD_V2.size:
             raise ValueError("job record too short")
         maxdeliver = _REC_HEAD_V2.unpack_from(rec)[-1]
         if not 1 <= maxdeliver <= maxdeliver_max:
             raise ValueError("job record MAXDELIVER out of range")
-        return _REC_HEAD_V2.size, maxdeliver, (0, 0, 0), 0
-    priority = 0
-    if version == RECORD_VERSION_PRIORITY:
-        if len(rec) < _REC_HEAD_V4.size:
-            raise ValueError("job record too short")
-        priority = rec[_REC_HEAD_V4.size - 1]
-        if not 1 <= priority <= priority_max:
-            raise ValueError("job record PRIORITY out of range")
+        return _REC_HEAD_V2.size, maxdeliver, (0, 0, 0), 0, 0
+    priority = keep_s = 0
+    at = _REC_HEAD_V3.size
+    if version == RECORD_VERSION_PRIORITY or version == RECORD_VERSION_KEEP:
+        priority, keep_s, at = _priority_and_keep(rec, version)
     elif version != RECORD_VERSION_EXT:
         raise ValueError(f"unsupported job record version {version}")
     if len(rec) < _REC_HEAD_V3.size:
@@ -627,8 +654,26 @@ def _extended_head(rec: bytes, version: int) -> tuple[int, int, tuple[int, int, 
     if group_len > group_bytes_max or dedup_len > dedup_bytes_max \
             or reason_len > dead_reason_bytes_max:
         raise ValueError("job record GROUP, DEDUP or reason too long")
-    at = _REC_HEAD_V4.size if priority else _REC_HEAD_V3.size
-    return at, maxdeliver, (group_len, dedup_len, reason_len), priority
+    return at, maxdeliver, (group_len, dedup_len, reason_len), priority, keep_s
+
+
+def _priority_and_keep(rec: bytes, version: int) -> tuple[int, int, int]:
+    """A version 4 or 5 record's priority, DEDUP-KEEP (0 in version 4) and where its
+    strings start."""
+    head = _REC_HEAD_V5 if version == RECORD_VERSION_KEEP else _REC_HEAD_V4
+    if len(rec) < head.size:
+        raise ValueError("job record too short")
+    priority = rec[_REC_HEAD_V4.size - 1]
+    if version == RECORD_VERSION_PRIORITY and not 1 <= priority <= priority_max:
+        raise ValueError("job record PRIORITY out of range")
+    if priority > priority_max:
+        raise ValueError("job record PRIORITY out of range")
+    keep_s = 0
+    if version == RECORD_VERSION_KEEP:
+        keep_s = int.from_bytes(rec[_REC_HEAD_V4.size:head.size], "big")
+        if not 0 < keep_s <= dedup_keep_max_s:
+            raise ValueError("job record DEDUP-KEEP out of range")
+    return priority, keep_s, head.size
 
 
 def del_record(job_id: str) -> bytes:
@@ -641,6 +686,10 @@ def job_id_of_record(rec: bytes) -> str:
     Raises ``ValueError`` when it is neither form."""
     if rec[:1] == bytes((DEL_RECORD_TAG,)):
         return rec[1:].decode("ascii", "strict") if len(rec) > 1 else _bad("empty deletion record")
+    if rec[:1] == bytes((RESULT_RECORD_TAG,)) or rec[:1] == bytes((KEPT_KEY_RECORD_TAG,)):
+        if len(rec) < 9 + 40:
+            return _bad("result or kept key record truncated")
+        return rec[9:49].decode("ascii", "strict")  # after the tag and the expire time
     head = _HEADS.get(rec[0]) if rec else None
     if head is None or len(rec) < head.size:
         return _bad("not a job record")

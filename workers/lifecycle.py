@@ -38,6 +38,7 @@ from workers.job import (
 )
 from workers.queue import PAUSED_IN, Fed, Queue
 from workers.replication import Replication
+from workers.results import Results, ResultWait, Sweep
 
 # Bound on timer targets handled by one tick(): a tick never stalls the event
 # loop for long (about 10 ms of work); the rest is due again immediately.
@@ -48,8 +49,9 @@ class Lifecycle:
     """The shard's timers firing, and the requeue commands."""
 
     def __init__(self, core: Core, repl: Replication, gc: AckGc, fed: Federation,
-                 ext: Extensions) -> None:
+                 ext: Extensions, results: Results) -> None:
         self.core = core
+        self.results = results
         self.repl = repl
         self.gc = gc
         self.fed = fed
@@ -70,6 +72,10 @@ class Lifecycle:
                 c.fire_queue(t, now_ms)
             elif type(t) is Gather:
                 self.ext.fire_gather(t, now_ms)
+            elif type(t) is ResultWait:
+                self.results.fire_wait(t, now_ms)
+            elif type(t) is Sweep:
+                self.results.fire_sweep(now_ms)
             else:
                 self.fed.fire_fed(cast(Fed, t), now_ms)
         return c.next_deadline(now_ms)

@@ -27,7 +27,7 @@ QUEUED     {"j": id[, "f": 2|4 (increment nacks|deliveries)]
             [, "w": ms (NACK DELAY), "dl": 1 (moved to dead:<queue>)
             [, "why": reason], "rd": 1 (moved back by REDRIVE)]}
 WORKING    {"j": id}
-SETACK     {"j": id, "m": may-have[, "d": [node, ...]]}
+SETACK     {"j": id, "m": may-have[, "d": [node, ...]]}           [[result value]]
 GOTACK     {"j": id, "k": 0|1 (known)}
 DELJOB     {"j": id}
 NEEDJOBS   {"c": count}                                         [queue name]
@@ -38,8 +38,14 @@ QLENASK    {"r": request}                                       [queue name]
 QLENIS     {"r": request, "n": queued jobs}
 DELQ       {"r": request}                                       [queue name]
 DELQDONE   {"r": request}                                       [40-byte IDs, joined]
+RESULTASK  {"j": id, "r": request}
+RESULTIS   {"j": id, "r": request, "s": 0|1|2 (none|value|progress)} [[value]]
 =========  ===================================================  ====================
 
+SETACK's optional body is the job's result (``ACKJOB id RESULT value``,
+workers/results.py): a node that does not send it is still understood, and a node
+that gets none stores none. RESULTASK / RESULTIS are RESULT's question to the other
+nodes for a job this node does not hold, and their answers (workers/results.py).
 QLENASK ... DELQDONE are the extensions' (GLOBALQLEN, DELQUEUE: workers/extensions.py);
 a request goes to the queue's slot on every reachable node and the answer to the
 same slot here, the worker that asked. A kind this catalogue does not know (a
@@ -166,9 +172,11 @@ def _reason(value: Any) -> bool:
 
 
 def _setack(slot: int, meta: dict[str, Any], bodies: list[bytes]) -> str | None:
-    err = _about_job(slot, meta, bodies)
+    err = _about_job(slot, meta, [])
     if err is not None:
         return err
+    if len(bodies) > 1 or (bodies and len(bodies[0]) > result_value_bytes_max):
+        return "bad SETACK result"
     if not _int(meta.get("m"), 0, u32_max):
         return "bad SETACK count"
     # the sender's node list (optional: the spec sends a count)
@@ -235,6 +243,32 @@ def _delqdone(slot: int, meta: dict[str, Any], bodies: list[bytes]) -> str | Non
     return None
 
 
+def _resultask(slot: int, meta: dict[str, Any], bodies: list[bytes]) -> str | None:
+    err = _about_job(slot, meta, bodies)
+    if err is None and not _int(meta.get("r"), 0, request_id_max):
+        return "bad RESULTASK request"
+    return err
+
+
+def _resultis(slot: int, meta: dict[str, Any], bodies: list[bytes]) -> str | None:
+    err = _about_job(slot, meta, [])
+    if err is not None:
+        return err
+    if not (_int(meta.get("r"), 0, request_id_max) and _int(meta.get("s"), 0, 2)):
+        return "bad RESULTIS fields"
+    want = 0 if meta["s"] == RESULT_NONE else 1
+    if len(bodies) != want or (bodies and len(bodies[0]) > result_value_bytes_max):
+        return "bad RESULTIS value"
+    return None
+
+
+# A result or progress value on the bus: at most this (config result-bytes-max and
+# progress-bytes-max are checked by the node that took the value; this bounds a frame).
+result_value_bytes_max: Final = 64 << 20
+RESULT_NONE: Final = 0
+RESULT_VALUE: Final = 1
+RESULT_PROGRESS: Final = 2
+
 REPLJOB: Final = "REPLJOB"
 GOTJOB: Final = "GOTJOB"
 ENQUEUE: Final = "ENQUEUE"
@@ -252,6 +286,8 @@ QLENASK: Final = "QLENASK"
 QLENIS: Final = "QLENIS"
 DELQ: Final = "DELQ"
 DELQDONE: Final = "DELQDONE"
+RESULTASK: Final = "RESULTASK"
+RESULTIS: Final = "RESULTIS"
 
 _JOB: Final = '{"j": id}'
 KINDS: Final = (
@@ -262,7 +298,7 @@ KINDS: Final = (
     Kind(QUEUED, '{"j": id[, "f": incr][, "w": ms][, "dl": 1[, "why": text]][, "rd": 1]}',
          "", _queued),
     Kind(WORKING, _JOB, "", _about_job),
-    Kind(SETACK, '{"j": id, "m": may-have[, "d": [node, ...]]}', "", _setack),
+    Kind(SETACK, '{"j": id, "m": may-have[, "d": [node, ...]]}', "[[result]]", _setack),
     Kind(GOTACK, '{"j": id, "k": 0|1}', "", _gotack),
     Kind(DELJOB, _JOB, "", _about_job),
     Kind(NEEDJOBS, '{"c": count}', "[queue name]", _needjobs),
@@ -273,6 +309,8 @@ KINDS: Final = (
     Kind(QLENIS, '{"r": request, "n": queued jobs}', "", _qlenis),
     Kind(DELQ, '{"r": request}', "[queue name]", _request),
     Kind(DELQDONE, '{"r": request}', "[40-byte job IDs, joined]", _delqdone),
+    Kind(RESULTASK, '{"j": id, "r": request}', "", _resultask),
+    Kind(RESULTIS, '{"j": id, "r": request, "s": 0|1|2}', "[[value]]", _resultis),
 )
 CATALOGUE: Final = {k.name: k for k in KINDS}
 
@@ -362,3 +400,14 @@ def request_meta(request: int) -> dict[str, Any]:
 def qlenis_meta(request: int, queued: int) -> dict[str, Any]:
     """QLENIS: the request answered and the jobs queued here."""
     return {"r": request, "n": queued}
+
+
+def resultask_meta(job_id: str, request: int) -> dict[str, Any]:
+    """RESULTASK: the job whose result the asker wants, and its request number."""
+    return {"j": job_id, "r": request}
+
+
+def resultis_meta(job_id: str, request: int, kind: int) -> dict[str, Any]:
+    """RESULTIS: the answer (RESULT_NONE, RESULT_VALUE or RESULT_PROGRESS: the value is
+    the body)."""
+    return {"j": job_id, "r": request, "s": kind}

@@ -7,19 +7,25 @@ from __future__ import annotations
 from typing import Final
 
 from workers.core import Core
+from workers.dedup import Dedup
 from workers.ids import slot_of, slot_of_valid_id
 from workers.job import (
     ACKED,
     DEL_RECORD_TAG,
+    KEPT_KEY_RECORD_TAG,
     QUEUED,
+    RESULT_RECORD_TAG,
     Job,
     job_id_of_record,
     node_id_bytes_max,
 )
 from workers.limit import LIMIT_RECORD_TAG, parse_limit_record
+from workers.results import Results, parse_result_record
 
 _DEL_TAG = bytes((DEL_RECORD_TAG,))
 _LIMIT_TAG = bytes((LIMIT_RECORD_TAG,))
+_RESULT_TAG = bytes((RESULT_RECORD_TAG,))
+_KEPT_TAG = bytes((KEPT_KEY_RECORD_TAG,))
 # A loaded job's creation time may be ahead of our clock by the other nodes' clock
 # skew; past this it does not move the creation time of the jobs made here after it
 # (their queue order and TTL would follow a clock that lies).
@@ -61,9 +67,12 @@ def lie_of(job: Job) -> str | None:
     return None
 
 
-def load_record(s: Core, record: bytes, enqueue: bool, now_ms: int) -> None:
+def load_record(s: Core, record: bytes, enqueue: bool, now_ms: int,
+                results: Results | None = None, dedup: Dedup | None = None) -> None:
     """Replay one AOF record: a job record registers or replaces its job, a
-    deletion record removes it, a limit record sets a queue's limits. Raises ``ValueError`` on a malformed record.
+    deletion record removes it, a limit record sets a queue's limits, a result record
+    stores the result again (until its expire time: one past it stores nothing), a kept
+    key record keeps a DEDUP key. Raises ``ValueError`` on a malformed record.
     Emits nothing (the record is already in a file). A record that lies
     (``check_loaded``) is refused before it changes anything.
 
@@ -80,6 +89,17 @@ def load_record(s: Core, record: bytes, enqueue: bool, now_ms: int) -> None:
     if record[:1] == _LIMIT_TAG:  # a queue's QLIMIT limits (workers/limits.py)
         queue, active, rate, group_active = parse_limit_record(record)
         s.set_limit(queue, active, rate, group_active, now_ms, log=False)
+        return
+    if record[:1] == _RESULT_TAG:
+        if results is not None:
+            job_id, value, expire_ms = parse_result_record(record)
+            if slot_of_valid_id(job_id.encode()) < 0:
+                raise ValueError(f"bad job ID {job_id!r} in a result record")
+            results.store(job_id, value, now_ms, expire_ms, log=False)
+        return
+    if record[:1] == _KEPT_TAG:
+        if dedup is not None:
+            dedup.load_kept(record, now_ms)
         return
     job = Job.from_record(record)
     lie = lie_of(job)

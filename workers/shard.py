@@ -21,6 +21,8 @@ each in its own file:
 - ``dedup`` (workers/dedup.py): the DEDUP keys the jobs hold (idempotent adds);
 - ``limits`` (workers/limits.py): QLIMIT, its broadcast and records (the core
   applies the limits: ``Core.take_limited``);
+- ``results`` (workers/results.py): the results of acknowledged jobs (ACKJOB ...
+  RESULT), progress (WORKING ... PROGRESS) and the RESULT commands waiting;
 - read-only views (workers/views.py) and AOF loading (workers/persistence.py)
   are functions over the core.
 
@@ -76,6 +78,7 @@ from workers.replies import (
     Error,
     Status,
 )
+from workers.results import ERR_PROGRESS_SIZE_FMT, ERR_RESULT_SIZE_FMT, Results, result_record
 from workers.views import groups_full, jscan, metrics, qgroups, qpeek, qscan, qstat, show
 
 __all__ = ["Shard", "latency_bounds_ms"]  # latency_bounds_ms: the /metrics histogram bounds
@@ -144,11 +147,12 @@ class Shard:
         self.workers = workers
         self.core = c = Core(node_id, index, seed, rng, now_ms, queue_idle_ms, cells, workers)
         # The parts hear the core's events they subscribe to (workers/core.py's Events).
-        self.gc = AckGc(c)  # ACKs, SETACK / GOTACK / DELJOB, dummy ACKs, gone IDs
+        self.results = Results(c)  # ACKJOB ... RESULT, WORKING ... PROGRESS, RESULT
+        self.gc = AckGc(c, self.results)  # ACKs, SETACK / GOTACK / DELJOB, dummy ACKs, gone IDs
         self.ext = Extensions(c, self.gc)  # NACK DELAY, MAXDELIVER, WAITJOB, ...
         self.fed = Federation(c, self.gc)  # NEEDJOBS / YOURJOBS
         self.repl = Replication(c, self.gc, self.ext)  # REPLJOB ... WORKING
-        self.life = Lifecycle(c, self.repl, self.gc, self.fed, self.ext)
+        self.life = Lifecycle(c, self.repl, self.gc, self.fed, self.ext, self.results)
         self.pause = Pause(c)
         self.dedup = Dedup(c, dedup_keys_max)  # ADDJOB ... DEDUP: the keys held
         self.limits = Limits(c)  # QLIMIT
@@ -170,6 +174,7 @@ class Shard:
             msg.PAUSE: self.pause.on_pause, msg.QLIMIT: self.limits.on_qlimit,
             msg.QLENASK: ext.on_qlenask, msg.QLENIS: ext.on_qlenis,
             msg.DELQ: ext.on_delq, msg.DELQDONE: ext.on_delqdone,
+            msg.RESULTASK: self.results.on_resultask, msg.RESULTIS: self.results.on_resultis,
         }
 
     # ------------------------------------------------------------------ plumbing
@@ -275,7 +280,7 @@ class Shard:
         if delay_s >= ttl_s:
             return ERR_DELAY_TTL
         if ext is not None and ext.dedup:
-            held = self.dedup.held(queue, ext.dedup)
+            held = self.dedup.held(queue, ext.dedup, now_ms)
             if held is not None:
                 return Status(held)  # nothing added (even where it would wait for copies)
         if retry_s is None:
@@ -485,19 +490,47 @@ class Shard:
                 done += 1
         return done
 
-    def op_working(self, job_id: str, now_ms: int) -> Any:
+    def op_working(self, job_id: str, now_ms: int, progress: bytes | None = None) -> Any:
+        """WORKING [PROGRESS value]: ``progress`` is recorded once the job is postponed
+        (workers/results.py); SHOW and RESULT show it."""
+        if progress is not None and len(progress) > self.results.progress_bytes_max:
+            return Error(ERR_PROGRESS_SIZE_FMT.format(self.results.progress_bytes_max))
         job = self.core.lookup(job_id)
         if job is None or job.state == ACKED:
             return ERR_NOJOB
         if (now_ms - job.ctime_us // US_PER_MS) > job.ttl_s * 1000 // 2:
             return ERR_TOOLATE
-        return self.core.working(job, now_ms)
+        reply = self.core.working(job, now_ms)
+        if progress is not None:
+            self.results.set_progress(job_id, progress)
+        return reply
+
+    def op_ack_result(self, job_id: str, value: bytes, now_ms: int) -> int | Error:
+        """ACKJOB id RESULT value: the result is stored (and travels with the ACK's
+        SETACK to the other holders), then the job is acknowledged as by ACKJOB. A job
+        unknown here on a node alone stores nothing (ACKJOB's 0: nobody holds it); a
+        job with a result already keeps it (a task run twice keeps its first result)."""
+        if len(value) > self.results.value_bytes_max:
+            return Error(ERR_RESULT_SIZE_FMT.format(self.results.value_bytes_max))
+        if self.core.lookup(job_id) is None and not self.core.view().known:
+            return 0
+        if self.results.value_of(job_id, now_ms) is None:  # the first result stays
+            self.results.store(job_id, value, now_ms)
+        return self.gc.acks([job_id], now_ms, False)
+
+    def op_result(self, token: int, job_id: str, timeout_ms: int | None, now_ms: int) -> Any:
+        """RESULT id [TIMEOUT ms] (workers/results.py)."""
+        return self.results.op_result(token, job_id, timeout_ms, now_ms)
 
     # ------------------------------------------------------------------ views, queues
 
     def op_show(self, job_id: str, now_ms: int) -> Any:
         job = self.core.lookup(job_id)
-        return None if job is None else show(job, now_ms)
+        if job is None:
+            return None
+        reply = show(job, now_ms)
+        progress = self.results.progress_of(job_id)
+        return reply if progress is None else reply + [b"progress", progress]
 
     def op_qlen(self, queue: bytes) -> int:
         return self.core.qlen(queue)
@@ -604,7 +637,7 @@ class Shard:
 
     def load_record(self, record: bytes, enqueue: bool, now_ms: int) -> None:
         """Replay one AOF record (workers/persistence.py)."""
-        load_record(self.core, record, enqueue, now_ms)
+        load_record(self.core, record, enqueue, now_ms, self.results, self.dedup)
 
     def op_flushall(self, keep_waiters: bool = True) -> None:
         """DEBUG FLUSHALL: forget every job and queue. Blocked clients stay blocked
@@ -622,6 +655,7 @@ class Shard:
         self.gc.reset()
         self.fed.reset()
         self.dedup.reset()
+        self.results.reset()
         for w in waiters:
             c.block(w, c.now_ms())
 
@@ -642,6 +676,44 @@ class Shard:
         d = self.dedup
         return {"dedup_keys": d.count(), "dedup_hits": d.hits,
                 "dedup_keys_forgotten": d.forgotten}
+
+    def configure_results(self, cfg: Any) -> None:
+        """config result-ttl, result-bytes-max, result-store-bytes-max,
+        progress-bytes-max, dedup-keep-max (``cfg``: the node's Config, read only)."""
+        r = self.results
+        r.ttl_s = int(cfg.result_ttl)
+        r.value_bytes_max = int(cfg.result_bytes_max)
+        r.store_bytes_max = int(cfg.result_store_bytes_max)
+        r.progress_bytes_max = int(cfg.progress_bytes_max)
+        self.dedup.keep_max_s = int(cfg.dedup_keep_max)
+
+    def results_info(self) -> dict[str, int]:
+        """INFO's result figures (workers/results.py)."""
+        return {**self.results.info(), "dedup_keys_kept": len(self.dedup.kept)}
+
+    @property
+    def extra_bytes(self) -> int:
+        """What the results, progress values and kept DEDUP keys cost (the memory
+        estimate adds it to the jobs')."""
+        return self.results.held_bytes + self.dedup.kept_bytes
+
+    def result_keys(self) -> list[str]:
+        """The stored results and kept DEDUP keys, as the AOF rewrite lists them
+        (``r:<job id>``, ``k:<job id>``)."""
+        return ["r:" + jid for jid in self.results.values] + [
+            "k:" + jid for jid in self.dedup.kept_by_job]
+
+    def result_record_of(self, key: str) -> bytes | None:
+        """The AOF record of an entry ``result_keys`` listed (None: gone since)."""
+        job_id = key[2:]
+        if key[:2] == "k:":
+            return self.dedup.kept_record_of(job_id)
+        got = self.results.values.get(job_id)
+        return None if got is None else result_record(job_id, got[0], got[1])
+
+    def op_evict_results(self, count: int) -> int:
+        """Memory pressure: the oldest results go first (workers/evict.py)."""
+        return self.results.evict(count)
 
     def set_dedup_keys_max(self, n: int) -> None:
         """config dedup-keys-max (workers/dedup.py)."""

@@ -292,8 +292,9 @@ class AsyncDisque(core.ClientSettings[aredis.Redis]):
             with self.topology.trying_only(target):
                 await self._connect(None)
 
-    async def ack(self, *ids: _IdArgs) -> int:
-        return int(await self.execute("ACKJOB", *core.job_ids_of(ids)))
+    async def ack(self, *ids: _IdArgs, result: bytes | str | None = None) -> int:
+        """ACKJOB; ``result`` (disque-mp extension, one job): kept as the job's result."""
+        return int(await self.execute(*core.ack_args(core.job_ids_of(ids), result)))
 
     async def fast_ack(self, *ids: _IdArgs) -> int:
         return int(await self.execute("FASTACK", *core.job_ids_of(ids)))
@@ -311,8 +312,15 @@ class AsyncDisque(core.ClientSettings[aredis.Redis]):
     async def del_job(self, *ids: _IdArgs) -> int:
         return int(await self.execute("DELJOB", *core.job_ids_of(ids)))
 
-    async def working(self, job: str | Job) -> int:
-        return int(await self.execute("WORKING", core.job_ids_of((job,))[0]))
+    async def working(self, job: str | Job, progress: bytes | str | None = None) -> int:
+        """WORKING; ``progress`` (disque-mp extension): recorded with it."""
+        return int(await self.execute(*core.working_args(core.job_ids_of((job,))[0], progress)))
+
+    async def result(self, job: str | Job,
+                     timeout_ms: int | None = None) -> bytes | core.Progress | None:
+        """RESULT (disque-mp extension): as ``Disque.result``."""
+        return core.parse_result(await self.execute(
+            *core.result_args(core.job_ids_of((job,))[0], timeout_ms)))
 
     async def show(self, job: str | Job) -> dict[str, Any] | None:
         return core.parse_pairs(await self.execute("SHOW", core.job_ids_of((job,))[0]))

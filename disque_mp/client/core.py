@@ -35,7 +35,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypedDict, TypeVar, Unpack, cast
+from typing import Any, Generic, NamedTuple, Protocol, TypedDict, TypeVar, Unpack, cast
 
 from workers.ids import is_valid_job_id, owner_of_job_id, owner_of_queue
 from workers.job import dedup_bytes_max
@@ -325,6 +325,9 @@ class AddJobOptions(TypedDict, total=False):
     maxdeliver: int | None
     dedup: str | bytes | None
     group: str | bytes | None  # fair tenants: GETJOB serves a queue's groups in rotation
+    # with ``dedup``: the key keeps answering this job's ID this many seconds after
+    # its ACK (DEDUP-KEEP), so a re-send just after the ACK adds nothing either
+    dedup_keep: int | None
     priority: int | None  # 0..9, higher delivered first (PRIORITY; 0 or None: not sent)
 
 
@@ -346,6 +349,9 @@ def addjob_args(queue: str | bytes, body: bytes | str, timeout_ms: int = 0,
     dedup = options.get("dedup")
     if dedup is not None:
         args += ["DEDUP", dedup]
+    keep = options.get("dedup_keep")
+    if keep is not None:
+        args += ["DEDUP-KEEP", int(keep)]
     group = options.get("group")
     if group is not None:
         args += ["GROUP", group]
@@ -405,6 +411,41 @@ def parse_limits(reply: Any) -> dict[str, int]:
 def nack_args(ids: list[str], delay: int | None) -> list[Any]:
     """NACK, with disque-mp's DELAY extension (seconds) when ``delay`` is given."""
     return ["NACK", *ids, *(["DELAY", int(delay)] if delay is not None else [])]
+
+
+class Progress(NamedTuple):
+    """RESULT of a job still pending that reported progress (WORKING ... PROGRESS):
+    the last value it reported (disque-mp's ``["progress", value]`` reply)."""
+
+    value: bytes
+
+
+def ack_args(ids: list[str], result: bytes | str | None) -> list[Any]:
+    """ACKJOB, with disque-mp's RESULT extension (one job) when ``result`` is given."""
+    if result is None:
+        return ["ACKJOB", *ids]
+    if len(ids) != 1:
+        raise ValueError("ack(..., result=) takes exactly one job")
+    return ["ACKJOB", ids[0], "RESULT", result]
+
+
+def working_args(job_id: str, progress: bytes | str | None) -> list[Any]:
+    """WORKING, with disque-mp's PROGRESS extension when ``progress`` is given."""
+    return ["WORKING", job_id, *(["PROGRESS", progress] if progress is not None else [])]
+
+
+def result_args(job_id: str, timeout_ms: int | None) -> list[Any]:
+    """RESULT (disque-mp extension); ``timeout_ms`` None answers at once, 0 waits until
+    the job is done, n waits at most n ms for a pending job."""
+    return ["RESULT", job_id, *(["TIMEOUT", int(timeout_ms)] if timeout_ms is not None else [])]
+
+
+def parse_result(reply: Any) -> bytes | Progress | None:
+    """RESULT's reply: the value (bytes), ``Progress(value)`` for a pending job that
+    reported progress, or None (no result, a job long gone)."""
+    if isinstance(reply, list):
+        return Progress(_bytes(reply[1])) if len(reply) == 2 else None
+    return None if reply is None else _bytes(reply)
 
 
 def waitjob_args(ids: list[str], timeout_ms: int | None) -> list[Any]:

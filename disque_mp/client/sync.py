@@ -21,7 +21,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from disque_mp.client import core
-from disque_mp.client.core import DisqueError, Hello, Job
+from disque_mp.client.core import DisqueError, Hello, Job, Progress
 
 log = logging.getLogger("disque_mp.client")
 
@@ -332,8 +332,10 @@ class Disque(core.ClientSettings[redis.Redis]):
         with self._lock, self.topology.trying_only(target):
             self.connect()
 
-    def ack(self, *ids: str | Job | Iterable[str | Job]) -> int:
-        return int(self.execute("ACKJOB", *core.job_ids_of(ids)))
+    def ack(self, *ids: str | Job | Iterable[str | Job], result: bytes | str | None = None) -> int:
+        """ACKJOB; ``result`` (disque-mp extension, one job): kept as the job's result
+        for ``result()`` on any node (config result-ttl)."""
+        return int(self.execute(*core.ack_args(core.job_ids_of(ids), result)))
 
     def fast_ack(self, *ids: str | Job | Iterable[str | Job]) -> int:
         return int(self.execute("FASTACK", *core.job_ids_of(ids)))
@@ -351,9 +353,17 @@ class Disque(core.ClientSettings[redis.Redis]):
     def del_job(self, *ids: str | Job | Iterable[str | Job]) -> int:
         return int(self.execute("DELJOB", *core.job_ids_of(ids)))
 
-    def working(self, job: str | Job) -> int:
-        """WORKING; returns the seconds the next delivery was postponed by (the retry)."""
-        return int(self.execute("WORKING", core.job_ids_of((job,))[0]))
+    def working(self, job: str | Job, progress: bytes | str | None = None) -> int:
+        """WORKING; returns the seconds the next delivery was postponed by (the retry).
+        ``progress`` (disque-mp extension): recorded, shown by SHOW and ``result()``."""
+        return int(self.execute(*core.working_args(core.job_ids_of((job,))[0], progress)))
+
+    def result(self, job: str | Job, timeout_ms: int | None = None) -> bytes | Progress | None:
+        """RESULT (disque-mp extension): the job's result (bytes), ``Progress(value)``
+        while it is pending with progress, None. ``timeout_ms``: wait for a pending
+        job (0: until it is done); the socket timeout must exceed the wait."""
+        return core.parse_result(self.execute(*core.result_args(core.job_ids_of((job,))[0],
+                                                                timeout_ms)))
 
     def show(self, job: str | Job) -> dict[str, Any] | None:
         """SHOW as a dict (None for an unknown job); ``body`` stays bytes."""

@@ -73,13 +73,17 @@ class ShardAdapter:
         self.shard.load_record(record, enqueue, now_ms)
 
     def job_ids(self) -> list[str]:
-        return [j.id for j in self.shard.jobs()]
+        """The jobs, then the stored results and kept DEDUP keys (``r:<id>``,
+        ``k:<id>``: ``record_of`` tells them apart)."""
+        return [j.id for j in self.shard.jobs()] + self.shard.result_keys()
 
     def settings_records(self) -> list[bytes]:
         """The records that are not jobs' (QLIMIT's limits): a new file starts with them."""
         return self.shard.limit_records()
 
     def record_of(self, job_id: str) -> bytes | None:
+        if job_id[:2] in ("r:", "k:"):
+            return self.shard.result_record_of(job_id)
         job = self.shard.lookup(job_id)
         return None if job is None else job.to_record()
 

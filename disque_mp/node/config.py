@@ -236,6 +236,16 @@ class Config:
     # limits one worker holds (their limits outlive the queue, so they are bounded)
     qlimit_value_max: int = 1_000_000
     qlimit_queues_max: int = 100_000
+    # ACKJOB ... RESULT / RESULT (workers/results.py, docs/extensions.md, "Results"):
+    # how long a result is kept (s), one value's bytes (refused past it), the bytes of
+    # every result one worker keeps (the oldest dropped past it; also counted in
+    # maxmemory and evicted first), one WORKING ... PROGRESS value's bytes
+    result_ttl: int = 3600
+    result_bytes_max: int = 1 << 20
+    result_store_bytes_max: int = 256 << 20
+    progress_bytes_max: int = 4096
+    # ADDJOB ... DEDUP-KEEP seconds: the longest a key is kept past its job's ACK
+    dedup_keep_max: int = 7 * 24 * 3600
 
 
 class ConfigValueError(ValueError):
@@ -474,6 +484,17 @@ DIRECTIVES: tuple[Directive, ...] = (
        "qlimit-value-max must be between 1 and 1000000000", lo=1, hi=1_000_000_000),
     _d("qlimit-queues-max", "int", True,
        "qlimit-queues-max must be between 1 and 10000000", lo=1, hi=10_000_000),
+    # ours: results, progress, dedup that remembers (docs/extensions.md)
+    _d("result-ttl", "int", True, "result-ttl must be between 1 and 31536000",
+       lo=1, hi=365 * 24 * 3600),
+    _d("result-bytes-max", "int", True, "result-bytes-max must be between 1 and 67108864",
+       lo=1, hi=64 << 20),
+    _d("result-store-bytes-max", "int", True,
+       "result-store-bytes-max must be between 1 and 1099511627776", lo=1, hi=1 << 40),
+    _d("progress-bytes-max", "int", True, "progress-bytes-max must be between 1 and 67108864",
+       lo=1, hi=64 << 20),
+    _d("dedup-keep-max", "int", True, "dedup-keep-max must be between 1 and 315360000",
+       lo=1, hi=10 * 365 * 24 * 3600),
 )
 BY_NAME: dict[str, Directive] = {d.name: d for d in DIRECTIVES}
 # Names Redis users know for our limit directives (same field, same units).

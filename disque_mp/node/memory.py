@@ -221,7 +221,7 @@ class Monitor:
         """This worker's estimate: O(1), from the counts the shard keeps."""
         c = self.w.shard.core
         return (shard_used_bytes(c.job_count(), c.body_bytes_held(), c.queue_count())
-                + c.lane_count() * lane_overhead_bytes)
+                + c.lane_count() * lane_overhead_bytes + self.w.shard.extra_bytes)
 
     def sample(self) -> None:
         try:

@@ -350,10 +350,20 @@ class Router(CommandPath):
             ids, word, value = cmd_jobs.split_tail(ids, words)
             if word is not None and value is not None:
                 tail = [word, value]
+        if len(ids) > 1:
+            one = cmd_jobs.one_id_error(cmd[0].lower(), tail)
+            if one is not None:
+                return one  # RESULT, ACKJOB ... RESULT: never split over owners
         route = self.route(ids, 0, len(ids), True)  # -BADID before anything runs
         if type(route) is int:
             owner: int = route
-            return ERR_BADID if owner < 0 else self._run_at(conn, owner, cmd, head)
+            if owner < 0:
+                return ERR_BADID
+            if tail and tail[0] == b"result" and owner != self.index:
+                # ACKJOB id RESULT value: as a command (a RAW ACKJOB is IDs only)
+                self.fwd.command(conn, owner, b"ackjob", cmd[1:])
+                return PENDING
+            return self._run_at(conn, owner, cmd, head)
         return self._split_ids(conn, cmd[0].lower(), route, tail, head)
 
     def _split_ids(self, conn: ClientConn, name: bytes, groups: dict[int, list[bytes]],

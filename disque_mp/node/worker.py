@@ -181,8 +181,10 @@ class Worker(ClientHost):
         # (re)started with no queue: our slots' cells say so before the AOF loads
         cells = self.getjobs.hints.cells
         cells.restart(self.index, self.workers)
-        return Shard(self.node_id, self.index, self.workers, os.urandom(16), rng, wall_ms(),
-                     dedup_keys_max=int(self.cfg.dedup_keys_max), cells=cells)
+        shard = Shard(self.node_id, self.index, self.workers, os.urandom(16), rng, wall_ms(),
+                      dedup_keys_max=int(self.cfg.dedup_keys_max), cells=cells)
+        shard.configure_results(self.cfg)
+        return shard
 
     def _start_aof(self) -> None:
         try:
@@ -455,6 +457,7 @@ class Worker(ClientHost):
             "cmdstats": {k: v for k, v in self.stats.cmdstats.items() if v[0]},
             "shard": self.shard.info(),
             "dedup": self.shard.dedup_info(),
+            "results": self.shard.results_info(),
             "aof": self.aof.info() if self.aof is not None else None,
             "mem": self.memory.stats() if self.memory is not None else None,
             "bus": dict(bus_auth.STATS),

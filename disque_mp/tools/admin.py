@@ -9,6 +9,8 @@
     disque-mp admin limit QUEUE [--active N] [--rate N] [--group-active N] [--reset] [--bcast]
                                            QLIMIT: set a queue's limits on this node
                                            (every reachable node with --bcast), or show them
+    disque-mp admin result JOB_ID [--wait MS]
+                                           a job's result, or its progress while pending
     disque-mp admin node                   this node: ID, build, workers, clients, jobs, memory
     disque-mp admin cluster                the cluster as this node sees it
     disque-mp admin drain [--timeout S] [--no-shutdown]
@@ -34,7 +36,7 @@ from typing import Any
 
 import redis
 
-from disque_mp.client import Disque, DisqueConnectionError, DisqueError, Job
+from disque_mp.client import Disque, DisqueConnectionError, DisqueError, Job, Progress
 from disque_mp.client.core import as_str
 from disque_mp.client.limits import DEAD_PREFIX  # where MAXDELIVER moves a job
 from disque_mp.node import drain
@@ -53,6 +55,8 @@ NODE_FIELDS = (
     ("jobs", "registered_jobs"), ("queues", "registered_queues"),
     ("memory", "used_memory_human"), ("maxmemory", "maxmemory_human"),
     ("aof", "aof_enabled"), ("aof_last_write", "aof_last_write_status"),
+    ("results", "results"), ("results_bytes", "results_bytes"),
+    ("progress_jobs", "progress_jobs"), ("dedup_keys_kept", "dedup_keys_kept"),
 )
 
 
@@ -84,6 +88,10 @@ def _parser() -> argparse.ArgumentParser:
     rq.add_argument("queue", help="QUEUE or dead:QUEUE")
     rq.add_argument("--max", type=int, default=10_000, help="at most this many (default 10000)")
     _limit_parser(sub)
+    rs = sub.add_parser("result", help="a job's result (ACKJOB ... RESULT), or its progress")
+    rs.add_argument("job_id")
+    rs.add_argument("--wait", type=int, default=None, metavar="MS",
+                    help="wait for a pending job this long (RESULT ... TIMEOUT; 0: until done)")
     sub.add_parser("node", help="this node: ID, build, workers, clients, jobs, memory, AOF")
     sub.add_parser("cluster", help="the cluster as this node sees it: state and nodes")
     dr = sub.add_parser("drain", help="move this node's jobs to the others, then SHUTDOWN "
@@ -319,6 +327,27 @@ def cmd_limit(d: Disque, args: argparse.Namespace) -> Any:
         return {"queue": args.queue, **limits}
     rows = [("LIMIT", "VALUE")] + [(k, str(v)) for k, v in limits.items()]
     return f"{args.queue} on {args.node} (0: no limit; limits are per node)\n" + _table(rows)
+# --------------------------------------------------------------------------- result
+
+
+def _text(value: bytes) -> str:
+    return value.decode("utf-8", "backslashreplace")
+
+
+def cmd_result(d: Disque, args: argparse.Namespace) -> Any:
+    """RESULT: the value, the progress of a pending job, or that there is none."""
+    got = d.result(args.job_id, timeout_ms=args.wait)
+    if isinstance(got, Progress):
+        state, value = "progress", _text(got.value)
+    elif got is None:
+        state, value = "none", None
+    else:
+        state, value = "result", _text(got)
+    if args.json:
+        return {"id": args.job_id, "state": state, "value": value}
+    if value is None:
+        return f"{args.job_id}: no result (pending without progress, or none kept)"
+    return f"{args.job_id} {state}: {value}"
 
 
 # --------------------------------------------------------------------------- node, cluster
@@ -449,6 +478,7 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
 
 COMMANDS: dict[str, Callable[[Disque, argparse.Namespace], Any]] = {
     "queues": cmd_queues, "peek": cmd_peek, "requeue": cmd_requeue, "limit": cmd_limit,
+    "result": cmd_result,
     "node": cmd_node, "cluster": cmd_cluster, "drain": cmd_drain,
     "queue": cmd_queue, "job": cmd_job,
 }

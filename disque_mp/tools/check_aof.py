@@ -11,10 +11,18 @@ import struct
 import sys
 
 from disque_mp.node.aof_format import FileHeader, RecordReader, truncate_file
+from workers.dedup import parse_kept_record
 from workers.ids import is_valid_job_id
-from workers.job import DEL_RECORD_TAG, Job, job_id_of_record
+from workers.job import (
+    DEL_RECORD_TAG,
+    KEPT_KEY_RECORD_TAG,
+    RESULT_RECORD_TAG,
+    Job,
+    job_id_of_record,
+)
 from workers.limit import LIMIT_RECORD_TAG, parse_limit_record
 from workers.persistence import lie_of
+from workers.results import parse_result_record
 
 USAGE = "Usage: disque-mp check-aof [--fix] <file.aof>"
 
@@ -73,6 +81,11 @@ def _record_problem(payload: bytes) -> str | None:
                 return "bad job ID in a deletion record"
         elif payload[0] == LIMIT_RECORD_TAG:
             parse_limit_record(payload)  # a queue's QLIMIT limits
+        elif payload[0] == RESULT_RECORD_TAG or payload[0] == KEPT_KEY_RECORD_TAG:
+            (parse_result_record if payload[0] == RESULT_RECORD_TAG else parse_kept_record)(
+                payload)
+            if not is_valid_job_id(job_id_of_record(payload)):
+                return "bad job ID in a result or kept key record"
         else:
             return lie_of(Job.from_record(payload))  # what the node would refuse too
     except (ValueError, struct.error) as e:

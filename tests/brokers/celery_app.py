@@ -1,6 +1,6 @@
 """The Celery app the broker tests run in a real ``celery -A tests.brokers.celery_app
 worker``. Settings come from the environment the test gives the worker:
-DISQUE_BROKER_URL, BROKER_TEST_QUEUE, BROKER_RECORD_FILE (one JSON line per
+DISQUE_BROKER_URL, DISQUE_RESULT_BACKEND (none: no result backend), BROKER_TEST_QUEUE, BROKER_RECORD_FILE (one JSON line per
 task run), DISQUE_VISIBILITY_S, BROKER_DEAD_LETTERS ("node": no dead_letter_queue,
 a rejected message is dead-lettered by the node with its reason),
 DISQUE_BINDING_TTL_S (how long a killed worker's pidbox binding outlives it)."""
@@ -20,7 +20,8 @@ from tests.brokers.record import record
 
 QUEUE = os.environ.get("BROKER_TEST_QUEUE", "celery-test")
 
-app = Celery("celery_app", broker=os.environ.get("DISQUE_BROKER_URL", "disque://127.0.0.1:7711"))
+app = Celery("celery_app", broker=os.environ.get("DISQUE_BROKER_URL", "disque://127.0.0.1:7711"),
+             backend=os.environ.get("DISQUE_RESULT_BACKEND") or None)
 app.conf.update(
     broker_transport_options={
         "visibility_timeout": int(os.environ.get("DISQUE_VISIBILITY_S", "3")),
@@ -88,3 +89,26 @@ def rejecting(self, n: int) -> None:
 def doomed(self, n: int) -> None:
     record("doomed", self.request.id, n=n, retries=self.request.retries)
     raise self.retry(countdown=1, exc=RuntimeError(f"doomed {n} fails every time"))
+
+
+@app.task(bind=True)
+def add(self, x: int, y: int) -> int:
+    return x + y
+
+
+@app.task(bind=True)
+def tsum(self, values: list[int]) -> int:
+    record("tsum", self.request.id, total=sum(values), n=len(values))
+    return sum(values)
+
+
+@app.task(bind=True)
+def progressing(self, n: int, marker: str) -> int:
+    """Reports PROGRESS, then waits (at most a minute) for the test's marker file."""
+    self.update_state(state="PROGRESS", meta={"step": 1, "of": 2})
+    path = Path(marker)
+    for _ in range(600):
+        if path.exists():
+            break
+        time.sleep(0.1)
+    return n * 2

@@ -9,14 +9,17 @@ import time
 from pathlib import Path
 
 import dramatiq
+from dramatiq.results import Results
 
-from disque_mp.dramatiq import DisqueBroker
+from disque_mp.dramatiq import DisqueBroker, DisqueResultBackend
 from tests.brokers.record import record
 
 QUEUE = os.environ.get("BROKER_TEST_QUEUE", "dramatiq-test")
 
 broker = DisqueBroker(url=os.environ.get("DISQUE_BROKER_URL", "disque://127.0.0.1:7711"),
                       visibility_timeout=int(os.environ.get("DISQUE_VISIBILITY_S", "3")))
+broker.add_middleware(Results(backend=DisqueResultBackend(
+    url=os.environ.get("DISQUE_BROKER_URL", "disque://127.0.0.1:7711"))))
 dramatiq.set_broker(broker)
 
 
@@ -40,3 +43,8 @@ def slow(marker: str) -> None:
         path.write_text("started")
         time.sleep(60)
     record("slow-done", marker, marker=marker)
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0, store_results=True)
+def add(x: int, y: int) -> int:
+    return x + y

@@ -1,7 +1,8 @@
 """The Taskiq tasks the broker tests run in a real ``taskiq worker`` process.
 Settings from the environment: DISQUE_BROKER_URL, BROKER_TEST_QUEUE,
 BROKER_RECORD_FILE (one JSON line per task run), DISQUE_VISIBILITY_S and
-TASKIQ_REDIS_URL (a taskiq-redis result backend when set)."""
+TASKIQ_REDIS_URL (a taskiq-redis result backend when set), TASKIQ_DISQUE_RESULTS
+("1": disque-mp's own result backend)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Annotated
 
 from taskiq import Context, SmartRetryMiddleware, TaskiqDepends
+from taskiq.depends.progress_tracker import ProgressTracker
 
 from disque_mp.taskiq import DisqueBroker
 from tests.brokers.record import record
@@ -24,6 +26,11 @@ if os.environ.get("TASKIQ_REDIS_URL"):
     from taskiq_redis import RedisAsyncResultBackend
 
     broker = broker.with_result_backend(RedisAsyncResultBackend(os.environ["TASKIQ_REDIS_URL"]))
+elif os.environ.get("TASKIQ_DISQUE_RESULTS") == "1":
+    from disque_mp.taskiq import DisqueResultBackend
+
+    broker = broker.with_result_backend(DisqueResultBackend(
+        os.environ.get("DISQUE_BROKER_URL", "disque://127.0.0.1:7711")))
 
 
 def _job(ctx: Context) -> str:
@@ -51,3 +58,16 @@ async def slow(marker: str, ctx: Annotated[Context, TaskiqDepends()]) -> None:
         path.write_text("started")
         await asyncio.sleep(60)
     record("slow-done", marker, marker=marker, job=_job(ctx))
+
+
+@broker.task
+async def stepped(n: int, marker: str,
+                  progress: Annotated[ProgressTracker[dict[str, int]], TaskiqDepends()]) -> int:
+    """Reports progress, then waits (at most a minute) for the test's marker file."""
+    await progress.set_progress("PROGRESS", {"step": 1})
+    path = Path(marker)
+    for _ in range(600):
+        if path.exists():
+            break
+        await asyncio.sleep(0.1)
+    return n + 1

@@ -29,8 +29,9 @@ TASKS = "tests.brokers.celery_app"
 
 
 def worker(url: str, queue: str, tmp_path: Path, name: str = "worker",
-           extra: tuple[str, ...] = (), dead_letters: str = "queue") -> WorkerProc:
-    env = {"DISQUE_BROKER_URL": url, "BROKER_TEST_QUEUE": queue,
+           extra: tuple[str, ...] = (), dead_letters: str = "queue",
+           backend: str = "") -> WorkerProc:
+    env = {"DISQUE_BROKER_URL": url, "BROKER_TEST_QUEUE": queue, "DISQUE_RESULT_BACKEND": backend,
            "BROKER_RECORD_FILE": str(tmp_path / "records.jsonl"),
            "DISQUE_VISIBILITY_S": str(visibility_s), "BROKER_DEAD_LETTERS": dead_letters}
     args = ["celery", "-A", TASKS, "worker", "-Q", queue, "-c", "2", "-l", "info",
@@ -203,3 +204,55 @@ def test_cluster_worker_and_producer_on_different_nodes_and_leaving(
     with worker(node_url(worker_node), q, tmp_path) as w:
         check_worker_follows_leaving(broker_cluster, q, rec, w, "tasks",
                                      lambda i: send(app, "echo", q, i, time.time()))
+
+
+# ------------------------------------------------------------------ the result backend
+
+
+def result_producer(url: str, queue: str) -> Celery:
+    """A producer with the disque:// result backend (chord_unlock goes to ``queue``)."""
+    app = Celery("producer", broker=url, backend=url, set_as_current=False)
+    app.conf.broker_transport_options = {"visibility_timeout": visibility_s}
+    app.conf.task_default_queue = queue
+    return app
+
+
+def test_result_backend_get_progress_and_a_chord(broker_node: NodeProc, tmp_path: Path) -> None:
+    from celery import chord, signature
+
+    q = unique_queue("celres")
+    url = node_url(broker_node)
+    app = result_producer(url, q)
+    marker = tmp_path / "go"
+    with worker(url, q, tmp_path, backend=url) as w:
+        res = app.send_task(f"{TASKS}.add", args=(2, 3), queue=q)
+        assert res.get(timeout=60) == 5
+        assert res.state == "SUCCESS"
+        slow = app.send_task(f"{TASKS}.progressing", args=(21, str(marker)), queue=q)
+        wait_until(lambda: slow.state == "PROGRESS", 60, "the PROGRESS state",
+                   detail=w.log_tail)
+        assert slow.info == {"step": 1, "of": 2}
+        marker.write_text("go")
+        assert slow.get(timeout=60) == 42
+        header = [signature(f"{TASKS}.add", args=(i, i), app=app, queue=q) for i in range(20)]
+        body = signature(f"{TASKS}.tsum", app=app, queue=q)
+        total = chord(header, app=app)(body)
+        assert total.get(timeout=120) == sum(2 * i for i in range(20))
+    # a task ID no task had: PENDING (its slot answers null)
+    assert app.AsyncResult("no-such-task").state == "PENDING"
+    with Disque([f"127.0.0.1:{broker_node.port}"]) as d:
+        assert d.qlen(q) == 0
+
+
+def test_result_backend_results_survive_a_restart(tmp_path: Path) -> None:
+    q = unique_queue("celaof")
+    with NodeProc(tmp_path / "node", workers=2, conf={"appendonly": "yes",
+                                                      "appendfsync": "always"}) as n:
+        url = node_url(n)
+        app = result_producer(url, q)
+        with worker(url, q, tmp_path, backend=url):
+            ids = [app.send_task(f"{TASKS}.add", args=(i, 1), queue=q).id for i in range(5)]
+            assert [app.AsyncResult(t).get(timeout=60) for t in ids] == [i + 1 for i in range(5)]
+        n.restart()
+        again = result_producer(node_url(n), q)
+        assert [again.AsyncResult(t).get(timeout=30) for t in ids] == [i + 1 for i in range(5)]

@@ -167,3 +167,22 @@ def test_the_group_option_sets_addjob_group(broker: DisqueBroker) -> None:
     broker.confirm_enqueued()
     assert broker.client.qgroups(q) == [("a", 2), ("", 1), ("b", 1)]
     broker.client.del_queue(q)
+
+
+def test_the_results_middleware_on_the_node(broker_node: NodeProc, broker: DisqueBroker,
+                                            tmp_path: Path) -> None:
+    from dramatiq.results import ResultMissing
+
+    from disque_mp.dramatiq import DisqueResultBackend
+
+    q = unique_queue("dqres")
+    backend = DisqueResultBackend(url=url(broker_node))
+    pending = send(broker, q, "add", 0, 0)
+    with pytest.raises(ResultMissing):
+        backend.get_result(pending)  # not run yet: no worker
+    with worker(url(broker_node), q, tmp_path):
+        msgs = [send(broker, q, "add", i, 10) for i in range(10)]
+        got = [backend.get_result(m, block=True, timeout=60_000) for m in msgs]
+        assert backend.get_result(pending, block=True, timeout=60_000) == 0
+    assert got == [i + 10 for i in range(10)]
+    assert backend.get_result(msgs[0]) == 10  # kept after the worker left

@@ -39,11 +39,13 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         server.stop()
 
 
-def worker(node: NodeProc, queue: str, rec: Path, log: Path, redis_url: str = "") -> WorkerProc:
+def worker(node: NodeProc, queue: str, rec: Path, log: Path, redis_url: str = "",
+           disque_results: bool = False) -> WorkerProc:
     return WorkerProc(["taskiq", "worker", f"{APP}:broker", "--workers", "1"],
                       {"DISQUE_BROKER_URL": node_url(node), "BROKER_TEST_QUEUE": queue,
                        "BROKER_RECORD_FILE": str(rec), "DISQUE_VISIBILITY_S": str(visibility_s),
-                       "TASKIQ_REDIS_URL": redis_url}, log)
+                       "TASKIQ_REDIS_URL": redis_url,
+                       "TASKIQ_DISQUE_RESULTS": "1" if disque_results else ""}, log)
 
 
 class Shared:
@@ -298,3 +300,37 @@ def test_dedup_label_adds_a_resent_task_once(broker_node: NodeProc) -> None:
                   for j in r.execute_command("QPEEK", queue, 10))
     assert keys == [b"", b"order-9", b"task-7"]
     r.execute_command("DELQUEUE", queue)
+
+
+def test_results_and_progress_through_the_disque_backend(broker_node: NodeProc,
+                                                         tmp_path: Path) -> None:
+    from disque_mp.taskiq import DisqueResultBackend
+
+    queue = f"taskiq-res-{uuid.uuid4().hex[:8]}"
+    marker = tmp_path / "go"
+
+    async def go() -> tuple[Any, Any, Any]:
+        broker = DisqueBroker(node_url(broker_node), queue=queue).with_result_backend(
+            DisqueResultBackend(node_url(broker_node)))
+        await broker.startup()
+        try:
+            first = await kicker(broker, "echo").kiq(5)
+            done = await first.wait_result(timeout=60)
+            task = await kicker(broker, "stepped").kiq(1, str(marker))
+            progress = None
+            for _ in range(600):  # bounded: a minute
+                progress = await task.get_progress()
+                if progress is not None:
+                    break
+                await asyncio.sleep(0.1)
+            marker.write_text("go")
+            return done, progress, await task.wait_result(timeout=60)
+        finally:
+            await broker.shutdown()
+
+    with worker(broker_node, queue, tmp_path / "rec.jsonl", tmp_path / "w.log",
+                disque_results=True):
+        done, progress, stepped = asyncio.run(go())
+    assert not done.is_err and done.return_value == 10
+    assert progress is not None and progress.state == "PROGRESS" and progress.meta == {"step": 1}
+    assert not stepped.is_err and stepped.return_value == 2

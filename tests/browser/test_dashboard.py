@@ -206,6 +206,18 @@ def test_dashboard_is_usable_by_keyboard(node: NodeProc, browser: Any) -> None:
     assert r.execute_command("CLUSTER", "MYID").decode() in browser.find_element("css selector", "#nodes").text
 
 
+def test_the_job_page_shows_progress(node: NodeProc, browser: Any) -> None:
+    """WORKING ... PROGRESS: the job page lists the value (only when one was given)."""
+    r = node.client(protocol=2)
+    q = unique_queue("progress")
+    job_id = r.execute_command("ADDJOB", q, "x", 0, "RETRY", 60).decode()
+    r.execute_command("GETJOB", "FROM", q)
+    r.execute_command("WORKING", job_id, "PROGRESS", "3 of 10")
+    browser.get(base(node) + "/#/job/" + urllib.parse.quote(job_id, safe=""))
+    find(browser, "#job")
+    assert_fields_read(browser, {"state": "active", "progress": "3 of 10"})
+
+
 def test_queue_page_keeps_queued_active_delayed_and_dead_jobs_apart(node: NodeProc, browser: Any,
                                                                     tmp_path: Path) -> None:
     """At 800 px: each kind of job in its own table with its own actions (NACK for

@@ -17,7 +17,7 @@ from disque_mp.node import aof_format
 from disque_mp.node.aof_format import AofFile, AofWriter, FileHeader, RecordReader
 from disque_mp.tools import check_aof as aof_check
 from workers.ids import SLOTS, JobIdGen, slot_of
-from workers.job import ACTIVE, Job
+from workers.job import ACTIVE, Job, job_id_of_record
 
 NODE = "a1b2c3d4" * 5
 
@@ -308,3 +308,20 @@ def test_fuzz_reader_and_check_never_raise(tmp_path: Path, garbage: bytes, cut: 
         assert reader.damage.offset == reader.good_bytes
     rep = aof_check.check(str(path))
     assert rep.bad_offset <= rep.reader.size
+
+
+def test_check_aof_reads_result_and_kept_key_records(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from workers.dedup import kept_record
+    from workers.results import result_record
+
+    recs = job_records(2)
+    jid = job_id_of_record(recs[0])
+    path = write_aof(tmp_path, [recs[0], result_record(jid, b"value", 10**13),
+                                kept_record((b"q", b"k"), jid, 10**13), recs[1]])
+    assert aof_check.main([str(path)]) == 0
+    assert "4 records" in capsys.readouterr().out
+    (tmp_path / "bad").mkdir()
+    bad = write_aof(tmp_path / "bad", [recs[0], result_record(jid, b"v", 1)[:20]])
+    assert aof_check.main([str(bad)]) == 1
+    assert "record does not decode" in capsys.readouterr().out

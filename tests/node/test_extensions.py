@@ -570,6 +570,151 @@ def test_groups_travel_by_federation_and_rotate_on_the_importer(three: list[Node
     assert last_b < 30, got
 
 
+# ------------------------------------------------------------------ results, progress, DEDUP-KEEP
+
+
+def test_result_progress_and_their_errors_on_one_node(one: NodeProc) -> None:
+    r = _r(one)
+    q = _q()
+    jid = r.execute_command("ADDJOB", q, "x", 0, "RETRY", 60).decode()
+    assert r.execute_command("RESULT", jid) is None  # queued, no progress
+    r.execute_command("GETJOB", "FROM", q)
+    assert r.execute_command("WORKING", jid, "PROGRESS", "40%") == 60
+    assert _show(r, jid)["progress"] == b"40%"
+    assert r.execute_command("RESULT", jid) == [b"progress", b"40%"]
+    assert r.execute_command("RESULT", jid, "TIMEOUT", 100) == [b"progress", b"40%"]
+    # bad input: a clear error, nothing changed
+    assert _err(r, "RESULT", "nope") == "BADID Invalid Job ID format."
+    assert _err(r, "RESULT", jid, jid) == "RESULT takes exactly one job ID"
+    other = r.execute_command("ADDJOB", _two_owner_queues()[0], "x", 0).decode()
+    assert _err(r, "RESULT", jid, other) == "RESULT takes exactly one job ID"
+    assert _err(r, "ACKJOB", jid, other, "RESULT", "v") == \
+        "ACKJOB ... RESULT takes exactly one job ID"
+    assert _err(r, "RESULT", jid, "TIMEOUT", "-1") == "timeout is negative"
+    assert _err(r, "RESULT", "D-00000000-wOGMXiTRcfClcTt6WDuzWlmo-05a1") == \
+        "unknown job ID: no node of this cluster created it"
+    assert _err(r, "WORKING", jid, other).startswith("wrong number of arguments")
+    assert r.execute_command("CONFIG", "SET", "result-bytes-max", 4) == b"OK"
+    assert r.execute_command("CONFIG", "SET", "progress-bytes-max", 2) == b"OK"
+    try:
+        assert _err(r, "ACKJOB", jid, "RESULT", "12345") == \
+            "RESULT value too large (at most 4 bytes: result-bytes-max)"
+        assert _err(r, "WORKING", jid, "PROGRESS", "123") == \
+            "PROGRESS value too large (at most 2 bytes: progress-bytes-max)"
+    finally:
+        r.execute_command("CONFIG", "SET", "result-bytes-max", 1 << 20)
+        r.execute_command("CONFIG", "SET", "progress-bytes-max", 4096)
+    assert _err(r, "CONFIG", "SET", "result-ttl", "0").startswith("Invalid argument")
+    assert _show(r, jid)["state"] == b"active" and _show(r, jid)["progress"] == b"40%"
+    # a RESULT waiting on the job answers when it is acknowledged with its result
+    got: list[Any] = []
+    t = threading.Thread(target=lambda: got.append(_r(one).execute_command(
+        "RESULT", jid, "TIMEOUT", 20_000)))
+    t.start()
+    try:
+        time.sleep(0.2)
+        assert r.execute_command("ACKJOB", jid, "RESULT", "done") == 1
+    finally:
+        t.join(30)
+    assert got == [b"done"]
+    assert r.execute_command("RESULT", jid) == b"done"
+    assert r.execute_command("SHOW", jid) is None
+    assert int(r.info("stats")["results"]) >= 1
+    r.execute_command("DELJOB", other)
+
+
+def test_result_client_methods_and_dedup_keep(one: NodeProc) -> None:
+    from disque_mp.client import Progress
+
+    q = _q()
+    with Disque(f"127.0.0.1:{one.port}", socket_timeout=20) as d:
+        jid = d.add_job(q, b"x", retry=60, dedup="k-1", dedup_keep=30)
+        (job,) = d.get_jobs(q, count=1)
+        assert d.working(job, progress=b"half") == 60
+        assert d.result(jid) == Progress(b"half")
+        with pytest.raises(ValueError):
+            d.ack(jid, jid, result=b"no")
+        assert d.ack(job, result=b"\x00binary") == 1
+        assert d.result(jid, timeout_ms=1000) == b"\x00binary"
+        # the key keeps answering after the ACK: a re-send adds nothing
+        assert d.add_job(q, b"x", dedup="k-1", dedup_keep=30) == jid and d.qlen(q) == 0
+        assert d.show(jid) is None
+
+    async def go() -> None:
+        a = AsyncDisque(f"127.0.0.1:{one.port}", socket_timeout=20)
+        try:
+            assert await a.result(jid) == b"\x00binary"
+            j2 = await a.add_job(q, b"y", retry=60)
+            (job2,) = await a.get_jobs(q, count=1)
+            assert await a.working(job2, progress="p") == 60
+            assert await a.result(j2) == Progress(b"p")
+            assert await a.ack(job2, result="ok") == 1
+            assert await a.result(j2, timeout_ms=0) == b"ok"
+        finally:
+            await a.aclose()
+
+    asyncio.run(go())
+    r = _r(one)
+    assert _err(r, "ADDJOB", q, "x", 0, "DEDUP-KEEP", 5) == "DEDUP-KEEP needs a DEDUP key"
+    assert _err(r, "ADDJOB", q, "x", 0, "DEDUP", "a", "DEDUP-KEEP", 0).startswith(
+        "DEDUP-KEEP must be between 1 and")
+    assert r.execute_command("CONFIG", "SET", "dedup-keep-max", 60) == b"OK"
+    try:
+        assert _err(r, "ADDJOB", q, "x", 0, "DEDUP", "a", "DEDUP-KEEP", 61) == \
+            "DEDUP-KEEP must be between 1 and 60 seconds (dedup-keep-max)"
+    finally:
+        r.execute_command("CONFIG", "SET", "dedup-keep-max", 604800)
+    assert r.execute_command("QLEN", q) == 0
+
+
+def test_the_result_travels_with_the_ack_and_others_ask(three: list[NodeProc]) -> None:
+    q = _q()
+    rs = [_r(n) for n in three]
+    jid = rs[0].execute_command("ADDJOB", q, "x", 0, "REPLICATE", 2).decode()
+    holders = [i for i, r in enumerate(rs) if r.execute_command("SHOW", jid)]
+    other = next(i for i in range(3) if i not in holders)
+    rs[0].execute_command("GETJOB", "FROM", q)
+    # acknowledged on the node that holds no copy: the ACK and its result spread
+    assert rs[other].execute_command("ACKJOB", jid, "RESULT", "42") == 0
+    wait_until(lambda: not any(r.execute_command("SHOW", jid) for r in rs), wait_s,
+               "the acknowledged job gone from every node")
+    for r in rs:  # the holders got it with the SETACK, the other one stored it
+        assert r.execute_command("RESULT", jid) == b"42"
+    # a node that never held a job asks the others
+    j2 = rs[0].execute_command("ADDJOB", q, "y", 0, "REPLICATE", 2).decode()
+    holders = [i for i, r in enumerate(rs) if r.execute_command("SHOW", j2)]
+    outsider = next(i for i in range(3) if i not in holders)
+    (entry,) = rs[holders[0]].execute_command("GETJOB", "FROM", q)
+    assert entry[1].decode() == j2
+    rs[holders[0]].execute_command("WORKING", j2, "PROGRESS", "p1")
+    assert rs[outsider].execute_command("RESULT", j2) == [b"progress", b"p1"]
+    assert rs[holders[0]].execute_command("ACKJOB", j2, "RESULT", "r2") == 1
+    wait_until(lambda: rs[outsider].execute_command("RESULT", j2) == b"r2", wait_s,
+               "the result answered on the node that never held the job")
+
+
+def test_results_survive_a_restart_with_the_aof(tmp_path: Path) -> None:
+    q = _q()
+    with NodeProc(tmp_path / "aof", workers=2, conf={"appendonly": "yes",
+                                                     "appendfsync": "always"}) as n:
+        r = _r(n)
+        ids = [r.execute_command("ADDJOB", q, f"x{i}", 0).decode() for i in range(4)]
+        for i, jid in enumerate(ids):
+            assert r.execute_command("ACKJOB", jid, "RESULT", f"r{i}") == 1
+        kept = r.execute_command("ADDJOB", q, "k", 0, "DEDUP", "z", "DEDUP-KEEP", 600).decode()
+        n.restart()
+        r = _r(n)
+        assert [r.execute_command("RESULT", jid) for jid in ids] == [b"r0", b"r1", b"r2", b"r3"]
+        assert _show(r, kept)["dedup"] == b"z"  # the DEDUP-KEEP job (record version 5)
+        assert r.execute_command("ADDJOB", q, "k", 0, "DEDUP", "z").decode() == kept
+        assert r.execute_command("BGREWRITEAOF")
+        wait_until(lambda: r.info("persistence")["aof_rewrite_in_progress"] == 0, wait_s,
+                   "the rewrite done")
+        n.restart()
+        r = _r(n)
+        assert [r.execute_command("RESULT", jid) for jid in ids] == [b"r0", b"r1", b"r2", b"r3"]
+
+
 # ------------------------------------------------------------------ PRIORITY
 
 

@@ -199,6 +199,18 @@ def test_job_show_ack_nack_delete(node: NodeProc) -> None:
     error_of(post(hp(node), "/api/jobs/D-123/ack"), 400)
 
 
+def test_a_job_shows_its_progress(node: NodeProc) -> None:
+    """WORKING ... PROGRESS: the job's JSON (the dashboard's job page) has ``progress``."""
+    r = node.client(protocol=2)
+    q = unique_queue("p")
+    jid = r.execute_command("ADDJOB", q, "x", 0, "RETRY", 60).decode()
+    assert "progress" not in get(hp(node), j_path(jid)).json()
+    r.execute_command("GETJOB", "FROM", q)
+    r.execute_command("WORKING", jid, "PROGRESS", "7 of 9")
+    assert get(hp(node), j_path(jid)).json()["progress"] == "7 of 9"
+    r.execute_command("ACKJOB", jid)
+
+
 def test_dead_letter_and_requeue(node: NodeProc) -> None:
     r = node.client(protocol=2)
     q = unique_queue("d")

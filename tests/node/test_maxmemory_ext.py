@@ -96,3 +96,31 @@ def test_plain_jobs_cost_what_they_did(node: NodeProc) -> None:
     p.execute()
     node.wait_for(lambda: used_memory(r) - before == 1000 * (415 + 100),
                   what="1000 plain jobs counted as 515 bytes each")
+
+
+def test_results_are_counted_and_evicted_first(node: NodeProc) -> None:
+    """A stored result costs its bytes and ~200 of entry (docs/memory.md); past 95 %
+    of maxmemory the results go before anything else (a queued job stays)."""
+    r = node.client(protocol=2, socket_timeout=60)
+    n, value = 1000, b"v" * 1024
+    ids = [r.execute_command("ADDJOB", "resq", b"x" * 100, 0).decode() for _ in range(n)]
+    kept = r.execute_command("ADDJOB", "resq-stay", b"x", 0).decode()
+    before = settled_used(node, r)
+    p = r.pipeline(transaction=False)
+    for jid in ids:
+        p.execute_command("ACKJOB", jid, "RESULT", value)
+    assert p.execute() == [1] * n
+    # each job goes (415 + 100 bytes) and its result stays (200 + 1024)
+    node.wait_for(lambda: used_memory(r) - before == n * (200 + 1024 - 415 - 100),
+                  what="the results counted in used_memory")
+    stats = r.info("stats")
+    evicted0 = int(stats["results_evicted"])
+    limit = int(r.config_get("maxmemory")["maxmemory"])
+    try:
+        r.config_set("maxmemory", int(used_memory(r) / 0.96))
+        node.wait_for(lambda: int(r.info("stats")["results_evicted"]) > evicted0,
+                      what="results evicted past 95 %")
+        assert r.execute_command("SHOW", kept) is not None  # the queued job stays
+    finally:
+        r.config_set("maxmemory", limit)
+    r.execute_command("DELJOB", kept)

@@ -203,3 +203,23 @@ def test_output_into_a_closed_pipe_is_no_error(node, tmp_path: Path):
     done = subprocess.run(["bash", "-c", cmd], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=60)
     assert done.stdout.strip() == "0" and "Traceback" not in done.stderr, done.stderr
+
+
+def test_result_shows_a_value_a_progress_or_none(node, capsys):
+    q = unique_queue("res")
+    r = node.client()
+    done = r.execute_command("ADDJOB", q, "x", 0).decode()
+    r.execute_command("ACKJOB", done, "RESULT", "forty-two")
+    running = r.execute_command("ADDJOB", q, "y", 0, "RETRY", 60).decode()
+    r.execute_command("GETJOB", "FROM", q)
+    r.execute_command("WORKING", running, "PROGRESS", "3/10")
+    assert admin_json(node, capsys, "result", done) == {"id": done, "state": "result",
+                                                         "value": "forty-two"}
+    code, out, _ = admin(node, capsys, "result", running)
+    assert code == 0 and out.strip() == f"{running} progress: 3/10"
+    r.execute_command("ACKJOB", running)
+    code, out, _ = admin(node, capsys, "result", running, "--wait", "100")
+    assert code == 0 and "no result" in out
+    code, _, err = admin(node, capsys, "result", "not-an-id")
+    assert code == 1 and "BADID" in err
+    assert int(admin_json(node, capsys, "node")["results"]) >= 1

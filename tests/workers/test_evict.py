@@ -236,3 +236,20 @@ def test_random_histories_never_lose_a_guaranteed_job(ops: list[tuple[str, int]]
         garbage = state == ACKED or (state == ACTIVE and retry_s == 0 and delivered)
         assert (jid not in after) == garbage, (jid, state, retry_s, delivered)
     assert s.body_bytes == body_sum(s)
+
+
+def test_results_go_first_then_acknowledged_jobs() -> None:
+    """Stored results (ACKJOB ... RESULT) are evicted before any acknowledged job."""
+    s = shard()
+    kept = acked_kept(s)
+    for _ in range(3):
+        s.op_ack_result(add(s, b"r"), b"v" * 50, T0)
+    assert s.extra_bytes > 0 and s.results_info()["results"] == 3
+    cursor = evict.EvictCursor()
+    assert evict.evict_step(s, cursor, T0, visit_jobs_max=2) == (2, 0)  # results only
+    assert s.lookup(kept) is not None and s.results_info()["results"] == 1
+    assert evict.evict_step(s, cursor, T0) == (1, 0)
+    assert s.results_info()["results"] == 0 and s.extra_bytes == 0
+    assert s.lookup(kept) is not None
+    jobs, _queues = evict.evict_step(s, cursor, T0)  # no result left: the ACK goes
+    assert jobs == 1 and s.lookup(kept) is None

@@ -125,7 +125,7 @@ def _info_stats(w: NodeView, conn: Client, parts: list[Any]) -> list[tuple[str, 
             ("rejected_connections", _sum(parts, "rejected")), ("latest_fork_usec", 0),
             ("acl_access_denied_auth",
              sum(int((p.get("bus") or {}).get("client_auth_failures", 0)) for p in parts)),
-            *_bus_security_stats(parts), *_dedup_stats(parts)]
+            *_bus_security_stats(parts), *_dedup_stats(parts), *_results_stats(parts)]
 
 
 def _dedup_stats(parts: list[Any]) -> list[tuple[str, Any]]:
@@ -133,6 +133,14 @@ def _dedup_stats(parts: list[Any]) -> list[tuple[str, Any]]:
     job's ID, keys forgotten at dedup-keys-max; summed over the workers."""
     return [(n, sum(int((p.get("dedup") or {}).get(n, 0)) for p in parts))
             for n in ("dedup_keys", "dedup_hits", "dedup_keys_forgotten")]
+
+
+def _results_stats(parts: list[Any]) -> list[tuple[str, Any]]:
+    """ACKJOB ... RESULT, WORKING ... PROGRESS, DEDUP-KEEP (workers/results.py,
+    workers/dedup.py): summed over the workers."""
+    names = ("results", "results_bytes", "results_stored", "results_expired",
+             "results_evicted", "progress_jobs", "results_waiting", "dedup_keys_kept")
+    return [(n, sum(int((p.get("results") or {}).get(n, 0)) for p in parts)) for n in names]
 
 
 def _bus_security_stats(parts: list[Any]) -> list[tuple[str, Any]]:

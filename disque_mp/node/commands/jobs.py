@@ -72,7 +72,8 @@ class Limits:
     __slots__ = ("getjob_count_max", "qpeek_count_max", "scan_count_max",
                  "queue_name_bytes_max", "err_queue_name", "waitjob_entries_per_client_max",
                  "redrive_count_max", "qgroups_count_max", "queue_groups_max",
-                 "err_queue_groups", "qlimit_value_max", "qlimit_queues_max")
+                 "err_queue_groups", "qlimit_value_max", "qlimit_queues_max",
+                 "dedup_keep_max_s", "err_dedup_keep")
 
     def __init__(self) -> None:
         self.getjob_count_max = 10_000
@@ -89,6 +90,9 @@ class Limits:
         self.queue_name_bytes_max = 0
         self.err_queue_name = ERR_SYNTAX
         self.set_queue_name_max(queue_name_bytes_max - len(DEAD_PREFIX))
+        self.dedup_keep_max_s = 0
+        self.err_dedup_keep = ERR_SYNTAX
+        self.set_dedup_keep_max(7 * 24 * 3600)
 
     def set_queue_name_max(self, n: int) -> None:
         """config queue-name-bytes-max: the commands that make a queue or send its
@@ -106,6 +110,13 @@ class Limits:
             f"ERR too many groups in this queue (at most {n}, queue-groups-max)")
 
 
+    def set_dedup_keep_max(self, n: int) -> None:
+        """ADDJOB ... DEDUP-KEEP seconds: 1 to ``n`` (config dedup-keep-max)."""
+        self.dedup_keep_max_s = n
+        self.err_dedup_keep = Error(
+            f"ERR DEDUP-KEEP must be between 1 and {n} seconds (dedup-keep-max)")
+
+
 limits: Final = Limits()
 
 
@@ -120,6 +131,7 @@ def apply_limits(cfg: Any) -> None:
     limits.set_queue_groups_max(int(cfg.queue_groups_max))
     limits.qlimit_value_max = int(cfg.qlimit_value_max)
     limits.qlimit_queues_max = int(cfg.qlimit_queues_max)
+    limits.set_dedup_keep_max(int(cfg.dedup_keep_max))
 
 
 def long_queue_name(queues: list[bytes]) -> Error | None:
@@ -229,14 +241,9 @@ def parse_addjob(args: list[bytes]) -> AddJobArgs | Error:
             a.async_ = True
             i += 1
             continue
-        if (opt == b"group" or opt == b"dedup") and not last:
-            err = _addjob_ext(a, opt, args[i + 1])
-            if err is not None:
-                return err
-            i += 2
-            continue
-        if opt == b"priority" and not last:
-            err = _addjob_priority(a, args[i + 1])
+        ext_option = None if last else _EXT_OPTIONS.get(opt)
+        if ext_option is not None:
+            err = ext_option(a, opt, args[i + 1])
             if err is not None:
                 return err
             i += 2
@@ -256,6 +263,8 @@ def parse_addjob(args: list[bytes]) -> AddJobArgs | Error:
     if isinstance(t, Error):
         return t
     a.timeout_ms = t
+    if a.ext is not None and a.ext.keep_s and not a.ext.dedup:
+        return ERR_DEDUP_KEEP_ALONE
     return a
 
 
@@ -291,6 +300,25 @@ def _addjob_priority(a: AddJobArgs, value: bytes) -> Error | None:
 ERR_PRIORITY: Final = Error(f"ERR PRIORITY must be an integer from 0 to {priority_max}")
 ERR_GROUP: Final = Error(f"ERR GROUP name must be 1 to {group_bytes_max} bytes")
 ERR_DEDUP: Final = Error(f"ERR DEDUP key must be 1 to {dedup_bytes_max} bytes")
+ERR_DEDUP_KEEP_ALONE: Final = Error("ERR DEDUP-KEEP needs a DEDUP key")
+# ADDJOB's extension options, each with its parser (the job's ``ext`` fields).
+_EXT_OPTIONS: Final[dict[bytes, Callable[[AddJobArgs, bytes, bytes], Error | None]]] = {
+    b"group": lambda a, opt, value: _addjob_ext(a, opt, value),
+    b"dedup": lambda a, opt, value: _addjob_ext(a, opt, value),
+    b"priority": lambda a, opt, value: _addjob_priority(a, value),
+    b"dedup-keep": lambda a, opt, value: _addjob_keep(a, value),
+}
+
+
+def _addjob_keep(a: AddJobArgs, value: bytes) -> Error | None:
+    """``DEDUP-KEEP seconds`` (with DEDUP: checked once every option is read)."""
+    keep = parse_int(value)
+    if keep is None or not 0 < keep <= limits.dedup_keep_max_s:
+        return limits.err_dedup_keep
+    if a.ext is None:
+        a.ext = JobExt()
+    a.ext.keep_s = keep
+    return None
 
 
 # ADDJOB's numeric options: the field each sets, its smallest and largest value, the
@@ -560,8 +588,61 @@ def _one_job_id(args: list[bytes], name: str) -> str | Error:
 
 
 def cmd_working(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
+    """``WORKING id [PROGRESS value]`` (PROGRESS: the extension, workers/results.py)."""
+    if len(args) == 3 and args[1].lower() == b"progress":
+        job_id = _one_job_id(args[:1], "working")
+        if isinstance(job_id, Error):
+            return job_id
+        return shard.op_working(job_id, now_ms, bytes(args[2]))
     job_id = _one_job_id(args, "working")
     return job_id if isinstance(job_id, Error) else shard.op_working(job_id, now_ms)
+
+
+ERR_RESULT_ONE_ID: Final = Error("ERR RESULT takes exactly one job ID")
+ERR_ACK_RESULT_ONE_ID: Final = Error("ERR ACKJOB ... RESULT takes exactly one job ID")
+
+
+def one_id_error(name: bytes, tail: list[bytes]) -> Error | None:
+    """The error of a command given several IDs that takes one (RESULT, ACKJOB ...
+    RESULT), else None (the router checks before it splits the IDs by owner)."""
+    if name == b"result":
+        return ERR_RESULT_ONE_ID
+    if name == b"working":  # the reference's arity 2 (PROGRESS is our option)
+        return err_arity("working")
+    if name == b"ackjob" and tail and tail[0] == b"result":
+        return ERR_ACK_RESULT_ONE_ID
+    return None
+
+
+def cmd_ackjob(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
+    """``ACKJOB id ...``, or ``ACKJOB id RESULT value`` (the extension: one ID, the
+    value kept as the job's result, workers/results.py)."""
+    if len(args) < 3 or len(args[-2]) >= 40:  # IDs only (an option word is shorter)
+        ids = _job_ids(args)
+        return ids if isinstance(ids, Error) else shard.op_ackjob(ids, now_ms)
+    raw_ids, word, value = split_tail(args, (b"result",))
+    if word is None or value is None:
+        ids = _job_ids(args)  # -BADID: a word that is no ID
+        return ids if isinstance(ids, Error) else shard.op_ackjob(ids, now_ms)
+    if len(raw_ids) != 1:
+        return ERR_ACK_RESULT_ONE_ID if raw_ids else err_arity("ackjob")
+    ids = _job_ids(raw_ids)
+    if isinstance(ids, Error):
+        return ids
+    return shard.op_ack_result(ids[0], bytes(value), now_ms)
+
+
+def cmd_result(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
+    """``RESULT id [TIMEOUT ms]``: the value, ``["progress", value]`` for a pending
+    job that reported progress, null; with TIMEOUT a pending job is waited for (0:
+    until it is done). GETJOB's TIMEOUT texts."""
+    got = _ids_and_option(args, b"timeout", parse_timeout_ms, "result", absent=None)
+    if isinstance(got, Error):
+        return got
+    ids, timeout_ms = got
+    if len(ids) != 1:
+        return ERR_RESULT_ONE_ID if ids else err_arity("result")
+    return shard.op_result(token, ids[0], timeout_ms, now_ms)
 
 
 def cmd_show(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
@@ -704,13 +785,13 @@ def parse_delay_s(raw: bytes) -> int | Error:
 
 
 def _ids_and_option(args: list[bytes], word: bytes, parse: Callable[[bytes], Any],
-                    name: str) -> tuple[list[str], int] | Error:
+                    name: str, absent: Any = 0) -> tuple[list[str], Any] | Error:
     """Job IDs followed by an optional ``WORD value`` (NACK's DELAY, WAITJOB's TIMEOUT):
-    the IDs and the parsed value (0 when absent), or the first error. The option
+    the IDs and the parsed value (``absent`` when absent), or the first error. The option
     with no ID before it is an arity error (``NACK DELAY 5``: the reference, which
     has no such option, answers ``-BADID`` for it; a bare ``NACK`` stays its 0)."""
     raw_ids, _, value = split_tail(args, (word,))
-    option = 0
+    option = absent
     if value is not None:
         if not raw_ids:
             return err_arity(name)
@@ -812,7 +893,6 @@ def cmd_redrive(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any
     return shard.op_redrive(queue, count, now_ms)
 
 
-cmd_ackjob: Final = _ids_cmd("op_ackjob")
 cmd_fastack: Final = _ids_cmd("op_fastack")
 cmd_enqueue: Final = _ids_cmd("op_enqueue")
 cmd_dequeue: Final = _ids_cmd("op_dequeue")

@@ -200,10 +200,13 @@ def _apply_config(w: NodeView, name: str, value: str) -> Any:
     if name in ("getjob-count-max", "qpeek-count-max", "qgroups-count-max", "scan-count-max",
                 "queue-name-bytes-max", "waitjob-entries-per-client-max",
                 "redrive-count-max", "queue-groups-max", "qlimit-value-max",
-                "qlimit-queues-max"):
+                "qlimit-queues-max", "dedup-keep-max"):
         cmd_jobs.apply_limits(w.cfg)
     if name == "dedup-keys-max":
         w.shard.set_dedup_keys_max(int(w.cfg.dedup_keys_max))
+    if name in ("result-ttl", "result-bytes-max", "result-store-bytes-max",
+                "progress-bytes-max", "dedup-keep-max"):
+        w.shard.configure_results(w.cfg)
     if w.aof is not None and name in ("appendonly", "appendfsync"):
         w.aof.apply_config()
     if w.memory is not None and name == "maxmemory":

@@ -46,6 +46,9 @@ class Command:
     # ``ids`` route: option words that may end the ID list, each with one value
     # (``NACK id ... DELAY s``); the router gives them to every owner's share.
     tail_opts: tuple[bytes, ...] = ()
+    # COMMAND lists this arity when set (an extension's option words make the
+    # command longer than the reference's, whose COMMAND reply stays as it was)
+    listed_arity: int = 0
 
 
 def cmd_command(w: NodeView, conn: Client, cmd: list[bytes]) -> Any:
@@ -66,7 +69,7 @@ def cmd_command(w: NodeView, conn: Client, cmd: list[bytes]) -> Any:
 
 def _command_entry(name: str) -> list[Any]:
     c = TABLE[name.encode()]
-    return [name.encode(), c.arity, [Status(f) for f in c.flags], 0, 0, 0]
+    return [name.encode(), c.listed_arity or c.arity, [Status(f) for f in c.flags], 0, 0, 0]
 
 
 _W, _R, _F, _A, _L, _D = "write", "readonly", "fast", "admin", "loading", "denyoom"
@@ -76,10 +79,12 @@ TABLE: dict[bytes, Command] = {
     for c in (
         Command("addjob", -4, (_W, _D, _F), "queue", jobs.cmd_addjob, fast=True),
         Command("getjob", -2, (_W, _F), "getjob", fast=True),
-        Command("ackjob", -1, (_W, _F), "ids", jobs.cmd_ackjob, fast=True),
+        Command("ackjob", -1, (_W, _F), "ids", jobs.cmd_ackjob, fast=True,
+                tail_opts=(b"result",)),
         Command("fastack", -1, (_W, _F), "ids", jobs.cmd_fastack, fast=True),
         Command("nack", -1, (_W, _D, _F), "ids", jobs.cmd_nack, tail_opts=(b"delay",)),
-        Command("working", 2, (_W, _F), "ids", jobs.cmd_working),
+        Command("working", -2, (_W, _F), "ids", jobs.cmd_working, tail_opts=(b"progress",),
+                listed_arity=2),
         Command("enqueue", -1, (_W, _D, _F), "ids", jobs.cmd_enqueue),
         Command("dequeue", -1, (_W, _F), "ids", jobs.cmd_dequeue),
         Command("deljob", -1, (_W, _F), "ids", jobs.cmd_deljob),
@@ -90,6 +95,7 @@ TABLE: dict[bytes, Command] = {
         Command("pause", -3, (_R, _F), "queue", jobs.cmd_pause),
         # Extensions (docs/extensions.md): not in the reference.
         Command("waitjob", -2, (_R,), "ids", jobs.cmd_waitjob, tail_opts=(b"timeout",)),
+        Command("result", -2, (_R,), "ids", jobs.cmd_result, tail_opts=(b"timeout",)),
         Command("globalqlen", 2, (_R, _F), "queue", jobs.cmd_globalqlen),
         Command("delqueue", -2, (_W,), "queue", jobs.cmd_delqueue),
         Command("deadletter", -2, (_W, _F), "ids", jobs.cmd_deadletter,

@@ -363,7 +363,8 @@ async function viewJob(main, id) {
   const keys = ["queue", "state", "repl", "ctime", "ttl", "delay", "retry", "nacks", "additional-deliveries",
     "nodes-delivered", "nodes-confirmed", "next-requeue-within", "next-awake-within"]
     .concat(job.maxdeliver === undefined ? [] : ["maxdeliver"])
-    .concat(job["dead-reason"] === undefined ? [] : ["dead-reason"]);
+    .concat(job["dead-reason"] === undefined ? [] : ["dead-reason"])
+    .concat(job.progress === undefined ? [] : ["progress"]);  // WORKING ... PROGRESS
   const label = { ctime: "created", "next-requeue-within": "next requeue", "next-awake-within": "next awake" };
   main.replaceChildren(el("div", { class: "card", id: "job" },
     el("div", { class: "toolbar" }, el("h1", { style: "margin:0" }, "Job ", el("span", { class: "mono" }, job.id)),
