@@ -129,6 +129,7 @@ class Worker(ClientHost):
         self.rewrite_aof_at_exit = False  # SHUTDOWN REWRITE-AOF
         self.servers: list[asyncio.AbstractServer] = []
         self.memory: Monitor | None = None
+        self.schedules: Any = None  # worker 0: the node's schedules (schedule_host.py)
         cmd_jobs.apply_limits(cfg)
         self.view_seen = False  # a membership view reached the shard (on_view)
         self.in_cluster_batch = False  # delivering a JOBS frame's messages (on_cluster_batch)
@@ -167,6 +168,7 @@ class Worker(ClientHost):
         self.loop.add_signal_handler(signal.SIGTERM, self.request_stop)
         self.loop.add_signal_handler(signal.SIGHUP, self.reopen_log)
         self._watch_parent()
+        self._start_schedules()
         self.tick()
         self.memory = Monitor(self)
         self.memory.start()
@@ -255,6 +257,19 @@ class Worker(ClientHost):
             self.servers.append(await self.loop.create_server(lambda: ClientConn(self), sock=sock,
                                                               ssl=ctx))
 
+    def _start_schedules(self) -> None:
+        """Worker 0 holds the node's schedules, beside the cluster bus they travel on
+        (``disque_mp/node/schedule_host.py``); SCHEDULE reaches it through the agent."""
+        agent = self.agent
+        if agent is None or agent.bus is None:
+            return
+        from disque_mp.node.schedule_host import ScheduleHost
+
+        host = ScheduleHost(self, agent.bus)
+        host.start()
+        agent.executors["schedule"] = host.execute
+        self.schedules = host
+
     def reopen_log(self) -> None:
         """SIGHUP (the supervisor forwards its own): reopen the log file, as after logrotate."""
         try:
@@ -300,6 +315,8 @@ class Worker(ClientHost):
         for conn in list(self.conns):
             if conn.transport is not None:
                 conn.transport.close()
+        if self.schedules is not None:
+            await self.schedules.close()
         self.mesh.close()
         self.handoff.close()
         if self.agent is not None:
