@@ -330,6 +330,9 @@ class ScheduleHost:
     async def _fire(self, fire: sch.Fire) -> None:
         from disque_mp.node.http.commands import ReplyError, call
 
+        if fire.missed:
+            log.info("schedule %r: fire time %d passed while this node was down: firing it "
+                     "once (schedule-missed once)", fire.name[:64], fire.fire_ms)
         try:
             reply = await call(self.w, b"ADDJOB", *fire.args)
         except ReplyError as exc:

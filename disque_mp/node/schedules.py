@@ -149,6 +149,7 @@ class Entry:
     fired: int = 0  # firings this node made or heard of
     skipped: int = 0  # fire times that added no job (missed, skipped, failed)
     pending_ms: int = 0  # a due time waiting for its firer's note (0: none)
+    missed: bool = False  # ... one that passed while this node was down
     last_error: str = ""
 
 
@@ -159,6 +160,7 @@ class Fire:
     name: bytes
     fire_ms: int
     args: list[bytes]
+    missed: bool = False  # a time that passed while this node was down
 
 
 def parse_set(args: list[bytes], body_bytes_max: int) -> Spec | Error:
@@ -314,35 +316,49 @@ class Table:
             e.last_error = why
 
     def due(self, now_ms: int, me: str, nodes: list[str]) -> list[Fire]:
-        """The firings this node runs now (``nodes``: the reachable ones, us too)."""
+        """The firings this node runs now (``nodes``: the reachable ones, us too).
+        Until ``takeover_ms`` after the start only missed times are looked at (the
+        peers tell us their firings meanwhile); a missed time fires first."""
         out: list[Fire] = []
+        in_grace = now_ms < self.start_ms + self.takeover_ms
         for e in self.live():
-            if now_ms >= e.next_ms:
-                self._arrive(e, now_ms)
             if e.pending_ms and e.pending_ms <= e.last_fire_ms:
                 e.pending_ms = 0
-            if not e.pending_ms or now_ms < self.start_ms + self.takeover_ms:
+            if e.next_ms < self.start_ms <= now_ms:
+                self._arrive(e, self.start_ms - 1, missed=True)
+            if in_grace:
                 continue
-            wait_ms = rank(e.spec.name, me, nodes) * self.takeover_ms
-            if now_ms >= e.pending_ms + wait_ms:
-                out.append(Fire(e.spec.name, e.pending_ms, e.spec.addjob_args(e.pending_ms)))
-                e.pending_ms = 0
+            place = rank(e.spec.name, me, nodes)
+            self._fire_if_due(e, now_ms, place, out)
+            if now_ms >= e.next_ms:
+                self._arrive(e, now_ms, missed=False)
+                self._fire_if_due(e, now_ms, place, out)
         return out
 
-    def _arrive(self, e: Entry, now_ms: int) -> None:
-        """Fire times reached: the latest one waits for its firer; older ones (and
-        one still waiting, now overtaken) are skipped."""
-        latest, count = e.spec.latest_due(e.next_ms, now_ms)
+    def _fire_if_due(self, e: Entry, now_ms: int, place: int, out: list[Fire]) -> None:
+        """The waiting time fires here once its firer had ``place * takeover_ms`` to
+        send its note (counted from the end of our start's grace for a missed time)."""
+        if not e.pending_ms:
+            return
+        base_ms = max(e.pending_ms, self.start_ms + self.takeover_ms)
+        if now_ms >= base_ms + place * self.takeover_ms:
+            out.append(Fire(e.spec.name, e.pending_ms, e.spec.addjob_args(e.pending_ms), e.missed))
+            e.pending_ms = 0
+
+    def _arrive(self, e: Entry, upto_ms: int, missed: bool) -> None:
+        """Fire times up to ``upto_ms`` reached: the latest one waits for its firer;
+        older ones (and one still waiting, now overtaken) are skipped."""
+        latest, count = e.spec.latest_due(e.next_ms, upto_ms)
         e.next_ms = e.spec.next_after(latest)
         e.skipped += count - 1 + (1 if e.pending_ms and e.pending_ms > e.last_fire_ms else 0)
+        e.pending_ms = 0
         if latest <= e.last_fire_ms:
-            e.pending_ms = 0
             return
-        if latest < self.start_ms and self.missed == "skip":
+        if missed and self.missed == "skip":
             e.skipped += 1
-            e.pending_ms = 0
             return
         e.pending_ms = latest
+        e.missed = missed
 
     def digest(self) -> str:
         """What two nodes compare: every schedule's version and last firing."""
