@@ -180,3 +180,29 @@ def test_cluster_worker_and_producer_on_different_nodes_and_leaving(
     with worker(node_url(worker_node), q, tmp_path) as w:
         check_worker_follows_leaving(broker_cluster, q, rec, w, "tasks",
                                      lambda i: send(app, "echo", q, i, time.time()))
+
+
+def test_beat_entries_run_as_schedules_after_beat_stops(broker_node: NodeProc,
+                                                        tmp_path: Path) -> None:
+    """A real ``celery beat -S disque_mp.kombu.beat:DisqueScheduler`` syncs its entry
+    into a SCHEDULE and is stopped; the node fires it and a real worker runs it."""
+    q = unique_queue("beat")
+    url = node_url(broker_node)
+    env = {"DISQUE_BROKER_URL": url, "BROKER_TEST_QUEUE": q, "BROKER_BEAT_EVERY_S": "1",
+           "BROKER_RECORD_FILE": str(tmp_path / "records.jsonl")}
+    beat = WorkerProc(["celery", "-A", TASKS, "beat", "-S", "disque_mp.kombu.beat:DisqueScheduler",
+                       "-s", str(tmp_path / "beat-schedule"), "-l", "info"], env,
+                      tmp_path / "beat.log")
+    name = b"celery-beat:echo-every"
+    with Disque([f"127.0.0.1:{broker_node.port}"]) as d:
+        with beat:
+            wait_until(lambda: name in d.execute("SCHEDULE", "LIST"), 60.0,
+                       "beat syncing its entry", detail=beat.log_tail)
+        show = next(s for s in d.schedules() if s["name"] == name.decode())
+        assert show["rule"] == "EVERY 1" and show["addjob"][0] == q.encode()
+        rec = tmp_path / "records.jsonl"
+        with worker(url, q, tmp_path) as w:  # beat is gone: the node fires
+            records = wait_records(rec, lambda r: sum(x["n"] == 42 for x in r) >= 3,
+                                   "three firings run by the worker", w)
+        assert all(r["n"] == 42 for r in records)
+        assert d.unschedule(name)
