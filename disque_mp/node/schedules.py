@@ -60,6 +60,10 @@ cron_text_max = 256
 # fire times counted one by one when a cron schedule has many due at once (a node
 # down for a long time): past it the rest count as skipped all the same
 due_count_max = 10_000
+# due times one schedule keeps waiting for their firer's note (a backup waits
+# rank * takeover; a period shorter than that keeps several): past it the oldest
+# is skipped
+pending_max = 64
 
 ERR_NO_SCHEDULE = Error("ERR no such schedule")
 ERR_SCHEDULE_NAME = Error(f"ERR schedule name must be 1 to {name_bytes_max} bytes")
@@ -148,8 +152,9 @@ class Entry:
     last_job_id: str = ""
     fired: int = 0  # firings this node made or heard of
     skipped: int = 0  # fire times that added no job (missed, skipped, failed)
-    pending_ms: int = 0  # a due time waiting for its firer's note (0: none)
-    missed: bool = False  # ... one that passed while this node was down
+    # due times waiting for their firer's note, oldest first: (fire ms, missed while
+    # this node was down); a backup fires each once its wait is over
+    pending: list[tuple[int, bool]] = field(default_factory=list)
     last_error: str = ""
 
 
@@ -303,8 +308,7 @@ class Table:
         e.last_fire_ms, e.last_job_id = fire_ms, job_id
         if count:
             e.fired += 1
-        if e.pending_ms and e.pending_ms <= fire_ms:
-            e.pending_ms = 0
+        e.pending = [p for p in e.pending if p[0] > fire_ms]
         if e.next_ms <= fire_ms:
             e.next_ms = e.spec.next_after(fire_ms)
         return True
@@ -322,43 +326,46 @@ class Table:
         out: list[Fire] = []
         in_grace = now_ms < self.start_ms + self.takeover_ms
         for e in self.live():
-            if e.pending_ms and e.pending_ms <= e.last_fire_ms:
-                e.pending_ms = 0
             if e.next_ms < self.start_ms <= now_ms:
                 self._arrive(e, self.start_ms - 1, missed=True)
             if in_grace:
                 continue
-            place = rank(e.spec.name, me, nodes)
-            self._fire_if_due(e, now_ms, place, out)
             if now_ms >= e.next_ms:
                 self._arrive(e, now_ms, missed=False)
-                self._fire_if_due(e, now_ms, place, out)
+            if e.pending:
+                self._fire_due(e, now_ms, rank(e.spec.name, me, nodes), out)
         return out
 
-    def _fire_if_due(self, e: Entry, now_ms: int, place: int, out: list[Fire]) -> None:
-        """The waiting time fires here once its firer had ``place * takeover_ms`` to
+    def _fire_due(self, e: Entry, now_ms: int, place: int, out: list[Fire]) -> None:
+        """A waiting time fires here once its firer had ``place * takeover_ms`` to
         send its note (counted from the end of our start's grace for a missed time)."""
-        if not e.pending_ms:
-            return
-        base_ms = max(e.pending_ms, self.start_ms + self.takeover_ms)
-        if now_ms >= base_ms + place * self.takeover_ms:
-            out.append(Fire(e.spec.name, e.pending_ms, e.spec.addjob_args(e.pending_ms), e.missed))
-            e.pending_ms = 0
+        wait_ms = place * self.takeover_ms
+        grace_end_ms = self.start_ms + self.takeover_ms
+        keep: list[tuple[int, bool]] = []
+        for fire_ms, missed in e.pending:
+            if fire_ms <= e.last_fire_ms:
+                continue
+            if now_ms >= max(fire_ms, grace_end_ms) + wait_ms:
+                out.append(Fire(e.spec.name, fire_ms, e.spec.addjob_args(fire_ms), missed))
+            else:
+                keep.append((fire_ms, missed))
+        e.pending = keep
 
     def _arrive(self, e: Entry, upto_ms: int, missed: bool) -> None:
-        """Fire times up to ``upto_ms`` reached: the latest one waits for its firer;
-        older ones (and one still waiting, now overtaken) are skipped."""
+        """Fire times up to ``upto_ms`` reached: the latest one waits for its firer
+        (older ones of the same step are skipped)."""
         latest, count = e.spec.latest_due(e.next_ms, upto_ms)
         e.next_ms = e.spec.next_after(latest)
-        e.skipped += count - 1 + (1 if e.pending_ms and e.pending_ms > e.last_fire_ms else 0)
-        e.pending_ms = 0
+        e.skipped += count - 1
         if latest <= e.last_fire_ms:
             return
         if missed and self.missed == "skip":
             e.skipped += 1
             return
-        e.pending_ms = latest
-        e.missed = missed
+        e.pending.append((latest, missed))
+        if len(e.pending) > pending_max:
+            e.pending.pop(0)
+            e.skipped += 1
 
     def digest(self) -> str:
         """What two nodes compare: every schedule's version and last firing."""
