@@ -34,9 +34,9 @@ from typing import Any
 
 from celery.beat import ScheduleEntry, Scheduler
 from celery.schedules import crontab, schedule
-from kombu import Connection
 
-from disque_mp.kombu.transport import Channel
+from disque_mp.client.core import AddJobOptions
+from disque_mp.kombu.transport import Channel, Transport
 
 log = logging.getLogger("disque_mp.kombu.beat")
 
@@ -48,9 +48,9 @@ def rule_of(entry: ScheduleEntry, default_tz: str) -> dict[str, Any] | None:
     or None for one a node cannot run."""
     s = entry.schedule
     if isinstance(s, crontab):
-        fields = (s._orig_minute, s._orig_hour, s._orig_day_of_month, s._orig_month_of_year,
-                  s._orig_day_of_week)
-        expr = " ".join(_cron_field(f) for f in fields)
+        fields = ((s.minute, 0, 59), (s.hour, 0, 23), (s.day_of_month, 1, 31),
+                  (s.month_of_year, 1, 12), (s.day_of_week, 0, 6))
+        expr = " ".join(_cron_field(values, lo, hi) for values, lo, hi in fields)
         return {"cron": expr, "tz": str(getattr(s, "tz", None) or default_tz)}
     if isinstance(s, schedule):
         seconds = s.run_every.total_seconds()
@@ -65,35 +65,40 @@ def rule_of(entry: ScheduleEntry, default_tz: str) -> dict[str, Any] | None:
     return {"every": int(seconds)}
 
 
-def _cron_field(value: Any) -> str:
-    if isinstance(value, (set, frozenset, list, tuple)):
-        return ",".join(str(v) for v in sorted(value))
-    return str(value).replace(" ", "")
+def _cron_field(values: set[int], lo: int, hi: int) -> str:
+    """One field from crontab's expanded set (Sunday is 0 in both)."""
+    if set(values) >= set(range(lo, hi + 1)):
+        return "*"
+    return ",".join(str(v) for v in sorted(values))
 
 
 class _Capture(Exception):
     """Raised by the capturing channel with the ADDJOB a publish would send."""
 
-    def __init__(self, job: tuple[str, str, dict[str, Any]]) -> None:
+    def __init__(self, job: tuple[str, str, AddJobOptions]) -> None:
         super().__init__("captured")
         self.job = job
 
 
-def job_of_entry(app: Any, entry: ScheduleEntry, conn: Connection) -> tuple[str, str, dict[str, Any]]:
+class _CaptureChannel(Channel):
+    """A channel whose publish hands back the ADDJOB instead of sending it."""
+
+    def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
+        raise _Capture(self.job_for(queue, message))
+
+
+class _CaptureTransport(Transport):
+    Channel = _CaptureChannel
+
+
+def job_of_entry(app: Any, entry: ScheduleEntry) -> tuple[str, str, AddJobOptions]:
     """The ADDJOB (queue, body, options) ``entry`` would publish, without publishing."""
-    channel = conn.default_channel
-    if not isinstance(channel, Channel):
-        raise TypeError("DisqueScheduler needs the app's broker to be disque://")
-
-    def capture(queue: str, message: dict[str, Any], **kwargs: Any) -> None:
-        raise _Capture(channel.job_for(queue, message))
-
-    channel._put = capture  # this connection is the scheduler's own; it publishes nothing
-    try:
-        app.send_task(entry.task, args=entry.args, kwargs=entry.kwargs, connection=conn,
-                      retry=False, **(entry.options or {}))
-    except _Capture as got:
-        return got.job
+    with app.connection_for_write(transport=_CaptureTransport) as conn:
+        try:
+            app.send_task(entry.task, args=entry.args, kwargs=entry.kwargs, connection=conn,
+                          retry=False, **(entry.options or {}))
+        except _Capture as got:
+            return got.job
     raise RuntimeError(f"beat entry {entry.name!r} published no message")
 
 
@@ -111,6 +116,8 @@ class DisqueScheduler(Scheduler):
         names: list[str] = []
         with self.app.connection_for_write() as conn:
             client = conn.default_channel.client
+            if not isinstance(conn.default_channel, Channel):
+                raise TypeError("DisqueScheduler needs the app's broker to be disque://")
             for entry in self.schedule.values():
                 rule = rule_of(entry, default_tz)
                 if rule is None:
@@ -118,7 +125,7 @@ class DisqueScheduler(Scheduler):
                                 "(crontab or a whole number of seconds can); left out",
                                 entry.name, entry.schedule)
                     continue
-                queue, body, options = job_of_entry(self.app, entry, conn)
+                queue, body, options = job_of_entry(self.app, entry)
                 name = NAME_PREFIX + entry.name
                 client.schedule(name, queue, body, **rule, **options)
                 names.append(name)

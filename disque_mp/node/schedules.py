@@ -44,10 +44,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from blake3 import blake3
-from cronsim import CronSim, CronSimError
 
 from disque_mp.node.commands.jobs import parse_addjob
-from workers.replies import ERR_SYNTAX, Error
+from workers.replies import Error
 
 # A firing's DEDUP key is ``<key>@<fire ms>`` and ADDJOB takes keys of 1..256 bytes:
 # the schedule's name (in ``schedule:<name>``) and an options' DEDUP key must leave
@@ -66,6 +65,8 @@ due_count_max = 10_000
 pending_max = 64
 
 ERR_NO_SCHEDULE = Error("ERR no such schedule")
+ERR_NO_CRONSIM = Error("ERR CRON schedules need the cronsim package on this node "
+                       "(pip install cronsim); EVERY works without it")
 ERR_SCHEDULE_NAME = Error(f"ERR schedule name must be 1 to {name_bytes_max} bytes")
 ERR_EVERY = Error(f"ERR EVERY must be a whole number of seconds from 1 to {every_s_max}")
 ERR_SCHEDULE_DEDUP = Error(f"ERR DEDUP key of a schedule must be 1 to {dedup_key_bytes_max} bytes")
@@ -122,6 +123,8 @@ class Spec:
         if self.every_s:
             period = self.every_s * 1000
             return (t_ms // period + 1) * period
+        from cronsim import CronSim  # a CRON schedule was checked: cronsim is there
+
         zone = zoneinfo.ZoneInfo(self.tz)
         start = datetime.datetime.fromtimestamp(t_ms // 1000, zone)
         return int(next(CronSim(self.cron, start)).timestamp()) * 1000
@@ -221,6 +224,10 @@ def check_cron(cron: str, tz: str) -> Error | None:
         return Error(f"ERR unknown time zone '{tz}'")
     if not cron or len(cron) > cron_text_max or len(cron.split()) != 5:
         return Error("ERR bad cron expression: it needs 5 fields (m h dom mon dow)")
+    try:  # imported here: a node without the package serves everything but CRON
+        from cronsim import CronSim, CronSimError
+    except ImportError:
+        return ERR_NO_CRONSIM
     try:
         next(CronSim(cron, datetime.datetime(2000, 1, 1, tzinfo=zone)))  # parses, no clock
     except (CronSimError, StopIteration, ValueError) as exc:

@@ -26,10 +26,11 @@ The message is fixed when the schedule is set: every firing carries its task ID.
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncGenerator
 from datetime import timedelta
 from typing import Any
 
-from taskiq import ScheduledTask, ScheduleSource
+from taskiq import AckableMessage, AsyncBroker, BrokerMessage, ScheduledTask, ScheduleSource
 from taskiq.kicker import AsyncKicker
 
 from disque_mp.taskiq.broker import DisqueBroker
@@ -51,6 +52,24 @@ def rule_of(task: ScheduledTask) -> dict[str, Any]:
             else float(task.interval)
         return {"every": int(seconds)}
     raise ValueError("a one-off time is an ADDJOB with DELAY, not a SCHEDULE")
+
+
+class _CaptureBroker(AsyncBroker):
+    """Takes the message ``kiq()`` kicks (formatted and passed through the real
+    broker's middlewares, as a kick would be) instead of sending it."""
+
+    def __init__(self, real: DisqueBroker) -> None:
+        super().__init__(task_id_generator=real.id_generator)
+        self.formatter = real.formatter
+        self.middlewares = real.middlewares
+        self.captured: list[BrokerMessage] = []
+
+    async def kick(self, message: BrokerMessage) -> None:
+        self.captured.append(message)
+
+    async def listen(self) -> AsyncGenerator[bytes | AckableMessage, None]:
+        raise NotImplementedError("a capturing broker receives nothing")
+        yield b""  # an async generator, as AsyncBroker.listen is
 
 
 class DisqueScheduleSource(ScheduleSource):
@@ -86,13 +105,14 @@ class DisqueScheduleSource(ScheduleSource):
 
     async def add_schedule(self, schedule: ScheduledTask) -> None:
         rule = rule_of(schedule)
-        kicker = AsyncKicker(schedule.task_name, self.broker, schedule.labels)
+        capture = _CaptureBroker(self.broker)
+        kicker: AsyncKicker[Any, Any] = AsyncKicker(schedule.task_name, capture,
+                                                    schedule.labels)
         kicker = kicker.with_labels(schedule_id=schedule.schedule_id)
         if schedule.task_id is not None:
             kicker = kicker.with_task_id(schedule.task_id)
-        message = self.broker.formatter.dumps(kicker._prepare_message(*schedule.args,
-                                                                      **schedule.kwargs))
-        queue, body, options = self.broker.job_for(message)
+        await kicker.kiq(*schedule.args, **schedule.kwargs)
+        queue, body, options = self.broker.job_for(capture.captured[-1])
         name = NAME_PREFIX + schedule.schedule_id
         await self.broker.client.schedule(name, queue, body, **rule, **options)
         self.set_here.add(name)

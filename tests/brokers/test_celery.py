@@ -206,3 +206,30 @@ def test_beat_entries_run_as_schedules_after_beat_stops(broker_node: NodeProc,
                                    "three firings run by the worker", w)
         assert all(r["n"] == 42 for r in records)
         assert d.unschedule(name)
+
+
+def test_beat_rules_from_crontab_and_intervals() -> None:
+    from datetime import timedelta
+
+    from celery.beat import ScheduleEntry
+    from celery.schedules import crontab, schedule
+
+    from disque_mp.kombu.beat import rule_of
+
+    app = Celery("rules", set_as_current=False)
+    app.conf.timezone = "Europe/Paris"  # a crontab's zone is its app's
+
+    def rule(s: Any) -> Any:
+        return rule_of(ScheduleEntry(name="e", task="t", schedule=s, app=app), "UTC")
+
+    assert rule(crontab(minute="*/15", hour="1-3", app=app)) == {"cron": "0,15,30,45 1,2,3 * * *",
+                                                         "tz": "Europe/Paris"}
+    assert rule(crontab(minute=0, hour=4, day_of_week="sun", app=app)) == {"cron": "0 4 * * 0",
+                                                                  "tz": "Europe/Paris"}
+    assert rule(schedule(timedelta(minutes=2))) == {"every": 120}
+    assert rule(30.0) == {"every": 30}
+    assert rule(0.5) is None  # under a second: no EVERY for it
+    class Custom:  # any other schedule class (solar, one of the app's): left out
+        app: Any = None
+
+    assert rule(Custom()) is None
