@@ -52,7 +52,7 @@ def rule_of(entry: ScheduleEntry, default_tz: str) -> dict[str, Any] | None:
                   (s.month_of_year, 1, 12), (s.day_of_week, 0, 6))
         expr = " ".join(_cron_field(values, lo, hi) for values, lo, hi in fields)
         return {"cron": expr, "tz": str(getattr(s, "tz", None) or default_tz)}
-    if isinstance(s, schedule):
+    if type(s) is schedule:  # a subclass (solar, an app's own) fires at other times
         seconds = s.run_every.total_seconds()
     elif isinstance(s, timedelta):
         seconds = s.total_seconds()

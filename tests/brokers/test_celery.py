@@ -229,7 +229,8 @@ def test_beat_rules_from_crontab_and_intervals() -> None:
     assert rule(schedule(timedelta(minutes=2))) == {"every": 120}
     assert rule(30.0) == {"every": 30}
     assert rule(0.5) is None  # under a second: no EVERY for it
-    class Custom:  # any other schedule class (solar, one of the app's): left out
-        app: Any = None
+    class Custom(schedule):  # not a plain interval (solar, one of the app's): left out
+        def __init__(self) -> None:
+            super().__init__(timedelta(seconds=5))
 
     assert rule(Custom()) is None
