@@ -158,6 +158,10 @@ class Entry:
     # due times waiting for their firer's note, oldest first: (fire ms, missed while
     # this node was down); a backup fires each once its wait is over
     pending: list[tuple[int, bool]] = field(default_factory=list)
+    # the newest fire times known to have fired (ours or notes): a waiting time is
+    # dropped when its own note came, not when a later one did (the firer may have
+    # skipped it: it was starting, or it had just taken over)
+    noted: list[int] = field(default_factory=list)
     last_error: str = ""
 
 
@@ -248,6 +252,12 @@ def _check_addjob(addjob: list[bytes], body_bytes_max: int) -> Error | None:
     return None
 
 
+def _done(e: Entry, fire_ms: int, missed: bool) -> bool:
+    """A fire time that needs no firing: its note came, or it was missed while we
+    were down and a firing as late or later is known (a peer fired it or after it)."""
+    return fire_ms in e.noted or (missed and fire_ms <= e.last_fire_ms)
+
+
 def rank(name: bytes, me: str, nodes: Iterable[str]) -> int:
     """Our place in the rendezvous order of ``name`` over ``nodes`` (which holds us):
     0 = the firer. Every node that sees the same nodes computes the same order."""
@@ -292,7 +302,7 @@ class Table:
         if old is not None and not old.spec.deleted and not spec.deleted \
                 and old.spec.rule_text() == spec.rule_text():
             entry.last_fire_ms, entry.last_job_id = old.last_fire_ms, old.last_job_id
-            entry.fired, entry.skipped = old.fired, old.skipped
+            entry.fired, entry.skipped, entry.noted = old.fired, old.skipped, old.noted
         if not spec.deleted:
             entry.next_ms = spec.next_after(max(spec.set_ms, entry.last_fire_ms, 0))
         self.entries[spec.name] = entry
@@ -310,12 +320,16 @@ class Table:
     def note_fired(self, name: bytes, fire_ms: int, job_id: str, count: bool = True) -> bool:
         """A firing (ours or a peer's note): True when it is news."""
         e = self.get(name)
-        if e is None or fire_ms <= e.last_fire_ms:
+        if e is None or fire_ms in e.noted or not fire_ms:
             return False
-        e.last_fire_ms, e.last_job_id = fire_ms, job_id
+        e.noted.append(fire_ms)
+        if len(e.noted) > pending_max:
+            e.noted.pop(0)
         if count:
             e.fired += 1
-        e.pending = [p for p in e.pending if p[0] > fire_ms]
+        if fire_ms > e.last_fire_ms:
+            e.last_fire_ms, e.last_job_id = fire_ms, job_id
+        e.pending = [p for p in e.pending if not _done(e, *p)]
         if e.next_ms <= fire_ms:
             e.next_ms = e.spec.next_after(fire_ms)
         return True
@@ -350,7 +364,7 @@ class Table:
         grace_end_ms = self.start_ms + self.takeover_ms
         keep: list[tuple[int, bool]] = []
         for fire_ms, missed in e.pending:
-            if fire_ms <= e.last_fire_ms:
+            if _done(e, fire_ms, missed):
                 continue
             if now_ms >= max(fire_ms, grace_end_ms) + wait_ms:
                 out.append(Fire(e.spec.name, fire_ms, e.spec.addjob_args(fire_ms), missed))
@@ -364,7 +378,7 @@ class Table:
         latest, count = e.spec.latest_due(e.next_ms, upto_ms)
         e.next_ms = e.spec.next_after(latest)
         e.skipped += count - 1
-        if latest <= e.last_fire_ms:
+        if _done(e, latest, missed):
             return
         if missed and self.missed == "skip":
             e.skipped += 1

@@ -163,3 +163,17 @@ def test_cron_in_a_zone_and_many_due_at_once() -> None:
 def test_the_bus_edge_refuses_malformed_sched_frames(meta: dict, bodies: list[bytes]) -> None:
     with pytest.raises(FrameError):
         check_schedule(meta, bodies)
+
+
+def test_a_later_note_does_not_cancel_an_earlier_time_the_firer_skipped() -> None:
+    table = sch.Table(10, "once", 2000, T0 - 10_000)
+    table.apply(_spec(), T0)
+    backup = next(n for n in NODES if sch.rank(b"s", n, NODES) == 1)
+    assert table.due(T0 + 1000, backup, NODES) == []  # T0+1000 waits 2 s for the firer
+    assert table.note_fired(b"s", T0 + 2000, "D-next")  # the firer (just started) fired the next
+    assert table.due(T0 + 2500, backup, NODES) == []
+    late = table.due(T0 + 3000, backup, NODES)
+    assert [f.fire_ms for f in late] == [T0 + 1000]
+    assert table.note_fired(b"s", T0 + 1000, "D-late")  # our own firing: news, counted
+    entry = table.get(b"s")
+    assert entry is not None and entry.fired == 2 and entry.last_job_id == "D-next"
