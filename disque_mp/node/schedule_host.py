@@ -289,9 +289,11 @@ class ScheduleHost:
     # ---- time -------------------------------------------------------------------
 
     def nodes(self) -> list[str]:
-        """Who may fire: us and the members we see as reachable and not leaving."""
+        """Who may fire: the members we see as reachable and not leaving, and us
+        unless we are leaving (then we fire only after all of them had their turn)."""
         view = self.bus.view()
-        return [self.me(), *(p.node_id for p in mb.peers(view) if p.reachable and not p.leaving)]
+        others = [p.node_id for p in mb.peers(view) if p.reachable and not p.leaving]
+        return others if view.get("leaving") else [self.me(), *others]
 
     async def _run(self) -> None:
         while True:
@@ -315,7 +317,7 @@ class ScheduleHost:
         self._compact()
 
     def _greet(self, nodes: list[str], now: int) -> None:
-        members = set(nodes[1:])
+        members = set(nodes) - {self.me()}
         self.greeted &= members
         digest = {"op": "sum", "h": self.table.digest()}
         if now >= self.digest_at_ms:

@@ -259,13 +259,17 @@ def _done(e: Entry, fire_ms: int, missed: bool) -> bool:
 
 
 def rank(name: bytes, me: str, nodes: Iterable[str]) -> int:
-    """Our place in the rendezvous order of ``name`` over ``nodes`` (which holds us):
-    0 = the firer. Every node that sees the same nodes computes the same order."""
+    """Our place in the rendezvous order of ``name`` over ``nodes``: 0 = the firer.
+    Every node that sees the same nodes computes the same order; a node not among
+    ``nodes`` (leaving) comes after all of them."""
     def weight(node_id: str) -> bytes:
         return blake3(name + b"\x00" + node_id.encode()).digest(8)
 
+    others = set(nodes) - {me}
+    if len(others) == len(set(nodes)):  # we may not fire (leaving): after every other node
+        return len(others)
     mine = weight(me)
-    return sum(1 for n in set(nodes) if n != me and (weight(n), n) > (mine, me))
+    return sum(1 for n in others if (weight(n), n) > (mine, me))
 
 
 @dataclass

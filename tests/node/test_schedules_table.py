@@ -39,6 +39,7 @@ def test_one_firer_and_the_next_in_order_takes_over() -> None:
     firer, backup = NODES[ranks.index(0)], NODES[ranks.index(1)]
     rest = [n for n in NODES if n != firer]
     assert sch.rank(b"s", backup, rest) == 0
+    assert sch.rank(b"s", firer, rest) == 2  # leaving: after every node that may fire
 
 
 def test_each_fire_time_fires_once_while_notes_arrive() -> None:
