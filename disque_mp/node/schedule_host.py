@@ -165,6 +165,7 @@ class ScheduleHost:
         self.in_flight: set[asyncio.Task[None]] = set()
         self.greeted: set[str] = set()  # members sent our digest since they came into view
         self.digest_at_ms = 0
+        self.refused = 0  # records of the schedules file this node could not read
 
     @property
     def body_bytes_max(self) -> int:
@@ -188,17 +189,19 @@ class ScheduleHost:
         self.file.close()
 
     def _load_record(self, meta: dict[str, Any], bodies: list[bytes]) -> None:
-        if meta.get("op") == "fired" and bodies:
-            self.table.note_fired(bodies[0], int(meta["t"]), str(meta["j"]))
-            return
-        got = sch.from_wire(meta, bodies, 1 << 62)  # kept before: a lower bound now keeps it
+        try:
+            if meta["op"] == "fired":
+                self.table.note_fired(bodies[0], int(meta["t"]), str(meta["j"]))
+                return
+            got = sch.from_wire(meta, bodies, 1 << 62)  # kept before: the bound then held
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            got = Error(f"ERR malformed record ({exc!r})")
         if isinstance(got, Error):
             log.warning("schedules file: a record refused: %s", got)
+            self.refused += 1
             return
         spec, last_fire_ms, last_job = got
-        self.table.schedules_max += 1  # what the file holds is kept whatever the bound now
-        self.table.apply(spec, 0)
-        self.table.schedules_max -= 1
+        self.table.apply(spec, bounded=False)  # what the file holds stays, whatever the bound
         self.table.note_fired(spec.name, last_fire_ms, last_job, count=False)
         entry = self.table.entries.get(spec.name)
         if entry is not None:
@@ -206,8 +209,8 @@ class ScheduleHost:
             entry.skipped = max(entry.skipped, int(meta.get("sk", 0)))
 
     def _compact(self) -> None:
-        if self.file.records <= 4 * len(self.table.entries) + 64:
-            return
+        if self.refused or self.file.records <= 4 * len(self.table.entries) + 64:
+            return  # a record this node could not read (no cronsim ...) is never rewritten away
         records = []
         for entry in self.table.entries.values():
             meta, bodies = sch.to_wire(entry)
@@ -227,7 +230,7 @@ class ScheduleHost:
                 return 0
             spec = sch.Spec(args[1], "", "UTC", 0, [], max(now, entry.spec.set_ms + 1),
                             self.me(), True)
-            self._take(spec, now)
+            self._take(spec)
             return 1
         if sub == b"list" and len(args) == 1:
             return sorted(e.spec.name for e in self.table.live())
@@ -244,12 +247,12 @@ class ScheduleHost:
         old = self.table.entries.get(spec.name)
         spec.set_ms = max(now, old.spec.set_ms + 1 if old is not None else 0)
         spec.origin = self.me()
-        self._take(spec, now)
+        self._take(spec)
         return OK
 
-    def _take(self, spec: sch.Spec, now: int) -> None:
+    def _take(self, spec: sch.Spec) -> None:
         """A SET or DEL of ours: into the table, the file and every member."""
-        if not self.table.apply(spec, now):
+        if not self.table.apply(spec):
             return
         entry = self.table.entries[spec.name]
         meta, bodies = sch.to_wire(entry)
@@ -273,7 +276,7 @@ class ScheduleHost:
             log.warning("schedule %r from %s refused: %s", bodies[0][:64], sender[:8], got)
             return
         spec, last_fire_ms, last_job = got
-        if self.table.apply(spec, wall_ms()):
+        if self.table.apply(spec):
             self.file.append(*sch.to_wire(self.table.entries[spec.name]))
         elif not spec.deleted and self.table.full(spec.name):
             log.warning("schedule %r from %s refused: schedules-max (%d) reached",

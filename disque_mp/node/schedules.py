@@ -293,13 +293,13 @@ class Table:
     def full(self, name: bytes) -> bool:
         return self.get(name) is None and len(self.live()) >= self.schedules_max
 
-    def apply(self, spec: Spec, now_ms: int) -> bool:
-        """A SET or DEL (ours, a peer's or the file's): True when it is newer than
-        what we hold and was taken."""
+    def apply(self, spec: Spec, bounded: bool = True) -> bool:
+        """A SET or DEL (ours, a peer's or, not ``bounded``, the file's): True when it
+        is newer than what we hold and was taken."""
         old = self.entries.get(spec.name)
         if old is not None and old.spec.version() >= spec.version():
             return False
-        if not spec.deleted and (old is None or old.spec.deleted) \
+        if bounded and not spec.deleted and (old is None or old.spec.deleted) \
                 and len(self.live()) >= self.schedules_max:
             return False
         entry = Entry(spec)

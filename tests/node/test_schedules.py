@@ -99,9 +99,12 @@ def test_one_node_fires_keeps_across_restart_and_fires_a_missed_time_once(one: N
     one.stop()
     stopped_ms = int(time.time() * 1000)
     time.sleep(3.2)  # three fire times pass while the node is down
+    with open(one.dir / "appendonly-schedules.aof", "ab") as f:
+        f.write(b"\x00\x00\x01\x00torn")  # a torn tail: cut at start, the rest kept
     start_ms = int(time.time() * 1000)
     one.start()
     assert set(_names(one)) == {b"tick", b"nightly"}  # kept in the schedules file
+    assert "damaged tail cut" in one.log_text()
     wait_until(lambda: _show(one, "tick")["last-fire"] > start_ms, wait_s,
                "firing again after the start")
     assert _show(one, "tick")["skipped"] >= 2  # the older missed times add nothing

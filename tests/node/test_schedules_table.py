@@ -29,7 +29,7 @@ def _spec(name: bytes = b"s", every_s: int = 1, set_ms: int = T0, origin: str = 
 def _tables(start_ms: int = T0 - 10_000) -> list[sch.Table]:
     tables = [sch.Table(10, "once", 1000, start_ms) for _ in NODES]
     for t in tables:
-        assert t.apply(_spec(), T0)
+        assert t.apply(_spec())
     return tables
 
 
@@ -77,7 +77,7 @@ def test_a_silent_firer_is_replaced_after_the_takeover_wait() -> None:
 def test_a_backup_waiting_longer_than_the_period_fires_every_time() -> None:
     tables = [sch.Table(10, "once", 2500, T0 - 10_000) for _ in NODES]
     for t in tables:
-        t.apply(_spec(), T0)
+        t.apply(_spec())
     ranked = sorted(NODES, key=lambda n: sch.rank(b"s", n, NODES))
     last = tables[NODES.index(ranked[2])]  # the firer and the first backup are cut off
     fired = [f.fire_ms for now in range(T0, T0 + 12_000, 100)
@@ -88,7 +88,7 @@ def test_a_backup_waiting_longer_than_the_period_fires_every_time() -> None:
 @pytest.mark.parametrize("policy", ["once", "skip"])
 def test_times_missed_while_down(policy: str) -> None:
     table = sch.Table(10, policy, 1000, T0 + 10_500)  # started 10.5 s after the last firing
-    table.apply(_spec(), T0 - 1)
+    table.apply(_spec())
     table.note_fired(b"s", T0, "D-old")
     assert table.due(T0 + 10_600, NODES[0], [NODES[0]]) == []  # the start's grace
     got = table.due(T0 + 11_500, NODES[0], [NODES[0]])
@@ -103,20 +103,20 @@ def test_times_missed_while_down(policy: str) -> None:
 
 def test_newest_version_wins_and_a_tombstone_keeps_an_old_set_out() -> None:
     table = sch.Table(10)
-    assert table.apply(_spec(every_s=5, set_ms=T0), T0)
-    assert not table.apply(_spec(every_s=7, set_ms=T0 - 1), T0)  # older: ignored
+    assert table.apply(_spec(every_s=5, set_ms=T0))
+    assert not table.apply(_spec(every_s=7, set_ms=T0 - 1))  # older: ignored
     gone = sch.Spec(b"s", "", "UTC", 0, [], T0 + 1, NODES[1], True)
-    assert table.apply(gone, T0)
+    assert table.apply(gone)
     assert table.get(b"s") is None and table.live() == []
-    assert not table.apply(_spec(every_s=5, set_ms=T0), T0)  # late SET: stays deleted
-    assert table.apply(_spec(every_s=5, set_ms=T0 + 2), T0)
+    assert not table.apply(_spec(every_s=5, set_ms=T0))  # late SET: stays deleted
+    assert table.apply(_spec(every_s=5, set_ms=T0 + 2))
 
 
 def test_schedules_max_and_the_wire_form() -> None:
     table = sch.Table(1)
-    assert table.apply(_spec(b"a"), T0)
+    assert table.apply(_spec(b"a"))
     assert table.full(b"b") and not table.full(b"a")
-    assert not table.apply(_spec(b"b"), T0)
+    assert not table.apply(_spec(b"b"))
     entry = table.get(b"a")
     assert entry is not None
     meta, bodies = sch.to_wire(entry)
@@ -131,15 +131,15 @@ def test_schedules_max_and_the_wire_form() -> None:
 
 def test_two_tables_agree_after_exchanging() -> None:
     a, b = sch.Table(10), sch.Table(10)
-    a.apply(_spec(b"x"), T0)
-    b.apply(_spec(b"y", origin=NODES[1]), T0)
+    a.apply(_spec(b"x"))
+    b.apply(_spec(b"y", origin=NODES[1]))
     assert a.digest() != b.digest()
     for src, dst in ((a, b), (b, a)):
         for e in list(src.entries.values()):
             meta, bodies = sch.to_wire(e)
             got = sch.from_wire(meta, bodies, 1024)
             assert not isinstance(got, Error)
-            dst.apply(got[0], T0)
+            dst.apply(got[0])
     assert a.digest() == b.digest()
 
 
@@ -168,7 +168,7 @@ def test_the_bus_edge_refuses_malformed_sched_frames(meta: dict, bodies: list[by
 
 def test_a_later_note_does_not_cancel_an_earlier_time_the_firer_skipped() -> None:
     table = sch.Table(10, "once", 2000, T0 - 10_000)
-    table.apply(_spec(), T0)
+    table.apply(_spec())
     backup = next(n for n in NODES if sch.rank(b"s", n, NODES) == 1)
     assert table.due(T0 + 1000, backup, NODES) == []  # T0+1000 waits 2 s for the firer
     assert table.note_fired(b"s", T0 + 2000, "D-next")  # the firer (just started) fired the next
