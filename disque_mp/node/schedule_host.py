@@ -14,8 +14,8 @@ the schedules travel on). This part:
   firing's note, and every ``digest_interval_ms`` (and at once to a member seen
   for the first time) the table's digest; a member whose digest differs gets our
   whole table;
-- fires: every ``tick_ms`` asks the table what is due and runs each firing as a
-  client's ADDJOB on this worker (``http.commands.call``: the command path's
+- fires: a timer that sleeps until the table's next fire time (or a change) asks
+  it what is due and runs each firing as a client's ADDJOB on this worker (``http.commands.call``: the command path's
   routing to the queue's owner, its replication and its errors).
 """
 
@@ -44,7 +44,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("disque.schedules")
 
-tick_ms = 200  # how often due firings are looked for (a firing is this late at most)
+# The timer sleeps until the next fire time, a waiting time's turn, the next digest
+# or a change (SET, DEL, a peer's frame, a membership view): no schedule, no peer,
+# no wake-up. At most this long, so a wall clock that jumps is noticed:
+wake_ms_max = 60_000
 digest_interval_ms = 5000  # every member gets our digest this often
 fired_in_flight_max = 1024  # firings running at once (each waits for its ADDJOB)
 record_bytes_max = 64 << 20  # a record of the schedules file (a body is bounded far below)
@@ -166,6 +169,7 @@ class ScheduleHost:
         self.greeted: set[str] = set()  # members sent our digest since they came into view
         self.digest_at_ms = 0
         self.refused = 0  # records of the schedules file this node could not read
+        self.changed = asyncio.Event()  # wakes the timer early (see wake_ms_max)
 
     @property
     def body_bytes_max(self) -> int:
@@ -220,6 +224,7 @@ class ScheduleHost:
     # ---- SCHEDULE (any worker's client, run here) -------------------------------
 
     def execute(self, bus: ClusterBus, args: list[bytes]) -> Any:
+        self.wake()
         sub = args[0].lower() if args else b""
         now = wall_ms()
         if sub == b"set":
@@ -262,6 +267,7 @@ class ScheduleHost:
     # ---- SCHED frames from the other nodes ----------------------------------------
 
     def on_schedule(self, sender: str, meta: dict[str, Any], bodies: list[bytes]) -> None:
+        self.wake()
         op = meta["op"]
         if op == "sum":
             if meta["h"] != self.table.digest():
@@ -298,15 +304,24 @@ class ScheduleHost:
         others = [p.node_id for p in mb.peers(view) if p.reachable and not p.leaving]
         return others if view.get("leaving") else [self.me(), *others]
 
+    def wake(self) -> None:
+        """Something changed (a SET or DEL, a peer's frame, the membership view): the
+        timer looks again now."""
+        self.changed.set()
+
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(tick_ms / 1000)
             try:
-                self.tick(wall_ms())
+                sleep_ms = self.tick(wall_ms())
             except Exception:  # a bug here must not stop every schedule for good
                 log.exception("schedules tick failed")
+                sleep_ms = wake_ms_max
+            self.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), sleep_ms / 1000)
 
-    def tick(self, now: int) -> None:
+    def tick(self, now: int) -> int:
+        """Fire what is due, greet new members; the ms until the next look."""
         nodes = self.nodes()
         self._greet(nodes, now)
         for fire in self.table.due(now, self.me(), nodes):
@@ -318,6 +333,13 @@ class ScheduleHost:
             task.add_done_callback(self.in_flight.discard)
         self.file.sync()
         self._compact()
+        wake = [now + wake_ms_max]
+        due_ms = self.table.next_wake_ms(now, self.me(), nodes)
+        if due_ms is not None:
+            wake.append(due_ms)
+        if len(nodes) > 1 or nodes[:1] != [self.me()]:
+            wake.append(self.digest_at_ms)
+        return max(min(wake) - now, 1)
 
     def _greet(self, nodes: list[str], now: int) -> None:
         members = set(nodes) - {self.me()}
@@ -349,3 +371,4 @@ class ScheduleHost:
             meta = {"op": "fired", "t": fire.fire_ms, "j": job_id}
             self.file.append(meta, [fire.name])
             self.bus.send_schedule("*", meta, [fire.name])
+            self.wake()  # the next look fsyncs the record (appendfsync everysec)

@@ -361,6 +361,22 @@ class Table:
                 self._fire_due(e, now_ms, rank(e.spec.name, me, nodes), out)
         return out
 
+    def next_wake_ms(self, now_ms: int, me: str, nodes: list[str]) -> int | None:
+        """When ``due`` has work next: a fire time, a waiting time's turn, the end of
+        the start's grace (None: no schedule)."""
+        live = self.live()
+        if not live:
+            return None
+        grace_end_ms = self.start_ms + self.takeover_ms
+        wake = min(e.next_ms for e in live)
+        if now_ms < grace_end_ms:
+            wake = min(wake, grace_end_ms)
+        for e in live:
+            if e.pending:
+                wait_ms = rank(e.spec.name, me, nodes) * self.takeover_ms
+                wake = min(wake, *(max(t, grace_end_ms) + wait_ms for t, _ in e.pending))
+        return wake
+
     def _fire_due(self, e: Entry, now_ms: int, place: int, out: list[Fire]) -> None:
         """A waiting time fires here once its firer had ``place * takeover_ms`` to
         send its note (counted from the end of our start's grace for a missed time)."""

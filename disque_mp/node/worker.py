@@ -366,6 +366,8 @@ class Worker(ClientHost):
         self.shard.set_view(view.get("myid", self.node_id), peers, bool(view.get("leaving")))
         self.view_seen = True
         self.drain_effects()  # LEAVING releases blocked clients with -LEAVING
+        if self.schedules is not None:
+            self.schedules.wake()  # a member came or went: greet it, recount the firers
 
     def on_tick(self) -> int:
         """Each second while the worker is active: the rates for INFO and Redis' idle

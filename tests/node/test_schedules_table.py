@@ -178,3 +178,13 @@ def test_a_later_note_does_not_cancel_an_earlier_time_the_firer_skipped() -> Non
     assert table.note_fired(b"s", T0 + 1000, "D-late")  # our own firing: news, counted
     entry = table.get(b"s")
     assert entry is not None and entry.fired == 2 and entry.last_job_id == "D-next"
+
+
+def test_the_timer_sleeps_until_the_next_thing_to_do() -> None:
+    table = sch.Table(10, "once", 1000, T0 - 10_000)
+    assert table.next_wake_ms(T0, NODES[0], NODES) is None  # nothing scheduled: no wake-up
+    table.apply(_spec(every_s=60))
+    assert table.next_wake_ms(T0, NODES[0], NODES) == T0 + 40_000  # T0 is 20 s past a minute
+    backup = next(n for n in NODES if sch.rank(b"s", n, NODES) == 2)
+    assert table.due(T0 + 40_000, backup, NODES) == []  # the time waits for the others
+    assert table.next_wake_ms(T0 + 40_000, backup, NODES) == T0 + 42_000  # rank 2: 2 takeovers
