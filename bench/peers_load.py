@@ -170,7 +170,12 @@ def _paced_consumer(target: Target, q: str, deadline_s: float, barrier: Any, sen
 
 
 def paced(target: Target, q: str, rate: float, seconds: float) -> dict[str, Any]:
-    """One producer at ``rate`` jobs/s, one consumer: add-to-delivery latencies (ns)."""
+    """One producer at ``rate`` jobs/s, one consumer: add-to-delivery latencies (ns), and
+    the CPU the servers' processes spent per job meanwhile (at a paced rate that is
+    mostly what each wake-up costs: the loop turn, the flush, a blocked GETJOB woken)."""
+    from bench.scaling import cpu_s
+
+    cpu0 = sum(cpu_s(p) for p in target.pids)
     barrier = _CTX.Barrier(3)
     producing = _CTX.Event()
     producing.set()
@@ -189,10 +194,12 @@ def paced(target: Target, q: str, rate: float, seconds: float) -> dict[str, Any]
     except queue_mod.Empty:
         raw = b""
     _finish([prod, cons], 10)
+    server_s = sum(cpu_s(p) for p in target.pids) - cpu0
     lat = array("q")
     lat.frombytes(raw)
     return {"rate": rate, "achieved_rate": achieved.value, "sent": sent.value,
-            "received": len(lat), "latency_ns": sorted(lat)}
+            "received": len(lat), "latency_ns": sorted(lat),
+            "server_us_per_job": 1e6 * server_s / max(1, len(lat)) if target.pids else None}
 
 
 def percentile(sorted_ns: list[int], p: float) -> float:

@@ -13,6 +13,8 @@ from typing import Any
 
 LATENCY_KEYS = ("p50_ms", "p99_ms", "p99.9_ms")
 P99_VS_REDIS_LIST_MAX = 1.2  # the paced-latency target: disque-mp's p99 over Redis list's
+CYCLE_CPU_VS_C_MAX = 1.3  # server CPU per job, one queue flat out, over C Disque's
+PACED_CPU_VS_C_MAX = 1.5  # server CPU per job at a paced 1,000 jobs/s, over C Disque's
 PROMISES = {  # what the replicated setting's systems promise when a node dies
     "disque-mp": "ADDJOB REPLICATE 3 answers once 3 nodes hold the job in memory; a job "
                  "survives the loss of any 2 of them and is queued again by a survivor after "
@@ -68,8 +70,10 @@ def figure(workload: str, m: dict[str, float]) -> str:
         return f"{m['jobs_per_s']:,.0f} jobs/s{cpu}"
     if "p99_ms" not in m:
         return "failed"
+    cpu = (f" ({m['server_us_per_job']:.1f} us server CPU per job)"
+           if "server_us_per_job" in m else "")
     return (f"p50 {m['p50_ms']:.2f} / p99 {m['p99_ms']:.2f} / p99.9 {m['p99.9_ms']:.2f} ms "
-            f"at {m.get('achieved_rate', 0):,.0f}/s")
+            f"at {m.get('achieved_rate', 0):,.0f}/s{cpu}")
 
 
 def ratio(workload: str, ours: dict[str, float] | None, theirs: dict[str, float]) -> str:
@@ -126,6 +130,17 @@ def targets(meds: dict[tuple[str, str, str], dict[str, float]]) -> list[str]:
     for wl in ("cycle-1q", "cycle-100q"):
         for peer in ("disque-mp-1w", "disque-c", "beanstalkd", "redis-streams"):
             cyc("single", wl, peer)
+    def cpu(wl: str, peer: str, most: float) -> None:
+        ours, theirs = meds.get(("single", wl, "disque-mp")), meds.get(("single", wl, peer))
+        if not ours or not theirs or not ours.get("server_us_per_job") \
+                or not theirs.get("server_us_per_job"):
+            return
+        x = ours["server_us_per_job"] / theirs["server_us_per_job"]
+        lines.append(f"- single {WORKLOAD_NAMES[wl]}: server CPU per job disque-mp / {peer} = "
+                     f"{x:.2f}x (<= {most}x: {'met' if x <= most else 'not met'})")
+
+    cpu("cycle-1q", "disque-c", CYCLE_CPU_VS_C_MAX)
+    cpu("paced-1000", "disque-c", PACED_CPU_VS_C_MAX)
     for wl in ("paced-1000", "paced-5000", "paced-half-max"):
         ours, theirs = meds.get(("single", wl, "disque-mp")), meds.get(("single", wl, "redis-list"))
         if ours and theirs and "p99_ms" in ours and "p99_ms" in theirs:

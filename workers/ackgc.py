@@ -20,10 +20,10 @@ from workers.ids import is_at_most_once_id, slot_of_job_id
 from workers.job import (
     ACKED,
     QUEUED,
-    US_PER_MS,
     WAIT_REPL,
     Job,
     merge_nodes,
+    times_1000,
     union,
 )
 from workers.replies import Status
@@ -170,7 +170,7 @@ class AckGc(Events):
         survives a partition; its TTL comes from the ID."""
         s = self.core
         ttl_s = max(int(job_id[36:40], 16) * 60, 60)
-        job = Job(job_id, b"", b"", ACKED, 0, ttl_s, now_ms * US_PER_MS, 0, 1, 0, ())
+        job = Job(job_id, b"", b"", ACKED, 0, ttl_s, times_1000(now_ms), 0, 1, 0, ())
         s.register(job)
         self.start_gc(job, now_ms)
 

@@ -127,13 +127,33 @@ class Extensions(Events):
         q = self.core.find_queue(queue)
         if q is None or not queue.startswith(DEAD_PREFIX):
             return 0
-        target = self.core.find_queue(queue[len(DEAD_PREFIX):])
-        if target is not None and target.paused & PAUSED_IN:
+        if self._target_paused(queue):
             return ERR_PAUSED
         jobs = q.oldest(count)
         for job in jobs:
             self.core.redrive(job, now_ms)
         return len(jobs)
+
+    def op_redrive_ids(self, queue: bytes, job_ids: list[str], now_ms: int) -> int | Error:
+        """REDRIVE ... ID: those jobs, each if it is queued here in the dead-letter
+        queue ``queue``, back to the queue they came from; how many moved."""
+        if not queue.startswith(DEAD_PREFIX):
+            return 0
+        if self._target_paused(queue):
+            return ERR_PAUSED
+        done = 0
+        for jid in job_ids:
+            job = self.core.lookup(jid)
+            if job is None or job.queue != queue or job.state != QUEUED:
+                continue
+            self.core.redrive(job, now_ms)
+            done += 1
+        return done
+
+    def _target_paused(self, dead: bytes) -> bool:
+        """The queue ``dead`` drains into is paused in input: it refuses them as ADDJOB."""
+        target = self.core.find_queue(dead[len(DEAD_PREFIX):])
+        return target is not None and bool(target.paused & PAUSED_IN)
 
     def follow_dead_letter(self, job: Job, reason: Any, now_ms: int) -> None:
         """Another holder dead-lettered the job (QUEUED "dl", its reason "why"):

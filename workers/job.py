@@ -138,6 +138,14 @@ dead_reason_bytes_max: Final = 1024
 US_PER_MS: Final = 1_000
 
 
+def times_1000(n: int) -> int:
+    """``n * 1000`` for a time (ms -> us, us -> ns). Compiled, an int product takes
+    mypyc's inline path only when both factors are below 2**30, which a time since
+    the epoch is not: the product is then a Python long multiplication, some 700
+    instructions with an allocation. Three shifts are exact and stay inline."""
+    return (n << 10) - (n << 4) - (n << 3)
+
+
 class Timed:
     """Anything the shard's timers examine (a job, a queue, a queue's federation
     state): ``awake_ms`` is the key of the timer bucket holding it, 0 = none. One
@@ -423,7 +431,7 @@ class Job(Timed):
 
     @property
     def ctime_ns(self) -> int:
-        return self.ctime_us * 1000
+        return times_1000(self.ctime_us)
 
     def __repr__(self) -> str:
         return f"Job({self.id} {self.queue!r} {STATE_NAMES[self.state]})"
@@ -449,7 +457,7 @@ class Job(Timed):
         # one bound pack with the fields as arguments (a tuple of them through *args
         # was a generic call); versions 2 and 3 add their fields after version 1's
         head = _pack_head(version, self.state, flags & _FLAG_MASK & ~_FLAG_TRANSIENT, self.repl,
-                          self.ttl_s, self.ctime_us * 1000,  # ns on disk and on the wire, as Disque
+                          self.ttl_s, times_1000(self.ctime_us),  # ns on disk and on the wire, as Disque
                           (flags & FLAGS_DELAY_MASK) >> _FLAG_BITS, self.retry_s, self.nacks,
                           self.additional_deliveries, self.qtime_ms, len(delivered),
                           len(confirmed), len(jid), len(queue), len(body))

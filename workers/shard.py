@@ -519,6 +519,9 @@ class Shard:
     def op_redrive(self, queue: bytes, count: int, now_ms: int) -> int | Error:
         return self.ext.op_redrive(queue, count, now_ms)
 
+    def op_redrive_ids(self, queue: bytes, job_ids: list[str], now_ms: int) -> int | Error:
+        return self.ext.op_redrive_ids(queue, job_ids, now_ms)
+
     def yourjobs_unsent(self, bodies: list[bytes], now_ms: int) -> None:
         self.fed.yourjobs_unsent(bodies, now_ms)
 

@@ -78,7 +78,9 @@ class Timers:
 
     def schedule(self, target: Timed, due_ms: int) -> None:
         """Make sure ``target`` is examined at ``due_ms`` or earlier (never before due)."""
-        key = -(-due_ms // timer_resolution_ms) * timer_resolution_ms
+        # rounded up to the resolution: a remainder, as a product of a time since the
+        # epoch leaves mypyc's inline int path (see workers.job.times_1000)
+        key = due_ms + -due_ms % timer_resolution_ms
         if key < self.firing_key:
             key = self.firing_key  # already due: join the bucket tick() is draining
         cur = target.awake_ms

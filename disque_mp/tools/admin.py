@@ -1,6 +1,9 @@
 """``disque-mp admin``: the daily questions about a running node, without redis-cli.
 
-    disque-mp admin queues                 queues with their sizes, largest first
+    disque-mp admin queues                 queues holding jobs (queued, active or delayed),
+                                           largest first
+    disque-mp admin queue QUEUE            one queue: queued, active, delayed, dead letters ...
+    disque-mp admin job ID                 one job: state, times in human units, counters
     disque-mp admin peek QUEUE [COUNT]     the oldest COUNT jobs (negative: newest first)
     disque-mp admin requeue QUEUE          dead:QUEUE's jobs back to QUEUE
     disque-mp admin node                   this node: ID, build, workers, clients, jobs, memory
@@ -62,9 +65,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="requirepass (default: $DISQUE_MP_PASSWORD)")
     p.add_argument("--json", action="store_true", help="one JSON document instead of a table")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    q = sub.add_parser("queues", help="queues with their sizes, largest first")
+    q = sub.add_parser("queues", help="queues holding jobs (queued, active or delayed), "
+                                      "largest first")
     q.add_argument("--limit", type=int, default=50, help="rows shown (default 50)")
     q.add_argument("--all", action="store_true", help="include empty queues")
+    one = sub.add_parser("queue", help="one queue: queued, active, delayed, dead letters, pause")
+    one.add_argument("queue")
+    jb = sub.add_parser("job", help="one job: state, creation date, TTL, retry, counters")
+    jb.add_argument("id")
     pk = sub.add_parser("peek", help="jobs at the head of a queue, nothing consumed")
     pk.add_argument("queue")
     pk.add_argument("count", type=int, nargs="?", default=10,
@@ -91,7 +99,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def queue_rows(d: Disque, include_empty: bool) -> list[dict[str, Any]]:
-    """QSTAT of every queue the node knows (QSCAN), largest first, ties by name."""
+    """QSTAT of every queue the node knows (QSCAN), largest first (queued, then
+    active and delayed), ties by name; without ``include_empty`` only the queues
+    holding a job in some state, or a blocked client."""
     names: list[str] = []
     seen: set[str] = set()
     for name in d.iter_queues(count=1000):
@@ -107,16 +117,22 @@ def queue_rows(d: Disque, include_empty: bool) -> list[dict[str, Any]]:
         for name, reply in zip(chunk, replies, strict=True):
             if reply is None or isinstance(reply, DisqueError):
                 continue  # gone between QSCAN and QSTAT
-            stat = {as_str(reply[i]): reply[i + 1] for i in range(0, len(reply) - 1, 2)}
-            row: dict[str, Any] = {
-                "name": name, "queued": int(stat.get("len", 0)), "age_s": int(stat.get("age", 0)),
-                "idle_s": int(stat.get("idle", 0)), "blocked": int(stat.get("blocked", 0)),
-                "pause": as_str(stat.get("pause", b"none")),
-                "import_rate": int(stat.get("import-rate", 0))}
-            if include_empty or row["queued"] or row["blocked"]:
+            row = _queue_row(name, _pairs(reply) or {})
+            if include_empty or any(row[k] for k in ("queued", "active", "delayed", "blocked")):
                 rows.append(row)
-    rows.sort(key=lambda r: (-r["queued"], r["name"]))
+    rows.sort(key=lambda r: (-r["queued"], -r["active"] - r["delayed"], r["name"]))
     return rows
+
+
+def _queue_row(name: str, stat: dict[str, Any]) -> dict[str, Any]:
+    """A QSTAT reply as a row: active is delivered and not acknowledged, delayed
+    waits for its ADDJOB DELAY, dead the jobs queued in dead:<queue>."""
+    return {"name": name, "queued": int(stat.get("len", 0)), "active": int(stat.get("active", 0)),
+            "delayed": int(stat.get("delayed", 0)), "dead": int(stat.get("dead-len", 0)),
+            "age_s": int(stat.get("age", 0)), "idle_s": int(stat.get("idle", 0)),
+            "oldest_age_s": int(stat.get("oldest-age", 0)), "blocked": int(stat.get("blocked", 0)),
+            "pause": as_str(stat.get("pause", b"none")),
+            "import_rate": int(stat.get("import-rate", 0))}
 
 
 def cmd_queues(d: Disque, args: argparse.Namespace) -> Any:
@@ -124,13 +140,84 @@ def cmd_queues(d: Disque, args: argparse.Namespace) -> Any:
     shown = rows[:max(args.limit, 0)]
     if args.json:
         return {"queues": shown, "total": len(rows)}
-    table = [("QUEUE", "QUEUED", "BLOCKED", "AGE_S", "PAUSE")]
-    table += [(r["name"], str(r["queued"]), str(r["blocked"]), str(r["age_s"]), r["pause"])
-              for r in shown]
+    table = [("QUEUE", "QUEUED", "ACTIVE", "DELAYED", "DEAD", "BLOCKED", "AGE_S", "PAUSE")]
+    table += [(r["name"], str(r["queued"]), str(r["active"]), str(r["delayed"]), str(r["dead"]),
+               str(r["blocked"]), str(r["age_s"]), r["pause"]) for r in shown]
     more = f"\n({len(rows) - len(shown)} more: --limit)" if len(rows) > len(shown) else ""
     if not rows:
-        return "no queue holds a job (--all lists empty ones too)"
+        return "no queue holds a job, queued, active or delayed (--all lists empty ones too)"
     return _table(table) + more
+
+
+def cmd_queue(d: Disque, args: argparse.Namespace) -> Any:
+    stat = d.qstat(args.queue)
+    if stat is None:
+        raise AdminError(f"the node knows no queue {args.queue!r}")
+    row = _queue_row(args.queue, stat)
+    if args.json:
+        return row
+    return _table([
+        ("queue", row["name"]), ("queued", str(row["queued"])),
+        ("active", f"{row['active']} (delivered, not acknowledged)"),
+        ("delayed", f"{row['delayed']} (DELAY not over)"),
+        ("dead letters", f"{row['dead']} (in {DEAD_PREFIX}{row['name']})"),
+        ("oldest queued", human_s(row["oldest_age_s"]) if row["queued"] else "-"),
+        ("blocked clients", str(row["blocked"])), ("pause", row["pause"]),
+        ("age", human_s(row["age_s"])), ("idle", human_s(row["idle_s"]))])
+
+
+# --------------------------------------------------------------------------- job
+
+
+def human_s(s: float) -> str:
+    """Seconds in the largest units that read well: 45 s, 5 min 30 s, 23 h 59 min, 2 d 3 h."""
+    n = max(0, round(s))
+    for unit_s, unit, sub_s, sub in ((86400, "d", 3600, "h"), (3600, "h", 60, "min"),
+                                     (60, "min", 1, "s")):
+        if n >= unit_s:
+            rest = n % unit_s // sub_s
+            return f"{n // unit_s} {unit}" + (f" {rest} {sub}" if rest else "")
+    return f"{n} s"
+
+
+def _ms(ms: int) -> str:
+    return f"in {ms} ms" if 0 < ms < 1000 else f"in {human_s(ms / 1000)}" if ms else "-"
+
+
+def job_lines(show: dict[str, Any]) -> list[tuple[str, str]]:
+    """SHOW's fields as label and text, times in their units (SHOW's raw numbers are
+    ns, s and ms: ``--json`` prints them as they are)."""
+    ctime_s = int(show["ctime"]) / 1e9
+    created = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ctime_s))
+    retry = int(show["retry"])
+    lines = [
+        ("id", as_str(show["id"])), ("queue", as_str(show["queue"])),
+        ("state", as_str(show["state"])), ("repl", str(show["repl"])),
+        ("created", f"{created} ({human_s(time.time() - ctime_s)} ago)"),
+        ("ttl", f"{human_s(int(show['ttl']))} left"),
+        ("delay", human_s(int(show["delay"])) if int(show["delay"]) else "none"),
+        ("retry", human_s(retry) if retry else "0 (at most once: never requeued)"),
+        ("nacks", str(show["nacks"])),
+        ("additional deliveries", str(show["additional-deliveries"])),
+        ("next requeue", _ms(int(show["next-requeue-within"]))),
+        ("next awake", _ms(int(show["next-awake-within"])))]
+    for key in ("maxdeliver", "dead-reason", "group", "dedup"):
+        if key in show:
+            lines.append((key, as_str(show[key])))
+    body = show["body"].decode("utf-8", "backslashreplace")
+    lines.append(("body", body if len(body) <= body_shown_chars else body[:body_shown_chars] + "..."))
+    return lines
+
+
+def cmd_job(d: Disque, args: argparse.Namespace) -> Any:
+    show = d.show(args.id)
+    if show is None:
+        raise AdminError(f"the node knows no job {args.id}")
+    if args.json:
+        return {k: (v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else
+                    [as_str(x) for x in v] if isinstance(v, list) else v)
+                for k, v in show.items()}
+    return _table([(k, v.replace("\n", "\\n")) for k, v in job_lines(show)])
 
 
 # --------------------------------------------------------------------------- peek
@@ -347,6 +434,7 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
 COMMANDS: dict[str, Callable[[Disque, argparse.Namespace], Any]] = {
     "queues": cmd_queues, "peek": cmd_peek, "requeue": cmd_requeue,
     "node": cmd_node, "cluster": cmd_cluster, "drain": cmd_drain, "schedules": cmd_schedules,
+    "queue": cmd_queue, "job": cmd_job,
 }
 
 

@@ -58,6 +58,8 @@ def main(argv: list[str]) -> int:
         for t in threads:
             t.start()
         r.execute_command("PAUSE", "reports", "out")
+        for _ in range(3):  # waiting for their DELAY: "delayed", apart from "active"
+            r.execute_command("ADDJOB", "reports", '{"kind": "nightly"}', 0, "DELAY", 3600)
         for _ in range(2):
             [[_, jid, _]] = r.execute_command("GETJOB", "FROM", "webhooks")
             post(http_port, "/api/jobs/" + jid.decode().replace("/", "%2F") + "/dead")

@@ -1,14 +1,18 @@
 """The dashboard in a real browser: Debian's chromium, headless, driven by selenium.
 
 Load the page, see a queue a test produced, pause it from the page (QSTAT says
-paused), open a job and NACK it, requeue a dead-letter queue. A screenshot of
+paused), open a job and NACK it, requeue a dead-letter queue; a queue with
+queued, delivered, delayed and dead jobs read at 800 px, each kind in its own
+table with its own actions, the job page's times in units. A screenshot of
 each run is saved in the test's directory; ``DASHBOARD_SCREENSHOT=path`` also
 writes the queues view there (that is how docs/img/dashboard.png is made).
+The module's tests share one node and one browser (each uses queues of its own).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import urllib.parse
 from collections.abc import Iterator
@@ -17,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.httpclient import post
+from tests.httpclient import get, post
 from tests.nodeproc import NodeProc, free_port, unique_queue, wait_until
 
 CHROMIUM = "/usr/bin/chromium"
@@ -32,16 +36,17 @@ pytestmark = pytest.mark.skipif(
     reason="Debian's chromium and chromium-driver are not installed (make sysdeps installs them)")
 
 
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[NodeProc]:
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProc]:
     port = free_port()
-    with NodeProc(tmp_path / "node", workers=2, conf={"http-port": port}) as n:
+    with NodeProc(tmp_path_factory.mktemp("dashboard") / "node", workers=2,
+                  conf={"http-port": port}) as n:
         n.http_port = port  # type: ignore[attr-defined]
         yield n
 
 
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[Any]:
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -49,7 +54,7 @@ def browser(tmp_path: Path) -> Iterator[Any]:
     opts.binary_location = CHROMIUM
     for flag in FLAGS:
         opts.add_argument(flag)
-    profile = tmp_path / "chromium-profile"
+    profile = tmp_path_factory.mktemp("chromium") / "chromium-profile"
     opts.add_argument(f"--user-data-dir={profile}")
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
     driver.set_page_load_timeout(wait_s)
@@ -127,7 +132,7 @@ def test_dashboard_pause_nack_and_requeue(node: NodeProc, browser: Any, tmp_path
         return str(browser.execute_script(
             "const d = document.querySelector('dl.fields'); return d ? d.innerText : '';"))
 
-    wait_until(lambda: "length\n11" in queue_fields() and "pause\nnone" in queue_fields(),
+    wait_until(lambda: "queued\n11" in queue_fields() and "pause\nnone" in queue_fields(),
                wait_s, "the queue's fields as text")
     # the load signals QSTAT appends: one job delivered, none dead-lettered yet
     assert "active (delivered, not acked)\n1" in queue_fields()
@@ -168,10 +173,10 @@ def assert_fields_read(browser: Any, want: dict[str, str]) -> None:
     assert_no_sideways_scroll(browser)
 
 
-def assert_no_sideways_scroll(browser: Any) -> None:
+def assert_no_sideways_scroll(browser: Any, widths: tuple[int, ...] = (1360, 800)) -> None:
     size = browser.get_window_size()
     try:
-        for width in (1360, 800):
+        for width in widths:
             browser.set_window_size(width, 900)
             wide = browser.execute_script(
                 "const d = document.documentElement; return [d.scrollWidth, d.clientWidth];")
@@ -217,3 +222,201 @@ def test_dashboard_schedules_page(node: NodeProc, browser: Any) -> None:
     often.click()
     find(browser, 'main[data-loaded="job"]')
     assert q in browser.find_element("css selector", "main").text
+
+
+def test_queue_page_keeps_queued_active_delayed_and_dead_jobs_apart(node: NodeProc, browser: Any,
+                                                                    tmp_path: Path) -> None:
+    """At 800 px: each kind of job in its own table with its own actions (NACK for
+    a delivered job only, "Run now" for a delayed one, a requeue per dead letter
+    with its reason), counts that add up, times with their units, no broken word."""
+    r = node.client(protocol=2)
+    q = unique_queue("mixed")
+    queued = produce(r, q, 2)
+    delayed = [r.execute_command("ADDJOB", q, "later", 0, "DELAY", 600).decode() for _ in range(2)]
+    [[_, active_id, _]] = r.execute_command("GETJOB", "FROM", q)
+    active_id = active_id.decode()
+    dead = [r.execute_command("ADDJOB", q, "poison", 0, "MAXDELIVER", 1).decode() for _ in range(2)]
+    assert r.execute_command("DEADLETTER", dead[0], "REASON", "bad payload") == 1
+    # dead[1] goes the MAXDELIVER way: its one delivery, then a NACK
+    got = r.execute_command("GETJOB", "COUNT", 10, "NOHANG", "FROM", q)
+    others = [e[1].decode() for e in got]
+    assert dead[1] in others
+    r.execute_command("NACK", dead[1])
+    r.execute_command("NACK", *[i for i in others if i != dead[1]])  # back to queued
+    assert r.execute_command("QLEN", "dead:" + q) == 2 and r.execute_command("QLEN", q) == 1
+
+    browser.set_window_size(800, 900)
+    try:
+        browser.get(base(node) + "/#/queue/" + urllib.parse.quote(q, safe=""))
+        find(browser, "#delayed-jobs")
+
+        def ids_in(table: str) -> set[str]:
+            return set(browser.execute_script(
+                f"return [...document.querySelectorAll('#{table} tbody tr')].map(t => t.dataset.job);"))
+
+        def actions_of(job_id: str) -> set[str]:
+            return set(browser.execute_script(
+                "return [...document.querySelectorAll('tr[data-job=\"' + arguments[0] + '\"] "
+                "[data-action]')].map(b => b.dataset.action);", job_id))
+
+        wait_until(lambda: ids_in("delayed-jobs") == set(delayed), wait_s, "the delayed jobs")
+        assert ids_in("active-jobs") == {active_id}
+        assert ids_in("queued-jobs") == set(queued) - {active_id}
+        assert ids_in("dead-jobs") == set(dead)
+        assert "nack" in actions_of(active_id) and "enqueue" not in actions_of(active_id)
+        for job_id in delayed:
+            assert "enqueue" in actions_of(job_id) and "nack" not in actions_of(job_id)
+        for job_id in ids_in("queued-jobs"):
+            assert not {"nack", "enqueue"} & actions_of(job_id)
+        assert "requeue-job" in actions_of(dead[0])
+        reasons = browser.execute_script(
+            "return Object.fromEntries([...document.querySelectorAll('#dead-jobs tbody tr')]"
+            ".map(t => [t.dataset.job, t.querySelector('[data-field=\"dead-reason\"]').innerText]));")
+        assert reasons == {dead[0]: "bad payload", dead[1]: "MAXDELIVER 1 reached"}
+        fields = str(browser.execute_script("return document.querySelector('dl.fields').innerText;"))
+        assert "active (delivered, not acked)\n1" in fields
+        assert "delayed (DELAY not over)\n2" in fields and "dead letters\n2" in fields
+        assert_no_broken_words(browser)
+        assert_no_sideways_scroll(browser, (800,))
+        wide = browser.execute_script(  # the job tables fit their cards: no scroll inside either
+            "return [...document.querySelectorAll('table.jobs')].filter(t => "
+            "t.parentElement.scrollWidth > t.parentElement.clientWidth).map(t => t.id);")
+        assert wide == [], wide
+        browser.save_screenshot(str(tmp_path / "queue-800.png"))
+
+        # "Run now" on a delayed job queues it (ENQUEUE); one dead letter back, the other stays
+        click(browser, f"button[data-action=enqueue][data-job={css_str(delayed[0])}]")
+        wait_until(lambda: job_field(r, delayed[0], b"state") == b"queued", wait_s, "queued now")
+        click(browser, f"button[data-action=requeue-job][data-job={css_str(dead[0])}]")
+        wait_until(lambda: job_field(r, dead[0], b"queue") == q.encode(), wait_s, "requeued")
+        assert job_field(r, dead[1], b"queue") == b"dead:" + q.encode()
+
+        # the job page of a delayed job: a creation date, durations with units
+        browser.get(base(node) + "/#/job/" + urllib.parse.quote(delayed[1], safe=""))
+        find(browser, "#job")
+        assert "delayed" in browser.find_element("css selector", "#job-state").text
+
+        def dd(name: str) -> str:
+            return str(browser.find_element("css selector", f"#job dd[data-field={css_str(name)}]").text)
+
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(\d+ s ago\)", dd("ctime")), dd("ctime")
+        assert dd("ttl") in ("1 d left", "23 h 59 min left"), dd("ttl")
+        assert dd("delay") == "10 min" and dd("retry") == "5 min"
+        assert re.fullmatch(r"in (9 min( \d+ s)?|10 min)", dd("next-requeue-within")), dd("next-requeue-within")
+        assert not browser.find_elements("css selector", "#job button[data-action=nack]")
+        assert browser.find_elements("css selector", "#job button[data-action=enqueue]")
+        assert_no_broken_words(browser)
+        browser.save_screenshot(str(tmp_path / "job-800.png"))
+
+        # the queues view: counts that add up to the overview's
+        browser.get(base(node) + "/")
+        find(browser, f"tr[data-queue={css_str(q)}]")
+        assert_no_broken_words(browser)
+
+        def counts() -> tuple[int, str]:
+            return browser.execute_script(
+                "const s = [...document.querySelectorAll('#overview .stat')].find(e => /^queues?$/"
+                ".test(e.querySelector('span').innerText));"
+                "return [Number(s.querySelector('b').innerText.replace(/,/g, '')),"
+                " document.getElementById('queue-count').innerText];")
+
+        total, text = counts()
+        listed = [int(n) for n in re.findall(r"(\d+) (?:dead-letter )?queues?", text)]
+        assert sum(listed) == total and len(listed) == 2, (total, text)
+    finally:
+        browser.set_window_size(1360, 900)
+
+
+def test_search_by_job_id_and_the_page_before_its_scripts_run(node: NodeProc, browser: Any) -> None:
+    r = node.client(protocol=2)
+    job_id = r.execute_command("ADDJOB", unique_queue("find"), "x", 0).decode()
+    html = get(int(node.http_port), "/").body.decode()  # type: ignore[attr-defined]
+    assert 'id="loading"' in html and "Loading" in html  # what shows before app.js runs
+    browser.get(base(node) + "/")
+    box = find(browser, "#job-id")
+    box.send_keys("not an id")
+    find(browser, "#job-search button").click()
+    wait_until(lambda: "Not a job ID" in browser.find_element("css selector", "#flash").text,
+               wait_s, "a bad ID refused")
+    box.clear()
+    box.send_keys(job_id)
+    find(browser, "#job-search button").click()
+    find(browser, "#job")
+    assert job_id in browser.find_element("css selector", "#job h1").text
+    unknown = "D-00000000-" + "A" * 24 + "-05a1"
+    box = find(browser, "#job-id")
+    box.send_keys(unknown)
+    find(browser, "#job-search button").click()
+    wait_until(lambda: "unknown job" in str(browser.execute_script(
+        "const e = document.getElementById('error'); return e ? e.innerText : '';")),
+        wait_s, "the page says the node knows no such job")
+
+
+def click(browser: Any, css: str) -> None:
+    """Click in one script: a live view redraws every 2 s, so an element found by
+    one call may be gone by the next."""
+    wait_until(lambda: browser.execute_script(
+        "const e = document.querySelector(arguments[0]); if (e) e.click(); return !!e;", css),
+        wait_s, f"{css} to click")
+
+
+def job_field(r: Any, job_id: str, name: bytes) -> Any:
+    raw = r.execute_command("SHOW", job_id)
+    return dict(zip(raw[::2], raw[1::2], strict=True)).get(name) if raw else None
+
+
+def assert_no_broken_words(browser: Any) -> None:
+    """No header, label, button or badge breaks over two lines ("BOD Y")."""
+    broken = browser.execute_script(r"""
+        const out = [];
+        for (const e of document.querySelectorAll('th, dt, button, .badge, .stat span, nav a, h1, h2')) {
+          if (!e.innerText.trim() || e.closest('[hidden]')) continue;
+          for (const t of e.childNodes) {
+            if (t.nodeType !== Node.TEXT_NODE || !t.textContent.trim()) continue;
+            for (const word of t.textContent.split(/\s+/).filter(Boolean)) {
+              const at = t.textContent.indexOf(word);
+              const range = document.createRange();
+              range.setStart(t, at); range.setEnd(t, at + word.length);
+              const tops = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
+              if (tops.size > 1) out.push(word);
+            }
+          }
+        }
+        return out;""")
+    assert broken == [], broken
+
+
+def test_queue_limits_set_and_removed_from_the_page(node: NodeProc, browser: Any) -> None:
+    """QLIMIT from the queue page: what is set and in use, a value typed survives the
+    view's redraws, Save sets it on the node, Remove takes it away."""
+    import redis
+
+    r = node.client(protocol=2)
+    q = unique_queue("limited")
+    try:
+        r.execute_command("QLIMIT", q)
+    except redis.ResponseError as e:
+        pytest.skip(f"this node has no QLIMIT ({e})")
+    produce(r, q, 3)
+    r.execute_command("GETJOB", "FROM", q)  # one delivered: in use
+
+    def limits() -> dict[bytes, Any]:
+        raw = r.execute_command("QLIMIT", q)
+        return dict(zip(raw[::2], raw[1::2], strict=True))
+
+    browser.get(base(node) + "/#/queue/" + urllib.parse.quote(q, safe=""))
+    find(browser, "#limit-active")
+    browser.execute_script(
+        "const e = document.getElementById('limit-active'); e.value = '2';"
+        "e.dispatchEvent(new Event('input')); document.getElementById('limits').dataset.old = '1';")
+    wait_until(lambda: browser.execute_script(  # the view redrew: a new card, the value kept
+        "const c = document.getElementById('limits'); return !!c && !c.dataset.old;"), wait_s, "a redraw")
+    assert browser.execute_script("return document.getElementById('limit-active').value;") == "2"
+    click(browser, "button[data-action=limits-save]")
+    wait_until(lambda: limits()[b"active"] == 2, wait_s, "QLIMIT ACTIVE 2 on the node")
+    wait_until(lambda: browser.execute_script(
+        "const d = document.querySelector('#limits dd[data-limit=active]'); return d ? d.innerText : '';")
+        == "2 · 1 in use", wait_s, "the page shows the limit and its use")
+    assert_no_broken_words(browser)
+    click(browser, "button[data-action=limits-reset]")
+    wait_until(lambda: limits()[b"active"] == 0, wait_s, "the limit removed")

@@ -45,6 +45,19 @@ def test_parse_int_rejects(raw: bytes) -> None:
     assert C.parse_int(raw) is None
 
 
+def test_parse_int_agrees_with_redis_strict_form_at_every_length() -> None:
+    """The hand-summed short form and the regex form answer alike around the bound
+    between them (9 digits), with leading zeros, signs and every digit."""
+    import re
+
+    strict = re.compile(rb"\A(?:0|-?[1-9][0-9]{0,18})\Z")
+    for text in ("0", "00", "7", "10", "999999999", "1000000000", "123456789", "012345678",
+                 "-1", "-999999999", "4294967296", "1" * 19, "9" * 19, "1" * 20):
+        raw = text.encode()
+        want = int(raw) if strict.match(raw) and -(1 << 63) <= int(raw) < (1 << 63) else None
+        assert C.parse_int(raw) == want, text
+
+
 def test_addjob_options_parsed(shard: Shard) -> None:
     a = C.parse_addjob([b"q", b"b", b"100", b"REPLICATE", b"1", b"delay", b"5", b"Retry", b"7",
                         b"TTL", b"60", b"MAXLEN", b"3", b"ASYNC"])

@@ -406,6 +406,13 @@ def test_deadletter_and_redrive_raw_on_one_node(one: NodeProc) -> None:
     assert r.execute_command("REDRIVE", "dead:" + qa) == 1 and r.execute_command("QLEN", qa) == 2
     assert r.execute_command("REDRIVE", "dead:" + qb) == 1
     assert r.execute_command("REDRIVE", "dead:" + qb) == 0
+    # ID: those jobs only, routed by the queue (a dead letter has its queue's slot)
+    more = [r.execute_command("ADDJOB", qa, "y", 0).decode() for _ in range(2)]
+    assert r.execute_command("DEADLETTER", *more) == 2
+    assert r.execute_command("REDRIVE", "dead:" + qa, "ID", more[1], ids[1]) == 1
+    assert _show(r, more[1])["queue"] == qa.encode()
+    assert _show(r, more[0])["queue"] == ("dead:" + qa).encode()
+    assert _err(r, "REDRIVE", "dead:" + qa, "ID", "nope") == "BADID Invalid Job ID format."
 
 
 def test_deadletter_and_redrive_errors_and_command(one: NodeProc) -> None:

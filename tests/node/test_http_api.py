@@ -71,6 +71,60 @@ def test_queues_list_and_one_queue(node: NodeProc) -> None:
     error_of(get(hp(node), "/api/queues?limit=x"), 400)
 
 
+def test_delayed_jobs_apart_from_delivered_ones_and_run_now(node: NodeProc) -> None:
+    """SHOW says ``active`` for both: the queue view tells a job delivered to a
+    client (``active``) from one waiting for its DELAY (``delayed``); ENQUEUE runs
+    a delayed one now."""
+    r = node.client(protocol=2)
+    q = unique_queue("dl")
+    later = [r.execute_command("ADDJOB", q, f"later {i}", 0, "DELAY", 600).decode()
+             for i in range(2)]
+    r.execute_command("ADDJOB", q, "now", 0)
+    [[_, taken, _]] = r.execute_command("GETJOB", "FROM", q)
+    one = get(hp(node), q_path(q)).json()
+    assert one["queue"]["active"] == 1 and one["queue"]["delayed"] == 2 and one["jobs"] == []
+    assert [(j["id"], j["kind"]) for j in one["active"]] == [(taken.decode(), "delivered")]
+    assert sorted((j["id"], j["kind"]) for j in one["delayed"]) == sorted(
+        (i, "delayed") for i in later)
+    assert {j["delay"] for j in one["delayed"]} == {600}
+    assert get(hp(node), j_path(later[0])).json()["kind"] == "delayed"
+    assert get(hp(node), j_path(taken.decode())).json()["kind"] == "delivered"
+
+    ran = post(hp(node), j_path(later[0]) + "/enqueue").json()
+    assert ran["queued"] == 1 and ran["job"]["state"] == "queued"
+    assert r.execute_command("QLEN", q) == 1
+    assert "kind" not in get(hp(node), j_path(later[0])).json()  # queued: no kind
+    error_of(post(hp(node), j_path(later[0]) + "/enqueue"), 409)  # queued already
+    r.execute_command("ACKJOB", later[1])
+    error_of(post(hp(node), j_path(later[1]) + "/enqueue"), 404)
+
+
+def test_one_dead_letter_requeued_and_reasons_on_the_queue_view(node: NodeProc) -> None:
+    r = node.client(protocol=2)
+    q = unique_queue("d1")
+    dead = "dead:" + q
+    ids = [r.execute_command("ADDJOB", q, f"poison {i}", 0).decode() for i in range(3)]
+    assert r.execute_command("DEADLETTER", *ids, "REASON", "bad input") == 3
+    view = get(hp(node), q_path(q)).json()
+    assert view["queue"]["dead-len"] == 3
+    assert [(j["id"], j["dead-reason"], j["queue"]) for j in view["dead"]] == [
+        (i, "bad input", dead) for i in ids]
+    back = post(hp(node), q_path(dead) + "/requeue", {"id": ids[1]}).json()
+    assert back == {"from": dead, "to": q, "requeued": 1, "id": ids[1], "left": 2}
+    assert (show(r, ids[1]) or {})["queue"] == q.encode()
+    assert [e[1].decode() for e in r.execute_command("QPEEK", dead, 10)] == [ids[0], ids[2]]
+    left = get(hp(node), q_path(dead)).json()
+    assert [(j["id"], j["dead-reason"]) for j in left["jobs"]] == [
+        (ids[0], "bad input"), (ids[2], "bad input")]
+    assert left["dead"] == []  # a dead-letter queue has no dead:dead:q of its own
+    error_of(post(hp(node), q_path(dead) + "/requeue", {"id": ids[1]}), 404)  # not dead now
+    error_of(post(hp(node), q_path(dead) + "/requeue", {"id": "nope"}), 400)
+    r.execute_command("PAUSE", q, "in")
+    assert "PAUSED" in error_of(post(hp(node), q_path(dead) + "/requeue", {"id": ids[0]}), 409)
+    r.execute_command("PAUSE", q, "none")
+    assert r.execute_command("QLEN", dead) == 2
+
+
 def test_pause_and_resume(node: NodeProc) -> None:
     r = node.client(protocol=2)
     q = unique_queue("p")

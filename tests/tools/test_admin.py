@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -44,7 +45,8 @@ def test_queues_lists_every_queue_with_its_size_largest_first(node, capsys):
     for _ in range(5):
         r.execute_command("ADDJOB", big, "x", 0)
     r.execute_command("ADDJOB", empty, "x", 0)
-    r.execute_command("GETJOB", "FROM", empty)  # known to the node, no job queued
+    [[_, done, _]] = r.execute_command("GETJOB", "FROM", empty)
+    r.execute_command("ACKJOB", done)  # known to the node, no job in any state
     rows = admin_json(node, capsys, "queues")["queues"]
     sizes = {row["name"]: row["queued"] for row in rows}
     assert sizes[big] == 5 and sizes[small] == 2 and empty not in sizes
@@ -53,8 +55,51 @@ def test_queues_lists_every_queue_with_its_size_largest_first(node, capsys):
     everything = admin_json(node, capsys, "queues", "--all", "--limit", "100000")["queues"]
     assert {row["name"]: row["queued"] for row in everything}[empty] == 0
     code, out, _ = admin(node, capsys, "queues")
-    assert code == 0 and out.splitlines()[0].split() == ["QUEUE", "QUEUED", "BLOCKED", "AGE_S", "PAUSE"]
+    assert code == 0 and out.splitlines()[0].split() == [
+        "QUEUE", "QUEUED", "ACTIVE", "DELAYED", "DEAD", "BLOCKED", "AGE_S", "PAUSE"]
     assert any(line.split()[:2] == [big, "5"] for line in out.splitlines())
+
+
+def test_queues_lists_queues_holding_only_delayed_or_active_jobs(node, capsys):
+    """A queue whose only job waits for its DELAY, or is delivered and not acked yet,
+    holds a job: listed with its active and delayed counts."""
+    delayed, active = unique_queue("delayed"), unique_queue("inflight")
+    r = node.client()
+    r.execute_command("ADDJOB", delayed, "later", 0, "DELAY", 600)
+    r.execute_command("ADDJOB", active, "now", 0)
+    r.execute_command("GETJOB", "FROM", active)
+    rows = {row["name"]: row for row in admin_json(node, capsys, "queues", "--limit", "100000")["queues"]}
+    assert (rows[delayed]["queued"], rows[delayed]["active"], rows[delayed]["delayed"]) == (0, 0, 1)
+    assert (rows[active]["queued"], rows[active]["active"], rows[active]["delayed"]) == (0, 1, 0)
+    code, out, _ = admin(node, capsys, "queues", "--limit", "100000")
+    lines = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
+    assert code == 0 and lines[delayed][1:4] == ["0", "0", "1"] and lines[active][1:4] == ["0", "1", "0"]
+    assert "no queue holds a job" not in out
+    one = admin_json(node, capsys, "queue", delayed)
+    assert (one["name"], one["delayed"], one["active"], one["dead"]) == (delayed, 1, 0, 0)
+    code, out, _ = admin(node, capsys, "queue", active)
+    assert code == 0 and "active           1 (delivered, not acknowledged)" in out
+    code, _, err = admin(node, capsys, "queue", unique_queue("none"))
+    assert code == 1 and "knows no queue" in err
+
+
+def test_job_shows_times_in_their_units(node, capsys):
+    q = unique_queue("times")
+    r = node.client()
+    jid = r.execute_command("ADDJOB", q, "later", 0, "DELAY", 600, "RETRY", 90, "TTL", 7200).decode()
+    raw = admin_json(node, capsys, "job", jid)
+    assert raw["id"] == jid and raw["delay"] == 600 and raw["retry"] == 90 and raw["ctime"] > 10**18
+    code, out, _ = admin(node, capsys, "job", jid)
+    fields = dict(line.split(None, 1) for line in out.splitlines() if not line.startswith(
+        ("additional", "next")))
+    assert code == 0 and fields["state"] == "active" and fields["delay"] == "10 min"
+    assert fields["retry"] == "1 min 30 s"
+    assert fields["ttl"] in ("2 h left", "1 h 59 min left")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(\d+ s ago\)", fields["created"])
+    requeue = next(line for line in out.splitlines() if line.startswith("next requeue"))
+    assert re.fullmatch(r"next requeue +in (9 min( \d+ s)?|10 min)", requeue), requeue
+    code, _, err = admin(node, capsys, "job", "D-00000000-" + "A" * 24 + "-05a1")
+    assert code == 1 and "knows no job" in err
 
 
 def test_peek_shows_the_oldest_jobs_and_consumes_nothing(node, capsys):

@@ -123,6 +123,24 @@ def test_redrive_count_takes_the_oldest_and_a_plain_queue_is_refused(env: Env) -
     env.s.check()
 
 
+def test_redrive_ids_moves_those_jobs_only(env: Env) -> None:
+    ids = [env.add(retry_s=60) for _ in range(3)]
+    other = env.add(queue=b"other", retry_s=60)
+    assert env.s.op_deadletter(ids, b"x", env.now) == 3
+    # the newest one back, the older two stay; a job not dead, or of another
+    # dead-letter queue, is not counted
+    assert env.s.op_redrive_ids(b"dead:q", [ids[2], other], env.now) == 1
+    assert env.state(ids[2]) == QUEUED and env.show_all(ids[2])[b"queue"] == b"q"
+    assert env.s.op_qlen(b"dead:q") == 2 and env.s.op_qlen(b"q") == 1
+    assert env.s.op_redrive_ids(b"dead:q", [ids[2]], env.now) == 0  # already back
+    assert env.s.op_redrive_ids(b"q", [ids[0]], env.now) == 0  # not a dead-letter queue
+    env.s.op_pause(b"q", ["in"], env.now)  # refused as ADDJOB is, nothing moved
+    assert env.s.op_redrive_ids(b"dead:q", [ids[0]], env.now) is ERR_PAUSED
+    env.s.op_pause(b"q", ["none"], env.now)
+    assert env.s.op_redrive_ids(b"dead:q", ids[:2], env.now) == 2
+    env.s.check()
+
+
 def test_redrive_serves_a_blocked_getjob(env: Env) -> None:
     jid = env.add(retry_s=60)
     env.s.op_deadletter([jid], None, env.now)

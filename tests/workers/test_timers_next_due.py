@@ -59,3 +59,21 @@ def test_a_bucket_a_capped_tick_left_half_drained_is_kept() -> None:
     assert timers.next_fired(100, 10) is live
     assert timers.next_fired(100, 10) is None and timers.next_due() is None
     assert timer_resolution_ms == 10  # the due times above are bucket keys as they are
+
+
+def test_times_1000_is_the_product_for_every_time_scale() -> None:
+    """The shift form of ``n * 1000`` (kept off the compiled long multiplication) is
+    exact for small, negative and epoch-scale times in ms and in us."""
+    from workers.job import times_1000
+
+    for n in (0, 1, -1, 999, -12345, 2**30, 1_796_174_594_385, 1_796_174_594_385_123,
+              2**52 - 1, -(2**52)):
+        assert times_1000(n) == n * 1000
+
+
+def test_a_due_time_is_rounded_up_to_the_resolution() -> None:
+    for due in (1_796_174_594_380, 1_796_174_594_381, 1_796_174_594_389, 10, 11):
+        timers = Timers()
+        (target,) = _targets(1)
+        timers.schedule(target, due)
+        assert target.awake_ms == -(-due // timer_resolution_ms) * timer_resolution_ms

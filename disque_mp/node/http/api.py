@@ -4,17 +4,27 @@ The API has the semantics of the commands because it runs them (``commands.call`
 
     GET    /api/overview                 node totals (INFO-like), per worker
     GET    /api/queues[?limit=N]         largest queues with sizes and in/out rates
-    GET    /api/queues/{queue}           QSTAT, first queued jobs (QPEEK) with their counters
-                                         (SHOW), active jobs (JSCAN)
+    GET    /api/queues/{queue}           QSTAT; the first queued jobs (QPEEK) with their
+                                         counters and times (SHOW); the jobs not queued here
+                                         (JSCAN STATE active) split into ``active`` (delivered,
+                                         not acknowledged) and ``delayed`` (a DELAY not over, or
+                                         waiting: ``kind`` says which); and, for a queue with
+                                         dead letters, the first jobs of dead:{queue} with
+                                         their reasons (``dead``)
     POST   /api/queues/{queue}/pause     {"state": "in"|"out"|"all"|"none"} (default all)
     POST   /api/queues/{queue}/resume    PAUSE queue none
     POST   /api/queues/{queue}/requeue   REDRIVE: dead-letter queue -> its queue (dead:q -> q),
                                          each job with its ID
-    GET    /api/jobs/{id}                SHOW
+    GET    /api/jobs/{id}                SHOW; an active job's ``kind`` (delivered, delayed,
+                                         waiting)
     DELETE /api/jobs/{id}                DELJOB
     POST   /api/jobs/{id}/ack            ACKJOB
     POST   /api/jobs/{id}/nack           NACK (only an active job)
+    POST   /api/jobs/{id}/enqueue        ENQUEUE: "run now" for a job not queued (a DELAY
+                                         cut short); 409 for a job queued already
     POST   /api/jobs/{id}/dead           DEADLETTER: to dead:{queue}, same ID; {"reason": text}
+    POST   /api/queues/dead:{q}/requeue  with {"id": job}: that one dead letter back to q
+                                         (REDRIVE dead:q ID job)
     GET    /api/nodes                    HELLO and the cluster view (flags, links)
     POST   /api/drain                    {"timeout_s": S, "shutdown": true|false}: CLUSTER
                                          LEAVING yes, then (in the background) SHUTDOWN once
@@ -64,8 +74,9 @@ queues_default = 100  # queues listed by GET /api/queues without ?limit
 jscan_calls_max = 8  # JSCAN calls one queue view spends looking for its active jobs
 dead_reason = "moved from the HTTP API"  # DEADLETTER's REASON when the request names none
 rate_interval_ms = 1000  # queue rates are recomputed at most this often
-# SHOW's fields a queue view adds to each queued job
-counter_fields = ("nacks", "additional-deliveries", "maxdeliver")
+# SHOW's fields a queue view adds to each queued job: counters, times, a dead letter's reason
+counter_fields = ("nacks", "additional-deliveries", "maxdeliver", "ctime", "ttl", "delay",
+                  "retry", "next-requeue-within", "dead-reason")
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 STATIC_TYPES = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
@@ -239,11 +250,38 @@ async def get_queue(w: NodeView, req: Request, args: list[str]) -> Response:
     name = _queue_name(args[0])
     count = _int_param(req, "count", queue_jobs_default, w.cfg.http_api_jobs_max)
     stat = await _qstat(w, name)
+    queued = await _queued_jobs(w, name, count)
+    waiting, complete = await _scan_jobs(w, name, "active", count)
+    kinds = await _job_kinds(w, [str(j["id"]) for j in waiting])
+    for job in waiting:
+        job["kind"] = kinds.get(str(job["id"]), "waiting")
+    dead: list[dict[str, Any]] = []
+    if not name.startswith(DEAD_PREFIX.encode()) and int(stat.get("dead-len", 0)):
+        dead = await _queued_jobs(w, DEAD_PREFIX.encode() + name, count)
+    return ok({"queue": stat, "jobs": queued,
+               "active": [j for j in waiting if j["kind"] == "delivered"],
+               "delayed": [j for j in waiting if j["kind"] != "delivered"],
+               "active_scan_complete": complete, "dead": dead})
+
+
+async def _queued_jobs(w: NodeView, name: bytes, count: int) -> list[dict[str, Any]]:
+    """The first ``count`` jobs queued in ``name`` (QPEEK), with SHOW's counters and times."""
     peek = await call(w, b"QPEEK", name, count)
-    queued = [{"id": text(e[1]), "body": text(e[2]), "state": "queued"} for e in peek]
-    await _add_counters(w, queued)
-    active, complete = await _scan_jobs(w, name, "active", count)
-    return ok({"queue": stat, "jobs": queued, "active": active, "active_scan_complete": complete})
+    jobs = [{"id": text(e[1]), "body": text(e[2]), "state": "queued", "queue": text(name)}
+            for e in peek]
+    await _add_counters(w, jobs)
+    return jobs
+
+
+async def _job_kinds(w: NodeView, job_ids: list[str]) -> dict[str, str]:
+    """What each active job waits for (delivered, delayed, waiting), asked of the
+    workers that hold them (ops.job_kinds): SHOW does not say."""
+    if not job_ids:
+        return {}
+    kinds: dict[str, str] = {}
+    for part in _alive(await gather(w, "http.job_kinds", job_ids)):
+        kinds.update(part)
+    return kinds
 
 
 async def _add_counters(w: NodeView, jobs: list[dict[str, Any]]) -> None:
@@ -299,11 +337,13 @@ async def post_requeue(w: NodeView, req: Request, args: list[str]) -> Response:
     its n deliveries again, then comes back here), at most http-api-jobs-max per
     call; ``left`` says how many remain."""
     dead = _queue_name(args[0])
-    _json_body(req)
+    body = _json_body(req)
     if not dead.startswith(DEAD_PREFIX.encode()) or len(dead) == len(DEAD_PREFIX):
         raise ApiError(400, f"not a dead-letter queue (names start with '{DEAD_PREFIX}')")
     await _qstat(w, dead)
     target = dead[len(DEAD_PREFIX):]
+    if "id" in body:
+        return await _requeue_one(w, dead, target, body["id"])
     moved = 0
     limit = w.cfg.http_api_jobs_max
     while moved < limit:
@@ -316,6 +356,21 @@ async def post_requeue(w: NodeView, req: Request, args: list[str]) -> Response:
         moved += n
     left = await call(w, b"QLEN", dead)
     return ok({"from": text(dead), "to": text(target), "requeued": moved, "left": left})
+
+
+async def _requeue_one(w: NodeView, dead: bytes, target: bytes, raw_id: Any) -> Response:
+    """One dead letter back to its queue (REDRIVE dead:q ID job): 404 for a job
+    that is not queued in ``dead``."""
+    if not isinstance(raw_id, str) or not is_valid_job_id(raw_id.encode()):
+        raise ApiError(400, "id must be a job ID")
+    try:
+        n = int(await call(w, b"REDRIVE", dead, b"ID", raw_id))
+    except ReplyError as e:  # the queue is paused in input
+        raise ApiError(409, f"{target.decode('utf-8', 'replace')}: {e}") from None
+    if not n:
+        raise ApiError(404, f"no job '{raw_id}' queued in {text(dead)}")
+    return ok({"from": text(dead), "to": text(target), "requeued": 1, "id": raw_id,
+               "left": await call(w, b"QLEN", dead)})
 
 
 # ------------------------------------------------------------------ jobs
@@ -333,7 +388,11 @@ async def _show(w: NodeView, job_id: bytes) -> dict[str, Any]:
 
 
 async def get_job(w: NodeView, req: Request, args: list[str]) -> Response:
-    return ok(await _show(w, _job_id(args[0])))
+    """SHOW, and for an active job its ``kind`` (delivered, delayed, waiting)."""
+    job = await _show(w, _job_id(args[0]))
+    if job.get("state") == "active":
+        job["kind"] = (await _job_kinds(w, [str(job["id"])])).get(str(job["id"]), "waiting")
+    return ok(job)
 
 
 async def _job_or_404(w: NodeView, cmd: bytes, job_id: bytes, done: str) -> Response:
@@ -353,13 +412,26 @@ async def post_ack(w: NodeView, req: Request, args: list[str]) -> Response:
     return await _job_or_404(w, b"ACKJOB", job_id, "acked")
 
 
-async def post_nack(w: NodeView, req: Request, args: list[str]) -> Response:
+async def _requeue_verb(w: NodeView, req: Request, args: list[str], cmd: bytes, done: str,
+                        refused: str) -> Response:
+    """``cmd job`` (NACK, ENQUEUE), which queues the job: ``{"id", done: 1, "job": SHOW}``;
+    404 for an unknown job, 409 (``refused``) for one the command leaves as it is."""
     job_id = _job_id(args[0])
     _json_body(req)
-    if not await call(w, b"NACK", job_id):
+    if not await call(w, cmd, job_id):
         job = await _show(w, job_id)  # 404 when unknown
-        raise ApiError(409, f"job is {job['state']}: only an active job can be NACKed")
-    return ok({"id": job_id.decode(), "nacked": 1, "job": await _show(w, job_id)})
+        raise ApiError(409, f"job is {job['state']}: {refused}")
+    return ok({"id": job_id.decode(), done: 1, "job": await _show(w, job_id)})
+
+
+async def post_nack(w: NodeView, req: Request, args: list[str]) -> Response:
+    return await _requeue_verb(w, req, args, b"NACK", "nacked", "only an active job can be NACKed")
+
+
+async def post_enqueue(w: NodeView, req: Request, args: list[str]) -> Response:
+    """ENQUEUE: "run now" for a job that waits (its DELAY, a NACK ... DELAY, a RETRY)."""
+    return await _requeue_verb(w, req, args, b"ENQUEUE", "queued",
+                               "only a job not queued yet can be queued now")
 
 
 async def post_dead(w: NodeView, req: Request, args: list[str]) -> Response:
@@ -549,6 +621,7 @@ ROUTES: list[tuple[re.Pattern[str], dict[str, Handler]]] = [
     (re.compile(rf"/api/jobs/{_JOB}"), {"GET": get_job, "DELETE": delete_job}),
     (re.compile(rf"/api/jobs/{_JOB}/ack"), {"POST": post_ack}),
     (re.compile(rf"/api/jobs/{_JOB}/nack"), {"POST": post_nack}),
+    (re.compile(rf"/api/jobs/{_JOB}/enqueue"), {"POST": post_enqueue}),
     (re.compile(rf"/api/jobs/{_JOB}/dead"), {"POST": post_dead}),
     (re.compile(r"/api/nodes"), {"GET": get_nodes}),
     (re.compile(r"/api/schedules"), {"GET": get_schedules}),

@@ -13,7 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from bus.clock import wall_ms
 from disque_mp.node.scatter import on_every_worker
+from workers.job import ACTIVE
 from workers.replies import Error
+
+job_kinds_ids_max = 10_000  # job IDs one http.job_kinds request classifies (a queue view's page)
 
 if TYPE_CHECKING:
     from disque_mp.node.view import NodeView
@@ -25,7 +28,24 @@ def local_op(w: NodeView, op: str, arg: Any) -> Any:
         return worker_snapshot(w, int(arg))
     if op == "http.health":  # /readyz: this worker answers (health.py)
         return {"worker": w.index, "pid": os.getpid()}
+    if op == "http.job_kinds":
+        return job_kinds(w, list(arg))
     return Error(f"ERR unknown node operation '{op}'")
+
+
+def job_kinds(w: NodeView, job_ids: list[str]) -> dict[str, str]:
+    """What each active job of ``job_ids`` held by this worker waits for, which SHOW's
+    ``state active`` does not tell: ``delivered`` (to a client, not acknowledged yet),
+    ``delayed`` (its ADDJOB DELAY is not over), ``waiting`` (not queued here for another
+    reason: a NACK ... DELAY, or a copy waiting for its RETRY). Read only; O(len(job_ids))."""
+    kinds: dict[str, str] = {}
+    for job_id in job_ids[:job_kinds_ids_max]:
+        job = w.shard.lookup(job_id)
+        if job is None or job.state != ACTIVE:
+            continue
+        kinds[job_id] = ("delivered" if job.dtime_ms >= 0 else
+                         "delayed" if job.waits_delay() else "waiting")
+    return kinds
 
 
 def worker_snapshot(w: NodeView, queues_max: int) -> dict[str, Any]:

@@ -51,6 +51,40 @@ function age(s) {
   return (s / 3600).toFixed(1) + " h";
 }
 
+// A duration in seconds in the largest units that read well: "45 s", "5 min 30 s", "23 h 59 min".
+function dur(s) {
+  if (s === null || s === undefined || isNaN(s)) return "–";
+  s = Math.max(0, Math.round(Number(s)));
+  const parts = (big, bigU, small, smallU) => big + " " + bigU + (small ? " " + small + " " + smallU : "");
+  if (s < 60) return s + " s";
+  if (s < 3600) return parts(Math.floor(s / 60), "min", s % 60, "s");
+  if (s < 86400) return parts(Math.floor(s / 3600), "h", Math.floor(s % 3600 / 60), "min");
+  return parts(Math.floor(s / 86400), "d", Math.floor(s % 86400 / 3600), "h");
+}
+const durMs = (ms) => (ms === null || ms === undefined) ? "–" : (ms > 0 && ms < 1000 ? ms + " ms" : dur(ms / 1000));
+
+// SHOW's ctime (nanoseconds since the epoch) as a date in UTC and how long ago.
+function when(ctimeNs) {
+  const ms = Number(ctimeNs) / 1e6;
+  if (!ms) return "–";
+  const d = new Date(ms);
+  const ago = (Date.now() - ms) / 1000;
+  return d.toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC") +
+    (ago >= 0 ? " (" + dur(ago) + " ago)" : "");
+}
+
+// SHOW's time fields as a reader wants them (the job page keeps the raw value and its unit in a tooltip)
+const TIME_FIELDS = {
+  ctime: (v) => when(v),
+  ttl: (v) => dur(v) + " left",
+  delay: (v) => Number(v) ? dur(v) : "none",
+  retry: (v) => Number(v) ? dur(v) : "0 (at most once: never requeued)",
+  "next-requeue-within": (v) => Number(v) ? "in " + durMs(v) : "–",
+  "next-awake-within": (v) => Number(v) ? "in " + durMs(v) : "–",
+};
+const FIELD_UNITS = { ctime: "ns since the epoch", ttl: "s", delay: "s", retry: "s",
+  "next-requeue-within": "ms", "next-awake-within": "ms" };
+
 function bytes(n) {
   const units = ["B", "KB", "MB", "GB", "TB"];
   let i = 0;
@@ -82,7 +116,7 @@ async function renderOverview() {
   const stat = (label, value) => el("div", { class: "stat" }, el("b", {}, value), el("span", {}, label));
   document.getElementById("overview").replaceChildren(
     stat("queued", fmt(o.queued)), stat("active", fmt(o.active)), stat("delayed", fmt(o.delayed)),
-    stat("queues", fmt(o.queues)), stat("clients", fmt(o.clients)), stat("ops/s", fmt(o.ops_per_sec)),
+    stat(o.queues === 1 ? "queue" : "queues", fmt(o.queues)), stat("clients", fmt(o.clients)), stat("ops/s", fmt(o.ops_per_sec)),
     stat("memory", bytes(o.memory_used) + (o.memory_level ? " (level " + o.memory_level + ")" : "")),
     stat("uptime", age(o.uptime_s)));
   return o;
@@ -129,6 +163,17 @@ function pauseButton(q) {
   }, paused ? "Resume" : "Pause");
 }
 
+const plural = (n, one, many) => fmt(n) + " " + (n === 1 ? one : many);
+
+// What the table holds, in numbers that add up to the overview's "queues".
+function queueCount(data, live) {
+  const dead = data.queues.length - live.length;
+  const deadText = dead ? " + " + plural(dead, "dead-letter queue", "dead-letter queues") + " (Dead letters)" : "";
+  if (data.queues.length >= data.total) return plural(live.length, "queue", "queues") + deadText;
+  return "the " + fmt(data.queues.length) + " largest of " + plural(data.total, "queue", "queues") +
+    " (dead-letter queues counted)";
+}
+
 async function viewQueues(main) {
   const data = await api("/api/queues?limit=500");
   const live = data.queues.filter(q => !q.name.startsWith(DEAD));
@@ -159,55 +204,131 @@ async function viewQueues(main) {
         el("span", {}, el("i", { style: "background:#12a150" }), "out (jobs/s)")), canvas),
     el("div", { class: "card" },
       el("div", { class: "toolbar" }, el("h1", { style: "margin:0" }, "Queues"), filter,
-        el("span", { class: "muted" }, live.length + " shown of " + fmt(data.total) + " (largest first)")),
+        el("span", { class: "muted", id: "queue-count" }, queueCount(data, live))),
       el("table", { id: "queues" },
         el("thead", {}, el("tr", {}, ["Queue", "Queued", "Active", "Delayed", "Oldest", "In/s", "Out/s", "Blocked", "State", ""]
           .map((h, i) => el("th", { class: i && i < 8 ? "num" : null, scope: "col" }, h)))),
         body)));
   drawChart(canvas);
-  if (state.refocus) { filter.focus(); filter.setSelectionRange(filter.value.length, filter.value.length); }
 }
 
 function jobActions(job) {
   const id = job.id;
   const path = "/api/jobs/" + enc(id);
+  const queue = String(job.queue || "");
+  const isDead = queue.startsWith(DEAD);
+  const kind = job.state === "active" ? (job.kind || "waiting") : job.state;
   const b = (action, label, fn, cls) => el("button", { "data-action": action, "data-job": id, class: cls || null,
     "aria-label": label + " " + id, onclick: () => act(label, fn) }, label);
   return el("div", { class: "actions" },
     el("a", { href: "#/job/" + enc(id), "data-action": "open", "data-job": id }, "Open"),
+    kind === "delayed" || kind === "waiting"
+      ? b("enqueue", "Run now", async () => { await api(path + "/enqueue", "POST"); return "Queued " + id + " now (ENQUEUE)"; }, "primary") : null,
+    isDead && kind === "queued" ? b("requeue-job", "Requeue", async () => {
+      const r = await api("/api/queues/" + enc(queue) + "/requeue", "POST", { id });
+      return "Requeued " + id + " to " + r.to; }, "primary") : null,
     b("ack", "ACK", async () => { await api(path + "/ack", "POST"); return "Acknowledged " + id; }),
-    job.state === "active" ? b("nack", "NACK", async () => { await api(path + "/nack", "POST"); return "Requeued " + id + " (NACK)"; }) : null,
-    String(job.queue || "").startsWith(DEAD) ? null :
+    kind === "delivered" ? b("nack", "NACK", async () => { await api(path + "/nack", "POST"); return "Requeued " + id + " (NACK)"; }) : null,
+    isDead ? null :
       b("dead", "Dead-letter", async () => { const r = await api(path + "/dead", "POST"); return "Moved to " + r.moved_to; }),
     b("delete", "Delete", async () => { await api(path, "DELETE"); return "Deleted " + id; }, "danger"));
 }
 
-function jobTable(jobs, empty) {
-  if (!jobs.length) return el("p", { class: "empty" }, empty);
-  return el("table", {},
-    el("thead", {}, el("tr", {}, ["Job", "State", "Body", "NACKs", "Redeliveries", "Max deliveries", "Actions"]
-      .map(h => el("th", { scope: "col" }, h)))),
-    el("tbody", {}, jobs.map(j => el("tr", { "data-job": j.id },
-      el("td", { class: "mono" }, j.id), el("td", {}, badge(j.state)),
-      el("td", { class: "mono" }, String(j.body).slice(0, 120)),
-      el("td", { class: "num", "data-field": "nacks" }, fmt(j.nacks)),
-      el("td", { class: "num", "data-field": "additional-deliveries" }, fmt(j["additional-deliveries"])),
-      el("td", { class: "num", "data-field": "maxdeliver" }, fmt(j.maxdeliver)),
-      el("td", {}, jobActions(j))))));
+// Why a job is in dead:<queue>: DEADLETTER's REASON, else MAXDELIVER's move (which sets none).
+function deadReason(j) {
+  if (j["dead-reason"]) return j["dead-reason"];
+  if (j.maxdeliver !== undefined) return "MAXDELIVER " + j.maxdeliver + " reached";
+  return "moved without a reason";
+}
+
+// One table of jobs; `cols` picks the columns after the ID and body.
+const JOB_COLUMNS = {
+  created: ["Created", j => j.ctime ? dur((Date.now() - Number(j.ctime) / 1e6) / 1000) + " ago" : "–", "ctime"],
+  nacks: ["NACKs", j => fmt(j.nacks), "nacks", "num"],
+  redeliveries: ["Redeliveries", j => fmt(j["additional-deliveries"]), "additional-deliveries", "num"],
+  maxdeliver: ["Max deliveries", j => fmt(j.maxdeliver), "maxdeliver", "num"],
+  requeue: ["Requeued in", j => Number(j["next-requeue-within"]) ? durMs(j["next-requeue-within"]) : "never (RETRY 0)", "next-requeue-within"],
+  queues: ["Queued in", j => Number(j["next-requeue-within"]) ? durMs(j["next-requeue-within"]) : "now", "next-requeue-within"],
+  kind: ["Waits for", j => j.kind === "delayed" ? "its DELAY" : "a requeue", "kind"],
+  reason: ["Reason", j => deadReason(j), "dead-reason"],
+};
+
+function jobTable(jobs, empty, cols, id) {
+  if (!jobs.length) return el("p", { class: "empty", id }, empty);
+  const columns = cols.map(c => JOB_COLUMNS[c]);
+  return el("table", { class: "jobs", id },
+    el("thead", {}, el("tr", {}, ["Job and actions", "Body", ...columns.map(c => c[0])]
+      .map((h, i) => el("th", { scope: "col", class: i > 1 && columns[i - 2][3] ? "num" : null }, h)))),
+    // the actions sit under the ID: the table stays within an 800 px window
+    el("tbody", {}, jobs.map(j => el("tr", { "data-job": j.id, "data-kind": j.kind || j.state },
+      el("td", { class: "id" }, el("div", { class: "mono" }, j.id), jobActions(j)),
+      el("td", { class: "mono body", title: String(j.body) }, String(j.body).slice(0, 120)),
+      columns.map(c => el("td", { class: c[3] || null, "data-field": c[2] }, c[1](j)))))));
+}
+
+function section(title, n, table, extra) {
+  return el("div", { class: "card" },
+    el("div", { class: "toolbar" }, el("h2", { style: "margin:0" }, title, " ", el("span", { class: "muted" }, "(" + fmt(n) + ")")), extra),
+    table);
+}
+
+// QLIMIT (per node): what is set, what is in use, a form to change it. A node
+// without the limits API answers 404 for the path: the card is left out.
+function limitsCard(name, lim) {
+  if (!lim) return null;
+  const draft = state.limitDraft && state.limitDraft.queue === name ? state.limitDraft : null;
+  const value = (key) => draft ? draft[key] : String(lim[key.replace("_", "-")] || "");
+  const keep = (key) => (e) => {
+    if (!state.limitDraft || state.limitDraft.queue !== name)
+      state.limitDraft = { queue: name, active: value("active"), rate: value("rate"), group_active: value("group_active"), bcast: false };
+    state.limitDraft[key] = e.target.type === "checkbox" ? e.target.checked : e.target.value;
+  };
+  const input = (key, label) => el("label", {}, label + " ",
+    el("input", { type: "number", min: 0, step: 1, id: "limit-" + key.replace("_", "-"), value: value(key), placeholder: "none", oninput: keep(key) }));
+  const none = (n) => Number(n) ? fmt(n) : "none";
+  const save = (reset) => act("limits", async () => {
+    const body = reset ? { reset: true } : {};
+    if (!reset) for (const key of ["active", "rate", "group_active"]) {
+      const v = document.getElementById("limit-" + key.replace("_", "-")).value.trim();
+      body[key] = v === "" ? 0 : Number(v);
+    }
+    if (document.getElementById("limit-bcast").checked) body.bcast = true;
+    const r = await api("/api/queues/" + enc(name) + "/limits", "POST", body);
+    state.limitDraft = null;
+    return "Limits of " + name + ": active " + none(r.active) + ", rate " + none(r.rate) + ", group-active " + none(r["group-active"]);
+  });
+  return el("div", { class: "card", id: "limits" },
+    el("h2", {}, "Limits on this node (QLIMIT)"),
+    el("p", { class: "muted" }, "Per node: the cluster's cap is each value times the nodes serving the queue. Empty or 0: no limit."),
+    el("dl", { class: "fields" },
+      [["active (delivered, not done)", none(lim.active) + " · " + fmt(lim["in-use"]) + " in use", "active"],
+       ["rate (deliveries/s)", none(lim.rate) + (Number(lim.rate) ? " · " + fmt(lim.tokens) + " tokens left" : ""), "rate"],
+       ["group-active (per GROUP)", none(lim["group-active"]) + (Number(lim["group-active"]) ? " · " + fmt(lim["full-groups"]) + " groups full" : ""), "group-active"]]
+        .map(([k, v, f]) => [el("dt", {}, k), el("dd", { "data-limit": f }, v)])),
+    el("div", { class: "toolbar", style: "margin:10px 0 0" },
+      input("active", "Active"), input("rate", "Rate"), input("group_active", "Group-active"),
+      el("label", {}, el("input", { type: "checkbox", id: "limit-bcast", checked: draft && draft.bcast ? true : null, onchange: keep("bcast") }), " every node (BCAST)"),
+      el("button", { class: "primary", "data-action": "limits-save", onclick: () => save(false) }, "Save limits"),
+      el("button", { "data-action": "limits-reset", onclick: () => save(true) }, "Remove limits")));
 }
 
 async function viewQueue(main, name) {
-  const data = await api("/api/queues/" + enc(name));
+  const [data, lim] = await Promise.all([api("/api/queues/" + enc(name)),
+    name.startsWith(DEAD) ? null : api("/api/queues/" + enc(name) + "/limits").catch(() => null)]);
   const q = data.queue;
-  data.jobs.forEach(j => { j.queue = q.name; });
   const isDead = q.name.startsWith(DEAD);
-  const fields = [["length", fmt(q.len)], ["jobs in", fmt(q["jobs-in"])], ["jobs out", fmt(q["jobs-out"])],
-    ["blocked clients", fmt(q.blocked)], ["age", age(q.age)], ["idle", age(q.idle)],
-    ["import rate", fmt(q["import-rate"])], ["pause", q.pause],
-    ["active (delivered, not acked)", fmt(q.active)], ["delayed", fmt(q.delayed)],
-    ["oldest queued job", q.len ? age(q["oldest-age"]) : "–"],
+  const deadQ = DEAD + q.name;
+  const fields = [["queued", fmt(q.len)],
+    ["active (delivered, not acked)", fmt(q.active)], ["delayed (DELAY not over)", fmt(q.delayed)],
     ["dead letters", isDead || !q["dead-len"] ? fmt(isDead ? null : q["dead-len"])
-      : el("a", { href: "#/queue/" + enc(DEAD + q.name) }, fmt(q["dead-len"]))]];
+      : el("a", { href: "#/queue/" + enc(deadQ) }, fmt(q["dead-len"]))],
+    ["oldest queued job", q.len ? dur(q["oldest-age"]) : "–"],
+    ["jobs in", fmt(q["jobs-in"])], ["jobs out", fmt(q["jobs-out"])],
+    ["blocked clients", fmt(q.blocked)], ["queue age", dur(q.age)], ["idle", dur(q.idle)],
+    ["import rate", fmt(q["import-rate"]) + " jobs/s"], ["pause", q.pause]];
+  const scanNote = data.active_scan_complete ? null
+    : el("p", { class: "muted" }, "Scan stopped early: more jobs may be active or delayed.");
+  const queuedCols = isDead ? ["created", "reason", "nacks", "redeliveries"] : ["created", "nacks", "redeliveries", "maxdeliver"];
   main.replaceChildren(
     el("div", { class: "card" },
       el("div", { class: "toolbar" }, el("h1", { style: "margin:0" }, "Queue ", el("span", { class: "mono" }, q.name)),
@@ -215,23 +336,41 @@ async function viewQueue(main, name) {
         pauseButton({ name: q.name, pause: q.pause }),
         isDead ? requeueButton(q.name) : null),
       el("dl", { class: "fields" }, fields.map(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]))),
-    el("div", { class: "card" }, el("h2", {}, "Queued jobs (oldest first)"), jobTable(data.jobs, "No queued job")),
-    el("div", { class: "card" }, el("h2", {}, "Active jobs (delivered, not acknowledged)"),
-      jobTable(data.active, "No active job"),
-      data.active_scan_complete ? null : el("p", { class: "muted" }, "Scan stopped early: more active jobs may exist.")));
+    section(isDead ? "Dead letters (oldest first)" : "Queued jobs (oldest first)", q.len,
+      jobTable(data.jobs, "No queued job", queuedCols, "queued-jobs")),
+    isDead ? null : section("Active jobs (delivered, not acknowledged)", q.active,
+      [jobTable(data.active, "No active job", ["requeue", "nacks", "redeliveries"], "active-jobs"), scanNote]),
+    isDead ? null : section("Delayed and waiting jobs (not queued here yet)", data.delayed.length,
+      [jobTable(data.delayed, "No delayed job", ["kind", "queues", "created"], "delayed-jobs"), scanNote]),
+    isDead || !data.dead.length ? null : section("Dead letters in " + deadQ, q["dead-len"],
+      jobTable(data.dead, "No dead letter", ["reason", "nacks", "redeliveries"], "dead-jobs"), requeueButton(deadQ)),
+    limitsCard(q.name, lim));
 }
+
+function jobField(job, k) {
+  const v = job[k];
+  if (k === "queue") return el("a", { href: "#/queue/" + enc(v), class: "mono" }, v);
+  if (k in TIME_FIELDS) return TIME_FIELDS[k](v);
+  if (Array.isArray(v)) return v.join(", ") || "–";
+  return String(v);
+}
+
+const KIND_TEXT = { delivered: "delivered, not acknowledged", delayed: "its DELAY is not over",
+  waiting: "not queued here: waits for a requeue" };
 
 async function viewJob(main, id) {
   const job = await api("/api/jobs/" + enc(id));
-  const keys = ["queue", "state", "repl", "ttl", "ctime", "delay", "retry", "nacks", "additional-deliveries",
+  const keys = ["queue", "state", "repl", "ctime", "ttl", "delay", "retry", "nacks", "additional-deliveries",
     "nodes-delivered", "nodes-confirmed", "next-requeue-within", "next-awake-within"]
-    .concat(job.maxdeliver === undefined ? [] : ["maxdeliver"]);
+    .concat(job.maxdeliver === undefined ? [] : ["maxdeliver"])
+    .concat(job["dead-reason"] === undefined ? [] : ["dead-reason"]);
+  const label = { ctime: "created", "next-requeue-within": "next requeue", "next-awake-within": "next awake" };
   main.replaceChildren(el("div", { class: "card", id: "job" },
     el("div", { class: "toolbar" }, el("h1", { style: "margin:0" }, "Job ", el("span", { class: "mono" }, job.id)),
-      el("span", { id: "job-state" }, badge(job.state))),
-    el("dl", { class: "fields" }, keys.map(k => [el("dt", {}, k), el("dd", { "data-field": k, class: k.startsWith("nodes") ? "mono" : null },
-      k === "queue" ? el("a", { href: "#/queue/" + enc(job.queue), class: "mono" }, job.queue) :
-      Array.isArray(job[k]) ? job[k].join(", ") || "–" : String(job[k]))])),
+      el("span", { id: "job-state" }, badge(job.state), job.kind ? [" ", badge(job.kind), " ", KIND_TEXT[job.kind]] : null)),
+    el("dl", { class: "fields" }, keys.map(k => [el("dt", {}, label[k] || k),
+      el("dd", { "data-field": k, "data-raw": String(job[k]), title: FIELD_UNITS[k] ? job[k] + " " + FIELD_UNITS[k] : null,
+        class: k.startsWith("nodes") ? "mono" : null }, jobField(job, k))])),
     el("h2", { style: "margin-top:12px" }, "Body"), el("pre", { class: "body mono" }, job.body),
     jobActions(job)));
 }
@@ -249,7 +388,7 @@ async function viewDead(main) {
   const dead = data.queues.filter(q => q.name.startsWith(DEAD));
   main.replaceChildren(el("div", { class: "card" },
     el("h1", {}, "Dead-letter queues"),
-    el("p", { class: "muted" }, "A job moved with “Dead-letter” goes to dead:<queue>, and so does a job added with MAXDELIVER n once it was delivered n times without an ACK (same ID, its counters kept: open the queue to see them); “Requeue all” adds every job back to <queue> with its TTL left, RETRY and MAXDELIVER."),
+    el("p", { class: "muted" }, "A job moved with “Dead-letter” goes to dead:<queue>, and so does a job added with MAXDELIVER n once it was delivered n times without an ACK (same ID, its counters kept: open the queue to see them); “Requeue all” adds every job back to <queue> with its TTL left, RETRY and MAXDELIVER; open a queue to requeue one job and read why each job is there."),
     dead.length ? el("table", { id: "dead" },
       el("thead", {}, el("tr", {}, ["Queue", "Jobs", "Oldest", "Back to", ""].map(h => el("th", { scope: "col" }, h)))),
       el("tbody", {}, dead.map(q => el("tr", { "data-queue": q.name },
@@ -291,7 +430,12 @@ async function refresh() {
   document.querySelectorAll("nav a[data-nav]").forEach(a =>
     a.getAttribute("data-nav") === (view === "queue" || view === "job" ? "queues" : view)
       ? a.setAttribute("aria-current", "page") : a.removeAttribute("aria-current"));
-  state.refocus = document.activeElement && document.activeElement.id === "filter";
+  const focused = document.activeElement && document.activeElement.closest("#view") ? document.activeElement.id : "";
+  const routeKey = view + "/" + arg;
+  if (state.shown !== routeKey) {  // a new view: say it loads rather than show the last one
+    viewEl.replaceChildren(loadingCard());
+    viewEl.setAttribute("aria-busy", "true");
+  }
   try {
     await renderOverview();
     if (view === "queue") await viewQueue(main, arg);
@@ -304,9 +448,33 @@ async function refresh() {
   } catch (e) {
     main.replaceChildren(el("div", { class: "card" }, el("h1", {}, "Error"), el("p", { id: "error" }, e.message)));
   }
+  if (seq === state.seq) { state.shown = routeKey; viewEl.removeAttribute("aria-busy"); refocus(focused); }
   // live views refresh; a job's detail stays put while one reads it
   if (view !== "job" && seq === state.seq) state.timer = setTimeout(refresh, PERIOD_MS);
 }
+
+// A live view redraws every 2 s: the field one was typing in keeps its focus and caret.
+function refocus(id) {
+  const e = id && document.getElementById(id);
+  if (!e || e === document.activeElement) return;
+  e.focus();
+  if (e.setSelectionRange && /^(text|search)$/.test(e.type)) e.setSelectionRange(e.value.length, e.value.length);
+}
+
+function loadingCard() {
+  return el("div", { class: "card loading", id: "loading" }, el("p", {}, "Loading…"));
+}
+
+// Search by job ID: a well-formed ID opens its page (which says when the node does not know it).
+const JOB_ID = /^D-[0-9a-f]{8}-[A-Za-z0-9+/]{24}-[0-9a-f]{4}$/;
+document.getElementById("job-search").addEventListener("submit", (e) => {
+  e.preventDefault();
+  const input = document.getElementById("job-id");
+  const id = input.value.trim();
+  if (!JOB_ID.test(id)) { flash("Not a job ID: one looks like D-1a2b3c4d-<24 characters>-05a1", true); return; }
+  input.value = "";
+  location.hash = "#/job/" + enc(id);
+});
 
 let pendingG = false;
 document.addEventListener("keydown", (e) => {
