@@ -2,7 +2,7 @@
 // Loaded before app.js, whose helpers (el, api, fmt, badge) it calls when drawn.
 "use strict";
 
-function when(ms) {
+function scheduleTime(ms) {
   if (!ms) return "–";
   return new Date(ms).toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z");
 }
@@ -18,7 +18,7 @@ async function viewSchedules(main) {
         el("td", { class: "mono" }, s.name),
         el("td", { class: "mono" }, s.rule),
         el("td", {}, el("a", { href: "#/queue/" + encodeURIComponent(s.addjob[0]), class: "mono" }, s.addjob[0])),
-        el("td", {}, when(s["next-fire"])), el("td", {}, when(s["last-fire"])),
+        el("td", {}, scheduleTime(s["next-fire"])), el("td", {}, scheduleTime(s["last-fire"])),
         el("td", { class: "mono" }, s["last-job-id"] ? el("a", { href: "#/job/" + encodeURIComponent(s["last-job-id"]) }, s["last-job-id"]) : "–"),
         el("td", { class: "num" }, fmt(s.fired)), el("td", { class: "num" }, fmt(s.skipped)),
         el("td", {}, s.firer === "yes" ? badge("yes", "queued") : "no"),
