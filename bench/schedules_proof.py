@@ -34,6 +34,7 @@ from typing import Any
 from bench.record import provenance_line
 from tests.faults.netns import Net
 from tests.faults.nodes import REPO, FaultNode
+from tests.nodeproc import queue_job_ids
 
 RESULTS = REPO / "bench" / "results"
 NODE_CONF = {"appendonly": "yes", "cluster-node-timeout": 3000}
@@ -93,17 +94,10 @@ def _firer(nodes: list[FaultNode], up: set[int]) -> int:
 
 def _job_ids(node: FaultNode, queue: str) -> set[str]:
     r = node.client()
-    ids: set[str] = set()
     try:
-        cursor = b"0"
-        for _ in range(10_000):  # bounded walk
-            cursor, items = r.execute_command("JSCAN", cursor, "COUNT", 1000, "QUEUE", queue)
-            ids.update(i.decode() for i in items)
-            if cursor == b"0":
-                break
+        return queue_job_ids(r, queue)
     finally:
         r.close()
-    return ids
 
 
 def _buckets(nodes: list[FaultNode], queue: str, key: Any) -> dict[int, int]:

@@ -17,7 +17,7 @@ import redis
 
 from disque_mp.client import Disque
 from disque_mp.client.core import CommandError
-from tests.nodeproc import NodeProc, running_cluster, wait_until
+from tests.nodeproc import NodeProc, queue_job_ids, running_cluster, wait_until
 from tests.nodeproc import unique_queue as _q
 
 pytestmark = pytest.mark.integration
@@ -53,12 +53,7 @@ def _jobs_by_fire_time(nodes: list[NodeProc], queue: str) -> dict[int, set[str]]
     ids: set[str] = set()
     for node in nodes:
         with _r(node) as r:
-            cursor = b"0"
-            for _ in range(1000):  # bounded walk
-                cursor, items = r.execute_command("JSCAN", cursor, "COUNT", 1000, "QUEUE", queue)
-                ids.update(i.decode() for i in items)
-                if cursor == b"0":
-                    break
+            ids |= queue_job_ids(r, queue)
     out: dict[int, set[str]] = {}
     for jid in ids:
         for node in nodes:
