@@ -46,7 +46,7 @@ log = logging.getLogger("disque.schedules")
 
 # The timer sleeps until the next fire time, a waiting time's turn, the next digest
 # or a change (SET, DEL, a peer's frame, a membership view): no schedule, no peer,
-# no wake-up. At most this long, so a wall clock that jumps is noticed:
+# no wake-up. With a schedule at most this long, so a wall clock that jumps is noticed:
 wake_ms_max = 60_000
 digest_interval_ms = 5000  # every member gets our digest this often
 fired_in_flight_max = 1024  # firings running at once (each waits for its ADDJOB)
@@ -318,10 +318,12 @@ class ScheduleHost:
                 sleep_ms = wake_ms_max
             self.changed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), sleep_ms / 1000)
+                await asyncio.wait_for(self.changed.wait(),
+                                       None if sleep_ms is None else sleep_ms / 1000)
 
-    def tick(self, now: int) -> int:
-        """Fire what is due, greet new members; the ms until the next look."""
+    def tick(self, now: int) -> int | None:
+        """Fire what is due, greet new members; the ms until the next look (None:
+        nothing to look at until a change)."""
         nodes = self.nodes()
         self._greet(nodes, now)
         for fire in self.table.due(now, self.me(), nodes):
@@ -333,13 +335,13 @@ class ScheduleHost:
             task.add_done_callback(self.in_flight.discard)
         self.file.sync()
         self._compact()
-        wake = [now + wake_ms_max]
+        wake = []
         due_ms = self.table.next_wake_ms(now, self.me(), nodes)
         if due_ms is not None:
-            wake.append(due_ms)
+            wake.append(min(due_ms, now + wake_ms_max))
         if len(nodes) > 1 or nodes[:1] != [self.me()]:
             wake.append(self.digest_at_ms)
-        return max(min(wake) - now, 1)
+        return max(min(wake) - now, 1) if wake else None
 
     def _greet(self, nodes: list[str], now: int) -> None:
         members = set(nodes) - {self.me()}

@@ -56,6 +56,7 @@ from disque_mp.node.memory import Monitor, rss_bytes
 from disque_mp.node.owner import Owner
 from disque_mp.node.peers import Peers
 from disque_mp.node.router import Router
+from disque_mp.node.schedule_host import ScheduleHost
 from workers.effects import Send
 from workers.invariant import InvariantError
 from workers.shard import Shard
@@ -263,8 +264,6 @@ class Worker(ClientHost):
         agent = self.agent
         if agent is None or agent.bus is None:
             return
-        from disque_mp.node.schedule_host import ScheduleHost
-
         host = ScheduleHost(self, agent.bus)
         host.start()
         agent.executors["schedule"] = host.execute
