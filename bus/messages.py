@@ -129,7 +129,7 @@ def check_schedule(meta: dict[str, Any], bodies: list[bytes]) -> str:
     """A SCHED frame's shape (its values are checked again as SCHEDULE SET checks a
     client's words, by the receiver); returns its op."""
     op = meta.get("op")
-    if op not in _SCHED_OPS or len(bodies) > sched_bodies_max:
+    if not isinstance(op, str) or op not in _SCHED_OPS or len(bodies) > sched_bodies_max:
         raise BadMessage("malformed schedule message")
     if op == "sum":
         if not _text(meta.get("h")):

@@ -153,6 +153,8 @@ def test_cron_in_a_zone_and_many_due_at_once() -> None:
 
 @pytest.mark.parametrize("meta,bodies", [
     ({"op": "boom"}, [b"s"]),
+    ({"op": ["set"]}, [b"s"]),
+    ({"op": {"x": 1}}, [b"s"]),
     ({"op": "sum"}, []),
     ({"op": "fired", "t": -1, "j": "x"}, [b"s"]),
     ({"op": "fired", "t": 1, "j": "x"}, []),
