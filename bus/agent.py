@@ -11,6 +11,8 @@ neither has to know the other's frame kinds):
     worker k -> 0   MESH_BUS_IN  {"f", "k", "s", "m"} + bodies    a job message that came on
                     k's data link but belongs to another worker's slot: worker 0 passes it on
     worker k -> 0   AGENT_CMD {"r": rid, "a": [args]}     a CLUSTER command, answered by
+                    ({"r": rid, "x": area} + args as bodies: another area's command,
+                    such as SCHEDULE, whose words may be any bytes)
     worker 0 -> k   AGENT_REPLY {"r": rid, "v": packed}
     worker 0 -> k   MESH_BUS_IN {"f", "k", "s", "m"} + bodies     a job message for k's slots
     worker 0 -> k   MESH_VIEW snapshot                    after every membership change
@@ -135,6 +137,8 @@ class ClusterAgent:
         self.on_view = on_view
         self.on_batch = on_batch  # around the messages of one JOBS frame (bus/hostbus.py)
         self.executor = executor
+        # worker 0: other areas' executors (``command(..., area=)``), e.g. "schedule"
+        self.executors: dict[str, Executor] = {}
         self.bus: ClusterBus | None = None
         self.view: dict[str, Any] = {"myid": node_id, "leaving": False, "size": 1, "sent": 0,
                                      "received": 0, "nodes": []}
@@ -267,11 +271,12 @@ class ClusterAgent:
             return self.to_owner.write(mesh_bus_out(node_id, kind, slot, meta, bodies or []))
         return False
 
-    def command(self, args: list[bytes], done: Done) -> None:
-        """Run a CLUSTER command on worker 0; ``done(reply)`` gets the answer (at
-        once on worker 0, after a round trip elsewhere)."""
+    def command(self, args: list[bytes], done: Done, area: str = "") -> None:
+        """Run a CLUSTER command (or, with ``area``, that area's) on worker 0;
+        ``done(reply)`` gets the answer (at once on worker 0, after a round trip
+        elsewhere)."""
         if self.bus is not None:
-            reply = self.executor(self.bus, args)
+            reply = self._run(area, args)
             if isinstance(reply, Later):
                 reply.then(done)
             else:
@@ -281,8 +286,12 @@ class ClusterAgent:
             done(ERR_OWNER_DOWN)
             return
         self.next_rid += 1
-        meta = {"r": self.next_rid, "a": [a.decode("utf-8", "surrogateescape") for a in args]}
-        if not self.to_owner.write(frames.encode(AGENT_CMD, meta)):
+        if area:
+            frame = frames.encode(AGENT_CMD, {"r": self.next_rid, "x": area}, args)
+        else:
+            frame = frames.encode(AGENT_CMD, {"r": self.next_rid, "a": [
+                a.decode("utf-8", "surrogateescape") for a in args]})
+        if not self.to_owner.write(frame):
             done(ERR_OWNER_DOWN)
             return
         self.pending[self.next_rid] = done
@@ -401,13 +410,22 @@ class ClusterAgent:
                 link.view_applied = seq
                 self.bus.on_views_applied()
         elif kind == AGENT_CMD:
-            args = [str(a).encode("utf-8", "surrogateescape") for a in meta.get("a", [])]
-            reply = self.executor(self.bus, args)
+            area = meta.get("x")
+            args = bodies if isinstance(area, str) else [
+                str(a).encode("utf-8", "surrogateescape") for a in meta.get("a", [])]
+            reply = self._run(area if isinstance(area, str) else "", args)
             rid = meta.get("r")
             if isinstance(reply, Later):
                 reply.then(lambda value: _answer(link, rid, value))
             else:
                 _answer(link, rid, reply)
+
+    def _run(self, area: str, args: list[bytes]) -> Reply:
+        assert self.bus is not None
+        if not area:
+            return self.executor(self.bus, args)
+        executor = self.executors.get(area)
+        return ERR_OWNER_DOWN if executor is None else executor(self.bus, args)
 
     def _views_applied(self, seq: int) -> bool:
         """Worker 0: every other worker connected to us has applied view ``seq`` (a

@@ -21,6 +21,8 @@ Frames are ``bus/frames.py`` frames. Bus frame kinds:
                messages of one loop turn to one peer in one frame (sent only to a peer
                whose HANDSHAKE answer or DATA_READY says "jb": 1; else one JOB each)
     DATA_READY {"proto", "id", "w": worker}                    data link, acceptor's answer
+    SCHED      {"op": ...} + raw bodies: node-wide schedules     outbound link
+               (disque_mp/node/schedule_host.py; checked by messages.check_schedule)
 
 A data link (bus/datalink.py) is a connection from worker k of a host whose
 HANDSHAKE carries ``"data": k``: it only carries JOB frames. Worker 0 hands its
@@ -68,8 +70,9 @@ K_AUTH: Final = 8
 # under load a write holds dozens of job messages (measured: docs/security.md).
 K_SEALED: Final = 9
 K_JOBS: Final = 10
+K_SCHED: Final = 11
 BUS_KINDS: Final = frozenset({K_HANDSHAKE, K_PING, K_PONG, K_MEET, K_FAIL, K_JOB, K_DATA_READY, K_AUTH,
-                       K_SEALED, K_JOBS})
+                       K_SEALED, K_JOBS, K_SCHED})
 
 # Mesh frame kinds (u8) for cluster traffic between the workers of one host; kept
 # far from the front end's own kinds (bus/mesh.py) so both can share one reader.
@@ -588,6 +591,9 @@ class ClusterBus:
         self.batch: Callable[[bool], None] | None = None
         self.seeder = seeds.SeedDialer(cfg, cfg.port)  # cluster-seeds: MEET them while alone
         self.meet_log = MeetLog()  # a CLUSTER MEET that fails says why (bus/meetlog.py)
+        # on_schedule(sender, meta, bodies): a checked SCHED frame from a member (set by
+        # worker 0's schedules; None: SCHED frames are read and dropped)
+        self.on_schedule: Callable[[str, dict[str, Any], list[bytes]], None] | None = None
 
     # ---- lifecycle -------------------------------------------------------------
 
@@ -647,6 +653,14 @@ class ClusterBus:
         if link is None or node is None or node.handshake:
             return 0
         return int(link.write_job(kind, slot, meta, parts))
+
+    def send_schedule(self, node_id: str, meta: dict[str, Any], bodies: list[bytes]) -> int:
+        """A SCHED frame to ``node_id`` (``"*"``: every member with a link); the links written."""
+        sent = 0
+        for node, link in list(self.out.items()):
+            if not node.handshake and (node_id == "*" or node.node_id == node_id):
+                sent += int(link.write(K_SCHED, meta, bodies))
+        return sent
 
     def view(self) -> dict[str, Any]:
         view = mb.snapshot(self.m, wall_offset_ms())
@@ -846,6 +860,8 @@ class ClusterBus:
             self._on_pong(link, meta)
         elif kind == K_FAIL and link.node is None:
             self._on_fail(link, meta)
+        elif kind == K_SCHED and link.node is None:
+            self._on_schedule(link, meta, bodies)
         else:
             raise messages.BadMessage(f"unexpected frame kind {kind} on this link")
 
@@ -965,6 +981,14 @@ class ClusterBus:
             return  # failure reports count from current members only
         self.m.on_fail(link.sender_id, meta, mono_ms())
         self._after_change_if_dirty()
+
+    def _on_schedule(self, link: _Link, meta: dict[str, Any], bodies: list[bytes]) -> None:
+        messages.check_schedule(meta, bodies)
+        if not self.is_member(link.sender_id):
+            auth.count("rejected_messages")
+            return  # schedules from current members only
+        if self.on_schedule is not None:
+            self.on_schedule(link.sender_id, meta, bodies)
 
     def _on_job(self, link: _Link, meta: dict[str, Any], bodies: list[bytes]) -> None:
         kind, slot, inner = messages.check_job(meta, bodies)

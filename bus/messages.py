@@ -113,3 +113,38 @@ def check_job(meta: dict[str, Any], bodies: list[bytes]) -> tuple[str, int, dict
     if err is not None:
         raise BadMessage(err)
     return kind, slot, inner
+
+
+# SCHED frames (node-wide schedules, disque_mp/node/schedules.py): worker 0 to worker 0.
+sched_bodies_max = 256  # the name and the ADDJOB words (options are a few dozen at most)
+sched_text_max = 256  # cron expression, zone, job ID, digest, origin
+_SCHED_OPS = frozenset({"set", "fired", "sum"})
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str) and len(value) <= sched_text_max
+
+
+def check_schedule(meta: dict[str, Any], bodies: list[bytes]) -> str:
+    """A SCHED frame's shape (its values are checked again as SCHEDULE SET checks a
+    client's words, by the receiver); returns its op."""
+    op = meta.get("op")
+    if not isinstance(op, str) or op not in _SCHED_OPS or len(bodies) > sched_bodies_max:
+        raise BadMessage("malformed schedule message")
+    if op == "sum":
+        if not _text(meta.get("h")):
+            raise BadMessage("bad schedule digest")
+        return "sum"
+    if not bodies:
+        raise BadMessage("schedule message without a name")
+    if op == "fired":
+        if not (_int(meta.get("t"), 0, 1 << 62) and _text(meta.get("j")) and len(bodies) == 1):
+            raise BadMessage("bad schedule firing")
+        return "fired"
+    version = meta.get("v")
+    if not (type(version) is list and len(version) == 2 and _int(version[0], 0, 1 << 62)
+            and _text(version[1]) and _text(meta.get("cron")) and _text(meta.get("tz"))
+            and _int(meta.get("every"), 0, 1 << 40) and type(meta.get("del")) is bool
+            and _int(meta.get("lf"), 0, 1 << 62) and _text(meta.get("lj"))):
+        raise BadMessage("bad schedule")
+    return "set"

@@ -62,6 +62,18 @@ def unique_queue(prefix: str = "q") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
+def queue_job_ids(r: redis.Redis, queue: str, walk_max: int = 10_000) -> set[str]:
+    """Every job ID of ``queue`` the node of ``r`` holds (JSCAN QUEUE, bounded walk)."""
+    ids: set[str] = set()
+    cursor: Any = b"0"
+    for _ in range(walk_max):
+        cursor, items = r.execute_command("JSCAN", cursor, "COUNT", 1000, "QUEUE", queue)
+        ids.update(i.decode() for i in items)
+        if cursor == b"0":
+            break
+    return ids
+
+
 def _any_task_alive(pid: str) -> bool:
     """A killed multi-threaded process shows its leader as a zombie while its other
     threads are still exiting and still hold its sockets: look at every thread."""

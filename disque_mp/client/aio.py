@@ -350,6 +350,32 @@ class AsyncDisque(core.ClientSettings[aredis.Redis]):
         queued on this node back to their queue; how many moved."""
         return int(await self.execute(*core.redrive_args(dead_queue, count)))
 
+    async def schedule(self, name: str | bytes, queue: str | bytes, body: bytes | str, *,
+                  cron: str | None = None, every: int | None = None, tz: str | None = None,
+                  timeout_ms: int = 0, **options: Any) -> None:
+        """SCHEDULE SET (disque-mp extension): add ``ADDJOB queue body`` with
+        ``options`` (``add_job``'s) at each time of ``cron`` (in ``tz``) or ``every``
+        seconds; known to every node, one job a fire time while they see each other.
+        Setting a name again replaces its schedule."""
+        await self.execute(*core.schedule_args(name, queue, body, cron=cron, every=every, tz=tz,
+                                               timeout_ms=timeout_ms, **options))
+
+    async def unschedule(self, name: str | bytes) -> bool:
+        """SCHEDULE DEL (disque-mp extension): True when the schedule existed."""
+        return bool(await self.execute("SCHEDULE", "DEL", name))
+
+    async def schedules(self) -> list[dict[str, Any]]:
+        """SCHEDULE LIST then SHOW (disque-mp extension): every schedule, by name,
+        with its rule, ADDJOB words, next and last fire (epoch ms), last job ID,
+        fired and skipped counts."""
+        out = []
+        for name in await self.execute("SCHEDULE", "LIST"):
+            try:
+                out.append(core.parse_schedule(await self.execute("SCHEDULE", "SHOW", name)))
+            except core.CommandError:
+                continue  # deleted between LIST and SHOW
+        return out
+
     async def qlen(self, queue: str | bytes) -> int:
         return int(await self.execute("QLEN", queue))
 

@@ -363,6 +363,27 @@ def addjob_args(queue: str | bytes, body: bytes | str, timeout_ms: int = 0,
     return args
 
 
+def schedule_args(name: str | bytes, queue: str | bytes, body: bytes | str, *,
+                  cron: str | None = None, every: int | None = None, tz: str | None = None,
+                  timeout_ms: int = 0, **options: Unpack[AddJobOptions]) -> list[Any]:
+    """SCHEDULE SET (disque-mp extension): ``cron`` (5 fields, in ``tz``, UTC by
+    default) or ``every`` (seconds), then the ADDJOB a firing runs."""
+    if (cron is None) == (every is None):
+        raise TypeError("schedule() takes exactly one of cron= or every=")
+    if tz is not None and cron is None:
+        raise TypeError("tz= goes with cron=")
+    rule: list[Any] = ["EVERY", int(every)] if every is not None else \
+        ["CRON", cron, *(["TZ", tz] if tz is not None else [])]
+    return ["SCHEDULE", "SET", name, *rule, *addjob_args(queue, body, timeout_ms, **options)]
+
+
+def parse_schedule(reply: Any) -> dict[str, Any]:
+    """SCHEDULE SHOW's pairs -> a dict: texts as str, counts and times (epoch ms) as
+    int, ``addjob`` as the ADDJOB words (bytes: a body may be any bytes)."""
+    return {as_str(k): v if isinstance(v, (int, list)) else as_str(v)
+            for k, v in zip(reply[::2], reply[1::2], strict=True)}
+
+
 def task_dedup_key(task_id: str, retries: int = 0) -> str:
     """The DEDUP key the brokers give a task's message: its task ID, and for a
     retry published as a new message (Celery's ``retry``, a Dramatiq or Taskiq retry

@@ -82,7 +82,7 @@ from disque_mp.client import (
     Job,
     add_window_default,
 )
-from disque_mp.client.core import task_dedup_key
+from disque_mp.client.core import AddJobOptions, task_dedup_key
 from disque_mp.client.limits import MAXDELIVER_MAX as max_deliveries_max
 from disque_mp.client.limits import dead_reason, group_name
 from disque_mp.client.limits import queue_limits as limits_of
@@ -500,18 +500,25 @@ class Channel(virtual.Channel):
         return True
 
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
+        adds = self.connection.adds
+        add = self.client.add_job if adds is None else adds.add
+        target, body, options = self.job_for(queue, message)
+        add(target, body, **options)
+
+    def job_for(self, queue: str, message: dict[str, Any]) -> tuple[str, str, AddJobOptions]:
+        """The ADDJOB that publishes ``message`` to ``queue``: Disque queue, body and
+        options (the beat scheduler, ``beat.py``, makes SCHEDULEs of the same)."""
         delay_s, ttl_s = job_times(message.get("headers") or {}, time.time(),
                                    int(self.message_ttl))
         priority = self._get_message_priority(message, reverse=False)
-        adds = self.connection.adds
-        add = self.client.add_job if adds is None else adds.add
-        add(self._queue_for(queue, priority), json.dumps(message, separators=(",", ":")),
+        options = AddJobOptions(
             replicate=self.replicate, delay=delay_s or None,
             retry=int(self.visibility_timeout), ttl=ttl_s, async_=bool(self.async_replication),
             maxdeliver=None if self.max_deliveries is None else int(self.max_deliveries),
             dedup=self._dedup_key(message),
             group=message_group(message, self.fair_key),
             priority=priority if len(self.priority_steps) == 1 else None)  # else a queue per step
+        return self._queue_for(queue, priority), json.dumps(message, separators=(",", ":")), options
 
     def _dedup_key(self, message: dict[str, Any]) -> str | None:
         """The task's ID as DEDUP key when the ``dedup`` option asks (None: no key,

@@ -246,6 +246,14 @@ class Config:
     progress_bytes_max: int = 4096
     # ADDJOB ... DEDUP-KEEP seconds: the longest a key is kept past its job's ACK
     dedup_keep_max: int = 7 * 24 * 3600
+    # SCHEDULE (docs/extensions.md, "Schedules"): schedules one node holds (a SET past
+    # it is refused, a peer's is not taken), the body of a schedule's ADDJOB, what a
+    # fire time missed while the node was down does (once | skip), and how long the
+    # next node in a schedule's firer order waits for the firer's note before it fires
+    schedules_max: int = 10_000
+    schedule_body_bytes_max: int = 64 * 1024
+    schedule_missed: str = "once"
+    schedule_takeover_ms: int = 2000
 
 
 class ConfigValueError(ValueError):
@@ -495,6 +503,15 @@ DIRECTIVES: tuple[Directive, ...] = (
        lo=1, hi=64 << 20),
     _d("dedup-keep-max", "int", True, "dedup-keep-max must be between 1 and 315360000",
        lo=1, hi=10 * 365 * 24 * 3600),
+    # ours: schedules (docs/extensions.md, "Schedules"); read at start
+    _d("schedules-max", "int", False, "schedules-max must be between 1 and 1000000",
+       lo=1, hi=1_000_000),
+    _d("schedule-body-bytes-max", "mem", False, "Invalid schedule-body-bytes-max value",
+       lo=1, hi=64 << 20),
+    _d("schedule-missed", "enum", False, "argument must be 'once' or 'skip'",
+       choices=("once", "skip")),
+    _d("schedule-takeover-ms", "int", False, "schedule-takeover-ms must be between 100 and 600000",
+       lo=100, hi=600_000),
 )
 BY_NAME: dict[str, Directive] = {d.name: d for d in DIRECTIVES}
 # Names Redis users know for our limit directives (same field, same units).

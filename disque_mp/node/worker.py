@@ -56,6 +56,7 @@ from disque_mp.node.memory import Monitor, rss_bytes
 from disque_mp.node.owner import Owner
 from disque_mp.node.peers import Peers
 from disque_mp.node.router import Router
+from disque_mp.node.schedule_host import ScheduleHost
 from workers.effects import Send
 from workers.invariant import InvariantError
 from workers.shard import Shard
@@ -129,6 +130,7 @@ class Worker(ClientHost):
         self.rewrite_aof_at_exit = False  # SHUTDOWN REWRITE-AOF
         self.servers: list[asyncio.AbstractServer] = []
         self.memory: Monitor | None = None
+        self.schedules: Any = None  # worker 0: the node's schedules (schedule_host.py)
         cmd_jobs.apply_limits(cfg)
         self.view_seen = False  # a membership view reached the shard (on_view)
         self.in_cluster_batch = False  # delivering a JOBS frame's messages (on_cluster_batch)
@@ -167,6 +169,7 @@ class Worker(ClientHost):
         self.loop.add_signal_handler(signal.SIGTERM, self.request_stop)
         self.loop.add_signal_handler(signal.SIGHUP, self.reopen_log)
         self._watch_parent()
+        self._start_schedules()
         self.tick()
         self.memory = Monitor(self)
         self.memory.start()
@@ -257,6 +260,17 @@ class Worker(ClientHost):
             self.servers.append(await self.loop.create_server(lambda: ClientConn(self), sock=sock,
                                                               ssl=ctx))
 
+    def _start_schedules(self) -> None:
+        """Worker 0 holds the node's schedules, beside the cluster bus they travel on
+        (``disque_mp/node/schedule_host.py``); SCHEDULE reaches it through the agent."""
+        agent = self.agent
+        if agent is None or agent.bus is None:
+            return
+        host = ScheduleHost(self, agent.bus)
+        host.start()
+        agent.executors["schedule"] = host.execute
+        self.schedules = host
+
     def reopen_log(self) -> None:
         """SIGHUP (the supervisor forwards its own): reopen the log file, as after logrotate."""
         try:
@@ -302,6 +316,8 @@ class Worker(ClientHost):
         for conn in list(self.conns):
             if conn.transport is not None:
                 conn.transport.close()
+        if self.schedules is not None:
+            await self.schedules.close()
         self.mesh.close()
         self.handoff.close()
         if self.agent is not None:
@@ -351,6 +367,8 @@ class Worker(ClientHost):
         self.shard.set_view(view.get("myid", self.node_id), peers, bool(view.get("leaving")))
         self.view_seen = True
         self.drain_effects()  # LEAVING releases blocked clients with -LEAVING
+        if self.schedules is not None:
+            self.schedules.wake()  # a member came or went: greet it, recount the firers
 
     def on_tick(self) -> int:
         """Each second while the worker is active: the rates for INFO and Redis' idle

@@ -50,6 +50,7 @@ from taskiq.labels import prepare_label
 
 from disque_mp.aclient import AsyncDisque
 from disque_mp.client.core import (
+    AddJobOptions,
     DisqueError,
     Job,
     heartbeat_first_s,
@@ -215,6 +216,24 @@ class DisqueBroker(AsyncBroker):
         await self.client.aclose()
 
     async def kick(self, message: BrokerMessage) -> None:
+        queue, body, options = self.job_for(message)
+        held = self._held.get(self._job_of_task.get(message.task_id, ""))
+        if held is not None and not held.requeued:
+            try:
+                await self._requeue_in_place(held, options.get("delay"))
+                return
+            except DisqueError as exc:  # e.g. its node is gone: the retry is a new job
+                log.warning("NACK DELAY of %s refused (%s): the retry is a new job",
+                            held.job_id, exc)
+        limits = _limits_of_labels(message.labels)
+        if limits and limits != self._limits_sent:
+            await self.client.set_limit(self.queue, bcast=True, **limits)
+            self._limits_sent = limits
+        await self.client.add_job(queue, body, 0, **options)
+
+    def job_for(self, message: BrokerMessage) -> tuple[str, bytes, AddJobOptions]:
+        """The ADDJOB that kicks ``message``: queue, body and options (the schedule
+        source, ``schedule.py``, makes SCHEDULEs of the same)."""
         labels = message.labels
         for name in unsupported_labels:
             if labels.get(name) is not None:
@@ -222,24 +241,12 @@ class DisqueBroker(AsyncBroker):
                     f"label {name!r} needs ADDJOB {name.upper()}, which this Disque node "
                     f"does not have yet: remove the label")
         delay_s = _delay_s_of(labels)
-        held = self._held.get(self._job_of_task.get(message.task_id, ""))
-        if held is not None and not held.requeued:
-            try:
-                await self._requeue_in_place(held, delay_s)
-                return
-            except DisqueError as exc:  # e.g. its node is gone: the retry is a new job
-                log.warning("NACK DELAY of %s refused (%s): the retry is a new job",
-                            held.job_id, exc)
-        limits = _limits_of_labels(labels)
-        if limits and limits != self._limits_sent:
-            await self.client.set_limit(self.queue, bcast=True, **limits)
-            self._limits_sent = limits
-        maxdeliver = _maxdeliver_of(labels.get("maxdeliver", self.maxdeliver))
-        await self.client.add_job(
-            self.queue, message.message, 0, retry=self.visibility_timeout_s,
-            ttl=self.message_ttl_s + (delay_s or 0), delay=delay_s, maxdeliver=maxdeliver,
+        options = AddJobOptions(
+            retry=self.visibility_timeout_s, ttl=self.message_ttl_s + (delay_s or 0),
+            delay=delay_s, maxdeliver=_maxdeliver_of(labels.get("maxdeliver", self.maxdeliver)),
             dedup=_dedup_key_of(labels, message.task_id, self.dedup),
             group=_group_of(labels.get("group")), priority=_priority_of(labels.get("priority")))
+        return self.queue, message.message, options
 
     async def _requeue_in_place(self, held: _Held, delay_s: int | None) -> None:
         """A retry of a task this broker runs: NACK [DELAY] its job, same job ID."""

@@ -13,6 +13,7 @@
                                            a job's result, or its progress while pending
     disque-mp admin node                   this node: ID, build, workers, clients, jobs, memory
     disque-mp admin cluster                the cluster as this node sees it
+    disque-mp admin schedules              the SCHEDULEs: rule, queue, next and last fire
     disque-mp admin drain [--timeout S] [--no-shutdown]
                                            CLUSTER LEAVING yes, wait until no job is
                                            queued or waits for copies here, SHUTDOWN
@@ -94,6 +95,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="wait for a pending job this long (RESULT ... TIMEOUT; 0: until done)")
     sub.add_parser("node", help="this node: ID, build, workers, clients, jobs, memory, AOF")
     sub.add_parser("cluster", help="the cluster as this node sees it: state and nodes")
+    sub.add_parser("schedules", help="the SCHEDULEs: rule, queue, next and last fire, counts")
     dr = sub.add_parser("drain", help="move this node's jobs to the others, then SHUTDOWN "
                                       "(CLUSTER LEAVING yes first)")
     dr.add_argument("--timeout", type=float, default=drain.drain_timeout_s_default,
@@ -466,6 +468,29 @@ def cmd_drain(d: Disque, args: argparse.Namespace) -> Any:
     return f"drained {args.node}: no job left to move; the node is shut down"
 
 
+# --------------------------------------------------------------------------- schedules
+
+
+def _when(ms: int) -> str:
+    if not ms:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) + "Z"
+
+
+def cmd_schedules(d: Disque, args: argparse.Namespace) -> Any:
+    rows = d.schedules()
+    for row in rows:  # the ADDJOB words as text (a body may be any bytes)
+        row["addjob"] = [w.decode("utf-8", "backslashreplace") for w in row["addjob"]]
+    if args.json:
+        return {"schedules": rows}
+    if not rows:
+        return "no schedule (SCHEDULE SET adds one)"
+    table = [("NAME", "RULE", "QUEUE", "NEXT", "LAST", "FIRED", "SKIPPED", "FIRER")]
+    table += [(r["name"], r["rule"], r["addjob"][0], _when(r["next-fire"]), _when(r["last-fire"]),
+               str(r["fired"]), str(r["skipped"]), r["firer"]) for r in rows]
+    return _table(table)
+
+
 # --------------------------------------------------------------------------- output, main
 
 
@@ -479,7 +504,7 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
 COMMANDS: dict[str, Callable[[Disque, argparse.Namespace], Any]] = {
     "queues": cmd_queues, "peek": cmd_peek, "requeue": cmd_requeue, "limit": cmd_limit,
     "result": cmd_result,
-    "node": cmd_node, "cluster": cmd_cluster, "drain": cmd_drain,
+    "node": cmd_node, "cluster": cmd_cluster, "drain": cmd_drain, "schedules": cmd_schedules,
     "queue": cmd_queue, "job": cmd_job,
 }
 

@@ -36,6 +36,12 @@ app.conf.update(
     worker_hijack_root_logger=False,
     task_default_queue=QUEUE,
 )
+if os.environ.get("BROKER_BEAT_EVERY_S"):  # the beat test: entries DisqueScheduler makes SCHEDULEs
+    app.conf.beat_schedule = {
+        "echo-every": {"task": "tests.brokers.celery_app.echo",
+                       "schedule": float(os.environ["BROKER_BEAT_EVERY_S"]),
+                       "args": (42, 0.0), "options": {"queue": QUEUE}},
+    }
 
 
 @app.task(bind=True)

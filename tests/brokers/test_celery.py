@@ -256,3 +256,57 @@ def test_result_backend_results_survive_a_restart(tmp_path: Path) -> None:
         n.restart()
         again = result_producer(node_url(n), q)
         assert [again.AsyncResult(t).get(timeout=30) for t in ids] == [i + 1 for i in range(5)]
+
+
+def test_beat_entries_run_as_schedules_after_beat_stops(broker_node: NodeProc,
+                                                        tmp_path: Path) -> None:
+    """A real ``celery beat -S disque_mp.kombu.beat:DisqueScheduler`` syncs its entry
+    into a SCHEDULE and is stopped; the node fires it and a real worker runs it."""
+    q = unique_queue("beat")
+    url = node_url(broker_node)
+    env = {"DISQUE_BROKER_URL": url, "BROKER_TEST_QUEUE": q, "BROKER_BEAT_EVERY_S": "1",
+           "BROKER_RECORD_FILE": str(tmp_path / "records.jsonl")}
+    beat = WorkerProc(["celery", "-A", TASKS, "beat", "-S", "disque_mp.kombu.beat:DisqueScheduler",
+                       "-s", str(tmp_path / "beat-schedule"), "-l", "info"], env,
+                      tmp_path / "beat.log")
+    name = b"celery-beat:echo-every"
+    with Disque([f"127.0.0.1:{broker_node.port}"]) as d:
+        with beat:
+            wait_until(lambda: name in d.execute("SCHEDULE", "LIST"), 60.0,
+                       "beat syncing its entry", detail=beat.log_tail)
+        show = next(s for s in d.schedules() if s["name"] == name.decode())
+        assert show["rule"] == "EVERY 1" and show["addjob"][0] == q.encode()
+        rec = tmp_path / "records.jsonl"
+        with worker(url, q, tmp_path) as w:  # beat is gone: the node fires
+            records = wait_records(rec, lambda r: sum(x["n"] == 42 for x in r) >= 3,
+                                   "three firings run by the worker", w)
+        assert all(r["n"] == 42 for r in records)
+        assert d.unschedule(name)
+
+
+def test_beat_rules_from_crontab_and_intervals() -> None:
+    from datetime import timedelta
+
+    from celery.beat import ScheduleEntry
+    from celery.schedules import crontab, schedule
+
+    from disque_mp.kombu.beat import rule_of
+
+    app = Celery("rules", set_as_current=False)
+    app.conf.timezone = "Europe/Paris"  # a crontab's zone is its app's
+
+    def rule(s: Any) -> Any:
+        return rule_of(ScheduleEntry(name="e", task="t", schedule=s, app=app), "UTC")
+
+    assert rule(crontab(minute="*/15", hour="1-3", app=app)) == {"cron": "0,15,30,45 1,2,3 * * *",
+                                                         "tz": "Europe/Paris"}
+    assert rule(crontab(minute=0, hour=4, day_of_week="sun", app=app)) == {"cron": "0 4 * * 0",
+                                                                  "tz": "Europe/Paris"}
+    assert rule(schedule(timedelta(minutes=2))) == {"every": 120}
+    assert rule(30.0) == {"every": 30}
+    assert rule(0.5) is None  # under a second: no EVERY for it
+    class Custom(schedule):  # not a plain interval (solar, one of the app's): left out
+        def __init__(self) -> None:
+            super().__init__(timedelta(seconds=5))
+
+    assert rule(Custom()) is None

@@ -334,3 +334,40 @@ def test_results_and_progress_through_the_disque_backend(broker_node: NodeProc,
     assert not done.is_err and done.return_value == 10
     assert progress is not None and progress.state == "PROGRESS" and progress.meta == {"step": 1}
     assert not stepped.is_err and stepped.return_value == 2
+
+
+def test_schedule_source_makes_node_schedules_a_worker_runs(shared: Shared) -> None:
+    """DisqueScheduleSource: add_schedule sets a SCHEDULE (no Taskiq scheduler runs:
+    the node fires), the real worker runs each firing; a one-off time is refused;
+    delete_schedule removes it."""
+    from datetime import UTC, datetime
+
+    from taskiq import ScheduledTask
+
+    from disque_mp.taskiq.schedule import DisqueScheduleSource
+
+    async def go(action: str) -> Any:
+        broker = shared.producer()
+        await broker.startup()
+        source = DisqueScheduleSource(broker)
+        try:
+            if action == "add":
+                await source.add_schedule(ScheduledTask(
+                    task_name=f"{APP}:echo", labels={}, args=[77], kwargs={},
+                    schedule_id="every-second", interval=1))
+                with pytest.raises(ValueError):
+                    await source.add_schedule(ScheduledTask(
+                        task_name=f"{APP}:echo", labels={}, args=[1], kwargs={},
+                        time=datetime.now(UTC)))
+                return await source.get_schedules()
+            await source.delete_schedule("every-second")
+            return await broker.client.execute("SCHEDULE", "LIST")
+        finally:
+            await broker.shutdown()
+
+    assert asyncio.run(go("add")) == []  # Taskiq's own scheduler gets nothing to send
+    r = raw(shared.node)
+    assert b"taskiq:every-second" in r.execute_command("SCHEDULE", "LIST")
+    wait_records(shared.rec, lambda recs: sum(x.get("n") == 77 for x in recs) >= 2,
+                 "two firings run by the worker", shared.w)
+    assert b"taskiq:every-second" not in asyncio.run(go("del"))

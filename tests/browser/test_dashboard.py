@@ -218,6 +218,24 @@ def test_the_job_page_shows_progress(node: NodeProc, browser: Any) -> None:
     assert_fields_read(browser, {"state": "active", "progress": "3 of 10"})
 
 
+def test_dashboard_schedules_page(node: NodeProc, browser: Any) -> None:
+    r = node.client(protocol=2)
+    q = unique_queue("sched")
+    r.execute_command("SCHEDULE", "SET", "nightly", "CRON", "30 2 * * *", "TZ", "Asia/Tokyo",
+                      "ADDJOB", q, "body", "0")
+    r.execute_command("SCHEDULE", "SET", "often", "EVERY", "1", "ADDJOB", q, "body", "0")
+    wait_until(lambda: r.execute_command("QLEN", q) >= 1, wait_s, "a firing")
+    browser.get(base(node) + "/#/schedules")
+    row = find(browser, 'tr[data-schedule="nightly"]')
+    cells = [c.text for c in row.find_elements("css selector", "td")]
+    assert cells[:3] == ["nightly", 'CRON "30 2 * * *" TZ Asia/Tokyo', q]
+    assert cells[3].endswith("17:30:00Z") and cells[4] == "–" and cells[8] == "yes"
+    often = find(browser, 'tr[data-schedule="often"] td a[href^="#/job/"]')  # its last job
+    often.click()
+    find(browser, 'main[data-loaded="job"]')
+    assert q in browser.find_element("css selector", "main").text
+
+
 def test_queue_page_keeps_queued_active_delayed_and_dead_jobs_apart(node: NodeProc, browser: Any,
                                                                     tmp_path: Path) -> None:
     """At 800 px: each kind of job in its own table with its own actions (NACK for

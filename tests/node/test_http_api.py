@@ -274,6 +274,20 @@ def test_nodes_and_overview(node: NodeProc) -> None:
     assert ov["jobs"] == sum(w["jobs"] for w in ov["per_worker"])
 
 
+def test_schedules(node: NodeProc) -> None:
+    r = node.client(protocol=2)
+    assert get(hp(node), "/api/schedules").json() == {"schedules": []}
+    q = unique_queue("sched")
+    r.execute_command("SCHEDULE", "SET", "api", "EVERY", "3600", "ADDJOB", q, "body", "0")
+    try:
+        (one,) = get(hp(node), "/api/schedules").json()["schedules"]
+        assert one["name"] == "api" and one["rule"] == "EVERY 3600" and one["firer"] == "yes"
+        assert one["addjob"] == [q, "body", "0"] and one["next-fire"] % 3_600_000 == 0
+        assert one["fired"] == 0 and one["last-job-id"] == ""
+    finally:
+        r.execute_command("SCHEDULE", "DEL", "api")
+
+
 def test_methods_paths_and_static_files(node: NodeProc) -> None:
     wrong = post(hp(node), "/api/queues")
     error_of(wrong, 405)
@@ -284,7 +298,7 @@ def test_methods_paths_and_static_files(node: NodeProc) -> None:
     error_of(get(hp(node), "/static/secret.txt"), 404)
     page = get(hp(node), "/")
     assert page.status == 200 and page.headers["content-type"].startswith("text/html")
-    for asset in (b"/static/app.js", b"/static/app.css"):
+    for asset in (b"/static/app.js", b"/static/app.css", b"/static/schedules.js"):
         assert asset in page.body
         assert get(hp(node), asset.decode()).status == 200
     assert b"http://" not in get(hp(node), "/static/app.js").body  # nothing fetched from elsewhere

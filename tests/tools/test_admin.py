@@ -173,6 +173,29 @@ def test_node_and_cluster_state(node, capsys):
     assert code == 0 and out.startswith("cluster_state:ok") and my_id in out
 
 
+def test_schedules_lists_each_schedule_with_its_rule_and_fire_times(node, capsys):
+    code, out, _ = admin(node, capsys, "schedules")
+    assert code == 0 and out.startswith("no schedule")
+    r = node.client()
+    q = unique_queue("sched")
+    r.execute_command("SCHEDULE", "SET", "nightly", "CRON", "30 2 * * *", "TZ", "Asia/Tokyo",
+                      "ADDJOB", q, b"\xffbody", "0", "RETRY", "60")
+    try:
+        listed = admin_json(node, capsys, "schedules")["schedules"]
+        assert [s["name"] for s in listed] == ["nightly"]
+        row = listed[0]
+        assert row["rule"] == 'CRON "30 2 * * *" TZ Asia/Tokyo' and row["fired"] == 0
+        assert row["addjob"] == [q, "\\xffbody", "0", "RETRY", "60"]
+        assert row["next-fire"] % 60_000 == 0 and row["last-fire"] == 0
+        code, out, _ = admin(node, capsys, "schedules")
+        header, line = out.splitlines()
+        assert header.split() == ["NAME", "RULE", "QUEUE", "NEXT", "LAST", "FIRED", "SKIPPED",
+                                  "FIRER"]
+        assert line.startswith("nightly") and q in line and "17:30:00Z" in line
+    finally:
+        r.execute_command("SCHEDULE", "DEL", "nightly")
+
+
 def test_a_node_that_does_not_answer_is_one_line_and_exit_1(capsys):
     code = cli.main(["admin", "--node", "127.0.0.1:1", "node"])
     _, err = capsys.readouterr()

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from disque_mp.node.commands import clients, info, jobs, server
+from disque_mp.node.commands import clients, info, jobs, schedule, server
 from workers.replies import Error, Status
 
 if TYPE_CHECKING:
@@ -103,6 +103,7 @@ TABLE: dict[bytes, Command] = {
         Command("redrive", -2, (_W,), "queue", jobs.cmd_redrive),
         Command("qgroups", -2, (_R,), "queue", jobs.cmd_qgroups),
         Command("qlimit", -2, (_W, _F), "queue", jobs.cmd_qlimit),
+        Command("schedule", -2, (_W, _A), "local", schedule.cmd_schedule),
         Command("qscan", -1, (_R,), "scatter", server.cmd_qscan),
         Command("jscan", -1, (_R,), "scatter", server.cmd_jscan),
         Command("info", -1, (_R, _L), "scatter", info.cmd_info),

@@ -83,7 +83,8 @@ counter_fields = ("nacks", "additional-deliveries", "maxdeliver", "ctime", "ttl"
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 STATIC_TYPES = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
-                "app.css": "text/css; charset=utf-8", "favicon.svg": "image/svg+xml"}
+                "app.css": "text/css; charset=utf-8", "favicon.svg": "image/svg+xml",
+                "schedules.js": "text/javascript; charset=utf-8"}
 
 Handler = Callable[["NodeView", Request, list[str]], Awaitable[Response]]
 
@@ -506,6 +507,21 @@ async def get_nodes(w: NodeView, req: Request, args: list[str]) -> Response:
     return ok({"myid": text(hello[1]), "nodes": nodes})
 
 
+# ------------------------------------------------------------------ schedules
+
+
+async def get_schedules(w: NodeView, req: Request, args: list[str]) -> Response:
+    """SCHEDULE LIST, then SHOW of each (a schedule deleted meanwhile is left out)."""
+    out = []
+    for name in await call(w, b"SCHEDULE", b"LIST"):
+        try:
+            show = pairs(await call(w, b"SCHEDULE", b"SHOW", name))
+        except ReplyError:
+            continue
+        out.append(show)
+    return ok({"schedules": out})
+
+
 # ------------------------------------------------------------------ draining the node
 
 
@@ -643,6 +659,7 @@ ROUTES: list[tuple[re.Pattern[str], dict[str, Handler]]] = [
     (re.compile(rf"/api/jobs/{_JOB}/enqueue"), {"POST": post_enqueue}),
     (re.compile(rf"/api/jobs/{_JOB}/dead"), {"POST": post_dead}),
     (re.compile(r"/api/nodes"), {"GET": get_nodes}),
+    (re.compile(r"/api/schedules"), {"GET": get_schedules}),
     (re.compile(r"/api/drain"), {"GET": get_drain, "POST": post_drain}),
 ]
 

@@ -443,6 +443,7 @@ async function refresh() {
     else if (view === "job") await viewJob(main, arg);
     else if (view === "dead") await viewDead(main);
     else if (view === "nodes") await viewNodes(main);
+    else if (view === "schedules") await viewSchedules(main);  // schedules.js
     else await viewQueues(main);
     if (seq === state.seq) viewEl.setAttribute("data-loaded", view);
   } catch (e) {
