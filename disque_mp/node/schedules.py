@@ -21,9 +21,10 @@ What holds across the cluster:
   The node of rank ``r`` in that order fires a time itself only when no note of
   that firing came ``r * takeover_ms`` after it: a firer that failed or is cut off
   is replaced, a firer that fired (its note came) is not.
-- **Keyed firings.** A firing is ``ADDJOB ... DEDUP <key>@<fire ms>`` (the key is
-  the options' DEDUP key, else ``schedule:<name>``): a firing retried or made by a
-  second node that meets a copy of the first job answers that job's ID.
+- **Keyed firings.** A firing is ``ADDJOB ... DEDUP <key>@<fire ms> DEDUP-KEEP 60``
+  (the key is the options' DEDUP key, else ``schedule:<name>``): a firing retried or
+  made by a second node that meets a copy of the first job answers that job's ID,
+  also for a minute after that job was acknowledged.
 - **Missed times.** A fire time that passed while this node was down (before its
   start) fires once after ``takeover_ms`` (its peers have told it their last
   firing by then) when it is later than every firing known, unless
@@ -45,6 +46,7 @@ from typing import Any
 
 from blake3 import blake3
 
+from disque_mp.node.commands.jobs import limits as addjob_limits
 from disque_mp.node.commands.jobs import parse_addjob
 from workers.replies import Error
 
@@ -63,6 +65,12 @@ due_count_max = 10_000
 # rank * takeover; a period shorter than that keeps several): past it the oldest
 # is skipped
 pending_max = 64
+# a firing's key is kept this long past its job's ACK (ADDJOB ... DEDUP-KEEP; at most
+# dedup-keep-max): a second firer's ADDJOB of the same time after the first job was
+# already run and acknowledged still meets the key on a node that held a copy, where
+# plain DEDUP would have forgotten it at the ACK (a second firer comes within
+# rank * schedule-takeover-ms of the time)
+firing_dedup_keep_s = 60
 
 ERR_NO_SCHEDULE = Error("ERR no such schedule")
 ERR_NO_CRONSIM = Error("ERR CRON schedules need the cronsim package on this node "
@@ -116,7 +124,10 @@ class Spec:
             kept.append(opts[i])
             i += 1
         key = self.dedup_base() + b"@%d" % fire_ms
-        return [*self.addjob[:3], *kept, b"DEDUP", key]
+        if any(o.lower() == b"dedup-keep" for o in kept):  # the options' own stays
+            return [*self.addjob[:3], *kept, b"DEDUP", key]
+        keep = min(firing_dedup_keep_s, addjob_limits.dedup_keep_max_s)
+        return [*self.addjob[:3], *kept, b"DEDUP", key, b"DEDUP-KEEP", b"%d" % keep]
 
     def next_after(self, t_ms: int) -> int:
         """The first fire time strictly after ``t_ms`` (epoch ms)."""

@@ -49,7 +49,8 @@ def test_each_fire_time_fires_once_while_notes_arrive() -> None:
         for me, table in zip(NODES, tables, strict=True):
             for f in table.due(now, me, NODES):
                 fired.setdefault(f.fire_ms, []).append(me)
-                assert f.args[-2:] == [b"DEDUP", b"schedule:s@%d" % f.fire_ms]
+                assert f.args[-4:] == [b"DEDUP", b"schedule:s@%d" % f.fire_ms,
+                                       b"DEDUP-KEEP", b"%d" % sch.firing_dedup_keep_s]
                 for t in tables:  # the note reaches every node at once
                     t.note_fired(f.name, f.fire_ms, "D-job")
     assert sorted(fired) == list(range(T0 + 1000, T0 + 20_000, 1000))
@@ -190,3 +191,12 @@ def test_the_timer_sleeps_until_the_next_thing_to_do() -> None:
     backup = next(n for n in NODES if sch.rank(b"s", n, NODES) == 2)
     assert table.due(T0 + 40_000, backup, NODES) == []  # the time waits for the others
     assert table.next_wake_ms(T0 + 40_000, backup, NODES) == T0 + 42_000  # rank 2: 2 takeovers
+
+
+def test_a_firing_keeps_its_key_past_the_ack_unless_the_options_say_how_long() -> None:
+    """DEDUP-KEEP on every firing (a second firer after the first job's ACK adds
+    nothing where a holder heard the ACK); a schedule's own DEDUP-KEEP stays."""
+    spec = sch.parse_set([b"own", b"EVERY", b"5", b"ADDJOB", b"q", b"b", b"0",
+                          b"DEDUP", b"k", b"DEDUP-KEEP", b"600"], 1024)
+    assert not isinstance(spec, Error)
+    assert spec.addjob_args(T0)[3:] == [b"DEDUP-KEEP", b"600", b"DEDUP", b"k@%d" % T0]
