@@ -245,16 +245,14 @@ def test_qlimit_active_label_holds_a_real_worker_to_2_tasks_at_once(
     queue = f"taskiq-active-{uuid.uuid4().hex[:8]}"
     rec = tmp_path / "rec.jsonl"
 
-    async def go() -> None:
-        broker = DisqueBroker(node_url(broker_node), queue=queue)
-        await broker.startup()
-        try:
-            for i in range(12):
-                await kicker(broker, "nap", qlimit_active=2).kiq(i, 0.2)
-        finally:
-            await broker.shutdown()
+    async def kick_12() -> None:  # a failed kick fails the test (asyncio.run ends the loop)
+        producer = DisqueBroker(node_url(broker_node), queue=queue)
+        await producer.startup()
+        for i in range(12):
+            await kicker(producer, "nap", qlimit_active=2).kiq(i, 0.2)
+        await producer.shutdown()
 
-    asyncio.run(go())
+    asyncio.run(kick_12())
     r = raw(broker_node)
     with worker(broker_node, queue, rec, tmp_path / "w.log") as w:
         records = wait_records(rec, lambda x: sum(y["task"] == "nap-done" for y in x) >= 12,
