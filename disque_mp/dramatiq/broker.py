@@ -312,7 +312,10 @@ class DisqueBroker(Broker):
     def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 30000) -> Consumer:
         limits = self.queue_limits.get(queue_name)
         if limits:  # QLIMIT ... BCAST: the queue's limits on every reachable node
-            self.client.set_limit(queue_name, bcast=True, **limits)
+            try:
+                self.client.set_limit(queue_name, bcast=True, **limits)
+            except DisqueConnectionError as exc:  # the worker's consumer retries it
+                raise BrokerConnectionError(str(exc)) from exc
         return DisqueConsumer(self, queue_name, prefetch, timeout)
 
     # ---- maintenance

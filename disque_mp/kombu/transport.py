@@ -674,7 +674,8 @@ class Transport(virtual.Transport):
     ``binding_ttl`` (s, how long a shared binding outlives its process),
     ``fanout_message_ttl`` (s, TTL of a broadcast's copy; see ``bindings``) and
     ``queue_limits`` (QLIMIT per queue, ``{"emails": {"active": 5}}``: set with
-    BCAST when the queue is declared; per node, docs/frameworks.md).
+    BCAST when the queue is declared; per node, docs/frameworks.md; a job counts
+    until its ack, so ``active`` bounds running tasks with ``task_acks_late``).
     """
 
     Channel = Channel

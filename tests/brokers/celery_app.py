@@ -3,10 +3,13 @@ worker``. Settings come from the environment the test gives the worker:
 DISQUE_BROKER_URL, DISQUE_RESULT_BACKEND (none: no result backend), BROKER_TEST_QUEUE, BROKER_RECORD_FILE (one JSON line per
 task run), DISQUE_VISIBILITY_S, BROKER_DEAD_LETTERS ("node": no dead_letter_queue,
 a rejected message is dead-lettered by the node with its reason),
-DISQUE_BINDING_TTL_S (how long a killed worker's pidbox binding outlives it)."""
+DISQUE_BINDING_TTL_S (how long a killed worker's pidbox binding outlives it),
+BROKER_QUEUE_LIMITS (JSON, QLIMIT's options for the test queue: the transport's
+``queue_limits``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -28,6 +31,8 @@ app.conf.update(
         "binding_ttl": int(os.environ.get("DISQUE_BINDING_TTL_S", "30")),
         **({} if os.environ.get("BROKER_DEAD_LETTERS") == "node"
            else {"dead_letter_queue": QUEUE + ".dead"}),
+        **({"queue_limits": {QUEUE: json.loads(os.environ["BROKER_QUEUE_LIMITS"])}}
+           if os.environ.get("BROKER_QUEUE_LIMITS") else {}),
     },
     broker_connection_retry_on_startup=True,
     task_acks_late=True,

@@ -92,6 +92,22 @@ def wait_records(path: Path, cond: Callable[[list[dict[str, Any]]], bool], what:
     return read_records(path)
 
 
+def most_at_once(records: list[dict[str, Any]], start: str, done: str) -> int:
+    """The most runs between a ``start`` record and its ``done`` (same ``id``) at once,
+    counted in the record file's order: a run writes ``done`` before its worker acks
+    the job, and the next delivery follows the ack, so the order is causal (no clock
+    compared)."""
+    running: set[str] = set()
+    most = 0
+    for r in records:
+        if r["task"] == start:
+            running.add(r["id"])
+            most = max(most, len(running))
+        elif r["task"] == done:
+            running.discard(r["id"])
+    return most
+
+
 def raw(node: NodeProc) -> redis.Redis:
     return redis.Redis(host="127.0.0.1", port=node.port, protocol=2, socket_timeout=10)
 

@@ -1,9 +1,12 @@
 """The Dramatiq actors the broker tests run in a real ``dramatiq`` worker process.
 Settings from the environment: DISQUE_BROKER_URL, BROKER_TEST_QUEUE,
-BROKER_RECORD_FILE (one JSON line per actor run), DISQUE_VISIBILITY_S."""
+BROKER_RECORD_FILE (one JSON line per actor run), DISQUE_VISIBILITY_S,
+BROKER_QUEUE_LIMITS (JSON, QLIMIT's options for the test queue: the broker's
+``queue_limits``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -16,8 +19,10 @@ from tests.brokers.record import record
 
 QUEUE = os.environ.get("BROKER_TEST_QUEUE", "dramatiq-test")
 
+_limits = os.environ.get("BROKER_QUEUE_LIMITS")
 broker = DisqueBroker(url=os.environ.get("DISQUE_BROKER_URL", "disque://127.0.0.1:7711"),
-                      visibility_timeout=int(os.environ.get("DISQUE_VISIBILITY_S", "3")))
+                      visibility_timeout=int(os.environ.get("DISQUE_VISIBILITY_S", "3")),
+                      queue_limits={QUEUE: json.loads(_limits)} if _limits else None)
 broker.add_middleware(Results(backend=DisqueResultBackend(
     url=os.environ.get("DISQUE_BROKER_URL", "disque://127.0.0.1:7711"))))
 dramatiq.set_broker(broker)
@@ -26,6 +31,13 @@ dramatiq.set_broker(broker)
 @dramatiq.actor(queue_name=QUEUE, max_retries=0)
 def echo(n: int, sent_at: float) -> None:
     record("echo", n, n=n, sent_at=sent_at)
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0)
+def nap(n: int, seconds: float) -> None:
+    record("nap-start", n)
+    time.sleep(seconds)
+    record("nap-done", n)
 
 
 @dramatiq.actor(queue_name=QUEUE, max_retries=2, min_backoff=200, max_backoff=1000)

@@ -43,6 +43,13 @@ async def echo(n: int, ctx: Annotated[Context, TaskiqDepends()]) -> int:
     return n * 2
 
 
+@broker.task
+async def nap(n: int, seconds: float) -> None:
+    record("nap-start", n)
+    await asyncio.sleep(seconds)
+    record("nap-done", n)
+
+
 @broker.task(retry_on_error=True, max_retries=3)
 async def flaky(n: int, ctx: Annotated[Context, TaskiqDepends()]) -> None:
     record("flaky", n, n=n, job=_job(ctx), retries=int(ctx.message.labels.get("_retries", 0)))

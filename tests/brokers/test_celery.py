@@ -18,6 +18,7 @@ from disque_mp.client import Disque
 from tests.brokers.conftest import (
     WorkerProc,
     check_worker_follows_leaving,
+    most_at_once,
     node_url,
     raw,
     visibility_s,
@@ -30,10 +31,11 @@ TASKS = "tests.brokers.celery_app"
 
 def worker(url: str, queue: str, tmp_path: Path, name: str = "worker",
            extra: tuple[str, ...] = (), dead_letters: str = "queue",
-           backend: str = "") -> WorkerProc:
+           backend: str = "", limits: dict[str, int] | None = None) -> WorkerProc:
     env = {"DISQUE_BROKER_URL": url, "BROKER_TEST_QUEUE": queue, "DISQUE_RESULT_BACKEND": backend,
            "BROKER_RECORD_FILE": str(tmp_path / "records.jsonl"),
-           "DISQUE_VISIBILITY_S": str(visibility_s), "BROKER_DEAD_LETTERS": dead_letters}
+           "DISQUE_VISIBILITY_S": str(visibility_s), "BROKER_DEAD_LETTERS": dead_letters,
+           "BROKER_QUEUE_LIMITS": json.dumps(limits) if limits else ""}
     args = ["celery", "-A", TASKS, "worker", "-Q", queue, "-c", "2", "-l", "info",
             "-n", f"{name}@%h", "--without-mingle", "--without-gossip", *extra]
     return WorkerProc(args, env, tmp_path / f"{name}.log")
@@ -193,6 +195,59 @@ def test_task_priority_is_addjob_priority(broker_node: NodeProc, tmp_path: Path)
     order = [r["n"] for r in records]
     assert sorted(order) == [*range(40), *range(100, 105)]
     assert max(order.index(n) for n in range(100, 105)) < 10, order
+
+
+# 4 threads: without a limit the worker runs 4 tasks at once
+four_at_once = ("--pool", "threads", "--concurrency", "4")
+
+
+def test_queue_limits_active_1_runs_one_task_at_a_time_on_a_worker_of_4(
+        broker_node: NodeProc, tmp_path: Path) -> None:
+    """The worker's transport option ``queue_limits={q: {"active": 1}}`` (QLIMIT when
+    it declares the queue): 10 tasks queued before it starts, never two running at
+    once on its 4 threads, all run."""
+    q = unique_queue("cel")
+    url = node_url(broker_node)
+    rec = tmp_path / "records.jsonl"
+    app = producer(url)
+    ids = [send(app, "nap", q, 0.2) for _ in range(10)]
+    with worker(url, q, tmp_path, extra=four_at_once, limits={"active": 1}) as w:
+        records = wait_records(rec, lambda r: sum(x["task"] == "nap-done" for x in r) >= 10,
+                               "10 nap tasks run", w)
+        with Disque([f"127.0.0.1:{broker_node.port}"]) as d:
+            assert d.limits(q)["active"] == 1
+            d.reset_limits(q)
+    assert sorted(r["id"] for r in records if r["task"] == "nap-done") == sorted(ids)
+    assert most_at_once(records, "nap-start", "nap-done") == 1
+
+
+def test_queue_limits_group_active_1_runs_one_task_per_tenant(broker_node: NodeProc,
+                                                              tmp_path: Path) -> None:
+    """``{"group_active": 1}`` with ``fair_key``: 3 tenants' 3 tasks each, held running
+    until the test opens their gate: the worker of 4 runs 3 at once, one per tenant
+    (the node gives its fourth slot nothing), then each tenant's one at a time."""
+    q = unique_queue("cel")
+    url = node_url(broker_node)
+    rec, gate = tmp_path / "records.jsonl", tmp_path / "gate"
+    app = producer(url)
+    app.conf.broker_transport_options = {"visibility_timeout": visibility_s,
+                                         "fair_key": "tenant"}
+    tenant_of = {send(app, "gated", q, str(gate), headers={"tenant": t}): t
+                 for _ in range(3) for t in "ABC"}
+    with Disque([f"127.0.0.1:{broker_node.port}"]) as d, \
+            worker(url, q, tmp_path, extra=four_at_once, limits={"group_active": 1}) as w:
+        started = wait_records(rec, lambda r: len(r) >= 3, "3 gated tasks held running", w)
+        assert sorted(tenant_of[r["id"]] for r in started) == ["A", "B", "C"]
+        wait_until(lambda: d.limits(q)["in-use"] == 3, 30, "3 deliveries in use", detail=w.log_tail)
+        assert d.limits(q)["full-groups"] == 3 and d.qlen(q) == 6
+        gate.write_text("open")
+        records = wait_records(rec, lambda r: sum(x["task"] == "gated-done" for x in r) >= 9,
+                               "the 9 gated tasks done", w)
+        d.reset_limits(q)
+    assert {r["id"] for r in records if r["task"] == "gated-done"} == set(tenant_of)
+    for tenant in "ABC":
+        mine = [r for r in records if tenant_of[r["id"]] == tenant]
+        assert most_at_once(mine, "gated-start", "gated-done") == 1, (tenant, mine)
 
 
 def test_cluster_worker_and_producer_on_different_nodes_and_leaving(

@@ -6,6 +6,7 @@ worker follows its node's ``-LEAVING`` in a 3-node cluster."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from disque_mp.dramatiq import DisqueBroker
 from tests.brokers.conftest import (
     WorkerProc,
     check_worker_follows_leaving,
+    most_at_once,
     visibility_s,
     wait_records,
 )
@@ -30,11 +32,14 @@ def url(node: NodeProc) -> str:
     return f"disque://127.0.0.1:{node.port}"
 
 
-def worker(broker_url: str, queue: str, tmp_path: Path, name: str = "worker") -> WorkerProc:
+def worker(broker_url: str, queue: str, tmp_path: Path, name: str = "worker",
+           threads: int = 2, limits: dict[str, int] | None = None) -> WorkerProc:
     env = {"DISQUE_BROKER_URL": broker_url, "BROKER_TEST_QUEUE": queue,
            "BROKER_RECORD_FILE": str(tmp_path / "records.jsonl"),
-           "DISQUE_VISIBILITY_S": str(visibility_s)}
-    args = ["dramatiq", "tests.brokers.dramatiq_app", "--processes", "1", "--threads", "2"]
+           "DISQUE_VISIBILITY_S": str(visibility_s),
+           "BROKER_QUEUE_LIMITS": json.dumps(limits) if limits else ""}
+    args = ["dramatiq", "tests.brokers.dramatiq_app", "--processes", "1",
+            "--threads", str(threads)]
     return WorkerProc(args, env, tmp_path / f"{name}.log")
 
 
@@ -153,6 +158,25 @@ def test_the_priority_option_sets_addjob_priority(broker_node: NodeProc, broker:
     order = [r["n"] for r in read_records(rec)]
     assert sorted(order) == [*range(30), *range(100, 104)]
     assert max(order.index(n) for n in range(100, 104)) < 10, order
+
+
+def test_queue_limits_active_2_holds_a_worker_of_6_threads_to_2(
+        broker_node: NodeProc, broker: DisqueBroker, tmp_path: Path) -> None:
+    """The worker's ``DisqueBroker(queue_limits={q: {"active": 2}})`` (QLIMIT when it
+    consumes the queue): 12 messages queued before it starts, never more than 2
+    actors running at once on its 6 threads, all run."""
+    q = unique_queue("dq")
+    rec = tmp_path / "records.jsonl"
+    for i in range(12):
+        send(broker, q, "nap", i, 0.2)
+    broker.confirm_enqueued()
+    with worker(url(broker_node), q, tmp_path, threads=6, limits={"active": 2}) as w:
+        records = wait_records(rec, lambda r: sum(x["task"] == "nap-done" for x in r) >= 12,
+                               "12 nap messages run", w)
+        assert broker.client.limits(q)["active"] == 2
+        broker.client.reset_limits(q)
+    assert sorted(int(r["id"]) for r in records if r["task"] == "nap-done") == list(range(12))
+    assert most_at_once(records, "nap-start", "nap-done") <= 2
 
 
 def test_the_group_option_sets_addjob_group(broker: DisqueBroker) -> None:

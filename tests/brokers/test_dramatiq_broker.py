@@ -7,12 +7,12 @@ from collections.abc import Iterator
 
 import pytest
 from dramatiq import Message
-from dramatiq.errors import QueueJoinTimeout
+from dramatiq.errors import BrokerConnectionError, QueueJoinTimeout
 
 from disque_mp.client import PausedError
 from disque_mp.dramatiq import DisqueBroker, DisqueMessage
 from disque_mp.dramatiq.broker import delay_seconds, nodes_from_url
-from tests.nodeproc import NodeProc, unique_queue
+from tests.nodeproc import NodeProc, free_port, unique_queue
 
 
 @pytest.fixture
@@ -205,3 +205,11 @@ def test_queue_limits_are_set_when_a_worker_consumes(broker_node: NodeProc) -> N
         b.close()
     with pytest.raises(ValueError, match="queue_limits"):
         DisqueBroker(nodes=["127.0.0.1:7711"], queue_limits={"q": {"active": -1}})
+    # no node to set them on: the error Dramatiq's consumer thread retries (it restarts
+    # the consumer on a connection error), not an unexpected one
+    unreachable = DisqueBroker(nodes=[f"127.0.0.1:{free_port()}"], queue_limits={q: {"active": 1}})
+    try:
+        with pytest.raises(BrokerConnectionError):
+            unreachable.consume(q)
+    finally:
+        unreachable.close()

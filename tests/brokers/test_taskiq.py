@@ -18,7 +18,14 @@ from taskiq.kicker import AsyncKicker
 
 from bench.redisq import RedisServer
 from disque_mp.taskiq import DisqueBroker
-from tests.brokers.conftest import WorkerProc, node_url, raw, visibility_s, wait_records
+from tests.brokers.conftest import (
+    WorkerProc,
+    most_at_once,
+    node_url,
+    raw,
+    visibility_s,
+    wait_records,
+)
 from tests.brokers.record import read_records
 from tests.nodeproc import NodeProc, free_port, wait_until
 
@@ -228,6 +235,32 @@ def test_qlimit_labels_and_queue_limits_set_the_queues_limits(broker_node: NodeP
             await broker.shutdown()
 
     asyncio.run(go())
+    r.execute_command("QLIMIT", queue, "RESET")
+    r.execute_command("DELQUEUE", queue)
+
+
+def test_qlimit_active_label_holds_a_real_worker_to_2_tasks_at_once(
+        broker_node: NodeProc, tmp_path: Path) -> None:
+    """12 async tasks kicked with ``qlimit_active=2`` (QLIMIT at the first kick), then a
+    real worker that would run them all at once (``max_async_tasks`` 100): never more
+    than 2 running, all run."""
+    queue = f"taskiq-active-{uuid.uuid4().hex[:8]}"
+    rec = tmp_path / "rec.jsonl"
+
+    async def kick_12() -> None:  # a failed kick fails the test (asyncio.run ends the loop)
+        producer = DisqueBroker(node_url(broker_node), queue=queue)
+        await producer.startup()
+        for i in range(12):
+            await kicker(producer, "nap", qlimit_active=2).kiq(i, 0.2)
+        await producer.shutdown()
+
+    asyncio.run(kick_12())
+    r = raw(broker_node)
+    with worker(broker_node, queue, rec, tmp_path / "w.log") as w:
+        records = wait_records(rec, lambda x: sum(y["task"] == "nap-done" for y in x) >= 12,
+                               "12 nap tasks run", w)
+    assert sorted(int(x["id"]) for x in records if x["task"] == "nap-done") == list(range(12))
+    assert most_at_once(records, "nap-start", "nap-done") <= 2
     r.execute_command("QLIMIT", queue, "RESET")
     r.execute_command("DELQUEUE", queue)
 
