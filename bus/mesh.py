@@ -349,8 +349,9 @@ class Link(asyncio.Protocol):
         try:
             self.reader.feed(data)
             while (frame := self.reader.next()) is not None:
+                kind, meta, bodies = frame  # a native call (``*frame`` was a generic one)
                 try:
-                    self.mesh.dispatch(self, *frame)
+                    self.mesh.dispatch(self, kind, meta, bodies)
                 except InvariantError:
                     raise  # the shard is inconsistent: the worker must die
                 except Exception:  # a bug in one handler must not cut the link
