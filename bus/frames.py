@@ -102,9 +102,8 @@ class FrameReader:
         buf, pos = self._buf, self._pos
         if len(buf) - pos < _HEAD_SIZE:
             return None
-        # Typed, the header's integers are machine integers in the compiled reader; from
-        # the untyped tuple every sum and comparison below was a generic object call
-        # (a fifth of the reader's instructions).
+        # Typed, the header's integers are machine integers in the compiled reader; untyped,
+        # every sum and comparison below was a generic object call (a fifth of its work).
         magic: bytes
         version: int
         kind: int
@@ -123,8 +122,7 @@ class FrameReader:
         have = len(buf) - pos
         if have - _HEAD_SIZE < 4 * n:
             return None
-        # Most cluster frames carry no body or one (GOTJOB, SETACK, DELJOB; REPLJOB):
-        # no tuple of lengths and no sum() call for them.
+        # No sum() for the usual: a cluster frame's one body or none, a mesh batch's two or three
         lens: tuple[int, ...] = ()
         bodies_len = 0
         if n == 1:
