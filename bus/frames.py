@@ -32,6 +32,10 @@ _pack_head: Final = _HEAD.pack
 _unpack_head: Final = _HEAD.unpack_from
 _pack_len: Final = _LEN.pack
 _unpack_len: Final = _LEN.unpack_from
+# the lengths of a frame of two or three bodies (the local mesh's batches): a
+# format built per frame (f">{n}I") cost a string and the struct module's cache
+_unpack_lens2: Final = struct.Struct(">II").unpack_from
+_unpack_lens3: Final = struct.Struct(">III").unpack_from
 _dumps: Final = orjson.dumps
 _loads: Final = orjson.loads
 frame_meta_bytes_max: Final = 16 << 20  # metadata is small: IDs, node lists, counters
@@ -98,9 +102,8 @@ class FrameReader:
         buf, pos = self._buf, self._pos
         if len(buf) - pos < _HEAD_SIZE:
             return None
-        # Typed, the header's integers are machine integers in the compiled reader; from
-        # the untyped tuple every sum and comparison below was a generic object call
-        # (a fifth of the reader's instructions).
+        # Typed, the header's integers are machine integers in the compiled reader; untyped,
+        # every sum and comparison below was a generic object call (a fifth of its work).
         magic: bytes
         version: int
         kind: int
@@ -119,12 +122,17 @@ class FrameReader:
         have = len(buf) - pos
         if have - _HEAD_SIZE < 4 * n:
             return None
-        # Most cluster frames carry no body or one (GOTJOB, SETACK, DELJOB; REPLJOB):
-        # no tuple of lengths and no sum() call for them.
+        # No sum() for the usual: a cluster frame's one body or none, a mesh batch's two or three
         lens: tuple[int, ...] = ()
         bodies_len = 0
         if n == 1:
             bodies_len = _unpack_len(buf, lens_at)[0]
+        elif n == 3:
+            lens = _unpack_lens3(buf, lens_at)
+            bodies_len = lens[0] + lens[1] + lens[2]
+        elif n == 2:
+            lens = _unpack_lens2(buf, lens_at)
+            bodies_len = lens[0] + lens[1]
         elif n > 1:
             lens = struct.unpack_from(f">{n}I", buf, lens_at)
             bodies_len = sum(lens)

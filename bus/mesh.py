@@ -68,7 +68,7 @@ import logging
 import socket
 import struct
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from bus import auth as bus_auth
 from bus import frames, peercred
@@ -79,6 +79,10 @@ from workers.replies import NULL_ARRAY, Error, Status
 # The frame encoder, as a variable (read at each frame, not bound at compile time):
 # bench/meshcount wraps it to count the frames by kind.
 encode: Callable[..., bytes] = frames.encode
+# A batch frame's header (``batch_frame``): ``frames``' header with its two or three
+# body lengths, packed at once.
+_BATCH_HEAD2: Final = struct.Struct(">2sBBIHII")
+_BATCH_HEAD3: Final = struct.Struct(">2sBBIHIII")
 
 K_CMD, K_REPLY, K_TAKES, K_BLOCK, K_UNBLOCK, K_WAKE, K_RETURN, K_SCATTER = range(1, 9)
 K_CMDS, K_REPLIES = 9, 10
@@ -105,6 +109,29 @@ ERR_TOO_BIG = f"ERR too many arguments or reply parts to forward to another work
 def socket_name(port: int, node_id: str, index: int) -> str:
     """Worker ``index``'s mesh listener, in the node's private socket directory."""
     return peercred.local_name(port, node_id, str(index))
+
+
+def batch_frame(kind: int, first: bytes, second: bytes | None, parts: list[bytes]) -> bytes:
+    """A batch frame without metadata (RAW, RAWREPLIES, TOOKS, TAKES), the bytes
+    ``frames.encode(kind, {}, (first, [second,] b"".join(parts)))`` gives, built with
+    one header pack and one join: the parts are copied once, into the frame (joined
+    into a body first, then the bodies into the frame, they were copied twice, and
+    the header and each length were a call of their own)."""
+    size = 0
+    for p in parts:
+        size += len(p)
+    out: list[bytes]
+    if second is None:
+        out = [_BATCH_HEAD2.pack(frames.MAGIC, frames.VERSION, kind, 0, 2, len(first), size), first]
+    else:
+        out = [_BATCH_HEAD3.pack(frames.MAGIC, frames.VERSION, kind, 0, 3, len(first), len(second),
+                                 size), first, second]
+    out.extend(parts)
+    return b"".join(out)
+
+
+# As ``encode``, a variable: bench/meshcount wraps it too.
+encode_batch: Callable[[int, bytes, bytes | None, list[bytes]], bytes] = batch_frame
 
 
 # ----- reply values over the mesh -------------------------------------------
@@ -322,8 +349,9 @@ class Link(asyncio.Protocol):
         try:
             self.reader.feed(data)
             while (frame := self.reader.next()) is not None:
+                kind, meta, bodies = frame  # a native call (``*frame`` was a generic one)
                 try:
-                    self.mesh.dispatch(self, *frame)
+                    self.mesh.dispatch(self, kind, meta, bodies)
                 except InvariantError:
                     raise  # the shard is inconsistent: the worker must die
                 except Exception:  # a bug in one handler must not cut the link
@@ -464,8 +492,8 @@ class Link(asyncio.Protocol):
     def close_raw(self) -> None:
         """Queue the open RAW batch (the worker calls it before a CMDS command)."""
         rids = self.raw_rids
-        frame = encode(K_RAW, {}, (array.array("I", rids).tobytes(), bytes(self.raw_flags),
-                                   b"".join(self.raw_parts)))
+        frame = encode_batch(K_RAW, array.array("I", rids).tobytes(), bytes(self.raw_flags),
+                             self.raw_parts)
         self.raw_rids, self.raw_flags, self.raw_parts = [], [], []
         try:
             self._queue(frame)
@@ -476,8 +504,8 @@ class Link(asyncio.Protocol):
         """Queue the open TAKES batch; a take that cannot leave is answered empty (its
         owner's queues count as empty, as for an owner that is down)."""
         rids = self.take_rids
-        frame = encode(K_TAKES, {}, (array.array("q", self.take_words).tobytes(),
-                                     b"".join(self.take_names)))
+        frame = encode_batch(K_TAKES, array.array("q", self.take_words).tobytes(), None,
+                             self.take_names)
         self.take_rids, self.take_words, self.take_names = [], [], []
         try:
             self._queue(frame)
@@ -488,8 +516,8 @@ class Link(asyncio.Protocol):
                        parts: list[bytes]) -> None:
         """Queue a batch of answers already encoded (RAWREPLIES, TOOKS): u32 request
         ids, u32 lengths, the answers side by side."""
-        frame = encode(kind, {}, (array.array("I", rids).tobytes(),
-                                  array.array("I", lens).tobytes(), b"".join(parts)))
+        frame = encode_batch(kind, array.array("I", rids).tobytes(),
+                             array.array("I", lens).tobytes(), parts)
         try:
             self._queue(frame)
         except ConnectionError:

@@ -71,3 +71,20 @@ def test_bodies_over_the_frame_bound_are_refused(bodies: list[bytes]) -> None:
     reader.feed(frame[:30])  # the lengths are in: refused before the bodies arrive
     with pytest.raises(FrameError, match="frame over its bound"):
         reader.next()
+
+
+@pytest.mark.parametrize("second", [None, b"", b"\x00\x01"])
+@pytest.mark.parametrize("parts", [[], [b""], [b"*1\r\n$4\r\nPING\r\n"], [b"a", b"", b"bc" * 300]])
+def test_a_mesh_batch_frame_is_the_frame_encode_gives(second: bytes | None, parts: list[bytes]) -> None:
+    """``mesh.batch_frame`` (one header pack, one join) writes the bytes of
+    ``encode(kind, {}, ...)``, and they read back as those bodies."""
+    from bus.mesh import batch_frame
+
+    first = b"\x01\x00\x00\x00\x02\x00\x00\x00"
+    bodies = [first, b"".join(parts)] if second is None else [first, second, b"".join(parts)]
+    frame = batch_frame(11, first, second, parts)
+    assert frame == encode(11, {}, bodies)
+    reader = FrameReader(frozenset({11}))
+    reader.feed(frame)
+    assert reader.next() == (11, {}, bodies)
+    assert reader.next() is None
