@@ -519,3 +519,31 @@ def test_parts_reach_the_core_through_verbs_only() -> None:
     ``now_ms()``, ``tally()``)."""
     touched = _core_fields_touched()
     assert touched == {}, {f: sorted(files) for f, files in touched.items()}
+
+
+def test_no_interpreted_class_subclasses_a_compiled_one() -> None:
+    """A class of a module outside disque_mp.compiled's list whose base is defined in
+    a listed module fails at import in the compiled build ("interpreted classes cannot
+    inherit from compiled"), while the pure run passes: the module must be compiled."""
+    from disque_mp.compiled import COMPILED_MODULES
+
+    compiled_classes: dict[str, str] = {}
+    for path in _sources():
+        name = _module_name(path)
+        if name in COMPILED_MODULES:
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ClassDef):
+                    compiled_classes.setdefault(node.name, name)
+    bad = []
+    for path in _sources():
+        if _module_name(path) in COMPILED_MODULES:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                for base in node.bases:
+                    base_name = base.id if isinstance(base, ast.Name) else \
+                        base.attr if isinstance(base, ast.Attribute) else ""
+                    if base_name in compiled_classes:
+                        bad.append(f"{path.relative_to(REPO)}: {node.name}({base_name}) "
+                                   f"of {compiled_classes[base_name]}")
+    assert not bad, bad
