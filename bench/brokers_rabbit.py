@@ -21,10 +21,12 @@ import subprocess
 import time
 from pathlib import Path
 
+from bench.peers_servers import RABBITMQ_BIN
 from tests.nodeproc import free_port
 
-# rabbitmq-server's own start script (the /usr/sbin one switches to the rabbitmq user)
-server_script = "/usr/lib/rabbitmq/bin/rabbitmq-server"
+# rabbitmq-server's own start script, in the scripts folder of Debian's package
+# (bench.peers_servers.RABBITMQ_BIN; the /usr/sbin one switches to the rabbitmq user)
+server_script = str(RABBITMQ_BIN / "rabbitmq-server")
 start_timeout_s = 90.0  # an Erlang VM boot on a loaded 2-core machine
 stop_timeout_s = 30.0
 

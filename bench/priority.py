@@ -135,7 +135,7 @@ def _celery_sides(workdir: Path, backlog: int, small: int,
 
 
 def run(workdir: Path, backlog: int, small: int, brokers: list[str]) -> dict[str, Any]:
-    from bench.brokers_rabbit import RabbitServer
+    from bench.brokers_rabbit import RabbitServer, server_script
 
     out: dict[str, Any] = {}
     if "disque" in brokers:
@@ -144,7 +144,7 @@ def run(workdir: Path, backlog: int, small: int, brokers: list[str]) -> dict[str
             out["disque-mp, 1 node"] = fair_tenants.disque((node.port,) * 3, backlog, small,
                                                            PRIORITY_OPTIONS)
         out.update(_cluster(workdir / "cluster", backlog, small))
-    if "rabbitmq" in brokers and Path("/usr/lib/rabbitmq/bin/rabbitmq-server").exists():
+    if "rabbitmq" in brokers and Path(server_script).exists():  # Debian's rabbitmq-server
         rabbit = RabbitServer(workdir / "rabbitmq").start()
         try:
             out.update(_rabbit(rabbit.url, backlog, small))
