@@ -137,35 +137,69 @@ def ttl_minutes_field(ttl_s: int, retry_s: int) -> int:
 
 # Random parts drawn per blake3 call: ADDJOB is hot and one hash costs about as
 # much as the rest of make(), so the XOF output of blake3(seed || block) gives
-# the 16-byte parts of 64 consecutive IDs (still unique and seed-determined).
-id_batch = 64
-id_suffix_cache_max = 1024  # distinct (TTL, at-most-once) suffixes kept; cleared when full
+# the random parts of 64 consecutive IDs (still unique and seed-determined).
+ID_BATCH: Final = 64
+# Distinct (TTL, at-most-once) suffixes kept; cleared when full. The last one is held
+# apart too: most producers send one TTL, and a compare of two native ints is cheaper
+# than a dict's lookup of a boxed one.
+ID_SUFFIX_CACHE_MAX: Final = 1024
+_NO_KEY: Final = -(1 << 60)  # no (TTL, at-most-once) key: the first make() looks it up
+_B64_CHARS: Final = _B64_ALPHABET.decode()
+# The first two base64 characters of an ID's middle part are the top 12 bits of its slot.
+_SLOT_PAIRS: Final = [_B64_CHARS[i >> 6] + _B64_CHARS[i & 63] for i in range(4096)]
+_TAIL_BYTES: Final = 15  # random bytes per ID encoded with the block: 20 characters
+_TAIL_CHARS: Final = 20
 
 
 class JobIdGen:
-    """Mints job IDs: 16 pseudo-random bytes per ID from blake3(seed || counter // 64)."""
+    """Mints job IDs: 128 pseudo-random bits per ID from blake3(seed || counter // 64).
 
-    __slots__ = ("_prefix", "_seed", "_counter", "_pool", "_suffix")
+    The middle part is the base64 of 18 bytes, the slot's 2 and 16 random ones; written
+    as characters it is the slot's top 12 bits (2 characters), its low 4 bits with 2
+    random ones (1), then 21 random characters. Per block of 64 IDs one XOF output: 15
+    bytes an ID encoded at once into the last 20 characters of each (15 bytes are 20
+    characters exactly, so each ID's share is aligned), and 1 byte an ID for the 8 bits
+    of its third and fourth characters."""
+
+    __slots__ = ("_prefix", "_seed", "_counter", "_tails", "_heads", "_suffix", "_last_key",
+                 "_last_suffix")
 
     def __init__(self, node_id: str, seed: bytes) -> None:
         self._prefix = "D-" + node_id[:8] + "-"
         self._seed = seed
         self._counter = 0
-        self._pool = b""
+        self._tails = ""
+        self._heads = b""
         self._suffix: dict[int, str] = {}
+        self._last_key = _NO_KEY
+        self._last_suffix = ""
 
     def make(self, slot: int, ttl_s: int, retry_s: int) -> str:
         c = self._counter
         self._counter = c + 1
-        i = (c % id_batch) * 16
+        i = c % ID_BATCH
         if i == 0:
-            block = (c // id_batch).to_bytes(8, "big")
-            self._pool = blake3(self._seed + block).digest(16 * id_batch)
-        mid = binascii.b2a_base64(slot.to_bytes(2, "big") + self._pool[i : i + 16], newline=False)
+            block = (c // ID_BATCH).to_bytes(8, "big")
+            pool = blake3(self._seed + block).digest((_TAIL_BYTES + 1) * ID_BATCH)
+            tail_end = _TAIL_BYTES * ID_BATCH
+            self._tails = binascii.b2a_base64(pool[:tail_end], newline=False).decode()
+            self._heads = pool[tail_end:]
+        r = self._heads[i]
+        t = i * _TAIL_CHARS
         key = ttl_s if retry_s else -ttl_s
+        if key == self._last_key:
+            suffix = self._last_suffix
+        else:
+            suffix = self._suffix_of(key, ttl_s, retry_s)
+        return (f"{self._prefix}{_SLOT_PAIRS[slot >> 4]}{_B64_CHARS[((slot & 15) << 2) | (r >> 6)]}"
+                f"{_B64_CHARS[r & 63]}{self._tails[t:t + _TAIL_CHARS]}{suffix}")
+
+    def _suffix_of(self, key: int, ttl_s: int, retry_s: int) -> str:
         suffix = self._suffix.get(key)
         if suffix is None:
-            if len(self._suffix) >= id_suffix_cache_max:
+            if len(self._suffix) >= ID_SUFFIX_CACHE_MAX:
                 self._suffix.clear()
             suffix = self._suffix[key] = f"-{ttl_minutes_field(ttl_s, retry_s):04x}"
-        return self._prefix + mid.decode() + suffix
+        self._last_key = key
+        self._last_suffix = suffix
+        return suffix
