@@ -1,12 +1,14 @@
 """The many-queue cycle in work counts: callgrind instructions per job over every
 process of the node, and the local mesh's frames and messages per job by kind.
 
-    python -m bench.cycle_instructions before=/tmp/base after=. [--jobs 4000] [--workers 1 2]
+    python -m bench.cycle_instructions before=/tmp/base after=. [--jobs 4000] [--workers 1 2] [--queues 100]
 
 The cycle of ``bench.peers`` (``bench/peers_load.py``), with a fixed number of jobs
 instead of a fixed time: 2 producers pipeline ADDJOB in batches of 50 round robin
-over 100 queues, 2 consumers each take ``GETJOB TIMEOUT 100 COUNT 50`` over its 50
-queues (consumer c: queues c, c + 2, ...) and ACKJOB what they got (one ACKJOB with
+over 100 queues (``--queues``), 2 consumers each take ``GETJOB TIMEOUT 100 COUNT 50``
+over its 50 queues (consumer c: queues c, c + 2, ...; every queue when there are fewer
+queues than consumers: ``--queues 1`` is the single-queue cycle of ``bench.peers
+--setting single``) and ACKJOB what they got (one ACKJOB with
 every ID, as ``disque_mp.client`` does), until every job is acked. Each tree
 (``label=dir``, its compiled build if it has one) runs as a whole node under
 ``valgrind --tool=callgrind`` (as ``bench.instructions``); the counters are dumped
@@ -83,9 +85,9 @@ class Conn:
         return replies
 
 
-def drive(port: int, jobs: int, prefix: str) -> None:
-    """The cycle: ``jobs`` added, taken and acked."""
-    queues = [f"{prefix}-{i}".encode() for i in range(QUEUES)]
+def drive(port: int, jobs: int, prefix: str, nqueues: int = QUEUES) -> None:
+    """The cycle: ``jobs`` added, taken and acked over ``nqueues`` queues."""
+    queues = [f"{prefix}-{i}".encode() for i in range(nqueues)]
     acked = [0]
     lock = threading.Lock()
     errors: list[BaseException] = []
@@ -96,12 +98,12 @@ def drive(port: int, jobs: int, prefix: str) -> None:
         share = jobs // CLIENTS
         while n < share:
             k = min(BATCH, share - n)
-            c.send([[b"ADDJOB", queues[(n + i) % QUEUES], BODY, b"0"] for i in range(k)])
+            c.send([[b"ADDJOB", queues[(n + i) % nqueues], BODY, b"0"] for i in range(k)])
             n += k
 
     def consumer(index: int) -> None:
         c = Conn(port)
-        mine = queues[index::CLIENTS]
+        mine = queues[index::CLIENTS] if nqueues >= CLIENTS else queues
         while True:
             with lock:
                 if acked[0] >= jobs:
@@ -149,7 +151,8 @@ def mesh_counts(work: Path) -> dict[int, tuple[int, int]]:
     return out
 
 
-def run_tree(tree: Path, workers: int, jobs: int, keep: str | None = None) -> dict[str, object]:
+def run_tree(tree: Path, workers: int, jobs: int, keep: str | None = None,
+             nqueues: int = QUEUES) -> dict[str, object]:
     from tests.nodeproc import free_port
 
     port = free_port()
@@ -160,14 +163,14 @@ def run_tree(tree: Path, workers: int, jobs: int, keep: str | None = None) -> di
         try:
             _wait_ready(proc, port)
             pids = _node_pids(proc.pid)
-            drive(port, 200, "warm")  # first-use costs (imports, code paths) out of the figure
+            drive(port, 200, "warm", nqueues)  # first-use costs (imports, code paths) out of the figure
             _dump_all(pids)  # dump 1: start and warm-up
             time.sleep(idle_s)
             _dump_all(pids)  # dump 2: the node idle (its timers, under callgrind's slowness)
             idle_rate = _phase_totals(work, 2) / idle_s
             before = mesh_counts(work)
             t0 = time.monotonic()
-            drive(port, jobs, "cycle")
+            drive(port, jobs, "cycle", nqueues)
             _dump_all(pids)  # dump 3: the cycle
             seconds = time.monotonic() - t0
             after = mesh_counts(work)
@@ -192,8 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("trees", nargs="+", help="label=dir")
     p.add_argument("--jobs", type=int, default=4000)
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--queues", type=int, default=QUEUES, help="queues the producers spread over (1: one queue)")
     p.add_argument("--keep", help="copy each node's callgrind files under this folder")
     a = p.parse_args(argv)
+    if a.queues < 1:
+        p.error("--queues must be at least 1")
     for tool in ("valgrind", "callgrind_control", "redis-cli"):
         if shutil.which(tool) is None:
             sys.exit(f"{tool} is not installed")
@@ -201,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load at start: {os.getloadavg()}", flush=True)
     for workers in a.workers:
         for label, tree in sides:
-            got = run_tree(tree, workers, a.jobs, a.keep)
+            got = run_tree(tree, workers, a.jobs, a.keep, a.queues)
             mesh = got["mesh"]
             assert isinstance(mesh, dict)
             frames = sum(f for f, _ in mesh.values())
