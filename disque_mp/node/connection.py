@@ -712,6 +712,18 @@ def is_loopback_addr(addr: str, with_port: bool = True) -> bool:
     return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
 
 
+class CmdStat:
+    """One command's INFO commandstats entry: its calls and their time (ns). Native
+    attributes: a hot command's count adds to two machine ints (a list of two boxed
+    ints took an allocation and two generic adds per command)."""
+
+    __slots__ = ("calls", "ns")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.ns = 0
+
+
 class CommandStats:
     """The accounting of the commands a worker runs, which INFO and the slowlog
     read: the client side counts what it answers, the owner side what it runs for
@@ -720,29 +732,48 @@ class CommandStats:
     def __init__(self, slowlog: SlowLog) -> None:
         self.commands_processed = 0
         self.forwarded = 0  # commands sent to their owner over the mesh (INFO workers)
-        self.cmdstats: dict[str, list[int]] = {}  # INFO commandstats: name -> [calls, ns]
+        self.cmdstats: dict[str, CmdStat] = {}  # INFO commandstats: name -> calls, ns
         self.slowlog = slowlog
         self.slowlog_min_ns = slowlog.min_ns  # read per command: a native attribute
+
+    def entry(self, name: str) -> CmdStat:
+        """Command ``name``'s entry, made on first use."""
+        stat = self.cmdstats.get(name)
+        if stat is None:
+            stat = self.cmdstats[name] = CmdStat()
+        return stat
 
     def count(self, name: str, t0: int, cmd: list[bytes]) -> None:
         """A fast path's command ran from ``t0``: commandstats, slowlog, counters
         (``account``'s work, inline: it runs for every hot command)."""
         took = _perf_ns() - t0
         stat = self.cmdstats[name]
-        stat[0] += 1
-        stat[1] += took
+        stat.calls += 1
+        stat.ns += took
         if took >= self.slowlog_min_ns >= 0:
             self.slowlog.add(cmd, took)
         self.commands_processed += 1
 
-    def account(self, stat: list[int], t0: int, cmd: list[bytes]) -> None:
+    def account(self, stat: CmdStat, t0: int, cmd: list[bytes]) -> None:
         """A command ran from ``t0`` (``stat``: its commandstats entry)."""
         took = _perf_ns() - t0
-        stat[0] += 1
-        stat[1] += took
+        stat.calls += 1
+        stat.ns += took
         if took >= self.slowlog_min_ns >= 0:
             self.slowlog.add(cmd, took)
         self.commands_processed += 1
+
+    def snapshot(self) -> dict[str, list[int]]:
+        """The entries that counted a call, as INFO's report carries them: name ->
+        [calls, ns]."""
+        return {k: [v.calls, v.ns] for k, v in self.cmdstats.items() if v.calls}
+
+    def reset(self) -> None:
+        """CONFIG RESETSTAT: every entry, and the counters, back to 0."""
+        for stat in self.cmdstats.values():
+            stat.calls = stat.ns = 0
+        self.commands_processed = 0
+        self.forwarded = 0
 
 
 class CommandPath:

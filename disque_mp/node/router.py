@@ -31,7 +31,7 @@ from typing import Any, Final
 from disque_mp.node.commands import jobs as cmd_jobs
 from disque_mp.node.commands.jobs import GetJobArgs
 from disque_mp.node.commands.table import TABLE, Command
-from disque_mp.node.connection import ClientConn, ClientHost, CommandPath, CommandStats
+from disque_mp.node.connection import ClientConn, ClientHost, CmdStat, CommandPath, CommandStats
 from disque_mp.node.errors import ERR_BADID, ERR_NOAUTH, ERR_OOM, err_arity, err_unknown
 from disque_mp.node.forward import FORWARDED, Forward
 from disque_mp.node.getjob import GetJob, GetJobs, Runs, encode_getjob
@@ -67,7 +67,7 @@ class Router(CommandPath):
         self.lookup = self._build_lookup()
         self.fast = self._build_fast()
 
-    def _build_lookup(self) -> dict[bytes, tuple[Command, Callable[..., Any], list[int]]]:
+    def _build_lookup(self) -> dict[bytes, tuple[Command, Callable[..., Any], CmdStat]]:
         routes = {"queue": self.cmd_queue, "ids": self.cmd_ids, "getjob": self.cmd_getjob}
         out = {}
         for name, cmd in TABLE.items():
@@ -77,7 +77,7 @@ class Router(CommandPath):
                 if own is None:
                     raise InvariantError(f"command {cmd.name} has no handler")
                 handler = functools.partial(own, self.w)
-            stat = self.stats.cmdstats.setdefault(cmd.name, [0, 0])
+            stat = self.stats.entry(cmd.name)
             entry = (cmd, handler, stat)
             out[name] = entry
             out[name.upper()] = entry

@@ -435,10 +435,7 @@ class Worker(ClientHost):
 
     def reset_stats(self) -> None:
         """CONFIG RESETSTAT, this worker's part."""
-        for stat in self.stats.cmdstats.values():
-            stat[0] = stat[1] = 0
-        self.stats.commands_processed = 0
-        self.stats.forwarded = 0
+        self.stats.reset()
         self.getjobs.hints.skipped = 0
         self.connections_received = self.rejected_connections = 0
         self.net_in_bytes = self.net_out_bytes = 0
@@ -472,7 +469,7 @@ class Worker(ClientHost):
             "forwarded": self.stats.forwarded, "getjob_skipped": self.getjobs.hints.skipped,
             "mesh": {"frames_refused": self.mesh.refused, "link_resets": self.mesh.resets},
             "ops_per_sec": self.rates[0], "in_kbps": self.rates[1], "out_kbps": self.rates[2],
-            "cmdstats": {k: v for k, v in self.stats.cmdstats.items() if v[0]},
+            "cmdstats": self.stats.snapshot(),
             "shard": self.shard.info(),
             "dedup": self.shard.dedup_info(),
             "results": self.shard.results_info(),
