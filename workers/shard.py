@@ -257,9 +257,13 @@ class Shard:
 
     def op_addjob(self, queue: bytes, body: bytes, *, timeout_ms: int, replicate: int | None,
                   delay_s: int, retry_s: int | None, ttl_s: int, maxlen: int, async_: bool,
-                  token: int, now_ms: int, maxdeliver: int = 0, ext: JobExt | None = None) -> Any:
+                  token: int, now_ms: int, maxdeliver: int = 0, ext: JobExt | None = None,
+                  status: bool = True) -> Any:
         """ADDJOB after argument parsing; checks in the reference's order (maxdeliver 0:
-        none; ``ext``: the GROUP / DEDUP extensions, the job's own from then on)."""
+        none; ``ext``: the GROUP / DEDUP extensions, the job's own from then on).
+        ``status=False``: a job added here and now is answered by its ID as a plain str
+        (the fast path writes the reply's bytes from it; a Status is a Python-level
+        str subclass, ~700 instructions to make)."""
         if (maxdeliver or len(queue) > queue_name_bytes_max or len(body) > body_bytes_max
                 or ttl_s > ttl_max_s or delay_s > delay_max_s
                 or (retry_s is not None and retry_s > retry_max_s)):
@@ -316,7 +320,7 @@ class Shard:
                                             token, now_ms, flexible)
         c.register(job)
         c.activate(job, q, now_ms)
-        return Status(job_id)
+        return Status(job_id) if status else job_id
 
     def op_take(
         self, queues: list[bytes], count: int, withcounters: bool, now_ms: int

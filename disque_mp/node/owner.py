@@ -39,7 +39,7 @@ from disque_mp.node.errors import ERR_INTERNAL
 from disque_mp.node.getjob import encode_getjob, take_share, took_bytes
 from disque_mp.node.resp import encode
 from workers.invariant import InvariantError
-from workers.replies import PENDING, Error, Status
+from workers.replies import PENDING, Error
 
 log = logging.getLogger("disque_mp.node.owner")
 _perf_ns: Final = time.perf_counter_ns  # INFO commandstats; compiled in, no lookup per command
@@ -136,10 +136,10 @@ class Owner:
             return None  # it waits for replication: the general path defers the reply
         t0 = _perf_ns()
         w.next_token = token = w.next_token + 1
-        reply = cmd_jobs.addjob_plain(shard, cmd[1], cmd[2], cmd[3], token, w.now_ms)
+        reply = cmd_jobs.addjob_plain(shard, cmd[1], cmd[2], cmd[3], token, w.now_ms, False)
         self.stats.count("addjob", t0, cmd)
-        if type(reply) is Status:
-            return f"+{reply}\r\n".encode()
+        if type(reply) is str:  # the job's ID
+            return b"+%s\r\n" % reply.encode()
         return encode(reply)  # an error (same bytes in RESP2 and 3): with no peers nothing is PENDING
 
     def getjob_here(self, cmd: list[bytes], resp3: bool) -> bytes | None:

@@ -335,9 +335,10 @@ _ADDJOB_OPTS: Final[dict[bytes, tuple[str, int, int, Error, Error]]] = {
 
 
 def addjob_plain(shard: Shard, queue: bytes, body: bytes, timeout: bytes, token: int,
-                 now_ms: int) -> Any:
+                 now_ms: int, status: bool = True) -> Any:
     """``ADDJOB queue body timeout``, the common form: no options, no allocations
-    beyond the job (the general path and the router's fast path both run it)."""
+    beyond the job (the general path and the router's fast path both run it;
+    ``status=False``: a job added here and now is answered by its ID, a plain str)."""
     t = parse_timeout_ms(timeout)
     if isinstance(t, Error):
         return t
@@ -345,7 +346,7 @@ def addjob_plain(shard: Shard, queue: bytes, body: bytes, timeout: bytes, token:
         return limits.err_queue_name
     return shard.op_addjob(queue, body, timeout_ms=t, replicate=None, delay_s=0,
                            retry_s=None, ttl_s=ttl_default_s, maxlen=0, async_=False,
-                           token=token, now_ms=now_ms)
+                           token=token, now_ms=now_ms, status=status)
 
 
 def cmd_addjob(shard: Shard, args: list[bytes], token: int, now_ms: int) -> Any:
