@@ -45,6 +45,12 @@ class Timers:
         self.firing_key = 0
         self.popped = 0  # entries taken since ``start_firing`` (stale ones too)
         self.capped = False  # ``next_fired`` stopped at its bound: more is due now
+        # The two buckets used last: a job is scheduled at its TTL when queued, moved
+        # to its RETRY when delivered and unscheduled when acknowledged, and the jobs
+        # of one pipelined batch share both keys, so most calls find their bucket
+        # here by a compare of native ints instead of a dict lookup of a boxed one.
+        self._recent: TimerBucket | None = None
+        self._before: TimerBucket | None = None
 
     def start_firing(self) -> None:
         """A tick begins: its bound on entries taken starts again."""
@@ -73,8 +79,29 @@ class Timers:
                 return t
             self.firing_key = 0
             invariant(heapq.heappop(heap) == key, "timer heap top changed while firing")
-            del self.buckets[key]
+            self._drop(key)
         return None
+
+    def _bucket(self, key: int) -> TimerBucket | None:
+        """The bucket of ``key``, if there is one (the two used last first)."""
+        b = self._recent
+        if b is not None and b.key == key:
+            return b
+        b = self._before
+        if b is not None and b.key == key:
+            self._before = self._recent
+            self._recent = b
+            return b
+        b = self.buckets.get(key)
+        if b is not None:
+            self._before = self._recent
+            self._recent = b
+        return b
+
+    def _drop(self, key: int) -> None:
+        """Bucket ``key`` is done (its heap entry popped)."""
+        del self.buckets[key]
+        self._recent = self._before = None
 
     def schedule(self, target: Timed, due_ms: int) -> None:
         """Make sure ``target`` is examined at ``due_ms`` or earlier (never before due)."""
@@ -88,10 +115,12 @@ class Timers:
             if cur <= key:
                 return
             self.unschedule(target)
-        b = self.buckets.get(key)
+        b = self._bucket(key)
         if b is None:
             b = self.buckets[key] = TimerBucket(key)
             heapq.heappush(self.heap, key)
+            self._before = self._recent
+            self._recent = b
         target.awake_ms = b.key  # one shared int object for every target in the bucket
         b.items.append(target)
 
@@ -100,7 +129,7 @@ class Timers:
         if not key:
             return
         target.awake_ms = 0
-        b = self.buckets.get(key)
+        b = self._bucket(key)
         if b is None:
             return
         b.stale += 1
@@ -123,7 +152,7 @@ class Timers:
             if b.stale < len(b.items):  # fewer unschedules than entries: one may be live
                 return key
             heapq.heappop(heap)
-            del self.buckets[key]
+            self._drop(key)
         return None
 
     def holds(self, target: Timed) -> bool:
