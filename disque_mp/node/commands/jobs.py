@@ -340,7 +340,7 @@ def addjob_plain(shard: Shard, queue: bytes, body: bytes, timeout: bytes, token:
     beyond the job (the general path and the router's fast path both run it;
     ``status=False``: a job added here and now is answered by its ID, a plain str)."""
     t = parse_timeout_ms(timeout)
-    if isinstance(t, Error):
+    if type(t) is not int:  # an Error (isinstance of a Python-level class is a call)
         return t
     if len(queue) > limits.queue_name_bytes_max:
         return limits.err_queue_name
