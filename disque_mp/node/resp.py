@@ -440,6 +440,8 @@ bulk_head_cache_max: Final = 1024  # `$N\r\n` headers of bodies up to this size,
 _job_heads: dict[bytes, bytes] = {}  # "*1" and an entry's head, per queue
 _entry_heads: dict[bytes, bytes] = {}  # an entry's head alone, per queue
 _BULK_HEADS: Final = [b"$%d\r\n" % n for n in range(bulk_head_cache_max)]
+# An ID's end and its body's header in a job entry: `\r\n$N\r\n`, pre-built likewise.
+_ID_END_HEADS: Final = [b"\r\n$%d\r\n" % n for n in range(bulk_head_cache_max)]
 multi_head_cache_max: Final = 64  # `*N\r\n` of requests of up to this many arguments, pre-built
 _MULTI_HEADS: Final = [b"*%d\r\n" % n for n in range(multi_head_cache_max)]
 
@@ -462,12 +464,17 @@ def entry_resp(entry: list[Any]) -> bytes:
         queue, job_id, body = entry
         if type(job_id) is str and len(job_id) == 40 and type(queue) is bytes and type(body) is bytes:
             head = _queue_head(_entry_heads, b"", queue)
-            return b"".join((head, job_id.encode(), b"\r\n$%d\r\n" % len(body), body, b"\r\n"))
+            n = len(body)
+            end = _ID_END_HEADS[n] if n < bulk_head_cache_max else b"\r\n$%d\r\n" % n
+            return b"".join((head, job_id.encode(), end, body, CRLF))
     return encode(entry)  # WITHCOUNTERS (or an ID of another shape): the generic encoder
 
 
 def encode_jobs(entries: list[list[Any]]) -> bytes:
-    """GETJOB's reply: entries of (queue, ID, body) in one format each, no generic walk."""
+    """GETJOB's reply: entries of (queue, ID, body) in one format each, no generic walk.
+    An entry is its queue's head (kept per queue, looked up again only when the queue
+    changes), the ID, the body's pre-built ``\r\n$N\r\n`` and the body: shared parts
+    joined once, where a ``%`` format of six fields an entry built the same bytes anew."""
     if len(entries) == 1 and len(entries[0]) == 3:
         queue, job_id, body = entries[0]
         if type(job_id) is str and len(job_id) == 40 and type(queue) is bytes and type(body) is bytes:
@@ -477,12 +484,21 @@ def encode_jobs(entries: list[list[Any]]) -> bytes:
             return b"".join((head, job_id.encode(), CRLF, size, body, CRLF))
     out = [b"*%d\r\n" % len(entries)]
     add = out.append
+    last: bytes | None = None
+    head = b""
     for entry in entries:
         if len(entry) == 3:
             queue, job_id, body = entry
-            if type(job_id) is str and type(queue) is bytes and type(body) is bytes:
-                add(b"*3\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (
-                    len(queue), queue, len(job_id), job_id.encode(), len(body), body))
+            if type(job_id) is str and len(job_id) == 40 and type(queue) is bytes and type(body) is bytes:
+                if queue is not last:
+                    head = _queue_head(_entry_heads, b"", queue)
+                    last = queue
+                n = len(body)
+                add(head)
+                add(job_id.encode())
+                add(_ID_END_HEADS[n] if n < bulk_head_cache_max else b"\r\n$%d\r\n" % n)
+                add(body)
+                add(CRLF)
                 continue
         _encode_into(entry, out, False)
     return b"".join(out)

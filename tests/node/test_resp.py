@@ -126,6 +126,16 @@ def test_encode_jobs_matches_the_generic_encoder(items: list[tuple[bytes, bytes,
     assert encode_jobs(entries) == encode(entries)  # second time from the header cache
 
 
+def test_encode_jobs_of_one_queue_object_and_large_bodies() -> None:
+    """Entries sharing their queue's name object (as a shard's deliveries do), the
+    queue changing and coming back, bodies below and past the pre-built headers."""
+    a, b = b"jobs", b"other"
+    entries: list[list[object]] = [[q, f"D-0f0f0f0f-{i:024d}-0001", b"x" * size]
+                                   for i, (q, size) in enumerate([(a, 0), (a, 1023), (a, 1024), (b, 5),
+                                                                  (a, 70000), (a, 3)])]
+    assert encode_jobs(entries) == encode(entries)
+
+
 # Byte by byte: whatever the input (well-formed commands, inline ones, garbage
 # spliced in), feeding it one byte at a time gives the same commands and the same
 # error as feeding it at once, only protocol errors come out, and the buffer bound
