@@ -77,7 +77,7 @@ class ClientConn(asyncio.Protocol):
         "node", "transport", "parser", "out", "slots", "resp3", "authed", "name",
         "lib_name", "lib_ver", "id", "ctime_s", "last_cmd", "last_s", "closing",
         "waiters", "dirty", "streak_owner", "streak", "handoffs", "addr", "gone",
-        "close_after_write", "soft_since_s", "unfilled", "forwarded", "out_bytes",
+        "close_after_write", "soft_since_s", "unsent", "unfilled", "forwarded", "out_bytes",
         "auth_fails", "throttled", "slots_bytes", "write_paused", "pile_paused",
         "cmd_at", "cmd_now", "departure", "backlog",
     )
@@ -125,6 +125,10 @@ class ClientConn(asyncio.Protocol):
         self.handoffs = 0
         self.addr = ""
         self.soft_since_s = 0.0  # output over the soft limit since then (0: it is not)
+        # Bytes the transport held after our last write: what it holds now or more (it
+        # only drains between our writes), so the output limits' room read from it is
+        # never larger than the truth; ``check_output`` reads the true size.
+        self.unsent = 0
         self.unfilled = 0  # deferred replies not known yet
         self.forwarded = 0  # ... of which hot commands forwarded to their owner (RAW)
         self.auth_fails = 0  # wrong passwords given (each delays the next command)
@@ -272,7 +276,7 @@ class ClientConn(asyncio.Protocol):
             router = node.router
             # A pipeline of big replies is cut as it grows: ``check_output`` runs once
             # this read's replies pass the smaller limit (less what is still buffered).
-            room = lim.room(self.transport)
+            room = lim.room(self.unsent)
             queued = 0
             spent = 0  # reply bytes built this turn (turn_reply_bytes_max)
             for i, cmd in enumerate(cmds):
@@ -444,7 +448,7 @@ class ClientConn(asyncio.Protocol):
         if self.pile_paused:
             self._follow_pile(lim.soft)
         # replies from other workers count as they arrive, written or piled
-        if self.out_bytes + self.slots_bytes > lim.room(self.transport):
+        if self.out_bytes + self.slots_bytes > lim.room(self.unsent):
             self.check_output(self.out_bytes, lim)
         if self.out:  # else a reply behind one still missing: nothing new to write
             self.node.mark_dirty(self)
@@ -463,8 +467,9 @@ class ClientConn(asyncio.Protocol):
             self.out_bytes = 0
             self.node.net_out_bytes += len(data)
             transport.write(data)
+            self.unsent = transport.get_write_buffer_size()
             lim = output_limits(self.node.cfg.client_output_buffer_limit)
-            if self.soft_since_s or lim.room(transport) < 0:
+            if self.soft_since_s or lim.room(self.unsent) < 0:
                 self.check_output(0, lim)
         if self.close_after_write and not self.slots:
             transport.close()
@@ -634,12 +639,13 @@ class OutputLimits:
         self.low = hard if not soft or (hard and hard < soft) else soft
         self.text = text
 
-    def room(self, transport: asyncio.Transport | None) -> int:
-        """Bytes of replies that still fit under the smaller limit (a huge number
-        when there is none)."""
-        if not self.low or transport is None:
+    def room(self, unsent: int) -> int:
+        """Bytes of replies that still fit under the smaller limit beside ``unsent``
+        bytes not yet sent (a huge number when there is no limit). The caller's
+        ``ClientConn.unsent``: one read of the transport per write, not per use."""
+        if not self.low:
             return 1 << 62
-        return self.low - transport.get_write_buffer_size()
+        return self.low - unsent
 
 
 _limits: Final = OutputLimits()
