@@ -108,8 +108,9 @@ class WorkerCore:
         while effects:
             for eff in effects:
                 if type(eff) is Wake:
-                    handler = self.tokens.pop(eff.token, None)
-                    if handler is not None:
+                    handler = self.tokens.get(eff.token)  # get and del: native calls, where
+                    if handler is not None:  # pop with a default is a method call
+                        del self.tokens[eff.token]
                         handler(eff.reply)
                 elif type(eff) is Send:
                     self.send_hook(eff)
