@@ -174,6 +174,8 @@ class RequestParser:
                         ends.append(at)
                 else:
                     ends = None  # a span would hold the `*0`: forwarded ones re-encode
+                if at == len(data):
+                    break  # the read walked whole: hiredis holds nothing more (no last gets())
             if at != len(data):
                 raise _SlowPath
         except (hiredis.ProtocolError, TypeError, IndexError, _SlowPath):
