@@ -762,7 +762,7 @@ class Core(CoreState):
         check already armed is never later than this one would be (``atime_ms`` only
         grows), so it stays: a take over empty queues re-arms nothing."""
         if not q.awake_ms and not q.live and q.waiters is None and not q.paused & PAUSE_MASK:
-            self.timers.schedule(q, q.atime_ms + self._queue_idle_ms)
+            self.timers.schedule(q, q.atime_ms + self._queue_idle_ms, self._queue_idle_ms)
 
     def fire_queue(self, q: Queue, now_ms: int) -> None:
         """The eviction check of an idle queue is due: evict it, or check again later."""
@@ -775,7 +775,7 @@ class Core(CoreState):
         if q.atime_ms + self._queue_idle_ms <= now_ms:
             self.evict(q)
         else:
-            self.timers.schedule(q, q.atime_ms + self._queue_idle_ms)
+            self.timers.schedule(q, q.atime_ms + self._queue_idle_ms, self._queue_idle_ms)
 
     def evict(self, q: Queue) -> None:
         del self.queues[q.name]
@@ -804,7 +804,8 @@ class Core(CoreState):
         q.push(job)
         q.atime_ms = now_ms
         q.jobs_in += 1
-        self.timers.schedule(job, job.ctime_us // US_PER_MS + job.ttl_s * 1000)
+        ttl_ms = job.ttl_s * 1000
+        self.timers.schedule(job, job.ctime_us // US_PER_MS + ttl_ms, ttl_ms)
         if not serve:
             return
         if q.waiters is not None:
@@ -934,7 +935,7 @@ class Core(CoreState):
                 # It waited in the queue longer than RETRY: counting RETRY from the
                 # queueing would requeue it at once, a certain duplicate delivery.
                 job.qtime_ms = self.retry_at(job, now_ms)
-            self.timers.schedule(job, job.qtime_ms)
+            self.timers.schedule(job, job.qtime_ms, job.qtime_ms - now_ms)
         if withcounters:
             return [q.name, job.id, job.body, _K_NACKS, job.nacks,
                     _K_ADD_DELIV, job.additional_deliveries]

@@ -1,5 +1,5 @@
 """The shard's timers: ONE heap of due times (ms, rounded up to
-``timer_resolution_ms``); each due time has a bucket of targets (jobs, queues,
+``timer_resolution_ms``, or coarser for a timer set far ahead: ``resolution_for``); each due time has a bucket of targets (jobs, queues,
 federation states, gathers: any ``workers.job.Timed``). A target records the
 bucket it sits in (``awake_ms``); moving or deleting it leaves a stale entry,
 counted and purged when the bucket is half stale. Sharing one int key and one
@@ -22,6 +22,23 @@ from workers.job import Timed
 # Timers fire at most this late: due times are rounded up to it so that jobs
 # created in the same few ms share one heap entry and one int key.
 timer_resolution_ms: Final = 10
+# A timer set at least this far ahead (a TTL, a RETRY, an idle queue's check) is
+# rounded up to the coarser resolution beside it: at most 1 % late past 10 s, 1.7 %
+# past a minute, and the jobs of a second share a bucket (a paced producer's jobs,
+# a millisecond apart, each made a bucket, a heap entry and a dict entry of its own).
+timer_far_ms: Final = 10_000
+timer_far_resolution_ms: Final = 100
+timer_farther_ms: Final = 60_000
+timer_farther_resolution_ms: Final = 1000
+
+
+def resolution_for(span_ms: int) -> int:
+    """The rounding of a timer set ``span_ms`` ahead."""
+    if span_ms >= timer_farther_ms:
+        return timer_farther_resolution_ms
+    if span_ms >= timer_far_ms:
+        return timer_far_resolution_ms
+    return timer_resolution_ms
 # Purge a timer bucket once it has this many stale entries and they are half of it.
 timer_stale_purge_min: Final = 32
 
@@ -103,11 +120,12 @@ class Timers:
         del self.buckets[key]
         self._recent = self._before = None
 
-    def schedule(self, target: Timed, due_ms: int) -> None:
-        """Make sure ``target`` is examined at ``due_ms`` or earlier (never before due)."""
+    def schedule(self, target: Timed, due_ms: int, span_ms: int = 0) -> None:
+        """Make sure ``target`` is examined at ``due_ms`` or earlier (never before due);
+        ``span_ms``: how far ahead the caller set it (its rounding: ``resolution_for``)."""
         # rounded up to the resolution: a remainder, as a product of a time since the
         # epoch leaves mypyc's inline int path (see workers.job.times_1000)
-        key = due_ms + -due_ms % timer_resolution_ms
+        key = due_ms + -due_ms % resolution_for(span_ms)
         if key < self.firing_key:
             key = self.firing_key  # already due: join the bucket tick() is draining
         cur = target.awake_ms

@@ -14,12 +14,13 @@ from workers.effects import Wake
 from workers.job import ACKED, ACTIVE, QUEUED
 from workers.replies import ERR_NOJOB, ERR_NOREPL, ERR_PAUSED, NULL_ARRAY, Error, Status
 from workers.shard import Shard
-from workers.timers import timer_resolution_ms
+from workers.timers import resolution_for, timer_resolution_ms
 
 NODE = "739317b21b9046a3454204425426c55a12ccc07a"
 T0 = 1_795_301_808_328
 IDLE_MS = core_mod.queue_idle_evict_ms
 RES = timer_resolution_ms
+IDLE_RES = resolution_for(IDLE_MS)  # an idle queue's check is rounded as far as it is set
 
 
 class Env:
@@ -396,7 +397,7 @@ def test_ttl_deletes_in_any_state(env: Env) -> None:
     d = env.add(b"d", ttl_s=10, delay_s=5)
     env.advance(9_000)
     assert env.s.info()["registered_jobs"] == 3
-    env.advance(1_000 + RES)
+    env.advance(1_000 + resolution_for(10_000))  # a TTL's timer is rounded as far as it is set
     assert all(env.s.lookup(j) is None for j in (q, act, d))
     assert env.s.op_qlen(b"q") == 0
     assert env.s.info()["registered_jobs"] == 0
@@ -419,7 +420,7 @@ def test_idle_empty_queue_is_evicted(env: Env) -> None:
     env.s.op_ackjob([a], env.now)
     env.advance(IDLE_MS - 1_000)
     assert env.s.info()["registered_queues"] == 1
-    env.advance(1_000 + RES)
+    env.advance(1_000 + IDLE_RES)
     assert env.s.info()["registered_queues"] == 0
     assert env.s.op_qstat(b"q", env.now) is NULL_ARRAY
 
@@ -433,7 +434,7 @@ def test_queue_with_waiter_or_pause_or_jobs_not_evicted(env: Env) -> None:
     assert sorted(env.s.core.queues) == [b"paused", b"watched", b"withjob"]
     env.s.op_unblock(1, env.now)
     env.s.op_pause(b"paused", ["none"], env.now)
-    env.advance(IDLE_MS + RES)
+    env.advance(IDLE_MS + IDLE_RES)
     assert list(env.s.core.queues) == [b"withjob"]
 
 
@@ -443,16 +444,16 @@ def test_activity_delays_eviction(env: Env) -> None:
     a = env.add()
     env.take()
     env.s.op_ackjob([a], env.now)
-    env.advance(IDLE_MS // 2 + RES)
+    env.advance(IDLE_MS // 2 + IDLE_RES)
     assert list(env.s.core.queues) == [b"q"]
-    env.advance(IDLE_MS // 2 + RES)
+    env.advance(IDLE_MS // 2 + IDLE_RES)
     assert list(env.s.core.queues) == []
 
 
 def test_evicted_queue_with_active_jobs_comes_back(env: Env) -> None:
     a = env.add(retry_s=60, ttl_s=3600)
     env.take()
-    env.advance(IDLE_MS + RES)
+    env.advance(IDLE_MS + IDLE_RES)
     assert list(env.s.core.queues) == []
     env.advance(31_000)
     assert env.state(a) == QUEUED and env.s.op_qlen(b"q") == 1
@@ -462,7 +463,7 @@ def test_tick_returns_next_deadline_and_caps_work(env: Env, monkeypatch: Any) ->
     assert env.s.tick(env.now) is None
     env.add(ttl_s=10)
     nxt = env.s.tick(env.now)
-    assert nxt is not None and env.now + 10_000 <= nxt <= env.now + 10_000 + RES
+    assert nxt is not None and env.now + 10_000 <= nxt <= env.now + 10_000 + resolution_for(10_000)
     monkeypatch.setattr(lifecycle_mod, "timer_work_per_tick_max", 3)
     for _ in range(7):
         env.add(ttl_s=10)
@@ -563,7 +564,7 @@ def test_qscan_never_skips_under_churn(env: Env) -> None:
         n += 1
         env.take(b"new%d" % n)  # queues come and go during the scan
         if n % 2:
-            env.advance(IDLE_MS + RES)
+            env.advance(IDLE_MS + IDLE_RES)
             for k in keep:
                 env.s.op_pause(k, ["in"], env.now)
         if cursor == 0:
