@@ -152,14 +152,20 @@ _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 def parse_int(raw: bytes) -> int | None:
     """A 64-bit signed integer in Redis' strict form, or None."""
     n = len(raw)
-    if 0 < n <= _short_digits_max and raw.isdigit() and (raw[0] != 48 or n == 1):
+    if 0 < n <= _short_digits_max and (raw[0] != 48 or n == 1):
         # the usual argument (a COUNT, a TIMEOUT, a DELAY): a few digits, no sign, no
         # leading zero; summed here, as the regex and int() cost some 2,500
-        # instructions together (compiled, each step of the sum stays inline)
+        # instructions together (compiled, each step of the sum stays inline, and the
+        # digits are checked in it: bytes.isdigit() is a method call)
         v = 0
+        digits = True
         for c in raw:
+            if c < 48 or c > 57:
+                digits = False
+                break
             v = v * 10 + c - 48
-        return v
+        if digits:
+            return v
     if _INT_RE.match(raw) is None:
         return None
     v = int(raw)
@@ -340,7 +346,7 @@ def addjob_plain(shard: Shard, queue: bytes, body: bytes, timeout: bytes, token:
     beyond the job (the general path and the router's fast path both run it;
     ``status=False``: a job added here and now is answered by its ID, a plain str)."""
     t = parse_timeout_ms(timeout)
-    if type(t) is not int:  # an Error (isinstance of a Python-level class is a call)
+    if not isinstance(t, int):  # an Error (an int's check is native, an Error's a call)
         return t
     if len(queue) > limits.queue_name_bytes_max:
         return limits.err_queue_name
@@ -390,12 +396,30 @@ _WITHCOUNTERS: Final = 2
 _TIMEOUT: Final = 3
 _COUNT: Final = 4
 _FROM: Final = 5
-_GETJOB_WORDS: Final = {
-    spelling: code
-    for code, word in ((_NOHANG, b"nohang"), (_WITHCOUNTERS, b"withcounters"),
-                       (_TIMEOUT, b"timeout"), (_COUNT, b"count"), (_FROM, b"from"))
-    for spelling in (word, word.upper())
-}
+_GETJOB_WORDS: Final = {b"nohang": _NOHANG, b"withcounters": _WITHCOUNTERS, b"timeout": _TIMEOUT,
+                        b"count": _COUNT, b"from": _FROM}
+
+
+def _getjob_word(word: bytes) -> int:
+    """The code of a GETJOB option word (0: none). The two usual spellings by compares
+    (each read's words are new bytes objects: a dict would hash each), others lowered."""
+    n = len(word)
+    if n == 4:
+        if word == b"FROM" or word == b"from":
+            return _FROM
+    elif n == 5:
+        if word == b"COUNT" or word == b"count":
+            return _COUNT
+    elif n == 7:
+        if word == b"TIMEOUT" or word == b"timeout":
+            return _TIMEOUT
+    elif n == 6:
+        if word == b"NOHANG" or word == b"nohang":
+            return _NOHANG
+    elif n == 12:
+        if word == b"WITHCOUNTERS" or word == b"withcounters":
+            return _WITHCOUNTERS
+    return _GETJOB_WORDS.get(word.lower(), 0)
 
 
 def parse_getjob(args: list[bytes], start: int = 0) -> GetJobArgs | Error:
@@ -406,10 +430,7 @@ def parse_getjob(args: list[bytes], start: int = 0) -> GetJobArgs | Error:
     count = 1
     i, n = start, len(args)
     while i < n:
-        word = args[i]
-        opt = _GETJOB_WORDS.get(word)
-        if opt is None:
-            opt = _GETJOB_WORDS.get(word.lower(), 0)
+        opt = _getjob_word(args[i])
         last = i == n - 1
         if opt == _NOHANG:
             nohang = True
@@ -417,7 +438,7 @@ def parse_getjob(args: list[bytes], start: int = 0) -> GetJobArgs | Error:
             withcounters = True
         elif opt == _TIMEOUT and not last:
             t = parse_timeout_ms(args[i + 1])
-            if isinstance(t, Error):
+            if not isinstance(t, int):  # an Error (an int's check is native, an Error's a call)
                 return t
             timeout_ms = t
             i += 1
