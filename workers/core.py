@@ -1039,7 +1039,10 @@ class Core(CoreState):
 
     def block(self, w: Waiter, now_ms: int) -> list[Queue]:
         """A blocked GETJOB waits on its queues (a watched queue is not evicted);
-        returns the queues nobody watched before."""
+        returns the queues nobody watched before. A queue's idle check stays armed: it
+        finds the waiter and ends (``fire_queue``), and the waiter's leaving arms none
+        while it is (``maybe_idle``), so a consumer that blocks after each job does not
+        move the queue's timer twice a job."""
         self.waiters[w.token] = w
         fresh = []
         for name in w.queues:
@@ -1048,8 +1051,6 @@ class Core(CoreState):
                 q.waiters = {}
                 fresh.append(q)
             q.waiters[w.token] = w
-            if not q.paused & LIMITED:  # a limited queue's timer may be RATE's next token
-                self.timers.unschedule(q)
         return fresh
 
     def _drop_waiter(self, w: Waiter, now_ms: int) -> None:
@@ -1057,7 +1058,8 @@ class Core(CoreState):
         for name in w.queues:
             q = self.queues.get(name)
             if q is not None and q.waiters is not None:
-                q.waiters.pop(w.token, None)
+                if w.token in q.waiters:  # in and del: native calls, pop(k, None) a method call
+                    del q.waiters[w.token]
                 if not q.waiters:
                     q.waiters = None
                     self.maybe_idle(q, now_ms)
