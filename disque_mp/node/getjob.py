@@ -37,6 +37,10 @@ Runs = list[tuple[int, list[bytes]]]  # (owner, its queues): consecutive queues 
 # queues gave fewer jobs than its TAKEs were told (another GETJOB took them between).
 retakes_max = 2
 
+# Passes (jobs of one queue) the place-order merge lays out (``merge_by_place``: a list of
+# this many times the queues named); a deeper answer takes the general merge.
+merge_passes_max = 8
+
 
 class GetJobs:
     """The GETJOBs worker ``w`` coordinates and that wait (by token)."""
@@ -128,8 +132,8 @@ class GetJob:
     """One GETJOB coordinated by this worker (docs/architecture.md, "Invariants")."""
 
     __slots__ = ("w", "registry", "conn", "spec", "runs", "asked", "taken", "here", "remote",
-                 "sizes", "hinted", "token", "slot", "blocked_at", "timer", "done", "flushed",
-                 "retakes")
+                 "sizes", "hinted", "held", "held_here", "held_others", "answers", "token", "slot",
+                 "blocked_at", "timer", "done", "flushed", "retakes")
 
     def __init__(self, registry: GetJobs, conn: ClientConn, spec: Any, runs: Runs) -> None:
         """``runs``: the queues cut into runs of one owner, in the client's order (the
@@ -159,6 +163,12 @@ class GetJob:
         # what each queue named could give (our queues when the TAKEs left, the others'
         # from their answers): the one-shard answer's split between the owners
         self.sizes: dict[bytes, int] = {}
+        self.held: list[int] = []  # what our queues held when the TAKEs left (``here``'s order)
+        self.held_here = 0  # their sum
+        self.held_others = 0  # the sum of what the other owners' answers said they held
+        # those answers (their queues, what each held): put in ``sizes`` only when the
+        # sums do not settle our part (``_sizes``)
+        self.answers: list[tuple[list[bytes], list[int]]] = []
         # our queues held jobs when the TAKEs left: they carry hints and the answers
         # what each queue held (else our part is none, whatever the others hold)
         self.hinted = False
@@ -199,14 +209,15 @@ class GetJob:
         sizes = self.sizes
         here = self.here
         held = self.w.shard.op_takeable(here, self.w.now_ms)
-        hinted = False
+        total = 0
         for i in range(len(here)):
             n = held[i]
             sizes[here[i]] = n
-            if n:
-                hinted = True
-        self.hinted = hinted
-        return hinted
+            total += n
+        self.held = held
+        self.held_here = total
+        self.hinted = total > 0
+        return total > 0
 
     def _others_known_empty(self) -> bool:
         """Every queue of another owner is known empty (hints.py): none is asked
@@ -266,19 +277,30 @@ class GetJob:
             queues = remote[owner]
             if quiet:  # a client that could skip (a pipelining one pays nothing here)
                 known.saw(queues)
-            hints = self._hints(owner, self.sizes) if self.hinted else None
+            hints = self._hints(owner) if self.hinted else None
             # a partial, not a closure: nothing left for the cycle collector
             mesh.take(owner, spec.count, spec.withcounters, hints, queues,
                       partial(self._remote_took, owner, queues))
 
-    def _hints(self, to: int, sizes: dict[bytes, int]) -> list[int]:
+    def _hints(self, to: int) -> list[int]:
         """One per queue named, in the client's order (``take_share``): -1 for the
         queues of owner ``to``, what ours hold (a queue named again: -2 - its first
         place), 0 for the other owners'."""
         me = self.w.index
+        sizes = self.sizes
         hints: list[int] = []
+        if len(sizes) == len(self.here):  # none of ours named twice: ``held`` run by run
+            held = self.held
+            j = 0
+            for owner, queues in self.runs:
+                n = len(queues)
+                if owner == me:
+                    hints += held[j : j + n]
+                    j += n
+                else:
+                    hints += [-1 if owner == to else 0] * n
+            return hints
         first: dict[bytes, int] | None = None
-        repeats = len(sizes) != len(self.here)  # one of our queues is named twice
         for owner, queues in self.runs:
             if owner == to:
                 for _ in queues:
@@ -286,9 +308,6 @@ class GetJob:
             elif owner != me:
                 for _ in queues:
                     hints.append(0)
-            elif not repeats:
-                for q in queues:
-                    hints.append(sizes[q])
             else:
                 for q in queues:
                     if first is None:
@@ -309,9 +328,8 @@ class GetJob:
         if blob:
             held, qidx, lens, start = unpack_took(blob)
             if held:
-                sizes = self.sizes
-                for i in range(len(queues)):
-                    sizes[queues[i]] = held[i]
+                self.held_others += sum(held)
+                self.answers.append((queues, held))
             if lens:
                 took = Took(owner, queues, qidx, lens, blob, start)
         if self.done:
@@ -335,7 +353,7 @@ class GetJob:
         got: list[Any] = []
         if here:
             if share < 0:
-                share = part_of(spec.queues, self.sizes, set(here), spec.count) if self.hinted else 0
+                share = self._our_part() if self.hinted else 0
             # even for 0 jobs: a take creates the queues it names, as one shard's GETJOB does
             got = w.shard.op_take(here, share, spec.withcounters, w.now_ms)
         taken, self.taken = self.taken, []
@@ -355,6 +373,10 @@ class GetJob:
         if not got and len(taken) == 1:  # one take had jobs: already in one shard's order
             self._finish(taken[0].reply())
             return
+        merged = merge_by_place(spec.queues, got, taken, spec.count)
+        if merged is not None:
+            self._finish(merged)
+            return
         takes = [(t.owner, t.names(), t.parts()) for t in taken]
         if got:
             takes.append((w.index, [e[0] for e in got], [entry_resp(e) for e in got]))
@@ -362,6 +384,23 @@ class GetJob:
         for owner, parts in surplus.items():
             self.registry.return_ids(owner, ids_in(b"".join(parts), len(parts)))
         self._finish(b"*%d\r\n" % len(chosen) + b"".join(chosen))
+
+    def _our_part(self) -> int:
+        """Our part of the one-shard answer (``part_of``), from what every queue held:
+        all our jobs when every job is in it (the sums, no queue named twice)."""
+        spec = self.spec
+        queues = spec.queues
+        if self.held_here + self.held_others <= spec.count and len(set(queues)) == len(queues):
+            return self.held_here
+        return part_of(queues, self._sizes(), set(self.here), spec.count)
+
+    def _sizes(self) -> dict[bytes, int]:
+        """What each queue named held: ours when the TAKEs left, the others' answers."""
+        sizes = self.sizes
+        for queues, held in self.answers:
+            for i in range(len(queues)):
+                sizes[queues[i]] = held[i]
+        return sizes
 
     def _short(self, got: list[Any], taken: list[Took]) -> bool:
         """Our queues gave fewer jobs than the hints the TAKEs carried said (another
@@ -376,7 +415,7 @@ class GetJob:
             return False
         mine = set(self.here)
         held = 0
-        for q, n in self.sizes.items():
+        for q, n in self._sizes().items():
             if q not in mine:
                 held += n
         return held > from_others
@@ -392,6 +431,8 @@ class GetJob:
         for t in taken:
             jobs.return_ids(t.owner, t.ids())
         self.sizes = {}
+        self.answers = []
+        self.held_others = 0
         self.w.now_ms = wall_ms()
         self._measure()
         self._step(False)  # our reply is outstanding: no skip (hints.py)
@@ -589,6 +630,63 @@ def encode_getjob(reply: Any, withcounters: bool, resp3: bool) -> bytes:
     if type(reply) is list and not withcounters:
         return encode_jobs(reply)
     return encode(reply, resp3)
+
+
+def merge_by_place(queues: list[bytes], got: list[Any], taken: list[Took], count: int) -> bytes | None:
+    """The usual merge, every job taken in the answer: the reply's bytes, each job at its
+    place in one shard's order (its pass: how many of its queue's jobs came before it in
+    its owner's pop order; then its queue's place in ``queues``), our ``got`` entries
+    encoded once, the other owners' spliced as they came. None for the rest
+    (``pick_round_robin``): a queue named twice, more jobs than ``count`` (a surplus),
+    more than ``merge_passes_max`` passes."""
+    n = len(queues)
+    total = len(got)
+    for t in taken:
+        total += len(t.lens)
+    if total > count:
+        return None
+    place: dict[bytes, int] = {}
+    for i in range(n):
+        place[queues[i]] = i
+    if len(place) != n:
+        return None
+    seen = [0] * n  # jobs placed so far per queue: the next one's pass
+    slots: list[bytes | None] = [None] * n  # pass-major: pass k of queue i at k * n + i
+    passes = 1
+    for e in got:
+        at = place.get(e[0], -1)
+        if at < 0:
+            return None
+        k = seen[at]
+        if k >= passes:
+            if k >= merge_passes_max:
+                return None
+            slots += [None] * n
+            passes += 1
+        seen[at] = k + 1
+        slots[k * n + at] = entry_resp(e)
+    for t in taken:
+        names, qidx, lens, data = t.queues, t.qidx, t.lens, t.data
+        start = t.start
+        for j in range(len(lens)):
+            at = place.get(names[qidx[j]], -1)
+            if at < 0:
+                return None
+            k = seen[at]
+            if k >= passes:
+                if k >= merge_passes_max:
+                    return None
+                slots += [None] * n
+                passes += 1
+            seen[at] = k + 1
+            end = start + lens[j]
+            slots[k * n + at] = data[start:end]
+            start = end
+    out = [b"*%d\r\n" % total]
+    for s in slots:
+        if s is not None:
+            out.append(s)
+    return b"".join(out)
 
 
 def pick_round_robin(
