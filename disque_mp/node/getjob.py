@@ -742,15 +742,37 @@ def pick_round_robin(
 def took_bytes(queues: list[bytes], held: list[int], entries: list[list[Any]]) -> bytes:
     """An owner's answer to a TAKE or for a WAKE (``pack_took``): ``held``, then the
     ``entries`` its shard gave, each with its queue's place in ``queues``."""
-    if len(queues) == 1:
-        qidx = [0] * len(entries)
-    else:
+    n = len(queues)
+    qidx = [0] * len(entries) if n == 1 else _places_walked(queues, entries)
+    if qidx is None:
         at: dict[bytes, int] = {}
-        for i in range(len(queues)):
+        for i in range(n):
             if queues[i] not in at:
                 at[queues[i]] = i
         qidx = [at[e[0]] for e in entries]
     return pack_took(held, qidx, [entry_resp(e) for e in entries])
+
+
+def _places_walked(queues: list[bytes], entries: list[list[Any]]) -> list[int] | None:
+    """Each entry's queue's place in ``queues`` for a take of at most one job per queue
+    named (one pass, in the take's order): found walking on from the last one's, with
+    no table; any place of a queue named twice will do (the coordinator reads its
+    name). None for a longer take, or an entry of a queue not named."""
+    n = len(queues)
+    if len(entries) > n:
+        return None
+    out: list[int] = []
+    i = 0
+    for e in entries:
+        name = e[0]
+        steps = 0
+        while queues[i] != name:
+            steps += 1
+            if steps >= n:
+                return None
+            i = i + 1 if i + 1 < n else 0
+        out.append(i)
+    return out
 
 
 def ids_in(data: bytes, n: int) -> list[str]:

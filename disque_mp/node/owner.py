@@ -190,15 +190,30 @@ class Owner:
         if hints is not None:
             held = shard.op_takeable(queues, self.w.now_ms)
             if hints.count(-1) == len(queues):
-                lengths: dict[bytes, int] = {}
-                for i in range(len(queues)):
-                    lengths[queues[i]] = held[i]
-                count = min(count, take_share(hints, queues, lengths, count))
+                count = min(count, self._share(count, hints, queues, held))
         # even for 0 jobs: a take creates the queues it names, as one shard's GETJOB does
         entries = shard.op_take(queues, count, withcounters, self.w.now_ms)
         if not entries and not held:
             return b""  # nothing to tell: no body to pack or read
         return took_bytes(queues, held, entries)
+
+    @staticmethod
+    def _share(count: int, hints: list[int], queues: list[bytes], held: list[int]) -> int:
+        """``take_share`` of a take whose queues held ``held``: all of them when every
+        job named is in the answer (the sums: no queue of ours named twice)."""
+        total = 0
+        for n in held:
+            total += n
+        mine = total
+        for h in hints:
+            if h > 0:
+                total += h
+        if total <= count and len(set(queues)) == len(queues):
+            return mine
+        lengths: dict[bytes, int] = {}
+        for i in range(len(queues)):
+            lengths[queues[i]] = held[i]
+        return take_share(hints, queues, lengths, count)
 
     def block(self, link: Link, remote: int, queues: list[bytes], count: int,
               withcounters: bool) -> None:

@@ -462,7 +462,9 @@ def entry_resp(entry: list[Any]) -> bytes:
         queue, job_id, body = entry
         if type(job_id) is str and len(job_id) == 40 and type(queue) is bytes and type(body) is bytes:
             head = _queue_head(_entry_heads, b"", queue)
-            return b"".join((head, job_id.encode(), b"\r\n$%d\r\n" % len(body), body, b"\r\n"))
+            n = len(body)
+            size = _BULK_HEADS[n] if n < bulk_head_cache_max else b"$%d\r\n" % n
+            return b"".join((head, job_id.encode(), CRLF, size, body, CRLF))
     return encode(entry)  # WITHCOUNTERS (or an ID of another shape): the generic encoder
 
 
