@@ -128,36 +128,70 @@ class Took:
         return ids_in(self.data[self.start :], len(self.lens))
 
 
+class Plan:
+    """A GETJOB's queues split by owner, as worker ``me`` coordinates them: ``runs`` (the
+    router's route, ``Router.route``: runs of one owner in the client's order), our
+    queues (``here``) and each other owner's (``remote``), each in the client's order,
+    and for each place the client named its owner and its index in that owner's list
+    (``owner_at``, ``index_at``). Read-only once made: the router keeps the plan of a
+    request it sees again (a consumer asks the same queues every time), shared by
+    every GETJOB of it."""
+
+    __slots__ = ("runs", "here", "remote", "owner_at", "index_at", "distinct")
+
+    def __init__(self, runs: Runs, me: int) -> None:
+        here: list[bytes] = []
+        remote: dict[int, list[bytes]] = {}
+        owner_at: list[int] = []
+        index_at: list[int] = []
+        for owner, queues in runs:
+            if owner == me:
+                mine = here
+            else:
+                got = remote.get(owner)
+                if got is None:
+                    got = remote[owner] = []
+                mine = got
+            for q in queues:
+                owner_at.append(owner)
+                index_at.append(len(mine))
+                mine.append(q)
+        self.runs = runs
+        self.here = here
+        self.remote = remote
+        self.owner_at = owner_at
+        self.index_at = index_at
+        self.distinct = -1  # no queue named twice (1), or one is (0): ``is_distinct``
+
+    def is_distinct(self) -> bool:
+        if self.distinct < 0:
+            named: set[bytes] = set()
+            for _, queues in self.runs:
+                named.update(queues)
+            self.distinct = 1 if len(named) == len(self.owner_at) else 0
+        return self.distinct == 1
+
+
 class GetJob:
     """One GETJOB coordinated by this worker (docs/architecture.md, "Invariants")."""
 
-    __slots__ = ("w", "registry", "conn", "spec", "runs", "asked", "taken", "here", "remote",
-                 "sizes", "hinted", "held", "held_here", "held_others", "answers", "token", "slot",
-                 "blocked_at", "timer", "done", "flushed", "retakes")
+    __slots__ = ("w", "registry", "conn", "spec", "plan", "runs", "asked", "taken", "here",
+                 "remote", "sizes", "hinted", "held", "held_here", "held_others", "answers",
+                 "token", "slot", "blocked_at", "timer", "done", "flushed", "retakes")
 
-    def __init__(self, registry: GetJobs, conn: ClientConn, spec: Any, runs: Runs) -> None:
-        """``runs``: the queues cut into runs of one owner, in the client's order (the
-        router's route, ``Router.route``); split here once into our queues and each
-        other owner's, which every step reads."""
+    def __init__(self, registry: GetJobs, conn: ClientConn, spec: Any, plan: Plan | Runs) -> None:
+        """``plan``: its queues split by owner (a ``Plan``, or the router's runs, split
+        here), which every step reads."""
         self.w = registry.w
         self.registry = registry
         self.conn = conn
         self.spec = spec
-        self.runs = runs
-        me = self.w.index
-        here: list[bytes] = []  # our queues, in the client's order
-        remote: dict[int, list[bytes]] = {}  # each other owner's queues, in that order
-        for owner, queues in runs:
-            if owner == me:
-                here += queues
-            else:
-                got = remote.get(owner)
-                if got is None:
-                    remote[owner] = list(queues)
-                else:
-                    got += queues
-        self.here = here
-        self.remote = remote
+        if not isinstance(plan, Plan):
+            plan = Plan(plan, self.w.index)
+        self.plan = plan
+        self.runs = plan.runs
+        self.here = plan.here  # our queues, in the client's order
+        self.remote = plan.remote  # each other owner's queues, in that order
         self.asked = 0  # other owners whose TAKE is unanswered
         self.taken: list[Took] = []  # the other owners' takes that got jobs
         # what each queue named could give (our queues when the TAKEs left, the others'
@@ -166,9 +200,9 @@ class GetJob:
         self.held: list[int] = []  # what our queues held when the TAKEs left (``here``'s order)
         self.held_here = 0  # their sum
         self.held_others = 0  # the sum of what the other owners' answers said they held
-        # those answers (their queues, what each held): put in ``sizes`` only when the
-        # sums do not settle our part (``_sizes``)
-        self.answers: list[tuple[list[bytes], list[int]]] = []
+        # those answers (what each queue of that owner held, by owner): put in ``sizes``
+        # only when neither the sums nor the first pass settle our part (``_sizes``)
+        self.answers: dict[int, list[int]] = {}
         # our queues held jobs when the TAKEs left: they carry hints and the answers
         # what each queue held (else our part is none, whatever the others hold)
         self.hinted = False
@@ -289,17 +323,18 @@ class GetJob:
         me = self.w.index
         sizes = self.sizes
         hints: list[int] = []
-        if len(sizes) == len(self.here):  # none of ours named twice: ``held`` run by run
+        plan = self.plan
+        if plan.is_distinct():  # no queue named twice: ours from ``held``, place by place
             held = self.held
-            j = 0
-            for owner, queues in self.runs:
-                n = len(queues)
+            owner_at, index_at = plan.owner_at, plan.index_at
+            for p in range(len(owner_at)):
+                owner = owner_at[p]
                 if owner == me:
-                    hints += held[j : j + n]
-                    j += n
+                    hints.append(held[index_at[p]])
                 else:
-                    hints += [-1 if owner == to else 0] * n
+                    hints.append(-1 if owner == to else 0)
             return hints
+        repeats = len(sizes) != len(self.here)  # one of our queues is named twice
         first: dict[bytes, int] | None = None
         for owner, queues in self.runs:
             if owner == to:
@@ -308,6 +343,9 @@ class GetJob:
             elif owner != me:
                 for _ in queues:
                     hints.append(0)
+            elif not repeats:
+                for q in queues:
+                    hints.append(sizes[q])
             else:
                 for q in queues:
                     if first is None:
@@ -329,7 +367,7 @@ class GetJob:
             held, qidx, lens, start = unpack_took(blob)
             if held:
                 self.held_others += sum(held)
-                self.answers.append((queues, held))
+                self.answers[owner] = held
             if lens:
                 took = Took(owner, queues, qidx, lens, blob, start)
         if self.done:
@@ -389,15 +427,44 @@ class GetJob:
         """Our part of the one-shard answer (``part_of``), from what every queue held:
         all our jobs when every job is in it (the sums, no queue named twice)."""
         spec = self.spec
-        queues = spec.queues
-        if self.held_here + self.held_others <= spec.count and len(set(queues)) == len(queues):
-            return self.held_here
-        return part_of(queues, self._sizes(), set(self.here), spec.count)
+        count = spec.count
+        if self.plan.is_distinct():
+            if self.held_here + self.held_others <= count:
+                return self.held_here
+            part = self._first_pass_part(count)
+            if part >= 0:
+                return part
+        return part_of(spec.queues, self._sizes(), set(self.here), count)
+
+    def _first_pass_part(self, count: int) -> int:
+        """Our part when the first pass (one job per queue holding one, left to right)
+        fills ``count``, read place by place from ``held`` and the answers; else -1."""
+        me = self.w.index
+        plan = self.plan
+        owner_at, index_at = plan.owner_at, plan.index_at
+        held, answers = self.held, self.answers
+        total = part = 0
+        for p in range(len(owner_at)):
+            owner = owner_at[p]
+            if owner == me:
+                n = held[index_at[p]]
+            else:
+                theirs = answers.get(owner)
+                n = theirs[index_at[p]] if theirs is not None else 0
+            if n > 0:
+                total += 1
+                if owner == me:
+                    part += 1
+                if total >= count:
+                    return part
+        return -1
 
     def _sizes(self) -> dict[bytes, int]:
         """What each queue named held: ours when the TAKEs left, the others' answers."""
         sizes = self.sizes
-        for queues, held in self.answers:
+        remote = self.remote
+        for owner, held in self.answers.items():
+            queues = remote[owner]
             for i in range(len(queues)):
                 sizes[queues[i]] = held[i]
         return sizes
@@ -431,7 +498,7 @@ class GetJob:
         for t in taken:
             jobs.return_ids(t.owner, t.ids())
         self.sizes = {}
-        self.answers = []
+        self.answers = {}
         self.held_others = 0
         self.w.now_ms = wall_ms()
         self._measure()

@@ -199,17 +199,33 @@ class Owner:
 
     @staticmethod
     def _share(count: int, hints: list[int], queues: list[bytes], held: list[int]) -> int:
-        """``take_share`` of a take whose queues held ``held``: all of them when every
-        job named is in the answer (the sums: no queue of ours named twice)."""
-        total = 0
-        for n in held:
-            total += n
-        mine = total
-        for h in hints:
-            if h > 0:
-                total += h
-        if total <= count and len(set(queues)) == len(queues):
-            return mine
+        """``take_share`` of a take whose queues held ``held``, none of them named twice:
+        all of them when every job named is in the answer (the sums), else our part of
+        the first pass when it fills ``count``, read from ``held``; the general count
+        for the rest."""
+        if len(set(queues)) == len(queues):
+            total = 0
+            for n in held:
+                total += n
+            mine = total
+            for h in hints:
+                if h > 0:
+                    total += h
+            if total <= count:
+                return mine
+            total = part = j = 0
+            for h in hints:
+                if h == -1:
+                    if held[j] > 0:
+                        total += 1
+                        part += 1
+                    j += 1
+                elif h > 0:
+                    total += 1
+                elif h < -1:
+                    break  # a queue named twice: the general count
+                if total >= count:
+                    return part
         lengths: dict[bytes, int] = {}
         for i in range(len(queues)):
             lengths[queues[i]] = held[i]

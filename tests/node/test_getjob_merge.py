@@ -12,6 +12,7 @@ import pytest
 
 from bus.mesh import unpack_took
 from disque_mp.node.getjob import (
+    Plan,
     Took,
     encode_getjob,
     merge_by_place,
@@ -20,6 +21,7 @@ from disque_mp.node.getjob import (
     take_share,
     took_bytes,
 )
+from disque_mp.node.owner import Owner
 from disque_mp.node.resp import entry_resp
 
 
@@ -200,3 +202,50 @@ def test_merge_by_place_gives_one_shards_answer() -> None:
             placed += 1
             assert merged == encode_getjob(want, False, False) if want else merged == b"*0\r\n"
     assert placed > 300
+
+
+def test_owner_share_is_take_share() -> None:
+    """The owner's share from the sums and the first pass (``Owner._share``, the list of
+    what its queues held) is ``take_share``'s, repeats and all."""
+    rng = random.Random(29)
+    for _ in range(1000):
+        queues, jobs, count, owner = random_case(rng)
+        if rng.random() < 0.5:
+            queues = list(dict.fromkeys(queues))
+        own = [q for q in queues if owner[q] == 0]
+        held = [len(jobs[q]) for q in own]
+        first: dict[bytes, int] = {}
+        hints = []
+        for i, q in enumerate(queues):
+            if owner[q] == 0:
+                hints.append(-1)
+            elif q in first:
+                hints.append(-2 - first[q])
+            else:
+                first[q] = i
+                hints.append(rng.randint(0, len(jobs[q])))
+        lengths = {q: len(jobs[q]) for q in own}
+        assert Owner._share(count, hints, own, held) == take_share(hints, own, lengths, count)
+
+
+def test_plan_places_each_queue_with_its_owner() -> None:
+    """A ``Plan``: our queues and each other owner's in the client's order, and for each
+    place named its owner and its index in that owner's list."""
+    rng = random.Random(31)
+    for _ in range(300):
+        queues, _, _, owner = random_case(rng)
+        runs: list[tuple[int, list[bytes]]] = []
+        for q in queues:
+            if runs and runs[-1][0] == owner[q]:
+                runs[-1][1].append(q)
+            else:
+                runs.append((owner[q], [q]))
+        plan = Plan(runs, 0)
+        assert plan.here == [q for q in queues if owner[q] == 0]
+        for o in (1, 2):
+            assert plan.remote.get(o, []) == [q for q in queues if owner[q] == o]
+        for p, q in enumerate(queues):
+            o = plan.owner_at[p]
+            assert o == owner[q]
+            assert (plan.here if o == 0 else plan.remote[o])[plan.index_at[p]] == q
+        assert plan.is_distinct() == (len(set(queues)) == len(queues))
