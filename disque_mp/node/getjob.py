@@ -133,32 +133,40 @@ class Plan:
     router's route, ``Router.route``: runs of one owner in the client's order), our
     queues (``here``) and each other owner's (``remote``), each in the client's order,
     and for each place the client named its owner and its index in that owner's list
-    (``owner_at``, ``index_at``). Read-only once made: the router keeps the plan of a
+    (``owner_at``, ``index_at``), for each queue of an owner its place (``here_at``,
+    ``remote_at``). Read-only once made: the router keeps the plan of a
     request it sees again (a consumer asks the same queues every time), shared by
     every GETJOB of it."""
 
-    __slots__ = ("runs", "here", "remote", "owner_at", "index_at", "distinct")
+    __slots__ = ("runs", "here", "remote", "owner_at", "index_at", "here_at", "remote_at",
+                 "distinct")
 
     def __init__(self, runs: Runs, me: int) -> None:
         here: list[bytes] = []
+        here_at: list[int] = []
         remote: dict[int, list[bytes]] = {}
+        remote_at: dict[int, list[int]] = {}
         owner_at: list[int] = []
         index_at: list[int] = []
         for owner, queues in runs:
             if owner == me:
-                mine = here
+                mine, places = here, here_at
             else:
                 got = remote.get(owner)
                 if got is None:
                     got = remote[owner] = []
-                mine = got
+                    remote_at[owner] = []
+                mine, places = got, remote_at[owner]
             for q in queues:
+                places.append(len(owner_at))
                 owner_at.append(owner)
                 index_at.append(len(mine))
                 mine.append(q)
         self.runs = runs
         self.here = here
+        self.here_at = here_at
         self.remote = remote
+        self.remote_at = remote_at
         self.owner_at = owner_at
         self.index_at = index_at
         self.distinct = -1  # no queue named twice (1), or one is (0): ``is_distinct``
@@ -411,7 +419,7 @@ class GetJob:
         if not got and len(taken) == 1:  # one take had jobs: already in one shard's order
             self._finish(taken[0].reply())
             return
-        merged = merge_by_place(spec.queues, got, taken, spec.count)
+        merged = merge_by_place(self.plan, got, taken, spec.count)
         if merged is not None:
             self._finish(merged)
             return
@@ -699,31 +707,35 @@ def encode_getjob(reply: Any, withcounters: bool, resp3: bool) -> bytes:
     return encode(reply, resp3)
 
 
-def merge_by_place(queues: list[bytes], got: list[Any], taken: list[Took], count: int) -> bytes | None:
+def merge_by_place(plan: Plan, got: list[Any], taken: list[Took], count: int) -> bytes | None:
     """The usual merge, every job taken in the answer: the reply's bytes, each job at its
     place in one shard's order (its pass: how many of its queue's jobs came before it in
-    its owner's pop order; then its queue's place in ``queues``), our ``got`` entries
-    encoded once, the other owners' spliced as they came. None for the rest
-    (``pick_round_robin``): a queue named twice, more jobs than ``count`` (a surplus),
-    more than ``merge_passes_max`` passes."""
-    n = len(queues)
+    its owner's pop order; then its queue's place in the client's order, from ``plan``),
+    our ``got`` entries encoded once, the other owners' (``taken``, of ``plan``'s
+    queues) spliced as they came. None for the rest (``pick_round_robin``): a queue
+    named twice, more jobs than ``count`` (a surplus), more than ``merge_passes_max``
+    passes."""
     total = len(got)
     for t in taken:
         total += len(t.lens)
-    if total > count:
+    if total > count or not plan.is_distinct():
         return None
-    place: dict[bytes, int] = {}
-    for i in range(n):
-        place[queues[i]] = i
-    if len(place) != n:
-        return None
-    seen = [0] * n  # jobs placed so far per queue: the next one's pass
-    slots: list[bytes | None] = [None] * n  # pass-major: pass k of queue i at k * n + i
+    n = len(plan.owner_at)
+    seen = [0] * n  # jobs placed so far per place: the next one's pass
+    slots: list[bytes | None] = [None] * n  # pass-major: pass k of place i at k * n + i
     passes = 1
-    for e in got:
-        at = place.get(e[0], -1)
-        if at < 0:
-            return None
+    here, here_at = plan.here, plan.here_at
+    m = len(here)
+    i = 0
+    for e in got:  # in our pop order: each one's queue found walking on from the last one's
+        name = e[0]
+        steps = 0
+        while here[i] != name:
+            steps += 1
+            if steps >= m:
+                return None
+            i = i + 1 if i + 1 < m else 0
+        at = here_at[i]
         k = seen[at]
         if k >= passes:
             if k >= merge_passes_max:
@@ -733,12 +745,13 @@ def merge_by_place(queues: list[bytes], got: list[Any], taken: list[Took], count
         seen[at] = k + 1
         slots[k * n + at] = entry_resp(e)
     for t in taken:
-        names, qidx, lens, data = t.queues, t.qidx, t.lens, t.data
+        places = plan.remote_at.get(t.owner)
+        if places is None or t.queues is not plan.remote[t.owner]:
+            return None
+        qidx, lens, data = t.qidx, t.lens, t.data
         start = t.start
         for j in range(len(lens)):
-            at = place.get(names[qidx[j]], -1)
-            if at < 0:
-                return None
+            at = places[qidx[j]]
             k = seen[at]
             if k >= passes:
                 if k >= merge_passes_max:
@@ -750,9 +763,9 @@ def merge_by_place(queues: list[bytes], got: list[Any], taken: list[Took], count
             slots[k * n + at] = data[start:end]
             start = end
     out = [b"*%d\r\n" % total]
-    for s in slots:
-        if s is not None:
-            out.append(s)
+    for part in slots:
+        if part is not None:
+            out.append(part)
     return b"".join(out)
 
 

@@ -51,6 +51,17 @@ def random_case(rng: random.Random) -> tuple[list[bytes], dict[bytes, list[str]]
     return queues, jobs, count, owner
 
 
+def runs_of(queues: list[bytes], owner: dict[bytes, int]) -> list[tuple[int, list[bytes]]]:
+    """The router's route of ``queues``: runs of consecutive queues of one owner."""
+    runs: list[tuple[int, list[bytes]]] = []
+    for q in queues:
+        if runs and runs[-1][0] == owner[q]:
+            runs[-1][1].append(q)
+        else:
+            runs.append((owner[q], [q]))
+    return runs
+
+
 def test_any_split_gives_one_shards_answer() -> None:
     rng = random.Random(7)
     for _ in range(300):
@@ -183,16 +194,17 @@ def test_merge_by_place_gives_one_shards_answer() -> None:
         ids = {q: [f"D-{k:04x}{n:04x}-{'A' * 24}-0001" for k in range(len(v))]
                for n, (q, v) in enumerate(jobs.items())}
         take_count = count if rng.random() < 0.8 else 10
+        plan = Plan(runs_of(queues, owner), 0)
         got: list[Any] = []
         taken: list[Took] = []
         for o in range(3):
-            mine = [q for q in queues if owner[q] == o]
+            mine = plan.here if o == 0 else plan.remote.get(o, [])
             part = [[e[0], e[1], b"body-" + e[1].encode()] for e in one_shard(mine, {q: ids[q] for q in set(mine)}, take_count)]
             if o == 0:
                 got = part
             elif part:
                 taken.append(Took.of(o, mine, took_bytes(mine, [], [list(e) for e in part])))
-        merged = merge_by_place(queues, got, taken, count)
+        merged = merge_by_place(plan, got, taken, count)
         everyone = {q: ids[q] for q in set(queues)}
         want = [[e[0], e[1], b"body-" + e[1].encode()] for e in one_shard(queues, everyone, count)]
         total = len(got) + sum(len(t.lens) for t in taken)
@@ -234,13 +246,7 @@ def test_plan_places_each_queue_with_its_owner() -> None:
     rng = random.Random(31)
     for _ in range(300):
         queues, _, _, owner = random_case(rng)
-        runs: list[tuple[int, list[bytes]]] = []
-        for q in queues:
-            if runs and runs[-1][0] == owner[q]:
-                runs[-1][1].append(q)
-            else:
-                runs.append((owner[q], [q]))
-        plan = Plan(runs, 0)
+        plan = Plan(runs_of(queues, owner), 0)
         assert plan.here == [q for q in queues if owner[q] == 0]
         for o in (1, 2):
             assert plan.remote.get(o, []) == [q for q in queues if owner[q] == o]
@@ -248,4 +254,5 @@ def test_plan_places_each_queue_with_its_owner() -> None:
             o = plan.owner_at[p]
             assert o == owner[q]
             assert (plan.here if o == 0 else plan.remote[o])[plan.index_at[p]] == q
+            assert (plan.here_at if o == 0 else plan.remote_at[o])[plan.index_at[p]] == p
         assert plan.is_distinct() == (len(set(queues)) == len(queues))
