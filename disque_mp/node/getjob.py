@@ -620,19 +620,9 @@ def take_share(hints: list[int], own: list[bytes], lengths: dict[bytes, int], co
     if mine + sum(h for h in hints if h > 0) <= count:  # every job is in the answer
         return mine
     if len(lengths) == len(own):  # none of ours named twice: does the first pass settle it?
-        total = part = j = 0
-        for hint in hints:
-            if hint == -1:
-                if lengths[own[j]] > 0:
-                    total += 1
-                    part += 1
-                j += 1
-            elif hint > 0:
-                total += 1
-            elif hint < -1:
-                break  # a queue named twice: the general count below
-            if total >= count:
-                return part
+        part = _first_pass_share(hints, [lengths[q] for q in own], count)
+        if part >= 0:
+            return part
     left: dict[Any, int] = {}
     keys: list[Any] = []
     j = 0
@@ -649,6 +639,49 @@ def take_share(hints: list[int], own: list[bytes], lengths: dict[bytes, int], co
             left[i] = max(hint, 0)  # an int key: never one of the owner's names (bytes)
             keys.append(i)
     return _mine_in_passes([k for k in keys if left[k] > 0], left, set(own), count)
+
+
+def share_of_held(hints: list[int], own: list[bytes], held: list[int], count: int) -> int:
+    """``take_share`` from what each of the owner's queues holds (``held``, in ``own``'s
+    order): read from the list when none of them is named twice (all of them when
+    every job named is in the answer, else the first pass when it settles it)."""
+    if len(set(own)) == len(own):
+        total = 0
+        for n in held:
+            total += n
+        mine = total
+        for h in hints:
+            if h > 0:
+                total += h
+        if total <= count:
+            return mine
+        part = _first_pass_share(hints, held, count)
+        if part >= 0:
+            return part
+    lengths: dict[bytes, int] = {}
+    for i in range(len(own)):
+        lengths[own[i]] = held[i]
+    return take_share(hints, own, lengths, count)
+
+
+def _first_pass_share(hints: list[int], held: list[int], count: int) -> int:
+    """The owner's part when the first pass (one job per queue holding one, left to
+    right) fills ``count`` (``take_share``'s hints; ``held``: what the owner's queues
+    hold, none named twice); else -1, and -1 at a queue named twice."""
+    total = part = j = 0
+    for hint in hints:
+        if hint == -1:
+            if held[j] > 0:
+                total += 1
+                part += 1
+            j += 1
+        elif hint > 0:
+            total += 1
+        elif hint < -1:
+            return -1  # a queue named twice: the general count
+        if total >= count:
+            return part
+    return -1
 
 
 def part_of(queues: list[bytes], sizes: dict[bytes, int], mine: set[bytes], count: int) -> int:
@@ -723,27 +756,12 @@ def merge_by_place(plan: Plan, got: list[Any], taken: list[Took], count: int) ->
     n = len(plan.owner_at)
     seen = [0] * n  # jobs placed so far per place: the next one's pass
     slots: list[bytes | None] = [None] * n  # pass-major: pass k of place i at k * n + i
-    passes = 1
     here, here_at = plan.here, plan.here_at
-    m = len(here)
     i = 0
     for e in got:  # in our pop order: each one's queue found walking on from the last one's
-        name = e[0]
-        steps = 0
-        while here[i] != name:
-            steps += 1
-            if steps >= m:
-                return None
-            i = i + 1 if i + 1 < m else 0
-        at = here_at[i]
-        k = seen[at]
-        if k >= passes:
-            if k >= merge_passes_max:
-                return None
-            slots += [None] * n
-            passes += 1
-        seen[at] = k + 1
-        slots[k * n + at] = entry_resp(e)
+        i = _walk_to(here, i, e[0])
+        if i < 0 or not _lay(slots, seen, here_at[i], entry_resp(e)):
+            return None
     for t in taken:
         places = plan.remote_at.get(t.owner)
         if places is None or t.queues is not plan.remote[t.owner]:
@@ -751,22 +769,42 @@ def merge_by_place(plan: Plan, got: list[Any], taken: list[Took], count: int) ->
         qidx, lens, data = t.qidx, t.lens, t.data
         start = t.start
         for j in range(len(lens)):
-            at = places[qidx[j]]
-            k = seen[at]
-            if k >= passes:
-                if k >= merge_passes_max:
-                    return None
-                slots += [None] * n
-                passes += 1
-            seen[at] = k + 1
             end = start + lens[j]
-            slots[k * n + at] = data[start:end]
+            if not _lay(slots, seen, places[qidx[j]], data[start:end]):
+                return None
             start = end
     out = [b"*%d\r\n" % total]
     for part in slots:
         if part is not None:
             out.append(part)
     return b"".join(out)
+
+
+def _walk_to(queues: list[bytes], i: int, name: bytes) -> int:
+    """The first place of ``name`` in ``queues`` walking on (round) from place ``i``; -1
+    when it is not named."""
+    n = len(queues)
+    steps = 0
+    while queues[i] != name:
+        steps += 1
+        if steps >= n:
+            return -1
+        i = i + 1 if i + 1 < n else 0
+    return i
+
+
+def _lay(slots: list[bytes | None], seen: list[int], at: int, part: bytes) -> bool:
+    """Lay the next job of place ``at`` in its pass's row of ``slots`` (one row per pass,
+    a slot per place, added as needed); False past ``merge_passes_max`` rows."""
+    n = len(seen)
+    k = seen[at]
+    if k * n >= len(slots):
+        if k >= merge_passes_max:
+            return False
+        slots.extend([None] * n)
+    seen[at] = k + 1
+    slots[k * n + at] = part
+    return True
 
 
 def pick_round_robin(
@@ -844,13 +882,9 @@ def _places_walked(queues: list[bytes], entries: list[list[Any]]) -> list[int] |
     out: list[int] = []
     i = 0
     for e in entries:
-        name = e[0]
-        steps = 0
-        while queues[i] != name:
-            steps += 1
-            if steps >= n:
-                return None
-            i = i + 1 if i + 1 < n else 0
+        i = _walk_to(queues, i, e[0])
+        if i < 0:
+            return None
         out.append(i)
     return out
 

@@ -36,7 +36,7 @@ from disque_mp.node.commands.table import TABLE, run_on_shard
 from disque_mp.node.connection import CommandStats
 from disque_mp.node.core import WorkerCore
 from disque_mp.node.errors import ERR_INTERNAL
-from disque_mp.node.getjob import encode_getjob, take_share, took_bytes
+from disque_mp.node.getjob import encode_getjob, share_of_held, took_bytes
 from disque_mp.node.resp import encode
 from workers.invariant import InvariantError
 from workers.replies import PENDING, Error, Status
@@ -190,46 +190,12 @@ class Owner:
         if hints is not None:
             held = shard.op_takeable(queues, self.w.now_ms)
             if hints.count(-1) == len(queues):
-                count = min(count, self._share(count, hints, queues, held))
+                count = min(count, share_of_held(hints, queues, held, count))
         # even for 0 jobs: a take creates the queues it names, as one shard's GETJOB does
         entries = shard.op_take(queues, count, withcounters, self.w.now_ms)
         if not entries and not held:
             return b""  # nothing to tell: no body to pack or read
         return took_bytes(queues, held, entries)
-
-    @staticmethod
-    def _share(count: int, hints: list[int], queues: list[bytes], held: list[int]) -> int:
-        """``take_share`` of a take whose queues held ``held``, none of them named twice:
-        all of them when every job named is in the answer (the sums), else our part of
-        the first pass when it fills ``count``, read from ``held``; the general count
-        for the rest."""
-        if len(set(queues)) == len(queues):
-            total = 0
-            for n in held:
-                total += n
-            mine = total
-            for h in hints:
-                if h > 0:
-                    total += h
-            if total <= count:
-                return mine
-            total = part = j = 0
-            for h in hints:
-                if h == -1:
-                    if held[j] > 0:
-                        total += 1
-                        part += 1
-                    j += 1
-                elif h > 0:
-                    total += 1
-                elif h < -1:
-                    break  # a queue named twice: the general count
-                if total >= count:
-                    return part
-        lengths: dict[bytes, int] = {}
-        for i in range(len(queues)):
-            lengths[queues[i]] = held[i]
-        return take_share(hints, queues, lengths, count)
 
     def block(self, link: Link, remote: int, queues: list[bytes], count: int,
               withcounters: bool) -> None:

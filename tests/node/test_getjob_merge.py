@@ -18,10 +18,10 @@ from disque_mp.node.getjob import (
     merge_by_place,
     part_of,
     pick_round_robin,
+    share_of_held,
     take_share,
     took_bytes,
 )
-from disque_mp.node.owner import Owner
 from disque_mp.node.resp import entry_resp
 
 
@@ -216,9 +216,9 @@ def test_merge_by_place_gives_one_shards_answer() -> None:
     assert placed > 300
 
 
-def test_owner_share_is_take_share() -> None:
-    """The owner's share from the sums and the first pass (``Owner._share``, the list of
-    what its queues held) is ``take_share``'s, repeats and all."""
+def test_share_of_held_is_take_share() -> None:
+    """The owner's share from the sums and the first pass (``share_of_held``, the list
+    of what its queues held) is ``take_share``'s, repeats and all."""
     rng = random.Random(29)
     for _ in range(1000):
         queues, jobs, count, owner = random_case(rng)
@@ -237,7 +237,7 @@ def test_owner_share_is_take_share() -> None:
                 first[q] = i
                 hints.append(rng.randint(0, len(jobs[q])))
         lengths = {q: len(jobs[q]) for q in own}
-        assert Owner._share(count, hints, own, held) == take_share(hints, own, lengths, count)
+        assert share_of_held(hints, own, held, count) == take_share(hints, own, lengths, count)
 
 
 def test_plan_places_each_queue_with_its_owner() -> None:
