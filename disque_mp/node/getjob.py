@@ -203,13 +203,13 @@ class GetJob:
         self.asked = 0  # other owners whose TAKE is unanswered
         self.taken: list[Took] = []  # the other owners' takes that got jobs
         # what each queue named could give (our queues when the TAKEs left, the others'
-        # from their answers): the one-shard answer's split between the owners
+        # from their answers), by name: filled only where the lists below do not do
+        # (``_sizes``: a queue named twice, an answer the first pass does not settle)
         self.sizes: dict[bytes, int] = {}
         self.held: list[int] = []  # what our queues held when the TAKEs left (``here``'s order)
         self.held_here = 0  # their sum
         self.held_others = 0  # the sum of what the other owners' answers said they held
-        # those answers (what each queue of that owner held, by owner): put in ``sizes``
-        # only when neither the sums nor the first pass settle our part (``_sizes``)
+        # those answers (what each queue of that owner held, by owner)
         self.answers: dict[int, list[int]] = {}
         # our queues held jobs when the TAKEs left: they carry hints and the answers
         # what each queue held (else our part is none, whatever the others hold)
@@ -234,10 +234,9 @@ class GetJob:
             return self._here_alone()
         if here:
             hinted = self._measure()
-            sizes = self.sizes
             owner, lead = self.runs[0]
             if hinted and owner == w.index and spec.count <= len(lead) and \
-                    len({q for q in lead if sizes[q]}) >= spec.count:
+                    self._leading_with_jobs(lead) >= spec.count:
                 # COUNT distinct queues of ours with a job lead: the first pass fills it
                 return w.shard.op_take(lead, spec.count, spec.withcounters, w.now_ms)
         self.slot = self.conn.defer()
@@ -245,16 +244,17 @@ class GetJob:
         self._step(quiet)
         return PENDING
 
+    def _leading_with_jobs(self, lead: list[bytes]) -> int:
+        """How many distinct queues of ``lead`` (our first run: ``here``'s start) hold a job."""
+        held = self.held
+        return len({lead[i] for i in range(len(lead)) if held[i]})
+
     def _measure(self) -> bool:
-        """What each of our queues holds now (``sizes``, the hints of the TAKEs):
-        whether any holds a job (``hinted``)."""
-        sizes = self.sizes
-        here = self.here
-        held = self.w.shard.op_takeable(here, self.w.now_ms)
+        """What each of our queues holds now (``held``, the hints of the TAKEs): whether
+        any holds a job (``hinted``)."""
+        held = self.w.shard.op_takeable(self.here, self.w.now_ms)
         total = 0
-        for i in range(len(here)):
-            n = held[i]
-            sizes[here[i]] = n
+        for n in held:
             total += n
         self.held = held
         self.held_here = total
@@ -329,7 +329,6 @@ class GetJob:
         queues of owner ``to``, what ours hold (a queue named again: -2 - its first
         place), 0 for the other owners'."""
         me = self.w.index
-        sizes = self.sizes
         hints: list[int] = []
         plan = self.plan
         if plan.is_distinct():  # no queue named twice: ours from ``held``, place by place
@@ -342,6 +341,7 @@ class GetJob:
                 else:
                     hints.append(-1 if owner == to else 0)
             return hints
+        sizes = self._sizes()
         repeats = len(sizes) != len(self.here)  # one of our queues is named twice
         first: dict[bytes, int] | None = None
         for owner, queues in self.runs:
@@ -468,8 +468,12 @@ class GetJob:
         return -1
 
     def _sizes(self) -> dict[bytes, int]:
-        """What each queue named held: ours when the TAKEs left, the others' answers."""
+        """What each queue named held, by name: ours when the TAKEs left, the others'
+        answers."""
         sizes = self.sizes
+        here, held = self.here, self.held
+        for i in range(len(held)):
+            sizes[here[i]] = held[i]
         remote = self.remote
         for owner, held in self.answers.items():
             queues = remote[owner]
