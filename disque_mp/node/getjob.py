@@ -8,6 +8,9 @@ A ``GetJob`` lives on the worker that holds the client's connection; it talks
 to its own shard directly and to the other owners over the mesh (TAKES, BLOCK,
 UNBLOCK, RETURN; the owners answer with TOOKS and WAKE). The takes of every
 GETJOB coordinated during one loop turn leave for each owner in one frame.
+Its queues' split by owner is a ``Plan``, made once per request the router sees
+again. The merge is ``merge_by_place`` (each job laid at its place in one shard's
+order) when every job taken is in the answer, else ``pick_round_robin``.
 ``GetJobs`` keeps the worker's blocked ones by token: the mesh handler
 (``peers.py``) hands it the owners' WAKEs and peer reconnections, DEBUG FLUSHALL
 releases them all."""
