@@ -8,6 +8,9 @@ A ``GetJob`` lives on the worker that holds the client's connection; it talks
 to its own shard directly and to the other owners over the mesh (TAKES, BLOCK,
 UNBLOCK, RETURN; the owners answer with TOOKS and WAKE). The takes of every
 GETJOB coordinated during one loop turn leave for each owner in one frame.
+Its queues' split by owner is a ``Plan``, made once per request the router sees
+again. The merge is ``merge_by_place`` (each job laid at its place in one shard's
+order) when every job taken is in the answer, else ``pick_round_robin``.
 ``GetJobs`` keeps the worker's blocked ones by token: the mesh handler
 (``peers.py``) hands it the owners' WAKEs and peer reconnections, DEBUG FLUSHALL
 releases them all."""
@@ -36,6 +39,10 @@ Runs = list[tuple[int, list[bytes]]]  # (owner, its queues): consecutive queues 
 # How many times a GETJOB over several workers asks its owners again when its own
 # queues gave fewer jobs than its TAKEs were told (another GETJOB took them between).
 retakes_max = 2
+
+# Passes (jobs of one queue) the place-order merge lays out (``merge_by_place``: a list of
+# this many times the queues named); a deeper answer takes the general merge.
+merge_passes_max = 8
 
 
 class GetJobs:
@@ -124,41 +131,89 @@ class Took:
         return ids_in(self.data[self.start :], len(self.lens))
 
 
+class Plan:
+    """A GETJOB's queues split by owner, as worker ``me`` coordinates them: ``runs`` (the
+    router's route, ``Router.route``: runs of one owner in the client's order), our
+    queues (``here``) and each other owner's (``remote``), each in the client's order,
+    and for each place the client named its owner and its index in that owner's list
+    (``owner_at``, ``index_at``), for each queue of an owner its place (``here_at``,
+    ``remote_at``). Read-only once made: the router keeps the plan of a
+    request it sees again (a consumer asks the same queues every time), shared by
+    every GETJOB of it."""
+
+    __slots__ = ("runs", "here", "remote", "owner_at", "index_at", "here_at", "remote_at",
+                 "distinct")
+
+    def __init__(self, runs: Runs, me: int) -> None:
+        here: list[bytes] = []
+        here_at: list[int] = []
+        remote: dict[int, list[bytes]] = {}
+        remote_at: dict[int, list[int]] = {}
+        owner_at: list[int] = []
+        index_at: list[int] = []
+        for owner, queues in runs:
+            if owner == me:
+                mine, places = here, here_at
+            else:
+                got = remote.get(owner)
+                if got is None:
+                    got = remote[owner] = []
+                    remote_at[owner] = []
+                mine, places = got, remote_at[owner]
+            for q in queues:
+                places.append(len(owner_at))
+                owner_at.append(owner)
+                index_at.append(len(mine))
+                mine.append(q)
+        self.runs = runs
+        self.here = here
+        self.here_at = here_at
+        self.remote = remote
+        self.remote_at = remote_at
+        self.owner_at = owner_at
+        self.index_at = index_at
+        self.distinct = -1  # no queue named twice (1), or one is (0): ``is_distinct``
+
+    def is_distinct(self) -> bool:
+        if self.distinct < 0:
+            named: set[bytes] = set()
+            for _, queues in self.runs:
+                named.update(queues)
+            self.distinct = 1 if len(named) == len(self.owner_at) else 0
+        return self.distinct == 1
+
+
 class GetJob:
     """One GETJOB coordinated by this worker (docs/architecture.md, "Invariants")."""
 
-    __slots__ = ("w", "registry", "conn", "spec", "runs", "asked", "taken", "here", "remote",
-                 "sizes", "hinted", "token", "slot", "blocked_at", "timer", "done", "flushed",
-                 "retakes")
+    __slots__ = ("w", "registry", "conn", "spec", "plan", "runs", "asked", "taken", "here",
+                 "remote", "sizes", "hinted", "held", "held_here", "held_others", "answers",
+                 "token", "slot", "blocked_at", "timer", "done", "flushed", "retakes")
 
-    def __init__(self, registry: GetJobs, conn: ClientConn, spec: Any, runs: Runs) -> None:
-        """``runs``: the queues cut into runs of one owner, in the client's order (the
-        router's route, ``Router.route``); split here once into our queues and each
-        other owner's, which every step reads."""
+    def __init__(self, registry: GetJobs, conn: ClientConn, spec: Any, plan: Plan | Runs) -> None:
+        """``plan``: its queues split by owner (a ``Plan``, or the router's runs, split
+        here), which every step reads."""
         self.w = registry.w
         self.registry = registry
         self.conn = conn
         self.spec = spec
-        self.runs = runs
-        me = self.w.index
-        here: list[bytes] = []  # our queues, in the client's order
-        remote: dict[int, list[bytes]] = {}  # each other owner's queues, in that order
-        for owner, queues in runs:
-            if owner == me:
-                here += queues
-            else:
-                got = remote.get(owner)
-                if got is None:
-                    remote[owner] = list(queues)
-                else:
-                    got += queues
-        self.here = here
-        self.remote = remote
+        if not isinstance(plan, Plan):
+            plan = Plan(plan, self.w.index)
+        self.plan = plan
+        self.runs = plan.runs
+        self.here = plan.here  # our queues, in the client's order
+        self.remote = plan.remote  # each other owner's queues, in that order
         self.asked = 0  # other owners whose TAKE is unanswered
         self.taken: list[Took] = []  # the other owners' takes that got jobs
         # what each queue named could give (our queues when the TAKEs left, the others'
-        # from their answers): the one-shard answer's split between the owners
+        # from their answers), by name: filled only where the lists below do not do
+        # (``_sizes``: a queue named twice, an answer the first pass does not settle)
         self.sizes: dict[bytes, int] = {}
+        self.held: list[int] = []  # what our queues held when the TAKEs left (``here``'s order)
+        self.held_here = 0  # their sum
+        self.held_others = 0  # the sum of what the other owners' answers said they held
+        # those answers (what each queue of that owner held, by owner)
+        self.answers: dict[int, list[int]] = {}
         # our queues held jobs when the TAKEs left: they carry hints and the answers
         # what each queue held (else our part is none, whatever the others hold)
         self.hinted = False
@@ -182,10 +237,9 @@ class GetJob:
             return self._here_alone()
         if here:
             hinted = self._measure()
-            sizes = self.sizes
             owner, lead = self.runs[0]
             if hinted and owner == w.index and spec.count <= len(lead) and \
-                    len({q for q in lead if sizes[q]}) >= spec.count:
+                    self._leading_with_jobs(lead) >= spec.count:
                 # COUNT distinct queues of ours with a job lead: the first pass fills it
                 return w.shard.op_take(lead, spec.count, spec.withcounters, w.now_ms)
         self.slot = self.conn.defer()
@@ -193,20 +247,22 @@ class GetJob:
         self._step(quiet)
         return PENDING
 
+    def _leading_with_jobs(self, lead: list[bytes]) -> int:
+        """How many distinct queues of ``lead`` (our first run: ``here``'s start) hold a job."""
+        held = self.held
+        return len({lead[i] for i in range(len(lead)) if held[i]})
+
     def _measure(self) -> bool:
-        """What each of our queues holds now (``sizes``, the hints of the TAKEs):
-        whether any holds a job (``hinted``)."""
-        sizes = self.sizes
-        here = self.here
-        held = self.w.shard.op_takeable(here, self.w.now_ms)
-        hinted = False
-        for i in range(len(here)):
-            n = held[i]
-            sizes[here[i]] = n
-            if n:
-                hinted = True
-        self.hinted = hinted
-        return hinted
+        """What each of our queues holds now (``held``, the hints of the TAKEs): whether
+        any holds a job (``hinted``)."""
+        held = self.w.shard.op_takeable(self.here, self.w.now_ms)
+        total = 0
+        for n in held:
+            total += n
+        self.held = held
+        self.held_here = total
+        self.hinted = total > 0
+        return total > 0
 
     def _others_known_empty(self) -> bool:
         """Every queue of another owner is known empty (hints.py): none is asked
@@ -266,19 +322,31 @@ class GetJob:
             queues = remote[owner]
             if quiet:  # a client that could skip (a pipelining one pays nothing here)
                 known.saw(queues)
-            hints = self._hints(owner, self.sizes) if self.hinted else None
+            hints = self._hints(owner) if self.hinted else None
             # a partial, not a closure: nothing left for the cycle collector
             mesh.take(owner, spec.count, spec.withcounters, hints, queues,
                       partial(self._remote_took, owner, queues))
 
-    def _hints(self, to: int, sizes: dict[bytes, int]) -> list[int]:
+    def _hints(self, to: int) -> list[int]:
         """One per queue named, in the client's order (``take_share``): -1 for the
         queues of owner ``to``, what ours hold (a queue named again: -2 - its first
         place), 0 for the other owners'."""
         me = self.w.index
         hints: list[int] = []
-        first: dict[bytes, int] | None = None
+        plan = self.plan
+        if plan.is_distinct():  # no queue named twice: ours from ``held``, place by place
+            held = self.held
+            owner_at, index_at = plan.owner_at, plan.index_at
+            for p in range(len(owner_at)):
+                owner = owner_at[p]
+                if owner == me:
+                    hints.append(held[index_at[p]])
+                else:
+                    hints.append(-1 if owner == to else 0)
+            return hints
+        sizes = self._sizes()
         repeats = len(sizes) != len(self.here)  # one of our queues is named twice
+        first: dict[bytes, int] | None = None
         for owner, queues in self.runs:
             if owner == to:
                 for _ in queues:
@@ -309,9 +377,8 @@ class GetJob:
         if blob:
             held, qidx, lens, start = unpack_took(blob)
             if held:
-                sizes = self.sizes
-                for i in range(len(queues)):
-                    sizes[queues[i]] = held[i]
+                self.held_others += sum(held)
+                self.answers[owner] = held
             if lens:
                 took = Took(owner, queues, qidx, lens, blob, start)
         if self.done:
@@ -335,7 +402,7 @@ class GetJob:
         got: list[Any] = []
         if here:
             if share < 0:
-                share = part_of(spec.queues, self.sizes, set(here), spec.count) if self.hinted else 0
+                share = self._our_part() if self.hinted else 0
             # even for 0 jobs: a take creates the queues it names, as one shard's GETJOB does
             got = w.shard.op_take(here, share, spec.withcounters, w.now_ms)
         taken, self.taken = self.taken, []
@@ -355,6 +422,10 @@ class GetJob:
         if not got and len(taken) == 1:  # one take had jobs: already in one shard's order
             self._finish(taken[0].reply())
             return
+        merged = merge_by_place(self.plan, got, taken, spec.count)
+        if merged is not None:
+            self._finish(merged)
+            return
         takes = [(t.owner, t.names(), t.parts()) for t in taken]
         if got:
             takes.append((w.index, [e[0] for e in got], [entry_resp(e) for e in got]))
@@ -362,6 +433,56 @@ class GetJob:
         for owner, parts in surplus.items():
             self.registry.return_ids(owner, ids_in(b"".join(parts), len(parts)))
         self._finish(b"*%d\r\n" % len(chosen) + b"".join(chosen))
+
+    def _our_part(self) -> int:
+        """Our part of the one-shard answer (``part_of``), from what every queue held:
+        all our jobs when every job is in it (the sums, no queue named twice)."""
+        spec = self.spec
+        count = spec.count
+        if self.plan.is_distinct():
+            if self.held_here + self.held_others <= count:
+                return self.held_here
+            part = self._first_pass_part(count)
+            if part >= 0:
+                return part
+        return part_of(spec.queues, self._sizes(), set(self.here), count)
+
+    def _first_pass_part(self, count: int) -> int:
+        """Our part when the first pass (one job per queue holding one, left to right)
+        fills ``count``, read place by place from ``held`` and the answers; else -1."""
+        me = self.w.index
+        plan = self.plan
+        owner_at, index_at = plan.owner_at, plan.index_at
+        held, answers = self.held, self.answers
+        total = part = 0
+        for p in range(len(owner_at)):
+            owner = owner_at[p]
+            if owner == me:
+                n = held[index_at[p]]
+            else:
+                theirs = answers.get(owner)
+                n = theirs[index_at[p]] if theirs is not None else 0
+            if n > 0:
+                total += 1
+                if owner == me:
+                    part += 1
+                if total >= count:
+                    return part
+        return -1
+
+    def _sizes(self) -> dict[bytes, int]:
+        """What each queue named held, by name: ours when the TAKEs left, the others'
+        answers."""
+        sizes = self.sizes
+        here, held = self.here, self.held
+        for i in range(len(held)):
+            sizes[here[i]] = held[i]
+        remote = self.remote
+        for owner, held in self.answers.items():
+            queues = remote[owner]
+            for i in range(len(queues)):
+                sizes[queues[i]] = held[i]
+        return sizes
 
     def _short(self, got: list[Any], taken: list[Took]) -> bool:
         """Our queues gave fewer jobs than the hints the TAKEs carried said (another
@@ -376,7 +497,7 @@ class GetJob:
             return False
         mine = set(self.here)
         held = 0
-        for q, n in self.sizes.items():
+        for q, n in self._sizes().items():
             if q not in mine:
                 held += n
         return held > from_others
@@ -392,6 +513,8 @@ class GetJob:
         for t in taken:
             jobs.return_ids(t.owner, t.ids())
         self.sizes = {}
+        self.answers = {}
+        self.held_others = 0
         self.w.now_ms = wall_ms()
         self._measure()
         self._step(False)  # our reply is outstanding: no skip (hints.py)
@@ -504,19 +627,9 @@ def take_share(hints: list[int], own: list[bytes], lengths: dict[bytes, int], co
     if mine + sum(h for h in hints if h > 0) <= count:  # every job is in the answer
         return mine
     if len(lengths) == len(own):  # none of ours named twice: does the first pass settle it?
-        total = part = j = 0
-        for hint in hints:
-            if hint == -1:
-                if lengths[own[j]] > 0:
-                    total += 1
-                    part += 1
-                j += 1
-            elif hint > 0:
-                total += 1
-            elif hint < -1:
-                break  # a queue named twice: the general count below
-            if total >= count:
-                return part
+        part = _first_pass_share(hints, [lengths[q] for q in own], count)
+        if part >= 0:
+            return part
     left: dict[Any, int] = {}
     keys: list[Any] = []
     j = 0
@@ -533,6 +646,49 @@ def take_share(hints: list[int], own: list[bytes], lengths: dict[bytes, int], co
             left[i] = max(hint, 0)  # an int key: never one of the owner's names (bytes)
             keys.append(i)
     return _mine_in_passes([k for k in keys if left[k] > 0], left, set(own), count)
+
+
+def share_of_held(hints: list[int], own: list[bytes], held: list[int], count: int) -> int:
+    """``take_share`` from what each of the owner's queues holds (``held``, in ``own``'s
+    order): read from the list when none of them is named twice (all of them when
+    every job named is in the answer, else the first pass when it settles it)."""
+    if len(set(own)) == len(own):
+        total = 0
+        for n in held:
+            total += n
+        mine = total
+        for h in hints:
+            if h > 0:
+                total += h
+        if total <= count:
+            return mine
+        part = _first_pass_share(hints, held, count)
+        if part >= 0:
+            return part
+    lengths: dict[bytes, int] = {}
+    for i in range(len(own)):
+        lengths[own[i]] = held[i]
+    return take_share(hints, own, lengths, count)
+
+
+def _first_pass_share(hints: list[int], held: list[int], count: int) -> int:
+    """The owner's part when the first pass (one job per queue holding one, left to
+    right) fills ``count`` (``take_share``'s hints; ``held``: what the owner's queues
+    hold, none named twice); else -1, and -1 at a queue named twice."""
+    total = part = j = 0
+    for hint in hints:
+        if hint == -1:
+            if held[j] > 0:
+                total += 1
+                part += 1
+            j += 1
+        elif hint > 0:
+            total += 1
+        elif hint < -1:
+            return -1  # a queue named twice: the general count
+        if total >= count:
+            return part
+    return -1
 
 
 def part_of(queues: list[bytes], sizes: dict[bytes, int], mine: set[bytes], count: int) -> int:
@@ -591,6 +747,73 @@ def encode_getjob(reply: Any, withcounters: bool, resp3: bool) -> bytes:
     return encode(reply, resp3)
 
 
+def merge_by_place(plan: Plan, got: list[Any], taken: list[Took], count: int) -> bytes | None:
+    """The usual merge, every job taken in the answer: the reply's bytes, each job at its
+    place in one shard's order (its pass: how many of its queue's jobs came before it in
+    its owner's pop order; then its queue's place in the client's order, from ``plan``),
+    our ``got`` entries encoded once, the other owners' (``taken``, of ``plan``'s
+    queues) spliced as they came. None for the rest (``pick_round_robin``): a queue
+    named twice, more jobs than ``count`` (a surplus), more than ``merge_passes_max``
+    passes."""
+    total = len(got)
+    for t in taken:
+        total += len(t.lens)
+    if total > count or not plan.is_distinct():
+        return None
+    n = len(plan.owner_at)
+    seen = [0] * n  # jobs placed so far per place: the next one's pass
+    slots: list[bytes | None] = [None] * n  # pass-major: pass k of place i at k * n + i
+    here, here_at = plan.here, plan.here_at
+    i = 0
+    for e in got:  # in our pop order: each one's queue found walking on from the last one's
+        i = _walk_to(here, i, e[0])
+        if i < 0 or not _lay(slots, seen, here_at[i], entry_resp(e)):
+            return None
+    for t in taken:
+        places = plan.remote_at.get(t.owner)
+        if places is None or t.queues is not plan.remote[t.owner]:
+            return None
+        qidx, lens, data = t.qidx, t.lens, t.data
+        start = t.start
+        for j in range(len(lens)):
+            end = start + lens[j]
+            if not _lay(slots, seen, places[qidx[j]], data[start:end]):
+                return None
+            start = end
+    out = [b"*%d\r\n" % total]
+    for part in slots:
+        if part is not None:
+            out.append(part)
+    return b"".join(out)
+
+
+def _walk_to(queues: list[bytes], i: int, name: bytes) -> int:
+    """The first place of ``name`` in ``queues`` walking on (round) from place ``i``; -1
+    when it is not named."""
+    n = len(queues)
+    steps = 0
+    while queues[i] != name:
+        steps += 1
+        if steps >= n:
+            return -1
+        i = i + 1 if i + 1 < n else 0
+    return i
+
+
+def _lay(slots: list[bytes | None], seen: list[int], at: int, part: bytes) -> bool:
+    """Lay the next job of place ``at`` in its pass's row of ``slots`` (one row per pass,
+    a slot per place, added as needed); False past ``merge_passes_max`` rows."""
+    n = len(seen)
+    k = seen[at]
+    if k * n >= len(slots):
+        if k >= merge_passes_max:
+            return False
+        slots.extend([None] * n)
+    seen[at] = k + 1
+    slots[k * n + at] = part
+    return True
+
+
 def pick_round_robin(
     queues: list[bytes], taken: list[tuple[int, list[bytes], list[Any]]], count: int
 ) -> tuple[list[Any], dict[int, list[Any]]]:
@@ -644,15 +867,33 @@ def pick_round_robin(
 def took_bytes(queues: list[bytes], held: list[int], entries: list[list[Any]]) -> bytes:
     """An owner's answer to a TAKE or for a WAKE (``pack_took``): ``held``, then the
     ``entries`` its shard gave, each with its queue's place in ``queues``."""
-    if len(queues) == 1:
-        qidx = [0] * len(entries)
-    else:
+    n = len(queues)
+    qidx = [0] * len(entries) if n == 1 else _places_walked(queues, entries)
+    if qidx is None:
         at: dict[bytes, int] = {}
-        for i in range(len(queues)):
+        for i in range(n):
             if queues[i] not in at:
                 at[queues[i]] = i
         qidx = [at[e[0]] for e in entries]
     return pack_took(held, qidx, [entry_resp(e) for e in entries])
+
+
+def _places_walked(queues: list[bytes], entries: list[list[Any]]) -> list[int] | None:
+    """Each entry's queue's place in ``queues`` for a take of at most one job per queue
+    named (one pass, in the take's order): found walking on from the last one's, with
+    no table; any place of a queue named twice will do (the coordinator reads its
+    name). None for a longer take, or an entry of a queue not named."""
+    n = len(queues)
+    if len(entries) > n:
+        return None
+    out: list[int] = []
+    i = 0
+    for e in entries:
+        i = _walk_to(queues, i, e[0])
+        if i < 0:
+            return None
+        out.append(i)
+    return out
 
 
 def ids_in(data: bytes, n: int) -> list[str]:

@@ -36,7 +36,7 @@ from disque_mp.node.commands.table import TABLE, run_on_shard
 from disque_mp.node.connection import CommandStats
 from disque_mp.node.core import WorkerCore
 from disque_mp.node.errors import ERR_INTERNAL
-from disque_mp.node.getjob import encode_getjob, take_share, took_bytes
+from disque_mp.node.getjob import encode_getjob, share_of_held, took_bytes
 from disque_mp.node.resp import encode
 from workers.invariant import InvariantError
 from workers.replies import PENDING, Error
@@ -190,10 +190,7 @@ class Owner:
         if hints is not None:
             held = shard.op_takeable(queues, self.w.now_ms)
             if hints.count(-1) == len(queues):
-                lengths: dict[bytes, int] = {}
-                for i in range(len(queues)):
-                    lengths[queues[i]] = held[i]
-                count = min(count, take_share(hints, queues, lengths, count))
+                count = min(count, share_of_held(hints, queues, held, count))
         # even for 0 jobs: a take creates the queues it names, as one shard's GETJOB does
         entries = shard.op_take(queues, count, withcounters, self.w.now_ms)
         if not entries and not held:

@@ -34,7 +34,7 @@ from disque_mp.node.commands.table import TABLE, Command
 from disque_mp.node.connection import ClientConn, ClientHost, CmdStat, CommandPath, CommandStats
 from disque_mp.node.errors import ERR_BADID, ERR_NOAUTH, ERR_OOM, err_arity, err_unknown
 from disque_mp.node.forward import FORWARDED, Forward
-from disque_mp.node.getjob import GetJob, GetJobs, Runs, encode_getjob
+from disque_mp.node.getjob import GetJob, GetJobs, Plan, Runs, encode_getjob
 from disque_mp.node.owner import Owner
 from disque_mp.node.resp import NULL3, NULL_ARRAY2, encode
 from workers.ids import owner_of_queue, slot_of_valid_id
@@ -42,6 +42,12 @@ from workers.invariant import InvariantError
 from workers.replies import PENDING, Error
 
 owner_cache_max = 65536  # queue name -> owner memo; cleared when full (names are unbounded)
+# GETJOB plans remembered by the request's bytes (a consumer asks the same queues every
+# time): cleared when full, as requests are unbounded; a request over the key bound, or
+# of fewer queues than the least, is routed afresh (a few queues cost less than the key).
+getjob_plans_max: Final = 256
+getjob_plan_key_bytes_max: Final = 8192
+getjob_plan_queues_min: Final = 4
 NOAUTH_OK: Final = frozenset({"auth", "hello", "quit"})
 BADID: Final = -2  # ``Router.route``: a key is not a valid job ID
 
@@ -68,6 +74,7 @@ class Router(CommandPath):
         self.index = w.index
         self.workers = w.workers
         self.owner_cache: dict[bytes, int] = {}
+        self.getjob_plans: dict[bytes, Any] = {}  # request bytes -> its owner, or its Plan
         self.lookup = self._build_lookup()
         fast = {cmd.name for cmd in TABLE.values() if cmd.fast}
         if fast != set(FAST_NAMES):
@@ -177,7 +184,7 @@ class Router(CommandPath):
         spec = cmd_jobs.parse_getjob(cmd, 1)
         if not isinstance(spec, GetJobArgs):
             return None  # the general path answers the error
-        route = self.route(spec.queues, 0, len(spec.queues), False)
+        route = self._getjob_route(conn, cmd, spec.queues)
         if spec.nohang and type(route) is int:
             owner: int = route
             if owner != self.index:
@@ -191,6 +198,24 @@ class Router(CommandPath):
         if reply is PENDING:
             return b""
         return encode_getjob(reply, spec.withcounters, conn.resp3)
+
+    def _getjob_route(self, conn: ClientConn, cmd: list[bytes], queues: list[bytes]) -> Any:
+        """``route`` of a GETJOB's queues, its split made once (a ``Plan``) and kept by the
+        request's bytes, which name the same queues whenever they come again."""
+        n = len(queues)
+        if self.workers == 1 or n < getjob_plan_queues_min:
+            return self.route(queues, 0, n, False)
+        key = conn.request_bytes(cmd)
+        if not key or len(key) > getjob_plan_key_bytes_max:
+            return self.route(queues, 0, n, False)
+        plans = self.getjob_plans
+        plan = plans.get(key)
+        if plan is None:
+            if len(plans) >= getjob_plans_max:
+                plans.clear()
+            route = self.route(queues, 0, n, False)
+            plan = plans[key] = route if type(route) is int else Plan(route, self.index)
+        return plan
 
     def _answer_known_empty(self, conn: ClientConn, owner: int, cmd: list[bytes],
                             queues: list[bytes]) -> bytes | None:

@@ -12,10 +12,13 @@ import pytest
 
 from bus.mesh import unpack_took
 from disque_mp.node.getjob import (
+    Plan,
     Took,
     encode_getjob,
+    merge_by_place,
     part_of,
     pick_round_robin,
+    share_of_held,
     take_share,
     took_bytes,
 )
@@ -46,6 +49,17 @@ def random_case(rng: random.Random) -> tuple[list[bytes], dict[bytes, list[str]]
     count = rng.randint(1, 10)
     owner = {q: rng.randint(0, 2) for q in names}
     return queues, jobs, count, owner
+
+
+def runs_of(queues: list[bytes], owner: dict[bytes, int]) -> list[tuple[int, list[bytes]]]:
+    """The router's route of ``queues``: runs of consecutive queues of one owner."""
+    runs: list[tuple[int, list[bytes]]] = []
+    for q in queues:
+        if runs and runs[-1][0] == owner[q]:
+            runs[-1][1].append(q)
+        else:
+            runs.append((owner[q], [q]))
+    return runs
 
 
 def test_any_split_gives_one_shards_answer() -> None:
@@ -164,3 +178,81 @@ def test_a_malformed_take_answer_is_refused() -> None:
     for bad in (blob[:-1], blob + b"x", blob[:6]):
         with pytest.raises(ValueError):
             unpack_took(bad)
+
+
+def test_merge_by_place_gives_one_shards_answer() -> None:
+    """The place-order merge (``merge_by_place``): our entries and the other owners'
+    takes, each in its owner's pop order, give the bytes of the one-shard answer when
+    every job taken is in it and no queue is named twice; else it leaves the answer to
+    ``pick_round_robin`` (None), never a different one."""
+    rng = random.Random(23)
+    placed = 0
+    for _ in range(1000):
+        queues, jobs, count, owner = random_case(rng)
+        if rng.random() < 0.7:
+            queues = list(dict.fromkeys(queues))
+        ids = {q: [f"D-{k:04x}{n:04x}-{'A' * 24}-0001" for k in range(len(v))]
+               for n, (q, v) in enumerate(jobs.items())}
+        take_count = count if rng.random() < 0.8 else 10
+        plan = Plan(runs_of(queues, owner), 0)
+        got: list[Any] = []
+        taken: list[Took] = []
+        for o in range(3):
+            mine = plan.here if o == 0 else plan.remote.get(o, [])
+            part = [[e[0], e[1], b"body-" + e[1].encode()] for e in one_shard(mine, {q: ids[q] for q in set(mine)}, take_count)]
+            if o == 0:
+                got = part
+            elif part:
+                taken.append(Took.of(o, mine, took_bytes(mine, [], [list(e) for e in part])))
+        merged = merge_by_place(plan, got, taken, count)
+        everyone = {q: ids[q] for q in set(queues)}
+        want = [[e[0], e[1], b"body-" + e[1].encode()] for e in one_shard(queues, everyone, count)]
+        total = len(got) + sum(len(t.lens) for t in taken)
+        if len(set(queues)) == len(queues) and total <= count:
+            assert merged is not None
+        if merged is not None:
+            placed += 1
+            assert merged == encode_getjob(want, False, False) if want else merged == b"*0\r\n"
+    assert placed > 300
+
+
+def test_share_of_held_is_take_share() -> None:
+    """The owner's share from the sums and the first pass (``share_of_held``, the list
+    of what its queues held) is ``take_share``'s, repeats and all."""
+    rng = random.Random(29)
+    for _ in range(1000):
+        queues, jobs, count, owner = random_case(rng)
+        if rng.random() < 0.5:
+            queues = list(dict.fromkeys(queues))
+        own = [q for q in queues if owner[q] == 0]
+        held = [len(jobs[q]) for q in own]
+        first: dict[bytes, int] = {}
+        hints = []
+        for i, q in enumerate(queues):
+            if owner[q] == 0:
+                hints.append(-1)
+            elif q in first:
+                hints.append(-2 - first[q])
+            else:
+                first[q] = i
+                hints.append(rng.randint(0, len(jobs[q])))
+        lengths = {q: len(jobs[q]) for q in own}
+        assert share_of_held(hints, own, held, count) == take_share(hints, own, lengths, count)
+
+
+def test_plan_places_each_queue_with_its_owner() -> None:
+    """A ``Plan``: our queues and each other owner's in the client's order, and for each
+    place named its owner and its index in that owner's list."""
+    rng = random.Random(31)
+    for _ in range(300):
+        queues, _, _, owner = random_case(rng)
+        plan = Plan(runs_of(queues, owner), 0)
+        assert plan.here == [q for q in queues if owner[q] == 0]
+        for o in (1, 2):
+            assert plan.remote.get(o, []) == [q for q in queues if owner[q] == o]
+        for p, q in enumerate(queues):
+            o = plan.owner_at[p]
+            assert o == owner[q]
+            assert (plan.here if o == 0 else plan.remote[o])[plan.index_at[p]] == q
+            assert (plan.here_at if o == 0 else plan.remote_at[o])[plan.index_at[p]] == p
+        assert plan.is_distinct() == (len(set(queues)) == len(queues))
