@@ -33,6 +33,7 @@ from disque_mp.node.hints import Hints
 from disque_mp.node.hints import cells as hints_cells
 from disque_mp.node.resp import NULL3, NULL_ARRAY2, encode, encode_jobs, entry_resp
 from workers.replies import NULL_ARRAY, PENDING, Error
+from workers.timers import resolution_for
 
 Runs = list[tuple[int, list[bytes]]]  # (owner, its queues): consecutive queues of one owner
 
@@ -45,12 +46,66 @@ retakes_max = 2
 merge_passes_max = 8
 
 
+class TimeoutBucket:
+    """The blocked GETJOBs whose TIMEOUT ends at one due time (``key``), and the
+    loop's timer for them."""
+
+    __slots__ = ("key", "handle", "jobs")
+
+    def __init__(self, key: int) -> None:
+        self.key = key
+        self.handle: asyncio.TimerHandle | None = None
+        self.jobs: dict[int, GetJob] = {}
+
+
+class Timeouts:
+    """A worker's GETJOB TIMEOUTs, in buckets of due times rounded up as the shard's
+    timers are (``workers.timers.resolution_for``: 10 ms below 10 s): one loop timer a
+    bucket, so consumers that block in turn share one, where each GETJOB made a libuv
+    timer and cancelled it when woken (~4k instructions, the most of a paced job's
+    wait). A TIMEOUT ends at its due time or up to the rounding later, never before."""
+
+    def __init__(self, w: WorkerCore) -> None:
+        self.w = w  # its loop is read when a bucket is made (the worker starts it later)
+        self.buckets: dict[int, TimeoutBucket] = {}
+
+    def arm(self, job: GetJob, timeout_ms: int, now_ms: int) -> int:
+        """``job`` times out ``timeout_ms`` after ``now_ms``: its bucket's key."""
+        due = now_ms + timeout_ms
+        key = due + -due % resolution_for(timeout_ms)
+        b = self.buckets.get(key)
+        if b is None:
+            b = self.buckets[key] = TimeoutBucket(key)
+            b.handle = self.w.loop.call_later(max(0, key - wall_ms()) / 1000, self._fire, b)
+        b.jobs[job.token] = job
+        return key
+
+    def disarm(self, key: int, token: int) -> None:
+        """GETJOB ``token`` was answered before its TIMEOUT (bucket ``key``)."""
+        b = self.buckets.get(key)
+        if b is None:
+            return
+        if token in b.jobs:
+            del b.jobs[token]
+        if not b.jobs:
+            del self.buckets[key]
+            if b.handle is not None:
+                b.handle.cancel()
+
+    def _fire(self, b: TimeoutBucket) -> None:
+        if self.buckets.get(b.key) is b:
+            del self.buckets[b.key]
+        for job in list(b.jobs.values()):
+            job.timed_out()
+
+
 class GetJobs:
     """The GETJOBs worker ``w`` coordinates and that wait (by token)."""
 
     def __init__(self, w: WorkerCore, hints: Hints | None = None) -> None:
         self.w = w
         self.waiting: dict[int, GetJob] = {}
+        self.timeouts = Timeouts(w)
         # the other owners' queues known empty (hints.py): a take round skips them
         self.hints = Hints(hints_cells()) if hints is None else hints
 
@@ -188,7 +243,7 @@ class GetJob:
 
     __slots__ = ("w", "registry", "conn", "spec", "plan", "runs", "asked", "taken", "here",
                  "remote", "sizes", "hinted", "held", "held_here", "held_others", "answers",
-                 "token", "slot", "blocked_at", "timer", "done", "flushed", "retakes")
+                 "token", "slot", "blocked_at", "timeout_key", "done", "flushed", "retakes")
 
     def __init__(self, registry: GetJobs, conn: ClientConn, spec: Any, plan: Plan | Runs) -> None:
         """``plan``: its queues split by owner (a ``Plan``, or the router's runs, split
@@ -220,7 +275,7 @@ class GetJob:
         self.token = 0
         self.slot: PendingReply | None = None
         self.blocked_at: dict[int, list[bytes]] = {}
-        self.timer: asyncio.TimerHandle | None = None
+        self.timeout_key = 0  # its TIMEOUT's bucket (``Timeouts``), 0: none armed
         self.done = False
         self.flushed = False  # released by DEBUG FLUSHALL / CLUSTER RESET
         self.retakes = 0  # rounds of TAKEs asked again (``_retake``)
@@ -529,7 +584,7 @@ class GetJob:
             self._block_at(owner, queues)
         timeout_ms = self.spec.timeout_ms
         if timeout_ms and not self.done:
-            self.timer = w.loop.call_later(timeout_ms / 1000, self._timeout)
+            self.timeout_key = self.registry.timeouts.arm(self, timeout_ms, w.now_ms)
 
     def _block_at(self, owner: int, queues: list[bytes]) -> None:
         w = self.w
@@ -563,8 +618,9 @@ class GetJob:
             return
         self._finish(answer.reply() if type(answer) is Took else answer, woken_by=owner)
 
-    def _timeout(self) -> None:
-        self.timer = None
+    def timed_out(self) -> None:
+        """Its TIMEOUT ended (``Timeouts``), or a flush released it: the null reply."""
+        self.timeout_key = 0
         if not self.done:
             self._finish(NULL_ARRAY)
 
@@ -574,7 +630,8 @@ class GetJob:
         say so: an owner that took our BLOCK after its own flush (the two come from
         different workers, in no set order) drops the empty queues it re-created."""
         self.flushed = True
-        self._timeout()
+        self._disarm()
+        self.timed_out()
 
     def _finish(self, reply: Any, woken_by: int = -1) -> None:
         """``reply``: the answer's value, or its bytes (``Took.reply``, a merge)."""
@@ -585,6 +642,11 @@ class GetJob:
         if self.slot is not None:
             data = reply if type(reply) is bytes else encode_getjob(reply, self.spec.withcounters, conn.resp3)
             conn.fill(self.slot, data)
+
+    def _disarm(self) -> None:
+        if self.timeout_key:
+            self.registry.timeouts.disarm(self.timeout_key, self.token)
+            self.timeout_key = 0
 
     def cancel(self) -> None:
         """The client went away: nothing will be delivered to it."""
@@ -597,9 +659,7 @@ class GetJob:
 
     def _unblock(self, skip: int = -1) -> None:
         w = self.w
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self._disarm()
         if not self.token:
             return
         self.registry.waiting.pop(self.token, None)

@@ -133,6 +133,29 @@ def test_getjob_timeout_and_disconnect(node2: NodeProc) -> None:
     _wait_blocked(c, 0)
     c.call("ADDJOB", qb, "kept", 0)
     assert c.call("QLEN", qb) == 1
+    # Blocked GETJOBs share a loop timer per due time (10 ms buckets below 10 s): each
+    # is answered by a job or at its TIMEOUT, never before it, and a bucket emptied by
+    # answered waiters answers no later GETJOB early.
+    waiters = [RawClient(node2.port) for _ in range(3)]
+    t0 = time.monotonic()
+    for i, w in enumerate(waiters):
+        w.send(encode_command("GETJOB", "TIMEOUT", 1500 + 10 * i, "FROM", qa))
+    _wait_blocked(c, 3)
+    job_id = c.call("ADDJOB", qa, "first", 0)
+    answers = [w.read() for w in waiters]
+    assert [a[0][1] for a in answers if a is not NULL_ARRAY] == [job_id.encode()]
+    assert sum(a is NULL_ARRAY for a in answers) == 2
+    assert time.monotonic() - t0 >= 1.5
+    c.call("ACKJOB", job_id)
+    for _ in range(20):
+        c.call("ADDJOB", qa, "x", 0)
+        [[_, jid, _]] = waiters[0].call("GETJOB", "TIMEOUT", 5000, "FROM", qa)
+        waiters[0].call("ACKJOB", jid)
+    t1 = time.monotonic()
+    assert waiters[0].call("GETJOB", "TIMEOUT", 200, "FROM", qa) is NULL_ARRAY
+    assert time.monotonic() - t1 >= 0.2
+    for w in waiters:
+        w.close()
     c.close()
 
 
