@@ -44,3 +44,24 @@ def test_the_shape_commands_are_the_requests_they_name() -> None:
         instructions._check("QLEN", b"D-1234")
     with pytest.raises(RuntimeError):
         instructions._check("ADDJOB", b"-ERR")
+
+
+@pytest.mark.integration
+def test_the_cycle_and_paced_drivers_run_every_job_through(tmp_path: Path) -> None:
+    """The loads of bench.cycle_instructions (one queue and many) and
+    bench.paced_instructions on one real node: every job added is delivered and
+    acknowledged (the node is left with none)."""
+    import redis
+
+    from bench import cycle_instructions, paced_instructions
+    from tests.nodeproc import NodeProc
+
+    with NodeProc(tmp_path / "node", workers=1) as node:
+        cycle_instructions.drive(node.port, 300, "one", 1)
+        cycle_instructions.drive(node.port, 300, "many", 7)
+        paced_instructions.drive(node.port, 12, 0.001, b"paced")
+        r = redis.Redis(port=node.port)
+        try:
+            assert r.info()["registered_jobs"] == 0
+        finally:
+            r.close()
