@@ -16,9 +16,9 @@ Frame kinds (meta is an orjson object, bodies raw bytes, see ``bus/frames.py``):
              of hints, each queue name's length, the hints (only when the asker's
              queues hold jobs: one per queue of the GETJOB, -1 for the receiver's,
              else what the asker knows the queue holds: ``getjob.take_share``)
-    TOOKS    {}  bodies: [rids, took lengths, the tooks joined]
+    TOOKS    {}  bodies: [(rid, took length) pairs, the tooks joined]
              the owner's answers, one per take, in one frame per turn (``Link.tooks``):
-             u32 rids and lengths; each took is ``pack_took`` (what each of the
+             u32 pairs, as RAWREPLIES'; each took is ``pack_took`` (what each of the
              receiver's queues could give before the take, when hinted, and the jobs
              taken, already RESP), empty when there is neither
     BLOCK    {"t": token, "c", "w"}        bodies: queues   -> later WAKE {"t"} [took],
@@ -334,8 +334,7 @@ class Link(asyncio.Protocol):
         self.take_names: list[bytes] = []
         self.take_rids: list[int] = []
         self.take_pending: dict[int, TookCallback] = {}  # rid -> the waiter of ``add_take``
-        self.took_rids: list[int] = []
-        self.took_lens: list[int] = []
+        self.took_words: list[int] = []  # rid, took length, rid, took length ...
         self.took_parts: list[bytes] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -383,7 +382,7 @@ class Link(asyncio.Protocol):
         """Whether a batch of this turn (CMDS, REPLIES, RAW, RAWREPLIES, TAKES, TOOKS)
         is open: it leaves before any other frame, so frames keep their order."""
         return bool(self.cmd_rids or self.reply_rids or self.raw_head or self.rawrep_words
-                    or self.take_rids or self.took_rids)
+                    or self.take_rids or self.took_words)
 
     def queue(self, frame: bytes) -> None:
         if self.batch_open():
@@ -452,15 +451,10 @@ class Link(asyncio.Protocol):
         write_take(self.take_words, self.take_names, rid, count, withcounters, hints, queues)
         self.take_pending[rid] = waiter
 
-    def tooks(self, rids: list[int], lens: list[int], parts: list[bytes]) -> None:
-        """Answer a TAKES frame's takes at once (batched with this turn's others)."""
-        if self.transport is None or not rids:
-            return  # the asker is gone
-        if not self.took_rids:
-            self.mesh.mark(self)
-        self.took_rids.extend(rids)
-        self.took_lens.extend(lens)
-        self.took_parts.extend(parts)
+    def tooks(self, words: list[Any], parts: list[bytes]) -> None:
+        """Answer a TAKES frame's takes at once (batched with this turn's others):
+        ``words`` holds each take's request id and answer length, ``parts`` the answers."""
+        self._add_answers(self.took_words, self.took_parts, words, parts)
 
     def reply(self, rid: int, value: Any) -> None:
         """Answer request ``rid`` (batched with the other answers of this turn). A
@@ -500,12 +494,18 @@ class Link(asyncio.Protocol):
     def raw_replies(self, words: list[Any], parts: list[bytes]) -> None:
         """Answer a RAW frame's requests at once (``raw_reply`` for each, in one call):
         ``words`` holds each one's request id and reply length, ``parts`` the replies."""
+        self._add_answers(self.rawrep_words, self.rawrep_parts, words, parts)
+
+    def _add_answers(self, into_words: list[int], into_parts: list[bytes], words: list[Any],
+                     parts: list[bytes]) -> None:
+        """Add a frame's answers to this turn's open batch of their kind (TOOKS or
+        RAWREPLIES: ``into_*``, closed by ``close_batches``)."""
         if self.transport is None or not words:
             return  # the asker is gone
-        if not self.rawrep_words:
+        if not into_words:
             self.mesh.mark(self)
-        self.rawrep_words.extend(words)
-        self.rawrep_parts.extend(parts)
+        into_words.extend(words)
+        into_parts.extend(parts)
 
     def close_raw(self) -> None:
         """Queue the open RAW batch (the worker calls it before a CMDS command)."""
@@ -529,12 +529,10 @@ class Link(asyncio.Protocol):
         except ConnectionError:
             self.mesh.fail_takes(self, rids)
 
-    def _queue_answers(self, kind: int, rids: list[int], lens: list[int],
-                       parts: list[bytes]) -> None:
-        """Queue a batch of answers already encoded (TOOKS): u32 request ids, u32
-        lengths, the answers side by side."""
-        frame = encode_batch(kind, array.array("I", rids).tobytes(),
-                             array.array("I", lens).tobytes(), parts)
+    def _queue_answers(self, kind: int, words: list[int], parts: list[bytes]) -> None:
+        """Queue a batch of answers already encoded (RAWREPLIES, TOOKS): one u32 array
+        of (request id, length) pairs, then the answers side by side."""
+        frame = encode_batch(kind, array.array("I", words).tobytes(), None, parts)
         try:
             self._queue(frame)
         except ConnectionError:
@@ -548,18 +546,14 @@ class Link(asyncio.Protocol):
             self.close_raw()
         if self.take_rids:
             self.close_takes()
-        if self.took_rids:
-            rids, lens, parts = self.took_rids, self.took_lens, self.took_parts
-            self.took_rids, self.took_lens, self.took_parts = [], [], []
-            self._queue_answers(K_TOOKS, rids, lens, parts)
+        if self.took_words:
+            words, parts = self.took_words, self.took_parts
+            self.took_words, self.took_parts = [], []
+            self._queue_answers(K_TOOKS, words, parts)
         if self.rawrep_words:
             words, parts = self.rawrep_words, self.rawrep_parts
             self.rawrep_words, self.rawrep_parts = [], []
-            try:
-                self._queue(encode_batch(K_RAWREPLIES, array.array("I", words).tobytes(), None,
-                                         parts))
-            except ConnectionError:
-                pass  # incoming links always have a transport while they exist
+            self._queue_answers(K_RAWREPLIES, words, parts)
         if self.cmd_rids:
             meta = {"r": self.cmd_rids, "n": self.cmd_names, "c": self.cmd_argc}
             args, rids = self.cmd_args, self.cmd_rids
@@ -754,7 +748,7 @@ class Mesh:
         link.cmd_rids, link.cmd_names, link.cmd_argc, link.cmd_args = [], [], [], []
         link.reply_rids, link.reply_values, link.reply_bodies = [], [], []
         link.rawrep_words, link.rawrep_parts = [], []
-        link.took_rids, link.took_lens, link.took_parts = [], [], []
+        link.took_words, link.took_parts = [], []
         link.outq.clear()
         link.outq_bytes = 0
         if link.transport is not None:
@@ -858,14 +852,14 @@ class Mesh:
 
     def _tooks(self, link: Link, bodies: list[bytes]) -> None:
         """A TOOKS frame: each take's answer to its waiter, in the order they were sent."""
-        rids = u32_keys(bodies[0])  # only popped: each id kept as the object it is
-        lens = u32s(bodies[1])
-        data = bodies[2]
+        words = u32_keys(bodies[0])  # ids only popped: each kept as the object it is
+        data = bodies[1]
         pending = link.take_pending
         at = 0
-        for i in range(len(rids)):
-            end = at + lens[i]
-            waiter = pending.pop(rids[i], None)
+        for i in range(0, len(words) - 1, 2):
+            size: int = words[i + 1]
+            end = at + size
+            waiter = pending.pop(words[i], None)
             if waiter is not None:
                 try:
                     waiter(data[at:end])

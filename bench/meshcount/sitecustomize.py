@@ -65,9 +65,8 @@ def _install(directory: str) -> None:
 
 def _batch_messages(kind: int, first: bytes) -> int:
     """How many messages a batch frame carries, from its first body (``bus/mesh.py``:
-    a RAW head is the first id's four bytes and a flag per command, RAWREPLIES holds
-    an id and a length per reply, TOOKS an id per answer; an older tree's RAW and
-    RAWREPLIES, an id per message)."""
+    a RAW head is the first id's four bytes and a flag per command, RAWREPLIES and
+    TOOKS hold an id and a length per answer; an older tree's, an id per message)."""
     from bus import mesh
 
     if kind == 3:
@@ -76,9 +75,7 @@ def _batch_messages(kind: int, first: bytes) -> int:
         return len(first) // 4
     if kind == mesh.K_RAW:
         return len(first) - 4
-    if kind == mesh.K_RAWREPLIES:
-        return len(first) // 8
-    return len(first) // 4
+    return len(first) // 8  # RAWREPLIES, TOOKS
 
 
 def _takes_in(words_bytes: bytes) -> int:

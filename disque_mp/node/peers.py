@@ -137,8 +137,7 @@ class Peers:
         if link.transport is None:
             return  # the asker is gone
         takes = meshmod.TakesReader(bodies)
-        rids: list[int] = []
-        lens: list[int] = []
+        words: list[Any] = []  # each answer's request id and length (``Link.tooks``)
         out: list[bytes] = []
         while takes.next():
             try:
@@ -148,12 +147,12 @@ class Peers:
             except Exception:  # a bug: answer it (nothing taken), or the client waits forever
                 log.exception("a take from a peer failed")
                 took = b""
-            rids.append(takes.rid)
-            lens.append(len(took))
+            words.append(takes.rid)
+            words.append(len(took))
             out.append(took)
         if takes.broken:
             log.error("a TAKES frame from a peer is broken")  # a bug: its rest unread
-        link.tooks(rids, lens, out)
+        link.tooks(words, out)
 
     def on_incoming_lost(self, link: Link) -> None:
         self.owner.asker_lost(link)

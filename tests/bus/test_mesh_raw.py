@@ -6,7 +6,6 @@ and leaves no other flush behind it."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 
@@ -34,14 +33,8 @@ class _Handler:
 
 
 @pytest.fixture
-def mesh() -> Iterator[meshmod.Mesh]:
-    loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)
-    try:
-        yield meshmod.Mesh(0, "ab" * 20, 0, 2, handler=_Handler())  # type: ignore[arg-type]
-    finally:
-        asyncio.set_event_loop(None)
-        loop.close()
+def mesh(mesh_loop: asyncio.AbstractEventLoop) -> meshmod.Mesh:
+    return meshmod.Mesh(0, "ab" * 20, 0, 2, handler=_Handler())  # type: ignore[arg-type]
 
 
 def _read(data: bytes) -> list[tuple[int, dict[str, object], list[bytes]]]:
