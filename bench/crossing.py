@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -34,6 +35,7 @@ from bench.instructions import _node_pids, _wait_ready
 from bench.scaling import CORES_SHAPES, cores_run
 
 stop_timeout_s = 60.0
+workers_timeout_s = 60.0  # every worker forked and counted after the first answers PING
 
 
 @contextmanager
@@ -49,7 +51,14 @@ def tree_node(tree: Path, work: Path, workers: int) -> Iterator[tuple[int, list[
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         _wait_ready(proc, port)
+        # PING answers once one worker does: every worker counts, so wait for them all
+        deadline = time.monotonic() + workers_timeout_s
         pids = [p for p in _node_pids(proc.pid) if p != proc.pid]
+        while len(pids) < workers and time.monotonic() < deadline:
+            time.sleep(0.1)
+            pids = [p for p in _node_pids(proc.pid) if p != proc.pid]
+        if len(pids) != workers:
+            raise RuntimeError(f"the node of {tree} has {len(pids)} workers, not {workers}")
         yield port, pids
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
