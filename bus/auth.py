@@ -233,7 +233,7 @@ class Opener:
         self.seq = seq
         self.size = mac_bytes
 
-    def check(self, buf: bytearray, start: int, length: int) -> bool:
+    def check(self, buf: bytes | bytearray, start: int, length: int) -> bool:
         """Is ``buf[start + length : + size]`` the MAC of ``buf[start : start + length]``?"""
         end = start + length
         if length <= mac_copy_bytes_max:

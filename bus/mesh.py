@@ -16,9 +16,9 @@ Frame kinds (meta is an orjson object, bodies raw bytes, see ``bus/frames.py``):
              of hints, each queue name's length, the hints (only when the asker's
              queues hold jobs: one per queue of the GETJOB, -1 for the receiver's,
              else what the asker knows the queue holds: ``getjob.take_share``)
-    TOOKS    {}  bodies: [rids, took lengths, the tooks joined]
+    TOOKS    {}  bodies: [(rid, took length) pairs, the tooks joined]
              the owner's answers, one per take, in one frame per turn (``Link.tooks``):
-             u32 rids and lengths; each took is ``pack_took`` (what each of the
+             u32 pairs, as RAWREPLIES'; each took is ``pack_took`` (what each of the
              receiver's queues could give before the take, when hinted, and the jobs
              taken, already RESP), empty when there is neither
     BLOCK    {"t": token, "c", "w"}        bodies: queues   -> later WAKE {"t"} [took],
@@ -29,8 +29,10 @@ Frame kinds (meta is an orjson object, bodies raw bytes, see ``bus/frames.py``):
     CMDS     {"r": [rid], "n": [command], "c": [argc]}  bodies: all args
     REPLIES  {"r": [rid], "v": [value]}   bodies: shared by the values
     REPLY / REPLIES carry packed reply values (``pack``/``unpack``).
-    RAW      {}  bodies: [request ids, RESP3 flags, the commands as RESP] -> RAWREPLIES
-    RAWREPLIES {}  bodies: [request ids, reply lengths, the replies as RESP bytes]
+    RAW      {}  bodies: [head, the commands as RESP]              -> RAWREPLIES
+             head: the first command's request id (u32, little endian; the others
+             follow it one by one, ``raw_ids``), then one RESP3 flag byte per command
+    RAWREPLIES {}  bodies: [(request id, reply length) pairs, the replies as RESP bytes]
 
 RAW is the hot path of forwarding (``node/forward.py``, ``Forward.raw``): the commands of
 one loop turn travel as the RESP a client would send (the owner parses them
@@ -38,6 +40,11 @@ with hiredis, in C), and their answers come back already encoded for each
 client's protocol, so the asking worker splices the bytes into the client's
 reply stream without decoding anything. Ids and lengths are native-endian
 u32 arrays (both ends are processes of one host); no JSON in either direction.
+With many workers on few cores a RAW frame carries a command or two, so what a
+frame costs apart from its commands is paid by each: a RAW frame's ids are its
+first one alone (a batch's ids follow each other), a RAWREPLIES frame's ids and
+lengths one array, and a read of RAWREPLIES alone skips the shard's end-of-read
+work (its replies only go into client streams).
 
 Job commands forwarded during one loop turn travel as one CMDS frame per
 peer, and the answers ready in one turn as one REPLIES frame: a frame per
@@ -313,14 +320,13 @@ class Link(asyncio.Protocol):
         self.reply_bodies: list[bytes] = []
         # open RAW batch (outgoing: ``add_raw``) and RAWREPLIES batch (incoming: ``raw_reply``)
         self.raw_rid = 0  # the last RAW request id on this link (u32, wraps)
-        # (plain lists, packed as u32 arrays once per frame: an array's append is a
-        # generic method call, a list's is not)
-        self.raw_rids: list[int] = []
-        self.raw_flags: list[int] = []
+        # (plain lists, packed once per frame: an array's append is a generic method
+        # call, a list's is not) the RAW head's bytes: the first id's four, a flag
+        # per command (``raw_head``); empty while no RAW batch is open
+        self.raw_head: list[int] = []
         self.raw_parts: list[bytes] = []
         self.raw_pending: dict[int, Any] = {}  # rid -> the waiter given to ``add_raw``
-        self.rawrep_rids: list[int] = []
-        self.rawrep_lens: list[int] = []
+        self.rawrep_words: list[int] = []  # rid, reply length, rid, reply length ...
         self.rawrep_parts: list[bytes] = []
         # open TAKES batch (outgoing: ``add_take``) and TOOKS batch (incoming: ``tooks``)
         self.take_rid = 0  # the last take's request id on this link (u32, wraps)
@@ -328,8 +334,7 @@ class Link(asyncio.Protocol):
         self.take_names: list[bytes] = []
         self.take_rids: list[int] = []
         self.take_pending: dict[int, TookCallback] = {}  # rid -> the waiter of ``add_take``
-        self.took_rids: list[int] = []
-        self.took_lens: list[int] = []
+        self.took_words: list[int] = []  # rid, took length, rid, took length ...
         self.took_parts: list[bytes] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -346,10 +351,15 @@ class Link(asyncio.Protocol):
             self.mesh.mark(self)
 
     def data_received(self, data: bytes) -> None:
+        # a read of RAWREPLIES alone (an asking link's usual) only fills client
+        # streams: the handler's end-of-read work on the shard has nothing to do
+        settle = False
         try:
             self.reader.feed(data)
             while (frame := self.reader.next()) is not None:
                 kind, meta, bodies = frame  # a native call (``*frame`` was a generic one)
+                if kind != K_RAWREPLIES or self.peer < 0:
+                    settle = True
                 try:
                     self.mesh.dispatch(self, kind, meta, bodies)
                 except InvariantError:
@@ -361,7 +371,8 @@ class Link(asyncio.Protocol):
             self.mesh.resets += 1
             if self.transport is not None:
                 self.transport.abort()
-        self.mesh.after_batch()
+        if settle:
+            self.mesh.after_batch()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -370,8 +381,8 @@ class Link(asyncio.Protocol):
     def batch_open(self) -> bool:
         """Whether a batch of this turn (CMDS, REPLIES, RAW, RAWREPLIES, TAKES, TOOKS)
         is open: it leaves before any other frame, so frames keep their order."""
-        return bool(self.cmd_rids or self.reply_rids or self.raw_rids or self.rawrep_rids
-                    or self.take_rids or self.took_rids)
+        return bool(self.cmd_rids or self.reply_rids or self.raw_head or self.rawrep_words
+                    or self.take_rids or self.took_words)
 
     def queue(self, frame: bytes) -> None:
         if self.batch_open():
@@ -390,7 +401,7 @@ class Link(asyncio.Protocol):
         """Queue a job command in this turn's CMDS batch; a batch that the command
         would take past the frame's body count leaves first (``command`` refuses a
         single command that cannot fit alone)."""
-        if self.raw_rids or self.take_rids:
+        if self.raw_head or self.take_rids:
             self.close_batches()  # the RAW commands or takes before this one run first
         if self.cmd_rids and len(self.cmd_args) + len(args) > frame_bodies_max:
             self.close_batches()
@@ -406,16 +417,21 @@ class Link(asyncio.Protocol):
         request buffer: the caller appends the command to it at once, as the RESP
         request a client sends (``resp.append_request``, compiled). ``waiter`` (the
         client's reply slot) is handed back with the reply bytes
-        (``handler.on_raw_replies``). A RAW frame carries the request ids (u32 each),
-        one flag byte per command (1: a RESP3 reply) and the requests, in order;
-        commands queued before in a CMDS batch, or takes in a TAKES batch, leave first."""
+        (``handler.on_raw_replies``). A RAW frame carries its first request id (the
+        others follow it), one flag byte per command (1: a RESP3 reply) and the
+        requests, in order; commands queued before in a CMDS batch, or takes in a
+        TAKES batch, leave first."""
         if self.cmd_rids or self.take_rids:
             self.close_batches()
-        if not self.raw_rids:
-            self.mesh.mark(self)
         self.raw_rid = rid = (self.raw_rid + 1) & 0xFFFFFFFF
-        self.raw_rids.append(rid)
-        self.raw_flags.append(1 if resp3 else 0)
+        head = self.raw_head
+        if not head:
+            self.mesh.mark(self)
+            head.append(rid & 0xFF)
+            head.append((rid >> 8) & 0xFF)
+            head.append((rid >> 16) & 0xFF)
+            head.append(rid >> 24)
+        head.append(1 if resp3 else 0)
         self.raw_pending[rid] = waiter
         return self.raw_parts
 
@@ -425,7 +441,7 @@ class Link(asyncio.Protocol):
         (the frame's shape: the module's docstring). ``waiter`` gets the owner's
         ``pack_took`` bytes, or empty bytes when nothing was taken or the owner is
         gone. RAW or CMDS commands queued before leave first."""
-        if self.raw_rids or self.cmd_rids:
+        if self.raw_head or self.cmd_rids:
             self.close_batches()
         rids = self.take_rids
         if not rids:
@@ -435,9 +451,10 @@ class Link(asyncio.Protocol):
         write_take(self.take_words, self.take_names, rid, count, withcounters, hints, queues)
         self.take_pending[rid] = waiter
 
-    def tooks(self, rids: list[int], lens: list[int], parts: list[bytes]) -> None:
-        """Answer a TAKES frame's takes at once (batched with this turn's others)."""
-        self._add_answers(self.took_rids, self.took_lens, self.took_parts, rids, lens, parts)
+    def tooks(self, words: list[Any], parts: list[bytes]) -> None:
+        """Answer a TAKES frame's takes at once (batched with this turn's others):
+        ``words`` holds each take's request id and answer length, ``parts`` the answers."""
+        self._add_answers(self.took_words, self.took_parts, words, parts)
 
     def reply(self, rid: int, value: Any) -> None:
         """Answer request ``rid`` (batched with the other answers of this turn). A
@@ -467,38 +484,38 @@ class Link(asyncio.Protocol):
         """Answer RAW request ``rid`` with its encoded reply (batched per turn)."""
         if self.transport is None:
             return  # the asker is gone
-        if not self.rawrep_rids:
+        words = self.rawrep_words
+        if not words:
             self.mesh.mark(self)
-        self.rawrep_rids.append(rid)
-        self.rawrep_lens.append(len(data))
+        words.append(rid)
+        words.append(len(data))
         self.rawrep_parts.append(data)
 
-    def raw_replies(self, rids: list[int], lens: list[int], parts: list[bytes]) -> None:
-        """Answer a RAW frame's requests at once (``raw_reply`` for each, in one call)."""
-        self._add_answers(self.rawrep_rids, self.rawrep_lens, self.rawrep_parts, rids, lens, parts)
+    def raw_replies(self, words: list[Any], parts: list[bytes]) -> None:
+        """Answer a RAW frame's requests at once (``raw_reply`` for each, in one call):
+        ``words`` holds each one's request id and reply length, ``parts`` the replies."""
+        self._add_answers(self.rawrep_words, self.rawrep_parts, words, parts)
 
-    def _add_answers(self, into_rids: list[int], into_lens: list[int], into_parts: list[bytes],
-                     rids: list[int], lens: list[int], parts: list[bytes]) -> None:
+    def _add_answers(self, into_words: list[int], into_parts: list[bytes], words: list[Any],
+                     parts: list[bytes]) -> None:
         """Add a frame's answers to this turn's open batch of their kind (TOOKS or
         RAWREPLIES: ``into_*``, closed by ``close_batches``)."""
-        if self.transport is None or not rids:
+        if self.transport is None or not words:
             return  # the asker is gone
-        if not into_rids:
+        if not into_words:
             self.mesh.mark(self)
-        into_rids.extend(rids)
-        into_lens.extend(lens)
+        into_words.extend(words)
         into_parts.extend(parts)
 
     def close_raw(self) -> None:
         """Queue the open RAW batch (the worker calls it before a CMDS command)."""
-        rids = self.raw_rids
-        frame = encode_batch(K_RAW, array.array("I", rids).tobytes(), bytes(self.raw_flags),
-                             self.raw_parts)
-        self.raw_rids, self.raw_flags, self.raw_parts = [], [], []
+        head = bytes(self.raw_head)
+        frame = encode_batch(K_RAW, head, None, self.raw_parts)
+        self.raw_head, self.raw_parts = [], []
         try:
             self._queue(frame)
         except ConnectionError as exc:
-            self.mesh.fail_raw(self, rids, f"ERR {exc}")
+            self.mesh.fail_raw(self, raw_ids(head), f"ERR {exc}")
 
     def close_takes(self) -> None:
         """Queue the open TAKES batch; a take that cannot leave is answered empty (its
@@ -512,12 +529,10 @@ class Link(asyncio.Protocol):
         except ConnectionError:
             self.mesh.fail_takes(self, rids)
 
-    def _queue_answers(self, kind: int, rids: list[int], lens: list[int],
-                       parts: list[bytes]) -> None:
-        """Queue a batch of answers already encoded (RAWREPLIES, TOOKS): u32 request
-        ids, u32 lengths, the answers side by side."""
-        frame = encode_batch(kind, array.array("I", rids).tobytes(),
-                             array.array("I", lens).tobytes(), parts)
+    def _queue_answers(self, kind: int, words: list[int], parts: list[bytes]) -> None:
+        """Queue a batch of answers already encoded (RAWREPLIES, TOOKS): one u32 array
+        of (request id, length) pairs, then the answers side by side."""
+        frame = encode_batch(kind, array.array("I", words).tobytes(), None, parts)
         try:
             self._queue(frame)
         except ConnectionError:
@@ -527,18 +542,18 @@ class Link(asyncio.Protocol):
         """Queue the open batches. Each batch is taken off the link before it is
         encoded, so a batch that fails to encode never stays behind to fail every
         later send (its requests get the error instead)."""
-        if self.raw_rids:
+        if self.raw_head:
             self.close_raw()
         if self.take_rids:
             self.close_takes()
-        if self.took_rids:
-            rids, lens, parts = self.took_rids, self.took_lens, self.took_parts
-            self.took_rids, self.took_lens, self.took_parts = [], [], []
-            self._queue_answers(K_TOOKS, rids, lens, parts)
-        if self.rawrep_rids:
-            rids, lens, parts = self.rawrep_rids, self.rawrep_lens, self.rawrep_parts
-            self.rawrep_rids, self.rawrep_lens, self.rawrep_parts = [], [], []
-            self._queue_answers(K_RAWREPLIES, rids, lens, parts)
+        if self.took_words:
+            words, parts = self.took_words, self.took_parts
+            self.took_words, self.took_parts = [], []
+            self._queue_answers(K_TOOKS, words, parts)
+        if self.rawrep_words:
+            words, parts = self.rawrep_words, self.rawrep_parts
+            self.rawrep_words, self.rawrep_parts = [], []
+            self._queue_answers(K_RAWREPLIES, words, parts)
         if self.cmd_rids:
             meta = {"r": self.cmd_rids, "n": self.cmd_names, "c": self.cmd_argc}
             args, rids = self.cmd_args, self.cmd_rids
@@ -560,9 +575,9 @@ class Link(asyncio.Protocol):
                 self.mesh.refused += 1
 
     def flush(self) -> None:
-        self.dirty = False
         if self.batch_open():
-            self.close_batches()
+            self.close_batches()  # still marked: queuing their frames schedules no other flush
+        self.dirty = False
         if self.transport is None or not self.outq:
             return
         data = b"".join(self.outq) if len(self.outq) > 1 else self.outq[0]
@@ -603,7 +618,8 @@ class MeshHandler(Protocol):
         """RAW requests that are lost (the waiters ``add_raw`` was given): answer ``text``."""
 
     def after_batch(self) -> None:
-        """After each read of frames (flush client replies)."""
+        """After a read of frames, unless it held RAWREPLIES alone (those only fill
+        client streams): the shard's effects, the AOF and the tick, once per read."""
 
 
 class Mesh:
@@ -678,7 +694,7 @@ class Mesh:
         raw_pending, link.raw_pending = link.raw_pending, {}
         take_pending, link.take_pending = link.take_pending, {}
         link.cmd_rids, link.cmd_names, link.cmd_argc, link.cmd_args = [], [], [], []
-        link.raw_rids, link.raw_flags, link.raw_parts = [], [], []
+        link.raw_head, link.raw_parts = [], []
         link.take_rids, link.take_words, link.take_names = [], [], []
         # Frames not written yet belong to requests failed below: a restarted
         # peer must not run them (their replies would go nowhere).
@@ -731,8 +747,8 @@ class Mesh:
         self.resets += 1
         link.cmd_rids, link.cmd_names, link.cmd_argc, link.cmd_args = [], [], [], []
         link.reply_rids, link.reply_values, link.reply_bodies = [], [], []
-        link.rawrep_rids, link.rawrep_lens, link.rawrep_parts = [], [], []
-        link.took_rids, link.took_lens, link.took_parts = [], [], []
+        link.rawrep_words, link.rawrep_parts = [], []
+        link.took_words, link.took_parts = [], []
         link.outq.clear()
         link.outq_bytes = 0
         if link.transport is not None:
@@ -836,14 +852,14 @@ class Mesh:
 
     def _tooks(self, link: Link, bodies: list[bytes]) -> None:
         """A TOOKS frame: each take's answer to its waiter, in the order they were sent."""
-        rids = u32_keys(bodies[0])  # only popped: each id kept as the object it is
-        lens = u32s(bodies[1])
-        data = bodies[2]
+        words = u32_keys(bodies[0])  # ids only popped: each kept as the object it is
+        data = bodies[1]
         pending = link.take_pending
         at = 0
-        for i in range(len(rids)):
-            end = at + lens[i]
-            waiter = pending.pop(rids[i], None)
+        for i in range(0, len(words) - 1, 2):
+            size: int = words[i + 1]
+            end = at + size
+            waiter = pending.pop(words[i], None)
             if waiter is not None:
                 try:
                     waiter(data[at:end])
@@ -855,6 +871,18 @@ class Mesh:
 
     def after_batch(self) -> None:
         self.handler.after_batch()
+
+
+def raw_ids(head: bytes) -> list[int]:
+    """The request ids of a RAW frame of ``head`` (``Link.add_raw``): its first, and one
+    more per flag byte after it, wrapping at 2**32."""
+    first = raw_first_id(head)
+    return [(first + i) & 0xFFFFFFFF for i in range(len(head) - 4)]
+
+
+def raw_first_id(head: bytes) -> int:
+    """The first request id of a RAW frame's head (at least 4 bytes: the caller checks)."""
+    return head[0] | (head[1] << 8) | (head[2] << 16) | (head[3] << 24)
 
 
 def u32s(data: bytes) -> list[int]:

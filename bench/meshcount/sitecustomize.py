@@ -57,10 +57,25 @@ def _install(directory: str) -> None:
             frame = real_batch(kind, first, second, parts)
             view = counters()
             view[kind] += 1
-            view[32 + kind] += _takes_in(first) if kind == 3 else len(first) // 4
+            view[32 + kind] += _batch_messages(kind, first)
             return frame
 
         mesh.encode_batch = encode_batch
+
+
+def _batch_messages(kind: int, first: bytes) -> int:
+    """How many messages a batch frame carries, from its first body (``bus/mesh.py``:
+    a RAW head is the first id's four bytes and a flag per command, RAWREPLIES and
+    TOOKS hold an id and a length per answer; an older tree's, an id per message)."""
+    from bus import mesh
+
+    if kind == 3:
+        return _takes_in(first)
+    if not hasattr(mesh, "raw_first_id"):  # an older tree: u32 ids in each
+        return len(first) // 4
+    if kind == mesh.K_RAW:
+        return len(first) - 4
+    return len(first) // 8  # RAWREPLIES, TOOKS
 
 
 def _takes_in(words_bytes: bytes) -> int:

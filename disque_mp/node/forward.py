@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
-from bus.mesh import Link, u32_keys, u32s, unpack
+from bus.mesh import Link, u32_keys, unpack
 from disque_mp.node.connection import (
     ClientConn,
     ClientHost,
@@ -211,17 +211,17 @@ class Forward:
     def on_raw_replies(self, link: Link, bodies: list[bytes]) -> None:
         """RAWREPLIES from an owner: each reply into its client's slot, then each
         client's ready prefix moved to its output once (not once per reply)."""
-        rids = u32_keys(bodies[0])
-        lens = u32s(bodies[1])
-        data = bodies[2]
+        words = u32_keys(bodies[0])  # each reply's request id, then its length
+        data = bodies[1]
         pending = link.raw_pending
         touched: list[ClientConn] = []
         at = 0
-        for i in range(len(rids)):
-            end = at + lens[i]
+        for i in range(0, len(words) - 1, 2):
+            size: int = words[i + 1]
+            end = at + size
             # one ``pop`` with the id as the object it is (a get, a del and the id
             # unboxed and boxed twice cost ~840 instructions per reply, this ~600)
-            waiting = pending.pop(rids[i], None)
+            waiting = pending.pop(words[i], None)
             if type(waiting) is PendingReply:
                 slot: PendingReply = waiting
                 conn = slot.conn

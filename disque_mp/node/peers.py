@@ -77,7 +77,7 @@ class Peers:
         # peer's frame builds at most turn_reply_bytes_max of replies a turn (as one
         # client's read does, connection.py), so a pipeline of heavy reads forwarded
         # from another worker leaves room for our own clients in between
-        self.raw_backlog: dict[Link, deque[tuple[list[int], bytes, list[Any], int]]] = {}
+        self.raw_backlog: dict[Link, deque[tuple[int, bytes, list[Any], int]]] = {}
         self.raw_resume_due = False
 
     def log(self, text: str) -> None:
@@ -89,8 +89,11 @@ class Peers:
         w = self.w
         w.now_ms = wall_ms()
         if kind == meshmod.K_RAW:
+            # its effects wait for the end of the read (``after_batch``): no frame
+            # behind it in the read depends on them, a BLOCK's own drain runs them first
             self._serve_raw(link, bodies)
-        elif kind == meshmod.K_CMDS:
+            return
+        if kind == meshmod.K_CMDS:
             self._serve_cmds(link, meta, bodies)
         elif kind == meshmod.K_CMD:
             self._serve_one(link, meta["r"], meta["n"].encode(), bodies)
@@ -134,8 +137,7 @@ class Peers:
         if link.transport is None:
             return  # the asker is gone
         takes = meshmod.TakesReader(bodies)
-        rids: list[int] = []
-        lens: list[int] = []
+        words: list[Any] = []  # each answer's request id and length (``Link.tooks``)
         out: list[bytes] = []
         while takes.next():
             try:
@@ -145,12 +147,12 @@ class Peers:
             except Exception:  # a bug: answer it (nothing taken), or the client waits forever
                 log.exception("a take from a peer failed")
                 took = b""
-            rids.append(takes.rid)
-            lens.append(len(took))
+            words.append(takes.rid)
+            words.append(len(took))
             out.append(took)
         if takes.broken:
             log.error("a TAKES frame from a peer is broken")  # a bug: its rest unread
-        link.tooks(rids, lens, out)
+        link.tooks(words, out)
 
     def on_incoming_lost(self, link: Link) -> None:
         self.owner.asker_lost(link)
@@ -162,37 +164,41 @@ class Peers:
         paths' replies are collected here and handed to the link at once."""
         if link.transport is None:
             return  # the asker is gone
-        rids = meshmod.u32_keys(bodies[0])
-        flags = bodies[1]
-        cmds = self._raw_commands(bodies[2], len(rids))
+        if len(bodies) != 2 or len(bodies[0]) < 4:
+            log.error("a RAW frame from a peer is broken")  # a bug: nothing to answer
+            return
+        head = bodies[0]  # the first request id, then a flag per command
+        first = meshmod.raw_first_id(head)
+        cmds = self._raw_commands(bodies[1], len(head) - 4)
         backlog = self.raw_backlog.get(link)
         if backlog is not None:
-            backlog.append((rids, flags, cmds, 0))  # behind that link's earlier commands
+            backlog.append((first, head, cmds, 0))  # behind that link's earlier commands
             return
-        self._serve_raw_from(link, rids, flags, cmds, 0)
+        self._serve_raw_from(link, first, head, cmds, 0)
 
-    def _serve_raw_from(self, link: Link, rids: list[int], flags: bytes, cmds: list[Any],
+    def _serve_raw_from(self, link: Link, first: int, head: bytes, cmds: list[Any],
                         start: int) -> bool:
-        """Serve a RAW frame's commands from ``start``; past turn_reply_bytes_max of
-        replies the rest waits for a later turn (True: the frame is done)."""
-        out_rids: list[Any] = []
-        out_lens: list[int] = []
+        """Serve a RAW frame's commands from ``start`` (``head``: its first request id,
+        then a flag per command); past turn_reply_bytes_max of replies the rest waits
+        for a later turn (True: the frame is done)."""
+        words: list[Any] = []  # each answer's request id and length (``Link.raw_replies``)
         out: list[bytes] = []
         spent = 0
-        n = len(rids)
+        n = len(head) - 4
         for i in range(start, n):
             if spent > turn_reply_bytes_max:  # this turn's share is built: the rest later
-                link.raw_replies(out_rids, out_lens, out)
-                self._defer_raw(link, (rids, flags, cmds, i))
+                link.raw_replies(words, out)
+                self._defer_raw(link, (first, head, cmds, i))
                 return False
+            rid = (first + i) & 0xFFFFFFFF
             cmd: Any = cmds[i]
-            resp3 = flags[i] == 1
+            resp3 = head[4 + i] == 1
             reply = _ERR_INTERNAL_RESP
             if cmd is not None:
                 try:
                     got = self._serve_raw_one(cmd, resp3)
                     if got is None:
-                        spent += self._serve_raw_general(link, rids[i], cmd[0].lower(), cmd, resp3)
+                        spent += self._serve_raw_general(link, rid, cmd[0].lower(), cmd, resp3)
                         continue
                     reply = got
                 except InvariantError:
@@ -200,14 +206,14 @@ class Peers:
                 except Exception:  # a bug: answer it, or the asking client waits forever
                     log.exception("command %r from a peer failed", cmd)
                     reply = _ERR_INTERNAL_RESP
-            out_rids.append(rids[i])
-            out_lens.append(len(reply))
+            words.append(rid)
+            words.append(len(reply))
             out.append(reply)
             spent += len(reply)
-        link.raw_replies(out_rids, out_lens, out)
+        link.raw_replies(words, out)
         return True
 
-    def _defer_raw(self, link: Link, rest: tuple[list[int], bytes, list[Any], int]) -> None:
+    def _defer_raw(self, link: Link, rest: tuple[int, bytes, list[Any], int]) -> None:
         backlog = self.raw_backlog.get(link)
         if backlog is None:
             backlog = self.raw_backlog[link] = deque()
@@ -227,8 +233,8 @@ class Peers:
             while backlog:
                 if link.transport is None:
                     break  # the asker is gone: its commands with it
-                rids, flags, cmds, start = backlog.popleft()
-                if not self._serve_raw_from(link, rids, flags, cmds, start):
+                first, head, cmds, start = backlog.popleft()
+                if not self._serve_raw_from(link, first, head, cmds, start):
                     held = self.raw_backlog[link]
                     held.extend(backlog)  # the frames behind it stay behind it
                     break
@@ -289,11 +295,10 @@ class Peers:
         (a GETJOB blocking here after remote owners had nothing); this read's AOF
         records go to the kernel before any reply frame leaves (``Mesh.flush`` runs
         later in the loop turn, never inside a read); then the tick follows the
-        earliest timer, once for the whole read."""
+        earliest timer, once for the whole read (``drain_effects`` reschedules it)."""
         w = self.w
         w.drain_effects()
         w.aof_before_replies()
-        w.reschedule_tick()
 
 
 def read_raw(reader: Any, body: bytes, n: int) -> list[Any] | None:

@@ -88,3 +88,53 @@ def test_a_mesh_batch_frame_is_the_frame_encode_gives(second: bytes | None, part
     reader.feed(frame)
     assert reader.next() == (11, {}, bodies)
     assert reader.next() is None
+
+
+def test_a_big_frame_over_many_reads_and_frames_behind_it_read_back() -> None:
+    """A frame that arrives in many chunks (each shorter than it), with the next frame's
+    first bytes in its last chunk: nothing reads until it is whole, both come back, and
+    the bytes held count all along."""
+    big = encode(6, {"k": "YOURJOBS"}, [b"a" * 70_000, b"b" * 50_000])
+    small = encode(5, {}, [b"tail"])
+    data = big + small
+    reader = FrameReader(frozenset({5, 6}))
+    fed = 0
+    for at in range(0, len(big) + 3, 4096):
+        chunk = data[at : min(at + 4096, len(big) + 3)]
+        reader.feed(chunk)
+        fed += len(chunk)
+        assert reader.buffered() == fed
+        if fed < len(big):
+            assert reader.next() is None
+    assert reader.next() == (6, {"k": "YOURJOBS"}, [b"a" * 70_000, b"b" * 50_000])
+    assert reader.next() is None  # 3 bytes of the next header
+    reader.feed(data[len(big) + 3 :])
+    assert reader.next() == (5, {}, [b"tail"])
+    assert reader.next() is None
+    assert reader.buffered() == 0
+
+
+def test_lengths_over_the_bound_are_refused_when_they_arrive_in_pieces() -> None:
+    frame = encode(6, {"k": "REPLJOB"}, [b"x" * 200])
+    reader = FrameReader(frozenset({6}), frame_max=len(frame) - 1)
+    for at in range(0, 14, 3):  # header and length, three bytes a read
+        reader.feed(frame[at : min(at + 3, 14)])
+    with pytest.raises(FrameError, match="frame over its bound"):
+        reader.next()
+
+
+def test_the_buffer_bound_counts_chunks_not_joined_yet() -> None:
+    frame = encode(6, {}, [b"x" * 1000])
+    reader = FrameReader(frozenset({6}), buffer_max=600)
+    reader.feed(frame[:300])
+    reader.feed(frame[300:600])
+    with pytest.raises(FrameError, match="buffer over its bound"):
+        reader.feed(frame[600:601])
+
+
+def test_a_raw_frames_ids_follow_its_first_and_wrap() -> None:
+    from bus.mesh import raw_first_id, raw_ids
+
+    head = bytes([0xFE, 0xFF, 0xFF, 0xFF, 0, 1, 0])
+    assert raw_first_id(head) == 0xFFFFFFFE
+    assert raw_ids(head) == [0xFFFFFFFE, 0xFFFFFFFF, 0]

@@ -6,7 +6,6 @@ TOOKS frame, each to its waiter; a lost link answers the takes in flight empty."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 
@@ -28,14 +27,8 @@ class _Handler:
 
 
 @pytest.fixture
-def mesh() -> Iterator[meshmod.Mesh]:
-    loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)
-    try:
-        yield meshmod.Mesh(0, "ab" * 20, 0, 2, handler=_Handler())
-    finally:
-        asyncio.set_event_loop(None)
-        loop.close()
+def mesh(mesh_loop: asyncio.AbstractEventLoop) -> meshmod.Mesh:
+    return meshmod.Mesh(0, "ab" * 20, 0, 2, handler=_Handler())
 
 
 def _frames(link: meshmod.Link) -> list[tuple[int, dict[str, object], list[bytes]]]:
@@ -86,7 +79,7 @@ def test_a_turns_takes_to_one_owner_leave_in_one_frame(mesh: meshmod.Mesh) -> No
                meshmod.pack_took([3], [], [])]
     back = meshmod.Link(mesh, -1)
     back.transport = object()  # type: ignore[assignment]  # an incoming link, still open
-    back.tooks(rids, [len(a) for a in answers], answers)
+    back.tooks([w for rid, a in zip(rids, answers, strict=True) for w in (rid, len(a))], answers)
     back.transport = None
     (kind, meta, bodies), = _frames(back)
     assert kind == meshmod.K_TOOKS
