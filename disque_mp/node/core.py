@@ -103,6 +103,12 @@ class WorkerCore:
         self._drain()
         self.reschedule_tick()
 
+    def carry_out_effects(self) -> None:
+        """The shard's effects now, the tick left to the caller's ``drain_effects`` (a
+        mesh read runs it once at its end): a waiter served by one frame must wake
+        before a later frame of the same read (its UNBLOCK) drops its handler."""
+        self._drain()
+
     def _drain(self) -> None:
         effects = self.shard.take_effects()
         while effects:
@@ -112,12 +118,25 @@ class WorkerCore:
                     if handler is not None:  # pop with a default is a method call
                         del self.tokens[eff.token]
                         handler(eff.reply)
+                    else:
+                        self._orphaned(eff.reply)
                 elif type(eff) is Send:
                     self.send_hook(eff)
                 elif type(eff) is AofAppend:
                     if self.aof is not None:
                         self.aof.append_effect(eff.record)  # committed once per loop turn
             effects = self.shard.take_effects()  # handlers may have called the shard
+
+    def _orphaned(self, reply: Any) -> None:
+        """A waiter's answer came after whoever waited stopped waiting: jobs it took
+        (a GETJOB's entries) go back to their queues uncounted, as a GETJOB's surplus
+        does, instead of waiting ACTIVE for their RETRY."""
+        if type(reply) is not list or not reply:
+            return
+        ids = [e[1] for e in reply if type(e) is list and len(e) >= 3 and type(e[1]) is str]
+        if ids:
+            log.debug("%d job(s) taken for a GETJOB that no longer waits: given back", len(ids))
+            self.shard.op_return(ids, self.now_ms)
 
     def _drop_send(self, eff: Send) -> None:
         pass  # no cluster bus in this build: single node

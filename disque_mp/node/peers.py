@@ -89,9 +89,11 @@ class Peers:
         w = self.w
         w.now_ms = wall_ms()
         if kind == meshmod.K_RAW:
-            # its effects wait for the end of the read (``after_batch``): no frame
-            # behind it in the read depends on them, a BLOCK's own drain runs them first
+            # its effects now (a waiter its ADDJOBs served wakes before a later frame of
+            # the read, its UNBLOCK, drops the handler: the jobs were lost to it until
+            # their RETRY); the tick once for the read (``after_batch``)
             self._serve_raw(link, bodies)
+            w.carry_out_effects()
             return
         if kind == meshmod.K_CMDS:
             self._serve_cmds(link, meta, bodies)

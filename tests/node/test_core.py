@@ -204,3 +204,22 @@ def test_periodic_work_stops_when_idle_and_resumes_on_a_batch() -> None:
         if c.tick_handle is not None:
             c.tick_handle.cancel()
         loop.close()
+
+
+def test_jobs_woken_for_a_waiter_that_left_go_back_to_their_queue(core: WorkerCore) -> None:
+    """A blocked GETJOB served by an ADDJOB (its Wake pending) whose handler is gone
+    before the effects are carried out (an UNBLOCK later in the same mesh read): the
+    jobs it took are given back, queued again uncounted, not left ACTIVE until RETRY."""
+    c, now = core, core.now_ms
+    token = c.new_token()
+    c.tokens[token] = lambda reply: pytest.fail(f"the handler was dropped: {reply!r}")
+    c.shard.op_block(token, [b"q"], 5, False, now)
+    job_id = str(c.shard.op_addjob(b"q", b"body", timeout_ms=0, replicate=None, delay_s=0,
+                                   retry_s=None, ttl_s=3600, maxlen=0, async_=False,
+                                   token=c.new_token(), now_ms=now))
+    assert c.shard.op_qlen(b"q") == 0  # delivered to the waiter: its Wake is pending
+    del c.tokens[token]  # the waiter's UNBLOCK, before the Wake is carried out
+    c.carry_out_effects()
+    assert c.shard.op_qlen(b"q") == 1
+    taken = c.shard.op_take([b"q"], 5, False, now + 1)
+    assert [e[1] for e in taken] == [job_id]
