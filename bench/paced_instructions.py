@@ -21,19 +21,12 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 from bench.cycle_instructions import BODY, Conn
-from bench.instructions import (
-    _dump_all,
-    _node_pids,
-    _phase_totals,
-    _wait_ready,
-    start_under_callgrind,
-)
+from bench.instructions import _dump_all, _phase_totals, callgrind_node
 
 
 def drive(port: int, jobs: int, gap_s: float, queue: bytes) -> None:
@@ -74,32 +67,21 @@ def drive(port: int, jobs: int, gap_s: float, queue: bytes) -> None:
 def run_tree(tree: Path, workers: int, jobs: int, gap_s: float, idle_s: float,
              keep: str | None) -> tuple[float, float]:
     """Instructions per job, and the idle node's share of them."""
-    from tests.nodeproc import free_port
-
-    port = free_port()
-    with tempfile.TemporaryDirectory(prefix="paced-instr-") as tmp:
-        work = Path(tmp)
-        proc = start_under_callgrind(tree, work, port, workers, {"PYTHONPATH": str(tree)})
-        try:
-            _wait_ready(proc, port)
-            pids = _node_pids(proc.pid)
-            drive(port, 20, gap_s, b"warm")  # first-use costs out of the figure
-            _dump_all(pids)  # dump 1: start and warm-up
-            time.sleep(idle_s)
-            _dump_all(pids)  # dump 2: the node idle
-            idle_rate = _phase_totals(work, 2) / idle_s
-            t0 = time.monotonic()
-            drive(port, jobs, gap_s, b"paced")
-            _dump_all(pids)  # dump 3: the paced jobs
-            seconds = time.monotonic() - t0
-            instr = _phase_totals(work, 3) / jobs
-        finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=120)
-            if keep:
-                dest = Path(keep) / f"paced-w{workers}-{tree.name}"
-                shutil.rmtree(dest, ignore_errors=True)
-                shutil.copytree(work, dest, ignore=shutil.ignore_patterns("*.aof*", "*.sock*"))
+    with callgrind_node(tree, workers) as (port, work, pids):
+        drive(port, 20, gap_s, b"warm")  # first-use costs out of the figure
+        _dump_all(pids)  # dump 1: start and warm-up
+        time.sleep(idle_s)
+        _dump_all(pids)  # dump 2: the node idle
+        idle_rate = _phase_totals(work, 2) / idle_s
+        t0 = time.monotonic()
+        drive(port, jobs, gap_s, b"paced")
+        _dump_all(pids)  # dump 3: the paced jobs
+        seconds = time.monotonic() - t0
+        instr = _phase_totals(work, 3) / jobs
+        if keep:
+            dest = Path(keep) / f"paced-w{workers}-{tree.name}"
+            shutil.rmtree(dest, ignore_errors=True)
+            shutil.copytree(work, dest, ignore=shutil.ignore_patterns("*.aof*", "*.sock*"))
     return instr, idle_rate * seconds / jobs
 
 
