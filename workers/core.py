@@ -804,8 +804,7 @@ class Core(CoreState):
         q.push(job)
         q.atime_ms = now_ms
         q.jobs_in += 1
-        ttl_ms = job.ttl_s * 1000
-        self.timers.schedule(job, job.ctime_us // US_PER_MS + ttl_ms, ttl_ms)
+        self.arm_ttl(job)
         if not serve:
             return
         if q.waiters is not None:
@@ -1102,6 +1101,12 @@ class Core(CoreState):
 
     def unschedule(self, target: Timed) -> None:
         self.timers.unschedule(target)
+
+    def arm_ttl(self, job: Job) -> None:
+        """The job fires at its TTL or earlier (a queued job's one timer), rounded as
+        a timer set that far ahead (``workers.timers.resolution_for``)."""
+        ttl_ms = job.ttl_s * 1000
+        self.timers.schedule(job, job.ctime_us // US_PER_MS + ttl_ms, ttl_ms)
 
     def arm(self, job: Job) -> None:
         """The job fires at its next deadline (``due``) or earlier."""

@@ -441,7 +441,7 @@ class Shard:
                 q.jobs_out -= 1
             job.move(QUEUED)
             q.push(job)
-            c.schedule(job, job.ctime_us // US_PER_MS + job.ttl_s * 1000)
+            c.arm_ttl(job)
             if q.waiters is not None and not q.paused & PAUSED_OUT:
                 c.serve_waiters(q, now_ms)
 
